@@ -1,0 +1,573 @@
+//! The test harness: a fresh database per test (a temporary SQLite file, or a fresh
+//! schema on the PostgreSQL server), the real router, engine and store on top of it, a
+//! manual clock, and typed request helpers.
+//!
+//! PostgreSQL tests read `STOCKD_TEST_POSTGRES_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). When no server answers they print a
+//! loud notice and pass as skipped — except under `CI=true`, where that is a failure.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request};
+use domain::Timestamp;
+use engine::{Engine, EngineConfig, ManualClock};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sqlx::Connection;
+use store::{Store, StoreConfig};
+use tower::ServiceExt;
+
+pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// 2026-01-01T00:00:00Z: every test starts its manual clock here.
+pub const START: Timestamp = Timestamp::from_unix_milliseconds(1_767_225_600_000);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+pub fn postgres_url() -> String {
+    std::env::var("STOCKD_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
+}
+
+fn running_in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|value| value == "true" || value == "1")
+}
+
+impl Backend {
+    /// Whether this backend can run here. SQLite always can. For PostgreSQL, a missing
+    /// server skips the test with a notice, or fails it under `CI=true`.
+    pub async fn available(self) -> bool {
+        if self == Backend::Sqlite {
+            return true;
+        }
+        let url = postgres_url();
+        match sqlx::PgConnection::connect(&url).await {
+            Ok(connection) => {
+                let _ = connection.close().await;
+                true
+            }
+            Err(error) => {
+                let notice = format!(
+                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+                     !! SKIPPED: PostgreSQL test, no server at {url}: {error}\n\
+                     !! Start PostgreSQL or set STOCKD_TEST_POSTGRES_URL.\n\
+                     !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+                );
+                if running_in_ci() {
+                    panic!("{notice}CI=true: a skipped PostgreSQL test is a failure");
+                }
+                eprintln!("{notice}");
+                false
+            }
+        }
+    }
+}
+
+/// Declares each listed `async fn name(backend: Backend)` as a test on SQLite and on
+/// PostgreSQL, with the same test names in `sqlite::` and `postgres::`.
+#[macro_export]
+macro_rules! mirrored_tests {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name($crate::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if $crate::Backend::Postgres.available().await {
+                        super::$name($crate::Backend::Postgres).await
+                    }
+                }
+            )*
+        }
+    };
+}
+
+/// A database that exists for one test and is removed when the last handle drops.
+#[derive(Debug)]
+pub struct TestDatabase {
+    pub backend: Backend,
+    pub url: String,
+    pub schema: Option<String>,
+    sqlite_directory: Option<PathBuf>,
+}
+
+fn random_suffix() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+impl TestDatabase {
+    pub async fn create(backend: Backend) -> TestDatabase {
+        match backend {
+            Backend::Sqlite => {
+                let directory =
+                    std::env::temp_dir().join(format!("stockd-test-{}", random_suffix()));
+                std::fs::create_dir_all(&directory).expect("temporary directory");
+                let url = format!("sqlite://{}", directory.join("stockd.db").display());
+                TestDatabase {
+                    backend,
+                    url,
+                    schema: None,
+                    sqlite_directory: Some(directory),
+                }
+            }
+            Backend::Postgres => {
+                let url = postgres_url();
+                let schema = format!("stockd_test_{}", random_suffix());
+                let mut connection = sqlx::PgConnection::connect(&url)
+                    .await
+                    .expect("PostgreSQL reachable");
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                    .execute(&mut connection)
+                    .await
+                    .expect("create test schema");
+                let _ = connection.close().await;
+                TestDatabase {
+                    backend,
+                    url,
+                    schema: Some(schema),
+                    sqlite_directory: None,
+                }
+            }
+        }
+    }
+
+    pub fn store_config(&self) -> StoreConfig {
+        let mut config = StoreConfig::new(&self.url);
+        config.postgres_schema = self.schema.clone();
+        config.pool_size = 8;
+        // Tests send bursts of a thousand requests at once; let them queue for a
+        // connection rather than fail with `unavailable`.
+        config.acquire_timeout_milliseconds = 120_000;
+        config
+    }
+
+    pub async fn connect(&self) -> Store {
+        let store = Store::connect(&self.store_config())
+            .await
+            .expect("connect test database");
+        store.migrate().await.expect("migrate test database");
+        store
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if let Some(directory) = &self.sqlite_directory {
+            let _ = std::fs::remove_dir_all(directory);
+        }
+        if let Some(schema) = self.schema.take() {
+            let url = self.url.clone();
+            // Drop runs inside the test's runtime, which cannot block on itself: clean
+            // up from a thread with its own small runtime.
+            let cleanup = std::thread::spawn(move || {
+                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                runtime.block_on(async move {
+                    if let Ok(mut connection) = sqlx::PgConnection::connect(&url).await {
+                        let statement = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+                            .execute(&mut connection)
+                            .await;
+                        let _ = connection.close().await;
+                    }
+                });
+            });
+            let _ = cleanup.join();
+        }
+    }
+}
+
+/// The engine settings tests run with: waits long enough that a burst of a thousand
+/// requests on one row never turns into `request_in_progress` by timing alone.
+pub fn test_engine_config() -> EngineConfig {
+    EngineConfig {
+        idempotency_wait_milliseconds: 120_000,
+        ..EngineConfig::default()
+    }
+}
+
+/// One stockd instance (router, engine, store) on a test database.
+#[derive(Clone)]
+pub struct TestApp {
+    pub router: Router,
+    pub engine: Engine,
+    pub store: Store,
+    pub clock: ManualClock,
+    pub database: Arc<TestDatabase>,
+}
+
+/// A response as a client sees it.
+#[derive(Debug, Clone)]
+pub struct TestResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl TestResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|error| panic!("response is not JSON ({error}): {}", self.body))
+    }
+
+    /// The problem document's `code`, or `None` for a success.
+    pub fn code(&self) -> Option<String> {
+        serde_json::from_str::<Value>(&self.body)
+            .ok()
+            .and_then(|body| body.get("code").and_then(Value::as_str).map(str::to_owned))
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true")
+    }
+
+    pub fn content_type(&self) -> String {
+        self.headers
+            .get("content-type")
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// What to send. Built with the helpers below; `send` does the rest.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: Method,
+    pub path: String,
+    pub idempotency_key: Option<String>,
+    pub admin: bool,
+    pub body: Option<String>,
+    pub content_type: Option<String>,
+}
+
+impl Call {
+    pub fn new(method: Method, path: impl Into<String>) -> Call {
+        Call {
+            method,
+            path: path.into(),
+            idempotency_key: None,
+            admin: false,
+            body: None,
+            content_type: None,
+        }
+    }
+
+    pub fn get(path: impl Into<String>) -> Call {
+        Call::new(Method::GET, path)
+    }
+
+    pub fn post(path: impl Into<String>) -> Call {
+        Call::new(Method::POST, path)
+    }
+
+    pub fn put(path: impl Into<String>) -> Call {
+        Call::new(Method::PUT, path)
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> Call {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    pub fn admin(mut self) -> Call {
+        self.admin = true;
+        self
+    }
+
+    pub fn json(mut self, body: &Value) -> Call {
+        self.body = Some(body.to_string());
+        self.content_type = Some("application/json".to_owned());
+        self
+    }
+
+    /// A body sent verbatim, for malformed-input tests.
+    pub fn raw(mut self, body: impl Into<String>, content_type: Option<&str>) -> Call {
+        self.body = Some(body.into());
+        self.content_type = content_type.map(str::to_owned);
+        self
+    }
+}
+
+fn unique_key(prefix: &str) -> String {
+    format!("{prefix}-{}", random_suffix())
+}
+
+impl TestApp {
+    pub async fn spawn(backend: Backend) -> TestApp {
+        TestApp::spawn_with(backend, test_engine_config()).await
+    }
+
+    pub async fn spawn_with(backend: Backend, config: EngineConfig) -> TestApp {
+        let database = Arc::new(TestDatabase::create(backend).await);
+        let clock = ManualClock::new(START);
+        TestApp::on(database, clock, config).await
+    }
+
+    /// An instance on an existing database, as a second process would be.
+    pub async fn on(
+        database: Arc<TestDatabase>,
+        clock: ManualClock,
+        config: EngineConfig,
+    ) -> TestApp {
+        let store = database.connect().await;
+        let engine = Engine::new(
+            store.clone(),
+            Arc::new(clock.clone()),
+            api::renderer(),
+            config,
+        );
+        let router = api::app(api::AppState {
+            engine: engine.clone(),
+            admin_token: Arc::from(ADMIN_TOKEN),
+            metrics: Some(api::metrics::install_recorder()),
+        });
+        TestApp {
+            router,
+            engine,
+            store,
+            clock,
+            database,
+        }
+    }
+
+    /// Another stockd instance on the same database and clock.
+    pub async fn another_instance(&self) -> TestApp {
+        TestApp::on(
+            Arc::clone(&self.database),
+            self.clock.clone(),
+            test_engine_config(),
+        )
+        .await
+    }
+
+    /// Stops this instance (closing its connections) and starts a new one on the same
+    /// database, as a process restart would.
+    pub async fn restart(self) -> TestApp {
+        let TestApp {
+            store,
+            clock,
+            database,
+            ..
+        } = self;
+        store.close().await;
+        TestApp::on(database, clock, test_engine_config()).await
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.database.backend
+    }
+
+    pub async fn send(&self, call: Call) -> TestResponse {
+        let mut request = Request::builder().method(call.method).uri(&call.path);
+        if let Some(key) = &call.idempotency_key {
+            request = request.header("idempotency-key", key);
+        }
+        if call.admin {
+            request = request.header("authorization", format!("Bearer {ADMIN_TOKEN}"));
+        }
+        if let Some(content_type) = &call.content_type {
+            request = request.header("content-type", content_type);
+        }
+        let request = request
+            .body(call.body.map_or_else(Body::empty, Body::from))
+            .expect("a well-formed test request");
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the router is infallible");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("response body")
+            .to_bytes();
+        TestResponse {
+            status,
+            headers,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    /// Creates (or updates) a SKU with a title and a price.
+    pub async fn create_sku(&self, sku: &str) -> TestResponse {
+        let response = self
+            .send(
+                Call::put(format!("/v1/skus/{sku}"))
+                    .admin()
+                    .key(unique_key("sku"))
+                    .json(&serde_json::json!({"title": format!("Test {sku}"), "price": 100, "currency": "CNY"})),
+            )
+            .await;
+        assert!(
+            response.status == 201 || response.status == 200,
+            "create sku: {response:?}"
+        );
+        response
+    }
+
+    /// Receives `quantity` units into the default warehouse (or `warehouse`).
+    pub async fn receive(&self, sku: &str, quantity: i64) -> TestResponse {
+        self.receive_in(sku, quantity, None).await
+    }
+
+    pub async fn receive_in(
+        &self,
+        sku: &str,
+        quantity: i64,
+        warehouse: Option<&str>,
+    ) -> TestResponse {
+        let mut body = serde_json::json!({"kind": "receive", "quantity": quantity});
+        if let Some(warehouse) = warehouse {
+            body["warehouse"] = Value::from(warehouse);
+        }
+        let response = self
+            .send(
+                Call::post(format!("/v1/skus/{sku}/stock-movements"))
+                    .admin()
+                    .key(unique_key("receive"))
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(response.status, 201, "receive: {response:?}");
+        response
+    }
+
+    /// A SKU with `quantity` units in the default warehouse.
+    pub async fn stocked_sku(&self, sku: &str, quantity: i64) {
+        self.create_sku(sku).await;
+        if quantity > 0 {
+            self.receive(sku, quantity).await;
+        }
+    }
+
+    /// `POST /v1/reservations` with one line per `(sku, quantity)`.
+    pub async fn reserve(&self, key: &str, lines: &[(&str, i64)]) -> TestResponse {
+        let lines: Vec<Value> = lines
+            .iter()
+            .map(|(sku, quantity)| serde_json::json!({"sku": sku, "quantity": quantity}))
+            .collect();
+        self.send(
+            Call::post("/v1/reservations")
+                .key(key)
+                .json(&serde_json::json!({"lines": lines})),
+        )
+        .await
+    }
+
+    pub async fn confirm(&self, reservation_id: &str, key: &str) -> TestResponse {
+        self.send(Call::post(format!("/v1/reservations/{reservation_id}/confirm")).key(key))
+            .await
+    }
+
+    pub async fn release(&self, reservation_id: &str, key: &str) -> TestResponse {
+        self.send(Call::post(format!("/v1/reservations/{reservation_id}/release")).key(key))
+            .await
+    }
+
+    pub async fn sku(&self, sku: &str) -> Value {
+        let response = self.send(Call::get(format!("/v1/skus/{sku}"))).await;
+        assert_eq!(response.status, 200, "get sku: {response:?}");
+        response.json()
+    }
+
+    /// `(available, reserved)` of a SKU over all warehouses.
+    pub async fn counters(&self, sku: &str) -> (i64, i64) {
+        let body = self.sku(sku).await;
+        (
+            body["available"].as_i64().expect("available"),
+            body["reserved"].as_i64().expect("reserved"),
+        )
+    }
+
+    pub async fn audit(&self) -> Value {
+        let response = self.send(Call::get("/v1/audit")).await;
+        assert_eq!(response.status, 200, "audit: {response:?}");
+        response.json()
+    }
+
+    pub async fn assert_audit_clean(&self) {
+        let audit = self.audit().await;
+        assert_eq!(audit["ok"], true, "audit found differences: {audit:#}");
+    }
+
+    /// Every row of every table, for proving a refused request changed nothing.
+    pub async fn contents(&self) -> String {
+        self.store.contents().await.expect("read database contents")
+    }
+
+    /// Every row of every table but the idempotency records: a stored refusal adds its
+    /// record and nothing else.
+    pub async fn contents_except_idempotency_records(&self) -> String {
+        let contents = self.contents().await;
+        contents
+            .split("idempotency_record\n")
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Counts ledger rows of `kind` for `sku`, straight from the database.
+    pub async fn ledger_rows(&self, sku: &str, kind: &str) -> i64 {
+        let contents = self.contents().await;
+        let ledger = contents
+            .split("stock_ledger\n")
+            .nth(1)
+            .and_then(|rest| rest.split("idempotency_record\n").next())
+            .unwrap_or_default();
+        i64::try_from(
+            ledger
+                .lines()
+                .filter(|row| {
+                    let cells: Vec<&str> = row.split('|').collect();
+                    cells.get(1) == Some(&sku) && cells.get(3) == Some(&kind)
+                })
+                .count(),
+        )
+        .unwrap_or(i64::MAX)
+    }
+}
+
+/// Runs `calls` all at once against `app` and returns the responses in call order.
+pub async fn send_concurrently(app: &TestApp, calls: Vec<Call>) -> Vec<TestResponse> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(calls.len()));
+    let tasks: Vec<_> = calls
+        .into_iter()
+        .map(|call| {
+            let app = app.clone();
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.send(call).await
+            })
+        })
+        .collect();
+    let mut responses = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        responses.push(task.await.expect("request task"));
+    }
+    responses
+}

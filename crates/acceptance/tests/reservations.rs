@@ -1,0 +1,333 @@
+//! The seeds' acceptance cases for reserving stock, on SQLite and PostgreSQL.
+
+use std::collections::HashMap;
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
+use serde_json::json;
+
+mirrored_tests!(
+    last_unit_goes_to_exactly_one_of_a_hundred_concurrent_buyers_and_retries_replay,
+    ten_units_go_to_exactly_ten_of_a_thousand_concurrent_buyers,
+    multi_line_reservations_taking_skus_in_opposite_orders_never_surface_a_deadlock,
+    a_multi_line_reservation_is_all_or_nothing,
+    releasing_twice_returns_stock_once,
+    confirming_twice_consumes_stock_once,
+    releasing_after_confirm_is_an_illegal_transition,
+    a_restart_between_reserve_and_confirm_keeps_everything,
+    reserving_an_unknown_sku_is_not_found_and_reserves_nothing,
+    reservations_in_a_named_warehouse_use_that_warehouse_stock,
+);
+
+fn reservation_call(key: &str, sku: &str, quantity: i64) -> Call {
+    Call::post("/v1/reservations")
+        .key(key)
+        .json(&json!({"lines": [{"sku": sku, "quantity": quantity}]}))
+}
+
+async fn last_unit_goes_to_exactly_one_of_a_hundred_concurrent_buyers_and_retries_replay(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAST-UNIT", 1).await;
+
+    // 100 distinct requests, and the first 10 of them sent 5 more times each.
+    let mut calls: Vec<(String, Call)> = (0..100)
+        .map(|index| {
+            let key = format!("buyer-{index}");
+            (key.clone(), reservation_call(&key, "LAST-UNIT", 1))
+        })
+        .collect();
+    for index in 0..10 {
+        for _ in 0..5 {
+            let key = format!("buyer-{index}");
+            calls.push((key.clone(), reservation_call(&key, "LAST-UNIT", 1)));
+        }
+    }
+    let keys: Vec<String> = calls.iter().map(|(key, _)| key.clone()).collect();
+    let responses =
+        send_concurrently(&app, calls.into_iter().map(|(_, call)| call).collect()).await;
+
+    let mut by_key: HashMap<&str, Vec<&acceptance::TestResponse>> = HashMap::new();
+    for (key, response) in keys.iter().zip(&responses) {
+        by_key.entry(key).or_default().push(response);
+    }
+    let winners: Vec<&str> = by_key
+        .iter()
+        .filter(|(_, answers)| answers.iter().any(|answer| answer.status == 201))
+        .map(|(key, _)| *key)
+        .collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one buyer gets the last unit: {winners:?}"
+    );
+    for (key, answers) in &by_key {
+        let first = answers[0];
+        if first.status != 201 {
+            assert_eq!(first.status, 409, "{key}: {first:?}");
+            assert_eq!(first.code().as_deref(), Some("insufficient_stock"), "{key}");
+        }
+        // Every answer for one key is the first answer, byte for byte; all but one
+        // of them are flagged as replays.
+        for answer in answers {
+            assert_eq!(
+                (answer.status, &answer.body),
+                (first.status, &first.body),
+                "{key}"
+            );
+        }
+        let fresh = answers.iter().filter(|answer| !answer.replayed()).count();
+        assert_eq!(fresh, 1, "{key}: one fresh answer, the rest replays");
+    }
+    assert_eq!(app.counters("LAST-UNIT").await, (0, 1));
+    assert_eq!(
+        app.ledger_rows("LAST-UNIT", "reserve").await,
+        1,
+        "one ledger effect"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn ten_units_go_to_exactly_ten_of_a_thousand_concurrent_buyers(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LIMITED", 10).await;
+
+    let calls = (0..1000)
+        .map(|index| reservation_call(&format!("limited-{index}"), "LIMITED", 1))
+        .collect();
+    let responses = send_concurrently(&app, calls).await;
+
+    let successes = responses
+        .iter()
+        .filter(|response| response.status == 201)
+        .count();
+    let sold_out = responses
+        .iter()
+        .filter(|response| response.code().as_deref() == Some("insufficient_stock"))
+        .count();
+    assert_eq!(successes, 10);
+    assert_eq!(sold_out, 990, "every other answer is insufficient_stock");
+    assert_eq!(app.counters("LIMITED").await, (0, 10));
+    assert_eq!(app.ledger_rows("LIMITED", "reserve").await, 10);
+    app.assert_audit_clean().await;
+}
+
+async fn multi_line_reservations_taking_skus_in_opposite_orders_never_surface_a_deadlock(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    for sku in ["APPLE", "BREAD", "CHEESE"] {
+        app.stocked_sku(sku, 40).await;
+    }
+    let orders = [
+        ["APPLE", "BREAD", "CHEESE"],
+        ["CHEESE", "BREAD", "APPLE"],
+        ["BREAD", "CHEESE", "APPLE"],
+    ];
+    let calls = (0..150)
+        .map(|index| {
+            let skus = orders[index % orders.len()];
+            let lines: Vec<_> = skus
+                .iter()
+                .map(|sku| json!({"sku": sku, "quantity": 1}))
+                .collect();
+            Call::post("/v1/reservations")
+                .key(format!("multi-{index}"))
+                .json(&json!({"lines": lines}))
+        })
+        .collect();
+    let responses = send_concurrently(&app, calls).await;
+
+    for response in &responses {
+        assert!(
+            response.status == 201 || response.code().as_deref() == Some("insufficient_stock"),
+            "every request ends in success or insufficient_stock: {response:?}"
+        );
+    }
+    let successes = responses
+        .iter()
+        .filter(|response| response.status == 201)
+        .count();
+    assert_eq!(
+        successes, 40,
+        "40 units of each SKU make exactly 40 three-line reservations"
+    );
+    for sku in ["APPLE", "BREAD", "CHEESE"] {
+        assert_eq!(app.counters(sku).await, (0, 40), "{sku}");
+    }
+    app.assert_audit_clean().await;
+}
+
+async fn a_multi_line_reservation_is_all_or_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("PLENTY", 10).await;
+    app.stocked_sku("SCARCE", 1).await;
+
+    let refused = app.reserve("both", &[("PLENTY", 3), ("SCARCE", 2)]).await;
+
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.code().as_deref(), Some("insufficient_stock"));
+    assert_eq!(
+        app.counters("PLENTY").await,
+        (10, 0),
+        "the line that fit took nothing"
+    );
+    assert_eq!(app.counters("SCARCE").await, (1, 0));
+    let accepted = app.reserve("fits", &[("PLENTY", 3), ("SCARCE", 1)]).await;
+    assert_eq!(accepted.status, 201, "{accepted:?}");
+    assert_eq!(app.counters("PLENTY").await, (7, 3));
+    assert_eq!(app.counters("SCARCE").await, (0, 1));
+    app.assert_audit_clean().await;
+}
+
+async fn releasing_twice_returns_stock_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TWICE", 5).await;
+    let reservation = app.reserve("hold", &[("TWICE", 2)]).await.json();
+    let id = reservation["reservation_id"].as_str().unwrap();
+
+    let first = app.release(id, "release-1").await;
+    let replay = app.release(id, "release-1").await;
+    let second = app.release(id, "release-2").await;
+
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.json()["status"], "RELEASED");
+    assert_eq!(first.json()["release_reason"], "requested");
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(second.status, 409);
+    assert_eq!(second.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(
+        app.counters("TWICE").await,
+        (5, 0),
+        "stock returned exactly once"
+    );
+    assert_eq!(app.ledger_rows("TWICE", "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn confirming_twice_consumes_stock_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CONSUME", 5).await;
+    let reservation = app.reserve("hold", &[("CONSUME", 2)]).await.json();
+    let id = reservation["reservation_id"].as_str().unwrap();
+
+    let first = app.confirm(id, "confirm-1").await;
+    let replay = app.confirm(id, "confirm-1").await;
+    let second = app.confirm(id, "confirm-2").await;
+
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.json()["status"], "CONFIRMED");
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(second.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(
+        app.counters("CONSUME").await,
+        (3, 0),
+        "two units consumed, once"
+    );
+    assert_eq!(app.ledger_rows("CONSUME", "confirm").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn releasing_after_confirm_is_an_illegal_transition(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SOLD", 5).await;
+    let reservation = app.reserve("hold", &[("SOLD", 2)]).await.json();
+    let id = reservation["reservation_id"].as_str().unwrap();
+    assert_eq!(app.confirm(id, "confirm").await.status, 200);
+    let before = app.contents_except_idempotency_records().await;
+
+    let release = app.release(id, "release-after-confirm").await;
+
+    assert_eq!(release.status, 409);
+    assert_eq!(release.code().as_deref(), Some("illegal_transition"));
+    assert!(
+        release.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("CONFIRMED to RELEASED")
+    );
+    assert_eq!(app.counters("SOLD").await, (3, 0));
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        before,
+        "the refusal changed nothing but its own idempotency record"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_restart_between_reserve_and_confirm_keeps_everything(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("DURABLE", 3).await;
+    let reserved = app.reserve("before-restart", &[("DURABLE", 2)]).await;
+    assert_eq!(reserved.status, 201);
+    let id = reserved.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let app = app.restart().await;
+
+    let replay = app.reserve("before-restart", &[("DURABLE", 2)]).await;
+    assert!(
+        replay.replayed(),
+        "the idempotency record survived the restart"
+    );
+    assert_eq!(replay.body, reserved.body);
+    assert_eq!(app.counters("DURABLE").await, (1, 2));
+    let confirmed = app.confirm(&id, "after-restart").await;
+    assert_eq!(confirmed.status, 200, "{confirmed:?}");
+    assert_eq!(app.counters("DURABLE").await, (1, 0));
+    app.assert_audit_clean().await;
+}
+
+async fn reserving_an_unknown_sku_is_not_found_and_reserves_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KNOWN", 5).await;
+
+    let response = app
+        .reserve("unknown", &[("KNOWN", 1), ("NO-SUCH-SKU", 1)])
+        .await;
+
+    assert_eq!(response.status, 404);
+    assert_eq!(response.code().as_deref(), Some("not_found"));
+    assert_eq!(app.counters("KNOWN").await, (5, 0));
+    let replay = app
+        .reserve("unknown", &[("KNOWN", 1), ("NO-SUCH-SKU", 1)])
+        .await;
+    assert!(replay.replayed(), "a refusal is replayed like a success");
+    assert_eq!(replay.body, response.body);
+}
+
+async fn reservations_in_a_named_warehouse_use_that_warehouse_stock(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.create_sku("SPLIT").await;
+    app.receive_in("SPLIT", 2, Some("east")).await;
+    app.receive_in("SPLIT", 5, None).await;
+
+    let east = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("east-3")
+                .json(&json!({"lines": [{"sku": "SPLIT", "quantity": 3, "warehouse": "east"}]})),
+        )
+        .await;
+    assert_eq!(
+        east.code().as_deref(),
+        Some("insufficient_stock"),
+        "east holds only 2"
+    );
+    let default = app.reserve("default-3", &[("SPLIT", 3)]).await;
+    assert_eq!(default.status, 201);
+    assert_eq!(default.json()["lines"][0]["warehouse"], "default");
+
+    let sku = app.sku("SPLIT").await;
+    assert_eq!(sku["available"], 4);
+    assert_eq!(sku["reserved"], 3);
+    assert_eq!(sku["warehouses"][0]["warehouse"], "default");
+    assert_eq!(sku["warehouses"][0]["available"], 2);
+    assert_eq!(sku["warehouses"][1]["warehouse"], "east");
+    assert_eq!(sku["warehouses"][1]["available"], 2);
+    app.assert_audit_clean().await;
+}

@@ -1,0 +1,76 @@
+//! stockd's HTTP surface. [`app`] builds the router from an [`AppState`] and is separate
+//! from serving it, so tests drive the router directly or bind it to port 0.
+
+pub mod extract;
+pub mod metrics;
+pub mod problem;
+pub mod routes;
+pub mod server;
+pub mod wire;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, post, put};
+use engine::Engine;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::TraceLayer;
+
+pub use wire::HttpRenderer;
+
+/// The OpenAPI description of every route, served at `/openapi.json`.
+pub const OPENAPI_DOCUMENT: &str = include_str!("../openapi.json");
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Engine,
+    /// The bearer token admin calls must present.
+    pub admin_token: Arc<str>,
+    /// Renders `/metrics`; `None` serves an empty page.
+    pub metrics: Option<PrometheusHandle>,
+}
+
+/// The renderer the engine must be built with, so stored responses are this layer's
+/// JSON.
+pub fn renderer() -> Arc<dyn store::ResponseRenderer> {
+    Arc::new(HttpRenderer)
+}
+
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
+        .route("/metrics", get(metrics::render))
+        .route("/openapi.json", get(routes::openapi))
+        .route("/v1/skus/{sku}", put(routes::save_sku).get(routes::get_sku))
+        .route(
+            "/v1/skus/{sku}/stock-movements",
+            post(routes::record_movement),
+        )
+        .route("/v1/reservations", post(routes::create_reservation))
+        .route("/v1/reservations/{id}", get(routes::get_reservation))
+        .route(
+            "/v1/reservations/{id}/confirm",
+            post(routes::confirm_reservation),
+        )
+        .route(
+            "/v1/reservations/{id}/release",
+            post(routes::release_reservation),
+        )
+        .route("/v1/audit", get(routes::audit))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn(metrics::track))
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(panic_response))
+        .with_state(state)
+}
+
+fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    tracing::error!("a request handler panicked");
+    axum::response::IntoResponse::into_response(problem::ApiError::new(
+        domain::ErrorCode::Internal,
+        "see the server log",
+    ))
+}

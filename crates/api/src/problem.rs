@@ -1,0 +1,185 @@
+//! Errors as RFC 9457 `application/problem+json`, and the one place that maps error
+//! codes to HTTP statuses.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use domain::ErrorCode;
+use engine::EngineError;
+use serde::Serialize;
+
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// The HTTP status of each stable error code.
+pub fn status_for(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::InsufficientStock
+        | ErrorCode::OffShelf
+        | ErrorCode::IllegalTransition
+        | ErrorCode::VersionConflict
+        | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
+        ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::LockTimeout | ErrorCode::RetryExhausted | ErrorCode::Unavailable => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        ErrorCode::PaymentUnknown => StatusCode::ACCEPTED,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    problem_type: String,
+    title: &'a str,
+    status: u16,
+    code: &'static str,
+    detail: &'a str,
+}
+
+fn title_for(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::InvalidArgument => "The request is malformed or out of range",
+        ErrorCode::Unauthorized => "Missing or wrong credentials",
+        ErrorCode::Forbidden => "Not allowed for these credentials",
+        ErrorCode::NotFound => "No such resource",
+        ErrorCode::InsufficientStock => "Not enough stock available",
+        ErrorCode::OffShelf => "The SKU is not on sale",
+        ErrorCode::IllegalTransition => "That status change is not allowed",
+        ErrorCode::VersionConflict => "Changed concurrently by someone else",
+        ErrorCode::IdempotencyKeyReused => "Idempotency-Key already used for a different request",
+        ErrorCode::RequestInProgress => "A request with this Idempotency-Key is still running",
+        ErrorCode::LockTimeout => "Timed out waiting for a lock; retry with the same key",
+        ErrorCode::RetryExhausted => "Too much contention; retry with the same key",
+        ErrorCode::Unavailable => "Temporarily unavailable; retry later",
+        ErrorCode::PaymentUnknown => "Payment outcome not known yet",
+        ErrorCode::Internal => "Internal error",
+    }
+}
+
+/// The problem document for `code` with `status`. Deterministic, so a stored problem
+/// replays byte for byte.
+pub fn problem_body_with_status(code: ErrorCode, status: StatusCode, detail: &str) -> String {
+    let body = ProblemBody {
+        problem_type: format!("urn:stockd:problem:{}", code.as_str()),
+        title: title_for(code),
+        status: status.as_u16(),
+        code: code.as_str(),
+        detail,
+    };
+    serde_json::to_string(&body).unwrap_or_else(|_| String::from("{}"))
+}
+
+pub fn problem_body(code: ErrorCode, detail: &str) -> String {
+    problem_body_with_status(code, status_for(code), detail)
+}
+
+/// An error answered directly (not stored): validation failures, auth failures and
+/// transient engine errors.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub status: StatusCode,
+    pub detail: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            status: status_for(code),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn invalid(detail: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::InvalidArgument, detail)
+    }
+
+    pub fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.status = status;
+        self
+    }
+}
+
+/// The response extension the metrics layer reads to count outcomes by code.
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomeCode(pub ErrorCode);
+
+pub fn problem_response(status: StatusCode, code: ErrorCode, body: String) -> Response {
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response.extensions_mut().insert(OutcomeCode(code));
+    response
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = problem_body_with_status(self.code, self.status, &self.detail);
+        problem_response(self.status, self.code, body)
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(error: EngineError) -> ApiError {
+        let code = error.code();
+        let detail = match error {
+            EngineError::InvalidArgument(message)
+            | EngineError::NotFound(message)
+            | EngineError::Unavailable(message) => message,
+            EngineError::Internal(_) => String::from("see the server log"),
+            EngineError::IdempotencyKeyReused => {
+                String::from("this Idempotency-Key was first used with a different request")
+            }
+            EngineError::RequestInProgress => String::from(
+                "the first request with this Idempotency-Key has not finished; retry later with the same key",
+            ),
+            EngineError::LockTimeout | EngineError::RetryExhausted => {
+                String::from("nothing was changed; retry with the same Idempotency-Key")
+            }
+        };
+        ApiError::new(code, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_a_client_or_server_error_status_except_payment_unknown() {
+        for code in ErrorCode::ALL {
+            let status = status_for(code);
+            if code == ErrorCode::PaymentUnknown {
+                assert_eq!(status, StatusCode::ACCEPTED);
+            } else {
+                assert!(
+                    status.is_client_error() || status.is_server_error(),
+                    "{code}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn problem_bodies_name_the_code_and_status() {
+        let body: serde_json::Value =
+            serde_json::from_str(&problem_body(ErrorCode::InsufficientStock, "only 1 left"))
+                .unwrap();
+        assert_eq!(body["code"], "insufficient_stock");
+        assert_eq!(body["status"], 409);
+        assert_eq!(body["detail"], "only 1 left");
+        assert_eq!(body["type"], "urn:stockd:problem:insufficient_stock");
+    }
+}

@@ -1,0 +1,225 @@
+//! Handlers: parse, call the engine, answer. No business rules live here.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use domain::{ErrorCode, Quantity, ReservationId, ReservationLine, SkuCode, WarehouseCode};
+use engine::Reply;
+use store::{MovementQuantity, ReservationAction, SkuChanges};
+
+use crate::AppState;
+use crate::extract::{Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
+use crate::wire::{
+    AuditBody, CreateReservationRequest, EmptyRequest, MovementKindWire, MovementRequest,
+    ReservationBody, SaveSkuRequest, SkuBody, code_of_problem,
+};
+
+/// Writes a stored (or freshly stored) response exactly as it was first sent.
+pub fn reply_response(reply: Reply) -> Response {
+    let status =
+        StatusCode::from_u16(reply.response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let outcome = (status.is_client_error() || status.is_server_error())
+        .then(|| code_of_problem(&reply.response.body))
+        .flatten();
+    let mut response = (status, reply.response.body).into_response();
+    let content_type = if outcome.is_some() {
+        PROBLEM_CONTENT_TYPE
+    } else {
+        "application/json"
+    };
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if reply.replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    if let Some(code) = outcome {
+        response.extensions_mut().insert(OutcomeCode(code));
+    }
+    response
+}
+
+fn parse_sku(text: &str) -> Result<SkuCode, ApiError> {
+    SkuCode::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+fn parse_reservation_id(text: &str) -> Result<ReservationId, ApiError> {
+    ReservationId::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+pub async fn save_sku(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(sku): Path<String>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<SaveSkuRequest>,
+) -> Result<Response, ApiError> {
+    let code = parse_sku(&sku)?;
+    let claim = body.claim(key);
+    let request = body.value;
+    let changes = SkuChanges {
+        title: request.title.map(String::from),
+        price: request.price,
+        currency: request.currency,
+        low_stock_threshold: request.low_stock_threshold.map(Quantity::get),
+    };
+    Ok(reply_response(
+        state.engine.save_sku(&claim, &code, &changes).await?,
+    ))
+}
+
+pub async fn get_sku(
+    State(state): State<AppState>,
+    Path(sku): Path<String>,
+) -> Result<Response, ApiError> {
+    let code = parse_sku(&sku)?;
+    let sku = state.engine.sku(&code).await?;
+    Ok(Json(SkuBody::new(&sku)).into_response())
+}
+
+pub async fn record_movement(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(sku): Path<String>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<MovementRequest>,
+) -> Result<Response, ApiError> {
+    let code = parse_sku(&sku)?;
+    let claim = body.claim(key);
+    let request = body.value;
+    let quantity = match request.kind {
+        MovementKindWire::Receive => {
+            MovementQuantity::Receive(Quantity::new(request.quantity.get()).map_err(|_| {
+                ApiError::invalid("quantity: a receive takes an integer between 1 and 1000000")
+            })?)
+        }
+        MovementKindWire::Adjust => MovementQuantity::Adjust(request.quantity),
+    };
+    let reply = state
+        .engine
+        .record_movement(&claim, code, request.warehouse, quantity)
+        .await?;
+    Ok(reply_response(reply))
+}
+
+pub async fn create_reservation(
+    State(state): State<AppState>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CreateReservationRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(key);
+    let request = body.value;
+    let lines = request
+        .lines
+        .into_iter()
+        .map(|line| ReservationLine {
+            sku: line.sku,
+            warehouse: line
+                .warehouse
+                .unwrap_or_else(WarehouseCode::default_warehouse),
+            quantity: line.quantity,
+        })
+        .collect();
+    Ok(reply_response(
+        state
+            .engine
+            .reserve(&claim, lines, request.ttl_seconds)
+            .await?,
+    ))
+}
+
+pub async fn get_reservation(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_reservation_id(&id)?;
+    let reservation = state.engine.reservation(&id).await?;
+    Ok(Json(ReservationBody::new(&reservation)).into_response())
+}
+
+async fn change_reservation(
+    state: AppState,
+    id: String,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+    action: ReservationAction,
+) -> Result<Response, ApiError> {
+    let id = parse_reservation_id(&id)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state.engine.change_reservation(&claim, &id, action).await?,
+    ))
+}
+
+pub async fn confirm_reservation(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    change_reservation(state, id, key, body, ReservationAction::Confirm).await
+}
+
+pub async fn release_reservation(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    change_reservation(state, id, key, body, ReservationAction::Release).await
+}
+
+pub async fn audit(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let report = state.engine.audit().await?;
+    Ok(Json(AuditBody::new(&report)).into_response())
+}
+
+pub async fn healthz() -> Response {
+    Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let ping = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        state.engine.store().ping(),
+    )
+    .await;
+    match ping {
+        Ok(Ok(())) => Json(
+            serde_json::json!({"status": "ready", "database": state.engine.store().backend_name()}),
+        )
+        .into_response(),
+        Ok(Err(error)) => ApiError::new(
+            ErrorCode::Unavailable,
+            format!("database unreachable: {error}"),
+        )
+        .into_response(),
+        Err(_) => ApiError::new(
+            ErrorCode::Unavailable,
+            "database did not answer within 2 seconds",
+        )
+        .into_response(),
+    }
+}
+
+pub async fn openapi() -> Response {
+    let mut response = crate::OPENAPI_DOCUMENT.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such endpoint; see /openapi.json")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::invalid("method not allowed on this endpoint")
+        .with_status(StatusCode::METHOD_NOT_ALLOWED)
+}

@@ -1,0 +1,285 @@
+//! Wire types: what goes over HTTP, and the renderer that turns outcomes into the
+//! stored bytes a client receives (and receives again on replay).
+
+use domain::{
+    AdjustmentQuantity, Currency, ErrorCode, PriceMinor, Quantity, Reservation, Sku, SkuCode,
+    Timestamp, Title, TtlSeconds, WarehouseCode,
+};
+use serde::{Deserialize, Serialize};
+use store::{AuditReport, MovementRecord, Rejection, ResponseRenderer, StoredResponse};
+
+use crate::problem::{problem_body, status_for};
+
+// ---- requests ----
+
+/// `PUT /v1/skus/{sku}`. Absent fields keep their current value.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaveSkuRequest {
+    pub title: Option<Title>,
+    pub price: Option<PriceMinor>,
+    pub currency: Option<Currency>,
+    pub low_stock_threshold: Option<Quantity>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MovementKindWire {
+    Receive,
+    Adjust,
+}
+
+/// `POST /v1/skus/{sku}/stock-movements`. `quantity` is checked against the kind
+/// after parsing: receive takes 1..=1000000, adjust a non-zero ±1000000.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MovementRequest {
+    pub kind: MovementKindWire,
+    pub quantity: AdjustmentQuantity,
+    pub warehouse: Option<WarehouseCode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReservationLineRequest {
+    pub sku: SkuCode,
+    pub quantity: Quantity,
+    pub warehouse: Option<WarehouseCode>,
+}
+
+/// `POST /v1/reservations`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateReservationRequest {
+    pub lines: Vec<ReservationLineRequest>,
+    pub ttl_seconds: Option<TtlSeconds>,
+}
+
+/// Confirm and release take no fields; an empty body or `{}` is accepted.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}
+
+// ---- responses ----
+
+#[derive(Debug, Serialize)]
+pub struct StockLevelBody<'a> {
+    pub warehouse: &'a str,
+    pub available: i64,
+    pub reserved: i64,
+    pub on_hand: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SkuBody<'a> {
+    pub sku: &'a str,
+    pub title: &'a str,
+    pub price: Option<i64>,
+    pub currency: Option<&'a str>,
+    pub low_stock_threshold: i64,
+    pub sale_status: &'static str,
+    pub version: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub on_hand: i64,
+    /// On shelf with `available` at or below the threshold (and a threshold set).
+    pub low_stock: bool,
+    pub warehouses: Vec<StockLevelBody<'a>>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl<'a> SkuBody<'a> {
+    pub fn new(sku: &'a Sku) -> SkuBody<'a> {
+        let available = sku.available();
+        let reserved = sku.reserved();
+        SkuBody {
+            sku: sku.code.as_str(),
+            title: &sku.title,
+            price: sku.price.map(PriceMinor::get),
+            currency: sku.currency.as_ref().map(Currency::as_str),
+            low_stock_threshold: sku.low_stock_threshold,
+            sale_status: sku.sale_status.as_str(),
+            version: sku.version,
+            available,
+            reserved,
+            on_hand: available + reserved,
+            low_stock: sku.low_stock_threshold > 0 && available <= sku.low_stock_threshold,
+            warehouses: sku
+                .stock
+                .iter()
+                .map(|level| StockLevelBody {
+                    warehouse: level.warehouse.as_str(),
+                    available: level.available,
+                    reserved: level.reserved,
+                    on_hand: level.available + level.reserved,
+                })
+                .collect(),
+            created_at: sku.created_at,
+            updated_at: sku.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReservationLineBody<'a> {
+    pub sku: &'a str,
+    pub warehouse: &'a str,
+    pub quantity: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReservationBody<'a> {
+    pub reservation_id: &'a str,
+    pub status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_reason: Option<&'static str>,
+    pub expires_at: Timestamp,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub lines: Vec<ReservationLineBody<'a>>,
+}
+
+impl<'a> ReservationBody<'a> {
+    pub fn new(reservation: &'a Reservation) -> ReservationBody<'a> {
+        ReservationBody {
+            reservation_id: reservation.id.as_str(),
+            status: reservation.status.as_str(),
+            release_reason: reservation.release_reason.map(|reason| reason.as_str()),
+            expires_at: reservation.expires_at,
+            created_at: reservation.created_at,
+            updated_at: reservation.updated_at,
+            lines: reservation
+                .lines
+                .iter()
+                .map(|line| ReservationLineBody {
+                    sku: line.sku.as_str(),
+                    warehouse: line.warehouse.as_str(),
+                    quantity: line.quantity.get(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct MovementBody<'a> {
+    pub movement_id: &'a str,
+    pub sku: &'a str,
+    pub warehouse: &'a str,
+    pub kind: &'static str,
+    pub quantity: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub created_at: Timestamp,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AuditDifferenceBody<'a> {
+    pub check: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sku: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warehouse: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<&'a str>,
+    pub expected: i64,
+    pub actual: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AuditBody<'a> {
+    pub ok: bool,
+    pub checked_at: Timestamp,
+    pub stock_rows_checked: i64,
+    pub reservation_lines_checked: i64,
+    pub ledger_rows_checked: i64,
+    pub differences_total: i64,
+    pub differences: Vec<AuditDifferenceBody<'a>>,
+}
+
+impl<'a> AuditBody<'a> {
+    pub fn new(report: &'a AuditReport) -> AuditBody<'a> {
+        AuditBody {
+            ok: report.ok(),
+            checked_at: report.checked_at,
+            stock_rows_checked: report.stock_rows_checked,
+            reservation_lines_checked: report.reservation_lines_checked,
+            ledger_rows_checked: report.ledger_rows_checked,
+            differences_total: report.differences_total,
+            differences: report
+                .differences
+                .iter()
+                .map(|difference| AuditDifferenceBody {
+                    check: difference.check,
+                    sku: difference.sku.as_deref(),
+                    warehouse: difference.warehouse.as_deref(),
+                    reference: difference.reference.as_deref(),
+                    expected: difference.expected,
+                    actual: difference.actual,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn json<T: Serialize>(status: u16, value: &T) -> StoredResponse {
+    // Serializing these plain structs cannot fail; an empty object would be a bug
+    // visible in every test.
+    StoredResponse {
+        status,
+        body: serde_json::to_string(value).unwrap_or_else(|_| String::from("{}")),
+    }
+}
+
+/// Renders outcomes as the HTTP layer's JSON. Handed to the engine at startup.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HttpRenderer;
+
+impl ResponseRenderer for HttpRenderer {
+    fn sku_saved(&self, sku: &Sku, created: bool) -> StoredResponse {
+        json(if created { 201 } else { 200 }, &SkuBody::new(sku))
+    }
+
+    fn movement_recorded(&self, movement: &MovementRecord) -> StoredResponse {
+        json(
+            201,
+            &MovementBody {
+                movement_id: movement.id.as_str(),
+                sku: movement.sku.as_str(),
+                warehouse: movement.warehouse.as_str(),
+                kind: movement.kind.as_str(),
+                quantity: movement.available_delta,
+                available: movement.available,
+                reserved: movement.reserved,
+                created_at: movement.created_at,
+            },
+        )
+    }
+
+    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse {
+        json(201, &ReservationBody::new(reservation))
+    }
+
+    fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse {
+        json(200, &ReservationBody::new(reservation))
+    }
+
+    fn rejected(&self, rejection: &Rejection) -> StoredResponse {
+        StoredResponse {
+            status: status_for(rejection.code).as_u16(),
+            body: problem_body(rejection.code, &rejection.detail),
+        }
+    }
+}
+
+/// Reads the `code` of a stored problem body, for counting replayed outcomes.
+pub fn code_of_problem(body: &str) -> Option<ErrorCode> {
+    #[derive(Deserialize)]
+    struct CodeOnly {
+        code: String,
+    }
+    serde_json::from_str::<CodeOnly>(body)
+        .ok()
+        .and_then(|only| ErrorCode::parse(&only.code))
+}

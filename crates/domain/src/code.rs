@@ -1,0 +1,165 @@
+//! Codes that name things chosen by the shop: SKUs and warehouses.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ParseError;
+use crate::limits::{SKU_CODE_LENGTH_MAX, WAREHOUSE_CODE_LENGTH_MAX};
+
+/// Codes are ASCII letters, digits, `-`, `_` and `.`, starting with a letter or digit.
+/// The narrow alphabet keeps them safe in URLs, logs and metrics labels without escaping.
+fn parse_code(kind: &str, text: &str, length_max: usize) -> Result<String, ParseError> {
+    if text.is_empty() || text.len() > length_max {
+        return Err(ParseError::new(format!(
+            "{kind} must be 1 to {length_max} characters long"
+        )));
+    }
+    let first_is_alphanumeric = text.as_bytes()[0].is_ascii_alphanumeric();
+    let all_allowed = text
+        .bytes()
+        .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.'));
+    if !first_is_alphanumeric || !all_allowed {
+        return Err(ParseError::new(format!(
+            "{kind} may contain only ASCII letters, digits, '-', '_' and '.', and must start with a letter or digit"
+        )));
+    }
+    Ok(text.to_owned())
+}
+
+/// A stock-keeping unit's code, as the shop names it (`MILK-1L`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SkuCode(String);
+
+impl SkuCode {
+    pub fn parse(text: &str) -> Result<SkuCode, ParseError> {
+        parse_code("sku", text, SKU_CODE_LENGTH_MAX).map(SkuCode)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A warehouse's code. Stock is counted per (sku, warehouse).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WarehouseCode(String);
+
+impl WarehouseCode {
+    /// The warehouse used when a request names none.
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn parse(text: &str) -> Result<WarehouseCode, ParseError> {
+        parse_code("warehouse", text, WAREHOUSE_CODE_LENGTH_MAX).map(WarehouseCode)
+    }
+
+    pub fn default_warehouse() -> WarehouseCode {
+        WarehouseCode(WarehouseCode::DEFAULT.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+macro_rules! string_newtype_conversions {
+    ($name:ident) => {
+        impl TryFrom<String> for $name {
+            type Error = ParseError;
+            fn try_from(text: String) -> Result<$name, ParseError> {
+                $name::parse(&text)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_newtype_conversions!(SkuCode);
+string_newtype_conversions!(WarehouseCode);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sku_codes_accept_the_documented_alphabet() {
+        for good in ["MILK-1L", "a", "sku_1.2", &"X".repeat(64)] {
+            assert!(SkuCode::parse(good).is_ok(), "{good} should parse");
+        }
+    }
+
+    #[test]
+    fn sku_codes_refuse_everything_else() {
+        for bad in [
+            "",
+            "-lead",
+            ".x",
+            "with space",
+            "slash/es",
+            "ünï",
+            "a;DROP",
+            &"X".repeat(65),
+        ] {
+            assert!(SkuCode::parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn warehouse_codes_are_bounded_shorter_than_sku_codes() {
+        assert!(WarehouseCode::parse(&"w".repeat(32)).is_ok());
+        assert!(WarehouseCode::parse(&"w".repeat(33)).is_err());
+    }
+}
+
+/// A human-readable name (a SKU's title): at most [`TITLE_LENGTH_MAX`] characters, no
+/// control characters, so it prints safely in logs, receipts and consoles.
+///
+/// [`TITLE_LENGTH_MAX`]: crate::limits::TITLE_LENGTH_MAX
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Title(String);
+
+impl Title {
+    pub fn parse(text: &str) -> Result<Title, ParseError> {
+        let length_max = crate::limits::TITLE_LENGTH_MAX;
+        if text.chars().count() > length_max || text.chars().any(char::is_control) {
+            return Err(ParseError::new(format!(
+                "title must be at most {length_max} characters without control characters"
+            )));
+        }
+        Ok(Title(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+string_newtype_conversions!(Title);
+
+#[cfg(test)]
+mod title_tests {
+    use super::*;
+
+    #[test]
+    fn titles_allow_any_printable_text_up_to_the_limit() {
+        assert!(Title::parse("伊利纯牛奶 250ml×24").is_ok());
+        assert!(Title::parse("").is_ok());
+        assert!(Title::parse(&"é".repeat(200)).is_ok());
+        assert!(Title::parse(&"é".repeat(201)).is_err());
+        assert!(Title::parse("line\nbreak").is_err());
+    }
+}

@@ -1,0 +1,95 @@
+//! The stable error codes of the external contract, and the parse error every newtype
+//! returns.
+
+use std::fmt;
+
+/// Stable, documented error codes. Clients match on these strings; never rename one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    InvalidArgument,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    InsufficientStock,
+    OffShelf,
+    IllegalTransition,
+    VersionConflict,
+    IdempotencyKeyReused,
+    RequestInProgress,
+    LockTimeout,
+    RetryExhausted,
+    Unavailable,
+    PaymentUnknown,
+    Internal,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 15] = [
+        ErrorCode::InvalidArgument,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::NotFound,
+        ErrorCode::InsufficientStock,
+        ErrorCode::OffShelf,
+        ErrorCode::IllegalTransition,
+        ErrorCode::VersionConflict,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::RequestInProgress,
+        ErrorCode::LockTimeout,
+        ErrorCode::RetryExhausted,
+        ErrorCode::Unavailable,
+        ErrorCode::PaymentUnknown,
+        ErrorCode::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::InsufficientStock => "insufficient_stock",
+            ErrorCode::OffShelf => "off_shelf",
+            ErrorCode::IllegalTransition => "illegal_transition",
+            ErrorCode::VersionConflict => "version_conflict",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::RequestInProgress => "request_in_progress",
+            ErrorCode::LockTimeout => "lock_timeout",
+            ErrorCode::RetryExhausted => "retry_exhausted",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::PaymentUnknown => "payment_unknown",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|code| code.as_str() == text)
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// Why a value was refused by a parsing constructor. The message is written for the
+/// client: it names the rule, not the Rust type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError(pub String);
+
+impl ParseError {
+    pub fn new(message: impl Into<String>) -> ParseError {
+        ParseError(message.into())
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ParseError {}

@@ -1,0 +1,161 @@
+//! Identifiers: the ones stockd mints (reservations, movements) and the one clients
+//! bring (idempotency keys).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ParseError;
+use crate::limits::IDEMPOTENCY_KEY_LENGTH_MAX;
+use crate::time::Timestamp;
+
+/// Identifiers stockd mints look like `rsv_0192f3a4b5c6d7e8f9a0b1c2d3e4f5a6`: a prefix
+/// naming the kind, 12 hex digits of the creation time in milliseconds (so ids sort by
+/// age) and 16 hex digits of randomness supplied by the caller (domain does no IO, so it
+/// does not read the operating system's random source itself).
+fn mint(prefix: &str, now: Timestamp, random: u64) -> String {
+    let milliseconds = now.unix_milliseconds().clamp(0, 0xFFFF_FFFF_FFFF);
+    format!("{prefix}{milliseconds:012x}{random:016x}")
+}
+
+fn parse_minted(kind: &str, prefix: &str, text: &str) -> Result<String, ParseError> {
+    let digits = text.strip_prefix(prefix);
+    let well_formed = digits.is_some_and(|digits| {
+        digits.len() == 28
+            && digits
+                .bytes()
+                .all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if well_formed {
+        Ok(text.to_owned())
+    } else {
+        Err(ParseError::new(format!(
+            "{kind} id must be '{prefix}' followed by 28 lowercase hex digits"
+        )))
+    }
+}
+
+macro_rules! minted_id {
+    ($(#[$meta:meta])* $name:ident, $kind:literal, $prefix:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub const PREFIX: &'static str = $prefix;
+
+            pub fn generate(now: Timestamp, random: u64) -> $name {
+                $name(mint($prefix, now, random))
+            }
+
+            pub fn parse(text: &str) -> Result<$name, ParseError> {
+                parse_minted($kind, $prefix, text).map($name)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = ParseError;
+            fn try_from(text: String) -> Result<$name, ParseError> {
+                $name::parse(&text)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(value: $name) -> String {
+                value.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str(&self.0)
+            }
+        }
+    };
+}
+
+minted_id!(
+    /// Names one reservation (a hold on stock across one or more lines).
+    ReservationId,
+    "reservation",
+    "rsv_"
+);
+minted_id!(
+    /// Names one receive or adjust stock movement; ledger rows reference it.
+    MovementId,
+    "movement",
+    "mov_"
+);
+
+/// The client's `Idempotency-Key`: 1 to 255 visible ASCII characters (0x21..=0x7E).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    pub fn parse(text: &str) -> Result<IdempotencyKey, ParseError> {
+        let length_ok = (1..=IDEMPOTENCY_KEY_LENGTH_MAX).contains(&text.len());
+        let visible = text.bytes().all(|byte| (0x21..=0x7E).contains(&byte));
+        if length_ok && visible {
+            Ok(IdempotencyKey(text.to_owned()))
+        } else {
+            Err(ParseError::new(
+                "Idempotency-Key must be 1 to 255 visible ASCII characters",
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minted_ids_round_trip_through_parse() {
+        let id = ReservationId::generate(Timestamp::from_unix_milliseconds(1_700_000_000_000), 42);
+        assert_eq!(ReservationId::parse(id.as_str()).unwrap(), id);
+        assert_eq!(id.as_str().len(), 4 + 28);
+    }
+
+    #[test]
+    fn minted_ids_sort_by_creation_time() {
+        let earlier = ReservationId::generate(Timestamp::from_unix_milliseconds(1_000), u64::MAX);
+        let later = ReservationId::generate(Timestamp::from_unix_milliseconds(1_001), 0);
+        assert!(earlier < later);
+    }
+
+    #[test]
+    fn ids_with_the_wrong_prefix_or_digits_are_refused() {
+        let movement = MovementId::generate(Timestamp::from_unix_milliseconds(5), 7);
+        assert!(ReservationId::parse(movement.as_str()).is_err());
+        assert!(ReservationId::parse("rsv_XYZ").is_err());
+        assert!(ReservationId::parse("rsv_0000000000000000000000000000A").is_err());
+        assert!(ReservationId::parse("").is_err());
+    }
+
+    #[test]
+    fn idempotency_keys_are_visible_ascii_of_bounded_length() {
+        assert!(IdempotencyKey::parse("order-123:attempt/1").is_ok());
+        assert!(IdempotencyKey::parse(&"k".repeat(255)).is_ok());
+        for bad in ["", "has space", "tab\t", "ünicode", &"k".repeat(256)] {
+            assert!(
+                IdempotencyKey::parse(bad).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! stockd's vocabulary.
+//!
+//! Everything here is pure: parsing newtypes, limits, state machines as transition
+//! tables, error codes. No IO, no async, no database or HTTP types. Other crates
+//! accept these types instead of raw strings and integers, so a value that reached the
+//! engine has already been validated.
+
+pub mod code;
+pub mod error;
+pub mod id;
+pub mod limits;
+pub mod money;
+pub mod quantity;
+pub mod reservation;
+pub mod sale_status;
+pub mod sku;
+pub mod time;
+
+pub use code::{SkuCode, Title, WarehouseCode};
+pub use error::{ErrorCode, ParseError};
+pub use id::{IdempotencyKey, MovementId, ReservationId};
+pub use money::{Currency, PriceMinor};
+pub use quantity::{AdjustmentQuantity, Quantity, TtlSeconds};
+pub use reservation::{
+    IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
+};
+pub use sale_status::SaleStatus;
+pub use sku::{Sku, StockLevel};
+pub use time::Timestamp;

@@ -1,0 +1,32 @@
+//! Every bound stockd enforces, in one place. Units come last in each name.
+
+/// Largest quantity one reservation line or one stock movement may carry.
+pub const QUANTITY_MAX: i64 = 1_000_000;
+
+/// Largest counter value a stock row may reach (available + reserved), so sums over a
+/// batch of movements can never overflow an `i64`.
+pub const STOCK_ON_HAND_MAX: i64 = 1_000_000_000_000;
+
+/// Most lines one reservation may hold.
+pub const RESERVATION_LINES_MAX: usize = 50;
+
+/// Shortest and longest reservation hold a caller may ask for.
+pub const RESERVATION_TTL_SECONDS_MIN: i64 = 1;
+pub const RESERVATION_TTL_SECONDS_MAX: i64 = 86_400;
+/// Hold used when a request names no `ttl_seconds`.
+pub const RESERVATION_TTL_SECONDS_DEFAULT: i64 = 900;
+
+/// Length bounds of codes and keys (in bytes, ASCII only).
+pub const SKU_CODE_LENGTH_MAX: usize = 64;
+pub const WAREHOUSE_CODE_LENGTH_MAX: usize = 32;
+pub const IDEMPOTENCY_KEY_LENGTH_MAX: usize = 255;
+pub const TITLE_LENGTH_MAX: usize = 200;
+
+/// Largest price in minor units (ten billion major units of a two-decimal currency).
+pub const PRICE_MINOR_MAX: i64 = 1_000_000_000_000;
+
+/// Largest low-stock threshold a SKU may carry.
+pub const LOW_STOCK_THRESHOLD_MAX: i64 = QUANTITY_MAX;
+
+/// Largest request body the HTTP layer reads.
+pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;

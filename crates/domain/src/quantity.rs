@@ -1,0 +1,230 @@
+//! Quantities and durations that arrive from clients.
+//!
+//! Each type deserializes only from a JSON integer inside its range: `1.5`, `"3"`,
+//! `null`, `1e3` and 2^63 are all refused with a message naming the range, instead of
+//! being truncated, coerced or wrapped.
+
+use std::fmt;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::error::ParseError;
+use crate::limits::{QUANTITY_MAX, RESERVATION_TTL_SECONDS_MAX, RESERVATION_TTL_SECONDS_MIN};
+
+/// Deserializes a JSON integer and hands it to `check`, refusing floats, strings and
+/// anything else. Integers beyond `i64` are refused as out of range by `check`'s caller.
+struct StrictIntegerVisitor {
+    expected: &'static str,
+}
+
+impl<'de> Visitor<'de> for StrictIntegerVisitor {
+    type Value = i128;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.expected)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<i128, E> {
+        Ok(i128::from(value))
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<i128, E> {
+        Ok(i128::from(value))
+    }
+
+    fn visit_i128<E: de::Error>(self, value: i128) -> Result<i128, E> {
+        Ok(value)
+    }
+
+    fn visit_u128<E: de::Error>(self, value: u128) -> Result<i128, E> {
+        Ok(i128::try_from(value).unwrap_or(i128::MAX))
+    }
+}
+
+fn deserialize_strict_integer<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    expected: &'static str,
+) -> Result<i128, D::Error> {
+    deserializer.deserialize_i64(StrictIntegerVisitor { expected })
+}
+
+/// A positive number of units: 1..=[`QUANTITY_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "i64")]
+pub struct Quantity(i64);
+
+impl Quantity {
+    const EXPECTED: &'static str = "an integer between 1 and 1000000";
+
+    pub fn new(value: i64) -> Result<Quantity, ParseError> {
+        if (1..=QUANTITY_MAX).contains(&value) {
+            Ok(Quantity(value))
+        } else {
+            Err(ParseError::new(format!(
+                "quantity must be {}",
+                Quantity::EXPECTED
+            )))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<Quantity> for i64 {
+    fn from(value: Quantity) -> i64 {
+        value.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Quantity, D::Error> {
+        let value = deserialize_strict_integer(deserializer, Quantity::EXPECTED)?;
+        i64::try_from(value)
+            .map_err(|_| ParseError::new(format!("quantity must be {}", Quantity::EXPECTED)))
+            .and_then(Quantity::new)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// A signed, non-zero correction of available stock: -[`QUANTITY_MAX`]..=[`QUANTITY_MAX`]
+/// without 0. Used by `adjust` movements (a stock count found more or fewer units).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "i64")]
+pub struct AdjustmentQuantity(i64);
+
+impl AdjustmentQuantity {
+    const EXPECTED: &'static str = "a non-zero integer between -1000000 and 1000000";
+
+    pub fn new(value: i64) -> Result<AdjustmentQuantity, ParseError> {
+        if value != 0 && (-QUANTITY_MAX..=QUANTITY_MAX).contains(&value) {
+            Ok(AdjustmentQuantity(value))
+        } else {
+            Err(ParseError::new(format!(
+                "quantity must be {}",
+                AdjustmentQuantity::EXPECTED
+            )))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<AdjustmentQuantity> for i64 {
+    fn from(value: AdjustmentQuantity) -> i64 {
+        value.0
+    }
+}
+
+impl<'de> Deserialize<'de> for AdjustmentQuantity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<AdjustmentQuantity, D::Error> {
+        let value = deserialize_strict_integer(deserializer, AdjustmentQuantity::EXPECTED)?;
+        i64::try_from(value)
+            .map_err(|_| {
+                ParseError::new(format!("quantity must be {}", AdjustmentQuantity::EXPECTED))
+            })
+            .and_then(AdjustmentQuantity::new)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// How long a reservation holds its stock before the expiry worker releases it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(into = "i64")]
+pub struct TtlSeconds(i64);
+
+impl TtlSeconds {
+    const EXPECTED: &'static str = "an integer between 1 and 86400";
+
+    pub fn new(value: i64) -> Result<TtlSeconds, ParseError> {
+        if (RESERVATION_TTL_SECONDS_MIN..=RESERVATION_TTL_SECONDS_MAX).contains(&value) {
+            Ok(TtlSeconds(value))
+        } else {
+            Err(ParseError::new(format!(
+                "ttl_seconds must be {}",
+                TtlSeconds::EXPECTED
+            )))
+        }
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl From<TtlSeconds> for i64 {
+    fn from(value: TtlSeconds) -> i64 {
+        value.0
+    }
+}
+
+impl<'de> Deserialize<'de> for TtlSeconds {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TtlSeconds, D::Error> {
+        let value = deserialize_strict_integer(deserializer, TtlSeconds::EXPECTED)?;
+        i64::try_from(value)
+            .map_err(|_| ParseError::new(format!("ttl_seconds must be {}", TtlSeconds::EXPECTED)))
+            .and_then(TtlSeconds::new)
+            .map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_quantity(json: &str) -> Result<Quantity, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn quantity_accepts_integers_inside_the_range() {
+        assert_eq!(parse_quantity("1").unwrap().get(), 1);
+        assert_eq!(parse_quantity("1000000").unwrap().get(), 1_000_000);
+    }
+
+    #[test]
+    fn quantity_refuses_zero_negative_huge_fractional_and_non_numbers() {
+        for bad in [
+            "0",
+            "-1",
+            "1000001",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551616",
+            "1.5",
+            "1.0",
+            "1e3",
+            "\"3\"",
+            "null",
+            "true",
+            "[1]",
+            "{}",
+        ] {
+            assert!(parse_quantity(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn adjustment_quantity_allows_negative_but_never_zero() {
+        assert_eq!(
+            serde_json::from_str::<AdjustmentQuantity>("-5")
+                .unwrap()
+                .get(),
+            -5
+        );
+        assert!(serde_json::from_str::<AdjustmentQuantity>("0").is_err());
+        assert!(serde_json::from_str::<AdjustmentQuantity>("-1000001").is_err());
+        assert!(serde_json::from_str::<AdjustmentQuantity>("-2.5").is_err());
+    }
+
+    #[test]
+    fn ttl_is_bounded_on_both_sides() {
+        assert!(serde_json::from_str::<TtlSeconds>("0").is_err());
+        assert!(serde_json::from_str::<TtlSeconds>("86401").is_err());
+        assert_eq!(serde_json::from_str::<TtlSeconds>("60").unwrap().get(), 60);
+    }
+}

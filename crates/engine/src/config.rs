@@ -1,0 +1,79 @@
+//! The engine's bounds, with the defaults `stockd serve` uses.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Attempts of one unit of work that hits deadlocks or serialization failures,
+    /// the first included; then `retry_exhausted`.
+    pub retry_attempts_max: u32,
+    /// First backoff between attempts; doubles each time, capped, with full jitter.
+    pub retry_backoff_base_milliseconds: u64,
+    pub retry_backoff_cap_milliseconds: u64,
+    /// How long a retry waits for its original, still running in this process, before
+    /// answering `request_in_progress`.
+    pub idempotency_wait_milliseconds: u64,
+    /// How long idempotency records are kept; a key reused after that runs again.
+    pub idempotency_retention_seconds: i64,
+    /// Records deleted per purge step.
+    pub idempotency_purge_batch_size: i64,
+    pub idempotency_purge_interval_milliseconds: u64,
+    /// Reservations released per expiry step.
+    pub expiry_batch_size: i64,
+    /// Pause between expiry steps when the previous step found less than a full batch.
+    pub expiry_interval_milliseconds: u64,
+    /// TTL applied when a reservation names none.
+    pub reservation_ttl_seconds_default: i64,
+    /// Audits allowed to run at once (each one scans the ledger).
+    pub audits_concurrent_max: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            retry_attempts_max: 5,
+            retry_backoff_base_milliseconds: 5,
+            retry_backoff_cap_milliseconds: 200,
+            idempotency_wait_milliseconds: 5_000,
+            idempotency_retention_seconds: 24 * 3600,
+            idempotency_purge_batch_size: 1_000,
+            idempotency_purge_interval_milliseconds: 60_000,
+            expiry_batch_size: 200,
+            expiry_interval_milliseconds: 1_000,
+            reservation_ttl_seconds_default: domain::limits::RESERVATION_TTL_SECONDS_DEFAULT,
+            audits_concurrent_max: 1,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The pause before attempt `attempt + 1` (0-based): exponential, capped, jittered.
+    pub fn backoff(&self, attempt: u32, random_fraction: f64) -> Duration {
+        let exponential = self
+            .retry_backoff_base_milliseconds
+            .saturating_mul(1_u64 << attempt.min(16))
+            .min(self.retry_backoff_cap_milliseconds);
+        let jittered = (exponential as f64 * random_fraction.clamp(0.0, 1.0)) as u64;
+        Duration::from_millis(jittered.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_then_stays_at_the_cap() {
+        let config = EngineConfig::default();
+        assert_eq!(config.backoff(0, 1.0), Duration::from_millis(5));
+        assert_eq!(config.backoff(2, 1.0), Duration::from_millis(20));
+        assert_eq!(config.backoff(30, 1.0), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn backoff_jitter_never_reaches_zero_or_exceeds_the_step() {
+        let config = EngineConfig::default();
+        assert_eq!(config.backoff(3, 0.0), Duration::from_millis(1));
+        assert!(config.backoff(3, 0.5) <= Duration::from_millis(40));
+    }
+}

@@ -1,0 +1,64 @@
+//! The engine's one error enum. The HTTP layer maps each variant to a status and a
+//! stable code in one place.
+
+use std::fmt;
+
+use domain::ErrorCode;
+use store::StoreError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    InvalidArgument(String),
+    NotFound(String),
+    IdempotencyKeyReused,
+    RequestInProgress,
+    LockTimeout,
+    RetryExhausted,
+    Unavailable(String),
+    /// A bug or a broken invariant; logged in full, shown to clients without detail.
+    Internal(String),
+}
+
+impl EngineError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            EngineError::NotFound(_) => ErrorCode::NotFound,
+            EngineError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
+            EngineError::RequestInProgress => ErrorCode::RequestInProgress,
+            EngineError::LockTimeout => ErrorCode::LockTimeout,
+            EngineError::RetryExhausted => ErrorCode::RetryExhausted,
+            EngineError::Unavailable(_) => ErrorCode::Unavailable,
+            EngineError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::InvalidArgument(message)
+            | EngineError::NotFound(message)
+            | EngineError::Unavailable(message)
+            | EngineError::Internal(message) => write!(formatter, "{}: {message}", self.code()),
+            _ => formatter.write_str(self.code().as_str()),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// Store errors that reach a caller after retrying (if retrying applies).
+impl From<StoreError> for EngineError {
+    fn from(error: StoreError) -> EngineError {
+        match error {
+            StoreError::Retryable(_) => EngineError::RetryExhausted,
+            StoreError::LockTimeout(_) => EngineError::LockTimeout,
+            StoreError::KeyInFlight => EngineError::RequestInProgress,
+            StoreError::Unavailable(message) => EngineError::Unavailable(message),
+            StoreError::Invariant(message) | StoreError::Database(message) => {
+                EngineError::Internal(message)
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Idempotency keys being executed by this process right now.
+//!
+//! A retry that arrives while its original is still running waits (bounded) for the
+//! original to finish and then replays its stored response, instead of racing it into
+//! the database. Across processes the database's unique key does the same job.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+#[derive(Debug, Default, Clone)]
+pub struct InFlight {
+    running: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
+}
+
+/// Held while a key's request runs; dropping it (on success, error or cancellation)
+/// wakes everyone waiting for the key.
+#[derive(Debug)]
+pub struct InFlightGuard {
+    running: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
+    key: String,
+    _finished: watch::Sender<()>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut running = self
+            .running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        running.remove(&self.key);
+    }
+}
+
+pub enum Entry {
+    /// This request owns the key until the guard is dropped.
+    Owner(InFlightGuard),
+    /// Another request with this key is running; wait for it.
+    Busy(watch::Receiver<()>),
+}
+
+impl InFlight {
+    pub fn enter(&self, key: &str) -> Entry {
+        let mut running = self
+            .running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(receiver) = running.get(key) {
+            return Entry::Busy(receiver.clone());
+        }
+        let (sender, receiver) = watch::channel(());
+        running.insert(key.to_owned(), receiver);
+        Entry::Owner(InFlightGuard {
+            running: Arc::clone(&self.running),
+            key: key.to_owned(),
+            _finished: sender,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Waits until the owner of the key drops its guard, or `limit` passes. Returns whether
+/// the owner finished.
+pub async fn wait_for_owner(mut receiver: watch::Receiver<()>, limit: Duration) -> bool {
+    // `changed` fails exactly when the sender (inside the guard) is dropped.
+    let finished = async { while receiver.changed().await.is_ok() {} };
+    tokio::time::timeout(limit, finished).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_second_entry_for_a_running_key_waits_until_the_owner_finishes() {
+        let in_flight = InFlight::default();
+        let Entry::Owner(guard) = in_flight.enter("k") else {
+            panic!("first entry owns the key")
+        };
+        let Entry::Busy(receiver) = in_flight.enter("k") else {
+            panic!("second entry is busy")
+        };
+        let waiter = tokio::spawn(wait_for_owner(receiver, Duration::from_secs(60)));
+        drop(guard);
+        assert!(waiter.await.unwrap());
+        assert!(in_flight.is_empty());
+        assert!(matches!(in_flight.enter("k"), Entry::Owner(_)));
+    }
+
+    #[tokio::test]
+    async fn waiting_gives_up_after_the_limit_while_the_owner_still_runs() {
+        let in_flight = InFlight::default();
+        let Entry::Owner(_guard) = in_flight.enter("k") else {
+            panic!("first entry owns the key")
+        };
+        let Entry::Busy(receiver) = in_flight.enter("k") else {
+            panic!("second entry is busy")
+        };
+        assert!(!wait_for_owner(receiver, Duration::from_millis(1)).await);
+    }
+
+    #[test]
+    fn different_keys_do_not_wait_for_each_other() {
+        let in_flight = InFlight::default();
+        let _first = in_flight.enter("a");
+        assert!(matches!(in_flight.enter("b"), Entry::Owner(_)));
+    }
+}

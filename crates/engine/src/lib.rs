@@ -1,0 +1,373 @@
+//! stockd's use cases. The engine validates what the HTTP layer could not, runs each
+//! unit of work through the store with bounded retries, makes retries of in-flight
+//! requests wait for their original, and drives the background workers. It writes no
+//! SQL and knows no HTTP.
+
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod in_flight;
+pub mod workers;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use domain::{
+    ReservationId, ReservationLine, Sku, SkuCode, Timestamp, TtlSeconds, WarehouseCode, check_lines,
+};
+use store::{
+    AuditReport, IdempotencyClaim, Idempotent, MovementQuantity, ReservationAction,
+    ReservationGauges, ReserveRequest, ResponseRenderer, SkuChanges, StockMovement, Store,
+    StoreError, StoredResponse,
+};
+use tokio::sync::Semaphore;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::EngineConfig;
+pub use error::EngineError;
+use in_flight::{Entry, InFlight, wait_for_owner};
+
+/// The answer to a mutating request: the stored response, and whether it is a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub response: StoredResponse,
+    pub replayed: bool,
+}
+
+/// How often a retry re-checks its original after waiting; bounds the loop when an
+/// original keeps failing transiently and a new one takes its place.
+const IN_FLIGHT_ROUNDS_MAX: u32 = 3;
+
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    renderer: Arc<dyn ResponseRenderer>,
+    config: EngineConfig,
+    in_flight: InFlight,
+    audits: Semaphore,
+}
+
+/// What one expiry step did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiryStep {
+    pub released: Vec<ReservationId>,
+    /// A full batch was released: more may be waiting, so run again without pausing.
+    pub more_waiting: bool,
+}
+
+impl Engine {
+    pub fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        renderer: Arc<dyn ResponseRenderer>,
+        config: EngineConfig,
+    ) -> Engine {
+        let audits = Semaphore::new(config.audits_concurrent_max.max(1));
+        Engine {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                renderer,
+                config,
+                in_flight: InFlight::default(),
+                audits,
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// Keys this process is executing right now (exported as a gauge).
+    pub fn requests_in_flight(&self) -> usize {
+        self.inner.in_flight.len()
+    }
+
+    /// Runs a mutating unit of work under its idempotency key: a retry of a request
+    /// still running here waits for it; deadlocks and serialization failures are
+    /// retried with jittered backoff.
+    async fn idempotent<Work, Attempt>(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+        work: Work,
+    ) -> Result<Reply, EngineError>
+    where
+        Work: Fn() -> Attempt,
+        Attempt: Future<Output = Result<Idempotent, StoreError>>,
+    {
+        let config = &self.inner.config;
+        let wait_limit = Duration::from_millis(config.idempotency_wait_milliseconds);
+        let mut rounds = 0;
+        let _guard = loop {
+            match self.inner.in_flight.enter(claim.key.as_str()) {
+                Entry::Owner(guard) => break guard,
+                Entry::Busy(receiver) => {
+                    rounds += 1;
+                    if rounds > IN_FLIGHT_ROUNDS_MAX || !wait_for_owner(receiver, wait_limit).await
+                    {
+                        return Err(EngineError::RequestInProgress);
+                    }
+                    // The original finished. If it stored a response, that is the answer;
+                    // if it failed without one, this request runs in its place.
+                    if let Some((fingerprint, response)) =
+                        self.inner.store.idempotency_record(&claim.key).await?
+                    {
+                        return answer_from_record(operation, claim, &fingerprint, response);
+                    }
+                }
+            }
+        };
+        let mut attempt = 0;
+        loop {
+            match work().await {
+                Ok(Idempotent::Executed(response)) => {
+                    return Ok(Reply {
+                        response,
+                        replayed: false,
+                    });
+                }
+                Ok(Idempotent::Replayed(response)) => {
+                    metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
+                        .increment(1);
+                    return Ok(Reply {
+                        response,
+                        replayed: true,
+                    });
+                }
+                Ok(Idempotent::KeyReused) => return Err(EngineError::IdempotencyKeyReused),
+                Err(StoreError::Retryable(message)) if attempt + 1 < config.retry_attempts_max => {
+                    metrics::counter!("stockd_store_retries_total", "operation" => operation)
+                        .increment(1);
+                    tracing::debug!(operation, attempt, %message, "retrying after a conflict");
+                    tokio::time::sleep(config.backoff(attempt, rand::random::<f64>())).await;
+                    attempt += 1;
+                }
+                Err(StoreError::Retryable(message)) => {
+                    metrics::counter!("stockd_store_retries_exhausted_total", "operation" => operation)
+                        .increment(1);
+                    tracing::warn!(operation, attempts = attempt + 1, %message, "retries exhausted");
+                    return Err(EngineError::RetryExhausted);
+                }
+                Err(error) => return Err(log_store_error(operation, error)),
+            }
+        }
+    }
+
+    /// `PUT /v1/skus/{sku}`.
+    pub async fn save_sku(
+        &self,
+        claim: &IdempotencyClaim,
+        code: &SkuCode,
+        changes: &SkuChanges,
+    ) -> Result<Reply, EngineError> {
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("save_sku", claim, || {
+            self.inner
+                .store
+                .upsert_sku(claim, code, changes, self.now(), renderer)
+        })
+        .await
+    }
+
+    /// `POST /v1/skus/{sku}/stock-movements`.
+    pub async fn record_movement(
+        &self,
+        claim: &IdempotencyClaim,
+        sku: SkuCode,
+        warehouse: Option<WarehouseCode>,
+        quantity: MovementQuantity,
+    ) -> Result<Reply, EngineError> {
+        let now = self.now();
+        let movement = StockMovement {
+            id: domain::MovementId::generate(now, rand::random()),
+            sku,
+            warehouse: warehouse.unwrap_or_else(WarehouseCode::default_warehouse),
+            quantity,
+        };
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("record_movement", claim, || {
+            self.inner
+                .store
+                .record_movement(claim, &movement, self.now(), renderer)
+        })
+        .await
+    }
+
+    /// `POST /v1/reservations`: all lines or none.
+    pub async fn reserve(
+        &self,
+        claim: &IdempotencyClaim,
+        lines: Vec<ReservationLine>,
+        ttl: Option<TtlSeconds>,
+    ) -> Result<Reply, EngineError> {
+        check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        let now = self.now();
+        let ttl_seconds = ttl.map_or(
+            self.inner.config.reservation_ttl_seconds_default,
+            TtlSeconds::get,
+        );
+        let requests = [ReserveRequest {
+            claim: claim.clone(),
+            id: ReservationId::generate(now, rand::random()),
+            lines,
+            expires_at: now.plus_seconds(ttl_seconds),
+        }];
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("reserve", claim, || async {
+            let mut outcomes = self
+                .inner
+                .store
+                .reserve_batch(&requests, now, renderer)
+                .await?;
+            outcomes
+                .pop()
+                .ok_or_else(|| StoreError::Invariant("a batch of one returned no outcome".into()))
+        })
+        .await
+    }
+
+    /// `POST /v1/reservations/{id}/confirm` and `/release`.
+    pub async fn change_reservation(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ReservationId,
+        action: ReservationAction,
+    ) -> Result<Reply, EngineError> {
+        let operation = match action {
+            ReservationAction::Confirm => "confirm",
+            ReservationAction::Release => "release",
+        };
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent(operation, claim, || {
+            self.inner
+                .store
+                .change_reservation(claim, id, action, self.now(), renderer)
+        })
+        .await
+    }
+
+    pub async fn sku(&self, code: &SkuCode) -> Result<Sku, EngineError> {
+        self.inner
+            .store
+            .sku(code)
+            .await
+            .map_err(|error| log_store_error("get_sku", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("sku '{code}' does not exist")))
+    }
+
+    pub async fn reservation(
+        &self,
+        id: &ReservationId,
+    ) -> Result<domain::Reservation, EngineError> {
+        self.inner
+            .store
+            .reservation(id)
+            .await
+            .map_err(|error| log_store_error("get_reservation", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("reservation '{id}' does not exist")))
+    }
+
+    /// The three-way check. At most `audits_concurrent_max` run at once; more are
+    /// refused with `unavailable` rather than queued behind a full scan.
+    pub async fn audit(&self) -> Result<AuditReport, EngineError> {
+        let _permit = self
+            .inner
+            .audits
+            .try_acquire()
+            .map_err(|_| EngineError::Unavailable("an audit is already running".into()))?;
+        let report = self
+            .inner
+            .store
+            .audit(self.now())
+            .await
+            .map_err(|error| log_store_error("audit", error))?;
+        metrics::gauge!("stockd_audit_differences").set(report.differences_total as f64);
+        Ok(report)
+    }
+
+    pub async fn gauges(&self) -> Result<ReservationGauges, EngineError> {
+        self.inner
+            .store
+            .reservation_gauges(self.now())
+            .await
+            .map_err(|error| log_store_error("gauges", error))
+    }
+
+    /// One step of the expiry worker: releases up to one batch of reservations whose
+    /// hold has ended, by the injected clock.
+    pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
+        let limit = self.inner.config.expiry_batch_size;
+        let outcome = self
+            .inner
+            .store
+            .expire_batch(self.now(), limit)
+            .await
+            .map_err(|error| log_store_error("expire", error))?;
+        metrics::counter!("stockd_reservations_expired_total")
+            .increment(outcome.released.len() as u64);
+        let more_waiting = i64::try_from(outcome.released.len()).unwrap_or(i64::MAX) >= limit;
+        Ok(ExpiryStep {
+            released: outcome.released,
+            more_waiting,
+        })
+    }
+
+    /// One step of the idempotency purge: deletes one batch of records older than the
+    /// retention. Returns how many were deleted.
+    pub async fn purge_step(&self) -> Result<u64, EngineError> {
+        let config = &self.inner.config;
+        let created_before = self
+            .now()
+            .plus_seconds(-config.idempotency_retention_seconds);
+        let purged = self
+            .inner
+            .store
+            .purge_idempotency_records(created_before, config.idempotency_purge_batch_size)
+            .await
+            .map_err(|error| log_store_error("purge", error))?;
+        metrics::counter!("stockd_idempotency_records_purged_total").increment(purged);
+        Ok(purged)
+    }
+}
+
+fn answer_from_record(
+    operation: &'static str,
+    claim: &IdempotencyClaim,
+    fingerprint: &str,
+    response: StoredResponse,
+) -> Result<Reply, EngineError> {
+    if fingerprint != claim.fingerprint {
+        return Err(EngineError::IdempotencyKeyReused);
+    }
+    metrics::counter!("stockd_idempotent_replays_total", "operation" => operation).increment(1);
+    Ok(Reply {
+        response,
+        replayed: true,
+    })
+}
+
+fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
+    match &error {
+        StoreError::Invariant(_) | StoreError::Database(_) => {
+            tracing::error!(operation, %error, "store failure");
+        }
+        _ => tracing::warn!(operation, %error, "store refused"),
+    }
+    EngineError::from(error)
+}

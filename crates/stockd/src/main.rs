@@ -1,0 +1,272 @@
+//! The `stockd` binary: parses the command line and wires the crates together.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use engine::{Engine, EngineConfig, SystemClock};
+use store::{Store, StoreConfig};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// stockd: inventory reservations that never oversell.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API and run the background workers.
+    Serve(ServeArguments),
+    /// Apply database migrations and exit.
+    Migrate(DatabaseArguments),
+    /// Replay the ledger against counters and reservations; exit 0 only when clean.
+    Audit(DatabaseArguments),
+}
+
+#[derive(Args, Clone)]
+struct DatabaseArguments {
+    /// sqlite://path/file.db (created on first start) or postgres://user@host/db.
+    #[arg(
+        long,
+        env = "STOCKD_DATABASE_URL",
+        default_value = "sqlite://stockd-data/stockd.db"
+    )]
+    database_url: String,
+    /// PostgreSQL schema to use (default: the server's search_path).
+    #[arg(long, env = "STOCKD_DATABASE_SCHEMA")]
+    database_schema: Option<String>,
+    /// Connections in the database pool.
+    #[arg(long, env = "STOCKD_DATABASE_POOL_SIZE", default_value_t = 16)]
+    database_pool_size: u32,
+    /// Longest wait for a row lock before answering lock_timeout.
+    #[arg(
+        long,
+        env = "STOCKD_LOCK_TIMEOUT_MILLISECONDS",
+        default_value_t = 2_000
+    )]
+    lock_timeout_milliseconds: u64,
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "STOCKD_LOG", default_value = "info")]
+    log: String,
+    /// Log format: text or json.
+    #[arg(long, env = "STOCKD_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[derive(Args)]
+struct ServeArguments {
+    #[command(flatten)]
+    database: DatabaseArguments,
+    /// Address to listen on.
+    #[arg(long, env = "STOCKD_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Bearer token for admin calls; generated and printed when unset.
+    #[arg(long, env = "STOCKD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Hold applied when a reservation names no ttl_seconds.
+    #[arg(
+        long,
+        env = "STOCKD_RESERVATION_TTL_SECONDS_DEFAULT",
+        default_value_t = 900
+    )]
+    reservation_ttl_seconds_default: i64,
+    /// Pause between expiry worker steps.
+    #[arg(
+        long,
+        env = "STOCKD_EXPIRY_INTERVAL_MILLISECONDS",
+        default_value_t = 1_000
+    )]
+    expiry_interval_milliseconds: u64,
+    /// How long idempotency records are kept.
+    #[arg(
+        long,
+        env = "STOCKD_IDEMPOTENCY_RETENTION_SECONDS",
+        default_value_t = 86_400
+    )]
+    idempotency_retention_seconds: i64,
+    /// How long in-flight requests may run after a shutdown signal.
+    #[arg(long, env = "STOCKD_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
+    shutdown_grace_seconds: u64,
+}
+
+fn store_config(arguments: &DatabaseArguments) -> StoreConfig {
+    let mut config = StoreConfig::new(&arguments.database_url);
+    config.pool_size = arguments.database_pool_size;
+    config.lock_timeout_milliseconds = arguments.lock_timeout_milliseconds;
+    config.postgres_schema = arguments.database_schema.clone();
+    config
+}
+
+fn init_logging(arguments: &DatabaseArguments) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&arguments.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if arguments.log_format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn connect_and_migrate(arguments: &DatabaseArguments) -> Result<Store, String> {
+    let store = Store::connect(&store_config(arguments))
+        .await
+        .map_err(|error| format!("cannot open the database: {error}"))?;
+    let applied = store
+        .migrate()
+        .await
+        .map_err(|error| format!("migration failed: {error}"))?;
+    if !applied.is_empty() {
+        tracing::info!(
+            ?applied,
+            backend = store.backend_name(),
+            "applied migrations"
+        );
+    }
+    Ok(store)
+}
+
+async fn serve(arguments: ServeArguments) -> Result<(), String> {
+    let store = connect_and_migrate(&arguments.database).await?;
+    let admin_token = arguments.admin_token.clone().unwrap_or_else(|| {
+        let token: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        println!("stockd: generated admin token (set STOCKD_ADMIN_TOKEN to choose one): {token}");
+        token
+    });
+    let config = EngineConfig {
+        reservation_ttl_seconds_default: arguments.reservation_ttl_seconds_default,
+        expiry_interval_milliseconds: arguments.expiry_interval_milliseconds,
+        idempotency_retention_seconds: arguments.idempotency_retention_seconds,
+        ..EngineConfig::default()
+    };
+    if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
+        return Err("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into());
+    }
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        api::renderer(),
+        config,
+    );
+    let state = api::AppState {
+        engine: engine.clone(),
+        admin_token: Arc::from(admin_token),
+        metrics: Some(api::metrics::install_recorder()),
+    };
+    let listener = tokio::net::TcpListener::bind(&arguments.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    println!(
+        "stockd: listening on http://{address} ({} database)",
+        store.backend_name()
+    );
+
+    let shutdown = CancellationToken::new();
+    let workers = TaskTracker::new();
+    engine::workers::spawn_workers(&engine, &workers, &shutdown);
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let grace = Duration::from_secs(arguments.shutdown_grace_seconds);
+    let finished = api::server::serve_until(listener, api::app(state), shutdown.clone(), grace)
+        .await
+        .map_err(|error| format!("server failed: {error}"))?;
+    workers.close();
+    if tokio::time::timeout(grace, workers.wait()).await.is_err() {
+        tracing::warn!("workers did not stop within the grace period");
+    }
+    store.close().await;
+    tracing::info!(all_requests_finished = finished, "stopped");
+    Ok(())
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+    shutdown.cancel();
+}
+
+async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
+    let store = Store::connect(&store_config(&arguments))
+        .await
+        .map_err(|error| format!("cannot open the database: {error}"))?;
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        api::renderer(),
+        EngineConfig::default(),
+    );
+    let report = engine
+        .audit()
+        .await
+        .map_err(|error| format!("audit failed: {error}"))?;
+    let body = serde_json::to_string_pretty(&api::wire::AuditBody::new(&report))
+        .map_err(|error| error.to_string())?;
+    println!("{body}");
+    store.close().await;
+    Ok(report.ok())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("stockd: cannot start the runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(arguments) => {
+                init_logging(&arguments.database);
+                serve(arguments).await.map(|()| true)
+            }
+            Command::Migrate(arguments) => {
+                init_logging(&arguments);
+                let store = connect_and_migrate(&arguments).await?;
+                println!("stockd: database is migrated ({})", store.backend_name());
+                store.close().await;
+                Ok(true)
+            }
+            Command::Audit(arguments) => {
+                init_logging(&arguments);
+                audit(arguments).await
+            }
+        }
+    });
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(message) => {
+            eprintln!("stockd: {message}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The store: one method per atomic unit of work, on SQLite and PostgreSQL.
+//!
+//! Every method that changes stock runs one short transaction that touches stock rows
+//! in (sku, warehouse) order, checks the affected-row count of every conditional
+//! update, writes its ledger rows, and stores the response for its idempotency key —
+//! all committed together. No method calls anything but the database.
+//!
+//! Both backends share their SQL through `shared.rs` (see that file's header); the
+//! statements that differ live in each backend's `dialect` module.
+
+pub mod error;
+pub mod model;
+pub mod plan;
+pub mod postgres;
+pub mod sqlite;
+
+use domain::{IdempotencyKey, Reservation, ReservationId, Sku, SkuCode, Timestamp};
+
+pub use error::StoreError;
+pub use model::*;
+
+/// How to reach the database and how long to wait for it.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `sqlite://path/to/file.db` or `postgres://…`.
+    pub database_url: String,
+    /// Connections in the (read) pool. SQLite writes always use one connection.
+    pub pool_size: u32,
+    /// Longest wait for a row lock (PostgreSQL `lock_timeout`) or for SQLite's write
+    /// lock held by another process (`busy_timeout`).
+    pub lock_timeout_milliseconds: u64,
+    /// Longest any one statement may run (PostgreSQL `statement_timeout`).
+    pub statement_timeout_milliseconds: u64,
+    /// Longest wait for a pooled connection.
+    pub acquire_timeout_milliseconds: u64,
+    /// PostgreSQL schema to use instead of the default `search_path`.
+    pub postgres_schema: Option<String>,
+}
+
+impl StoreConfig {
+    pub fn new(database_url: impl Into<String>) -> StoreConfig {
+        StoreConfig {
+            database_url: database_url.into(),
+            pool_size: 16,
+            lock_timeout_milliseconds: 2_000,
+            statement_timeout_milliseconds: 30_000,
+            acquire_timeout_milliseconds: 5_000,
+            postgres_schema: None,
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        self.database_url.starts_with("postgres://")
+            || self.database_url.starts_with("postgresql://")
+    }
+}
+
+/// The database behind stockd. Dispatches each unit of work to its backend.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Sqlite(sqlite::SqliteStore),
+    Postgres(postgres::PostgresStore),
+}
+
+macro_rules! dispatch {
+    ($store:expr, $backend:ident => $call:expr) => {
+        match $store {
+            Store::Sqlite($backend) => $call,
+            Store::Postgres($backend) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// Connects without migrating. `serve` and `migrate` call [`Store::migrate`] next.
+    pub async fn connect(config: &StoreConfig) -> Result<Store, StoreError> {
+        if config.is_postgres() {
+            Ok(Store::Postgres(
+                postgres::PostgresStore::connect(config).await?,
+            ))
+        } else if config.database_url.starts_with("sqlite:") {
+            Ok(Store::Sqlite(sqlite::SqliteStore::connect(config).await?))
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "database URL must start with sqlite: or postgres:// (got '{}')",
+                config.database_url.chars().take(40).collect::<String>()
+            )))
+        }
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Store::Sqlite(_) => "sqlite",
+            Store::Postgres(_) => "postgres",
+        }
+    }
+
+    pub async fn close(&self) {
+        dispatch!(self, store => store.close().await)
+    }
+
+    /// Applies missing migrations; returns the versions applied now.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        dispatch!(self, store => store.migrate().await)
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, store => store.ping().await)
+    }
+
+    pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
+        dispatch!(self, store => store.sku(code).await)
+    }
+
+    pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
+        dispatch!(self, store => store.reservation(id).await)
+    }
+
+    pub async fn idempotency_record(
+        &self,
+        key: &IdempotencyKey,
+    ) -> Result<Option<(String, StoredResponse)>, StoreError> {
+        dispatch!(self, store => store.idempotency_record(key).await)
+    }
+
+    pub async fn upsert_sku(
+        &self,
+        claim: &IdempotencyClaim,
+        code: &SkuCode,
+        changes: &SkuChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.upsert_sku(claim, code, changes, now, renderer).await)
+    }
+
+    pub async fn record_movement(
+        &self,
+        claim: &IdempotencyClaim,
+        movement: &StockMovement,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.record_movement(claim, movement, now, renderer).await)
+    }
+
+    pub async fn reserve_batch(
+        &self,
+        requests: &[ReserveRequest],
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Vec<Idempotent>, StoreError> {
+        dispatch!(self, store => store.reserve_batch(requests, now, renderer).await)
+    }
+
+    pub async fn change_reservation(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ReservationId,
+        action: ReservationAction,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.change_reservation(claim, id, action, now, renderer).await)
+    }
+
+    pub async fn expire_batch(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<ExpiryOutcome, StoreError> {
+        dispatch!(self, store => store.expire_batch(now, limit).await)
+    }
+
+    pub async fn purge_idempotency_records(
+        &self,
+        created_before: Timestamp,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        dispatch!(self, store => store.purge_idempotency_records(created_before, limit).await)
+    }
+
+    pub async fn reservation_gauges(
+        &self,
+        now: Timestamp,
+    ) -> Result<ReservationGauges, StoreError> {
+        dispatch!(self, store => store.reservation_gauges(now).await)
+    }
+
+    pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
+        dispatch!(self, store => store.audit(now).await)
+    }
+
+    pub async fn contents(&self) -> Result<String, StoreError> {
+        dispatch!(self, store => store.contents().await)
+    }
+}

@@ -1,0 +1,195 @@
+//! What goes into and comes out of the store's units of work.
+
+use domain::{
+    AdjustmentQuantity, Currency, ErrorCode, IdempotencyKey, MovementId, PriceMinor, Quantity,
+    Reservation, ReservationId, ReservationLine, Sku, SkuCode, Timestamp, WarehouseCode,
+};
+
+/// An HTTP response exactly as it was first sent: replays return these bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+/// An idempotency key and the fingerprint of the request that carries it. The record is
+/// written in the same transaction as the effect, so a crash cannot separate them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyClaim {
+    pub key: IdempotencyKey,
+    /// Digest of method, path and canonical body: the same key with another request is
+    /// refused rather than replayed.
+    pub fingerprint: String,
+}
+
+/// How an idempotent unit of work ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Idempotent {
+    /// It ran now; this response was stored with its effect.
+    Executed(StoredResponse),
+    /// The key was used before by the same request: this is the first response.
+    Replayed(StoredResponse),
+    /// The key was used before by a different request.
+    KeyReused,
+}
+
+/// A business refusal. Stored and replayed like a success: the first result wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub code: ErrorCode,
+    pub detail: String,
+}
+
+impl Rejection {
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Rejection {
+        Rejection {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Turns outcomes into the bytes a client receives. The HTTP layer implements it; the
+/// store calls it inside the transaction so the stored response commits with the effect.
+pub trait ResponseRenderer: Send + Sync {
+    fn sku_saved(&self, sku: &Sku, created: bool) -> StoredResponse;
+    fn movement_recorded(&self, movement: &MovementRecord) -> StoredResponse;
+    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse;
+    fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse;
+    fn rejected(&self, rejection: &Rejection) -> StoredResponse;
+}
+
+/// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SkuChanges {
+    pub title: Option<String>,
+    pub price: Option<PriceMinor>,
+    pub currency: Option<Currency>,
+    pub low_stock_threshold: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovementKind {
+    /// Goods arrived: available grows.
+    Receive,
+    /// A count found more or fewer units than recorded: available moves either way.
+    Adjust,
+}
+
+impl MovementKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MovementKind::Receive => "receive",
+            MovementKind::Adjust => "adjust",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MovementQuantity {
+    Receive(Quantity),
+    Adjust(AdjustmentQuantity),
+}
+
+impl MovementQuantity {
+    pub fn kind(&self) -> MovementKind {
+        match self {
+            MovementQuantity::Receive(_) => MovementKind::Receive,
+            MovementQuantity::Adjust(_) => MovementKind::Adjust,
+        }
+    }
+
+    /// The change to `available`.
+    pub fn available_delta(&self) -> i64 {
+        match self {
+            MovementQuantity::Receive(quantity) => quantity.get(),
+            MovementQuantity::Adjust(quantity) => quantity.get(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StockMovement {
+    pub id: MovementId,
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub quantity: MovementQuantity,
+}
+
+/// A movement after it was applied, with the row's counters afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovementRecord {
+    pub id: MovementId,
+    pub kind: MovementKind,
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub available_delta: i64,
+    pub available: i64,
+    pub reserved: i64,
+    pub created_at: Timestamp,
+}
+
+/// One request of a reservation batch. Lines are distinct per (sku, warehouse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReserveRequest {
+    pub claim: IdempotencyClaim,
+    pub id: ReservationId,
+    pub lines: Vec<ReservationLine>,
+    pub expires_at: Timestamp,
+}
+
+/// Confirm or release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationAction {
+    Confirm,
+    Release,
+}
+
+/// What one expiry step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpiryOutcome {
+    pub released: Vec<ReservationId>,
+}
+
+/// Counts the metrics endpoint reports.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReservationGauges {
+    pub reserved: i64,
+    pub confirmed: i64,
+    pub released: i64,
+    /// `RESERVED` rows already past `expires_at`: the expiry worker's backlog.
+    pub expired_backlog: i64,
+}
+
+/// One disagreement found by the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditDifference {
+    /// What was compared: `ledger_vs_available`, `ledger_vs_reserved`,
+    /// `open_reservations_vs_reserved`, `reservation_ledger`, `orphan_ledger_row`.
+    pub check: &'static str,
+    pub sku: Option<String>,
+    pub warehouse: Option<String>,
+    pub reference: Option<String>,
+    pub expected: i64,
+    pub actual: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditReport {
+    pub checked_at: Timestamp,
+    pub stock_rows_checked: i64,
+    pub reservation_lines_checked: i64,
+    pub ledger_rows_checked: i64,
+    /// The first [`AUDIT_DIFFERENCES_REPORTED_MAX`] differences.
+    pub differences: Vec<AuditDifference>,
+    pub differences_total: i64,
+}
+
+impl AuditReport {
+    pub fn ok(&self) -> bool {
+        self.differences_total == 0
+    }
+}
+
+/// An audit lists at most this many differences (and counts all of them).
+pub const AUDIT_DIFFERENCES_REPORTED_MAX: usize = 1000;

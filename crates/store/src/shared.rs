@@ -1,0 +1,1267 @@
+// The units of work shared by the SQLite and PostgreSQL stores.
+//
+// This file is `include!`d by `sqlite.rs` and `postgres.rs` (it is not a module of its
+// own), so each backend gets these functions compiled against its own concrete sqlx
+// types instead of a generic soup of higher-ranked trait bounds. Each including module
+// defines before the `include!`:
+//
+// - `Db`: the sqlx database type;
+// - `BackendStore`: the store type, with `begin_write()`, `begin_read()` and `read_pool()`;
+// - a `dialect` module holding the statements that differ between the two databases
+//   (row locks, `SKIP LOCKED`) and the migration list.
+//
+// Placeholders are `$1`, `$2`, …: PostgreSQL's syntax, which sqlx's SQLite driver also
+// binds by number. Every statement that changes stock checks its affected-row count.
+
+use std::collections::{BTreeMap, HashMap};
+
+use domain::{
+    Currency, ErrorCode, PriceMinor, Quantity, ReleaseReason, Reservation, ReservationId,
+    ReservationLine, ReservationStatus, SaleStatus, Sku, SkuCode, StockLevel, Timestamp,
+    WarehouseCode,
+};
+use sqlx::Row;
+
+use crate::error::StoreError;
+use crate::model::{
+    AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, ExpiryOutcome, IdempotencyClaim,
+    Idempotent, MovementRecord, Rejection, ReservationAction, ReservationGauges, ReserveRequest,
+    ResponseRenderer, SkuChanges, StockMovement, StoredResponse,
+};
+use crate::plan::{StockKey, plan_batch};
+
+type Tx = sqlx::Transaction<'static, Db>;
+type DbConnection = <Db as sqlx::Database>::Connection;
+
+/// The largest `available + reserved` a row may reach; see `domain::limits`.
+const STOCK_ON_HAND_MAX: i64 = domain::limits::STOCK_ON_HAND_MAX;
+
+/// What a key's claim found.
+enum Claim {
+    /// This transaction now holds the key.
+    Taken,
+    /// The key has a committed record (or, within one batch, an earlier request's claim).
+    Existing {
+        fingerprint: String,
+        response: Option<StoredResponse>,
+    },
+}
+
+fn invariant(message: impl Into<String>) -> StoreError {
+    StoreError::Invariant(message.into())
+}
+
+fn corrupt(what: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Invariant(format!("stored {what} does not parse: {error}"))
+}
+
+fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), StoreError> {
+    if rows_affected == 1 {
+        Ok(())
+    } else {
+        Err(invariant(format!(
+            "{what}: expected 1 row, changed {rows_affected}"
+        )))
+    }
+}
+
+/// Claims an idempotency key inside `transaction`. On PostgreSQL a concurrent
+/// uncommitted claim of the same key makes this wait (bounded by `lock_timeout`), which
+/// is reported as [`StoreError::KeyInFlight`].
+async fn claim_key(
+    transaction: &mut Tx,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<Claim, StoreError> {
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+         VALUES ($1, $2, 0, '', $3) ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(claim.key.as_str())
+    .bind(&claim.fingerprint)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await
+    .map_err(|error| match StoreError::from(error) {
+        StoreError::LockTimeout(_) => StoreError::KeyInFlight,
+        other => other,
+    })?;
+    if inserted.rows_affected() == 1 {
+        return Ok(Claim::Taken);
+    }
+    let row =
+        sqlx::query("SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1")
+            .bind(claim.key.as_str())
+            .fetch_one(&mut **transaction)
+            .await?;
+    let status_code: i64 = row.try_get("status_code")?;
+    let response = if status_code == 0 {
+        None
+    } else {
+        let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+        Some(StoredResponse {
+            status,
+            body: row.try_get("body")?,
+        })
+    };
+    Ok(Claim::Existing {
+        fingerprint: row.try_get("fingerprint")?,
+        response,
+    })
+}
+
+/// The answer for a key that already has a committed record.
+fn resolve_existing(
+    claim: &IdempotencyClaim,
+    fingerprint: &str,
+    response: Option<StoredResponse>,
+) -> Result<Idempotent, StoreError> {
+    if fingerprint != claim.fingerprint {
+        return Ok(Idempotent::KeyReused);
+    }
+    response
+        .map(Idempotent::Replayed)
+        .ok_or_else(|| invariant("an idempotency claim without a response was visible"))
+}
+
+/// Stores the response for a key claimed by this transaction.
+async fn complete_claim(
+    transaction: &mut Tx,
+    claim: &IdempotencyClaim,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
+    let updated = sqlx::query(
+        "UPDATE idempotency_record SET status_code = $2, body = $3 \
+         WHERE key = $1 AND status_code = 0",
+    )
+    .bind(claim.key.as_str())
+    .bind(i64::from(response.status))
+    .bind(&response.body)
+    .execute(&mut **transaction)
+    .await?;
+    expect_one_row(updated.rows_affected(), "completing an idempotency claim")
+}
+
+/// One append-only ledger row: a change of a (sku, warehouse) row's counters and what
+/// caused it.
+struct LedgerEntry<'a> {
+    sku: &'a SkuCode,
+    warehouse: &'a WarehouseCode,
+    kind: &'static str,
+    available_delta: i64,
+    reserved_delta: i64,
+    /// The reservation or movement id that caused the change.
+    reference: &'a str,
+    idempotency_key: Option<&'a str>,
+}
+
+async fn insert_ledger_row(
+    transaction: &mut Tx,
+    entry: LedgerEntry<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO stock_ledger \
+         (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(entry.sku.as_str())
+    .bind(entry.warehouse.as_str())
+    .bind(entry.kind)
+    .bind(entry.available_delta)
+    .bind(entry.reserved_delta)
+    .bind(entry.reference)
+    .bind(entry.idempotency_key)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+fn decode_sku_row(
+    row: &<Db as sqlx::Database>::Row,
+    stock: Vec<StockLevel>,
+) -> Result<Sku, StoreError> {
+    let code: String = row.try_get("code")?;
+    let price: Option<i64> = row.try_get("price_minor")?;
+    let currency: Option<String> = row.try_get("currency")?;
+    let sale_status: String = row.try_get("sale_status")?;
+    Ok(Sku {
+        code: SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+        title: row.try_get("title")?,
+        price: price
+            .map(PriceMinor::new)
+            .transpose()
+            .map_err(|error| corrupt("price", error))?,
+        currency: currency
+            .as_deref()
+            .map(Currency::parse)
+            .transpose()
+            .map_err(|error| corrupt("currency", error))?,
+        low_stock_threshold: row.try_get("low_stock_threshold")?,
+        sale_status: SaleStatus::parse(&sale_status)
+            .map_err(|error| corrupt("sale status", error))?,
+        version: row.try_get("version")?,
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        stock,
+    })
+}
+
+async fn load_sku(
+    connection: &mut DbConnection,
+    code: &SkuCode,
+) -> Result<Option<Sku>, StoreError> {
+    let Some(row) = sqlx::query(
+        "SELECT code, title, price_minor, currency, low_stock_threshold, sale_status, version, \
+         created_at, updated_at FROM sku WHERE code = $1",
+    )
+    .bind(code.as_str())
+    .fetch_optional(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let stock_rows = sqlx::query(
+        "SELECT warehouse, available, reserved FROM stock WHERE sku = $1 ORDER BY warehouse",
+    )
+    .bind(code.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut stock = Vec::with_capacity(stock_rows.len());
+    for stock_row in &stock_rows {
+        let warehouse: String = stock_row.try_get("warehouse")?;
+        stock.push(StockLevel {
+            warehouse: WarehouseCode::parse(&warehouse)
+                .map_err(|error| corrupt("warehouse", error))?,
+            available: stock_row.try_get("available")?,
+            reserved: stock_row.try_get("reserved")?,
+        });
+    }
+    decode_sku_row(&row, stock).map(Some)
+}
+
+async fn load_reservation(
+    connection: &mut DbConnection,
+    id: &ReservationId,
+) -> Result<Option<Reservation>, StoreError> {
+    let Some(row) = sqlx::query(
+        "SELECT status, release_reason, expires_at, created_at, updated_at \
+         FROM reservation WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let line_rows = sqlx::query(
+        "SELECT sku, warehouse, quantity FROM reservation_line \
+         WHERE reservation_id = $1 ORDER BY line_number",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for line_row in &line_rows {
+        lines.push(decode_line(line_row)?);
+    }
+    let status: String = row.try_get("status")?;
+    let release_reason: Option<String> = row.try_get("release_reason")?;
+    Ok(Some(Reservation {
+        id: id.clone(),
+        status: ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?,
+        release_reason: release_reason
+            .as_deref()
+            .map(ReleaseReason::parse)
+            .transpose()
+            .map_err(|error| corrupt("release reason", error))?,
+        expires_at: Timestamp::from_unix_milliseconds(row.try_get("expires_at")?),
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        lines,
+    }))
+}
+
+fn decode_line(row: &<Db as sqlx::Database>::Row) -> Result<ReservationLine, StoreError> {
+    let sku: String = row.try_get("sku")?;
+    let warehouse: String = row.try_get("warehouse")?;
+    Ok(ReservationLine {
+        sku: SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?,
+        warehouse: WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?,
+        quantity: Quantity::new(row.try_get("quantity")?)
+            .map_err(|error| corrupt("quantity", error))?,
+    })
+}
+
+/// Reservation lines sorted by (sku, warehouse): the order stock rows are locked in.
+fn lines_in_lock_order(lines: &[ReservationLine]) -> Vec<&ReservationLine> {
+    let mut sorted: Vec<&ReservationLine> = lines.iter().collect();
+    sorted.sort_by(|left, right| (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse)));
+    sorted
+}
+
+/// Moves `quantity` units of a line between `available` and `reserved` (release) or out
+/// of `reserved` (confirm), guarded so a counter can never go below zero.
+async fn settle_line(
+    transaction: &mut Tx,
+    line: &ReservationLine,
+    action: ReservationAction,
+    reservation: &ReservationId,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let quantity = line.quantity.get();
+    let (statement, kind, available_delta) = match action {
+        ReservationAction::Confirm => (
+            "UPDATE stock SET reserved = reserved - $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND reserved >= $3",
+            "confirm",
+            0,
+        ),
+        ReservationAction::Release => (
+            "UPDATE stock SET available = available + $3, reserved = reserved - $3, \
+             version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND reserved >= $3",
+            "release",
+            quantity,
+        ),
+    };
+    let updated = sqlx::query(statement)
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(quantity)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+    expect_one_row(updated.rows_affected(), "settling a reservation line")?;
+    insert_ledger_row(
+        transaction,
+        LedgerEntry {
+            sku: &line.sku,
+            warehouse: &line.warehouse,
+            kind,
+            available_delta,
+            reserved_delta: -quantity,
+            reference: reservation.as_str(),
+            idempotency_key: None,
+        },
+        now,
+    )
+    .await
+}
+
+impl BackendStore {
+    /// Applies every migration this binary knows and the database lacks, each in its
+    /// own transaction, serialized across processes.
+    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
+        let mut applied_now = Vec::new();
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS schema_migration (\
+             version BIGINT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+        )
+        .execute(self.write_pool())
+        .await?;
+        for (version, name, sql) in dialect::MIGRATIONS {
+            let mut transaction = self.begin_write().await?;
+            if let Some(lock) = dialect::MIGRATION_LOCK {
+                sqlx::query(lock).execute(&mut *transaction).await?;
+            }
+            let applied: Option<String> =
+                sqlx::query_scalar("SELECT name FROM schema_migration WHERE version = $1")
+                    .bind(version)
+                    .fetch_optional(&mut *transaction)
+                    .await?;
+            match applied {
+                Some(applied_name) if applied_name == *name => continue,
+                Some(applied_name) => {
+                    return Err(invariant(format!(
+                        "migration {version} is '{applied_name}' in the database but '{name}' in this binary"
+                    )));
+                }
+                None => {}
+            }
+            sqlx::raw_sql(*sql).execute(&mut *transaction).await?;
+            sqlx::query(
+                "INSERT INTO schema_migration (version, name, applied_at) VALUES ($1, $2, $3)",
+            )
+            .bind(version)
+            .bind(*name)
+            .bind(wall_clock_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            transaction.commit().await?;
+            applied_now.push(*version);
+        }
+        let newest_known = dialect::MIGRATIONS
+            .last()
+            .map(|(version, _, _)| *version)
+            .unwrap_or(0);
+        let newest_applied: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM schema_migration")
+                .fetch_one(self.write_pool())
+                .await?;
+        if newest_applied.unwrap_or(0) > newest_known {
+            return Err(invariant(format!(
+                "the database has migration {} but this stockd knows only up to {newest_known}; run a newer stockd",
+                newest_applied.unwrap_or(0)
+            )));
+        }
+        Ok(applied_now)
+    }
+
+    /// One round trip to the database: readiness.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(self.read_pool()).await?;
+        Ok(())
+    }
+
+    pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let sku = load_sku(&mut transaction, code).await;
+        transaction.rollback().await?;
+        sku
+    }
+
+    pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let reservation = load_reservation(&mut transaction, id).await;
+        transaction.rollback().await?;
+        reservation
+    }
+
+    /// The committed record of `key`, if any: `(fingerprint, response)`.
+    pub async fn idempotency_record(
+        &self,
+        key: &domain::IdempotencyKey,
+    ) -> Result<Option<(String, StoredResponse)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1",
+        )
+        .bind(key.as_str())
+        .fetch_optional(self.read_pool())
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let status_code: i64 = row.try_get("status_code")?;
+        let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+        Ok(Some((
+            row.try_get("fingerprint")?,
+            StoredResponse {
+                status,
+                body: row.try_get("body")?,
+            },
+        )))
+    }
+
+    /// Creates a SKU or updates the given fields of an existing one.
+    pub async fn upsert_sku(
+        &self,
+        claim: &IdempotencyClaim,
+        code: &SkuCode,
+        changes: &SkuChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO sku (code, title, price_minor, currency, low_stock_threshold, \
+             sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, 'ON_SHELF', 1, $6, $6) ON CONFLICT (code) DO NOTHING",
+        )
+        .bind(code.as_str())
+        .bind(changes.title.as_deref().unwrap_or(""))
+        .bind(changes.price.map(PriceMinor::get))
+        .bind(changes.currency.as_ref().map(Currency::as_str))
+        .bind(changes.low_stock_threshold.unwrap_or(0))
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let created = inserted.rows_affected() == 1;
+        if !created {
+            let updated = sqlx::query(
+                "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
+                 currency = COALESCE($4, currency), \
+                 low_stock_threshold = COALESCE($5, low_stock_threshold), \
+                 version = version + 1, updated_at = $6 WHERE code = $1",
+            )
+            .bind(code.as_str())
+            .bind(changes.title.as_deref())
+            .bind(changes.price.map(PriceMinor::get))
+            .bind(changes.currency.as_ref().map(Currency::as_str))
+            .bind(changes.low_stock_threshold)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            expect_one_row(updated.rows_affected(), "updating a sku")?;
+        }
+        let sku = load_sku(&mut transaction, code)
+            .await?
+            .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
+        let response = renderer.sku_saved(&sku, created);
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Receives or adjusts stock in one warehouse, with its ledger row.
+    pub async fn record_movement(
+        &self,
+        claim: &IdempotencyClaim,
+        movement: &StockMovement,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let outcome = apply_movement(&mut transaction, movement, now).await?;
+        let response = match outcome {
+            Ok(record) => {
+                insert_ledger_row(
+                    &mut transaction,
+                    LedgerEntry {
+                        sku: &movement.sku,
+                        warehouse: &movement.warehouse,
+                        kind: movement.quantity.kind().as_str(),
+                        available_delta: record.available_delta,
+                        reserved_delta: 0,
+                        reference: movement.id.as_str(),
+                        idempotency_key: Some(claim.key.as_str()),
+                    },
+                    now,
+                )
+                .await?;
+                renderer.movement_recorded(&record)
+            }
+            Err(rejection) => renderer.rejected(&rejection),
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Reserves stock for a batch of independent requests in one transaction. Each
+    /// request succeeds or is refused on its own, in order; the returned outcomes line
+    /// up with `requests`. A database error fails the whole batch, which then changed
+    /// nothing and may be retried.
+    pub async fn reserve_batch(
+        &self,
+        requests: &[ReserveRequest],
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Vec<Idempotent>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+
+        // 1. Claim every key. A key seen earlier in this batch is answered with that
+        //    request's response once it is known.
+        enum Slot {
+            Decided(Idempotent),
+            SameAs(usize),
+            Claimed,
+        }
+        let mut slots = Vec::with_capacity(requests.len());
+        let mut first_claim_of_key: HashMap<&str, usize> = HashMap::new();
+        for (index, request) in requests.iter().enumerate() {
+            let slot = match claim_key(&mut transaction, &request.claim, now).await? {
+                Claim::Taken => {
+                    first_claim_of_key.insert(request.claim.key.as_str(), index);
+                    Slot::Claimed
+                }
+                Claim::Existing {
+                    fingerprint,
+                    response: None,
+                } => {
+                    let first = *first_claim_of_key
+                        .get(request.claim.key.as_str())
+                        .ok_or_else(|| invariant("an unanswered claim from another transaction"))?;
+                    if fingerprint == request.claim.fingerprint {
+                        Slot::SameAs(first)
+                    } else {
+                        Slot::Decided(Idempotent::KeyReused)
+                    }
+                }
+                Claim::Existing {
+                    fingerprint,
+                    response,
+                } => Slot::Decided(resolve_existing(&request.claim, &fingerprint, response)?),
+            };
+            slots.push(slot);
+        }
+
+        // 2. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
+        //    then read the sale status of their SKUs. A shelf change locks the same rows
+        //    first, so it cannot slip between this read and the commit.
+        let claimed: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| matches!(slot, Slot::Claimed).then_some(index))
+            .collect();
+        let mut wanted_rows: Vec<StockKey> = claimed
+            .iter()
+            .flat_map(|index| requests[*index].lines.iter())
+            .map(|line| (line.sku.clone(), line.warehouse.clone()))
+            .collect();
+        wanted_rows.sort();
+        wanted_rows.dedup();
+        let mut available: BTreeMap<StockKey, i64> = BTreeMap::new();
+        for (sku, warehouse) in &wanted_rows {
+            let row: Option<i64> = sqlx::query_scalar(dialect::SELECT_AVAILABLE_FOR_UPDATE)
+                .bind(sku.as_str())
+                .bind(warehouse.as_str())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            if let Some(count) = row {
+                available.insert((sku.clone(), warehouse.clone()), count);
+            }
+        }
+        let mut sale_statuses: HashMap<SkuCode, SaleStatus> = HashMap::new();
+        for (sku, _) in &wanted_rows {
+            if sale_statuses.contains_key(sku) {
+                continue;
+            }
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT sale_status FROM sku WHERE code = $1")
+                    .bind(sku.as_str())
+                    .fetch_optional(&mut *transaction)
+                    .await?;
+            if let Some(status) = status {
+                let status =
+                    SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
+                sale_statuses.insert(sku.clone(), status);
+            }
+        }
+
+        // 3. Decide every claimed request in memory, in arrival order.
+        let plan = plan_batch(
+            claimed
+                .iter()
+                .map(|index| requests[*index].lines.as_slice()),
+            &sale_statuses,
+            &available,
+        );
+
+        // 4. Take the batch total from each row with one conditional update. The row is
+        //    locked, so the condition holds; it stays as the oversell boundary anyway.
+        for ((sku, warehouse), total) in &plan.totals {
+            let updated = sqlx::query(
+                "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+                 version = version + 1, updated_at = $4 \
+                 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+            )
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .bind(total)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            expect_one_row(updated.rows_affected(), "reserving a batch total")?;
+        }
+
+        // 5. Write each accepted reservation with its lines and ledger rows, and store
+        //    every claimed request's response.
+        let mut responses: Vec<Option<StoredResponse>> = vec![None; requests.len()];
+        for (index, decision) in claimed.iter().zip(&plan.decisions) {
+            let request = &requests[*index];
+            let response = match decision {
+                Ok(()) => {
+                    let reservation = insert_reservation(&mut transaction, request, now).await?;
+                    renderer.reservation_created(&reservation)
+                }
+                Err(rejection) => renderer.rejected(rejection),
+            };
+            complete_claim(&mut transaction, &request.claim, &response).await?;
+            responses[*index] = Some(response);
+        }
+        transaction.commit().await?;
+
+        let mut outcomes = Vec::with_capacity(requests.len());
+        for (index, slot) in slots.into_iter().enumerate() {
+            let outcome = match slot {
+                Slot::Decided(outcome) => outcome,
+                Slot::Claimed => Idempotent::Executed(
+                    responses[index]
+                        .clone()
+                        .ok_or_else(|| invariant("a claimed request has no response"))?,
+                ),
+                Slot::SameAs(first) => Idempotent::Replayed(
+                    responses[first]
+                        .clone()
+                        .ok_or_else(|| invariant("a duplicate's original has no response"))?,
+                ),
+            };
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
+    }
+
+    /// Confirms (consumes) or releases (returns) a reservation's stock. Only the
+    /// transaction that moves the reservation out of `RESERVED` touches stock.
+    pub async fn change_reservation(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ReservationId,
+        action: ReservationAction,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let outcome = settle_reservation(&mut transaction, id, action, now).await?;
+        let response = match outcome {
+            Ok(()) => {
+                let reservation =
+                    load_reservation(&mut transaction, id)
+                        .await?
+                        .ok_or_else(|| {
+                            invariant("a reservation vanished inside its own transaction")
+                        })?;
+                renderer.reservation_changed(&reservation)
+            }
+            Err(rejection) => renderer.rejected(&rejection),
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Releases up to `limit` reservations whose hold ended at or before `now`. Several
+    /// processes may run this at once: each reservation is claimed by exactly one.
+    pub async fn expire_batch(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<ExpiryOutcome, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_EXPIRED_RESERVATIONS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all(&mut *transaction)
+            .await?;
+        let mut released = Vec::with_capacity(ids.len());
+        let mut lines_by_reservation = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let id = ReservationId::parse(id).map_err(|error| corrupt("reservation id", error))?;
+            let updated = sqlx::query(
+                "UPDATE reservation SET status = 'RELEASED', release_reason = 'expired', updated_at = $2 \
+                 WHERE id = $1 AND status = 'RESERVED'",
+            )
+            .bind(id.as_str())
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            expect_one_row(updated.rows_affected(), "expiring a claimed reservation")?;
+            let line_rows = sqlx::query(
+                "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
+            )
+            .bind(id.as_str())
+            .fetch_all(&mut *transaction)
+            .await?;
+            let mut lines = Vec::with_capacity(line_rows.len());
+            for row in &line_rows {
+                lines.push(decode_line(row)?);
+            }
+            lines_by_reservation.push((id.clone(), lines));
+            released.push(id);
+        }
+        // Return stock row by row in (sku, warehouse) order, as every other writer does.
+        let mut settlements: Vec<(&ReservationLine, &ReservationId)> = lines_by_reservation
+            .iter()
+            .flat_map(|(id, lines)| lines.iter().map(move |line| (line, id)))
+            .collect();
+        settlements.sort_by(|(left, _), (right, _)| {
+            (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+        });
+        for (line, id) in settlements {
+            settle_line(&mut transaction, line, ReservationAction::Release, id, now).await?;
+        }
+        transaction.commit().await?;
+        Ok(ExpiryOutcome { released })
+    }
+
+    /// Deletes up to `limit` idempotency records created before `created_before`.
+    pub async fn purge_idempotency_records(
+        &self,
+        created_before: Timestamp,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let deleted = sqlx::query(
+            "DELETE FROM idempotency_record WHERE key IN (\
+             SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
+        )
+        .bind(created_before.unix_milliseconds())
+        .bind(limit)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(deleted.rows_affected())
+    }
+
+    pub async fn reservation_gauges(
+        &self,
+        now: Timestamp,
+    ) -> Result<ReservationGauges, StoreError> {
+        let mut gauges = ReservationGauges::default();
+        let rows = sqlx::query("SELECT status, COUNT(*) AS count FROM reservation GROUP BY status")
+            .fetch_all(self.read_pool())
+            .await?;
+        for row in &rows {
+            let status: String = row.try_get("status")?;
+            let count: i64 = row.try_get("count")?;
+            match ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))? {
+                ReservationStatus::Reserved => gauges.reserved = count,
+                ReservationStatus::Confirmed => gauges.confirmed = count,
+                ReservationStatus::Released => gauges.released = count,
+            }
+        }
+        gauges.expired_backlog = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED' AND expires_at <= $1",
+        )
+        .bind(now.unix_milliseconds())
+        .fetch_one(self.read_pool())
+        .await?;
+        Ok(gauges)
+    }
+
+    /// Replays the ledger and compares it with the counters and the reservations, on
+    /// one consistent snapshot.
+    pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
+        let mut transaction = self.begin_snapshot().await?;
+        let mut differences = Vec::new();
+        let mut differences_total = 0_i64;
+        let mut note = |difference: AuditDifference| {
+            differences_total += 1;
+            if differences.len() < AUDIT_DIFFERENCES_REPORTED_MAX {
+                differences.push(difference);
+            }
+        };
+
+        // Counters against the ledger, and `reserved` against open reservations.
+        let counters = sqlx::query_as::<_, (String, String, i64, i64)>(
+            "SELECT sku, warehouse, available, reserved FROM stock ORDER BY sku, warehouse",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        let ledger_sums: HashMap<(String, String), (i64, i64)> =
+            sqlx::query_as::<_, (String, String, i64, i64)>(
+                "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), \
+                 CAST(SUM(reserved_delta) AS BIGINT) FROM stock_ledger GROUP BY sku, warehouse",
+            )
+            .fetch_all(&mut *transaction)
+            .await?
+            .into_iter()
+            .map(|(sku, warehouse, available, reserved)| ((sku, warehouse), (available, reserved)))
+            .collect();
+        let open_reserved: HashMap<(String, String), i64> =
+            sqlx::query_as::<_, (String, String, i64)>(
+                "SELECT line.sku, line.warehouse, CAST(SUM(line.quantity) AS BIGINT) \
+             FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
+             WHERE reservation.status = 'RESERVED' GROUP BY line.sku, line.warehouse",
+            )
+            .fetch_all(&mut *transaction)
+            .await?
+            .into_iter()
+            .map(|(sku, warehouse, quantity)| ((sku, warehouse), quantity))
+            .collect();
+        let mut counted_rows = std::collections::HashSet::new();
+        for (sku, warehouse, available, reserved) in &counters {
+            let key = (sku.clone(), warehouse.clone());
+            let (ledger_available, ledger_reserved) =
+                ledger_sums.get(&key).copied().unwrap_or((0, 0));
+            let open = open_reserved.get(&key).copied().unwrap_or(0);
+            let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
+                check,
+                sku: Some(sku.clone()),
+                warehouse: Some(warehouse.clone()),
+                reference: None,
+                expected,
+                actual,
+            };
+            if ledger_available != *available {
+                note(at("ledger_vs_available", ledger_available, *available));
+            }
+            if ledger_reserved != *reserved {
+                note(at("ledger_vs_reserved", ledger_reserved, *reserved));
+            }
+            if open != *reserved {
+                note(at("open_reservations_vs_reserved", open, *reserved));
+            }
+            counted_rows.insert(key);
+        }
+        let mut uncounted: Vec<_> = ledger_sums
+            .iter()
+            .filter(|(key, _)| !counted_rows.contains(*key))
+            .chain(
+                open_reserved
+                    .keys()
+                    .filter(|key| !counted_rows.contains(*key))
+                    .map(|key| (key, &(0, 0))),
+            )
+            .map(|((sku, warehouse), _)| (sku.clone(), warehouse.clone()))
+            .collect();
+        uncounted.sort();
+        uncounted.dedup();
+        for (sku, warehouse) in uncounted {
+            note(AuditDifference {
+                check: "stock_row_missing",
+                sku: Some(sku),
+                warehouse: Some(warehouse),
+                reference: None,
+                expected: 1,
+                actual: 0,
+            });
+        }
+
+        // Every reservation line against the ledger rows that reference it: a hold
+        // takes `quantity` from available into reserved; a confirm consumes it from
+        // reserved; a release gives it back. Anything else (a double release, a
+        // missing reserve row) shows up as a net difference.
+        let lines = sqlx::query_as::<_, (String, String, String, String, i64, i64, i64)>(
+            "SELECT reservation.id, reservation.status, line.sku, line.warehouse, line.quantity, \
+             COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
+             COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
+             FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
+             LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
+             AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
+             GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
+             ORDER BY reservation.id, line.sku, line.warehouse",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        for (id, status, sku, warehouse, quantity, net_available, net_reserved) in &lines {
+            let (expected_available, expected_reserved) = match status.as_str() {
+                "RESERVED" => (-quantity, *quantity),
+                "CONFIRMED" => (-quantity, 0),
+                _ => (0, 0),
+            };
+            for (check, expected, actual) in [
+                (
+                    "reservation_ledger_available",
+                    expected_available,
+                    *net_available,
+                ),
+                (
+                    "reservation_ledger_reserved",
+                    expected_reserved,
+                    *net_reserved,
+                ),
+            ] {
+                if expected != actual {
+                    note(AuditDifference {
+                        check,
+                        sku: Some(sku.clone()),
+                        warehouse: Some(warehouse.clone()),
+                        reference: Some(id.clone()),
+                        expected,
+                        actual,
+                    });
+                }
+            }
+        }
+
+        // Ledger rows of reservation kinds must reference a reservation line.
+        let orphans = sqlx::query_as::<_, (i64, String, String, String)>(
+            "SELECT ledger.id, ledger.sku, ledger.warehouse, ledger.reference FROM stock_ledger ledger \
+             LEFT JOIN reservation_line line ON line.reservation_id = ledger.reference \
+             AND line.sku = ledger.sku AND line.warehouse = ledger.warehouse \
+             WHERE ledger.kind IN ('reserve', 'confirm', 'release') AND line.reservation_id IS NULL \
+             ORDER BY ledger.id",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        for (_, sku, warehouse, reference) in orphans {
+            note(AuditDifference {
+                check: "orphan_ledger_row",
+                sku: Some(sku),
+                warehouse: Some(warehouse),
+                reference: Some(reference),
+                expected: 0,
+                actual: 1,
+            });
+        }
+        let ledger_rows_checked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stock_ledger")
+            .fetch_one(&mut *transaction)
+            .await?;
+        transaction.rollback().await?;
+        Ok(AuditReport {
+            checked_at: now,
+            stock_rows_checked: i64::try_from(counters.len()).unwrap_or(i64::MAX),
+            reservation_lines_checked: i64::try_from(lines.len()).unwrap_or(i64::MAX),
+            ledger_rows_checked,
+            differences,
+            differences_total,
+        })
+    }
+
+    /// Every row of every table, in a fixed order, as text. Tests compare it before and
+    /// after a refused request to prove nothing changed; operators can diff two dumps.
+    pub async fn contents(&self) -> Result<String, StoreError> {
+        let mut text = String::new();
+        for (table, statement) in [
+            (
+                "sku",
+                "SELECT code, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, sale_status, version FROM sku ORDER BY code",
+            ),
+            (
+                "stock",
+                "SELECT sku, warehouse, available, reserved, version FROM stock ORDER BY sku, warehouse",
+            ),
+            (
+                "reservation",
+                "SELECT id, status, COALESCE(release_reason, ''), expires_at FROM reservation ORDER BY id",
+            ),
+            (
+                "reservation_line",
+                "SELECT reservation_id, line_number, sku, warehouse, quantity FROM reservation_line ORDER BY reservation_id, line_number",
+            ),
+            (
+                "stock_ledger",
+                "SELECT id, sku, warehouse, kind, available_delta, reserved_delta, reference FROM stock_ledger ORDER BY id",
+            ),
+            (
+                "idempotency_record",
+                "SELECT key, fingerprint, status_code, body FROM idempotency_record ORDER BY key",
+            ),
+        ] {
+            text.push_str(table);
+            text.push('\n');
+            let rows = sqlx::query(statement).fetch_all(self.read_pool()).await?;
+            for row in &rows {
+                let mut cells = Vec::new();
+                for index in 0..row.len() {
+                    let cell = match row.try_get::<i64, _>(index) {
+                        Ok(number) => number.to_string(),
+                        Err(_) => row.try_get::<String, _>(index)?,
+                    };
+                    cells.push(cell);
+                }
+                text.push_str(&cells.join("|"));
+                text.push('\n');
+            }
+        }
+        Ok(text)
+    }
+}
+
+/// Applies one movement's counter change. `Err` is a business refusal, stored as the
+/// response; nothing has been written when it is returned.
+async fn apply_movement(
+    transaction: &mut Tx,
+    movement: &StockMovement,
+    now: Timestamp,
+) -> Result<Result<MovementRecord, Rejection>, StoreError> {
+    let sku_exists: Option<String> = sqlx::query_scalar("SELECT code FROM sku WHERE code = $1")
+        .bind(movement.sku.as_str())
+        .fetch_optional(&mut **transaction)
+        .await?;
+    if sku_exists.is_none() {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("sku '{}' does not exist", movement.sku),
+        )));
+    }
+    let delta = movement.quantity.available_delta();
+    let counters: Option<(i64, i64)> = if delta > 0 {
+        sqlx::query_as(
+            "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+             VALUES ($1, $2, $3, 0, 1, $4) \
+             ON CONFLICT (sku, warehouse) DO UPDATE SET available = stock.available + excluded.available, \
+             version = stock.version + 1, updated_at = excluded.updated_at \
+             WHERE stock.available + stock.reserved + excluded.available <= $5 \
+             RETURNING available, reserved",
+        )
+        .bind(movement.sku.as_str())
+        .bind(movement.warehouse.as_str())
+        .bind(delta)
+        .bind(now.unix_milliseconds())
+        .bind(STOCK_ON_HAND_MAX)
+        .fetch_optional(&mut **transaction)
+        .await?
+    } else {
+        sqlx::query_as(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0 \
+             RETURNING available, reserved",
+        )
+        .bind(movement.sku.as_str())
+        .bind(movement.warehouse.as_str())
+        .bind(delta)
+        .bind(now.unix_milliseconds())
+        .fetch_optional(&mut **transaction)
+        .await?
+    };
+    let Some((available, reserved)) = counters else {
+        let rejection = if delta > 0 {
+            Rejection::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "receiving {delta} would put more than {STOCK_ON_HAND_MAX} units on hand for sku '{}' in warehouse '{}'",
+                    movement.sku, movement.warehouse
+                ),
+            )
+        } else {
+            Rejection::new(
+                ErrorCode::InsufficientStock,
+                format!(
+                    "cannot remove {} units of sku '{}' from warehouse '{}': not that many available",
+                    -delta, movement.sku, movement.warehouse
+                ),
+            )
+        };
+        return Ok(Err(rejection));
+    };
+    Ok(Ok(MovementRecord {
+        id: movement.id.clone(),
+        kind: movement.quantity.kind(),
+        sku: movement.sku.clone(),
+        warehouse: movement.warehouse.clone(),
+        available_delta: delta,
+        available,
+        reserved,
+        created_at: now,
+    }))
+}
+
+/// Inserts an accepted reservation, its lines and its `reserve` ledger rows.
+async fn insert_reservation(
+    transaction: &mut Tx,
+    request: &ReserveRequest,
+    now: Timestamp,
+) -> Result<Reservation, StoreError> {
+    sqlx::query(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
+         VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4)",
+    )
+    .bind(request.id.as_str())
+    .bind(request.expires_at.unix_milliseconds())
+    .bind(request.claim.key.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    for (line_number, line) in request.lines.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(request.id.as_str())
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .execute(&mut **transaction)
+        .await?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "reserve",
+                available_delta: -line.quantity.get(),
+                reserved_delta: line.quantity.get(),
+                reference: request.id.as_str(),
+                idempotency_key: Some(request.claim.key.as_str()),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(Reservation {
+        id: request.id.clone(),
+        status: ReservationStatus::Reserved,
+        release_reason: None,
+        expires_at: request.expires_at,
+        created_at: now,
+        updated_at: now,
+        lines: request.lines.clone(),
+    })
+}
+
+/// Moves a reservation out of `RESERVED` through the transition table and settles its
+/// lines. `Err` is a business refusal; nothing has been written when it is returned.
+async fn settle_reservation(
+    transaction: &mut Tx,
+    id: &ReservationId,
+    action: ReservationAction,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    let status: Option<String> = sqlx::query_scalar(dialect::SELECT_RESERVATION_STATUS_FOR_UPDATE)
+        .bind(id.as_str())
+        .fetch_optional(&mut **transaction)
+        .await?;
+    let Some(status) = status else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("reservation '{id}' does not exist"),
+        )));
+    };
+    let current = ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?;
+    let target = match action {
+        ReservationAction::Confirm => ReservationStatus::Confirmed,
+        ReservationAction::Release => ReservationStatus::Released,
+    };
+    if let Err(illegal) = current.transition(target) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("reservation '{id}': {illegal}"),
+        )));
+    }
+    let reason =
+        (target == ReservationStatus::Released).then_some(ReleaseReason::Requested.as_str());
+    let updated = sqlx::query(
+        "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
+         WHERE id = $1 AND status = $5",
+    )
+    .bind(id.as_str())
+    .bind(target.as_str())
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .bind(current.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    expect_one_row(
+        updated.rows_affected(),
+        "changing a locked reservation's status",
+    )?;
+    let line_rows = sqlx::query(
+        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut **transaction)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for row in &line_rows {
+        lines.push(decode_line(row)?);
+    }
+    for line in lines_in_lock_order(&lines) {
+        settle_line(transaction, line, action, id, now).await?;
+    }
+    Ok(Ok(()))
+}
+
+/// The wall clock, only for bookkeeping columns no rule reads (`applied_at`).
+fn wall_clock_milliseconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
