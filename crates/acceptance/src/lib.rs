@@ -6,6 +6,8 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`). When no server answers they print a
 //! loud notice and pass as skipped — except under `CI=true`, where that is a failure.
 
+pub mod http;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -99,6 +101,8 @@ macro_rules! mirrored_tests {
 #[derive(Debug)]
 pub struct TestDatabase {
     pub backend: Backend,
+    /// The lock wait bound every instance on this database uses.
+    pub lock_timeout_milliseconds: u64,
     pub url: String,
     pub schema: Option<String>,
     sqlite_directory: Option<PathBuf>,
@@ -118,6 +122,7 @@ impl TestDatabase {
                 let url = format!("sqlite://{}", directory.join("stockd.db").display());
                 TestDatabase {
                     backend,
+                    lock_timeout_milliseconds: 2_000,
                     url,
                     schema: None,
                     sqlite_directory: Some(directory),
@@ -136,6 +141,7 @@ impl TestDatabase {
                 let _ = connection.close().await;
                 TestDatabase {
                     backend,
+                    lock_timeout_milliseconds: 2_000,
                     url,
                     schema: Some(schema),
                     sqlite_directory: None,
@@ -148,6 +154,7 @@ impl TestDatabase {
         let mut config = StoreConfig::new(&self.url);
         config.postgres_schema = self.schema.clone();
         config.pool_size = 8;
+        config.lock_timeout_milliseconds = self.lock_timeout_milliseconds;
         // Tests send bursts of a thousand requests at once; let them queue for a
         // connection rather than fail with `unavailable`.
         config.acquire_timeout_milliseconds = 120_000;
@@ -160,6 +167,83 @@ impl TestDatabase {
             .expect("connect test database");
         store.migrate().await.expect("migrate test database");
         store
+    }
+}
+
+/// A raw connection to a test database, for arranging what the API cannot (tampering
+/// with a counter, holding a lock) and for reading rows directly.
+pub enum RawConnection {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl RawConnection {
+    /// Runs one statement; returns the affected-row count or the database's error text.
+    pub async fn execute(&mut self, statement: &str) -> Result<u64, String> {
+        let statement = sqlx::AssertSqlSafe(statement.to_owned());
+        match self {
+            RawConnection::Sqlite(connection) => sqlx::query(statement)
+                .execute(connection)
+                .await
+                .map(|result| result.rows_affected())
+                .map_err(|error| error.to_string()),
+            RawConnection::Postgres(connection) => sqlx::query(statement)
+                .execute(connection)
+                .await
+                .map(|result| result.rows_affected())
+                .map_err(|error| error.to_string()),
+        }
+    }
+}
+
+impl TestDatabase {
+    pub async fn raw_connection(&self) -> RawConnection {
+        match self.backend {
+            Backend::Sqlite => RawConnection::Sqlite(
+                sqlx::SqliteConnection::connect(&self.url)
+                    .await
+                    .expect("raw SQLite connection"),
+            ),
+            Backend::Postgres => {
+                let mut connection = sqlx::PgConnection::connect(&self.url)
+                    .await
+                    .expect("raw PostgreSQL connection");
+                let schema = self
+                    .schema
+                    .as_deref()
+                    .expect("PostgreSQL tests use a schema");
+                sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path TO {schema}")))
+                    .execute(&mut connection)
+                    .await
+                    .expect("set search_path");
+                RawConnection::Postgres(connection)
+            }
+        }
+    }
+
+    /// Holds the write lock on `sku`'s stock row in the default warehouse (SQLite: the
+    /// whole database's write lock) until the returned connection runs `ROLLBACK`.
+    pub async fn hold_stock_row_lock(&self, sku: &str) -> RawConnection {
+        let mut connection = self.raw_connection().await;
+        match self.backend {
+            Backend::Sqlite => {
+                connection
+                    .execute("BEGIN IMMEDIATE")
+                    .await
+                    .expect("take the write lock");
+            }
+            Backend::Postgres => {
+                connection.execute("BEGIN").await.expect("begin");
+                let statement = format!(
+                    "SELECT available FROM stock WHERE sku = '{sku}' AND warehouse = 'default' FOR UPDATE"
+                );
+                connection
+                    .execute(&statement)
+                    .await
+                    .expect("lock the stock row");
+            }
+        }
+        connection
     }
 }
 
@@ -255,7 +339,8 @@ pub struct Call {
     pub method: Method,
     pub path: String,
     pub idempotency_key: Option<String>,
-    pub admin: bool,
+    /// The `Authorization` header's bearer token, if any.
+    pub bearer: Option<String>,
     pub body: Option<String>,
     pub content_type: Option<String>,
 }
@@ -266,7 +351,7 @@ impl Call {
             method,
             path: path.into(),
             idempotency_key: None,
-            admin: false,
+            bearer: None,
             body: None,
             content_type: None,
         }
@@ -289,8 +374,12 @@ impl Call {
         self
     }
 
-    pub fn admin(mut self) -> Call {
-        self.admin = true;
+    pub fn admin(self) -> Call {
+        self.bearer(ADMIN_TOKEN)
+    }
+
+    pub fn bearer(mut self, token: &str) -> Call {
+        self.bearer = Some(token.to_owned());
         self
     }
 
@@ -318,7 +407,19 @@ impl TestApp {
     }
 
     pub async fn spawn_with(backend: Backend, config: EngineConfig) -> TestApp {
-        let database = Arc::new(TestDatabase::create(backend).await);
+        TestApp::spawn_with_lock_timeout(backend, config, 2_000).await
+    }
+
+    /// An instance whose lock waits (PostgreSQL `lock_timeout`, SQLite `busy_timeout`)
+    /// end after `lock_timeout_milliseconds`.
+    pub async fn spawn_with_lock_timeout(
+        backend: Backend,
+        config: EngineConfig,
+        lock_timeout_milliseconds: u64,
+    ) -> TestApp {
+        let mut database = TestDatabase::create(backend).await;
+        database.lock_timeout_milliseconds = lock_timeout_milliseconds;
+        let database = Arc::new(database);
         let clock = ManualClock::new(START);
         TestApp::on(database, clock, config).await
     }
@@ -382,8 +483,8 @@ impl TestApp {
         if let Some(key) = &call.idempotency_key {
             request = request.header("idempotency-key", key);
         }
-        if call.admin {
-            request = request.header("authorization", format!("Bearer {ADMIN_TOKEN}"));
+        if let Some(token) = &call.bearer {
+            request = request.header("authorization", format!("Bearer {token}"));
         }
         if let Some(content_type) = &call.content_type {
             request = request.header("content-type", content_type);
@@ -549,6 +650,18 @@ impl TestApp {
         )
         .unwrap_or(i64::MAX)
     }
+}
+
+/// Waits until `condition` holds. The bound only keeps a broken test from hanging; a
+/// healthy run meets the condition in milliseconds.
+pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..30_000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("gave up waiting until {what}");
 }
 
 /// Runs `calls` all at once against `app` and returns the responses in call order.

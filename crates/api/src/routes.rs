@@ -65,7 +65,9 @@ pub async fn save_sku(
         title: request.title.map(String::from),
         price: request.price,
         currency: request.currency,
-        low_stock_threshold: request.low_stock_threshold.map(Quantity::get),
+        low_stock_threshold: request
+            .low_stock_threshold
+            .map(domain::LowStockThreshold::get),
     };
     Ok(reply_response(
         state.engine.save_sku(&claim, &code, &changes).await?,

@@ -2,8 +2,8 @@
 //! stored bytes a client receives (and receives again on replay).
 
 use domain::{
-    AdjustmentQuantity, Currency, ErrorCode, PriceMinor, Quantity, Reservation, Sku, SkuCode,
-    Timestamp, Title, TtlSeconds, WarehouseCode,
+    AdjustmentQuantity, Currency, ErrorCode, LowStockThreshold, PriceMinor, Quantity, Reservation,
+    Sku, SkuCode, Timestamp, Title, TtlSeconds, WarehouseCode,
 };
 use serde::{Deserialize, Serialize};
 use store::{AuditReport, MovementRecord, Rejection, ResponseRenderer, StoredResponse};
@@ -19,7 +19,7 @@ pub struct SaveSkuRequest {
     pub title: Option<Title>,
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
-    pub low_stock_threshold: Option<Quantity>,
+    pub low_stock_threshold: Option<LowStockThreshold>,
 }
 
 #[derive(Debug, Deserialize)]

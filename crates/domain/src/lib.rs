@@ -20,7 +20,7 @@ pub use code::{SkuCode, Title, WarehouseCode};
 pub use error::{ErrorCode, ParseError};
 pub use id::{IdempotencyKey, MovementId, ReservationId};
 pub use money::{Currency, PriceMinor};
-pub use quantity::{AdjustmentQuantity, Quantity, TtlSeconds};
+pub use quantity::{AdjustmentQuantity, LowStockThreshold, Quantity, TtlSeconds};
 pub use reservation::{
     IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
 };

@@ -49,128 +49,92 @@ fn deserialize_strict_integer<'de, D: Deserializer<'de>>(
     deserializer.deserialize_i64(StrictIntegerVisitor { expected })
 }
 
-/// A positive number of units: 1..=[`QUANTITY_MAX`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(into = "i64")]
-pub struct Quantity(i64);
+/// Declares an integer newtype that accepts `min..=max` (without zero when
+/// `zero_allowed` is false), from Rust through `new` and from JSON through serde.
+macro_rules! bounded_integer {
+    ($(#[$meta:meta])* $name:ident, field = $field:literal, min = $min:expr, max = $max:expr,
+     zero_allowed = $zero_allowed:literal, expected = $expected:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(into = "i64")]
+        pub struct $name(i64);
 
-impl Quantity {
-    const EXPECTED: &'static str = "an integer between 1 and 1000000";
+        impl $name {
+            const EXPECTED: &'static str = $expected;
 
-    pub fn new(value: i64) -> Result<Quantity, ParseError> {
-        if (1..=QUANTITY_MAX).contains(&value) {
-            Ok(Quantity(value))
-        } else {
-            Err(ParseError::new(format!(
-                "quantity must be {}",
-                Quantity::EXPECTED
-            )))
+            pub fn new(value: i64) -> Result<$name, ParseError> {
+                if ($min..=$max).contains(&value) && ($zero_allowed || value != 0) {
+                    Ok($name(value))
+                } else {
+                    Err(ParseError::new(format!("{} must be {}", $field, $name::EXPECTED)))
+                }
+            }
+
+            pub fn get(self) -> i64 {
+                self.0
+            }
         }
-    }
 
-    pub fn get(self) -> i64 {
-        self.0
-    }
-}
-
-impl From<Quantity> for i64 {
-    fn from(value: Quantity) -> i64 {
-        value.0
-    }
-}
-
-impl<'de> Deserialize<'de> for Quantity {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Quantity, D::Error> {
-        let value = deserialize_strict_integer(deserializer, Quantity::EXPECTED)?;
-        i64::try_from(value)
-            .map_err(|_| ParseError::new(format!("quantity must be {}", Quantity::EXPECTED)))
-            .and_then(Quantity::new)
-            .map_err(de::Error::custom)
-    }
-}
-
-/// A signed, non-zero correction of available stock: -[`QUANTITY_MAX`]..=[`QUANTITY_MAX`]
-/// without 0. Used by `adjust` movements (a stock count found more or fewer units).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(into = "i64")]
-pub struct AdjustmentQuantity(i64);
-
-impl AdjustmentQuantity {
-    const EXPECTED: &'static str = "a non-zero integer between -1000000 and 1000000";
-
-    pub fn new(value: i64) -> Result<AdjustmentQuantity, ParseError> {
-        if value != 0 && (-QUANTITY_MAX..=QUANTITY_MAX).contains(&value) {
-            Ok(AdjustmentQuantity(value))
-        } else {
-            Err(ParseError::new(format!(
-                "quantity must be {}",
-                AdjustmentQuantity::EXPECTED
-            )))
+        impl From<$name> for i64 {
+            fn from(value: $name) -> i64 {
+                value.0
+            }
         }
-    }
 
-    pub fn get(self) -> i64 {
-        self.0
-    }
-}
-
-impl From<AdjustmentQuantity> for i64 {
-    fn from(value: AdjustmentQuantity) -> i64 {
-        value.0
-    }
-}
-
-impl<'de> Deserialize<'de> for AdjustmentQuantity {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<AdjustmentQuantity, D::Error> {
-        let value = deserialize_strict_integer(deserializer, AdjustmentQuantity::EXPECTED)?;
-        i64::try_from(value)
-            .map_err(|_| {
-                ParseError::new(format!("quantity must be {}", AdjustmentQuantity::EXPECTED))
-            })
-            .and_then(AdjustmentQuantity::new)
-            .map_err(de::Error::custom)
-    }
-}
-
-/// How long a reservation holds its stock before the expiry worker releases it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(into = "i64")]
-pub struct TtlSeconds(i64);
-
-impl TtlSeconds {
-    const EXPECTED: &'static str = "an integer between 1 and 86400";
-
-    pub fn new(value: i64) -> Result<TtlSeconds, ParseError> {
-        if (RESERVATION_TTL_SECONDS_MIN..=RESERVATION_TTL_SECONDS_MAX).contains(&value) {
-            Ok(TtlSeconds(value))
-        } else {
-            Err(ParseError::new(format!(
-                "ttl_seconds must be {}",
-                TtlSeconds::EXPECTED
-            )))
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<$name, D::Error> {
+                let value = deserialize_strict_integer(deserializer, $name::EXPECTED)?;
+                i64::try_from(value)
+                    .map_err(|_| ParseError::new(format!("{} must be {}", $field, $name::EXPECTED)))
+                    .and_then($name::new)
+                    .map_err(de::Error::custom)
+            }
         }
-    }
-
-    pub fn get(self) -> i64 {
-        self.0
-    }
+    };
 }
 
-impl From<TtlSeconds> for i64 {
-    fn from(value: TtlSeconds) -> i64 {
-        value.0
-    }
-}
+bounded_integer!(
+    /// A positive number of units: 1..=[`QUANTITY_MAX`].
+    Quantity,
+    field = "quantity",
+    min = 1,
+    max = QUANTITY_MAX,
+    zero_allowed = false,
+    expected = "an integer between 1 and 1000000"
+);
 
-impl<'de> Deserialize<'de> for TtlSeconds {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<TtlSeconds, D::Error> {
-        let value = deserialize_strict_integer(deserializer, TtlSeconds::EXPECTED)?;
-        i64::try_from(value)
-            .map_err(|_| ParseError::new(format!("ttl_seconds must be {}", TtlSeconds::EXPECTED)))
-            .and_then(TtlSeconds::new)
-            .map_err(de::Error::custom)
-    }
-}
+bounded_integer!(
+    /// A signed, non-zero correction of available stock: -[`QUANTITY_MAX`]..=
+    /// [`QUANTITY_MAX`] without 0. Used by `adjust` movements (a count found more or
+    /// fewer units).
+    AdjustmentQuantity,
+    field = "quantity",
+    min = -QUANTITY_MAX,
+    max = QUANTITY_MAX,
+    zero_allowed = false,
+    expected = "a non-zero integer between -1000000 and 1000000"
+);
+
+bounded_integer!(
+    /// How long a reservation holds its stock before the expiry worker releases it.
+    TtlSeconds,
+    field = "ttl_seconds",
+    min = RESERVATION_TTL_SECONDS_MIN,
+    max = RESERVATION_TTL_SECONDS_MAX,
+    zero_allowed = false,
+    expected = "an integer between 1 and 86400"
+);
+
+bounded_integer!(
+    /// Available units at or below which an on-shelf SKU counts as low on stock; 0
+    /// turns the warning off.
+    LowStockThreshold,
+    field = "low_stock_threshold",
+    min = 0,
+    max = QUANTITY_MAX,
+    zero_allowed = true,
+    expected = "an integer between 0 and 1000000"
+);
 
 #[cfg(test)]
 mod tests {
@@ -219,6 +183,17 @@ mod tests {
         assert!(serde_json::from_str::<AdjustmentQuantity>("0").is_err());
         assert!(serde_json::from_str::<AdjustmentQuantity>("-1000001").is_err());
         assert!(serde_json::from_str::<AdjustmentQuantity>("-2.5").is_err());
+    }
+
+    #[test]
+    fn low_stock_threshold_allows_zero() {
+        assert_eq!(
+            serde_json::from_str::<LowStockThreshold>("0")
+                .unwrap()
+                .get(),
+            0
+        );
+        assert!(serde_json::from_str::<LowStockThreshold>("-1").is_err());
     }
 
     #[test]

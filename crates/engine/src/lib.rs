@@ -26,7 +26,8 @@ use tokio::sync::Semaphore;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::EngineConfig;
 pub use error::EngineError;
-use in_flight::{Entry, InFlight, wait_for_owner};
+pub use in_flight::InFlight;
+use in_flight::{Entry, wait_for_owner};
 
 /// The answer to a mutating request: the stored response, and whether it is a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +97,12 @@ impl Engine {
     /// Keys this process is executing right now (exported as a gauge).
     pub fn requests_in_flight(&self) -> usize {
         self.inner.in_flight.len()
+    }
+
+    /// The registry of keys running in this process. Tests enter a key here to stand
+    /// for an original request that has not finished.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.inner.in_flight
     }
 
     /// Runs a mutating unit of work under its idempotency key: a retry of a request
@@ -370,4 +377,154 @@ fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
         _ => tracing::warn!(operation, %error, "store refused"),
     }
     EngineError::from(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use domain::{IdempotencyKey, Reservation, Sku};
+    use store::{MovementRecord, Rejection, StoreConfig};
+
+    use super::*;
+
+    struct PlainRenderer;
+
+    impl ResponseRenderer for PlainRenderer {
+        fn sku_saved(&self, _: &Sku, _: bool) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
+        fn movement_recorded(&self, _: &MovementRecord) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
+        fn reservation_created(&self, _: &Reservation) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn reservation_changed(&self, _: &Reservation) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
+        fn rejected(&self, _: &Rejection) -> StoredResponse {
+            StoredResponse {
+                status: 409,
+                body: String::new(),
+            }
+        }
+    }
+
+    /// An engine on a scratch SQLite file; the retry tests never reach the database.
+    async fn engine() -> (Engine, std::path::PathBuf) {
+        let directory =
+            std::env::temp_dir().join(format!("stockd-engine-{:016x}", rand::random::<u64>()));
+        let store = Store::connect(&StoreConfig::new(format!(
+            "sqlite://{}",
+            directory.join("t.db").display()
+        )))
+        .await
+        .unwrap();
+        let engine = Engine::new(
+            store,
+            Arc::new(SystemClock),
+            Arc::new(PlainRenderer),
+            EngineConfig::default(),
+        );
+        (engine, directory)
+    }
+
+    fn claim() -> IdempotencyClaim {
+        IdempotencyClaim {
+            key: IdempotencyKey::parse("k").unwrap(),
+            fingerprint: "f".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_retried_up_to_the_attempt_limit_then_reported_as_retry_exhausted() {
+        let (engine, directory) = engine().await;
+        let attempts = AtomicU32::new(0);
+
+        let result = engine
+            .idempotent("test", &claim(), || async {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                Err(StoreError::Retryable("deadlock detected".into()))
+            })
+            .await;
+
+        assert_eq!(result, Err(EngineError::RetryExhausted));
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            engine.config().retry_attempts_max
+        );
+        let _ = std::fs::remove_dir_all(directory);
+    }
+
+    #[tokio::test]
+    async fn a_conflict_that_clears_is_retried_into_the_stored_answer() {
+        let (engine, directory) = engine().await;
+        let attempts = AtomicU32::new(0);
+
+        let result = engine
+            .idempotent("test", &claim(), || async {
+                if attempts.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Err(StoreError::Retryable("could not serialize access".into()))
+                } else {
+                    Ok(Idempotent::Executed(StoredResponse {
+                        status: 201,
+                        body: "done".into(),
+                    }))
+                }
+            })
+            .await;
+
+        assert_eq!(
+            result,
+            Ok(Reply {
+                response: StoredResponse {
+                    status: 201,
+                    body: "done".into()
+                },
+                replayed: false
+            })
+        );
+        assert_eq!(attempts.load(Ordering::SeqCst), 3);
+        let _ = std::fs::remove_dir_all(directory);
+    }
+
+    #[tokio::test]
+    async fn lock_timeouts_and_outages_are_answered_at_once_without_retrying() {
+        let (engine, directory) = engine().await;
+        for (error, expected) in [
+            (
+                StoreError::LockTimeout("55P03".into()),
+                EngineError::LockTimeout,
+            ),
+            (StoreError::KeyInFlight, EngineError::RequestInProgress),
+            (
+                StoreError::Unavailable("pool timed out".into()),
+                EngineError::Unavailable("pool timed out".into()),
+            ),
+        ] {
+            let attempts = AtomicU32::new(0);
+            let result = engine
+                .idempotent("test", &claim(), || async {
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    Err(error.clone())
+                })
+                .await;
+            assert_eq!(result, Err(expected));
+            assert_eq!(attempts.load(Ordering::SeqCst), 1);
+        }
+        let _ = std::fs::remove_dir_all(directory);
+    }
 }

@@ -45,8 +45,13 @@ const POSTGRES_SERIALIZATION_FAILURE: &str = "40001";
 const POSTGRES_DEADLOCK_DETECTED: &str = "40P01";
 const POSTGRES_LOCK_NOT_AVAILABLE: &str = "55P03";
 const POSTGRES_QUERY_CANCELED: &str = "57014";
-/// SQLite primary result codes (the low byte of an extended code).
+/// SQLite result codes. A plain `SQLITE_BUSY` (or `SQLITE_BUSY_TIMEOUT`) arrives only
+/// after the busy handler waited the whole `busy_timeout` for another process's write
+/// lock: that is a lock timeout, reported like PostgreSQL's `55P03`. The other busy
+/// and locked variants (recovery, snapshot, shared-cache locks) are transient
+/// conflicts worth another attempt.
 const SQLITE_BUSY: i64 = 5;
+const SQLITE_BUSY_TIMEOUT: i64 = 773;
 const SQLITE_LOCKED: i64 = 6;
 
 impl From<sqlx::Error> for StoreError {
@@ -74,6 +79,9 @@ pub fn classify(error: &sqlx::Error) -> StoreError {
                 _ => {}
             }
             if let Ok(extended_code) = code.parse::<i64>() {
+                if extended_code == SQLITE_BUSY || extended_code == SQLITE_BUSY_TIMEOUT {
+                    return StoreError::LockTimeout(message);
+                }
                 let primary_code = extended_code & 0xFF;
                 if primary_code == SQLITE_BUSY || primary_code == SQLITE_LOCKED {
                     return StoreError::Retryable(message);

@@ -1,0 +1,123 @@
+//! Contention and batches: a lock held too long is reported, not waited out; and the
+//! store's batch call decides each request on its own.
+
+use acceptance::{Backend, TestApp, mirrored_tests, test_engine_config};
+use domain::{
+    IdempotencyKey, Quantity, ReservationId, ReservationLine, SkuCode, Timestamp, WarehouseCode,
+};
+use store::{IdempotencyClaim, Idempotent, ReserveRequest};
+
+mirrored_tests!(
+    a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing,
+    each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own,
+);
+
+async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 100).await;
+    app.stocked_sku("HELD", 5).await;
+    let before = app.contents().await;
+    let mut lock = app.database.hold_stock_row_lock("HELD").await;
+
+    let response = app.reserve("blocked", &[("HELD", 1)]).await;
+
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("lock_timeout"));
+    assert_eq!(response.headers.get("retry-after").unwrap(), "1");
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        app.contents().await,
+        before,
+        "nothing was stored, not even the key"
+    );
+    let retry = app.reserve("blocked", &[("HELD", 1)]).await;
+    assert_eq!(retry.status, 201, "the same key runs once the lock is gone");
+    assert!(!retry.replayed());
+}
+
+fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> ReserveRequest {
+    let now = acceptance::START;
+    ReserveRequest {
+        claim: IdempotencyClaim {
+            key: IdempotencyKey::parse(key).unwrap(),
+            fingerprint: fingerprint.to_owned(),
+        },
+        id: ReservationId::generate(now, random),
+        lines: lines
+            .iter()
+            .map(|(sku, quantity)| ReservationLine {
+                sku: SkuCode::parse(sku).unwrap(),
+                warehouse: WarehouseCode::default_warehouse(),
+                quantity: Quantity::new(*quantity).unwrap(),
+            })
+            .collect(),
+        expires_at: Timestamp::from_unix_milliseconds(now.unix_milliseconds() + 60_000),
+    }
+}
+
+fn status_and_code(outcome: &Idempotent) -> (&'static str, u16, Option<String>) {
+    let (kind, response) = match outcome {
+        Idempotent::Executed(response) => ("executed", response),
+        Idempotent::Replayed(response) => ("replayed", response),
+        Idempotent::KeyReused => return ("key_reused", 0, None),
+    };
+    let body: serde_json::Value = serde_json::from_str(&response.body).unwrap();
+    (
+        kind,
+        response.status,
+        body["code"].as_str().map(str::to_owned),
+    )
+}
+
+async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("A", 3).await;
+    app.stocked_sku("B", 1).await;
+    assert_eq!(app.reserve("earlier", &[("B", 1)]).await.status, 201);
+    let batch = vec![
+        request("first", "f1", &[("A", 2)], 1),
+        request("too-many", "f2", &[("A", 2)], 2),
+        request("unknown", "f3", &[("NOPE", 1)], 3),
+        request("one-left", "f4", &[("A", 1)], 4),
+        request("first", "f1", &[("A", 2)], 5),
+        request("first", "different", &[("A", 1)], 6),
+        request("earlier", "not-the-same", &[("B", 1)], 7),
+        request("b-sold-out", "f8", &[("A", 1), ("B", 1)], 8),
+    ];
+
+    let outcomes = app
+        .store
+        .reserve_batch(&batch, acceptance::START, api::renderer().as_ref())
+        .await
+        .unwrap();
+
+    let summary: Vec<_> = outcomes.iter().map(status_and_code).collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("executed", 201, None),
+            ("executed", 409, Some("insufficient_stock".to_owned())),
+            ("executed", 404, Some("not_found".to_owned())),
+            ("executed", 201, None),
+            ("replayed", 201, None),
+            ("key_reused", 0, None),
+            ("key_reused", 0, None),
+            ("executed", 409, Some("insufficient_stock".to_owned())),
+        ]
+    );
+    let Idempotent::Executed(first) = &outcomes[0] else {
+        unreachable!()
+    };
+    let Idempotent::Replayed(duplicate) = &outcomes[4] else {
+        unreachable!()
+    };
+    assert_eq!(
+        first, duplicate,
+        "a key repeated inside a batch gets the first answer"
+    );
+    assert_eq!(app.counters("A").await, (0, 3));
+    assert_eq!(app.counters("B").await, (0, 1));
+    assert_eq!(app.ledger_rows("A", "reserve").await, 2);
+    app.assert_audit_clean().await;
+}

@@ -1,0 +1,176 @@
+//! The expiry worker: reservations past `expires_at` are released exactly once, even
+//! with several workers racing, and their stock returns.
+
+use std::collections::HashSet;
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests, test_engine_config};
+use serde_json::json;
+
+mirrored_tests!(
+    an_expired_reservation_is_released_and_its_stock_returns,
+    a_reservation_is_not_released_before_its_expiry,
+    a_second_expiry_run_releases_nothing,
+    two_workers_racing_release_each_reservation_once,
+    expiry_works_in_bounded_batches,
+    confirming_or_releasing_an_expired_reservation_is_an_illegal_transition,
+);
+
+async fn reserve_with_ttl(
+    app: &TestApp,
+    key: &str,
+    sku: &str,
+    quantity: i64,
+    ttl_seconds: i64,
+) -> String {
+    let response = app
+        .send(Call::post("/v1/reservations").key(key).json(
+            &json!({"lines": [{"sku": sku, "quantity": quantity}], "ttl_seconds": ttl_seconds}),
+        ))
+        .await;
+    assert_eq!(response.status, 201, "{response:?}");
+    response.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn an_expired_reservation_is_released_and_its_stock_returns(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FRESH", 5).await;
+    let id = reserve_with_ttl(&app, "hold", "FRESH", 3, 60).await;
+    assert_eq!(app.counters("FRESH").await, (2, 3));
+
+    app.clock.advance_seconds(61);
+    let step = app.engine.expire_step().await.unwrap();
+
+    assert_eq!(
+        step.released
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>(),
+        vec![id.as_str()]
+    );
+    assert!(!step.more_waiting);
+    assert_eq!(app.counters("FRESH").await, (5, 0));
+    let reservation = app
+        .send(Call::get(format!("/v1/reservations/{id}")))
+        .await
+        .json();
+    assert_eq!(reservation["status"], "RELEASED");
+    assert_eq!(reservation["release_reason"], "expired");
+    assert_eq!(app.ledger_rows("FRESH", "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn a_reservation_is_not_released_before_its_expiry(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FRESH", 5).await;
+    reserve_with_ttl(&app, "hold", "FRESH", 3, 60).await;
+
+    app.clock.advance_seconds(59);
+    let step = app.engine.expire_step().await.unwrap();
+
+    assert!(step.released.is_empty());
+    assert_eq!(app.counters("FRESH").await, (2, 3));
+}
+
+async fn a_second_expiry_run_releases_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FRESH", 5).await;
+    reserve_with_ttl(&app, "hold", "FRESH", 3, 60).await;
+    app.clock.advance_seconds(120);
+    assert_eq!(app.engine.expire_step().await.unwrap().released.len(), 1);
+
+    let second = app.engine.expire_step().await.unwrap();
+
+    assert!(second.released.is_empty());
+    assert_eq!(app.counters("FRESH").await, (5, 0), "stock returned once");
+    assert_eq!(app.ledger_rows("FRESH", "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn two_workers_racing_release_each_reservation_once(backend: Backend) {
+    let config = engine::EngineConfig {
+        expiry_batch_size: 7,
+        ..test_engine_config()
+    };
+    let first = TestApp::spawn_with(backend, config.clone()).await;
+    let second = TestApp::on(first.database.clone(), first.clock.clone(), config).await;
+    for sku in ["ALPHA", "BETA"] {
+        first.stocked_sku(sku, 100).await;
+    }
+    let mut reserved = HashSet::new();
+    for index in 0..60 {
+        let sku = if index % 2 == 0 { "ALPHA" } else { "BETA" };
+        reserved.insert(reserve_with_ttl(&first, &format!("hold-{index}"), sku, 1, 30).await);
+    }
+    first.clock.advance_seconds(31);
+
+    let run = |app: TestApp| async move {
+        let mut released = Vec::new();
+        for _ in 0..100 {
+            let step = app.engine.expire_step().await.unwrap();
+            if step.released.is_empty() {
+                break;
+            }
+            released.extend(step.released.into_iter().map(|id| id.as_str().to_owned()));
+        }
+        released
+    };
+    let (from_first, from_second) = tokio::join!(
+        tokio::spawn(run(first.clone())),
+        tokio::spawn(run(second.clone()))
+    );
+    let mut all: Vec<String> = from_first.unwrap();
+    all.extend(from_second.unwrap());
+
+    let distinct: HashSet<String> = all.iter().cloned().collect();
+    assert_eq!(all.len(), 60, "sixty releases in total, none twice");
+    assert_eq!(distinct, reserved);
+    for sku in ["ALPHA", "BETA"] {
+        assert_eq!(first.counters(sku).await, (100, 0), "{sku}");
+        assert_eq!(first.ledger_rows(sku, "release").await, 30, "{sku}");
+    }
+    first.assert_audit_clean().await;
+}
+
+async fn expiry_works_in_bounded_batches(backend: Backend) {
+    let config = engine::EngineConfig {
+        expiry_batch_size: 5,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("BATCH", 20).await;
+    for index in 0..12 {
+        reserve_with_ttl(&app, &format!("hold-{index}"), "BATCH", 1, 10).await;
+    }
+    app.clock.advance_seconds(11);
+
+    let sizes: Vec<(usize, bool)> = [
+        app.engine.expire_step().await.unwrap(),
+        app.engine.expire_step().await.unwrap(),
+        app.engine.expire_step().await.unwrap(),
+    ]
+    .into_iter()
+    .map(|step| (step.released.len(), step.more_waiting))
+    .collect();
+
+    assert_eq!(sizes, vec![(5, true), (5, true), (2, false)]);
+    assert_eq!(app.counters("BATCH").await, (20, 0));
+}
+
+async fn confirming_or_releasing_an_expired_reservation_is_an_illegal_transition(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LATE", 5).await;
+    let id = reserve_with_ttl(&app, "hold", "LATE", 2, 10).await;
+    app.clock.advance_seconds(11);
+    app.engine.expire_step().await.unwrap();
+
+    let confirm = app.confirm(&id, "late-confirm").await;
+    let release = app.release(&id, "late-release").await;
+
+    assert_eq!(confirm.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(release.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.counters("LATE").await, (5, 0));
+    app.assert_audit_clean().await;
+}

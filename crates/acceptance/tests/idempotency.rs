@@ -1,0 +1,225 @@
+//! Idempotency: the first result wins, the same key for another request is refused, a
+//! key still running answers "in progress", and records expire after the retention.
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests, test_engine_config, wait_until};
+use engine::in_flight::Entry;
+
+mirrored_tests!(
+    a_retry_returns_the_first_response_byte_for_byte,
+    the_same_key_with_a_different_body_is_refused_and_changes_nothing,
+    the_same_key_on_another_endpoint_is_refused,
+    a_reformatted_body_with_the_same_content_is_a_retry,
+    a_key_still_in_flight_answers_request_in_progress_and_changes_nothing,
+    a_retry_that_waits_for_its_original_gets_the_original_answer,
+    a_second_instance_replays_what_the_first_stored,
+    records_past_the_retention_are_purged_in_bounded_batches,
+);
+
+async fn a_retry_returns_the_first_response_byte_for_byte(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+
+    let first = app.reserve("same-key", &[("KEYED", 2)]).await;
+    app.clock.advance_seconds(5);
+    let retry = app.reserve("same-key", &[("KEYED", 2)]).await;
+
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    assert_eq!((retry.status, &retry.body), (first.status, &first.body));
+    assert!(retry.replayed());
+    assert_eq!(retry.content_type(), "application/json");
+    assert_eq!(app.counters("KEYED").await, (3, 2));
+}
+
+async fn the_same_key_with_a_different_body_is_refused_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    assert_eq!(app.reserve("reused", &[("KEYED", 2)]).await.status, 201);
+    let before = app.contents().await;
+
+    let reused = app.reserve("reused", &[("KEYED", 3)]).await;
+
+    assert_eq!(reused.status, 422);
+    assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
+    assert_eq!(app.contents().await, before);
+}
+
+async fn the_same_key_on_another_endpoint_is_refused(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    let reservation = app.reserve("shared-key", &[("KEYED", 1)]).await.json();
+    let id = reservation["reservation_id"].as_str().unwrap();
+
+    let confirm = app.confirm(id, "shared-key").await;
+
+    assert_eq!(confirm.code().as_deref(), Some("idempotency_key_reused"));
+    assert_eq!(
+        app.counters("KEYED").await,
+        (4, 1),
+        "the confirm did not run"
+    );
+}
+
+async fn a_reformatted_body_with_the_same_content_is_a_retry(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    let compact = r#"{"lines":[{"sku":"KEYED","quantity":1}],"ttl_seconds":60}"#;
+    let spaced =
+        "{ \"ttl_seconds\": 60,\n  \"lines\": [ { \"quantity\": 1, \"sku\": \"KEYED\" } ] }";
+
+    let first = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("format")
+                .raw(compact, Some("application/json")),
+        )
+        .await;
+    let retry = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("format")
+                .raw(spaced, Some("application/json; charset=utf-8")),
+        )
+        .await;
+
+    assert_eq!(first.status, 201);
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.body, first.body);
+}
+
+async fn a_key_still_in_flight_answers_request_in_progress_and_changes_nothing(backend: Backend) {
+    let config = engine::EngineConfig {
+        idempotency_wait_milliseconds: 50,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("KEYED", 5).await;
+    // Stand in for an original request with this key that has not finished.
+    let Entry::Owner(original) = app.engine.in_flight().enter("in-flight") else {
+        panic!("the key is free");
+    };
+    let before = app.contents().await;
+
+    let retry = app.reserve("in-flight", &[("KEYED", 1)]).await;
+
+    assert_eq!(retry.status, 409);
+    assert_eq!(retry.code().as_deref(), Some("request_in_progress"));
+    assert_eq!(app.contents().await, before);
+    drop(original);
+    let after_original = app.reserve("in-flight", &[("KEYED", 1)]).await;
+    assert_eq!(
+        after_original.status, 201,
+        "the original stored nothing, so the retry runs"
+    );
+}
+
+async fn a_retry_that_waits_for_its_original_gets_the_original_answer(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    // Hold the stock row so the original blocks inside its transaction.
+    let mut lock = app.database.hold_stock_row_lock("KEYED").await;
+    let original = tokio::spawn({
+        let app = app.clone();
+        async move { app.reserve("waited", &[("KEYED", 1)]).await }
+    });
+    wait_until("the original is in flight", || {
+        app.engine.requests_in_flight() == 1
+    })
+    .await;
+    let retry = tokio::spawn({
+        let app = app.clone();
+        async move { app.reserve("waited", &[("KEYED", 1)]).await }
+    });
+    lock.execute("ROLLBACK").await.unwrap();
+
+    let original = original.await.unwrap();
+    let retry = retry.await.unwrap();
+    assert_eq!(original.status, 201, "{original:?}");
+    assert!(retry.replayed());
+    assert_eq!(retry.body, original.body);
+    assert_eq!(app.counters("KEYED").await, (4, 1));
+}
+
+async fn a_second_instance_replays_what_the_first_stored(backend: Backend) {
+    let first = TestApp::spawn(backend).await;
+    let second = first.another_instance().await;
+    first.stocked_sku("KEYED", 5).await;
+
+    let original = first.reserve("across", &[("KEYED", 2)]).await;
+    let retry = second.reserve("across", &[("KEYED", 2)]).await;
+
+    assert!(retry.replayed());
+    assert_eq!(retry.body, original.body);
+    assert_eq!(first.counters("KEYED").await, (3, 2));
+}
+
+async fn records_past_the_retention_are_purged_in_bounded_batches(backend: Backend) {
+    let config = engine::EngineConfig {
+        idempotency_retention_seconds: 3600,
+        idempotency_purge_batch_size: 2,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("KEYED", 10).await; // two keyed admin calls
+    for index in 0..3 {
+        assert_eq!(
+            app.reserve(&format!("old-{index}"), &[("KEYED", 1)])
+                .await
+                .status,
+            201
+        );
+    }
+    app.clock.advance_seconds(3000);
+    assert_eq!(app.reserve("recent", &[("KEYED", 1)]).await.status, 201);
+    app.clock.advance_seconds(601);
+
+    let mut purged = Vec::new();
+    loop {
+        let count = app.engine.purge_step().await.unwrap();
+        purged.push(count);
+        if count < 2 {
+            break;
+        }
+    }
+
+    assert_eq!(purged, vec![2, 2, 1], "five old records, two per step");
+    let recent = app.reserve("recent", &[("KEYED", 1)]).await;
+    assert!(recent.replayed(), "a record inside the retention is kept");
+    let old = app.reserve("old-0", &[("KEYED", 1)]).await;
+    assert!(!old.replayed(), "a purged key runs again");
+    assert_eq!(old.status, 201);
+    app.assert_audit_clean().await;
+}
+
+/// Several processes share one database only on PostgreSQL (SQLite serves one
+/// process), so this cross-instance case has no SQLite twin.
+mod postgres_only {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_key_held_by_another_instances_open_transaction_answers_request_in_progress() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let app = TestApp::spawn(Backend::Postgres).await;
+        app.stocked_sku("KEYED", 5).await;
+        let mut other_instance = app.database.raw_connection().await;
+        other_instance.execute("BEGIN").await.unwrap();
+        other_instance
+            .execute(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 VALUES ('contended', 'another-request', 0, '', 0)",
+            )
+            .await
+            .unwrap();
+        let before = app.contents().await;
+
+        let response = app.reserve("contended", &[("KEYED", 1)]).await;
+
+        assert_eq!(response.status, 409, "{response:?}");
+        assert_eq!(response.code().as_deref(), Some("request_in_progress"));
+        assert_eq!(app.contents().await, before);
+        other_instance.execute("ROLLBACK").await.unwrap();
+        assert_eq!(app.reserve("contended", &[("KEYED", 1)]).await.status, 201);
+    }
+}

@@ -1,0 +1,181 @@
+//! What operators rely on: health, readiness, metrics, the audit catching tampering,
+//! the append-only ledger, and the API description.
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests};
+
+mirrored_tests!(
+    health_and_readiness_answer_when_the_database_is_reachable,
+    metrics_report_latency_histograms_and_outcomes_by_code,
+    the_audit_reports_a_counter_changed_behind_the_ledgers_back,
+    the_audit_reports_a_reservation_whose_stock_was_returned_twice,
+    the_ledger_refuses_updates_and_deletes,
+    unknown_routes_and_methods_answer_with_problem_documents,
+);
+
+async fn health_and_readiness_answer_when_the_database_is_reachable(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let health = app.send(Call::get("/healthz")).await;
+    let ready = app.send(Call::get("/readyz")).await;
+
+    assert_eq!(health.status, 200);
+    assert_eq!(ready.status, 200);
+    let expected = match backend {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    assert_eq!(ready.json()["database"], expected);
+
+    app.store.close().await;
+    let closed = app.send(Call::get("/readyz")).await;
+    assert_eq!(closed.status, 503);
+    assert_eq!(closed.code().as_deref(), Some("unavailable"));
+}
+
+async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("METERED", 1).await;
+    assert_eq!(app.reserve("first", &[("METERED", 1)]).await.status, 201);
+    assert_eq!(app.reserve("second", &[("METERED", 1)]).await.status, 409);
+
+    let metrics = app.send(Call::get("/metrics")).await;
+
+    assert_eq!(metrics.status, 200);
+    let text = metrics.body;
+    assert!(
+        text.contains(r#"stockd_http_request_duration_seconds_bucket{route="/v1/reservations",method="POST",le="0.005"}"#),
+        "latency is a histogram with buckets per route:\n{text}"
+    );
+    assert!(
+        text.contains(r#"code="insufficient_stock""#),
+        "outcomes are counted by code:\n{text}"
+    );
+    assert!(
+        text.contains(r#"stockd_reservations{status="RESERVED"}"#),
+        "{text}"
+    );
+    assert!(text.contains("stockd_expiry_backlog"), "{text}");
+}
+
+async fn the_audit_reports_a_counter_changed_behind_the_ledgers_back(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TAMPERED", 5).await;
+    app.assert_audit_clean().await;
+
+    let mut connection = app.database.raw_connection().await;
+    let changed = connection
+        .execute("UPDATE stock SET available = available + 1 WHERE sku = 'TAMPERED'")
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    assert_eq!(audit["differences_total"], 1);
+    let difference = &audit["differences"][0];
+    assert_eq!(difference["check"], "ledger_vs_available");
+    assert_eq!(difference["sku"], "TAMPERED");
+    assert_eq!(difference["expected"], 5);
+    assert_eq!(difference["actual"], 6);
+}
+
+async fn the_audit_reports_a_reservation_whose_stock_was_returned_twice(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("DOUBLE", 5).await;
+    let reservation = app.reserve("hold", &[("DOUBLE", 2)]).await.json();
+    let id = reservation["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.release(&id, "release").await.status, 200);
+
+    // A buggy second release, written straight into the database: counters and ledger
+    // agree with each other, but not with the reservation.
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET available = available + 2 WHERE sku = 'DOUBLE'")
+        .await
+        .unwrap();
+    connection
+        .execute(&format!(
+            "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, created_at) \
+             VALUES ('DOUBLE', 'default', 'release', 2, 0, '{id}', 0)"
+        ))
+        .await
+        .unwrap();
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    let checks: Vec<&str> = audit["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|difference| difference["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(checks, vec!["reservation_ledger_available"], "{audit:#}");
+    assert_eq!(audit["differences"][0]["reference"], id.as_str());
+}
+
+async fn the_ledger_refuses_updates_and_deletes(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LEDGER", 5).await;
+    let mut connection = app.database.raw_connection().await;
+
+    let update = connection
+        .execute("UPDATE stock_ledger SET available_delta = 500")
+        .await;
+    let delete = connection.execute("DELETE FROM stock_ledger").await;
+
+    assert!(update.unwrap_err().contains("append-only"));
+    assert!(delete.unwrap_err().contains("append-only"));
+    assert_eq!(app.ledger_rows("LEDGER", "receive").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn unknown_routes_and_methods_answer_with_problem_documents(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let unknown = app.send(Call::get("/v1/nothing-here")).await;
+    let wrong_method = app
+        .send(Call::new(axum::http::Method::DELETE, "/v1/reservations"))
+        .await;
+
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.code().as_deref(), Some("not_found"));
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(wrong_method.content_type(), "application/problem+json");
+}
+
+#[test]
+fn the_openapi_document_describes_every_route() {
+    let document: serde_json::Value = serde_json::from_str(api::OPENAPI_DOCUMENT).unwrap();
+    let paths = document["paths"].as_object().unwrap();
+    for route in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/skus/{sku}",
+        "/v1/skus/{sku}/stock-movements",
+        "/v1/reservations",
+        "/v1/reservations/{id}",
+        "/v1/reservations/{id}/confirm",
+        "/v1/reservations/{id}/release",
+        "/v1/audit",
+    ] {
+        assert!(
+            paths.contains_key(route),
+            "{route} is missing from openapi.json"
+        );
+    }
+    let codes: Vec<&str> =
+        document["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|code| code.as_str().unwrap())
+            .collect();
+    for code in domain::ErrorCode::ALL {
+        assert!(
+            codes.contains(&code.as_str()),
+            "{code} is missing from openapi.json"
+        );
+    }
+}
