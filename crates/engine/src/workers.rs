@@ -27,8 +27,8 @@ async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
                 interval
             }
         };
-        if let Ok(gauges) = engine.gauges().await {
-            metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);
+        if let Ok(backlog) = engine.store().expiry_backlog(engine.now()).await {
+            metrics::gauge!("stockd_expiry_backlog").set(backlog as f64);
         }
         tokio::select! {
             () = shutdown.cancelled() => break,

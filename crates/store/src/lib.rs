@@ -187,6 +187,10 @@ impl Store {
         dispatch!(self, store => store.reservation_gauges(now).await)
     }
 
+    pub async fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError> {
+        dispatch!(self, store => store.expiry_backlog(now).await)
+    }
+
     pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
         dispatch!(self, store => store.audit(now).await)
     }
