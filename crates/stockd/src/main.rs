@@ -26,6 +26,109 @@ enum Command {
     Migrate(DatabaseArguments),
     /// Replay the ledger against counters and reservations; exit 0 only when clean.
     Audit(DatabaseArguments),
+    /// Drive a load scenario against stockd and judge the result; exit 0 only when
+    /// nothing was oversold, duplicated or left unexplained.
+    Bench(BenchArguments),
+    /// Experiments straight against a database.
+    Lab {
+        #[command(subcommand)]
+        experiment: LabCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Compare read-check-write, SELECT FOR UPDATE, conditional UPDATE and optimistic
+    /// versioning under the last-unit and limited cases.
+    Strategies(StrategiesArguments),
+}
+
+#[derive(Args)]
+struct BenchArguments {
+    /// last-unit, limited, ample, hot, spread, multi-sku or bad-input.
+    scenario: String,
+    /// A running stockd (http://127.0.0.1:8080); without it, one is started in this
+    /// process on a fresh temporary database.
+    #[arg(long)]
+    url: Option<String>,
+    /// The running stockd's admin token (with --url).
+    #[arg(long, env = "STOCKD_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Without --url: postgres://… runs the in-process stockd on a fresh schema there;
+    /// the default is a temporary SQLite file.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Database connections of the in-process stockd.
+    #[arg(long, default_value_t = 16)]
+    pool_size: u32,
+    /// Concurrent clients, one connection each.
+    #[arg(long)]
+    clients: Option<usize>,
+    /// How long the throughput scenarios run: 10s, 2m, 500ms.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<std::time::Duration>,
+    /// Send this many requests instead of running for a duration.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// SKUs in spread and multi-sku.
+    #[arg(long)]
+    skus: Option<usize>,
+    /// Lines per order as MIN-MAX (multi-sku default 2-5).
+    #[arg(long, value_parser = parse_range)]
+    lines_per_order: Option<(usize, usize)>,
+    /// Share of requests that repeat an earlier request's key and body (0 to 0.9).
+    #[arg(long)]
+    duplicate_ratio: Option<f64>,
+    /// Seed of the request mix.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Also write release evidence (Markdown) here.
+    #[arg(long)]
+    evidence: Option<std::path::PathBuf>,
+}
+
+#[derive(Args)]
+struct StrategiesArguments {
+    /// postgres://… (a fresh schema is created and dropped) or sqlite (a scratch file).
+    #[arg(long, default_value = "sqlite")]
+    database_url: String,
+    /// Application work between reading and writing, as in a real service.
+    #[arg(long, default_value_t = 1)]
+    think_time_milliseconds: u64,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let (number, unit) = match text.find(|character: char| !character.is_ascii_digit()) {
+        Some(position) => text.split_at(position),
+        None => (text, "s"),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("'{text}' is not a duration like 10s"))?;
+    match unit {
+        "ms" => Ok(std::time::Duration::from_millis(value)),
+        "s" => Ok(std::time::Duration::from_secs(value)),
+        "m" => Ok(std::time::Duration::from_secs(value * 60)),
+        _ => Err(format!("'{text}': use ms, s or m")),
+    }
+}
+
+fn parse_range(text: &str) -> Result<(usize, usize), String> {
+    let parse = |part: &str| {
+        part.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("'{text}' is not MIN-MAX"))
+    };
+    match text.split_once('-') {
+        Some((low, high)) => Ok((parse(low)?, parse(high)?)),
+        None => parse(text).map(|value| (value, value)),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -230,6 +333,45 @@ async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
     Ok(report.ok())
 }
 
+async fn bench(arguments: BenchArguments) -> Result<bool, String> {
+    let command = lab::BenchCommand {
+        scenario: lab::Scenario::parse(&arguments.scenario)?,
+        options: lab::BenchOptions {
+            clients: arguments.clients,
+            duration: arguments.duration,
+            requests: arguments.requests,
+            skus: arguments.skus,
+            lines_per_order: arguments.lines_per_order,
+            duplicate_ratio: arguments.duplicate_ratio,
+            seed: arguments.seed,
+        },
+        url: arguments.url,
+        admin_token: arguments.admin_token,
+        database_url: arguments.database_url,
+        pool_size: arguments.pool_size,
+        json: arguments.json,
+        evidence: arguments.evidence,
+        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+    };
+    let report = lab::bench(command).await?;
+    Ok(report.passed())
+}
+
+async fn strategies(arguments: StrategiesArguments) -> Result<bool, String> {
+    let think_time = Duration::from_millis(arguments.think_time_milliseconds);
+    let (backend, results) = lab::strategies::run_all(&arguments.database_url, think_time).await?;
+    println!("{}", lab::strategies::render_table(&backend, &results));
+    if let Some(path) = &arguments.json {
+        let json = serde_json::to_string_pretty(&results).map_err(|error| error.to_string())?;
+        std::fs::write(path, json)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    // The safe strategies must never oversell; the unsafe one is expected to.
+    Ok(results
+        .iter()
+        .all(|result| !result.strategy.is_safe() || !result.oversold_visibly()))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -259,6 +401,10 @@ fn main() -> ExitCode {
                 init_logging(&arguments);
                 audit(arguments).await
             }
+            Command::Bench(arguments) => bench(arguments).await,
+            Command::Lab {
+                experiment: LabCommand::Strategies(arguments),
+            } => strategies(arguments).await,
         }
     });
     match outcome {

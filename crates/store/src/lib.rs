@@ -104,6 +104,10 @@ impl Store {
         dispatch!(self, store => store.migrate().await)
     }
 
+    pub async fn database_version(&self) -> Result<String, StoreError> {
+        dispatch!(self, store => store.database_version().await)
+    }
+
     pub async fn ping(&self) -> Result<(), StoreError> {
         dispatch!(self, store => store.ping().await)
     }

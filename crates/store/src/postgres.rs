@@ -29,6 +29,7 @@ mod dialect {
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2 \
          FOR UPDATE SKIP LOCKED";
+    pub const VERSION_QUERY: &str = "SELECT version()";
     /// Serializes migrations of one schema across processes; released at commit.
     pub const MIGRATION_LOCK: Option<&str> =
         Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");

@@ -409,6 +409,14 @@ impl BackendStore {
         Ok(applied_now)
     }
 
+    /// The database engine and its version, for release evidence.
+    pub async fn database_version(&self) -> Result<String, StoreError> {
+        let version: String = sqlx::query_scalar(dialect::VERSION_QUERY)
+            .fetch_one(self.read_pool())
+            .await?;
+        Ok(version)
+    }
+
     /// One round trip to the database: readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(self.read_pool()).await?;

@@ -33,6 +33,7 @@ mod dialect {
         "SELECT status FROM reservation WHERE id = $1";
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2";
+    pub const VERSION_QUERY: &str = "SELECT 'SQLite ' || sqlite_version()";
     /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.
     pub const MIGRATION_LOCK: Option<&str> = None;
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[(

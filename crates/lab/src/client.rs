@@ -1,0 +1,174 @@
+//! One keep-alive HTTP/1.1 connection per simulated client. A client sends its requests
+//! one after another on its own connection, as a checkout service's worker would.
+
+use std::net::SocketAddr;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// A request as the lab sends it.
+#[derive(Debug, Clone)]
+pub struct WireRequest {
+    pub method: Method,
+    pub path: String,
+    pub idempotency_key: Option<String>,
+    pub bearer: Option<String>,
+    pub content_type: Option<&'static str>,
+    pub body: Bytes,
+}
+
+impl WireRequest {
+    pub fn get(path: impl Into<String>) -> WireRequest {
+        WireRequest {
+            method: Method::GET,
+            path: path.into(),
+            idempotency_key: None,
+            bearer: None,
+            content_type: None,
+            body: Bytes::new(),
+        }
+    }
+
+    pub fn json(method: Method, path: impl Into<String>, body: &serde_json::Value) -> WireRequest {
+        WireRequest {
+            method,
+            path: path.into(),
+            idempotency_key: None,
+            bearer: None,
+            content_type: Some("application/json"),
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> WireRequest {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    pub fn bearer(mut self, token: &str) -> WireRequest {
+        self.bearer = Some(token.to_owned());
+        self
+    }
+}
+
+/// What came back.
+#[derive(Debug, Clone)]
+pub struct WireReply {
+    pub status: u16,
+    pub replayed: bool,
+    pub body: Bytes,
+}
+
+impl WireReply {
+    /// The problem document's `code`, for error statuses.
+    pub fn code(&self) -> Option<String> {
+        if self.status < 400 {
+            return None;
+        }
+        serde_json::from_slice::<serde_json::Value>(&self.body)
+            .ok()
+            .and_then(|body| {
+                body.get("code")
+                    .and_then(|code| code.as_str())
+                    .map(str::to_owned)
+            })
+    }
+
+    pub fn json(&self) -> Result<serde_json::Value, String> {
+        serde_json::from_slice(&self.body).map_err(|error| format!("response is not JSON: {error}"))
+    }
+}
+
+/// Attempts per request when the connection breaks before an answer. Every mutating
+/// request carries an Idempotency-Key, so sending it again is safe: that is the point.
+const SEND_ATTEMPTS_MAX: u32 = 3;
+
+pub struct HttpConnection {
+    address: SocketAddr,
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl HttpConnection {
+    pub fn new(address: SocketAddr) -> HttpConnection {
+        HttpConnection {
+            address,
+            sender: None,
+        }
+    }
+
+    async fn connect(address: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
+        let stream = TcpStream::connect(address)
+            .await
+            .map_err(|error| format!("connect {address}: {error}"))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| format!("handshake: {error}"))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    pub async fn send(&mut self, request: &WireRequest) -> Result<WireReply, String> {
+        let mut last_error = String::new();
+        for _ in 0..SEND_ATTEMPTS_MAX {
+            if self.sender.as_ref().is_none_or(SendRequest::is_closed) {
+                self.sender = Some(HttpConnection::connect(self.address).await?);
+            }
+            let Some(sender) = self.sender.as_mut() else {
+                continue;
+            };
+            if let Err(error) = sender.ready().await {
+                last_error = format!("connection not ready: {error}");
+                self.sender = None;
+                continue;
+            }
+            let mut builder = Request::builder()
+                .method(request.method.clone())
+                .uri(&request.path)
+                .header("host", self.address.to_string());
+            if let Some(key) = &request.idempotency_key {
+                builder = builder.header("idempotency-key", key);
+            }
+            if let Some(token) = &request.bearer {
+                builder = builder.header("authorization", format!("Bearer {token}"));
+            }
+            if let Some(content_type) = request.content_type {
+                builder = builder.header("content-type", content_type);
+            }
+            let http_request = builder
+                .body(Full::new(request.body.clone()))
+                .map_err(|error| format!("building the request: {error}"))?;
+            match sender.send_request(http_request).await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|value| value == "true");
+                    let body = response
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|error| format!("reading the body: {error}"))?
+                        .to_bytes();
+                    return Ok(WireReply {
+                        status,
+                        replayed,
+                        body,
+                    });
+                }
+                Err(error) => {
+                    last_error = format!("sending: {error}");
+                    self.sender = None;
+                }
+            }
+        }
+        Err(last_error)
+    }
+}

@@ -1,0 +1,396 @@
+//! Running a plan against a target: set up the SKUs, let the clients loose, read the
+//! counters and the audit back, and build the report.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::client::{HttpConnection, WireReply, WireRequest};
+use crate::report::{
+    AuditSummary, Class, Latency, Record, Report, SkuCounters, class_counts, taken_by_successes,
+    violations,
+};
+use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
+use crate::target::Target;
+
+/// Connections used to create SKUs and read them back.
+const SETUP_CONNECTIONS: usize = 16;
+/// At most this many SKUs are listed by name in a report.
+const SKUS_IN_QUESTION_MAX: usize = 20;
+
+fn hash_body(body: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    body.hash(&mut hasher);
+    hasher.finish()
+}
+
+async fn expect_success(
+    connection: &mut HttpConnection,
+    request: &WireRequest,
+    what: &str,
+) -> Result<WireReply, String> {
+    let reply = connection.send(request).await?;
+    if (200..300).contains(&reply.status) {
+        Ok(reply)
+    } else {
+        Err(format!(
+            "{what} answered {}: {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        ))
+    }
+}
+
+/// Runs `work` over `items` on `connections` connections at once.
+async fn for_each_on_connections<Item, Output, Work, Attempt>(
+    target: &Target,
+    items: Vec<Item>,
+    connections: usize,
+    work: Work,
+) -> Result<Vec<Output>, String>
+where
+    Item: Send + 'static,
+    Output: Send + 'static,
+    Work: Fn(HttpConnection, Item) -> Attempt + Send + Sync + 'static,
+    Attempt: std::future::Future<Output = (HttpConnection, Result<Output, String>)> + Send,
+{
+    let total = items.len();
+    let queue = Arc::new(std::sync::Mutex::new(
+        items.into_iter().enumerate().collect::<Vec<_>>(),
+    ));
+    let work = Arc::new(work);
+    let mut tasks = Vec::new();
+    for _ in 0..connections.clamp(1, total.max(1)) {
+        let queue = Arc::clone(&queue);
+        let work = Arc::clone(&work);
+        let address = target.address;
+        tasks.push(tokio::spawn(async move {
+            let mut connection = HttpConnection::new(address);
+            let mut outputs = Vec::new();
+            loop {
+                let next = queue
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .pop();
+                let Some((position, item)) = next else { break };
+                let (returned, output) = work(connection, item).await;
+                connection = returned;
+                outputs.push((position, output?));
+            }
+            Ok::<_, String>(outputs)
+        }));
+    }
+    let mut outputs = Vec::with_capacity(total);
+    for task in tasks {
+        outputs.extend(task.await.map_err(|error| error.to_string())??);
+    }
+    outputs.sort_by_key(|(position, _)| *position);
+    Ok(outputs.into_iter().map(|(_, output)| output).collect())
+}
+
+/// Creates the plan's SKUs and receives their stock (in movements of at most a
+/// million units each).
+pub async fn set_up(plan: &Plan, target: &Target) -> Result<(), String> {
+    let token = target.admin_token.clone();
+    let run_id = plan.run_id.clone();
+    let skus = plan.skus.clone();
+    for_each_on_connections(target, skus, SETUP_CONNECTIONS, move |mut connection, sku| {
+        let token = token.clone();
+        let run_id = run_id.clone();
+        async move {
+            let result = async {
+                let create = WireRequest::json(
+                    Method::PUT,
+                    format!("/v1/skus/{}", sku.code),
+                    &serde_json::json!({"title": format!("bench {}", sku.code), "price": 100, "currency": "CNY"}),
+                )
+                .key(format!("bench-{run_id}-create-{}", sku.code))
+                .bearer(&token);
+                expect_success(&mut connection, &create, "creating a SKU").await?;
+                let mut remaining = sku.stock;
+                let mut movement = 0;
+                while remaining > 0 {
+                    let quantity = remaining.min(RECEIVE_QUANTITY_MAX);
+                    let receive = WireRequest::json(
+                        Method::POST,
+                        format!("/v1/skus/{}/stock-movements", sku.code),
+                        &serde_json::json!({"kind": "receive", "quantity": quantity}),
+                    )
+                    .key(format!("bench-{run_id}-receive-{}-{movement}", sku.code))
+                    .bearer(&token);
+                    expect_success(&mut connection, &receive, "receiving stock").await?;
+                    remaining -= quantity;
+                    movement += 1;
+                }
+                Ok(())
+            }
+            .await;
+            (connection, result)
+        }
+    })
+    .await
+    .map(|_| ())
+}
+
+fn progress_bar(plan: &Plan) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let (length, template) = match plan.stop {
+        Stop::AfterRequests(requests) => (requests, "{bar:40} {pos}/{len} requests {elapsed}"),
+        Stop::AfterDuration(duration) => (duration.as_secs().max(1), "{bar:40} {pos}/{len} s"),
+    };
+    let bar = ProgressBar::new(length);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Sends the plan's requests from `plan.clients` connections and records every answer.
+pub async fn drive(plan: &Arc<Plan>, target: &Target) -> (Vec<Record>, Duration) {
+    let progress = progress_bar(plan);
+    let started = Instant::now();
+    let mut records = Vec::new();
+    let waves = plan.waves.max(1) as u64;
+    match plan.stop {
+        Stop::AfterRequests(total) => {
+            let per_wave = total.div_ceil(waves);
+            let mut first = 0;
+            while first < total {
+                let end = (first + per_wave).min(total);
+                records.extend(drive_range(plan, target, first, Some(end), None, &progress).await);
+                first = end;
+            }
+        }
+        Stop::AfterDuration(duration) => {
+            let deadline = started + duration;
+            let ticker = {
+                let progress = progress.clone();
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        progress.inc(1);
+                    }
+                })
+            };
+            records = drive_range(
+                plan,
+                target,
+                0,
+                None,
+                Some(deadline),
+                &ProgressBar::hidden(),
+            )
+            .await;
+            ticker.abort();
+        }
+    }
+    progress.finish_and_clear();
+    (records, started.elapsed())
+}
+
+/// Clients take request numbers from `first` on, until `end` or `deadline`.
+async fn drive_range(
+    plan: &Arc<Plan>,
+    target: &Target,
+    first: u64,
+    end: Option<u64>,
+    deadline: Option<Instant>,
+    progress: &ProgressBar,
+) -> Vec<Record> {
+    let next = Arc::new(AtomicU64::new(first));
+    let clients = match end {
+        Some(end) => plan.clients.min((end - first) as usize).max(1),
+        None => plan.clients,
+    };
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients));
+    let mut tasks = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        let plan = Arc::clone(plan);
+        let next = Arc::clone(&next);
+        let barrier = Arc::clone(&barrier);
+        let progress = progress.clone();
+        let address = target.address;
+        tasks.push(tokio::spawn(async move {
+            let mut connection = HttpConnection::new(address);
+            let mut records = Vec::new();
+            // Open every connection before the first request, so the start is
+            // simultaneous (the seeds' "concurrent" requests).
+            let _ = connection.send(&WireRequest::get("/healthz")).await;
+            barrier.wait().await;
+            loop {
+                if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                    break;
+                }
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if end.is_some_and(|end| index >= end) {
+                    break;
+                }
+                let spec = plan.request(index);
+                let request = plan.wire_request(&spec);
+                let sent = Instant::now();
+                let reply = connection.send(&request).await;
+                let latency_microseconds =
+                    sent.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+                let (key_index, expected) = match &spec {
+                    RequestSpec::Reserve { key_index, .. } => (Some(*key_index), None),
+                    RequestSpec::Malformed(malformed) => (
+                        None,
+                        Some((
+                            malformed.label,
+                            malformed.expected_status,
+                            malformed.expected_code,
+                        )),
+                    ),
+                };
+                records.push(match reply {
+                    Ok(reply) => Record {
+                        index,
+                        key_index,
+                        status: reply.status,
+                        code: reply.code(),
+                        replayed: reply.replayed,
+                        body_hash: hash_body(&reply.body),
+                        latency_microseconds,
+                        expected,
+                        error: None,
+                    },
+                    Err(error) => Record {
+                        index,
+                        key_index,
+                        status: 0,
+                        code: None,
+                        replayed: false,
+                        body_hash: 0,
+                        latency_microseconds,
+                        expected,
+                        error: Some(error),
+                    },
+                });
+                progress.inc(1);
+            }
+            records
+        }));
+    }
+    let mut records = Vec::new();
+    for task in tasks {
+        if let Ok(mut from_client) = task.await {
+            records.append(&mut from_client);
+        }
+    }
+    records
+}
+
+/// Reads every SKU's counters back.
+async fn read_counters(
+    plan: &Plan,
+    target: &Target,
+    taken: Vec<i64>,
+) -> Result<Vec<SkuCounters>, String> {
+    let items: Vec<(usize, String, i64)> = plan
+        .skus
+        .iter()
+        .enumerate()
+        .map(|(index, sku)| (index, sku.code.clone(), sku.stock))
+        .collect();
+    let taken = Arc::new(taken);
+    for_each_on_connections(
+        target,
+        items,
+        SETUP_CONNECTIONS,
+        move |mut connection, (index, code, stock)| {
+            let taken = Arc::clone(&taken);
+            async move {
+                let result = async {
+                    let reply = expect_success(
+                        &mut connection,
+                        &WireRequest::get(format!("/v1/skus/{code}")),
+                        "reading a SKU",
+                    )
+                    .await?;
+                    let body = reply.json()?;
+                    Ok(SkuCounters {
+                        code: code.clone(),
+                        initial_stock: stock,
+                        taken_by_successes: taken[index],
+                        available: body["available"].as_i64().ok_or("SKU without available")?,
+                        reserved: body["reserved"].as_i64().ok_or("SKU without reserved")?,
+                    })
+                }
+                .await;
+                (connection, result)
+            }
+        },
+    )
+    .await
+}
+
+async fn read_audit(target: &Target) -> Result<AuditSummary, String> {
+    let mut connection = HttpConnection::new(target.address);
+    let reply =
+        expect_success(&mut connection, &WireRequest::get("/v1/audit"), "the audit").await?;
+    let body = reply.json()?;
+    Ok(AuditSummary {
+        ok: body["ok"].as_bool().ok_or("audit without ok")?,
+        differences_total: body["differences_total"].as_i64().unwrap_or(-1),
+    })
+}
+
+/// Set up, drive, read back, judge.
+pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
+    set_up(&plan, target).await?;
+    let plan = Arc::new(plan);
+    let (records, elapsed) = drive(&plan, target).await;
+    let taken = taken_by_successes(
+        &records,
+        |key_index| plan.lines_of(key_index),
+        plan.skus.len(),
+    );
+    let counters = read_counters(&plan, target, taken).await?;
+    let audit = read_audit(target).await?;
+    let found = violations(&records, &counters, &audit, plan.expected_successes);
+    let classes = class_counts(&records);
+    let seconds = elapsed.as_secs_f64().max(f64::EPSILON);
+    let successes = classes.get(&Class::Success).copied().unwrap_or(0);
+    let successful: Vec<Record> = records
+        .iter()
+        .filter(|record| record.class() == Class::Success)
+        .cloned()
+        .collect();
+    let skus_in_question = counters
+        .iter()
+        .filter(|sku| {
+            sku.reserved != sku.taken_by_successes
+                || sku.available + sku.reserved != sku.initial_stock
+        })
+        .take(SKUS_IN_QUESTION_MAX)
+        .cloned()
+        .collect();
+    Ok(Report {
+        scenario: plan.scenario.name(),
+        target: format!("http://{}", target.address),
+        backend: target.backend.unwrap_or("remote").to_owned(),
+        clients: plan.clients,
+        requests_sent: records.len() as u64,
+        elapsed_seconds: seconds,
+        requests_per_second: records.len() as f64 / seconds,
+        successes_per_second: successes as f64 / seconds,
+        classes,
+        latency: Latency::of(&records),
+        latency_of_successes: Latency::of(&successful),
+        skus_checked: counters.len(),
+        stock_initial_total: counters.iter().map(|sku| sku.initial_stock).sum(),
+        taken_by_successes_total: counters.iter().map(|sku| sku.taken_by_successes).sum(),
+        available_total: counters.iter().map(|sku| sku.available).sum(),
+        reserved_total: counters.iter().map(|sku| sku.reserved).sum(),
+        skus_in_question,
+        audit,
+        violations: found,
+    })
+}

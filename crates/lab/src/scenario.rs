@@ -1,0 +1,627 @@
+//! The scenarios of seed 002 (sections 七 and 十) as plans: which SKUs with how much
+//! stock, how many clients, when to stop, and what request number `i` is. Request
+//! contents derive from the seed and the index alone, so a duplicate of request `j`
+//! can be rebuilt anywhere without shared state.
+
+use std::time::Duration;
+
+use hyper::Method;
+use hyper::body::Bytes;
+
+use crate::client::WireRequest;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Stock 1; 100 concurrent distinct requests, 10 of them repeated 5 times.
+    LastUnit,
+    /// Stock 10; 1000 concurrent requests.
+    Limited,
+    /// Stock 100; 100 requests in 10 waves of 10 (low contention).
+    Ample,
+    /// One SKU with plenty of stock; N clients for a duration (throughput).
+    Hot,
+    /// Many SKUs chosen at random (throughput).
+    Spread,
+    /// Orders of 2–5 SKUs in random order (deadlock pressure).
+    MultiSku,
+    /// Malformed and hostile requests; each must be refused and change nothing.
+    BadInput,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Scenario::LastUnit,
+        Scenario::Limited,
+        Scenario::Ample,
+        Scenario::Hot,
+        Scenario::Spread,
+        Scenario::MultiSku,
+        Scenario::BadInput,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::LastUnit => "last-unit",
+            Scenario::Limited => "limited",
+            Scenario::Ample => "ample",
+            Scenario::Hot => "hot",
+            Scenario::Spread => "spread",
+            Scenario::MultiSku => "multi-sku",
+            Scenario::BadInput => "bad-input",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Scenario, String> {
+        Scenario::ALL
+            .into_iter()
+            .find(|scenario| scenario.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Scenario::ALL
+                    .iter()
+                    .map(|scenario| scenario.name())
+                    .collect();
+                format!(
+                    "unknown scenario '{text}'; choose one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Bounds on what a command line may ask for, so a typo cannot exhaust the machine.
+pub const CLIENTS_MAX: usize = 4096;
+pub const SKUS_MAX: usize = 100_000;
+pub const REQUESTS_MAX: u64 = 100_000_000;
+pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+/// One stock movement may receive at most this many units (`domain::limits`).
+pub const RECEIVE_QUANTITY_MAX: i64 = domain::limits::QUANTITY_MAX;
+
+/// What the command line asked for; `None` takes the scenario's default.
+#[derive(Debug, Clone, Default)]
+pub struct BenchOptions {
+    pub clients: Option<usize>,
+    pub duration: Option<Duration>,
+    pub requests: Option<u64>,
+    pub skus: Option<usize>,
+    /// Lines per order, as an inclusive range.
+    pub lines_per_order: Option<(usize, usize)>,
+    /// Share of requests that repeat an earlier request with the same key.
+    pub duplicate_ratio: Option<f64>,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkuSetup {
+    pub code: String,
+    pub stock: i64,
+}
+
+/// When the clients stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    AfterRequests(u64),
+    AfterDuration(Duration),
+}
+
+/// A malformed request and the refusal it must get.
+#[derive(Debug, Clone)]
+pub struct Malformed {
+    pub label: &'static str,
+    pub request: WireRequest,
+    pub expected_status: u16,
+    pub expected_code: &'static str,
+}
+
+/// What request number `i` is.
+#[derive(Debug, Clone)]
+pub enum RequestSpec {
+    /// A reservation under key number `key_index`; `lines` are (SKU index, quantity).
+    Reserve {
+        key_index: u64,
+        lines: Vec<(usize, i64)>,
+    },
+    Malformed(Malformed),
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub scenario: Scenario,
+    /// Prefixes every SKU code and idempotency key, so runs against one server never
+    /// collide.
+    pub run_id: String,
+    pub skus: Vec<SkuSetup>,
+    pub clients: usize,
+    pub stop: Stop,
+    /// The requests are sent in this many waves, each after the previous finished.
+    pub waves: usize,
+    /// When known in advance: exactly this many reservations must succeed.
+    pub expected_successes: Option<u64>,
+    pub duplicate_ratio: f64,
+    pub lines_per_order: (usize, usize),
+    pub seed: u64,
+    malformed: Vec<Malformed>,
+}
+
+/// SplitMix64: a tiny, good-enough mixer so request `i` is a pure function of the seed.
+pub fn mix(seed: u64, index: u64) -> u64 {
+    let mut value = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    value = (value ^ (value >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    value ^ (value >> 31)
+}
+
+fn fraction(value: u64) -> f64 {
+    (value >> 11) as f64 / (1_u64 << 53) as f64
+}
+
+impl Plan {
+    pub fn new(scenario: Scenario, options: &BenchOptions, run_id: &str) -> Result<Plan, String> {
+        let sku = |name: &str, stock: i64| SkuSetup {
+            code: format!("bench-{run_id}-{name}"),
+            stock,
+        };
+        let clients_or = |default: usize| options.clients.unwrap_or(default);
+        let timed = |default_seconds: u64| match (options.requests, options.duration) {
+            (Some(requests), _) => Stop::AfterRequests(requests),
+            (None, Some(duration)) => Stop::AfterDuration(duration),
+            (None, None) => Stop::AfterDuration(Duration::from_secs(default_seconds)),
+        };
+        let mut plan = Plan {
+            scenario,
+            run_id: run_id.to_owned(),
+            skus: Vec::new(),
+            clients: 1,
+            stop: Stop::AfterRequests(0),
+            waves: 1,
+            expected_successes: None,
+            duplicate_ratio: options.duplicate_ratio.unwrap_or(0.0),
+            lines_per_order: options.lines_per_order.unwrap_or((1, 1)),
+            seed: options.seed,
+            malformed: Vec::new(),
+        };
+        match scenario {
+            Scenario::LastUnit => {
+                plan.skus = vec![sku("last-unit", 1)];
+                plan.stop = Stop::AfterRequests(150);
+                plan.clients = clients_or(150);
+                plan.expected_successes = Some(1);
+                plan.duplicate_ratio = 0.0;
+            }
+            Scenario::Limited => {
+                let requests = options.requests.unwrap_or(1000);
+                plan.skus = vec![sku("limited", 10)];
+                plan.stop = Stop::AfterRequests(requests);
+                plan.clients = clients_or(requests.min(1000) as usize);
+                plan.expected_successes = Some(requests.min(10));
+            }
+            Scenario::Ample => {
+                let requests = options.requests.unwrap_or(100);
+                plan.skus = vec![sku("ample", 100)];
+                plan.stop = Stop::AfterRequests(requests);
+                plan.waves = 10;
+                plan.clients = clients_or(10);
+                plan.expected_successes = Some(requests.min(100));
+            }
+            Scenario::Hot => {
+                plan.skus = vec![sku("hot", 50_000_000)];
+                plan.stop = timed(10);
+                plan.clients = clients_or(64);
+            }
+            Scenario::Spread => {
+                let count = options.skus.unwrap_or(10_000);
+                plan.skus = (0..count)
+                    .map(|index| sku(&format!("spread-{index}"), 100_000))
+                    .collect();
+                plan.stop = timed(10);
+                plan.clients = clients_or(64);
+            }
+            Scenario::MultiSku => {
+                let count = options.skus.unwrap_or(20);
+                plan.skus = (0..count)
+                    .map(|index| sku(&format!("multi-{index}"), 1_000_000))
+                    .collect();
+                plan.stop = timed(10);
+                plan.clients = clients_or(64);
+                plan.lines_per_order = options.lines_per_order.unwrap_or((2, 5));
+            }
+            Scenario::BadInput => {
+                plan.skus = vec![sku("bad-input", 5)];
+                plan.malformed = malformed_requests(&plan.skus[0].code, run_id);
+                let requests = options.requests.unwrap_or(plan.malformed.len() as u64);
+                plan.stop = Stop::AfterRequests(requests);
+                plan.clients = clients_or(16);
+                plan.expected_successes = Some(0);
+                plan.duplicate_ratio = 0.0;
+            }
+        }
+        plan.check()?;
+        Ok(plan)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.clients == 0 || self.clients > CLIENTS_MAX {
+            return Err(format!("--clients must be between 1 and {CLIENTS_MAX}"));
+        }
+        if self.skus.is_empty() || self.skus.len() > SKUS_MAX {
+            return Err(format!("--skus must be between 1 and {SKUS_MAX}"));
+        }
+        match self.stop {
+            Stop::AfterRequests(requests) if requests == 0 || requests > REQUESTS_MAX => {
+                return Err(format!("--requests must be between 1 and {REQUESTS_MAX}"));
+            }
+            Stop::AfterDuration(duration) if duration.is_zero() || duration > DURATION_MAX => {
+                return Err("--duration must be between 1s and 3600s".into());
+            }
+            _ => {}
+        }
+        if !(0.0..=0.9).contains(&self.duplicate_ratio) {
+            return Err("--duplicate-ratio must be between 0 and 0.9".into());
+        }
+        let (lines_min, lines_max) = self.lines_per_order;
+        if lines_min == 0
+            || lines_min > lines_max
+            || lines_max > domain::limits::RESERVATION_LINES_MAX
+        {
+            return Err("--lines-per-order must be MIN-MAX with 1 <= MIN <= MAX <= 50".into());
+        }
+        if lines_max > self.skus.len() {
+            return Err(format!(
+                "--lines-per-order asks for up to {lines_max} distinct SKUs but the scenario has {}",
+                self.skus.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The idempotency key of key number `key_index`.
+    pub fn key(&self, key_index: u64) -> String {
+        format!("bench-{}-{key_index}", self.run_id)
+    }
+
+    /// Request number `index`.
+    pub fn request(&self, index: u64) -> RequestSpec {
+        match self.scenario {
+            Scenario::BadInput => {
+                let position = (index % self.malformed.len() as u64) as usize;
+                let mut malformed = self.malformed[position].clone();
+                if let Some(key) = &malformed.request.idempotency_key {
+                    malformed.request.idempotency_key = Some(format!("{key}-{index}"));
+                }
+                RequestSpec::Malformed(malformed)
+            }
+            Scenario::LastUnit => {
+                // Requests 0..100 are distinct; 100..150 repeat keys 0..10, five times each.
+                let key_index = if index < 100 {
+                    index
+                } else {
+                    (index - 100) / 5
+                };
+                RequestSpec::Reserve {
+                    key_index,
+                    lines: vec![(0, 1)],
+                }
+            }
+            _ => {
+                let key_index = self.key_index_of(index);
+                RequestSpec::Reserve {
+                    key_index,
+                    lines: self.lines_of(key_index),
+                }
+            }
+        }
+    }
+
+    /// With probability `duplicate_ratio`, request `index` repeats an earlier key.
+    fn key_index_of(&self, index: u64) -> u64 {
+        if index == 0 || self.duplicate_ratio == 0.0 {
+            return index;
+        }
+        let draw = mix(self.seed ^ 0xD0D0, index);
+        if fraction(draw) < self.duplicate_ratio {
+            mix(self.seed ^ 0xE1E1, index) % index
+        } else {
+            index
+        }
+    }
+
+    /// The lines of key number `key_index`: distinct SKUs in random order.
+    pub fn lines_of(&self, key_index: u64) -> Vec<(usize, i64)> {
+        let sku_count = self.skus.len();
+        let (lines_min, lines_max) = self.lines_per_order;
+        let span = (lines_max - lines_min + 1) as u64;
+        let line_count = lines_min + (mix(self.seed ^ 0x1111, key_index) % span) as usize;
+        let mut lines: Vec<(usize, i64)> = Vec::with_capacity(line_count);
+        let mut draw = 0_u64;
+        while lines.len() < line_count {
+            let sku = (mix(self.seed ^ 0x2222 ^ draw, key_index) % sku_count as u64) as usize;
+            draw += 1;
+            if !lines.iter().any(|(existing, _)| *existing == sku) {
+                lines.push((sku, 1));
+            }
+        }
+        lines
+    }
+
+    /// The HTTP request for `spec`.
+    pub fn wire_request(&self, spec: &RequestSpec) -> WireRequest {
+        match spec {
+            RequestSpec::Reserve { key_index, lines } => {
+                let lines: Vec<serde_json::Value> = lines
+                    .iter()
+                    .map(|(sku, quantity)| serde_json::json!({"sku": self.skus[*sku].code, "quantity": quantity}))
+                    .collect();
+                WireRequest::json(
+                    Method::POST,
+                    "/v1/reservations",
+                    &serde_json::json!({"lines": lines, "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX}),
+                )
+                .key(self.key(*key_index))
+            }
+            RequestSpec::Malformed(malformed) => malformed.request.clone(),
+        }
+    }
+
+    /// Requests in a fixed-size plan, if it has one.
+    pub fn request_count(&self) -> Option<u64> {
+        match self.stop {
+            Stop::AfterRequests(requests) => Some(requests),
+            Stop::AfterDuration(_) => None,
+        }
+    }
+}
+
+fn raw(
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+    content_type: Option<&'static str>,
+) -> WireRequest {
+    WireRequest {
+        method: Method::POST,
+        path: path.to_owned(),
+        idempotency_key: key.map(str::to_owned),
+        bearer: None,
+        content_type,
+        body: Bytes::from(body.to_owned()),
+    }
+}
+
+/// The hostile and malformed inputs of seed 002 十.1 and more: every one must be
+/// refused with `invalid_argument` and change nothing.
+pub fn malformed_requests(sku: &str, run_id: &str) -> Vec<Malformed> {
+    let json = Some("application/json");
+    let line = |quantity: &str| format!(r#"{{"lines":[{{"sku":"{sku}","quantity":{quantity}}}]}}"#);
+    let key = format!("bench-{run_id}-bad");
+    let key = Some(key.as_str());
+    let invalid = |label, request| Malformed {
+        label,
+        request,
+        expected_status: 400,
+        expected_code: "invalid_argument",
+    };
+    vec![
+        invalid("quantity 0", raw("/v1/reservations", key, &line("0"), json)),
+        invalid(
+            "quantity -1",
+            raw("/v1/reservations", key, &line("-1"), json),
+        ),
+        invalid(
+            "quantity 2^63",
+            raw("/v1/reservations", key, &line("9223372036854775808"), json),
+        ),
+        invalid(
+            "quantity 1e30",
+            raw("/v1/reservations", key, &line("1e30"), json),
+        ),
+        invalid(
+            "quantity 1.5",
+            raw("/v1/reservations", key, &line("1.5"), json),
+        ),
+        invalid(
+            "quantity \"3\"",
+            raw("/v1/reservations", key, &line("\"3\""), json),
+        ),
+        invalid(
+            "quantity null",
+            raw("/v1/reservations", key, &line("null"), json),
+        ),
+        invalid(
+            "quantity above the limit",
+            raw("/v1/reservations", key, &line("1000001"), json),
+        ),
+        invalid(
+            "no lines",
+            raw("/v1/reservations", key, r#"{"lines":[]}"#, json),
+        ),
+        invalid(
+            "unknown field",
+            raw(
+                "/v1/reservations",
+                key,
+                &line("1").replace("]}", r#"],"admin":true}"#),
+                json,
+            ),
+        ),
+        invalid(
+            "SQL in the sku",
+            raw(
+                "/v1/reservations",
+                key,
+                r#"{"lines":[{"sku":"x'; DROP TABLE stock;--","quantity":1}]}"#,
+                json,
+            ),
+        ),
+        invalid(
+            "not JSON",
+            raw("/v1/reservations", key, "{\"lines\":", json),
+        ),
+        invalid(
+            "no Idempotency-Key",
+            raw("/v1/reservations", None, &line("1"), json),
+        ),
+        Malformed {
+            label: "not declared as JSON",
+            request: raw("/v1/reservations", key, &line("1"), Some("text/plain")),
+            expected_status: 415,
+            expected_code: "invalid_argument",
+        },
+        Malformed {
+            label: "body over 64 KiB",
+            request: raw(
+                "/v1/reservations",
+                key,
+                &format!(
+                    r#"{{"lines":[{{"sku":"{sku}","quantity":1}}],"pad":"{}"}}"#,
+                    "x".repeat(70_000)
+                ),
+                json,
+            ),
+            expected_status: 413,
+            expected_code: "invalid_argument",
+        },
+        Malformed {
+            label: "receive without the admin token",
+            request: raw(
+                &format!("/v1/skus/{sku}/stock-movements"),
+                key,
+                r#"{"kind":"receive","quantity":1000}"#,
+                json,
+            ),
+            expected_status: 401,
+            expected_code: "unauthorized",
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(scenario: Scenario, options: BenchOptions) -> Plan {
+        Plan::new(scenario, &options, "t").unwrap()
+    }
+
+    #[test]
+    fn last_unit_sends_a_hundred_distinct_keys_and_repeats_ten_of_them_five_times() {
+        let plan = plan(Scenario::LastUnit, BenchOptions::default());
+        assert_eq!(plan.stop, Stop::AfterRequests(150));
+        let mut uses = std::collections::HashMap::new();
+        for index in 0..150 {
+            let RequestSpec::Reserve { key_index, .. } = plan.request(index) else {
+                panic!()
+            };
+            *uses.entry(key_index).or_insert(0) += 1;
+        }
+        assert_eq!(uses.len(), 100);
+        assert_eq!(uses.values().filter(|count| **count == 6).count(), 10);
+        assert_eq!(plan.skus[0].stock, 1);
+        assert_eq!(plan.expected_successes, Some(1));
+    }
+
+    #[test]
+    fn limited_expects_exactly_as_many_successes_as_units() {
+        let plan = plan(Scenario::Limited, BenchOptions::default());
+        assert_eq!(
+            (plan.skus[0].stock, plan.expected_successes),
+            (10, Some(10))
+        );
+        assert_eq!(plan.request_count(), Some(1000));
+    }
+
+    #[test]
+    fn duplicates_repeat_an_earlier_key_with_the_same_lines() {
+        let options = BenchOptions {
+            duplicate_ratio: Some(0.5),
+            skus: Some(50),
+            ..BenchOptions::default()
+        };
+        let plan = plan(Scenario::Spread, options);
+        let mut duplicates = 0;
+        for index in 1..2000 {
+            let RequestSpec::Reserve { key_index, lines } = plan.request(index) else {
+                panic!()
+            };
+            assert!(key_index <= index);
+            assert_eq!(
+                lines,
+                plan.lines_of(key_index),
+                "a key always carries the same body"
+            );
+            if key_index != index {
+                duplicates += 1;
+            }
+        }
+        assert!(
+            (800..1200).contains(&duplicates),
+            "about half are duplicates: {duplicates}"
+        );
+    }
+
+    #[test]
+    fn multi_sku_orders_hold_two_to_five_distinct_skus() {
+        let plan = plan(Scenario::MultiSku, BenchOptions::default());
+        for key_index in 0..500 {
+            let lines = plan.lines_of(key_index);
+            assert!((2..=5).contains(&lines.len()));
+            let mut skus: Vec<usize> = lines.iter().map(|(sku, _)| *sku).collect();
+            skus.sort_unstable();
+            skus.dedup();
+            assert_eq!(skus.len(), lines.len(), "no SKU twice in one order");
+        }
+    }
+
+    #[test]
+    fn every_bad_input_request_expects_a_client_error() {
+        let plan = plan(Scenario::BadInput, BenchOptions::default());
+        for index in 0..plan.request_count().unwrap() {
+            let RequestSpec::Malformed(malformed) = plan.request(index) else {
+                panic!()
+            };
+            assert!(
+                (400..500).contains(&malformed.expected_status),
+                "{}",
+                malformed.label
+            );
+        }
+    }
+
+    #[test]
+    fn out_of_range_options_are_refused() {
+        for options in [
+            BenchOptions {
+                clients: Some(0),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                clients: Some(CLIENTS_MAX + 1),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                duplicate_ratio: Some(1.5),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                lines_per_order: Some((3, 2)),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                requests: Some(0),
+                ..BenchOptions::default()
+            },
+        ] {
+            assert!(
+                Plan::new(Scenario::Hot, &options, "t").is_err(),
+                "{options:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn scenario_names_round_trip() {
+        for scenario in Scenario::ALL {
+            assert_eq!(Scenario::parse(scenario.name()), Ok(scenario));
+        }
+        assert!(Scenario::parse("fast").is_err());
+    }
+}

@@ -1,0 +1,93 @@
+//! The lab's acceptance scenarios, run end to end against an in-process stockd over
+//! real HTTP on both backends. Each one fails if the report would show an oversell, a
+//! duplicate effect, an unexplained failure or an unclean audit.
+
+use acceptance::{Backend, mirrored_tests, postgres_url};
+use lab::report::Class;
+use lab::{BenchOptions, Plan, Report, Scenario, Target};
+
+mirrored_tests!(
+    the_last_unit_scenario_sells_exactly_one_unit_and_replays_every_duplicate,
+    the_limited_scenario_sells_exactly_the_stock,
+    the_bad_input_scenario_refuses_everything_and_changes_nothing,
+    the_hot_scenario_with_duplicates_takes_one_unit_per_key,
+);
+
+async fn run(backend: Backend, scenario: Scenario, options: BenchOptions) -> Report {
+    let postgres = match backend {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some(postgres_url()),
+    };
+    let target = Target::in_process(postgres.as_deref(), 8).await.unwrap();
+    let plan = Plan::new(scenario, &options, "test").unwrap();
+    let report = lab::runner::run(plan, &target).await;
+    target.stop().await;
+    let report = report.unwrap();
+    assert!(report.passed(), "{}", report.render_text());
+    report
+}
+
+async fn the_last_unit_scenario_sells_exactly_one_unit_and_replays_every_duplicate(
+    backend: Backend,
+) {
+    let report = run(backend, Scenario::LastUnit, BenchOptions::default()).await;
+
+    assert_eq!(report.requests_sent, 150);
+    assert_eq!(report.count(Class::Success), 1);
+    assert_eq!(
+        report.count(Class::ReplayedDuplicate),
+        50,
+        "{}",
+        report.render_text()
+    );
+    assert_eq!(report.count(Class::InsufficientStock), 99);
+    assert_eq!((report.available_total, report.reserved_total), (0, 1));
+    assert!(report.audit.ok);
+}
+
+async fn the_limited_scenario_sells_exactly_the_stock(backend: Backend) {
+    let options = BenchOptions {
+        requests: Some(300),
+        ..BenchOptions::default()
+    };
+    let report = run(backend, Scenario::Limited, options).await;
+
+    assert_eq!(report.count(Class::Success), 10);
+    assert_eq!(report.count(Class::InsufficientStock), 290);
+    assert_eq!((report.available_total, report.reserved_total), (0, 10));
+}
+
+async fn the_bad_input_scenario_refuses_everything_and_changes_nothing(backend: Backend) {
+    let options = BenchOptions {
+        requests: Some(64),
+        ..BenchOptions::default()
+    };
+    let report = run(backend, Scenario::BadInput, options).await;
+
+    assert_eq!(report.count(Class::Success), 0);
+    assert!(
+        report.count(Class::InvalidArgument) >= 56,
+        "{}",
+        report.render_text()
+    );
+    assert_eq!((report.available_total, report.reserved_total), (5, 0));
+}
+
+async fn the_hot_scenario_with_duplicates_takes_one_unit_per_key(backend: Backend) {
+    let options = BenchOptions {
+        requests: Some(400),
+        clients: Some(16),
+        duplicate_ratio: Some(0.25),
+        ..BenchOptions::default()
+    };
+    let report = run(backend, Scenario::Hot, options).await;
+
+    let successes = report.count(Class::Success);
+    let replays = report.count(Class::ReplayedDuplicate);
+    assert_eq!(successes + replays, 400, "{}", report.render_text());
+    assert!(replays > 0, "some requests were duplicates");
+    assert_eq!(
+        report.reserved_total, successes as i64,
+        "one unit per distinct key"
+    );
+}
