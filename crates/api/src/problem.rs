@@ -115,7 +115,7 @@ pub fn problem_response(status: StatusCode, code: ErrorCode, body: String) -> Re
         header::CONTENT_TYPE,
         HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
     );
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -134,10 +134,14 @@ impl IntoResponse for ApiError {
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> ApiError {
         let code = error.code();
+        if let EngineError::Overloaded(message) = error {
+            return ApiError::new(code, message).with_status(StatusCode::TOO_MANY_REQUESTS);
+        }
         let detail = match error {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
-            | EngineError::Unavailable(message) => message,
+            | EngineError::Unavailable(message)
+            | EngineError::Overloaded(message) => message,
             EngineError::Internal(_) => String::from("see the server log"),
             EngineError::IdempotencyKeyReused => {
                 String::from("this Idempotency-Key was first used with a different request")

@@ -26,6 +26,13 @@ pub struct EngineConfig {
     pub reservation_ttl_seconds_default: i64,
     /// Audits allowed to run at once (each one scans the ledger).
     pub audits_concurrent_max: usize,
+    /// Reservation queues, each drained into batches by its own task; 0 picks one for
+    /// SQLite (one writer anyway) and four for PostgreSQL.
+    pub combiner_shards: usize,
+    /// Most reservations one batch (one transaction) holds.
+    pub combiner_batch_size_max: usize,
+    /// Most reservations waiting in one shard's queue; more are refused at once.
+    pub combiner_queue_depth_max: usize,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +49,9 @@ impl Default for EngineConfig {
             expiry_interval_milliseconds: 1_000,
             reservation_ttl_seconds_default: domain::limits::RESERVATION_TTL_SECONDS_DEFAULT,
             audits_concurrent_max: 1,
+            combiner_shards: 0,
+            combiner_batch_size_max: 256,
+            combiner_queue_depth_max: 4096,
         }
     }
 }

@@ -15,6 +15,8 @@ pub enum EngineError {
     LockTimeout,
     RetryExhausted,
     Unavailable(String),
+    /// Too much queued already; shed at once rather than waited out (HTTP 429).
+    Overloaded(String),
     /// A bug or a broken invariant; logged in full, shown to clients without detail.
     Internal(String),
 }
@@ -28,7 +30,7 @@ impl EngineError {
             EngineError::RequestInProgress => ErrorCode::RequestInProgress,
             EngineError::LockTimeout => ErrorCode::LockTimeout,
             EngineError::RetryExhausted => ErrorCode::RetryExhausted,
-            EngineError::Unavailable(_) => ErrorCode::Unavailable,
+            EngineError::Unavailable(_) | EngineError::Overloaded(_) => ErrorCode::Unavailable,
             EngineError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -40,6 +42,7 @@ impl fmt::Display for EngineError {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
             | EngineError::Unavailable(message)
+            | EngineError::Overloaded(message)
             | EngineError::Internal(message) => write!(formatter, "{}: {message}", self.code()),
             _ => formatter.write_str(self.code().as_str()),
         }

@@ -4,9 +4,11 @@
 //! SQL and knows no HTTP.
 
 pub mod clock;
+pub mod combiner;
 pub mod config;
 pub mod error;
 pub mod in_flight;
+pub mod retry;
 pub mod workers;
 
 use std::future::Future;
@@ -24,10 +26,12 @@ use store::{
 use tokio::sync::Semaphore;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+use combiner::{Combiner, Refusal};
 pub use config::EngineConfig;
 pub use error::EngineError;
 pub use in_flight::InFlight;
 use in_flight::{Entry, wait_for_owner};
+use retry::with_retries;
 
 /// The answer to a mutating request: the stored response, and whether it is a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +56,7 @@ struct Inner {
     config: EngineConfig,
     in_flight: InFlight,
     audits: Semaphore,
+    combiner: Combiner,
 }
 
 /// What one expiry step did.
@@ -70,6 +75,19 @@ impl Engine {
         config: EngineConfig,
     ) -> Engine {
         let audits = Semaphore::new(config.audits_concurrent_max.max(1));
+        let mut config = config;
+        if config.combiner_shards == 0 {
+            config.combiner_shards = match store {
+                Store::Sqlite(_) => 1,
+                Store::Postgres(_) => 4,
+            };
+        }
+        let combiner = Combiner::start(
+            store.clone(),
+            Arc::clone(&clock),
+            Arc::clone(&renderer),
+            &config,
+        );
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -78,6 +96,7 @@ impl Engine {
                 config,
                 in_flight: InFlight::default(),
                 audits,
+                combiner,
             }),
         }
     }
@@ -106,8 +125,8 @@ impl Engine {
     }
 
     /// Runs a mutating unit of work under its idempotency key: a retry of a request
-    /// still running here waits for it; deadlocks and serialization failures are
-    /// retried with jittered backoff.
+    /// still running here waits for it, then replays its stored answer. `work` does
+    /// its own retrying (see [`with_retries`] and the combiner).
     async fn idempotent<Work, Attempt>(
         &self,
         operation: &'static str,
@@ -115,11 +134,10 @@ impl Engine {
         work: Work,
     ) -> Result<Reply, EngineError>
     where
-        Work: Fn() -> Attempt,
-        Attempt: Future<Output = Result<Idempotent, StoreError>>,
+        Work: FnOnce() -> Attempt,
+        Attempt: Future<Output = Result<Idempotent, EngineError>>,
     {
-        let config = &self.inner.config;
-        let wait_limit = Duration::from_millis(config.idempotency_wait_milliseconds);
+        let wait_limit = Duration::from_millis(self.inner.config.idempotency_wait_milliseconds);
         let mut rounds = 0;
         let _guard = loop {
             match self.inner.in_flight.enter(claim.key.as_str()) {
@@ -132,48 +150,48 @@ impl Engine {
                     }
                     // The original finished. If it stored a response, that is the answer;
                     // if it failed without one, this request runs in its place.
-                    if let Some((fingerprint, response)) =
-                        self.inner.store.idempotency_record(&claim.key).await?
-                    {
+                    let record = self
+                        .inner
+                        .store
+                        .idempotency_record(&claim.key)
+                        .await
+                        .map_err(|error| log_store_error(operation, error))?;
+                    if let Some((fingerprint, response)) = record {
                         return answer_from_record(operation, claim, &fingerprint, response);
                     }
                 }
             }
         };
-        let mut attempt = 0;
-        loop {
-            match work().await {
-                Ok(Idempotent::Executed(response)) => {
-                    return Ok(Reply {
-                        response,
-                        replayed: false,
-                    });
-                }
-                Ok(Idempotent::Replayed(response)) => {
-                    metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
-                        .increment(1);
-                    return Ok(Reply {
-                        response,
-                        replayed: true,
-                    });
-                }
-                Ok(Idempotent::KeyReused) => return Err(EngineError::IdempotencyKeyReused),
-                Err(StoreError::Retryable(message)) if attempt + 1 < config.retry_attempts_max => {
-                    metrics::counter!("stockd_store_retries_total", "operation" => operation)
-                        .increment(1);
-                    tracing::debug!(operation, attempt, %message, "retrying after a conflict");
-                    tokio::time::sleep(config.backoff(attempt, rand::random::<f64>())).await;
-                    attempt += 1;
-                }
-                Err(StoreError::Retryable(message)) => {
-                    metrics::counter!("stockd_store_retries_exhausted_total", "operation" => operation)
-                        .increment(1);
-                    tracing::warn!(operation, attempts = attempt + 1, %message, "retries exhausted");
-                    return Err(EngineError::RetryExhausted);
-                }
-                Err(error) => return Err(log_store_error(operation, error)),
+        match work().await? {
+            Idempotent::Executed(response) => Ok(Reply {
+                response,
+                replayed: false,
+            }),
+            Idempotent::Replayed(response) => {
+                metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
+                    .increment(1);
+                Ok(Reply {
+                    response,
+                    replayed: true,
+                })
             }
+            Idempotent::KeyReused => Err(EngineError::IdempotencyKeyReused),
         }
+    }
+
+    /// A store unit of work with bounded retries, its errors logged and mapped.
+    async fn retried<Work, Attempt>(
+        &self,
+        operation: &'static str,
+        work: Work,
+    ) -> Result<Idempotent, EngineError>
+    where
+        Work: Fn() -> Attempt,
+        Attempt: Future<Output = Result<Idempotent, StoreError>>,
+    {
+        with_retries(&self.inner.config, operation, work)
+            .await
+            .map_err(|error| log_store_error(operation, error))
     }
 
     /// `PUT /v1/skus/{sku}`.
@@ -185,9 +203,11 @@ impl Engine {
     ) -> Result<Reply, EngineError> {
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("save_sku", claim, || {
-            self.inner
-                .store
-                .upsert_sku(claim, code, changes, self.now(), renderer)
+            self.retried("save_sku", || {
+                self.inner
+                    .store
+                    .upsert_sku(claim, code, changes, self.now(), renderer)
+            })
         })
         .await
     }
@@ -209,9 +229,11 @@ impl Engine {
         };
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("record_movement", claim, || {
-            self.inner
-                .store
-                .record_movement(claim, &movement, self.now(), renderer)
+            self.retried("record_movement", || {
+                self.inner
+                    .store
+                    .record_movement(claim, &movement, self.now(), renderer)
+            })
         })
         .await
     }
@@ -229,22 +251,22 @@ impl Engine {
             self.inner.config.reservation_ttl_seconds_default,
             TtlSeconds::get,
         );
-        let requests = [ReserveRequest {
+        let request = ReserveRequest {
             claim: claim.clone(),
             id: ReservationId::generate(now, rand::random()),
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
-        }];
-        let renderer = self.inner.renderer.as_ref();
+        };
         self.idempotent("reserve", claim, || async {
-            let mut outcomes = self
-                .inner
-                .store
-                .reserve_batch(&requests, now, renderer)
-                .await?;
-            outcomes
-                .pop()
-                .ok_or_else(|| StoreError::Invariant("a batch of one returned no outcome".into()))
+            match self.inner.combiner.submit(request).await {
+                Ok(outcome) => outcome.map_err(|error| log_store_error("reserve", error)),
+                Err(Refusal::QueueFull) => Err(EngineError::Overloaded(
+                    "too many reservations are queued; retry with the same key".into(),
+                )),
+                Err(Refusal::Stopped) => {
+                    Err(EngineError::Unavailable("stockd is shutting down".into()))
+                }
+            }
         })
         .await
     }
@@ -262,9 +284,11 @@ impl Engine {
         };
         let renderer = self.inner.renderer.as_ref();
         self.idempotent(operation, claim, || {
-            self.inner
-                .store
-                .change_reservation(claim, id, action, self.now(), renderer)
+            self.retried(operation, || {
+                self.inner
+                    .store
+                    .change_reservation(claim, id, action, self.now(), renderer)
+            })
         })
         .await
     }
@@ -383,7 +407,7 @@ fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    use domain::{IdempotencyKey, Reservation, Sku};
+    use domain::{Reservation, Sku};
     use store::{MovementRecord, Rejection, StoreConfig};
 
     use super::*;
@@ -442,20 +466,13 @@ mod tests {
         (engine, directory)
     }
 
-    fn claim() -> IdempotencyClaim {
-        IdempotencyClaim {
-            key: IdempotencyKey::parse("k").unwrap(),
-            fingerprint: "f".into(),
-        }
-    }
-
     #[tokio::test]
     async fn conflicts_are_retried_up_to_the_attempt_limit_then_reported_as_retry_exhausted() {
         let (engine, directory) = engine().await;
         let attempts = AtomicU32::new(0);
 
         let result = engine
-            .idempotent("test", &claim(), || async {
+            .retried("test", || async {
                 attempts.fetch_add(1, Ordering::SeqCst);
                 Err(StoreError::Retryable("deadlock detected".into()))
             })
@@ -475,7 +492,7 @@ mod tests {
         let attempts = AtomicU32::new(0);
 
         let result = engine
-            .idempotent("test", &claim(), || async {
+            .retried("test", || async {
                 if attempts.fetch_add(1, Ordering::SeqCst) < 2 {
                     Err(StoreError::Retryable("could not serialize access".into()))
                 } else {
@@ -487,16 +504,11 @@ mod tests {
             })
             .await;
 
-        assert_eq!(
-            result,
-            Ok(Reply {
-                response: StoredResponse {
-                    status: 201,
-                    body: "done".into()
-                },
-                replayed: false
-            })
-        );
+        let stored = StoredResponse {
+            status: 201,
+            body: "done".into(),
+        };
+        assert_eq!(result, Ok(Idempotent::Executed(stored)));
         assert_eq!(attempts.load(Ordering::SeqCst), 3);
         let _ = std::fs::remove_dir_all(directory);
     }
@@ -517,7 +529,7 @@ mod tests {
         ] {
             let attempts = AtomicU32::new(0);
             let result = engine
-                .idempotent("test", &claim(), || async {
+                .retried("test", || async {
                     attempts.fetch_add(1, Ordering::SeqCst);
                     Err(error.clone())
                 })

@@ -183,3 +183,13 @@ mod tests {
         );
     }
 }
+
+/// What writing a decided batch changed, for the caller to check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchWritten {
+    /// Stock rows whose conditional update matched.
+    pub rows_taken: u64,
+    /// Idempotency records inserted (a key committed meanwhile by another process is
+    /// skipped, and the caller retries the batch).
+    pub records_stored: u64,
+}

@@ -21,8 +21,6 @@ pub struct PostgresStore {
 }
 
 mod dialect {
-    pub const SELECT_AVAILABLE_FOR_UPDATE: &str =
-        "SELECT available FROM stock WHERE sku = $1 AND warehouse = $2 FOR UPDATE";
     pub const SELECT_RESERVATION_STATUS_FOR_UPDATE: &str =
         "SELECT status FROM reservation WHERE id = $1 FOR UPDATE";
     /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
@@ -33,11 +31,18 @@ mod dialect {
     /// Serializes migrations of one schema across processes; released at commit.
     pub const MIGRATION_LOCK: Option<&str> =
         Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
-    pub const MIGRATIONS: &[(i64, &str, &str)] = &[(
-        1,
-        "reservation_core",
-        include_str!("../migrations/postgres/0001_reservation_core.sql"),
-    )];
+    pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+        (
+            1,
+            "reservation_core",
+            include_str!("../migrations/postgres/0001_reservation_core.sql"),
+        ),
+        (
+            2,
+            "ledger_reference_index",
+            include_str!("../migrations/postgres/0002_ledger_reference_index.sql"),
+        ),
+    ];
 }
 
 impl PostgresStore {
@@ -94,3 +99,236 @@ impl PostgresStore {
 }
 
 include!("shared.rs");
+
+/// The reservation batch's bulk statements: each passes its rows as arrays read with
+/// `UNNEST`, so a batch of any size costs the same few round trips.
+mod bulk {
+    use std::collections::{BTreeMap, HashMap};
+
+    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
+    use sqlx::Row;
+
+    use super::{Tx, corrupt};
+    use crate::error::StoreError;
+    use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+    use crate::plan::{BatchWritten, StockKey};
+
+    pub async fn existing_records(
+        transaction: &mut Tx,
+        keys: &[&str],
+    ) -> Result<HashMap<String, (String, Option<StoredResponse>)>, StoreError> {
+        let keys: Vec<String> = keys.iter().map(|key| (*key).to_owned()).collect();
+        let found = sqlx::query(
+            "SELECT key, fingerprint, status_code, body FROM idempotency_record WHERE key = ANY($1)",
+        )
+        .bind(keys)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut records = HashMap::with_capacity(found.len());
+        for row in &found {
+            let status_code: i64 = row.try_get("status_code")?;
+            let response = if status_code == 0 {
+                None
+            } else {
+                let status =
+                    u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+                Some(StoredResponse {
+                    status,
+                    body: row.try_get("body")?,
+                })
+            };
+            records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
+        }
+        Ok(records)
+    }
+
+    /// Locks the rows in byte order of (sku, warehouse) — `COLLATE "C"`, the order the
+    /// Rust code sorts in everywhere else — so every writer takes them in one order.
+    pub async fn lock_stock_rows(
+        transaction: &mut Tx,
+        wanted: &[StockKey],
+    ) -> Result<BTreeMap<StockKey, i64>, StoreError> {
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let skus: Vec<String> = wanted
+            .iter()
+            .map(|(sku, _)| sku.as_str().to_owned())
+            .collect();
+        let warehouses: Vec<String> = wanted
+            .iter()
+            .map(|(_, warehouse)| warehouse.as_str().to_owned())
+            .collect();
+        let found = sqlx::query_as::<_, (String, String, i64)>(
+            "SELECT stock.sku, stock.warehouse, stock.available FROM stock \
+             JOIN UNNEST($1::text[], $2::text[]) AS wanted (sku, warehouse) \
+             ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
+             ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock",
+        )
+        .bind(skus)
+        .bind(warehouses)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut available = BTreeMap::new();
+        for (sku, warehouse, count) in found {
+            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+            let warehouse =
+                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            available.insert((sku, warehouse), count);
+        }
+        Ok(available)
+    }
+
+    pub async fn sale_statuses(
+        transaction: &mut Tx,
+        skus: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, SaleStatus>, StoreError> {
+        if skus.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
+        let found = sqlx::query_as::<_, (String, String)>(
+            "SELECT code, sale_status FROM sku WHERE code = ANY($1)",
+        )
+        .bind(codes)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut statuses = HashMap::with_capacity(found.len());
+        for (code, status) in found {
+            statuses.insert(
+                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?,
+            );
+        }
+        Ok(statuses)
+    }
+
+    /// Writes a decided batch in one statement (one round trip): the conditional
+    /// updates of the stock rows, the reservations, their lines and ledger rows, and
+    /// the idempotency records, as data-modifying common table expressions.
+    /// Idempotency records go in key order, so two processes inserting overlapping
+    /// keys wait for each other instead of deadlocking.
+    pub async fn write_batch(
+        transaction: &mut Tx,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[&ReserveRequest],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let total_skus: Vec<String> = totals
+            .keys()
+            .map(|(sku, _)| sku.as_str().to_owned())
+            .collect();
+        let total_warehouses: Vec<String> = totals
+            .keys()
+            .map(|(_, warehouse)| warehouse.as_str().to_owned())
+            .collect();
+        let total_quantities: Vec<i64> = totals.values().copied().collect();
+
+        let reservation_ids: Vec<String> = accepted
+            .iter()
+            .map(|request| request.id.as_str().to_owned())
+            .collect();
+        let reservation_expiries: Vec<i64> = accepted
+            .iter()
+            .map(|request| request.expires_at.unix_milliseconds())
+            .collect();
+        let reservation_keys: Vec<String> = accepted
+            .iter()
+            .map(|request| request.claim.key.as_str().to_owned())
+            .collect();
+
+        let mut line_reservations = Vec::new();
+        let mut line_numbers = Vec::new();
+        let mut line_skus = Vec::new();
+        let mut line_warehouses = Vec::new();
+        let mut line_quantities = Vec::new();
+        let mut line_keys = Vec::new();
+        for request in accepted {
+            for (line_number, line) in request.lines.iter().enumerate() {
+                line_reservations.push(request.id.as_str().to_owned());
+                line_numbers.push(i64::try_from(line_number).unwrap_or(i64::MAX));
+                line_skus.push(line.sku.as_str().to_owned());
+                line_warehouses.push(line.warehouse.as_str().to_owned());
+                line_quantities.push(line.quantity.get());
+                line_keys.push(request.claim.key.as_str().to_owned());
+            }
+        }
+
+        let mut sorted_records: Vec<&(&IdempotencyClaim, &StoredResponse)> =
+            records.iter().collect();
+        sorted_records.sort_by(|left, right| left.0.key.as_str().cmp(right.0.key.as_str()));
+        let record_keys: Vec<String> = sorted_records
+            .iter()
+            .map(|(claim, _)| claim.key.as_str().to_owned())
+            .collect();
+        let record_fingerprints: Vec<String> = sorted_records
+            .iter()
+            .map(|(claim, _)| claim.fingerprint.clone())
+            .collect();
+        let record_statuses: Vec<i64> = sorted_records
+            .iter()
+            .map(|(_, response)| i64::from(response.status))
+            .collect();
+        let record_bodies: Vec<String> = sorted_records
+            .iter()
+            .map(|(_, response)| response.body.clone())
+            .collect();
+
+        let (rows_taken, records_stored): (i64, i64) = sqlx::query_as(
+            "WITH taken AS ( \
+                 UPDATE stock SET available = stock.available - batch.total, \
+                 reserved = stock.reserved + batch.total, version = stock.version + 1, updated_at = $1 \
+                 FROM UNNEST($2::text[], $3::text[], $4::bigint[]) AS batch (sku, warehouse, total) \
+                 WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse \
+                 AND stock.available >= batch.total RETURNING 1), \
+             reservations AS ( \
+                 INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
+                 SELECT id, 'RESERVED', NULL, expires_at, key, $1, $1 \
+                 FROM UNNEST($5::text[], $6::bigint[], $7::text[]) AS batch (id, expires_at, key) RETURNING 1), \
+             lines AS ( \
+                 INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+                 SELECT * FROM UNNEST($8::text[], $9::bigint[], $10::text[], $11::text[], $12::bigint[]) RETURNING 1), \
+             ledger AS ( \
+                 INSERT INTO stock_ledger \
+                 (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+                 SELECT sku, warehouse, 'reserve', -quantity, quantity, reference, key, $1 \
+                 FROM UNNEST($10::text[], $11::text[], $12::bigint[], $8::text[], $13::text[]) \
+                 AS batch (sku, warehouse, quantity, reference, key) RETURNING 1), \
+             records AS ( \
+                 INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 SELECT key, fingerprint, status, body, $1 \
+                 FROM UNNEST($14::text[], $15::text[], $16::bigint[], $17::text[]) AS batch (key, fingerprint, status, body) \
+                 ON CONFLICT (key) DO NOTHING RETURNING 1) \
+             SELECT (SELECT COUNT(*) FROM taken), (SELECT COUNT(*) FROM records)",
+        )
+        .bind(now.unix_milliseconds())
+        .bind(total_skus)
+        .bind(total_warehouses)
+        .bind(total_quantities)
+        .bind(reservation_ids)
+        .bind(reservation_expiries)
+        .bind(reservation_keys)
+        .bind(line_reservations)
+        .bind(line_numbers)
+        .bind(line_skus)
+        .bind(line_warehouses)
+        .bind(line_quantities)
+        .bind(line_keys)
+        .bind(record_keys)
+        .bind(record_fingerprints)
+        .bind(record_statuses)
+        .bind(record_bodies)
+        .fetch_one(&mut **transaction)
+        .await
+        .map_err(|error| match StoreError::from(error) {
+            // Another process holds one of these keys in an open transaction.
+            StoreError::LockTimeout(_) => StoreError::KeyInFlight,
+            other => other,
+        })?;
+        Ok(BatchWritten {
+            rows_taken: u64::try_from(rows_taken).unwrap_or(0),
+            records_stored: u64::try_from(records_stored).unwrap_or(0),
+        })
+    }
+}

@@ -13,7 +13,7 @@
 // Placeholders are `$1`, `$2`, …: PostgreSQL's syntax, which sqlx's SQLite driver also
 // binds by number. Every statement that changes stock checks its affected-row count.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use domain::{
     Currency, ErrorCode, PriceMinor, Quantity, ReleaseReason, Reservation, ReservationId,
@@ -565,6 +565,10 @@ impl BackendStore {
     /// request succeeds or is refused on its own, in order; the returned outcomes line
     /// up with `requests`. A database error fails the whole batch, which then changed
     /// nothing and may be retried.
+    ///
+    /// The batch costs a fixed number of statements whatever its size: each step is one
+    /// bulk statement (`bulk` in each dialect), which is what lets the engine's combiner
+    /// fold hundreds of requests into one transaction and one commit.
     pub async fn reserve_batch(
         &self,
         requests: &[ReserveRequest],
@@ -573,40 +577,44 @@ impl BackendStore {
     ) -> Result<Vec<Idempotent>, StoreError> {
         let mut transaction = self.begin_write().await?;
 
-        // 1. Claim every key. A key seen earlier in this batch is answered with that
-        //    request's response once it is known.
+        // 1. Look up every distinct key. A key repeated inside the batch is answered
+        //    with its first request's response; a key with a committed record is
+        //    replayed (or refused as reused when its fingerprint differs). The new keys'
+        //    records are inserted with their responses at the end, in this transaction;
+        //    a key another process commits meanwhile makes that insert come up short,
+        //    and the batch is rolled back and retried (then it replays).
         enum Slot {
             Decided(Idempotent),
             SameAs(usize),
             Claimed,
         }
+        let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
         let mut slots = Vec::with_capacity(requests.len());
-        let mut first_claim_of_key: HashMap<&str, usize> = HashMap::new();
         for (index, request) in requests.iter().enumerate() {
-            let slot = match claim_key(&mut transaction, &request.claim, now).await? {
-                Claim::Taken => {
-                    first_claim_of_key.insert(request.claim.key.as_str(), index);
-                    Slot::Claimed
+            let key = request.claim.key.as_str();
+            match first_of_key.get(key) {
+                Some(first) if requests[*first].claim.fingerprint == request.claim.fingerprint => {
+                    slots.push(Slot::SameAs(*first));
                 }
-                Claim::Existing {
-                    fingerprint,
-                    response: None,
-                } => {
-                    let first = *first_claim_of_key
-                        .get(request.claim.key.as_str())
-                        .ok_or_else(|| invariant("an unanswered claim from another transaction"))?;
-                    if fingerprint == request.claim.fingerprint {
-                        Slot::SameAs(first)
-                    } else {
-                        Slot::Decided(Idempotent::KeyReused)
-                    }
+                Some(_) => slots.push(Slot::Decided(Idempotent::KeyReused)),
+                None => {
+                    first_of_key.insert(key, index);
+                    slots.push(Slot::Claimed);
                 }
-                Claim::Existing {
+            }
+        }
+        let keys: Vec<&str> = first_of_key.keys().copied().collect();
+        let existing = bulk::existing_records(&mut transaction, &keys).await?;
+        for (index, request) in requests.iter().enumerate() {
+            if let (Slot::Claimed, Some((fingerprint, response))) =
+                (&slots[index], existing.get(request.claim.key.as_str()))
+            {
+                slots[index] = Slot::Decided(resolve_existing(
+                    &request.claim,
                     fingerprint,
-                    response,
-                } => Slot::Decided(resolve_existing(&request.claim, &fingerprint, response)?),
-            };
-            slots.push(slot);
+                    response.clone(),
+                )?);
+            }
         }
 
         // 2. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
@@ -624,33 +632,10 @@ impl BackendStore {
             .collect();
         wanted_rows.sort();
         wanted_rows.dedup();
-        let mut available: BTreeMap<StockKey, i64> = BTreeMap::new();
-        for (sku, warehouse) in &wanted_rows {
-            let row: Option<i64> = sqlx::query_scalar(dialect::SELECT_AVAILABLE_FOR_UPDATE)
-                .bind(sku.as_str())
-                .bind(warehouse.as_str())
-                .fetch_optional(&mut *transaction)
-                .await?;
-            if let Some(count) = row {
-                available.insert((sku.clone(), warehouse.clone()), count);
-            }
-        }
-        let mut sale_statuses: HashMap<SkuCode, SaleStatus> = HashMap::new();
-        for (sku, _) in &wanted_rows {
-            if sale_statuses.contains_key(sku) {
-                continue;
-            }
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT sale_status FROM sku WHERE code = $1")
-                    .bind(sku.as_str())
-                    .fetch_optional(&mut *transaction)
-                    .await?;
-            if let Some(status) = status {
-                let status =
-                    SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
-                sale_statuses.insert(sku.clone(), status);
-            }
-        }
+        let available = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await?;
+        let mut skus: Vec<&SkuCode> = wanted_rows.iter().map(|(sku, _)| sku).collect();
+        skus.dedup();
+        let sale_statuses = bulk::sale_statuses(&mut transaction, &skus).await?;
 
         // 3. Decide every claimed request in memory, in arrival order.
         let plan = plan_batch(
@@ -661,37 +646,56 @@ impl BackendStore {
             &available,
         );
 
-        // 4. Take the batch total from each row with one conditional update. The row is
-        //    locked, so the condition holds; it stays as the oversell boundary anyway.
-        for ((sku, warehouse), total) in &plan.totals {
-            let updated = sqlx::query(
-                "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
-                 version = version + 1, updated_at = $4 \
-                 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
-            )
-            .bind(sku.as_str())
-            .bind(warehouse.as_str())
-            .bind(total)
-            .bind(now.unix_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
-            expect_one_row(updated.rows_affected(), "reserving a batch total")?;
-        }
-
-        // 5. Write each accepted reservation with its lines and ledger rows, and store
-        //    every claimed request's response.
+        // 4. Render every claimed request's response, then write the whole batch: each
+        //    row's total taken with one conditional update (the rows are locked, so
+        //    every condition holds; it stays as the oversell boundary anyway), the
+        //    accepted reservations with their lines and ledger rows, and the
+        //    idempotency records with their responses.
+        let mut accepted = Vec::new();
         let mut responses: Vec<Option<StoredResponse>> = vec![None; requests.len()];
         for (index, decision) in claimed.iter().zip(&plan.decisions) {
             let request = &requests[*index];
             let response = match decision {
                 Ok(()) => {
-                    let reservation = insert_reservation(&mut transaction, request, now).await?;
-                    renderer.reservation_created(&reservation)
+                    accepted.push(request);
+                    renderer.reservation_created(&Reservation {
+                        id: request.id.clone(),
+                        status: ReservationStatus::Reserved,
+                        release_reason: None,
+                        expires_at: request.expires_at,
+                        created_at: now,
+                        updated_at: now,
+                        lines: request.lines.clone(),
+                    })
                 }
                 Err(rejection) => renderer.rejected(rejection),
             };
-            complete_claim(&mut transaction, &request.claim, &response).await?;
             responses[*index] = Some(response);
+        }
+        let records: Vec<(&IdempotencyClaim, &StoredResponse)> = claimed
+            .iter()
+            .filter_map(|index| {
+                responses[*index]
+                    .as_ref()
+                    .map(|response| (&requests[*index].claim, response))
+            })
+            .collect();
+        let written =
+            bulk::write_batch(&mut transaction, &plan.totals, &accepted, &records, now).await?;
+        if written.rows_taken != plan.totals.len() as u64 {
+            return Err(invariant(format!(
+                "reserving batch totals changed {} of {} locked rows",
+                written.rows_taken,
+                plan.totals.len()
+            )));
+        }
+        if written.records_stored != records.len() as u64 {
+            // Another process committed one of these keys since step 1.
+            return Err(StoreError::Retryable(format!(
+                "stored {} of {} idempotency records: a key was committed concurrently",
+                written.records_stored,
+                records.len()
+            )));
         }
         transaction.commit().await?;
 
@@ -1156,60 +1160,6 @@ async fn apply_movement(
         reserved,
         created_at: now,
     }))
-}
-
-/// Inserts an accepted reservation, its lines and its `reserve` ledger rows.
-async fn insert_reservation(
-    transaction: &mut Tx,
-    request: &ReserveRequest,
-    now: Timestamp,
-) -> Result<Reservation, StoreError> {
-    sqlx::query(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
-         VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4)",
-    )
-    .bind(request.id.as_str())
-    .bind(request.expires_at.unix_milliseconds())
-    .bind(request.claim.key.as_str())
-    .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
-    .await?;
-    for (line_number, line) in request.lines.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(request.id.as_str())
-        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity.get())
-        .execute(&mut **transaction)
-        .await?;
-        insert_ledger_row(
-            transaction,
-            LedgerEntry {
-                sku: &line.sku,
-                warehouse: &line.warehouse,
-                kind: "reserve",
-                available_delta: -line.quantity.get(),
-                reserved_delta: line.quantity.get(),
-                reference: request.id.as_str(),
-                idempotency_key: Some(request.claim.key.as_str()),
-            },
-            now,
-        )
-        .await?;
-    }
-    Ok(Reservation {
-        id: request.id.clone(),
-        status: ReservationStatus::Reserved,
-        release_reason: None,
-        expires_at: request.expires_at,
-        created_at: now,
-        updated_at: now,
-        lines: request.lines.clone(),
-    })
 }
 
 /// Moves a reservation out of `RESERVED` through the transition table and settles its

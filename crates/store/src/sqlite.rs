@@ -25,10 +25,6 @@ pub struct SqliteStore {
 }
 
 mod dialect {
-    /// SQLite has no row locks: the `BEGIN IMMEDIATE` write lock already serializes
-    /// every writer, so plain reads inside a write transaction are current.
-    pub const SELECT_AVAILABLE_FOR_UPDATE: &str =
-        "SELECT available FROM stock WHERE sku = $1 AND warehouse = $2";
     pub const SELECT_RESERVATION_STATUS_FOR_UPDATE: &str =
         "SELECT status FROM reservation WHERE id = $1";
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
@@ -36,11 +32,18 @@ mod dialect {
     pub const VERSION_QUERY: &str = "SELECT 'SQLite ' || sqlite_version()";
     /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.
     pub const MIGRATION_LOCK: Option<&str> = None;
-    pub const MIGRATIONS: &[(i64, &str, &str)] = &[(
-        1,
-        "reservation_core",
-        include_str!("../migrations/sqlite/0001_reservation_core.sql"),
-    )];
+    pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+        (
+            1,
+            "reservation_core",
+            include_str!("../migrations/sqlite/0001_reservation_core.sql"),
+        ),
+        (
+            2,
+            "ledger_reference_index",
+            include_str!("../migrations/sqlite/0002_ledger_reference_index.sql"),
+        ),
+    ];
 }
 
 impl SqliteStore {
@@ -107,3 +110,238 @@ impl SqliteStore {
 }
 
 include!("shared.rs");
+
+/// The reservation batch's bulk statements. Each takes its rows as one JSON parameter
+/// read with `json_each`, so a batch of any size costs the same few statements (every
+/// statement is a round trip to sqlx's SQLite worker thread).
+mod bulk {
+    use std::collections::{BTreeMap, HashMap};
+
+    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
+    use serde_json::json;
+    use sqlx::Row;
+
+    use super::{Tx, corrupt};
+    use crate::error::StoreError;
+    use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+    use crate::plan::{BatchWritten, StockKey};
+
+    fn rows(values: Vec<serde_json::Value>) -> String {
+        serde_json::Value::Array(values).to_string()
+    }
+
+    pub async fn existing_records(
+        transaction: &mut Tx,
+        keys: &[&str],
+    ) -> Result<HashMap<String, (String, Option<StoredResponse>)>, StoreError> {
+        let found = sqlx::query(
+            "SELECT key, fingerprint, status_code, body FROM idempotency_record \
+             WHERE key IN (SELECT value FROM json_each($1))",
+        )
+        .bind(serde_json::to_string(keys).map_err(|error| corrupt("keys", error))?)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut records = HashMap::with_capacity(found.len());
+        for row in &found {
+            let status_code: i64 = row.try_get("status_code")?;
+            let response = if status_code == 0 {
+                None
+            } else {
+                let status =
+                    u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+                Some(StoredResponse {
+                    status,
+                    body: row.try_get("body")?,
+                })
+            };
+            records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
+        }
+        Ok(records)
+    }
+
+    /// SQLite has no row locks: `BEGIN IMMEDIATE` already holds the database's write
+    /// lock, so these reads are current until the commit.
+    pub async fn lock_stock_rows(
+        transaction: &mut Tx,
+        wanted: &[StockKey],
+    ) -> Result<BTreeMap<StockKey, i64>, StoreError> {
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let parameter = rows(
+            wanted
+                .iter()
+                .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
+                .collect(),
+        );
+        let found = sqlx::query_as::<_, (String, String, i64)>(
+            "SELECT sku, warehouse, available FROM stock \
+             WHERE (sku, warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+        )
+        .bind(parameter)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut available = BTreeMap::new();
+        for (sku, warehouse, count) in found {
+            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+            let warehouse =
+                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            available.insert((sku, warehouse), count);
+        }
+        Ok(available)
+    }
+
+    pub async fn sale_statuses(
+        transaction: &mut Tx,
+        skus: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, SaleStatus>, StoreError> {
+        if skus.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
+        let found = sqlx::query_as::<_, (String, String)>(
+            "SELECT code, sale_status FROM sku WHERE code IN (SELECT value FROM json_each($1))",
+        )
+        .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
+        .fetch_all(&mut **transaction)
+        .await?;
+        let mut statuses = HashMap::with_capacity(found.len());
+        for (code, status) in found {
+            statuses.insert(
+                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?,
+            );
+        }
+        Ok(statuses)
+    }
+
+    /// Writes a decided batch: one statement per table, rows passed as JSON.
+    pub async fn write_batch(
+        transaction: &mut Tx,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[&ReserveRequest],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let mut written = BatchWritten {
+            rows_taken: 0,
+            records_stored: 0,
+        };
+        if !totals.is_empty() {
+            let parameter = rows(
+                totals
+                    .iter()
+                    .map(|((sku, warehouse), total)| {
+                        json!([sku.as_str(), warehouse.as_str(), total])
+                    })
+                    .collect(),
+            );
+            written.rows_taken = sqlx::query(
+                "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
+                 version = version + 1, updated_at = $2 \
+                 FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
+                 WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total",
+            )
+            .bind(parameter)
+            .bind(now.unix_milliseconds())
+            .execute(&mut **transaction)
+            .await?
+            .rows_affected();
+        }
+        if !accepted.is_empty() {
+            insert_reservations(transaction, accepted, now).await?;
+        }
+        if !records.is_empty() {
+            let parameter = rows(
+                records
+                    .iter()
+                    .map(|(claim, response)| {
+                        json!([
+                            claim.key.as_str(),
+                            claim.fingerprint,
+                            response.status,
+                            response.body
+                        ])
+                    })
+                    .collect(),
+            );
+            written.records_stored = sqlx::query(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($1) WHERE true \
+                 ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(parameter)
+            .bind(now.unix_milliseconds())
+            .execute(&mut **transaction)
+            .await?
+            .rows_affected();
+        }
+        Ok(written)
+    }
+
+    async fn insert_reservations(
+        transaction: &mut Tx,
+        accepted: &[&ReserveRequest],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let reservations = rows(
+            accepted
+                .iter()
+                .map(|request| {
+                    json!([
+                        request.id.as_str(),
+                        request.expires_at.unix_milliseconds(),
+                        request.claim.key.as_str()
+                    ])
+                })
+                .collect(),
+        );
+        let mut lines = Vec::new();
+        let mut ledger = Vec::new();
+        for request in accepted {
+            for (line_number, line) in request.lines.iter().enumerate() {
+                let quantity = line.quantity.get();
+                lines.push(json!([
+                    request.id.as_str(),
+                    line_number,
+                    line.sku.as_str(),
+                    line.warehouse.as_str(),
+                    quantity
+                ]));
+                ledger.push(json!([
+                    line.sku.as_str(),
+                    line.warehouse.as_str(),
+                    quantity,
+                    request.id.as_str(),
+                    request.claim.key.as_str()
+                ]));
+            }
+        }
+        sqlx::query(
+            "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
+             SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2 FROM json_each($1)",
+        )
+        .bind(reservations)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each($1)",
+        )
+        .bind(rows(lines))
+        .execute(&mut **transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO stock_ledger \
+             (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+             SELECT value ->> 0, value ->> 1, 'reserve', -(value ->> 2), value ->> 2, value ->> 3, value ->> 4, $2 \
+             FROM json_each($1)",
+        )
+        .bind(rows(ledger))
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,184 @@
+//! The hot-SKU combiner: concurrent reservations queue up per shard, and one task per
+//! shard drains the queue into batches that the store applies in one transaction and
+//! one durable commit (group commit).
+//!
+//! A request lands in the shard of its first SKU (in lock order), so every request for
+//! a hot SKU meets the others in one queue. Batching is adaptive without any timer:
+//! while a batch is in the database, new requests wait in the queue, and the next batch
+//! takes all of them (up to the bound). Under light load a request finds the shard idle
+//! and goes alone, with no added latency. Queues are bounded: a full queue answers at
+//! once (backpressure) instead of letting waits grow without limit.
+//!
+//! Each request in a batch still succeeds or fails on its own, in arrival order, with
+//! its own idempotency record, reservation and ledger rows; the database row stays the
+//! oversell boundary, so several stockd processes on one database stay correct.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+use std::time::Instant;
+
+use domain::Timestamp;
+use store::{Idempotent, ReserveRequest, ResponseRenderer, Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::clock::Clock;
+use crate::config::EngineConfig;
+use crate::retry::with_retries;
+
+/// Why the combiner did not take a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The shard's queue is full.
+    QueueFull,
+    /// The combiner is shutting down.
+    Stopped,
+}
+
+struct Job {
+    request: ReserveRequest,
+    enqueued: Instant,
+    reply: oneshot::Sender<Result<Idempotent, StoreError>>,
+}
+
+#[derive(Clone)]
+pub struct Combiner {
+    shards: Arc<Vec<mpsc::Sender<Job>>>,
+}
+
+/// What a shard needs to run batches.
+struct ShardContext {
+    shard: usize,
+    store: Store,
+    clock: Arc<dyn Clock>,
+    renderer: Arc<dyn ResponseRenderer>,
+    config: EngineConfig,
+}
+
+impl Combiner {
+    /// Starts one task per shard. They stop when every `Combiner` clone is dropped.
+    pub fn start(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        renderer: Arc<dyn ResponseRenderer>,
+        config: &EngineConfig,
+    ) -> Combiner {
+        let shard_count = config.combiner_shards.max(1);
+        let mut shards = Vec::with_capacity(shard_count);
+        for shard in 0..shard_count {
+            let (sender, receiver) = mpsc::channel(config.combiner_queue_depth_max.max(1));
+            let context = ShardContext {
+                shard,
+                store: store.clone(),
+                clock: Arc::clone(&clock),
+                renderer: Arc::clone(&renderer),
+                config: config.clone(),
+            };
+            tokio::spawn(run_shard(receiver, context));
+            shards.push(sender);
+        }
+        Combiner {
+            shards: Arc::new(shards),
+        }
+    }
+
+    fn shard_of(&self, request: &ReserveRequest) -> usize {
+        let first = request
+            .lines
+            .iter()
+            .map(|line| (&line.sku, &line.warehouse))
+            .min();
+        let mut hasher = DefaultHasher::new();
+        first.hash(&mut hasher);
+        (hasher.finish() % self.shards.len() as u64) as usize
+    }
+
+    /// Queues `request` and waits for its batch to commit.
+    pub async fn submit(
+        &self,
+        request: ReserveRequest,
+    ) -> Result<Result<Idempotent, StoreError>, Refusal> {
+        let shard = self.shard_of(&request);
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            request,
+            enqueued: Instant::now(),
+            reply,
+        };
+        let sender = &self.shards[shard];
+        match sender.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                metrics::counter!("stockd_combiner_rejected_total", "reason" => "queue_full")
+                    .increment(1);
+                return Err(Refusal::QueueFull);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(Refusal::Stopped),
+        }
+        let depth = sender.max_capacity() - sender.capacity();
+        metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard.to_string())
+            .set(depth as f64);
+        answer.await.map_err(|_| Refusal::Stopped)
+    }
+}
+
+async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
+    let batch_size_max = context.config.combiner_batch_size_max.max(1);
+    let shard_label = context.shard.to_string();
+    let mut jobs: Vec<Job> = Vec::with_capacity(batch_size_max);
+    while receiver.recv_many(&mut jobs, batch_size_max).await > 0 {
+        let started = Instant::now();
+        metrics::histogram!("stockd_combiner_batch_size").record(jobs.len() as f64);
+        for job in &jobs {
+            metrics::histogram!("stockd_combiner_wait_seconds")
+                .record(started.duration_since(job.enqueued).as_secs_f64());
+        }
+        metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard_label.clone())
+            .set(receiver.len() as f64);
+        let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
+            jobs.drain(..).map(|job| (job.request, job.reply)).unzip();
+        let outcomes = execute(&context, &requests).await;
+        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+            // A caller that went away still had its effect stored; its retry replays it.
+            let _ = reply.send(outcome);
+        }
+    }
+}
+
+/// Runs a batch (with retries); one outcome per request.
+async fn execute(
+    context: &ShardContext,
+    requests: &[ReserveRequest],
+) -> Vec<Result<Idempotent, StoreError>> {
+    let renderer = context.renderer.as_ref();
+    let batch = with_retries(&context.config, "reserve", || {
+        let now: Timestamp = context.clock.now();
+        context.store.reserve_batch(requests, now, renderer)
+    })
+    .await;
+    match batch {
+        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        // One key of the batch is held by another process's open transaction (only
+        // possible across processes). Run the requests one by one so only that one
+        // waits and answers `request_in_progress`.
+        Err(StoreError::KeyInFlight) if requests.len() > 1 => {
+            let mut outcomes = Vec::with_capacity(requests.len());
+            for request in requests {
+                let single = std::slice::from_ref(request);
+                let outcome = with_retries(&context.config, "reserve", || {
+                    context
+                        .store
+                        .reserve_batch(single, context.clock.now(), renderer)
+                })
+                .await
+                .and_then(|mut outcome| {
+                    outcome.pop().ok_or_else(|| {
+                        StoreError::Invariant("a batch of one returned nothing".into())
+                    })
+                });
+                outcomes.push(outcome);
+            }
+            outcomes
+        }
+        Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+    }
+}
