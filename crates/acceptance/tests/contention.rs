@@ -88,7 +88,12 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
 
     let outcomes = app
         .store
-        .reserve_batch(&batch, acceptance::START, api::renderer().as_ref())
+        .reserve_batch(
+            &batch,
+            acceptance::START,
+            api::renderer().as_ref(),
+            &mut store::LockTurn::free(),
+        )
         .await
         .unwrap();
 

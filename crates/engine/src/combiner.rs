@@ -17,9 +17,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
-use domain::Timestamp;
-use store::{Idempotent, ReserveRequest, ResponseRenderer, Store, StoreError};
-use tokio::sync::{mpsc, oneshot};
+use store::{Idempotent, LockTurn, ReserveRequest, ResponseRenderer, Store, StoreError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
@@ -121,11 +120,28 @@ impl Combiner {
     }
 }
 
+/// Drains the shard's queue into batches. Up to `combiner_batches_in_flight` batches
+/// run at once, and a batch takes its row locks only after the one before it holds
+/// its own ([`LockTurn`]), so requests are still decided in arrival order while the
+/// next batch's preparation overlaps the current batch's commit.
 async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
+    let context = Arc::new(context);
     let batch_size_max = context.config.combiner_batch_size_max.max(1);
+    let in_flight = Arc::new(Semaphore::new(
+        context.config.combiner_batches_in_flight.max(1),
+    ));
     let shard_label = context.shard.to_string();
-    let mut jobs: Vec<Job> = Vec::with_capacity(batch_size_max);
-    while receiver.recv_many(&mut jobs, batch_size_max).await > 0 {
+    let mut previous_locked: Option<oneshot::Receiver<()>> = None;
+    loop {
+        // Wait for a free slot before taking requests, so requests that arrive while
+        // the slots are busy gather into the next batch.
+        let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
+            break;
+        };
+        let mut jobs: Vec<Job> = Vec::with_capacity(batch_size_max);
+        if receiver.recv_many(&mut jobs, batch_size_max).await == 0 {
+            break;
+        }
         let started = Instant::now();
         metrics::histogram!("stockd_combiner_batch_size").record(jobs.len() as f64);
         for job in &jobs {
@@ -134,13 +150,23 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
         }
         metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard_label.clone())
             .set(receiver.len() as f64);
-        let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
-            jobs.drain(..).map(|job| (job.request, job.reply)).unzip();
-        let outcomes = execute(&context, &requests).await;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            // A caller that went away still had its effect stored; its retry replays it.
-            let _ = reply.send(outcome);
-        }
+        let (locked, next_after) = oneshot::channel();
+        let turn = LockTurn {
+            after: previous_locked.replace(next_after),
+            locked: Some(locked),
+        };
+        let context = Arc::clone(&context);
+        tokio::spawn(async move {
+            let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
+                jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
+            let outcomes = execute(&context, &requests, turn).await;
+            drop(permit);
+            for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                // A caller that went away still had its effect stored; its retry
+                // replays it.
+                let _ = reply.send(outcome);
+            }
+        });
     }
 }
 
@@ -148,13 +174,21 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
 async fn execute(
     context: &ShardContext,
     requests: &[ReserveRequest],
+    turn: LockTurn,
 ) -> Vec<Result<Idempotent, StoreError>> {
     let renderer = context.renderer.as_ref();
-    let batch = with_retries(&context.config, "reserve", || {
-        let now: Timestamp = context.clock.now();
-        context.store.reserve_batch(requests, now, renderer)
+    // The first attempt takes the turn; a retry (rare) locks without waiting.
+    let turn = tokio::sync::Mutex::new(turn);
+    let batch = with_retries(&context.config, "reserve", || async {
+        let mut turn = turn.lock().await;
+        context
+            .store
+            .reserve_batch(requests, context.clock.now(), renderer, &mut turn)
+            .await
     })
     .await;
+    // Whatever happened, the next batch may lock now.
+    turn.into_inner().pass();
     match batch {
         Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
         // One key of the batch is held by another process's open transaction (only
@@ -164,10 +198,12 @@ async fn execute(
             let mut outcomes = Vec::with_capacity(requests.len());
             for request in requests {
                 let single = std::slice::from_ref(request);
-                let outcome = with_retries(&context.config, "reserve", || {
+                let outcome = with_retries(&context.config, "reserve", || async {
+                    let mut free = LockTurn::free();
                     context
                         .store
-                        .reserve_batch(single, context.clock.now(), renderer)
+                        .reserve_batch(single, context.clock.now(), renderer, &mut free)
+                        .await
                 })
                 .await
                 .and_then(|mut outcome| {

@@ -33,6 +33,10 @@ pub struct EngineConfig {
     pub combiner_batch_size_max: usize,
     /// Most reservations waiting in one shard's queue; more are refused at once.
     pub combiner_queue_depth_max: usize,
+    /// Batches of one shard in flight at once (their row locks are still taken in
+    /// order); 0 picks one for SQLite (its single writer serializes them anyway) and
+    /// two for PostgreSQL.
+    pub combiner_batches_in_flight: usize,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +56,7 @@ impl Default for EngineConfig {
             combiner_shards: 0,
             combiner_batch_size_max: 256,
             combiner_queue_depth_max: 4096,
+            combiner_batches_in_flight: 0,
         }
     }
 }

@@ -82,6 +82,12 @@ impl Engine {
                 Store::Postgres(_) => 4,
             };
         }
+        if config.combiner_batches_in_flight == 0 {
+            config.combiner_batches_in_flight = match store {
+                Store::Sqlite(_) => 1,
+                Store::Postgres(_) => 2,
+            };
+        }
         let combiner = Combiner::start(
             store.clone(),
             Arc::clone(&clock),

@@ -29,6 +29,8 @@ pub struct BenchCommand {
     pub database_url: Option<String>,
     /// Database connections of the in-process server.
     pub pool_size: u32,
+    /// The in-process server's engine settings (batching).
+    pub engine_config: engine::EngineConfig,
     pub json: Option<PathBuf>,
     pub evidence: Option<PathBuf>,
     /// The command as typed, for the evidence page.
@@ -49,19 +51,15 @@ pub async fn bench(command: BenchCommand) -> Result<Report, String> {
                 .database_url
                 .as_deref()
                 .filter(|url| url.starts_with("postgres"));
-            Target::in_process(postgres, command.pool_size).await?
+            Target::in_process(postgres, command.pool_size, command.engine_config.clone()).await?
         }
     };
-    let database = match target.store() {
-        Some(store) => store
-            .database_version()
-            .await
-            .unwrap_or_else(|error| format!("unknown ({error})")),
-        None => format!(
+    let database = target.database_version.clone().unwrap_or_else(|| {
+        format!(
             "the stockd at {} (its own database)",
             command.url.as_deref().unwrap_or("?")
-        ),
-    };
+        )
+    });
     let run_id = format!("{:08x}", rand::random::<u32>());
     let outcome = async {
         let plan = Plan::new(command.scenario, &command.options, &run_id)?;

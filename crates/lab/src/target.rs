@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use engine::{Engine, EngineConfig, SystemClock};
 use store::{Store, StoreConfig};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// A running stockd the lab can reach.
@@ -17,15 +16,17 @@ pub struct Target {
     pub admin_token: String,
     /// `sqlite` or `postgres` when the lab started the server itself.
     pub backend: Option<&'static str>,
-    /// The database URL when the lab started the server itself (for evidence).
-    pub database_url: Option<String>,
+    /// The database engine and version, when the lab started the server itself.
+    pub database_version: Option<String>,
     in_process: Option<InProcess>,
 }
 
+/// A server the lab started. It runs on a runtime and threads of its own, as a
+/// separate process would, so the load generator's tasks never starve the server's
+/// (sharing one scheduler made throughput swing by half from run to run).
 struct InProcess {
     shutdown: CancellationToken,
-    server: JoinHandle<std::io::Result<bool>>,
-    store: Store,
+    thread: std::thread::JoinHandle<()>,
     scratch: Scratch,
 }
 
@@ -37,6 +38,75 @@ enum Scratch {
 
 fn random_suffix() -> String {
     format!("{:016x}", rand::random::<u64>())
+}
+
+/// Worker threads of the in-process server's runtime.
+const SERVER_WORKER_THREADS: usize = 2;
+
+/// What the server thread reports once it listens.
+struct Started {
+    address: SocketAddr,
+    backend: &'static str,
+    database_version: String,
+}
+
+async fn serve_in_process(
+    config: StoreConfig,
+    engine_config: EngineConfig,
+    admin_token: String,
+    shutdown: CancellationToken,
+    started: tokio::sync::oneshot::Sender<Result<Started, String>>,
+) {
+    let setup = async {
+        let store = Store::connect(&config)
+            .await
+            .map_err(|error| format!("cannot open the database: {error}"))?;
+        store
+            .migrate()
+            .await
+            .map_err(|error| format!("migration failed: {error}"))?;
+        let database_version = store
+            .database_version()
+            .await
+            .unwrap_or_else(|error| format!("unknown ({error})"));
+        let engine = Engine::new(
+            store.clone(),
+            Arc::new(SystemClock),
+            api::renderer(),
+            engine_config,
+        );
+        let router = api::app(api::AppState {
+            engine,
+            admin_token: Arc::from(admin_token.as_str()),
+            metrics: Some(api::metrics::install_recorder()),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|error| format!("cannot listen: {error}"))?;
+        let address = listener.local_addr().map_err(|error| error.to_string())?;
+        Ok::<_, String>((
+            store,
+            router,
+            listener,
+            Started {
+                address,
+                backend: "",
+                database_version,
+            },
+        ))
+    };
+    match setup.await {
+        Ok((store, router, listener, mut report)) => {
+            report.backend = store.backend_name();
+            let _ = started.send(Ok(report));
+            let _ =
+                api::server::serve_until(listener, router, shutdown, Duration::from_secs(30)).await;
+            store.close().await;
+        }
+        Err(error) => {
+            let _ = started.send(Err(error));
+        }
+    }
 }
 
 impl Target {
@@ -60,14 +130,18 @@ impl Target {
             address,
             admin_token,
             backend: None,
-            database_url: None,
+            database_version: None,
             in_process: None,
         })
     }
 
     /// Starts stockd in this process on a fresh database: a temporary SQLite file, or a
     /// new schema on the PostgreSQL server at `postgres_url`.
-    pub async fn in_process(postgres_url: Option<&str>, pool_size: u32) -> Result<Target, String> {
+    pub async fn in_process(
+        postgres_url: Option<&str>,
+        pool_size: u32,
+        engine_config: EngineConfig,
+    ) -> Result<Target, String> {
         let (config, scratch) = match postgres_url {
             Some(url) => {
                 let schema = format!("stockd_bench_{}", random_suffix());
@@ -105,78 +179,85 @@ impl Target {
         // A benchmark queues far more requests than connections; let them wait their
         // turn instead of failing on the default acquire bound.
         config.acquire_timeout_milliseconds = 60_000;
-        let database_url = config.database_url.clone();
-        let store = Store::connect(&config)
-            .await
-            .map_err(|error| format!("cannot open the database: {error}"))?;
-        store
-            .migrate()
-            .await
-            .map_err(|error| format!("migration failed: {error}"))?;
-        let backend = store.backend_name();
         let admin_token = random_suffix();
-        let engine = Engine::new(
-            store.clone(),
-            Arc::new(SystemClock),
-            api::renderer(),
-            EngineConfig::default(),
-        );
-        let router = api::app(api::AppState {
-            engine,
-            admin_token: Arc::from(admin_token.as_str()),
-            metrics: Some(api::metrics::install_recorder()),
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|error| format!("cannot listen: {error}"))?;
-        let address = listener.local_addr().map_err(|error| error.to_string())?;
         let shutdown = CancellationToken::new();
-        let server = tokio::spawn(api::server::serve_until(
-            listener,
-            router,
-            shutdown.clone(),
-            Duration::from_secs(30),
-        ));
+        let (started_sender, started) = tokio::sync::oneshot::channel();
+        let thread = {
+            let shutdown = shutdown.clone();
+            let admin_token = admin_token.clone();
+            std::thread::Builder::new()
+                .name("stockd-server".into())
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(SERVER_WORKER_THREADS)
+                        .thread_name("stockd-server-worker")
+                        .enable_all()
+                        .build();
+                    match runtime {
+                        Ok(runtime) => runtime.block_on(serve_in_process(
+                            config,
+                            engine_config,
+                            admin_token,
+                            shutdown,
+                            started_sender,
+                        )),
+                        Err(error) => {
+                            let _ = started_sender
+                                .send(Err(format!("cannot start a runtime: {error}")));
+                        }
+                    }
+                })
+                .map_err(|error| format!("cannot start the server thread: {error}"))?
+        };
+        let in_process = InProcess {
+            shutdown,
+            thread,
+            scratch,
+        };
+        let report = match started.await {
+            Ok(Ok(report)) => report,
+            Ok(Err(error)) => {
+                stop_in_process(in_process).await;
+                return Err(error);
+            }
+            Err(_) => {
+                stop_in_process(in_process).await;
+                return Err("the server thread ended before it started listening".into());
+            }
+        };
         Ok(Target {
-            address,
+            address: report.address,
             admin_token,
-            backend: Some(backend),
-            database_url: Some(database_url),
-            in_process: Some(InProcess {
-                shutdown,
-                server,
-                store,
-                scratch,
-            }),
+            backend: Some(report.backend),
+            database_version: Some(report.database_version),
+            in_process: Some(in_process),
         })
-    }
-
-    /// The in-process server's store, for reading the database version.
-    pub fn store(&self) -> Option<&Store> {
-        self.in_process.as_ref().map(|in_process| &in_process.store)
     }
 
     /// Stops an in-process server and removes its scratch database.
     pub async fn stop(self) {
-        let Some(in_process) = self.in_process else {
-            return;
-        };
-        in_process.shutdown.cancel();
-        let _ = in_process.server.await;
-        in_process.store.close().await;
-        match in_process.scratch {
-            Scratch::SqliteDirectory(directory) => {
-                let _ = std::fs::remove_dir_all(directory);
-            }
-            Scratch::PostgresSchema { url, schema } => {
-                if let Ok(mut connection) =
-                    <sqlx::PgConnection as sqlx::Connection>::connect(&url).await
-                {
-                    let statement = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
-                        .execute(&mut connection)
-                        .await;
-                }
+        if let Some(in_process) = self.in_process {
+            stop_in_process(in_process).await;
+        }
+    }
+}
+
+async fn stop_in_process(in_process: InProcess) {
+    in_process.shutdown.cancel();
+    let thread = in_process.thread;
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    match in_process.scratch {
+        Scratch::SqliteDirectory(directory) => {
+            let _ = std::fs::remove_dir_all(directory);
+        }
+        Scratch::PostgresSchema { url, schema } => {
+            if let Ok(mut connection) =
+                <sqlx::PgConnection as sqlx::Connection>::connect(&url).await
+            {
+                let statement = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+                let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&mut connection)
+                    .await;
             }
         }
     }

@@ -18,7 +18,9 @@ async fn run(backend: Backend, scenario: Scenario, options: BenchOptions) -> Rep
         Backend::Sqlite => None,
         Backend::Postgres => Some(postgres_url()),
     };
-    let target = Target::in_process(postgres.as_deref(), 8).await.unwrap();
+    let target = Target::in_process(postgres.as_deref(), 8, engine::EngineConfig::default())
+        .await
+        .unwrap();
     let plan = Plan::new(scenario, &options, "test").unwrap();
     let report = lab::runner::run(plan, &target).await;
     target.stop().await;

@@ -88,6 +88,9 @@ struct BenchArguments {
     /// Also write release evidence (Markdown) here.
     #[arg(long)]
     evidence: Option<std::path::PathBuf>,
+    /// Batching of the in-process stockd (same flags as `serve`).
+    #[command(flatten)]
+    combiner: CombinerArguments,
 }
 
 #[derive(Args)]
@@ -195,6 +198,37 @@ struct ServeArguments {
     /// How long in-flight requests may run after a shutdown signal.
     #[arg(long, env = "STOCKD_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
+    #[command(flatten)]
+    combiner: CombinerArguments,
+}
+
+/// How reservations are batched (the hot-SKU combiner).
+#[derive(Args, Clone, Copy)]
+struct CombinerArguments {
+    /// Reservation queues, each batched on its own; 0 = one on SQLite, four on PostgreSQL.
+    #[arg(long, env = "STOCKD_COMBINER_SHARDS", default_value_t = 0)]
+    combiner_shards: usize,
+    /// Batches of one queue in flight at once; 0 = one on SQLite, two on PostgreSQL.
+    #[arg(long, env = "STOCKD_COMBINER_BATCHES_IN_FLIGHT", default_value_t = 0)]
+    combiner_batches_in_flight: usize,
+    /// Most reservations in one batch (one transaction).
+    #[arg(long, env = "STOCKD_COMBINER_BATCH_SIZE_MAX", default_value_t = 256)]
+    combiner_batch_size_max: usize,
+    /// Most reservations waiting in one queue; more are answered 429 at once.
+    #[arg(long, env = "STOCKD_COMBINER_QUEUE_DEPTH_MAX", default_value_t = 4096)]
+    combiner_queue_depth_max: usize,
+}
+
+impl CombinerArguments {
+    fn apply(self, config: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            combiner_shards: self.combiner_shards,
+            combiner_batches_in_flight: self.combiner_batches_in_flight,
+            combiner_batch_size_max: self.combiner_batch_size_max.clamp(1, 10_000),
+            combiner_queue_depth_max: self.combiner_queue_depth_max.clamp(1, 1_000_000),
+            ..config
+        }
+    }
 }
 
 fn store_config(arguments: &DatabaseArguments) -> StoreConfig {
@@ -245,12 +279,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         println!("stockd: generated admin token (set STOCKD_ADMIN_TOKEN to choose one): {token}");
         token
     });
-    let config = EngineConfig {
+    let config = arguments.combiner.apply(EngineConfig {
         reservation_ttl_seconds_default: arguments.reservation_ttl_seconds_default,
         expiry_interval_milliseconds: arguments.expiry_interval_milliseconds,
         idempotency_retention_seconds: arguments.idempotency_retention_seconds,
         ..EngineConfig::default()
-    };
+    });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
         return Err("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into());
     }
@@ -349,6 +383,7 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
         admin_token: arguments.admin_token,
         database_url: arguments.database_url,
         pool_size: arguments.pool_size,
+        engine_config: arguments.combiner.apply(EngineConfig::default()),
         json: arguments.json,
         evidence: arguments.evidence,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),

@@ -153,8 +153,9 @@ impl Store {
         requests: &[ReserveRequest],
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
+        turn: &mut LockTurn,
     ) -> Result<Vec<Idempotent>, StoreError> {
-        dispatch!(self, store => store.reserve_batch(requests, now, renderer).await)
+        dispatch!(self, store => store.reserve_batch(requests, now, renderer, turn).await)
     }
 
     pub async fn change_reservation(

@@ -193,3 +193,36 @@ impl AuditReport {
 
 /// An audit lists at most this many differences (and counts all of them).
 pub const AUDIT_DIFFERENCES_REPORTED_MAX: usize = 1000;
+
+/// Orders the row-lock step of reservation batches that run at the same time, so a
+/// batch never overtakes the one before it: a batch waits for `after` (the previous
+/// batch has its row locks, or gave up) before locking rows itself, and signals
+/// `locked` once it holds its own. Batches may overlap everything else — beginning
+/// the transaction, looking up keys, rendering answers — which is how the combiner
+/// keeps the database busy while answers travel back to clients.
+#[derive(Debug, Default)]
+pub struct LockTurn {
+    pub after: Option<tokio::sync::oneshot::Receiver<()>>,
+    pub locked: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl LockTurn {
+    /// No ordering: lock as soon as ready.
+    pub fn free() -> LockTurn {
+        LockTurn::default()
+    }
+
+    /// Waits for the previous batch (or for it to be dropped, which also ends its turn).
+    pub async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            let _ = after.await;
+        }
+    }
+
+    /// Lets the next batch lock.
+    pub fn pass(&mut self) {
+        if let Some(locked) = self.locked.take() {
+            let _ = locked.send(());
+        }
+    }
+}

@@ -102,6 +102,11 @@ include!("shared.rs");
 
 /// The reservation batch's bulk statements: each passes its rows as arrays read with
 /// `UNNEST`, so a batch of any size costs the same few round trips.
+///
+/// The reads are sent unprepared (`persistent(false)`), so PostgreSQL plans each one
+/// for the table as it is now. A prepared statement's cached generic plan, made while
+/// a fresh table was nearly empty, kept sequential scans while the table grew to
+/// hundreds of thousands of rows: throughput fell by half within seconds.
 mod bulk {
     use std::collections::{BTreeMap, HashMap};
 
@@ -122,6 +127,7 @@ mod bulk {
             "SELECT key, fingerprint, status_code, body FROM idempotency_record WHERE key = ANY($1)",
         )
         .bind(keys)
+        .persistent(false)
         .fetch_all(&mut **transaction)
         .await?;
         let mut records = HashMap::with_capacity(found.len());
@@ -143,13 +149,14 @@ mod bulk {
     }
 
     /// Locks the rows in byte order of (sku, warehouse) — `COLLATE "C"`, the order the
-    /// Rust code sorts in everywhere else — so every writer takes them in one order.
+    /// Rust code sorts in everywhere else — so every writer takes them in one order;
+    /// reads their SKUs' sale status with them.
     pub async fn lock_stock_rows(
         transaction: &mut Tx,
         wanted: &[StockKey],
-    ) -> Result<BTreeMap<StockKey, i64>, StoreError> {
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SaleStatus>), StoreError> {
         if wanted.is_empty() {
-            return Ok(BTreeMap::new());
+            return Ok((BTreeMap::new(), HashMap::new()));
         }
         let skus: Vec<String> = wanted
             .iter()
@@ -159,24 +166,29 @@ mod bulk {
             .iter()
             .map(|(_, warehouse)| warehouse.as_str().to_owned())
             .collect();
-        let found = sqlx::query_as::<_, (String, String, i64)>(
-            "SELECT stock.sku, stock.warehouse, stock.available FROM stock \
+        let statement = "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status FROM stock \
              JOIN UNNEST($1::text[], $2::text[]) AS wanted (sku, warehouse) \
              ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
-             ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock",
-        )
-        .bind(skus)
-        .bind(warehouses)
-        .fetch_all(&mut **transaction)
-        .await?;
+             JOIN sku ON sku.code = stock.sku \
+             ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock";
+        let found = sqlx::query_as::<_, (String, String, i64, String)>(statement)
+            .bind(skus)
+            .bind(warehouses)
+            .persistent(false)
+            .fetch_all(&mut **transaction)
+            .await?;
         let mut available = BTreeMap::new();
-        for (sku, warehouse, count) in found {
+        let mut statuses = HashMap::new();
+        for (sku, warehouse, count, status) in found {
             let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
             let warehouse =
                 WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            let status =
+                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
+            statuses.insert(sku.clone(), status);
             available.insert((sku, warehouse), count);
         }
-        Ok(available)
+        Ok((available, statuses))
     }
 
     pub async fn sale_statuses(
@@ -191,6 +203,7 @@ mod bulk {
             "SELECT code, sale_status FROM sku WHERE code = ANY($1)",
         )
         .bind(codes)
+        .persistent(false)
         .fetch_all(&mut **transaction)
         .await?;
         let mut statuses = HashMap::with_capacity(found.len());

@@ -25,8 +25,8 @@ use sqlx::Row;
 use crate::error::StoreError;
 use crate::model::{
     AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, ExpiryOutcome, IdempotencyClaim,
-    Idempotent, MovementRecord, Rejection, ReservationAction, ReservationGauges, ReserveRequest,
-    ResponseRenderer, SkuChanges, StockMovement, StoredResponse,
+    Idempotent, LockTurn, MovementRecord, Rejection, ReservationAction, ReservationGauges,
+    ReserveRequest, ResponseRenderer, SkuChanges, StockMovement, StoredResponse,
 };
 use crate::plan::{StockKey, plan_batch};
 
@@ -568,20 +568,22 @@ impl BackendStore {
     ///
     /// The batch costs a fixed number of statements whatever its size: each step is one
     /// bulk statement (`bulk` in each dialect), which is what lets the engine's combiner
-    /// fold hundreds of requests into one transaction and one commit.
+    /// fold hundreds of requests into one transaction and one commit. `turn` orders the
+    /// row-lock step after the previous batch of the same queue (see [`LockTurn`]).
     pub async fn reserve_batch(
         &self,
         requests: &[ReserveRequest],
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
+        turn: &mut LockTurn,
     ) -> Result<Vec<Idempotent>, StoreError> {
         let mut transaction = self.begin_write().await?;
 
         // 1. Look up every distinct key. A key repeated inside the batch is answered
         //    with its first request's response; a key with a committed record is
         //    replayed (or refused as reused when its fingerprint differs). The new keys'
-        //    records are inserted with their responses at the end, in this transaction;
-        //    a key another process commits meanwhile makes that insert come up short,
+        //    records are inserted with their responses below, in this transaction; a
+        //    key another process commits meanwhile makes that insert come up short,
         //    and the batch is rolled back and retried (then it replays).
         enum Slot {
             Decided(Idempotent),
@@ -616,15 +618,33 @@ impl BackendStore {
                 )?);
             }
         }
-
-        // 2. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
-        //    then read the sale status of their SKUs. A shelf change locks the same rows
-        //    first, so it cannot slip between this read and the commit.
         let claimed: Vec<usize> = slots
             .iter()
             .enumerate()
             .filter_map(|(index, slot)| matches!(slot, Slot::Claimed).then_some(index))
             .collect();
+
+        // Render the success answers before taking any lock: almost every request gets
+        // one, and rendering under a row lock would lengthen every batch's hold.
+        let mut created_responses: Vec<StoredResponse> = claimed
+            .iter()
+            .map(|index| {
+                let request = &requests[*index];
+                renderer.reservation_created(&Reservation {
+                    id: request.id.clone(),
+                    status: ReservationStatus::Reserved,
+                    release_reason: None,
+                    expires_at: request.expires_at,
+                    created_at: now,
+                    updated_at: now,
+                    lines: request.lines.clone(),
+                })
+            })
+            .collect();
+
+        // 2. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
+        //    reading their SKUs' sale status with them. A shelf change locks the same
+        //    rows first, so it cannot slip between this read and the commit.
         let mut wanted_rows: Vec<StockKey> = claimed
             .iter()
             .flat_map(|index| requests[*index].lines.iter())
@@ -632,10 +652,21 @@ impl BackendStore {
             .collect();
         wanted_rows.sort();
         wanted_rows.dedup();
-        let available = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await?;
-        let mut skus: Vec<&SkuCode> = wanted_rows.iter().map(|(sku, _)| sku).collect();
-        skus.dedup();
-        let sale_statuses = bulk::sale_statuses(&mut transaction, &skus).await?;
+        turn.wait().await;
+        let locked = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await;
+        turn.pass();
+        let (available, mut sale_statuses) = locked?;
+        // SKUs without any of the wanted rows (unknown, or never stocked there) still
+        // need their status, to tell `not_found` from `insufficient_stock`.
+        let mut unlisted: Vec<&SkuCode> = wanted_rows
+            .iter()
+            .map(|(sku, _)| sku)
+            .filter(|sku| !sale_statuses.contains_key(*sku))
+            .collect();
+        unlisted.dedup();
+        if !unlisted.is_empty() {
+            sale_statuses.extend(bulk::sale_statuses(&mut transaction, &unlisted).await?);
+        }
 
         // 3. Decide every claimed request in memory, in arrival order.
         let plan = plan_batch(
@@ -646,27 +677,27 @@ impl BackendStore {
             &available,
         );
 
-        // 4. Render every claimed request's response, then write the whole batch: each
-        //    row's total taken with one conditional update (the rows are locked, so
-        //    every condition holds; it stays as the oversell boundary anyway), the
-        //    accepted reservations with their lines and ledger rows, and the
-        //    idempotency records with their responses.
+        // 4. Write the whole batch: each row's total taken with one conditional update
+        //    (the rows are locked, so every condition holds; it stays as the oversell
+        //    boundary anyway), the accepted reservations with their lines and ledger
+        //    rows, and the idempotency records with their responses.
         let mut accepted = Vec::new();
         let mut responses: Vec<Option<StoredResponse>> = vec![None; requests.len()];
-        for (index, decision) in claimed.iter().zip(&plan.decisions) {
-            let request = &requests[*index];
-            let response = match decision {
+        for ((index, decided), created) in claimed
+            .iter()
+            .zip(&plan.decisions)
+            .zip(&mut created_responses)
+        {
+            let response = match decided {
                 Ok(()) => {
-                    accepted.push(request);
-                    renderer.reservation_created(&Reservation {
-                        id: request.id.clone(),
-                        status: ReservationStatus::Reserved,
-                        release_reason: None,
-                        expires_at: request.expires_at,
-                        created_at: now,
-                        updated_at: now,
-                        lines: request.lines.clone(),
-                    })
+                    accepted.push(&requests[*index]);
+                    std::mem::replace(
+                        created,
+                        StoredResponse {
+                            status: 0,
+                            body: String::new(),
+                        },
+                    )
                 }
                 Err(rejection) => renderer.rejected(rejection),
             };

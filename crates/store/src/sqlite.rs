@@ -164,9 +164,9 @@ mod bulk {
     pub async fn lock_stock_rows(
         transaction: &mut Tx,
         wanted: &[StockKey],
-    ) -> Result<BTreeMap<StockKey, i64>, StoreError> {
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SaleStatus>), StoreError> {
         if wanted.is_empty() {
-            return Ok(BTreeMap::new());
+            return Ok((BTreeMap::new(), HashMap::new()));
         }
         let parameter = rows(
             wanted
@@ -174,21 +174,26 @@ mod bulk {
                 .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
                 .collect(),
         );
-        let found = sqlx::query_as::<_, (String, String, i64)>(
-            "SELECT sku, warehouse, available FROM stock \
-             WHERE (sku, warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+        let found = sqlx::query_as::<_, (String, String, i64, String)>(
+            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status FROM stock \
+             JOIN sku ON sku.code = stock.sku \
+             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
         )
         .bind(parameter)
         .fetch_all(&mut **transaction)
         .await?;
         let mut available = BTreeMap::new();
-        for (sku, warehouse, count) in found {
+        let mut statuses = HashMap::new();
+        for (sku, warehouse, count, status) in found {
             let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
             let warehouse =
                 WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            let status =
+                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
+            statuses.insert(sku.clone(), status);
             available.insert((sku, warehouse), count);
         }
-        Ok(available)
+        Ok((available, statuses))
     }
 
     pub async fn sale_statuses(
