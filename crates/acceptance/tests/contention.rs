@@ -1,7 +1,7 @@
 //! Contention and batches: a lock held too long is reported, not waited out; and the
 //! store's batch call decides each request on its own.
 
-use acceptance::{Backend, TestApp, mirrored_tests, test_engine_config};
+use acceptance::{Backend, TestApp, mirrored_tests, test_engine_config, wait_until};
 use domain::{
     IdempotencyKey, Quantity, ReservationId, ReservationLine, SkuCode, Timestamp, WarehouseCode,
 };
@@ -10,6 +10,7 @@ use store::{IdempotencyClaim, Idempotent, ReserveRequest};
 mirrored_tests!(
     a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing,
     each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own,
+    a_full_reservation_queue_answers_429_at_once_and_changes_nothing,
 );
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
@@ -125,4 +126,111 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
     assert_eq!(app.counters("B").await, (0, 1));
     assert_eq!(app.ledger_rows("A", "reserve").await, 2);
     app.assert_audit_clean().await;
+}
+
+async fn a_full_reservation_queue_answers_429_at_once_and_changes_nothing(backend: Backend) {
+    let config = engine::EngineConfig {
+        combiner_queue_depth_max: 1,
+        combiner_batches_in_flight: 1,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("QUEUED", 5).await;
+    // The first reservation's batch blocks on a held row lock; the second waits in
+    // the queue, which then is full.
+    let mut lock = app.database.hold_stock_row_lock("QUEUED").await;
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { app.reserve("first", &[("QUEUED", 1)]).await }
+    });
+    wait_until("the first reservation is in its batch", || {
+        app.engine.requests_in_flight() == 1 && app.engine.reservations_queued() == 0
+    })
+    .await;
+    let second = tokio::spawn({
+        let app = app.clone();
+        async move { app.reserve("second", &[("QUEUED", 1)]).await }
+    });
+    wait_until("the second reservation is queued", || {
+        app.engine.reservations_queued() == 1
+    })
+    .await;
+
+    let shed = app.reserve("third", &[("QUEUED", 1)]).await;
+
+    assert_eq!(shed.status, 429, "{shed:?}");
+    assert_eq!(shed.code().as_deref(), Some("unavailable"));
+    assert_eq!(shed.headers.get("retry-after").unwrap(), "1");
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(second.await.unwrap().status, 201);
+    let retried = app.reserve("third", &[("QUEUED", 1)]).await;
+    assert_eq!(
+        retried.status, 201,
+        "the shed request left no record: its retry runs"
+    );
+    assert_eq!(app.counters("QUEUED").await, (2, 3));
+    app.assert_audit_clean().await;
+}
+
+/// Several stockd processes share one database only on PostgreSQL.
+mod postgres_only {
+    use super::*;
+    use acceptance::{Call, send_concurrently};
+    use serde_json::json;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn three_instances_hammering_one_sku_never_oversell() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let first = TestApp::spawn(Backend::Postgres).await;
+        let instances = [
+            first.clone(),
+            first.another_instance().await,
+            first.another_instance().await,
+        ];
+        first.stocked_sku("CONTESTED", 50).await;
+
+        let mut tasks = Vec::new();
+        for (number, instance) in instances.iter().enumerate() {
+            let calls: Vec<Call> = (0..120)
+                .map(|index| {
+                    // Keys 0..10 are sent to every instance: retries that land elsewhere.
+                    let key = if index < 10 {
+                        format!("shared-{index}")
+                    } else {
+                        format!("{number}-{index}")
+                    };
+                    Call::post("/v1/reservations")
+                        .key(key)
+                        .json(&json!({"lines": [{"sku": "CONTESTED", "quantity": 1}]}))
+                })
+                .collect();
+            let instance = instance.clone();
+            tasks.push(tokio::spawn(async move {
+                send_concurrently(&instance, calls).await
+            }));
+        }
+        let mut fresh_successes = 0;
+        for task in tasks {
+            for response in task.await.unwrap() {
+                assert!(
+                    matches!(response.status, 201 | 409),
+                    "only successes, sold-out answers and replays: {response:?}"
+                );
+                if response.status == 201 && !response.replayed() {
+                    fresh_successes += 1;
+                }
+            }
+        }
+
+        assert_eq!(
+            fresh_successes, 50,
+            "exactly the stock was sold, each unit once"
+        );
+        assert_eq!(first.counters("CONTESTED").await, (0, 50));
+        assert_eq!(first.ledger_rows("CONTESTED", "reserve").await, 50);
+        first.assert_audit_clean().await;
+    }
 }

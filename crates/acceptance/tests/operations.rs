@@ -55,6 +55,14 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         "{text}"
     );
     assert!(text.contains("stockd_expiry_backlog"), "{text}");
+    assert!(
+        text.contains(r#"stockd_combiner_batch_size_bucket{le="1"}"#),
+        "batch sizes are a histogram with buckets:\n{text}"
+    );
+    assert!(
+        text.contains("stockd_combiner_wait_seconds_bucket"),
+        "{text}"
+    );
 }
 
 async fn the_audit_reports_a_counter_changed_behind_the_ledgers_back(backend: Backend) {

@@ -19,6 +19,9 @@ const LATENCY_BUCKETS_SECONDS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
 ];
 
+/// Reservations per combiner batch: one (a quiet moment) up to the default bound of 256.
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Installs the process-wide recorder once; later calls return the same handle.
@@ -29,6 +32,11 @@ pub fn install_recorder() -> PrometheusHandle {
                 .set_buckets_for_metric(
                     Matcher::Suffix("_seconds".to_owned()),
                     LATENCY_BUCKETS_SECONDS,
+                )
+                .expect("bucket list is non-empty")
+                .set_buckets_for_metric(
+                    Matcher::Full("stockd_combiner_batch_size".to_owned()),
+                    BATCH_SIZE_BUCKETS,
                 )
                 .expect("bucket list is non-empty")
                 .build_recorder();

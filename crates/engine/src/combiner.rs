@@ -91,6 +91,14 @@ impl Combiner {
         (hasher.finish() % self.shards.len() as u64) as usize
     }
 
+    /// Reservations waiting in the queues (not yet taken into a batch).
+    pub fn queued(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|sender| sender.max_capacity() - sender.capacity())
+            .sum()
+    }
+
     /// Queues `request` and waits for its batch to commit.
     pub async fn submit(
         &self,

@@ -26,8 +26,8 @@ pub struct EngineConfig {
     pub reservation_ttl_seconds_default: i64,
     /// Audits allowed to run at once (each one scans the ledger).
     pub audits_concurrent_max: usize,
-    /// Reservation queues, each drained into batches by its own task; 0 picks one for
-    /// SQLite (one writer anyway) and four for PostgreSQL.
+    /// Reservation queues, each drained into batches by its own task; a request goes
+    /// to the queue of its first SKU. 0 picks one.
     pub combiner_shards: usize,
     /// Most reservations one batch (one transaction) holds.
     pub combiner_batch_size_max: usize,

@@ -77,10 +77,10 @@ impl Engine {
         let audits = Semaphore::new(config.audits_concurrent_max.max(1));
         let mut config = config;
         if config.combiner_shards == 0 {
-            config.combiner_shards = match store {
-                Store::Sqlite(_) => 1,
-                Store::Postgres(_) => 4,
-            };
+            // Measured on two cores (docs/BENCHMARKS.md): one queue whose batches mix
+            // SKUs beat four queues on both the hot and the spread load. More cores
+            // may want more queues.
+            config.combiner_shards = 1;
         }
         if config.combiner_batches_in_flight == 0 {
             config.combiner_batches_in_flight = match store {
@@ -122,6 +122,11 @@ impl Engine {
     /// Keys this process is executing right now (exported as a gauge).
     pub fn requests_in_flight(&self) -> usize {
         self.inner.in_flight.len()
+    }
+
+    /// Reservations waiting in the combiner's queues (exported as a gauge).
+    pub fn reservations_queued(&self) -> usize {
+        self.inner.combiner.queued()
     }
 
     /// The registry of keys running in this process. Tests enter a key here to stand

@@ -205,7 +205,7 @@ struct ServeArguments {
 /// How reservations are batched (the hot-SKU combiner).
 #[derive(Args, Clone, Copy)]
 struct CombinerArguments {
-    /// Reservation queues, each batched on its own; 0 = one on SQLite, four on PostgreSQL.
+    /// Reservation queues, each batched on its own (a request goes to its first SKU's); 0 = one.
     #[arg(long, env = "STOCKD_COMBINER_SHARDS", default_value_t = 0)]
     combiner_shards: usize,
     /// Batches of one queue in flight at once; 0 = one on SQLite, two on PostgreSQL.

@@ -43,7 +43,19 @@ fn stockd(directory: &Path) -> Command {
 /// Starts `stockd serve` on a free port; returns the process, its address and the
 /// admin token it printed.
 fn start_serving(directory: &Path) -> (Child, SocketAddr, String) {
-    let mut child = stockd(directory)
+    start_serving_with(directory, &[])
+}
+
+/// Like [`start_serving`], with extra environment variables.
+fn start_serving_with(
+    directory: &Path,
+    environment: &[(&str, &str)],
+) -> (Child, SocketAddr, String) {
+    let mut command = stockd(directory);
+    for (name, value) in environment {
+        command.env(name, value);
+    }
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -186,4 +198,144 @@ fn an_unreachable_database_is_reported_with_exit_code_two() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open the database"));
+}
+
+/// Reserves one unit under `key`; returns the reservation id when acknowledged.
+async fn reserve_one(address: SocketAddr, sku: &str, key: &str) -> Option<String> {
+    let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":1}}]}}"#);
+    let response = request(
+        address,
+        "POST",
+        "/v1/reservations",
+        &[("Idempotency-Key", key)],
+        Some(&body),
+    )
+    .await
+    .ok()?;
+    (response.status == 201).then(|| {
+        response.json()["reservation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    })
+}
+
+/// SIGKILL in the middle of a reservation burst, then a restart: every reservation a
+/// client saw acknowledged is in the database, and the audit is clean.
+async fn a_killed_server_loses_no_acknowledged_reservation(environment: &[(&str, &str)]) {
+    let directory = ScratchDirectory::new();
+    let (mut child, address, token) = start_serving_with(&directory.0, environment);
+    let bearer = format!("Bearer {token}");
+    for (method, path, key, body) in [
+        ("PUT", "/v1/skus/KILLED", "sku", r#"{"title":"Kill test"}"#),
+        (
+            "POST",
+            "/v1/skus/KILLED/stock-movements",
+            "receive",
+            r#"{"kind":"receive","quantity":1000000}"#,
+        ),
+    ] {
+        let response = request(
+            address,
+            method,
+            path,
+            &[("Authorization", &bearer), ("Idempotency-Key", key)],
+            Some(body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status, 201, "{response:?}");
+    }
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut clients = Vec::new();
+    for client in 0..16 {
+        let acknowledged = std::sync::Arc::clone(&acknowledged);
+        clients.push(tokio::spawn(async move {
+            for index in 0..5_000 {
+                match reserve_one(address, "KILLED", &format!("kill-{client}-{index}")).await {
+                    Some(id) => acknowledged.lock().unwrap().push(id),
+                    None => break,
+                }
+            }
+        }));
+    }
+    acceptance::wait_until("a few hundred reservations are acknowledged", || {
+        acknowledged.lock().unwrap().len() >= 300
+    })
+    .await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let _ = child.wait();
+    for client in clients {
+        client.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+
+    let (mut restarted, address, _) = start_serving_with(&directory.0, environment);
+    for id in &acknowledged {
+        let response = request(address, "GET", &format!("/v1/reservations/{id}"), &[], None)
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status, 200,
+            "acknowledged reservation {id} is gone after SIGKILL"
+        );
+        assert_eq!(response.json()["status"], "RESERVED");
+    }
+    let sku = request(address, "GET", "/v1/skus/KILLED", &[], None)
+        .await
+        .unwrap()
+        .json();
+    let reserved = sku["reserved"].as_i64().unwrap();
+    assert!(
+        reserved >= acknowledged.len() as i64,
+        "{reserved} reserved, {} acknowledged",
+        acknowledged.len()
+    );
+    assert_eq!(sku["available"].as_i64().unwrap() + reserved, 1_000_000);
+    assert!(terminate(&mut restarted).success());
+    let mut audit = stockd(&directory.0);
+    for (name, value) in environment {
+        audit.env(name, value);
+    }
+    let audit = audit.arg("audit").output().unwrap();
+    assert_eq!(
+        audit.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&audit.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_killed_server_loses_no_acknowledged_reservation() {
+    a_killed_server_loses_no_acknowledged_reservation(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_killed_server_loses_no_acknowledged_reservation() {
+    if !acceptance::Backend::Postgres.available().await {
+        return;
+    }
+    let url = acceptance::postgres_url();
+    let schema = format!("stockd_kill_{:016x}", rand::random::<u64>());
+    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    a_killed_server_loses_no_acknowledged_reservation(&[
+        ("STOCKD_DATABASE_URL", url.as_str()),
+        ("STOCKD_DATABASE_SCHEMA", schema.as_str()),
+    ])
+    .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
 }

@@ -42,6 +42,11 @@ mod dialect {
             "ledger_reference_index",
             include_str!("../migrations/postgres/0002_ledger_reference_index.sql"),
         ),
+        (
+            3,
+            "reservation_line_key",
+            include_str!("../migrations/postgres/0003_reservation_line_key.sql"),
+        ),
     ];
 }
 

@@ -43,6 +43,11 @@ mod dialect {
             "ledger_reference_index",
             include_str!("../migrations/sqlite/0002_ledger_reference_index.sql"),
         ),
+        (
+            3,
+            "reservation_line_key",
+            include_str!("../migrations/sqlite/0003_reservation_line_key.sql"),
+        ),
     ];
 }
 
