@@ -123,6 +123,9 @@ pub fn render(report: &Report, environment: &Environment, command: &str) -> Stri
         report.latency.p99_milliseconds,
         report.latency.max_milliseconds
     ));
+    if let Some(batches) = &report.batches {
+        line(&format!("| combiner batches | {} |", batches.render()));
+    }
     line("");
     line("## Failure classification");
     line("");

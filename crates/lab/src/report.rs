@@ -183,7 +183,66 @@ pub struct Report {
     /// SKUs whose counters disagree with what the clients saw (at most 20 listed).
     pub skus_in_question: Vec<SkuCounters>,
     pub audit: AuditSummary,
+    /// The server's combiner batches, read from its `/metrics` after the run.
+    pub batches: Option<BatchSizes>,
     pub violations: Vec<String>,
+}
+
+/// How many reservations the server's combiner folded into each transaction.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BatchSizes {
+    pub batches: u64,
+    pub mean: f64,
+    /// (upper bound, batches of at most that size), cumulative as Prometheus gives it.
+    pub cumulative: Vec<(String, u64)>,
+}
+
+impl BatchSizes {
+    /// Reads `stockd_combiner_batch_size` out of a Prometheus text page.
+    pub fn parse(page: &str) -> Option<BatchSizes> {
+        let mut sizes = BatchSizes::default();
+        let mut sum = 0.0;
+        for line in page.lines() {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            if let Some(rest) = name.strip_prefix("stockd_combiner_batch_size_bucket{le=\"") {
+                let bound = rest.trim_end_matches("\"}").to_owned();
+                sizes
+                    .cumulative
+                    .push((bound, value.parse::<f64>().ok()? as u64));
+            } else if name == "stockd_combiner_batch_size_sum" {
+                sum = value.parse().ok()?;
+            } else if name == "stockd_combiner_batch_size_count" {
+                sizes.batches = value.parse::<f64>().ok()? as u64;
+            }
+        }
+        if sizes.batches == 0 {
+            return None;
+        }
+        sizes.mean = sum / sizes.batches as f64;
+        Some(sizes)
+    }
+
+    /// `≤1 12%, ≤2 20%, …` — the share of batches up to each bound.
+    pub fn render(&self) -> String {
+        let shares: Vec<String> = self
+            .cumulative
+            .iter()
+            .map(|(bound, count)| {
+                format!(
+                    "<={bound} {:.0}%",
+                    *count as f64 * 100.0 / self.batches as f64
+                )
+            })
+            .collect();
+        format!(
+            "{} batches, mean {:.1} reservations; {}",
+            self.batches,
+            self.mean,
+            shares.join(", ")
+        )
+    }
 }
 
 impl Report {
@@ -387,6 +446,9 @@ impl Report {
             "stock  received {}  available {}  reserved {}  ({} SKUs checked)",
             self.stock_initial_total, self.available_total, self.reserved_total, self.skus_checked
         ));
+        if let Some(batches) = &self.batches {
+            line(format!("batches {}", batches.render()));
+        }
         line(format!(
             "audit  {} ({} differences)",
             if self.audit.ok { "clean" } else { "NOT CLEAN" },
@@ -445,6 +507,21 @@ mod tests {
             ok: true,
             differences_total: 0,
         }
+    }
+
+    #[test]
+    fn batch_sizes_are_read_from_a_prometheus_page() {
+        let page = "# TYPE stockd_combiner_batch_size histogram\n\
+            stockd_combiner_batch_size_bucket{le=\"1\"} 2\n\
+            stockd_combiner_batch_size_bucket{le=\"64\"} 10\n\
+            stockd_combiner_batch_size_bucket{le=\"+Inf\"} 10\n\
+            stockd_combiner_batch_size_sum 202\n\
+            stockd_combiner_batch_size_count 10\n";
+        let sizes = BatchSizes::parse(page).unwrap();
+        assert_eq!(sizes.batches, 10);
+        assert!((sizes.mean - 20.2).abs() < 1e-9);
+        assert_eq!(sizes.cumulative[0], ("1".to_owned(), 2));
+        assert!(BatchSizes::parse("nothing here").is_none());
     }
 
     #[test]

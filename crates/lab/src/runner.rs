@@ -12,8 +12,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::client::{HttpConnection, WireReply, WireRequest};
 use crate::report::{
-    AuditSummary, Class, Latency, Record, Report, SkuCounters, class_counts, taken_by_successes,
-    violations,
+    AuditSummary, BatchSizes, Class, Latency, Record, Report, SkuCounters, class_counts,
+    taken_by_successes, violations,
 };
 use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
 use crate::target::Target;
@@ -354,6 +354,11 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
     );
     let counters = read_counters(&plan, target, taken).await?;
     let audit = read_audit(target).await?;
+    let batches = HttpConnection::new(target.address)
+        .send(&WireRequest::get("/metrics"))
+        .await
+        .ok()
+        .and_then(|reply| BatchSizes::parse(&String::from_utf8_lossy(&reply.body)));
     let found = violations(&records, &counters, &audit, plan.expected_successes);
     let classes = class_counts(&records);
     let seconds = elapsed.as_secs_f64().max(f64::EPSILON);
@@ -391,6 +396,7 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         reserved_total: counters.iter().map(|sku| sku.reserved).sum(),
         skus_in_question,
         audit,
+        batches,
         violations: found,
     })
 }

@@ -27,6 +27,16 @@ mod dialect {
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2 \
          FOR UPDATE SKIP LOCKED";
+    /// The audit's join of every reservation line with its ledger rows.
+    pub const AUDIT_RESERVATION_LINES: &str = "SELECT reservation.id, reservation.status, \
+         line.sku, line.warehouse, line.quantity, \
+         COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
+         COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
+         FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
+         LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
+         AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
+         GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
+         ORDER BY reservation.id, line.sku, line.warehouse";
     pub const VERSION_QUERY: &str = "SELECT version()";
     /// Serializes migrations of one schema across processes; released at commit.
     pub const MIGRATION_LOCK: Option<&str> =

@@ -988,14 +988,7 @@ impl BackendStore {
         // reserved; a release gives it back. Anything else (a double release, a
         // missing reserve row) shows up as a net difference.
         let lines = sqlx::query_as::<_, (String, String, String, String, i64, i64, i64)>(
-            "SELECT reservation.id, reservation.status, line.sku, line.warehouse, line.quantity, \
-             COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
-             COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
-             FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
-             LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
-             AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
-             GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
-             ORDER BY reservation.id, line.sku, line.warehouse",
+            dialect::AUDIT_RESERVATION_LINES,
         )
         .fetch_all(&mut *transaction)
         .await?;
