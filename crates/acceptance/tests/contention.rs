@@ -54,6 +54,7 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
             })
             .collect(),
         expires_at: Timestamp::from_unix_milliseconds(now.unix_milliseconds() + 60_000),
+        checkout: None,
     }
 }
 

@@ -1,6 +1,8 @@
 //! stockd's HTTP surface. [`app`] builds the router from an [`AppState`] and is separate
 //! from serving it, so tests drive the router directly or bind it to port 0.
 
+pub mod catalog_routes;
+pub mod catalog_wire;
 pub mod extract;
 pub mod metrics;
 pub mod problem;
@@ -59,6 +61,26 @@ pub fn app(state: AppState) -> Router {
             post(routes::release_reservation),
         )
         .route("/v1/audit", get(routes::audit))
+        .route("/v1/products", post(catalog_routes::create_product))
+        .route(
+            "/v1/products/{id}",
+            get(catalog_routes::shopper_product)
+                .patch(catalog_routes::update_product)
+                .delete(catalog_routes::delete_product),
+        )
+        .route(
+            "/v1/admin/products/{id}",
+            get(catalog_routes::staff_product),
+        )
+        .route("/v1/admin/shelf", post(catalog_routes::shelf))
+        .route("/v1/admin/shelf-log", get(catalog_routes::shelf_log))
+        .route("/v1/admin/operators", post(catalog_routes::create_operator))
+        .route(
+            "/v1/carts/{user}/items/{sku}",
+            put(catalog_routes::put_cart_item).delete(catalog_routes::delete_cart_item),
+        )
+        .route("/v1/carts/{user}", get(catalog_routes::get_cart))
+        .route("/v1/carts/{user}/checkout", post(catalog_routes::checkout))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn(metrics::track))

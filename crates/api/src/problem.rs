@@ -20,6 +20,7 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         | ErrorCode::OffShelf
         | ErrorCode::IllegalTransition
         | ErrorCode::VersionConflict
+        | ErrorCode::AlreadyExists
         | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
         ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::LockTimeout | ErrorCode::RetryExhausted | ErrorCode::Unavailable => {
@@ -56,6 +57,7 @@ fn title_for(code: ErrorCode) -> &'static str {
         ErrorCode::RetryExhausted => "Too much contention; retry with the same key",
         ErrorCode::Unavailable => "Temporarily unavailable; retry later",
         ErrorCode::PaymentUnknown => "Payment outcome not known yet",
+        ErrorCode::AlreadyExists => "Something with this name already exists",
         ErrorCode::Internal => "Internal error",
     }
 }
@@ -140,6 +142,10 @@ impl From<EngineError> for ApiError {
         let detail = match error {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
+            | EngineError::Forbidden(message)
+            | EngineError::Refused {
+                detail: message, ..
+            }
             | EngineError::Unavailable(message)
             | EngineError::Overloaded(message) => message,
             EngineError::Internal(_) => String::from("see the server log"),

@@ -5,8 +5,12 @@ use domain::{
     AdjustmentQuantity, Currency, ErrorCode, LowStockThreshold, PriceMinor, Quantity, Reservation,
     Sku, SkuCode, Timestamp, Title, TtlSeconds, WarehouseCode,
 };
+use domain::{OperatorId, Product, ShopCode};
 use serde::{Deserialize, Serialize};
-use store::{AuditReport, MovementRecord, Rejection, ResponseRenderer, StoredResponse};
+use store::{
+    AuditReport, Cart, Checkout, MovementRecord, Rejection, ResponseRenderer, ShelfOutcome,
+    ShelfResult, StoredResponse,
+};
 
 use crate::problem::{problem_body, status_for};
 
@@ -130,6 +134,9 @@ pub struct ReservationLineBody<'a> {
 
 #[derive(Debug, Serialize)]
 pub struct ReservationBody<'a> {
+    /// Set when the reservation checked a cart out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<&'a str>,
     pub reservation_id: &'a str,
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -138,11 +145,16 @@ pub struct ReservationBody<'a> {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub lines: Vec<ReservationLineBody<'a>>,
+    /// Cart lines a checkout left out, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<Vec<crate::catalog_wire::SkippedLineBody<'a>>>,
 }
 
 impl<'a> ReservationBody<'a> {
     pub fn new(reservation: &'a Reservation) -> ReservationBody<'a> {
         ReservationBody {
+            user: None,
+            skipped: None,
             reservation_id: reservation.id.as_str(),
             status: reservation.status.as_str(),
             release_reason: reservation.release_reason.map(|reason| reason.as_str()),
@@ -257,8 +269,17 @@ impl ResponseRenderer for HttpRenderer {
         )
     }
 
-    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse {
-        json(201, &ReservationBody::new(reservation))
+    fn reservation_created(
+        &self,
+        reservation: &Reservation,
+        checkout: Option<&Checkout>,
+    ) -> StoredResponse {
+        let mut body = ReservationBody::new(reservation);
+        if let Some(checkout) = checkout {
+            body.user = Some(checkout.user.as_str());
+            body.skipped = Some(crate::catalog_wire::skipped_lines(checkout));
+        }
+        json(201, &body)
     }
 
     fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse {
@@ -270,6 +291,73 @@ impl ResponseRenderer for HttpRenderer {
             status: status_for(rejection.code).as_u16(),
             body: problem_body(rejection.code, &rejection.detail),
         }
+    }
+
+    fn product_saved(&self, product: &Product, created: bool) -> StoredResponse {
+        json(
+            if created { 201 } else { 200 },
+            &crate::catalog_wire::ProductBody::new(product),
+        )
+    }
+
+    /// 200 with every target's result when at least one succeeded; when all were
+    /// refused, the problem of the first refusal (a `version_conflict` first), with the
+    /// results as an extension member.
+    fn shelf_results(&self, results: &[ShelfResult]) -> StoredResponse {
+        let bodies: Vec<crate::catalog_wire::ShelfResultBody<'_>> = results
+            .iter()
+            .map(crate::catalog_wire::ShelfResultBody::new)
+            .collect();
+        let count = |outcome: &str| bodies.iter().filter(|body| body.outcome == outcome).count();
+        let summary = serde_json::json!({
+            "changed": count("changed"),
+            "repeated": count("repeated"),
+            "scheduled": count("scheduled"),
+            "refused": count("refused"),
+            "results": bodies,
+        });
+        if results.iter().any(|result| result.outcome.succeeded()) {
+            return json(200, &summary);
+        }
+        let refusals = || {
+            results.iter().filter_map(|result| match &result.outcome {
+                ShelfOutcome::Refused { code, reason, .. } => Some((*code, reason.as_str())),
+                _ => None,
+            })
+        };
+        let (code, reason) = refusals()
+            .find(|(code, _)| *code == ErrorCode::VersionConflict)
+            .or_else(|| refusals().next())
+            .unwrap_or((ErrorCode::InvalidArgument, "nothing to do"));
+        let status = status_for(code);
+        let mut problem: serde_json::Value = serde_json::from_str(&problem_body(code, reason))
+            .unwrap_or_else(|_| serde_json::json!({}));
+        problem["results"] = summary["results"].clone();
+        StoredResponse {
+            status: status.as_u16(),
+            body: problem.to_string(),
+        }
+    }
+
+    fn operator_created(
+        &self,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        token: Option<&str>,
+    ) -> StoredResponse {
+        json(
+            201,
+            &serde_json::json!({
+                "operator_id": operator.as_str(),
+                "shop": shop.as_str(),
+                "token": token,
+                "note": "the token is shown in the first answer only; stockd keeps just its hash",
+            }),
+        )
+    }
+
+    fn cart(&self, cart: &Cart) -> StoredResponse {
+        json(200, &crate::catalog_wire::CartBody::new(cart))
     }
 }
 

@@ -87,6 +87,85 @@ macro_rules! string_newtype_conversions {
     };
 }
 
+/// Declares a code newtype with the shared alphabet and the given maximum length.
+macro_rules! code_newtype {
+    ($(#[$meta:meta])* $name:ident, $kind:literal, $length_max:expr) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn parse(text: &str) -> Result<$name, ParseError> {
+                parse_code($kind, text, $length_max).map($name)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        string_newtype_conversions!($name);
+    };
+}
+
+code_newtype!(
+    /// The shop a product belongs to; operators act only within their shop.
+    ShopCode,
+    "shop",
+    crate::limits::CATALOG_CODE_LENGTH_MAX
+);
+code_newtype!(
+    /// A product category (`dairy`, `bakery`), a target of batch shelf operations.
+    CategoryCode,
+    "category",
+    crate::limits::CATALOG_CODE_LENGTH_MAX
+);
+code_newtype!(
+    /// A product's supplier, a target of batch shelf operations.
+    SupplierCode,
+    "supplier",
+    crate::limits::CATALOG_CODE_LENGTH_MAX
+);
+code_newtype!(
+    /// Who did something: an operator's id, recorded in the shelf log.
+    OperatorId,
+    "operator id",
+    crate::limits::CATALOG_CODE_LENGTH_MAX
+);
+code_newtype!(
+    /// The shopper a cart belongs to, as the shop's checkout service names them.
+    UserId,
+    "user id",
+    crate::limits::CATALOG_CODE_LENGTH_MAX
+);
+
+/// A product image: an `http` or `https` URL without spaces or control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ImageUrl(String);
+
+impl ImageUrl {
+    pub fn parse(text: &str) -> Result<ImageUrl, ParseError> {
+        let length_max = crate::limits::IMAGE_URL_LENGTH_MAX;
+        let scheme_ok = text.starts_with("https://") || text.starts_with("http://");
+        let characters_ok = text.bytes().all(|byte| byte.is_ascii_graphic());
+        if scheme_ok && characters_ok && text.len() <= length_max && text.len() > "https://".len() {
+            Ok(ImageUrl(text.to_owned()))
+        } else {
+            Err(ParseError::new(format!(
+                "image_url must be an http(s) URL of at most {length_max} visible ASCII characters"
+            )))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+string_newtype_conversions!(ImageUrl);
+
 string_newtype_conversions!(SkuCode);
 string_newtype_conversions!(WarehouseCode);
 

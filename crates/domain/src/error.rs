@@ -20,11 +20,12 @@ pub enum ErrorCode {
     RetryExhausted,
     Unavailable,
     PaymentUnknown,
+    AlreadyExists,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -39,6 +40,7 @@ impl ErrorCode {
         ErrorCode::RetryExhausted,
         ErrorCode::Unavailable,
         ErrorCode::PaymentUnknown,
+        ErrorCode::AlreadyExists,
         ErrorCode::Internal,
     ];
 
@@ -58,6 +60,7 @@ impl ErrorCode {
             ErrorCode::RetryExhausted => "retry_exhausted",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::PaymentUnknown => "payment_unknown",
+            ErrorCode::AlreadyExists => "already_exists",
             ErrorCode::Internal => "internal",
         }
     }

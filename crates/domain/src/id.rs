@@ -92,6 +92,19 @@ minted_id!(
     "mov_"
 );
 
+minted_id!(
+    /// Names one product (SPU).
+    ProductId,
+    "product",
+    "prd_"
+);
+minted_id!(
+    /// Names one scheduled shelf change.
+    ScheduleId,
+    "schedule",
+    "sch_"
+);
+
 /// The client's `Idempotency-Key`: 1 to 255 visible ASCII characters (0x21..=0x7E).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);

@@ -5,6 +5,7 @@
 //! accept these types instead of raw strings and integers, so a value that reached the
 //! engine has already been validated.
 
+pub mod catalog;
 pub mod code;
 pub mod error;
 pub mod id;
@@ -16,14 +17,21 @@ pub mod sale_status;
 pub mod sku;
 pub mod time;
 
-pub use code::{SkuCode, Title, WarehouseCode};
+pub use catalog::{OperatorType, Product, ShelfLogEntry, operation_label};
+pub use code::{
+    CategoryCode, ImageUrl, OperatorId, ShopCode, SkuCode, SupplierCode, Title, UserId,
+    WarehouseCode,
+};
 pub use error::{ErrorCode, ParseError};
-pub use id::{IdempotencyKey, MovementId, ReservationId};
+pub use id::{IdempotencyKey, MovementId, ProductId, ReservationId, ScheduleId};
 pub use money::{Currency, PriceMinor};
 pub use quantity::{AdjustmentQuantity, LowStockThreshold, Quantity, TtlSeconds};
 pub use reservation::{
     IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
 };
-pub use sale_status::SaleStatus;
+pub use sale_status::{
+    Availability, Completeness, SALE_STATUS_TRANSITIONS, SaleStatus, ShelfDecision, ShelfOperation,
+    decide_shelf_change,
+};
 pub use sku::{Sku, StockLevel};
 pub use time::Timestamp;

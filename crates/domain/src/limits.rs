@@ -30,3 +30,20 @@ pub const LOW_STOCK_THRESHOLD_MAX: i64 = QUANTITY_MAX;
 
 /// Largest request body the HTTP layer reads.
 pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// Shop, category, supplier, operator and user codes.
+pub const CATALOG_CODE_LENGTH_MAX: usize = 64;
+pub const IMAGE_URL_LENGTH_MAX: usize = 2048;
+/// A product's SKUs, and the targets one shelf operation may resolve to.
+pub const PRODUCT_SKUS_MAX: usize = 100;
+pub const SHELF_TARGETS_MAX: usize = 1000;
+/// Lines in one cart.
+pub const CART_LINES_MAX: usize = 100;
+/// A SKU's spec (`250ml x 24`).
+pub const SPEC_LENGTH_MAX: usize = 200;
+/// Shelf-log entries per page.
+pub const SHELF_LOG_PAGE_SIZE_MAX: i64 = 500;
+/// How far ahead a shelf change may be scheduled (one year).
+pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
+/// Remarks in the shelf log.
+pub const REMARK_LENGTH_MAX: usize = 500;

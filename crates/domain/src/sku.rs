@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::code::{SkuCode, WarehouseCode};
+use crate::id::ProductId;
 use crate::money::{Currency, PriceMinor};
 use crate::sale_status::SaleStatus;
 use crate::time::Timestamp;
@@ -18,7 +19,11 @@ pub struct StockLevel {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Sku {
     pub code: SkuCode,
+    /// The product (SPU) this SKU belongs to; `None` for SKUs created on their own.
+    pub product_id: Option<ProductId>,
     pub title: String,
+    /// The selling unit's description (`250ml x 24`).
+    pub spec: String,
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
     pub low_stock_threshold: i64,

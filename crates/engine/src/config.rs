@@ -26,6 +26,11 @@ pub struct EngineConfig {
     pub reservation_ttl_seconds_default: i64,
     /// Audits allowed to run at once (each one scans the ledger).
     pub audits_concurrent_max: usize,
+    /// Schedules applied per schedule-worker step.
+    pub schedule_batch_size: i64,
+    /// Longest pause of the schedule worker: it wakes at the next due schedule or
+    /// after this, whichever comes first, and sweeps for anything missed.
+    pub schedule_sweep_interval_milliseconds: u64,
     /// Reservation queues, each drained into batches by its own task; a request goes
     /// to the queue of its first SKU. 0 picks one.
     pub combiner_shards: usize,
@@ -53,6 +58,8 @@ impl Default for EngineConfig {
             expiry_interval_milliseconds: 1_000,
             reservation_ttl_seconds_default: domain::limits::RESERVATION_TTL_SECONDS_DEFAULT,
             audits_concurrent_max: 1,
+            schedule_batch_size: 100,
+            schedule_sweep_interval_milliseconds: 60_000,
             combiner_shards: 0,
             combiner_batch_size_max: 256,
             combiner_queue_depth_max: 4096,

@@ -10,6 +10,14 @@ use store::StoreError;
 pub enum EngineError {
     InvalidArgument(String),
     NotFound(String),
+    /// The caller may not do this (an operator outside its shop, or a non-admin delete).
+    Forbidden(String),
+    /// A business refusal that is answered, not stored (nothing was attempted): its
+    /// code says why (`off_shelf`, `insufficient_stock`, …).
+    Refused {
+        code: ErrorCode,
+        detail: String,
+    },
     IdempotencyKeyReused,
     RequestInProgress,
     LockTimeout,
@@ -26,6 +34,8 @@ impl EngineError {
         match self {
             EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             EngineError::NotFound(_) => ErrorCode::NotFound,
+            EngineError::Forbidden(_) => ErrorCode::Forbidden,
+            EngineError::Refused { code, .. } => *code,
             EngineError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
             EngineError::RequestInProgress => ErrorCode::RequestInProgress,
             EngineError::LockTimeout => ErrorCode::LockTimeout,
@@ -41,6 +51,10 @@ impl fmt::Display for EngineError {
         match self {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
+            | EngineError::Forbidden(message)
+            | EngineError::Refused {
+                detail: message, ..
+            }
             | EngineError::Unavailable(message)
             | EngineError::Overloaded(message)
             | EngineError::Internal(message) => write!(formatter, "{}: {message}", self.code()),

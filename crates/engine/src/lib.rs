@@ -3,9 +3,11 @@
 //! requests wait for their original, and drives the background workers. It writes no
 //! SQL and knows no HTTP.
 
+pub mod catalog;
 pub mod clock;
 pub mod combiner;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod in_flight;
 pub mod retry;
@@ -57,6 +59,9 @@ struct Inner {
     in_flight: InFlight,
     audits: Semaphore,
     combiner: Combiner,
+    /// Woken when this process records a schedule, so the schedule worker re-reads
+    /// the next due time.
+    schedules_changed: tokio::sync::Notify,
 }
 
 /// What one expiry step did.
@@ -103,6 +108,7 @@ impl Engine {
                 in_flight: InFlight::default(),
                 audits,
                 combiner,
+                schedules_changed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -267,6 +273,7 @@ impl Engine {
             id: ReservationId::generate(now, rand::random()),
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
+            checkout: None,
         };
         self.idempotent("reserve", claim, || async {
             match self.inner.combiner.submit(request).await {
@@ -438,9 +445,42 @@ mod tests {
                 body: String::new(),
             }
         }
-        fn reservation_created(&self, _: &Reservation) -> StoredResponse {
+        fn reservation_created(
+            &self,
+            _: &Reservation,
+            _: Option<&store::Checkout>,
+        ) -> StoredResponse {
             StoredResponse {
                 status: 201,
+                body: String::new(),
+            }
+        }
+        fn product_saved(&self, _: &domain::Product, _: bool) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn shelf_results(&self, _: &[store::ShelfResult]) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
+        fn operator_created(
+            &self,
+            _: &domain::OperatorId,
+            _: &domain::ShopCode,
+            _: Option<&str>,
+        ) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn cart(&self, _: &store::Cart) -> StoredResponse {
+            StoredResponse {
+                status: 200,
                 body: String::new(),
             }
         }

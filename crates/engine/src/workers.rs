@@ -13,6 +13,45 @@ use crate::Engine;
 pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &CancellationToken) {
     tracker.spawn(expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(purge_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(schedule_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Applies scheduled shelf changes with minute precision: sleeps until the next due
+/// schedule (woken early when a new one is recorded here), and never longer than the
+/// sweep interval, which catches schedules recorded by other processes or missed while
+/// this one was down or its clock jumped.
+async fn schedule_loop(engine: Engine, shutdown: CancellationToken) {
+    let sweep = Duration::from_millis(engine.config().schedule_sweep_interval_milliseconds);
+    let batch_size = usize::try_from(engine.config().schedule_batch_size).unwrap_or(0);
+    loop {
+        let applied_full_batch = match engine.schedule_step().await {
+            Ok(applied) => applied.len() >= batch_size,
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "schedules")
+                    .increment(1);
+                tracing::warn!(%error, "schedule step failed");
+                false
+            }
+        };
+        let pause = if applied_full_batch {
+            Duration::ZERO
+        } else {
+            match engine.next_schedule_due().await {
+                Ok(Some(due)) => {
+                    let wait = due
+                        .unix_milliseconds()
+                        .saturating_sub(engine.now().unix_milliseconds());
+                    Duration::from_millis(u64::try_from(wait).unwrap_or(0)).min(sweep)
+                }
+                Ok(None) | Err(_) => sweep,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(pause) => {}
+            () = engine.schedules_changed() => {}
+        }
+    }
 }
 
 async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {

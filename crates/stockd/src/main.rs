@@ -26,6 +26,8 @@ enum Command {
     Migrate(DatabaseArguments),
     /// Replay the ledger against counters and reservations; exit 0 only when clean.
     Audit(DatabaseArguments),
+    /// Load a small supermarket catalog with stock (safe to run twice).
+    Seed(DatabaseArguments),
     /// Drive a load scenario against stockd and judge the result; exit 0 only when
     /// nothing was oversold, duplicated or left unexplained.
     Bench(BenchArguments),
@@ -200,6 +202,9 @@ struct ServeArguments {
     shutdown_grace_seconds: u64,
     #[command(flatten)]
     combiner: CombinerArguments,
+    /// Load the demo supermarket catalog before serving (as `stockd seed` does).
+    #[arg(long)]
+    demo: bool,
 }
 
 /// How reservations are batched (the hot-SKU combiner).
@@ -299,6 +304,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         admin_token: Arc::from(admin_token),
         metrics: Some(api::metrics::install_recorder()),
     };
+    if arguments.demo {
+        let summary = engine::demo::load_demo_catalog(&engine)
+            .await
+            .map_err(|error| format!("loading the demo catalog failed: {error}"))?;
+        print_demo_summary(&summary);
+    }
     let listener = tokio::net::TcpListener::bind(&arguments.listen)
         .await
         .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
@@ -344,6 +355,37 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     tracing::info!("shutdown signal received; finishing in-flight requests");
     shutdown.cancel();
+}
+
+fn print_demo_summary(summary: &engine::demo::DemoSummary) {
+    println!(
+        "stockd: demo catalog loaded: {} products in shop demo-market, SKUs {}",
+        summary.product_ids.len(),
+        summary.skus.join(", ")
+    );
+    println!(
+        "stockd: try GET /v1/products/{}",
+        summary.product_ids.first().map_or("", String::as_str)
+    );
+    if let Some(token) = &summary.operator_token {
+        println!("stockd: operator demo-operator (shop demo-market) token: {token}");
+    }
+}
+
+async fn seed(arguments: DatabaseArguments) -> Result<bool, String> {
+    let store = connect_and_migrate(&arguments).await?;
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        api::renderer(),
+        EngineConfig::default(),
+    );
+    let summary = engine::demo::load_demo_catalog(&engine)
+        .await
+        .map_err(|error| format!("loading the demo catalog failed: {error}"))?;
+    print_demo_summary(&summary);
+    store.close().await;
+    Ok(true)
 }
 
 async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
@@ -435,6 +477,10 @@ fn main() -> ExitCode {
             Command::Audit(arguments) => {
                 init_logging(&arguments);
                 audit(arguments).await
+            }
+            Command::Seed(arguments) => {
+                init_logging(&arguments);
+                seed(arguments).await
             }
             Command::Bench(arguments) => bench(arguments).await,
             Command::Lab {

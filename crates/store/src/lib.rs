@@ -8,14 +8,19 @@
 //! Both backends share their SQL through `shared.rs` (see that file's header); the
 //! statements that differ live in each backend's `dialect` module.
 
+pub mod catalog;
 pub mod error;
 pub mod model;
 pub mod plan;
 pub mod postgres;
 pub mod sqlite;
 
-use domain::{IdempotencyKey, Reservation, ReservationId, Sku, SkuCode, Timestamp};
+use domain::{
+    IdempotencyKey, OperatorId, Product, ProductId, Reservation, ReservationId, ShelfLogEntry,
+    ShopCode, Sku, SkuCode, Timestamp, UserId,
+};
 
+pub use catalog::*;
 pub use error::StoreError;
 pub use model::*;
 
@@ -202,5 +207,116 @@ impl Store {
 
     pub async fn contents(&self) -> Result<String, StoreError> {
         dispatch!(self, store => store.contents().await)
+    }
+
+    pub async fn create_product(
+        &self,
+        claim: &IdempotencyClaim,
+        product: &NewProduct,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.create_product(claim, product, now, renderer).await)
+    }
+
+    pub async fn update_product(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ProductId,
+        changes: &ProductChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.update_product(claim, id, changes, now, renderer).await)
+    }
+
+    pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
+        dispatch!(self, store => store.product(id).await)
+    }
+
+    pub async fn resolve_shelf_targets(
+        &self,
+        selector: &TargetSelector,
+    ) -> Result<Vec<ShelfTarget>, StoreError> {
+        dispatch!(self, store => store.resolve_shelf_targets(selector).await)
+    }
+
+    pub async fn change_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        change: &ShelfChange,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.change_shelf(claim, change, now, renderer).await)
+    }
+
+    pub async fn schedule_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        scheduling: &ShelfScheduling,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.schedule_shelf(claim, scheduling, now, renderer).await)
+    }
+
+    pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError> {
+        dispatch!(self, store => store.next_schedule_due().await)
+    }
+
+    pub async fn apply_due_schedules(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<AppliedSchedule>, StoreError> {
+        dispatch!(self, store => store.apply_due_schedules(now, limit).await)
+    }
+
+    pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
+        dispatch!(self, store => store.shelf_log(query).await)
+    }
+
+    pub async fn create_operator(
+        &self,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        token_hash: &str,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.create_operator(claim, operator, shop, token_hash, now, renderer).await)
+    }
+
+    pub async fn operator_by_token_hash(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<(OperatorId, ShopCode)>, StoreError> {
+        dispatch!(self, store => store.operator_by_token_hash(token_hash).await)
+    }
+
+    pub async fn set_cart_item(
+        &self,
+        claim: &IdempotencyClaim,
+        user: &UserId,
+        sku: &SkuCode,
+        quantity: Option<i64>,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.set_cart_item(claim, user, sku, quantity, now, renderer).await)
+    }
+
+    pub async fn cart(&self, user: &UserId) -> Result<Cart, StoreError> {
+        dispatch!(self, store => store.cart(user).await)
+    }
+
+    pub async fn remove_ordered_cart_items(
+        &self,
+        user: &UserId,
+        ordered: &[(SkuCode, i64)],
+    ) -> Result<(), StoreError> {
+        dispatch!(self, store => store.remove_ordered_cart_items(user, ordered).await)
     }
 }

@@ -1,9 +1,12 @@
 //! What goes into and comes out of the store's units of work.
 
 use domain::{
-    AdjustmentQuantity, Currency, ErrorCode, IdempotencyKey, MovementId, PriceMinor, Quantity,
-    Reservation, ReservationId, ReservationLine, Sku, SkuCode, Timestamp, WarehouseCode,
+    AdjustmentQuantity, Currency, ErrorCode, IdempotencyKey, MovementId, OperatorId, PriceMinor,
+    Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku, SkuCode,
+    Timestamp, WarehouseCode,
 };
+
+use crate::catalog::{Cart, Checkout, ShelfResult};
 
 /// An HTTP response exactly as it was first sent: replays return these bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,9 +57,25 @@ impl Rejection {
 pub trait ResponseRenderer: Send + Sync {
     fn sku_saved(&self, sku: &Sku, created: bool) -> StoredResponse;
     fn movement_recorded(&self, movement: &MovementRecord) -> StoredResponse;
-    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse;
+    /// A new reservation; `checkout` when it came from a cart.
+    fn reservation_created(
+        &self,
+        reservation: &Reservation,
+        checkout: Option<&Checkout>,
+    ) -> StoredResponse;
     fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse;
     fn rejected(&self, rejection: &Rejection) -> StoredResponse;
+    fn product_saved(&self, product: &Product, created: bool) -> StoredResponse;
+    /// Per-target results of a shelf operation (applied now or scheduled).
+    fn shelf_results(&self, results: &[ShelfResult]) -> StoredResponse;
+    /// A new operator; the token only in the first answer (`None` in the stored one).
+    fn operator_created(
+        &self,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        token: Option<&str>,
+    ) -> StoredResponse;
+    fn cart(&self, cart: &Cart) -> StoredResponse;
 }
 
 /// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).
@@ -136,6 +155,8 @@ pub struct ReserveRequest {
     pub id: ReservationId,
     pub lines: Vec<ReservationLine>,
     pub expires_at: Timestamp,
+    /// Set when the reservation checks a cart out.
+    pub checkout: Option<Checkout>,
 }
 
 /// Confirm or release.

@@ -41,6 +41,41 @@ mod dialect {
     /// Serializes migrations of one schema across processes; released at commit.
     pub const MIGRATION_LOCK: Option<&str> =
         Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
+    /// Serializes shelf batches of one shop across processes, until the commit: two
+    /// overlapping batches never interleave.
+    pub async fn lock_shop(
+        transaction: &mut super::Tx,
+        shop: &domain::ShopCode,
+    ) -> Result<(), crate::StoreError> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('stockd_shelf:' || $1))")
+            .bind(shop.as_str())
+            .execute(&mut **transaction)
+            .await?;
+        Ok(())
+    }
+
+    /// Locks every stock row of these SKUs in the order reservations lock them, so a
+    /// sale-status change and a reservation of the same SKU serialize.
+    pub async fn lock_stock_of_skus(
+        transaction: &mut super::Tx,
+        skus: &[&domain::SkuCode],
+    ) -> Result<(), crate::StoreError> {
+        let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
+        sqlx::query(
+            "SELECT 1 FROM stock WHERE sku = ANY($1) \
+             ORDER BY sku COLLATE \"C\", warehouse COLLATE \"C\" FOR UPDATE",
+        )
+        .bind(codes)
+        .persistent(false)
+        .execute(&mut **transaction)
+        .await?;
+        Ok(())
+    }
+
+    /// `SKIP LOCKED`: a schedule another process is applying is left to it.
+    pub const CLAIM_DUE_SCHEDULES: &str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (
             1,
@@ -56,6 +91,11 @@ mod dialect {
             3,
             "reservation_line_key",
             include_str!("../migrations/postgres/0003_reservation_line_key.sql"),
+        ),
+        (
+            4,
+            "catalog",
+            include_str!("../migrations/postgres/0004_catalog.sql"),
         ),
     ];
 }
@@ -114,6 +154,7 @@ impl PostgresStore {
 }
 
 include!("shared.rs");
+include!("shared_catalog.rs");
 
 /// The reservation batch's bulk statements: each passes its rows as arrays read with
 /// `UNNEST`, so a batch of any size costs the same few round trips.

@@ -16,9 +16,9 @@
 use std::collections::HashMap;
 
 use domain::{
-    Currency, ErrorCode, PriceMinor, Quantity, ReleaseReason, Reservation, ReservationId,
-    ReservationLine, ReservationStatus, SaleStatus, Sku, SkuCode, StockLevel, Timestamp,
-    WarehouseCode,
+    Currency, ErrorCode, PriceMinor, ProductId, Quantity, ReleaseReason, Reservation,
+    ReservationId, ReservationLine, ReservationStatus, SaleStatus, Sku, SkuCode, StockLevel,
+    Timestamp, WarehouseCode,
 };
 use sqlx::Row;
 
@@ -183,12 +183,19 @@ fn decode_sku_row(
     stock: Vec<StockLevel>,
 ) -> Result<Sku, StoreError> {
     let code: String = row.try_get("code")?;
+    let product_id: Option<String> = row.try_get("product_id")?;
     let price: Option<i64> = row.try_get("price_minor")?;
     let currency: Option<String> = row.try_get("currency")?;
     let sale_status: String = row.try_get("sale_status")?;
     Ok(Sku {
         code: SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+        product_id: product_id
+            .as_deref()
+            .map(ProductId::parse)
+            .transpose()
+            .map_err(|error| corrupt("product id", error))?,
         title: row.try_get("title")?,
+        spec: row.try_get("spec")?,
         price: price
             .map(PriceMinor::new)
             .transpose()
@@ -213,8 +220,8 @@ async fn load_sku(
     code: &SkuCode,
 ) -> Result<Option<Sku>, StoreError> {
     let Some(row) = sqlx::query(
-        "SELECT code, title, price_minor, currency, low_stock_threshold, sale_status, version, \
-         created_at, updated_at FROM sku WHERE code = $1",
+        "SELECT code, product_id, title, spec, price_minor, currency, low_stock_threshold, \
+         sale_status, version, created_at, updated_at FROM sku WHERE code = $1",
     )
     .bind(code.as_str())
     .fetch_optional(&mut *connection)
@@ -630,7 +637,7 @@ impl BackendStore {
             .iter()
             .map(|index| {
                 let request = &requests[*index];
-                renderer.reservation_created(&Reservation {
+                let reservation = Reservation {
                     id: request.id.clone(),
                     status: ReservationStatus::Reserved,
                     release_reason: None,
@@ -638,7 +645,8 @@ impl BackendStore {
                     created_at: now,
                     updated_at: now,
                     lines: request.lines.clone(),
-                })
+                };
+                renderer.reservation_created(&reservation, request.checkout.as_ref())
             })
             .collect();
 

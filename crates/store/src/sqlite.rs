@@ -44,6 +44,25 @@ mod dialect {
     pub const VERSION_QUERY: &str = "SELECT 'SQLite ' || sqlite_version()";
     /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.
     pub const MIGRATION_LOCK: Option<&str> = None;
+    /// SQLite's single writer already serializes every shelf batch.
+    pub async fn lock_shop(
+        _transaction: &mut super::Tx,
+        _shop: &domain::ShopCode,
+    ) -> Result<(), crate::StoreError> {
+        Ok(())
+    }
+
+    /// `BEGIN IMMEDIATE` already holds the write lock: nothing more to lock.
+    pub async fn lock_stock_of_skus(
+        _transaction: &mut super::Tx,
+        _skus: &[&domain::SkuCode],
+    ) -> Result<(), crate::StoreError> {
+        Ok(())
+    }
+
+    pub const CLAIM_DUE_SCHEDULES: &str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2";
+
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (
             1,
@@ -59,6 +78,11 @@ mod dialect {
             3,
             "reservation_line_key",
             include_str!("../migrations/sqlite/0003_reservation_line_key.sql"),
+        ),
+        (
+            4,
+            "catalog",
+            include_str!("../migrations/sqlite/0004_catalog.sql"),
         ),
     ];
 }
@@ -127,6 +151,7 @@ impl SqliteStore {
 }
 
 include!("shared.rs");
+include!("shared_catalog.rs");
 
 /// The reservation batch's bulk statements. Each takes its rows as one JSON parameter
 /// read with `json_each`, so a batch of any size costs the same few statements (every

@@ -1,0 +1,339 @@
+//! Handlers of the catalog: products, shelf operations, the shelf log, operators,
+//! carts and checkout.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::header;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use domain::limits::{REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX, SPEC_LENGTH_MAX};
+use domain::{ErrorCode, ProductId, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId};
+use engine::catalog::{ProductDraft, ShelfRequest};
+use store::{Actor, ProductChanges, ShelfLogQuery, TargetSelector};
+
+use crate::AppState;
+use crate::catalog_wire::{
+    CartBody, CartItemRequest, CheckoutRequest, CreateOperatorRequest, CreateProductRequest,
+    ProductBody, ShelfLogEntryBody, ShelfOperationRequest, ShelfOperationWire, ShopperProductBody,
+    UpdateProductRequest,
+};
+use crate::extract::{
+    Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody, constant_time_equal,
+};
+use crate::problem::ApiError;
+use crate::routes::reply_response;
+
+/// Staff: the admin (every shop) or an operator (one shop), by bearer token.
+pub struct Staff(pub Actor);
+
+impl FromRequestParts<AppState> for Staff {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if constant_time_equal(presented.as_bytes(), state.admin_token.as_bytes()) {
+            return Ok(Staff(Actor::admin()));
+        }
+        if !presented.is_empty()
+            && presented.len() <= 128
+            && let Some(actor) = state.engine.operator_for_token(presented).await?
+        {
+            return Ok(Staff(actor));
+        }
+        Err(ApiError::new(
+            ErrorCode::Unauthorized,
+            "this call needs 'Authorization: Bearer <admin or operator token>'",
+        ))
+    }
+}
+
+fn parse_product_id(text: &str) -> Result<ProductId, ApiError> {
+    ProductId::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+fn parse_user(text: &str) -> Result<UserId, ApiError> {
+    UserId::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+fn parse_sku(text: &str) -> Result<SkuCode, ApiError> {
+    SkuCode::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<String, ApiError> {
+    let text = text.unwrap_or_default();
+    if text.chars().count() > length_max || text.chars().any(char::is_control) {
+        return Err(ApiError::invalid(format!(
+            "{field} must be at most {length_max} characters without control characters"
+        )));
+    }
+    Ok(text)
+}
+
+pub async fn create_product(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CreateProductRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(key);
+    let request = body.value;
+    let mut skus = Vec::with_capacity(request.skus.len());
+    for sku in request.skus {
+        let spec = bounded_text("spec", sku.spec, SPEC_LENGTH_MAX)?;
+        skus.push((sku.sku, sku.price, sku.currency, spec));
+    }
+    let draft = ProductDraft {
+        title: request.title,
+        image_url: request.image_url,
+        category: request.category,
+        supplier: request.supplier,
+        shop: request.shop,
+        skus,
+    };
+    Ok(reply_response(
+        state.engine.create_product(&claim, &actor, draft).await?,
+    ))
+}
+
+pub async fn update_product(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<UpdateProductRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_product_id(&id)?;
+    let claim = body.claim(key);
+    let request = body.value;
+    let changes = ProductChanges {
+        title: request.title,
+        image_url: request.image_url,
+        category: request.category,
+        supplier: request.supplier,
+    };
+    Ok(reply_response(
+        state
+            .engine
+            .update_product(&claim, &actor, &id, changes)
+            .await?,
+    ))
+}
+
+pub async fn delete_product(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<crate::wire::EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_product_id(&id)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state.engine.delete_product(&claim, &actor, &id).await?,
+    ))
+}
+
+/// What a shopper sees; a deleted product is gone for them.
+pub async fn shopper_product(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_product_id(&id)?;
+    let product = state.engine.product(&id).await?;
+    if product.deleted_at.is_some()
+        || product
+            .skus
+            .iter()
+            .all(|sku| sku.sale_status == SaleStatus::Deleted)
+    {
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("product '{id}' does not exist"),
+        ));
+    }
+    Ok(Json(ShopperProductBody::new(&product)).into_response())
+}
+
+pub async fn staff_product(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_product_id(&id)?;
+    let product = state.engine.product_for(&actor, &id).await?;
+    Ok(Json(ProductBody::new(&product)).into_response())
+}
+
+pub async fn shelf(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<ShelfOperationRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(key);
+    let request = body.value;
+    let (operation, scheduled) = match request.operation {
+        ShelfOperationWire::On => (ShelfOperation::On, false),
+        ShelfOperationWire::Off => (ShelfOperation::Off, false),
+        ShelfOperationWire::OnAt => (ShelfOperation::On, true),
+        ShelfOperationWire::OffAt => (ShelfOperation::Off, true),
+        ShelfOperationWire::Delete => (ShelfOperation::Delete, false),
+    };
+    let scheduled_at = match (scheduled, request.scheduled_at) {
+        (true, Some(at)) => Some(at),
+        (true, None) => return Err(ApiError::invalid("on_at and off_at need scheduled_at")),
+        (false, Some(_)) => {
+            return Err(ApiError::invalid("scheduled_at goes with on_at or off_at"));
+        }
+        (false, None) => None,
+    };
+    let remark = bounded_text("remark", request.remark, REMARK_LENGTH_MAX)?;
+    let request = ShelfRequest {
+        operation,
+        scheduled_at,
+        selector: TargetSelector {
+            product_ids: request.product_ids,
+            skus: request.sku_ids,
+            category: request.category,
+            supplier: request.supplier,
+            shop: None,
+        },
+        expected_versions: request.expected_versions,
+        remark,
+    };
+    Ok(reply_response(
+        state.engine.shelf(&claim, &actor, request).await?,
+    ))
+}
+
+/// `GET /v1/admin/shelf-log?product=&sku=&since=&after=&limit=`: oldest first; pass
+/// the last `id` as `after` for the next page.
+pub async fn shelf_log(
+    State(state): State<AppState>,
+    Staff(actor): Staff,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let mut query = ShelfLogQuery {
+        limit: 100,
+        ..ShelfLogQuery::default()
+    };
+    for (name, value) in &parameters {
+        match name.as_str() {
+            "product" => query.product_id = Some(parse_product_id(value)?),
+            "sku" => query.sku = Some(parse_sku(value)?),
+            "since" => {
+                query.since = Some(
+                    Timestamp::parse_rfc3339(value).map_err(|error| ApiError::invalid(error.0))?,
+                );
+            }
+            "after" => {
+                query.after_id = Some(
+                    value
+                        .parse::<i64>()
+                        .map_err(|_| ApiError::invalid("after must be an entry id"))?,
+                );
+            }
+            "limit" => {
+                query.limit = value
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|limit| (1..=SHELF_LOG_PAGE_SIZE_MAX).contains(limit))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!("limit must be 1 to {SHELF_LOG_PAGE_SIZE_MAX}"))
+                    })?;
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{other}'"
+                )));
+            }
+        }
+    }
+    let entries = state.engine.shelf_log(&actor, query).await?;
+    let next_after = entries.last().map(|entry| entry.id);
+    let bodies: Vec<ShelfLogEntryBody<'_>> = entries.iter().map(ShelfLogEntryBody::new).collect();
+    Ok(Json(serde_json::json!({"entries": bodies, "next_after": next_after})).into_response())
+}
+
+pub async fn create_operator(
+    State(state): State<AppState>,
+    _admin: Admin,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CreateOperatorRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(key);
+    let request = body.value;
+    Ok(reply_response(
+        state
+            .engine
+            .create_operator(&claim, &request.operator_id, &request.shop)
+            .await?,
+    ))
+}
+
+pub async fn put_cart_item(
+    State(state): State<AppState>,
+    Path((user, sku)): Path<(String, String)>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CartItemRequest>,
+) -> Result<Response, ApiError> {
+    let (user, sku) = (parse_user(&user)?, parse_sku(&sku)?);
+    let claim = body.claim(key);
+    let quantity = body.value.quantity;
+    Ok(reply_response(
+        state
+            .engine
+            .set_cart_item(&claim, &user, &sku, Some(quantity))
+            .await?,
+    ))
+}
+
+pub async fn delete_cart_item(
+    State(state): State<AppState>,
+    Path((user, sku)): Path<(String, String)>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<crate::wire::EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let (user, sku) = (parse_user(&user)?, parse_sku(&sku)?);
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state
+            .engine
+            .set_cart_item(&claim, &user, &sku, None)
+            .await?,
+    ))
+}
+
+pub async fn get_cart(
+    State(state): State<AppState>,
+    Path(user): Path<String>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&user)?;
+    let cart = state.engine.cart(&user).await?;
+    Ok(Json(CartBody::new(&cart)).into_response())
+}
+
+pub async fn checkout(
+    State(state): State<AppState>,
+    Path(user): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<CheckoutRequest>,
+) -> Result<Response, ApiError> {
+    let user = parse_user(&user)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state
+            .engine
+            .checkout(&claim, &user, body.value.ttl_seconds)
+            .await?,
+    ))
+}

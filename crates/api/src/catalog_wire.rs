@@ -1,0 +1,403 @@
+//! Wire types of the catalog: products, shelf operations, the shelf log, operators,
+//! carts and checkout.
+
+use std::collections::HashMap;
+
+use domain::{
+    Availability, CategoryCode, Currency, ImageUrl, OperatorId, PriceMinor, Product, ProductId,
+    Quantity, SaleStatus, ShelfLogEntry, ShopCode, Sku, SkuCode, SupplierCode, Timestamp, Title,
+    TtlSeconds,
+};
+use serde::{Deserialize, Serialize};
+use store::{Cart, Checkout, ShelfOutcome, ShelfResult};
+
+// ---- requests ----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSkuRequest {
+    pub sku: SkuCode,
+    pub price: PriceMinor,
+    pub currency: Currency,
+    #[serde(default)]
+    pub spec: Option<String>,
+}
+
+/// `POST /v1/products`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProductRequest {
+    pub title: Title,
+    #[serde(default)]
+    pub image_url: Option<ImageUrl>,
+    pub category: CategoryCode,
+    pub supplier: SupplierCode,
+    pub shop: ShopCode,
+    pub skus: Vec<NewSkuRequest>,
+}
+
+/// `PATCH /v1/products/{id}`. The shop cannot change.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateProductRequest {
+    pub title: Option<Title>,
+    pub image_url: Option<ImageUrl>,
+    pub category: Option<CategoryCode>,
+    pub supplier: Option<SupplierCode>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShelfOperationWire {
+    On,
+    Off,
+    OnAt,
+    OffAt,
+    Delete,
+}
+
+/// `POST /v1/admin/shelf`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShelfOperationRequest {
+    pub operation: ShelfOperationWire,
+    #[serde(default)]
+    pub product_ids: Vec<ProductId>,
+    #[serde(default)]
+    pub sku_ids: Vec<SkuCode>,
+    pub category: Option<CategoryCode>,
+    pub supplier: Option<SupplierCode>,
+    /// Required by `on_at` and `off_at`; applied at the start of that minute.
+    pub scheduled_at: Option<Timestamp>,
+    pub remark: Option<String>,
+    /// Versions the operator saw, per SKU; a SKU that moved since is refused with
+    /// `version_conflict` instead of being overwritten.
+    #[serde(default)]
+    pub expected_versions: HashMap<SkuCode, i64>,
+}
+
+/// `POST /v1/admin/operators`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOperatorRequest {
+    pub operator_id: OperatorId,
+    pub shop: ShopCode,
+}
+
+/// `PUT /v1/carts/{user}/items/{sku}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CartItemRequest {
+    pub quantity: Quantity,
+}
+
+/// `POST /v1/carts/{user}/checkout`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckoutRequest {
+    pub ttl_seconds: Option<TtlSeconds>,
+}
+
+// ---- responses ----
+
+#[derive(Debug, Serialize)]
+pub struct StaffSkuBody<'a> {
+    pub sku: &'a str,
+    pub spec: &'a str,
+    pub price: Option<i64>,
+    pub currency: Option<&'a str>,
+    pub sale_status: &'static str,
+    pub version: i64,
+    pub available: i64,
+    pub reserved: i64,
+}
+
+impl<'a> StaffSkuBody<'a> {
+    fn new(sku: &'a Sku) -> StaffSkuBody<'a> {
+        StaffSkuBody {
+            sku: sku.code.as_str(),
+            spec: &sku.spec,
+            price: sku.price.map(PriceMinor::get),
+            currency: sku.currency.as_ref().map(Currency::as_str),
+            sale_status: sku.sale_status.as_str(),
+            version: sku.version,
+            available: sku.available(),
+            reserved: sku.reserved(),
+        }
+    }
+}
+
+/// A product as staff see it.
+#[derive(Debug, Serialize)]
+pub struct ProductBody<'a> {
+    pub product_id: &'a str,
+    pub title: &'a str,
+    pub image_url: Option<&'a str>,
+    pub category: &'a str,
+    pub supplier: &'a str,
+    pub shop: &'a str,
+    pub version: i64,
+    pub deleted: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deleted_at: Option<Timestamp>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub skus: Vec<StaffSkuBody<'a>>,
+}
+
+impl<'a> ProductBody<'a> {
+    pub fn new(product: &'a Product) -> ProductBody<'a> {
+        ProductBody {
+            product_id: product.id.as_str(),
+            title: &product.title,
+            image_url: product.image_url.as_ref().map(ImageUrl::as_str),
+            category: product.category.as_str(),
+            supplier: product.supplier.as_str(),
+            shop: product.shop.as_str(),
+            version: product.version,
+            deleted: product.deleted_at.is_some(),
+            deleted_at: product.deleted_at,
+            created_at: product.created_at,
+            updated_at: product.updated_at,
+            skus: product.skus.iter().map(StaffSkuBody::new).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShopperSkuBody<'a> {
+    pub sku: &'a str,
+    pub spec: &'a str,
+    pub price: Option<i64>,
+    pub currency: Option<&'a str>,
+    pub availability: Availability,
+    /// Units that can be bought now (0 unless on sale).
+    pub available: i64,
+}
+
+/// `GET /v1/products/{id}`: what a shopper sees. A display, read without locks: the
+/// reservation at checkout decides.
+#[derive(Debug, Serialize)]
+pub struct ShopperProductBody<'a> {
+    pub product_id: &'a str,
+    pub title: &'a str,
+    pub image_url: Option<&'a str>,
+    pub category: &'a str,
+    pub skus: Vec<ShopperSkuBody<'a>>,
+}
+
+impl<'a> ShopperProductBody<'a> {
+    pub fn new(product: &'a Product) -> ShopperProductBody<'a> {
+        ShopperProductBody {
+            product_id: product.id.as_str(),
+            title: &product.title,
+            image_url: product.image_url.as_ref().map(ImageUrl::as_str),
+            category: product.category.as_str(),
+            skus: product
+                .skus
+                .iter()
+                .filter(|sku| sku.sale_status != SaleStatus::Deleted)
+                .map(|sku| {
+                    let availability = Availability::of(sku.sale_status, sku.available());
+                    ShopperSkuBody {
+                        sku: sku.code.as_str(),
+                        spec: &sku.spec,
+                        price: sku.price.map(PriceMinor::get),
+                        currency: sku.currency.as_ref().map(Currency::as_str),
+                        availability,
+                        available: if availability == Availability::OnSale {
+                            sku.available()
+                        } else {
+                            0
+                        },
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShelfResultBody<'a> {
+    pub sku: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub product_id: Option<&'a str>,
+    /// `changed`, `repeated`, `refused` or `scheduled`.
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedule_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_at: Option<Timestamp>,
+}
+
+impl<'a> ShelfResultBody<'a> {
+    pub fn new(result: &'a ShelfResult) -> ShelfResultBody<'a> {
+        let mut body = ShelfResultBody {
+            sku: result.sku.as_str(),
+            product_id: result.product_id.as_ref().map(ProductId::as_str),
+            outcome: "",
+            from: None,
+            to: None,
+            version: None,
+            code: None,
+            reason: None,
+            missing: Vec::new(),
+            schedule_id: None,
+            due_at: None,
+        };
+        match &result.outcome {
+            ShelfOutcome::Changed { from, to, version } => {
+                body.outcome = "changed";
+                body.from = Some(from.as_str());
+                body.to = Some(to.as_str());
+                body.version = Some(*version);
+            }
+            ShelfOutcome::Repeated { status } => {
+                body.outcome = "repeated";
+                body.from = Some(status.as_str());
+                body.to = Some(status.as_str());
+            }
+            ShelfOutcome::Refused {
+                code,
+                reason,
+                missing,
+            } => {
+                body.outcome = "refused";
+                body.code = Some(code.as_str());
+                body.reason = Some(reason);
+                body.missing = missing.clone();
+            }
+            ShelfOutcome::Scheduled {
+                schedule_id,
+                due_at,
+            } => {
+                body.outcome = "scheduled";
+                body.schedule_id = Some(schedule_id.as_str());
+                body.due_at = Some(*due_at);
+            }
+        }
+        body
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ShelfLogEntryBody<'a> {
+    pub id: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub product_id: Option<&'a str>,
+    pub sku: &'a str,
+    pub operator_id: &'a str,
+    pub operator_type: &'static str,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub operation: &'a str,
+    pub repeated: bool,
+    pub remark: &'a str,
+    pub created_at: Timestamp,
+}
+
+impl<'a> ShelfLogEntryBody<'a> {
+    pub fn new(entry: &'a ShelfLogEntry) -> ShelfLogEntryBody<'a> {
+        ShelfLogEntryBody {
+            id: entry.id,
+            product_id: entry.product_id.as_ref().map(ProductId::as_str),
+            sku: entry.sku.as_str(),
+            operator_id: entry.operator_id.as_str(),
+            operator_type: entry.operator_type.as_str(),
+            from: entry.from_status.as_str(),
+            to: entry.to_status.as_str(),
+            operation: &entry.operation,
+            repeated: entry.repeated,
+            remark: &entry.remark,
+            created_at: entry.created_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct CartLineBody<'a> {
+    pub sku: &'a str,
+    pub quantity: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub currency: Option<&'a str>,
+    pub orderable: bool,
+    /// Why the line cannot be ordered now: `not_found`, `deleted`, `off_shelf`,
+    /// `out_of_stock`, `quantity_above_available`. Invalid lines are shown, not hidden.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<&'static str>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CartBody<'a> {
+    pub user: &'a str,
+    pub lines: Vec<CartLineBody<'a>>,
+    pub orderable_lines: usize,
+}
+
+impl<'a> CartBody<'a> {
+    pub fn new(cart: &'a Cart) -> CartBody<'a> {
+        let lines: Vec<CartLineBody<'a>> = cart
+            .lines
+            .iter()
+            .map(|line| {
+                let problem = line.problem();
+                CartLineBody {
+                    sku: line.sku.as_str(),
+                    quantity: line.quantity,
+                    title: line.current.as_ref().map(|current| current.title.as_str()),
+                    price: line
+                        .current
+                        .as_ref()
+                        .and_then(|current| current.price.map(PriceMinor::get)),
+                    currency: line
+                        .current
+                        .as_ref()
+                        .and_then(|current| current.currency.as_ref().map(Currency::as_str)),
+                    orderable: problem.is_none(),
+                    problem: problem.map(|problem| problem.as_str()),
+                }
+            })
+            .collect();
+        let orderable_lines = lines.iter().filter(|line| line.orderable).count();
+        CartBody {
+            user: cart.user.as_str(),
+            lines,
+            orderable_lines,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct SkippedLineBody<'a> {
+    pub sku: &'a str,
+    pub quantity: i64,
+    pub problem: &'static str,
+}
+
+pub fn skipped_lines(checkout: &Checkout) -> Vec<SkippedLineBody<'_>> {
+    checkout
+        .skipped
+        .iter()
+        .map(|line| SkippedLineBody {
+            sku: line.sku.as_str(),
+            quantity: line.quantity,
+            problem: line.problem.as_str(),
+        })
+        .collect()
+}

@@ -1,0 +1,515 @@
+//! The catalog's use cases (seed 003): products, shelf operations now and on a
+//! schedule, the shelf log, operators, carts and checkout.
+
+use std::collections::{BTreeSet, HashMap};
+
+use domain::limits::{PRODUCT_SKUS_MAX, SCHEDULE_HORIZON_SECONDS_MAX, SHELF_TARGETS_MAX};
+use domain::{
+    CategoryCode, Currency, ImageUrl, OperatorId, OperatorType, PriceMinor, Product, ProductId,
+    Quantity, ReservationId, ReservationLine, ScheduleId, ShelfLogEntry, ShelfOperation, ShopCode,
+    SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode,
+};
+use sha2::{Digest, Sha256};
+use store::{
+    Actor, AppliedSchedule, Cart, Checkout, IdempotencyClaim, NewProduct, NewSku, ProductChanges,
+    ReserveRequest, ShelfChange, ShelfLogQuery, ShelfScheduling, SkippedLine, TargetSelector,
+};
+
+use crate::combiner::Refusal;
+use crate::{Engine, EngineError, Reply, answer_from_record, log_store_error};
+
+/// A product as an operator submits it.
+#[derive(Debug, Clone)]
+pub struct ProductDraft {
+    pub title: Title,
+    pub image_url: Option<ImageUrl>,
+    pub category: CategoryCode,
+    pub supplier: SupplierCode,
+    pub shop: ShopCode,
+    pub skus: Vec<(SkuCode, PriceMinor, Currency, String)>,
+}
+
+/// A shelf operation as an operator submits it.
+#[derive(Debug, Clone)]
+pub struct ShelfRequest {
+    pub operation: ShelfOperation,
+    /// `Some` schedules the operation (`on_at`, `off_at`) instead of applying it now.
+    pub scheduled_at: Option<Timestamp>,
+    pub selector: TargetSelector,
+    pub expected_versions: HashMap<SkuCode, i64>,
+    pub remark: String,
+}
+
+/// SHA-256 of an operator token, hex: only the hash is stored.
+pub fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
+}
+
+const MINUTE_MILLISECONDS: i64 = 60_000;
+
+impl Engine {
+    fn forbid_other_shop(actor: &Actor, shop: Option<&ShopCode>) -> Result<(), EngineError> {
+        if actor.may_touch(shop) {
+            Ok(())
+        } else {
+            Err(EngineError::Forbidden(format!(
+                "operator '{}' may act only within shop '{}'",
+                actor.operator,
+                actor.shop.as_ref().map_or("", ShopCode::as_str)
+            )))
+        }
+    }
+
+    /// `POST /v1/products`: a product and its SKUs, all `PENDING_REVIEW`.
+    pub async fn create_product(
+        &self,
+        claim: &IdempotencyClaim,
+        actor: &Actor,
+        draft: ProductDraft,
+    ) -> Result<Reply, EngineError> {
+        Engine::forbid_other_shop(actor, Some(&draft.shop))?;
+        if draft.skus.is_empty() || draft.skus.len() > PRODUCT_SKUS_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "skus must hold 1 to {PRODUCT_SKUS_MAX} entries"
+            )));
+        }
+        let distinct: BTreeSet<&SkuCode> = draft.skus.iter().map(|(code, ..)| code).collect();
+        if distinct.len() != draft.skus.len() {
+            return Err(EngineError::InvalidArgument(
+                "a SKU code appears twice".into(),
+            ));
+        }
+        let now = self.now();
+        let product = NewProduct {
+            id: ProductId::generate(now, rand::random()),
+            title: draft.title,
+            image_url: draft.image_url,
+            category: draft.category,
+            supplier: draft.supplier,
+            shop: draft.shop,
+            skus: draft
+                .skus
+                .into_iter()
+                .map(|(code, price, currency, spec)| NewSku {
+                    code,
+                    price,
+                    currency,
+                    spec,
+                })
+                .collect(),
+        };
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("create_product", claim, || {
+            self.retried("create_product", || {
+                self.inner
+                    .store
+                    .create_product(claim, &product, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    /// The product with its SKUs and stock, or `not_found`.
+    pub async fn product(&self, id: &ProductId) -> Result<Product, EngineError> {
+        self.inner
+            .store
+            .product(id)
+            .await
+            .map_err(|error| log_store_error("get_product", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("product '{id}' does not exist")))
+    }
+
+    /// The product, if `actor` may see it as staff.
+    pub async fn product_for(&self, actor: &Actor, id: &ProductId) -> Result<Product, EngineError> {
+        let product = self.product(id).await?;
+        Engine::forbid_other_shop(actor, Some(&product.shop))?;
+        Ok(product)
+    }
+
+    /// `PATCH /v1/products/{id}`.
+    pub async fn update_product(
+        &self,
+        claim: &IdempotencyClaim,
+        actor: &Actor,
+        id: &ProductId,
+        changes: ProductChanges,
+    ) -> Result<Reply, EngineError> {
+        // A product's shop never changes, so checking it before the transaction holds.
+        self.product_for(actor, id).await?;
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("update_product", claim, || {
+            self.retried("update_product", || {
+                self.inner
+                    .store
+                    .update_product(claim, id, &changes, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    /// `POST /v1/admin/shelf`: on, off or delete, now or at a minute in the future.
+    pub async fn shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        actor: &Actor,
+        request: ShelfRequest,
+    ) -> Result<Reply, EngineError> {
+        if request.operation == ShelfOperation::Delete && !actor.is_admin() {
+            return Err(EngineError::Forbidden("only the admin may delete".into()));
+        }
+        let mut selector = request.selector;
+        let names_something = !selector.product_ids.is_empty()
+            || !selector.skus.is_empty()
+            || selector.category.is_some()
+            || selector.supplier.is_some();
+        if !names_something {
+            return Err(EngineError::InvalidArgument(
+                "name the targets: product_ids, sku_ids, category or supplier".into(),
+            ));
+        }
+        if selector.product_ids.len() + selector.skus.len() > SHELF_TARGETS_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "at most {SHELF_TARGETS_MAX} targets"
+            )));
+        }
+        if let Some(shop) = &actor.shop {
+            // An operator's category and supplier operations stay within its shop.
+            selector.shop = Some(shop.clone());
+        }
+        let targets = self
+            .inner
+            .store
+            .resolve_shelf_targets(&selector)
+            .await
+            .map_err(|error| log_store_error("resolve_shelf_targets", error))?;
+        if targets.is_empty() {
+            return Err(EngineError::NotFound("the operation names no SKU".into()));
+        }
+        if targets.len() > SHELF_TARGETS_MAX {
+            return Err(EngineError::InvalidArgument(format!(
+                "the operation names {} SKUs; at most {SHELF_TARGETS_MAX} at once",
+                targets.len()
+            )));
+        }
+        for target in &targets {
+            Engine::forbid_other_shop(actor, target.shop.as_ref())?;
+        }
+        let renderer = self.inner.renderer.as_ref();
+        match request.scheduled_at {
+            None => {
+                let change = ShelfChange {
+                    operation: request.operation,
+                    targets,
+                    expected_versions: request.expected_versions,
+                    actor: actor.clone(),
+                    remark: request.remark,
+                    scheduled: false,
+                };
+                self.idempotent("shelf", claim, || {
+                    self.retried("shelf", || {
+                        self.inner
+                            .store
+                            .change_shelf(claim, &change, self.now(), renderer)
+                    })
+                })
+                .await
+            }
+            Some(scheduled_at) => {
+                if request.operation == ShelfOperation::Delete {
+                    return Err(EngineError::InvalidArgument(
+                        "deletes cannot be scheduled".into(),
+                    ));
+                }
+                let now = self.now();
+                // Minute precision: the change applies at the start of the named minute.
+                let due_at = Timestamp::from_unix_milliseconds(
+                    scheduled_at
+                        .unix_milliseconds()
+                        .div_euclid(MINUTE_MILLISECONDS)
+                        * MINUTE_MILLISECONDS,
+                );
+                if due_at <= now {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "scheduled_at must be a minute in the future (now is {now})"
+                    )));
+                }
+                if due_at > now.plus_seconds(SCHEDULE_HORIZON_SECONDS_MAX) {
+                    return Err(EngineError::InvalidArgument(
+                        "scheduled_at is more than a year ahead".into(),
+                    ));
+                }
+                let scheduling = ShelfScheduling {
+                    operation: request.operation,
+                    targets: targets
+                        .into_iter()
+                        .map(|target| (ScheduleId::generate(now, rand::random()), target))
+                        .collect(),
+                    due_at,
+                    actor: actor.clone(),
+                    remark: request.remark,
+                };
+                let reply = self
+                    .idempotent("schedule_shelf", claim, || {
+                        self.retried("schedule_shelf", || {
+                            self.inner.store.schedule_shelf(
+                                claim,
+                                &scheduling,
+                                self.now(),
+                                renderer,
+                            )
+                        })
+                    })
+                    .await?;
+                self.inner.schedules_changed.notify_one();
+                Ok(reply)
+            }
+        }
+    }
+
+    /// `DELETE /v1/products/{id}`: every SKU of the product to `DELETED` (admin only).
+    pub async fn delete_product(
+        &self,
+        claim: &IdempotencyClaim,
+        actor: &Actor,
+        id: &ProductId,
+    ) -> Result<Reply, EngineError> {
+        let request = ShelfRequest {
+            operation: ShelfOperation::Delete,
+            scheduled_at: None,
+            selector: TargetSelector {
+                product_ids: vec![id.clone()],
+                ..TargetSelector::default()
+            },
+            expected_versions: HashMap::new(),
+            remark: "product deleted".into(),
+        };
+        self.shelf(claim, actor, request).await
+    }
+
+    /// One step of the schedule worker: applies up to one batch of due schedules.
+    pub async fn schedule_step(&self) -> Result<Vec<AppliedSchedule>, EngineError> {
+        let applied = self
+            .inner
+            .store
+            .apply_due_schedules(self.now(), self.inner.config.schedule_batch_size)
+            .await
+            .map_err(|error| log_store_error("apply_schedules", error))?;
+        metrics::counter!("stockd_shelf_schedules_applied_total").increment(applied.len() as u64);
+        Ok(applied)
+    }
+
+    pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, EngineError> {
+        self.inner
+            .store
+            .next_schedule_due()
+            .await
+            .map_err(|error| log_store_error("next_schedule", error))
+    }
+
+    /// Waits until a new schedule is recorded in this process.
+    pub async fn schedules_changed(&self) {
+        self.inner.schedules_changed.notified().await;
+    }
+
+    /// `GET /v1/admin/shelf-log`: an operator sees only its shop.
+    pub async fn shelf_log(
+        &self,
+        actor: &Actor,
+        mut query: ShelfLogQuery,
+    ) -> Result<Vec<ShelfLogEntry>, EngineError> {
+        if let Some(shop) = &actor.shop {
+            query.shop = Some(shop.clone());
+        }
+        self.inner
+            .store
+            .shelf_log(&query)
+            .await
+            .map_err(|error| log_store_error("shelf_log", error))
+    }
+
+    /// `POST /v1/admin/operators`: a token bound to one shop. The token is in the first
+    /// answer only; only its hash is stored.
+    pub async fn create_operator(
+        &self,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+        shop: &ShopCode,
+    ) -> Result<Reply, EngineError> {
+        let token: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        let hash = token_hash(&token);
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("create_operator", claim, || {
+                self.retried("create_operator", || {
+                    self.inner.store.create_operator(
+                        claim,
+                        operator,
+                        shop,
+                        &hash,
+                        self.now(),
+                        renderer,
+                    )
+                })
+            })
+            .await?;
+        if !reply.replayed && reply.response.status == 201 {
+            return Ok(Reply {
+                response: renderer.operator_created(operator, shop, Some(&token)),
+                replayed: false,
+            });
+        }
+        Ok(reply)
+    }
+
+    /// The operator a bearer token belongs to, if any.
+    pub async fn operator_for_token(&self, token: &str) -> Result<Option<Actor>, EngineError> {
+        let found = self
+            .inner
+            .store
+            .operator_by_token_hash(&token_hash(token))
+            .await
+            .map_err(|error| log_store_error("authenticate", error))?;
+        Ok(found.map(|(operator, shop)| Actor {
+            operator,
+            operator_type: OperatorType::Manual,
+            shop: Some(shop),
+        }))
+    }
+
+    /// `PUT` (with a quantity) or `DELETE` (without) `/v1/carts/{user}/items/{sku}`. A
+    /// cart holds no stock.
+    pub async fn set_cart_item(
+        &self,
+        claim: &IdempotencyClaim,
+        user: &UserId,
+        sku: &SkuCode,
+        quantity: Option<Quantity>,
+    ) -> Result<Reply, EngineError> {
+        let renderer = self.inner.renderer.as_ref();
+        let quantity = quantity.map(Quantity::get);
+        self.idempotent("cart", claim, || {
+            self.retried("cart", || {
+                self.inner
+                    .store
+                    .set_cart_item(claim, user, sku, quantity, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    pub async fn cart(&self, user: &UserId) -> Result<Cart, EngineError> {
+        self.inner
+            .store
+            .cart(user)
+            .await
+            .map_err(|error| log_store_error("cart", error))
+    }
+
+    /// `POST /v1/carts/{user}/checkout`: reserves the lines that can be ordered now,
+    /// reports the others, and fails when none can. Off-shelf and stock are checked
+    /// again inside the reserving transaction.
+    pub async fn checkout(
+        &self,
+        claim: &IdempotencyClaim,
+        user: &UserId,
+        ttl: Option<TtlSeconds>,
+    ) -> Result<Reply, EngineError> {
+        // A retry answers from its stored result, even after the cart was emptied.
+        if let Some((fingerprint, response)) = self
+            .inner
+            .store
+            .idempotency_record(&claim.key)
+            .await
+            .map_err(|error| log_store_error("checkout", error))?
+        {
+            return answer_from_record("checkout", claim, &fingerprint, response);
+        }
+        let cart = self.cart(user).await?;
+        if cart.lines.is_empty() {
+            return Err(EngineError::InvalidArgument(format!(
+                "the cart of '{user}' is empty"
+            )));
+        }
+        let mut lines = Vec::new();
+        let mut skipped = Vec::new();
+        for line in &cart.lines {
+            match line.problem() {
+                Some(problem) => skipped.push(SkippedLine {
+                    sku: line.sku.clone(),
+                    quantity: line.quantity,
+                    problem,
+                }),
+                None => lines.push(ReservationLine {
+                    sku: line.sku.clone(),
+                    warehouse: WarehouseCode::default_warehouse(),
+                    quantity: Quantity::new(line.quantity)
+                        .map_err(|error| EngineError::Internal(error.0))?,
+                }),
+            }
+        }
+        if lines.is_empty() {
+            let first = skipped[0].problem;
+            let reasons: Vec<String> = skipped
+                .iter()
+                .map(|line| format!("{} ({})", line.sku, line.problem.as_str()))
+                .collect();
+            return Err(EngineError::Refused {
+                code: first.code(),
+                detail: format!(
+                    "no line of the cart can be ordered now: {}",
+                    reasons.join(", ")
+                ),
+            });
+        }
+        let ordered: Vec<(SkuCode, i64)> = lines
+            .iter()
+            .map(|line| (line.sku.clone(), line.quantity.get()))
+            .collect();
+        let now = self.now();
+        let ttl_seconds = ttl.map_or(
+            self.inner.config.reservation_ttl_seconds_default,
+            TtlSeconds::get,
+        );
+        let request = ReserveRequest {
+            claim: claim.clone(),
+            id: ReservationId::generate(now, rand::random()),
+            lines,
+            expires_at: now.plus_seconds(ttl_seconds),
+            checkout: Some(Checkout {
+                user: user.clone(),
+                skipped,
+            }),
+        };
+        let reply = self
+            .idempotent("checkout", claim, || async {
+                match self.inner.combiner.submit(request).await {
+                    Ok(outcome) => outcome.map_err(|error| log_store_error("checkout", error)),
+                    Err(Refusal::QueueFull) => Err(EngineError::Overloaded(
+                        "too many reservations are queued; retry with the same key".into(),
+                    )),
+                    Err(Refusal::Stopped) => {
+                        Err(EngineError::Unavailable("stockd is shutting down".into()))
+                    }
+                }
+            })
+            .await?;
+        if reply.response.status == 201 {
+            // The ordered lines leave the cart (unless changed meanwhile). Best effort:
+            // the reservation stands either way.
+            if let Err(error) = self
+                .inner
+                .store
+                .remove_ordered_cart_items(user, &ordered)
+                .await
+            {
+                tracing::warn!(%error, "could not remove ordered lines from a cart");
+            }
+        }
+        Ok(reply)
+    }
+}

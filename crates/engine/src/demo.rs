@@ -1,0 +1,190 @@
+//! A small supermarket catalog for trying every endpoint at once (`stockd seed`,
+//! `stockd serve --demo`). Loading it twice changes nothing: every step carries a fixed
+//! idempotency key, so the second time each one replays.
+
+use std::collections::HashMap;
+
+use domain::{
+    CategoryCode, Currency, IdempotencyKey, ImageUrl, OperatorId, PriceMinor, Quantity,
+    ShelfOperation, ShopCode, SkuCode, SupplierCode, Title,
+};
+use store::{Actor, IdempotencyClaim, MovementQuantity, TargetSelector};
+
+use crate::catalog::{ProductDraft, ShelfRequest};
+use crate::{Engine, EngineError};
+
+/// What the demo loaded, for the command line to print.
+#[derive(Debug, Clone, Default)]
+pub struct DemoSummary {
+    pub product_ids: Vec<String>,
+    pub skus: Vec<String>,
+    /// The demo operator's token, when this load created the operator.
+    pub operator_token: Option<String>,
+}
+
+struct DemoProduct {
+    key: &'static str,
+    title: &'static str,
+    image: Option<&'static str>,
+    category: &'static str,
+    supplier: &'static str,
+    /// (sku, price in fen, spec, units received)
+    skus: &'static [(&'static str, i64, &'static str, i64)],
+    on_shelf: bool,
+}
+
+const SHOP: &str = "demo-market";
+
+const CATALOG: &[DemoProduct] = &[
+    DemoProduct {
+        key: "milk",
+        title: "Fresh milk",
+        image: Some("https://images.example.com/demo/milk.jpg"),
+        category: "dairy",
+        supplier: "bright-dairy",
+        skus: &[
+            ("MILK-1L", 599, "1 L bottle", 120),
+            ("MILK-1L-X6", 3299, "6 x 1 L", 20),
+        ],
+        on_shelf: true,
+    },
+    DemoProduct {
+        key: "yogurt",
+        title: "Plain yogurt",
+        image: Some("https://images.example.com/demo/yogurt.jpg"),
+        category: "dairy",
+        supplier: "bright-dairy",
+        skus: &[("YOGURT-150G", 399, "150 g cup", 60)],
+        on_shelf: true,
+    },
+    DemoProduct {
+        key: "bread",
+        title: "Whole-wheat bread",
+        image: Some("https://images.example.com/demo/bread.jpg"),
+        category: "bakery",
+        supplier: "golden-bakery",
+        skus: &[("BREAD-WW-500G", 1299, "500 g loaf", 1)],
+        on_shelf: true,
+    },
+    DemoProduct {
+        key: "eggs",
+        title: "Free-range eggs",
+        image: Some("https://images.example.com/demo/eggs.jpg"),
+        category: "fresh",
+        supplier: "green-farm",
+        skus: &[("EGGS-10", 1599, "box of 10", 0)],
+        on_shelf: true,
+    },
+    DemoProduct {
+        key: "mooncake",
+        title: "Seasonal mooncakes",
+        image: None,
+        category: "bakery",
+        supplier: "golden-bakery",
+        skus: &[("MOONCAKE-4", 8800, "gift box of 4", 30)],
+        on_shelf: false,
+    },
+];
+
+fn claim(key: String) -> Result<IdempotencyClaim, EngineError> {
+    Ok(IdempotencyClaim {
+        key: IdempotencyKey::parse(&key).map_err(|error| EngineError::Internal(error.0))?,
+        fingerprint: format!("demo-catalog-v1:{key}"),
+    })
+}
+
+fn parsed<T>(
+    parse: impl Fn(&str) -> Result<T, domain::ParseError>,
+    text: &str,
+) -> Result<T, EngineError> {
+    parse(text).map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))
+}
+
+/// Loads the demo catalog: five products in shop `demo-market` (one left pending
+/// review: it has no image), their stock (eggs at zero: temporarily out of stock),
+/// and an operator `demo-operator` of that shop.
+pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineError> {
+    let admin = Actor::admin();
+    let mut summary = DemoSummary::default();
+    let shop = parsed(ShopCode::parse, SHOP)?;
+    for product in CATALOG {
+        let mut skus = Vec::new();
+        for (code, price, spec, _) in product.skus {
+            skus.push((
+                parsed(SkuCode::parse, code)?,
+                PriceMinor::new(*price).map_err(|error| EngineError::Internal(error.0))?,
+                parsed(Currency::parse, "CNY")?,
+                (*spec).to_owned(),
+            ));
+        }
+        let draft = ProductDraft {
+            title: parsed(Title::parse, product.title)?,
+            image_url: product
+                .image
+                .map(|url| parsed(ImageUrl::parse, url))
+                .transpose()?,
+            category: parsed(CategoryCode::parse, product.category)?,
+            supplier: parsed(SupplierCode::parse, product.supplier)?,
+            shop: shop.clone(),
+            skus,
+        };
+        let reply = engine
+            .create_product(
+                &claim(format!("demo-product-{}", product.key))?,
+                &admin,
+                draft,
+            )
+            .await?;
+        let body: serde_json::Value = serde_json::from_str(&reply.response.body)
+            .map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))?;
+        let product_id = body["product_id"]
+            .as_str()
+            .ok_or_else(|| EngineError::Internal(format!("demo catalog: {}", reply.response.body)))?
+            .to_owned();
+        for (code, _, _, units) in product.skus {
+            summary.skus.push((*code).to_owned());
+            if *units > 0 {
+                let quantity =
+                    Quantity::new(*units).map_err(|error| EngineError::Internal(error.0))?;
+                engine
+                    .record_movement(
+                        &claim(format!("demo-receive-{code}"))?,
+                        parsed(SkuCode::parse, code)?,
+                        None,
+                        MovementQuantity::Receive(quantity),
+                    )
+                    .await?;
+            }
+        }
+        if product.on_shelf {
+            let request = ShelfRequest {
+                operation: ShelfOperation::On,
+                scheduled_at: None,
+                selector: TargetSelector {
+                    product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
+                    ..TargetSelector::default()
+                },
+                expected_versions: HashMap::new(),
+                remark: "demo catalog".into(),
+            };
+            engine
+                .shelf(
+                    &claim(format!("demo-shelf-{}", product.key))?,
+                    &admin,
+                    request,
+                )
+                .await?;
+        }
+        summary.product_ids.push(product_id);
+    }
+    let operator = parsed(OperatorId::parse, "demo-operator")?;
+    let reply = engine
+        .create_operator(&claim("demo-operator".into())?, &operator, &shop)
+        .await?;
+    if !reply.replayed {
+        let body: serde_json::Value =
+            serde_json::from_str(&reply.response.body).unwrap_or_default();
+        summary.operator_token = body["token"].as_str().map(str::to_owned);
+    }
+    Ok(summary)
+}

@@ -1,0 +1,961 @@
+// The catalog's units of work (seed 003), shared by the SQLite and PostgreSQL stores
+// like `shared.rs` (included after it, in the same module). Dialect pieces used here:
+// `dialect::lock_shop`, `dialect::lock_stock_of_skus`, `dialect::CLAIM_DUE_SCHEDULES`.
+//
+// A sale-status change locks the SKU's stock rows before it reads or writes the
+// status: a reservation reads the status after locking the same rows, so the two
+// serialize, and a SKU taken off the shelf cannot be sold by a reservation that
+// commits afterwards.
+
+use std::collections::BTreeSet;
+
+use domain::{
+    CategoryCode, Completeness, ImageUrl, OperatorId, OperatorType, Product, ScheduleId,
+    ShelfDecision, ShelfLogEntry, ShelfOperation, ShopCode, SupplierCode, Title, UserId,
+    decide_shelf_change, operation_label,
+};
+
+use crate::catalog::{
+    Actor, AppliedSchedule, Cart, CartLine, CartSku, NewProduct, ProductChanges, ShelfChange,
+    ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget, TargetSelector,
+};
+
+fn parse_stored<T>(
+    what: &str,
+    text: &str,
+    parse: impl Fn(&str) -> Result<T, domain::ParseError>,
+) -> Result<T, StoreError> {
+    parse(text).map_err(|error| corrupt(what, error))
+}
+
+async fn load_product(
+    connection: &mut DbConnection,
+    id: &ProductId,
+) -> Result<Option<Product>, StoreError> {
+    let Some(row) = sqlx::query(
+        "SELECT title, image_url, category, supplier, shop, version, deleted_at, created_at, updated_at \
+         FROM product WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let codes: Vec<String> =
+        sqlx::query_scalar("SELECT code FROM sku WHERE product_id = $1 ORDER BY code")
+            .bind(id.as_str())
+            .fetch_all(&mut *connection)
+            .await?;
+    let mut skus = Vec::with_capacity(codes.len());
+    for code in codes {
+        let code = parse_stored("sku code", &code, SkuCode::parse)?;
+        if let Some(sku) = load_sku(&mut *connection, &code).await? {
+            skus.push(sku);
+        }
+    }
+    let image_url: Option<String> = row.try_get("image_url")?;
+    let category: String = row.try_get("category")?;
+    let supplier: String = row.try_get("supplier")?;
+    let shop: String = row.try_get("shop")?;
+    let deleted_at: Option<i64> = row.try_get("deleted_at")?;
+    Ok(Some(Product {
+        id: id.clone(),
+        title: row.try_get("title")?,
+        image_url: image_url
+            .as_deref()
+            .map(|url| parse_stored("image url", url, ImageUrl::parse))
+            .transpose()?,
+        category: parse_stored("category", &category, CategoryCode::parse)?,
+        supplier: parse_stored("supplier", &supplier, SupplierCode::parse)?,
+        shop: parse_stored("shop", &shop, ShopCode::parse)?,
+        version: row.try_get("version")?,
+        deleted_at: deleted_at.map(Timestamp::from_unix_milliseconds),
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        skus,
+    }))
+}
+
+/// A SKU's sale state as a shelf change needs it.
+struct ShelfState {
+    status: SaleStatus,
+    version: i64,
+    completeness: Completeness,
+}
+
+async fn load_shelf_state(
+    connection: &mut DbConnection,
+    sku: &SkuCode,
+) -> Result<Option<ShelfState>, StoreError> {
+    let row = sqlx::query(
+        "SELECT sku.sale_status, sku.version, sku.title AS sku_title, sku.price_minor, sku.product_id, \
+         product.title AS product_title, product.image_url FROM sku \
+         LEFT JOIN product ON product.id = sku.product_id WHERE sku.code = $1",
+    )
+    .bind(sku.as_str())
+    .fetch_optional(&mut *connection)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let status: String = row.try_get("sale_status")?;
+    let product_id: Option<String> = row.try_get("product_id")?;
+    let price: Option<i64> = row.try_get("price_minor")?;
+    let completeness = match product_id {
+        // A product needs its title, image and price before its SKUs go on sale.
+        Some(_) => {
+            let title: Option<String> = row.try_get("product_title")?;
+            let image_url: Option<String> = row.try_get("image_url")?;
+            Completeness {
+                has_title: title.is_some_and(|title| !title.trim().is_empty()),
+                has_image: image_url.is_some_and(|url| !url.is_empty()),
+                has_price: price.is_some(),
+            }
+        }
+        // A SKU created on its own (`PUT /v1/skus`) has no product and no image.
+        None => {
+            let title: String = row.try_get("sku_title")?;
+            Completeness {
+                has_title: !title.trim().is_empty(),
+                has_image: true,
+                has_price: price.is_some(),
+            }
+        }
+    };
+    Ok(Some(ShelfState {
+        status: parse_stored("sale status", &status, SaleStatus::parse)?,
+        version: row.try_get("version")?,
+        completeness,
+    }))
+}
+
+struct LogLine<'a> {
+    target: &'a ShelfTarget,
+    actor: &'a Actor,
+    from: SaleStatus,
+    to: SaleStatus,
+    operation: &'a str,
+    repeated: bool,
+    remark: &'a str,
+}
+
+async fn insert_shelf_log(
+    transaction: &mut Tx,
+    line: LogLine<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO shelf_log (product_id, sku, operator_id, operator_type, from_status, to_status, \
+         operation, repeated, remark, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(line.target.product_id.as_ref().map(ProductId::as_str))
+    .bind(line.target.sku.as_str())
+    .bind(line.actor.operator.as_str())
+    .bind(line.actor.operator_type.as_str())
+    .bind(line.from.as_str())
+    .bind(line.to.as_str())
+    .bind(line.operation)
+    .bind(i64::from(line.repeated))
+    .bind(line.remark)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Applies one shelf operation to its targets inside `transaction`: locks the shops
+/// (so batches of one shop never interleave) and the targets' stock rows, then
+/// decides each target through the transition table and writes the change and its
+/// log line.
+async fn apply_shelf_change(
+    transaction: &mut Tx,
+    change: &ShelfChange,
+    now: Timestamp,
+) -> Result<Vec<ShelfResult>, StoreError> {
+    let shops: BTreeSet<&ShopCode> = change
+        .targets
+        .iter()
+        .filter_map(|target| target.shop.as_ref())
+        .collect();
+    for shop in shops {
+        dialect::lock_shop(transaction, shop).await?;
+    }
+    let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
+    targets.sort();
+    targets.dedup_by(|left, right| left.sku == right.sku);
+    let skus: Vec<&SkuCode> = targets.iter().map(|target| &target.sku).collect();
+    dialect::lock_stock_of_skus(transaction, &skus).await?;
+
+    let operation = operation_label(change.operation, change.scheduled);
+    let mut results = Vec::with_capacity(targets.len());
+    let mut touched_products: BTreeSet<&ProductId> = BTreeSet::new();
+    for target in targets {
+        let refused = |code: ErrorCode, reason: String, missing: Vec<&'static str>| ShelfResult {
+            sku: target.sku.clone(),
+            product_id: target.product_id.clone(),
+            outcome: ShelfOutcome::Refused {
+                code,
+                reason,
+                missing,
+            },
+        };
+        let Some(state) = load_shelf_state(transaction, &target.sku).await? else {
+            results.push(refused(
+                ErrorCode::NotFound,
+                format!("sku '{}' does not exist", target.sku),
+                Vec::new(),
+            ));
+            continue;
+        };
+        if let Some(expected) = change.expected_versions.get(&target.sku)
+            && *expected != state.version
+        {
+            results.push(refused(
+                ErrorCode::VersionConflict,
+                format!(
+                    "sku '{}' is at version {}, not {expected}: it changed since it was read",
+                    target.sku, state.version
+                ),
+                Vec::new(),
+            ));
+            continue;
+        }
+        let outcome = match decide_shelf_change(state.status, change.operation, state.completeness)
+        {
+            ShelfDecision::Change { from, to } => {
+                let updated = sqlx::query(
+                    "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
+                     WHERE code = $1 AND sale_status = $4 AND version = $5",
+                )
+                .bind(target.sku.as_str())
+                .bind(to.as_str())
+                .bind(now.unix_milliseconds())
+                .bind(from.as_str())
+                .bind(state.version)
+                .execute(&mut **transaction)
+                .await?;
+                if updated.rows_affected() != 1 {
+                    results.push(refused(
+                        ErrorCode::VersionConflict,
+                        format!("sku '{}' changed concurrently", target.sku),
+                        Vec::new(),
+                    ));
+                    continue;
+                }
+                let line = LogLine {
+                    target,
+                    actor: &change.actor,
+                    from,
+                    to,
+                    operation,
+                    repeated: false,
+                    remark: &change.remark,
+                };
+                insert_shelf_log(transaction, line, now).await?;
+                if let Some(product) = &target.product_id {
+                    touched_products.insert(product);
+                }
+                ShelfOutcome::Changed {
+                    from,
+                    to,
+                    version: state.version + 1,
+                }
+            }
+            ShelfDecision::Repeat(status) => {
+                let line = LogLine {
+                    target,
+                    actor: &change.actor,
+                    from: status,
+                    to: status,
+                    operation,
+                    repeated: true,
+                    remark: &change.remark,
+                };
+                insert_shelf_log(transaction, line, now).await?;
+                ShelfOutcome::Repeated { status }
+            }
+            illegal @ ShelfDecision::Illegal { .. } => {
+                results.push(refused(
+                    ErrorCode::IllegalTransition,
+                    format!("sku '{}': {illegal}", target.sku),
+                    Vec::new(),
+                ));
+                continue;
+            }
+            incomplete @ ShelfDecision::Incomplete(_) => {
+                let ShelfDecision::Incomplete(missing) = &incomplete else {
+                    unreachable!()
+                };
+                results.push(refused(
+                    ErrorCode::IllegalTransition,
+                    format!("sku '{}': {incomplete}", target.sku),
+                    missing.clone(),
+                ));
+                continue;
+            }
+        };
+        results.push(ShelfResult {
+            sku: target.sku.clone(),
+            product_id: target.product_id.clone(),
+            outcome,
+        });
+    }
+    for product in touched_products {
+        // A product is deleted once every one of its SKUs is.
+        sqlx::query(
+            "UPDATE product SET version = version + 1, updated_at = $2, \
+             deleted_at = CASE WHEN deleted_at IS NULL AND NOT EXISTS ( \
+                 SELECT 1 FROM sku WHERE sku.product_id = product.id AND sku.sale_status <> 'DELETED') \
+                 THEN $2 ELSE deleted_at END \
+             WHERE id = $1",
+        )
+        .bind(product.as_str())
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+    }
+    Ok(results)
+}
+
+impl BackendStore {
+    pub async fn create_product(
+        &self,
+        claim: &IdempotencyClaim,
+        product: &NewProduct,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        // The product's rows go in under a savepoint: when a SKU code is taken, they
+        // are rolled back and only the stored refusal remains.
+        let mut savepoint = sqlx::Acquire::begin(&mut *transaction).await?;
+        let response = match insert_product(&mut savepoint, product, now).await? {
+            Ok(()) => {
+                savepoint.commit().await?;
+                let created = load_product(&mut transaction, &product.id)
+                    .await?
+                    .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+                renderer.product_saved(&created, true)
+            }
+            Err(rejection) => {
+                savepoint.rollback().await?;
+                renderer.rejected(&rejection)
+            }
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn update_product(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ProductId,
+        changes: &ProductChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let updated = sqlx::query(
+            "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
+             category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
+             version = version + 1, updated_at = $6 WHERE id = $1 AND deleted_at IS NULL",
+        )
+        .bind(id.as_str())
+        .bind(changes.title.as_ref().map(Title::as_str))
+        .bind(changes.image_url.as_ref().map(ImageUrl::as_str))
+        .bind(changes.category.as_ref().map(CategoryCode::as_str))
+        .bind(changes.supplier.as_ref().map(SupplierCode::as_str))
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let response = if updated.rows_affected() == 1 {
+            let product = load_product(&mut transaction, id)
+                .await?
+                .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+            renderer.product_saved(&product, false)
+        } else {
+            renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("product '{id}' does not exist or was deleted"),
+            ))
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let product = load_product(&mut transaction, id).await;
+        transaction.rollback().await?;
+        product
+    }
+
+    /// The SKUs a shelf operation names, with their products and shops.
+    pub async fn resolve_shelf_targets(
+        &self,
+        selector: &TargetSelector,
+    ) -> Result<Vec<ShelfTarget>, StoreError> {
+        let mut found: BTreeSet<(String, Option<String>, Option<String>)> = BTreeSet::new();
+        let select = "SELECT sku.code, sku.product_id, product.shop FROM sku \
+                      LEFT JOIN product ON product.id = sku.product_id";
+        for product in &selector.product_ids {
+            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
+                sqlx::AssertSqlSafe(format!("{select} WHERE sku.product_id = $1")),
+            )
+            .bind(product.as_str())
+            .fetch_all(self.read_pool())
+            .await?;
+            found.extend(rows);
+        }
+        for sku in &selector.skus {
+            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
+                sqlx::AssertSqlSafe(format!("{select} WHERE sku.code = $1")),
+            )
+            .bind(sku.as_str())
+            .fetch_all(self.read_pool())
+            .await?;
+            found.extend(rows);
+        }
+        if let Some(category) = &selector.category {
+            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
+                sqlx::AssertSqlSafe(format!(
+                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR product.shop = $2)"
+                )),
+            )
+            .bind(category.as_str())
+            .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .fetch_all(self.read_pool())
+            .await?;
+            found.extend(rows);
+        }
+        if let Some(supplier) = &selector.supplier {
+            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
+                sqlx::AssertSqlSafe(format!(
+                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR product.shop = $2)"
+                )),
+            )
+            .bind(supplier.as_str())
+            .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .fetch_all(self.read_pool())
+            .await?;
+            found.extend(rows);
+        }
+        let mut targets = Vec::with_capacity(found.len());
+        for (sku, product, shop) in found {
+            targets.push(ShelfTarget {
+                sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+                product_id: product
+                    .as_deref()
+                    .map(|id| parse_stored("product id", id, ProductId::parse))
+                    .transpose()?,
+                shop: shop
+                    .as_deref()
+                    .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+                    .transpose()?,
+            });
+        }
+        Ok(targets)
+    }
+
+    /// Applies a shelf operation now, under its idempotency key.
+    pub async fn change_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        change: &ShelfChange,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let results = apply_shelf_change(&mut transaction, change, now).await?;
+        let response = renderer.shelf_results(&results);
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Records shelf operations to apply at `due_at`.
+    pub async fn schedule_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        scheduling: &ShelfScheduling,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let mut results = Vec::with_capacity(scheduling.targets.len());
+        for (id, target) in &scheduling.targets {
+            sqlx::query(
+                "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at) \
+                 VALUES ($1, $2, $3, $4, 'PENDING', $5, $6, $7, $8)",
+            )
+            .bind(id.as_str())
+            .bind(target.sku.as_str())
+            .bind(scheduling.operation.as_str())
+            .bind(scheduling.due_at.unix_milliseconds())
+            .bind(scheduling.actor.operator.as_str())
+            .bind(target.shop.as_ref().map(ShopCode::as_str))
+            .bind(&scheduling.remark)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            results.push(ShelfResult {
+                sku: target.sku.clone(),
+                product_id: target.product_id.clone(),
+                outcome: ShelfOutcome::Scheduled {
+                    schedule_id: id.clone(),
+                    due_at: scheduling.due_at,
+                },
+            });
+        }
+        let response = renderer.shelf_results(&results);
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// The earliest pending schedule, for the worker's timer.
+    pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError> {
+        let due: Option<i64> =
+            sqlx::query_scalar("SELECT MIN(due_at) FROM shelf_schedule WHERE status = 'PENDING'")
+                .fetch_one(self.read_pool())
+                .await?;
+        Ok(due.map(Timestamp::from_unix_milliseconds))
+    }
+
+    /// Applies up to `limit` schedules due at or before `now`, each exactly once even
+    /// with several processes (claimed with `SKIP LOCKED` on PostgreSQL). A schedule of
+    /// a deleted SKU is skipped and logged.
+    pub async fn apply_due_schedules(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<AppliedSchedule>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let claimed =
+            sqlx::query_as::<_, (String, String, String, String)>(dialect::CLAIM_DUE_SCHEDULES)
+                .bind(now.unix_milliseconds())
+                .bind(limit)
+                .fetch_all(&mut *transaction)
+                .await?;
+        let mut applied = Vec::with_capacity(claimed.len());
+        for (id, sku, operation, remark) in claimed {
+            let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
+            let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
+            let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
+            let target = sqlx::query_as::<_, (Option<String>, Option<String>)>(
+                "SELECT sku.product_id, product.shop FROM sku LEFT JOIN product ON product.id = sku.product_id \
+                 WHERE sku.code = $1",
+            )
+            .bind(sku.as_str())
+            .fetch_optional(&mut *transaction)
+            .await?;
+            let Some((product_id, shop)) = target else {
+                return Err(invariant(format!(
+                    "schedule {id} names a sku that does not exist"
+                )));
+            };
+            let target = ShelfTarget {
+                sku: sku.clone(),
+                product_id: product_id
+                    .as_deref()
+                    .map(|id| parse_stored("product id", id, ProductId::parse))
+                    .transpose()?,
+                shop: shop
+                    .as_deref()
+                    .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+                    .transpose()?,
+            };
+            let actor = Actor::scheduler();
+            let current = load_shelf_state(&mut transaction, &sku).await?;
+            let (status, outcome) = if current
+                .as_ref()
+                .is_some_and(|state| state.status == SaleStatus::Deleted)
+            {
+                let line = LogLine {
+                    target: &target,
+                    actor: &actor,
+                    from: SaleStatus::Deleted,
+                    to: SaleStatus::Deleted,
+                    operation: operation_label(operation, true),
+                    repeated: false,
+                    remark: "schedule skipped: the SKU was deleted",
+                };
+                insert_shelf_log(&mut transaction, line, now).await?;
+                ("SKIPPED", "the SKU was deleted".to_owned())
+            } else {
+                let change = ShelfChange {
+                    operation,
+                    targets: vec![target.clone()],
+                    expected_versions: Default::default(),
+                    actor,
+                    remark,
+                    scheduled: true,
+                };
+                let results = apply_shelf_change(&mut transaction, &change, now).await?;
+                match results.first().map(|result| &result.outcome) {
+                    Some(ShelfOutcome::Refused { reason, .. }) => ("REFUSED", reason.clone()),
+                    Some(ShelfOutcome::Repeated { status }) => {
+                        ("APPLIED", format!("already {}", status.as_str()))
+                    }
+                    Some(ShelfOutcome::Changed { from, to, .. }) => {
+                        ("APPLIED", format!("{} to {}", from.as_str(), to.as_str()))
+                    }
+                    _ => ("REFUSED", "nothing to apply".to_owned()),
+                }
+            };
+            let updated = sqlx::query(
+                "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = 'PENDING'",
+            )
+            .bind(id.as_str())
+            .bind(status)
+            .bind(&outcome)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            expect_one_row(updated.rows_affected(), "settling a claimed schedule")?;
+            applied.push(AppliedSchedule {
+                id,
+                sku,
+                status,
+                outcome,
+            });
+        }
+        transaction.commit().await?;
+        Ok(applied)
+    }
+
+    pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
+             to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
+             LEFT JOIN product ON product.id = shelf_log.product_id \
+             WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
+             AND ($3 IS NULL OR product.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
+             AND ($5 IS NULL OR shelf_log.id > $5) \
+             ORDER BY shelf_log.id LIMIT $6",
+        )
+        .bind(query.product_id.as_ref().map(ProductId::as_str))
+        .bind(query.sku.as_ref().map(SkuCode::as_str))
+        .bind(query.shop.as_ref().map(ShopCode::as_str))
+        .bind(query.since.map(Timestamp::unix_milliseconds))
+        .bind(query.after_id)
+        .bind(query.limit)
+        .fetch_all(self.read_pool())
+        .await?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let product_id: Option<String> = row.try_get("product_id")?;
+            let sku: String = row.try_get("sku")?;
+            let operator_id: String = row.try_get("operator_id")?;
+            let operator_type: String = row.try_get("operator_type")?;
+            let from: String = row.try_get("from_status")?;
+            let to: String = row.try_get("to_status")?;
+            let repeated: i64 = row.try_get("repeated")?;
+            entries.push(ShelfLogEntry {
+                id: row.try_get("id")?,
+                product_id: product_id
+                    .as_deref()
+                    .map(|id| parse_stored("product id", id, ProductId::parse))
+                    .transpose()?,
+                sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+                operator_id: parse_stored("operator id", &operator_id, OperatorId::parse)?,
+                operator_type: parse_stored("operator type", &operator_type, OperatorType::parse)?,
+                from_status: parse_stored("status", &from, SaleStatus::parse)?,
+                to_status: parse_stored("status", &to, SaleStatus::parse)?,
+                operation: row.try_get("operation")?,
+                repeated: repeated == 1,
+                remark: row.try_get("remark")?,
+                created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+            });
+        }
+        Ok(entries)
+    }
+
+    pub async fn create_operator(
+        &self,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        token_hash: &str,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO operator (id, shop, token_hash, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(operator.as_str())
+        .bind(shop.as_str())
+        .bind(token_hash)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let response = if inserted.rows_affected() == 1 {
+            renderer.operator_created(operator, shop, None)
+        } else {
+            renderer.rejected(&Rejection::new(
+                ErrorCode::AlreadyExists,
+                format!("operator '{operator}' already exists"),
+            ))
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn operator_by_token_hash(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<(OperatorId, ShopCode)>, StoreError> {
+        let row = sqlx::query_as::<_, (String, String)>(
+            "SELECT id, shop FROM operator WHERE token_hash = $1",
+        )
+        .bind(token_hash)
+        .fetch_optional(self.read_pool())
+        .await?;
+        row.map(|(id, shop)| {
+            Ok((
+                parse_stored("operator id", &id, OperatorId::parse)?,
+                parse_stored("shop", &shop, ShopCode::parse)?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// Sets (or, with `None`, removes) a cart line and answers with the whole cart.
+    pub async fn set_cart_item(
+        &self,
+        claim: &IdempotencyClaim,
+        user: &UserId,
+        sku: &SkuCode,
+        quantity: Option<i64>,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let refusal = match quantity {
+            Some(quantity) => {
+                let known: Option<String> =
+                    sqlx::query_scalar("SELECT code FROM sku WHERE code = $1")
+                        .bind(sku.as_str())
+                        .fetch_optional(&mut *transaction)
+                        .await?;
+                let lines: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND sku <> $2",
+                )
+                .bind(user.as_str())
+                .bind(sku.as_str())
+                .fetch_one(&mut *transaction)
+                .await?;
+                if known.is_none() {
+                    Some(Rejection::new(
+                        ErrorCode::NotFound,
+                        format!("sku '{sku}' does not exist"),
+                    ))
+                } else if lines >= domain::limits::CART_LINES_MAX as i64 {
+                    Some(Rejection::new(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "a cart holds at most {} lines",
+                            domain::limits::CART_LINES_MAX
+                        ),
+                    ))
+                } else {
+                    sqlx::query(
+                        "INSERT INTO cart_item (user_id, sku, quantity, created_at, updated_at) VALUES ($1, $2, $3, $4, $4) \
+                         ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
+                    )
+                    .bind(user.as_str())
+                    .bind(sku.as_str())
+                    .bind(quantity)
+                    .bind(now.unix_milliseconds())
+                    .execute(&mut *transaction)
+                    .await?;
+                    None
+                }
+            }
+            None => {
+                sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2")
+                    .bind(user.as_str())
+                    .bind(sku.as_str())
+                    .execute(&mut *transaction)
+                    .await?;
+                None
+            }
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => renderer.cart(&load_cart(&mut transaction, user).await?),
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn cart(&self, user: &UserId) -> Result<Cart, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let cart = load_cart(&mut transaction, user).await;
+        transaction.rollback().await?;
+        cart
+    }
+
+    /// Removes the lines a checkout ordered, unless their quantity changed meanwhile.
+    pub async fn remove_ordered_cart_items(
+        &self,
+        user: &UserId,
+        ordered: &[(SkuCode, i64)],
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        for (sku, quantity) in ordered {
+            sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND quantity = $3")
+                .bind(user.as_str())
+                .bind(sku.as_str())
+                .bind(quantity)
+                .execute(&mut *transaction)
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+}
+
+async fn load_cart(connection: &mut DbConnection, user: &UserId) -> Result<Cart, StoreError> {
+    let rows = sqlx::query(
+        "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
+         COALESCE(stock.available, 0) AS available \
+         FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
+         LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
+         WHERE cart_item.user_id = $1 ORDER BY cart_item.sku",
+    )
+    .bind(user.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let sku: String = row.try_get("sku")?;
+        let status: Option<String> = row.try_get("sale_status")?;
+        let current = match status {
+            None => None,
+            Some(status) => {
+                let price: Option<i64> = row.try_get("price_minor")?;
+                let currency: Option<String> = row.try_get("currency")?;
+                Some(CartSku {
+                    title: row.try_get("title")?,
+                    price: price
+                        .map(PriceMinor::new)
+                        .transpose()
+                        .map_err(|error| corrupt("price", error))?,
+                    currency: currency
+                        .as_deref()
+                        .map(|text| parse_stored("currency", text, Currency::parse))
+                        .transpose()?,
+                    sale_status: parse_stored("sale status", &status, SaleStatus::parse)?,
+                    available: row.try_get("available")?,
+                })
+            }
+        };
+        lines.push(CartLine {
+            sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+            quantity: row.try_get("quantity")?,
+            current,
+        });
+    }
+    Ok(Cart {
+        user: user.clone(),
+        lines,
+    })
+}
+
+/// Inserts a product and its SKUs (`PENDING_REVIEW`). `Err` when a SKU code is
+/// taken; the caller rolls its savepoint back.
+async fn insert_product(
+    connection: &mut DbConnection,
+    product: &NewProduct,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    sqlx::query(
+        "INSERT INTO product (id, title, image_url, category, supplier, shop, version, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7)",
+    )
+    .bind(product.id.as_str())
+    .bind(product.title.as_str())
+    .bind(product.image_url.as_ref().map(ImageUrl::as_str))
+    .bind(product.category.as_str())
+    .bind(product.supplier.as_str())
+    .bind(product.shop.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    for sku in &product.skus {
+        let inserted = sqlx::query(
+            "INSERT INTO sku (code, product_id, title, spec, price_minor, currency, low_stock_threshold, \
+             sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, 0, 'PENDING_REVIEW', 1, $7, $7) ON CONFLICT (code) DO NOTHING",
+        )
+        .bind(sku.code.as_str())
+        .bind(product.id.as_str())
+        .bind(product.title.as_str())
+        .bind(&sku.spec)
+        .bind(sku.price.get())
+        .bind(sku.currency.as_str())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *connection)
+        .await?;
+        if inserted.rows_affected() != 1 {
+            return Ok(Err(Rejection::new(
+                ErrorCode::AlreadyExists,
+                format!("sku '{}' already exists", sku.code),
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
