@@ -664,6 +664,127 @@ pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     panic!("gave up waiting until {what}");
 }
 
+/// A product to create in tests.
+pub struct ProductSpec<'a> {
+    pub shop: &'a str,
+    pub title: &'a str,
+    pub image: Option<&'a str>,
+    pub category: &'a str,
+    pub supplier: &'a str,
+    pub skus: &'a [&'a str],
+}
+
+impl<'a> ProductSpec<'a> {
+    /// A complete product (title, image, price) of `shop` in category `dairy`.
+    pub fn complete(shop: &'a str, skus: &'a [&'a str]) -> ProductSpec<'a> {
+        ProductSpec {
+            shop,
+            title: "Test product",
+            image: Some("https://images.example.com/test.jpg"),
+            category: "dairy",
+            supplier: "test-supplier",
+            skus,
+        }
+    }
+}
+
+impl TestApp {
+    /// Creates a product as the admin; returns its id.
+    pub async fn create_product(&self, spec: ProductSpec<'_>) -> String {
+        let skus: Vec<Value> = spec
+            .skus
+            .iter()
+            .map(|sku| serde_json::json!({"sku": sku, "price": 250, "currency": "CNY", "spec": "1 unit"}))
+            .collect();
+        let mut body = serde_json::json!({
+            "title": spec.title,
+            "category": spec.category,
+            "supplier": spec.supplier,
+            "shop": spec.shop,
+            "skus": skus,
+        });
+        if let Some(image) = spec.image {
+            body["image_url"] = Value::from(image);
+        }
+        let response = self
+            .send(
+                Call::post("/v1/products")
+                    .admin()
+                    .key(unique_key("product"))
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(response.status, 201, "create product: {response:?}");
+        response.json()["product_id"]
+            .as_str()
+            .expect("product id")
+            .to_owned()
+    }
+
+    /// `POST /v1/admin/shelf` with `token` (the admin's when `None`).
+    pub async fn shelf(&self, token: Option<&str>, body: Value) -> TestResponse {
+        let call = Call::post("/v1/admin/shelf")
+            .key(unique_key("shelf"))
+            .json(&body);
+        let call = match token {
+            Some(token) => call.bearer(token),
+            None => call.admin(),
+        };
+        self.send(call).await
+    }
+
+    /// Creates an operator of `shop`; returns its token.
+    pub async fn create_operator(&self, operator: &str, shop: &str) -> String {
+        let response = self
+            .send(
+                Call::post("/v1/admin/operators")
+                    .admin()
+                    .key(unique_key("operator"))
+                    .json(&serde_json::json!({"operator_id": operator, "shop": shop})),
+            )
+            .await;
+        assert_eq!(response.status, 201, "create operator: {response:?}");
+        response.json()["token"].as_str().expect("token").to_owned()
+    }
+
+    /// The staff view of a product.
+    pub async fn staff_product(&self, product_id: &str) -> Value {
+        let response = self
+            .send(Call::get(format!("/v1/admin/products/{product_id}")).admin())
+            .await;
+        assert_eq!(response.status, 200, "staff product: {response:?}");
+        response.json()
+    }
+
+    /// Sale status and version of one SKU of a product, from the staff view.
+    pub async fn sale_status(&self, product_id: &str, sku: &str) -> (String, i64) {
+        let product = self.staff_product(product_id).await;
+        let entry = product["skus"]
+            .as_array()
+            .expect("skus")
+            .iter()
+            .find(|entry| entry["sku"] == sku)
+            .unwrap_or_else(|| panic!("{sku} not in {product}"))
+            .clone();
+        (
+            entry["sale_status"].as_str().expect("status").to_owned(),
+            entry["version"].as_i64().expect("version"),
+        )
+    }
+
+    /// The whole shelf log (admin view), oldest first.
+    pub async fn shelf_log(&self, query: &str) -> Vec<Value> {
+        let response = self
+            .send(Call::get(format!("/v1/admin/shelf-log?limit=500{query}")).admin())
+            .await;
+        assert_eq!(response.status, 200, "shelf log: {response:?}");
+        response.json()["entries"]
+            .as_array()
+            .expect("entries")
+            .clone()
+    }
+}
+
 /// Runs `calls` all at once against `app` and returns the responses in call order.
 pub async fn send_concurrently(app: &TestApp, calls: Vec<Call>) -> Vec<TestResponse> {
     let barrier = Arc::new(tokio::sync::Barrier::new(calls.len()));

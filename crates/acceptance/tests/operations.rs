@@ -167,6 +167,15 @@ fn the_openapi_document_describes_every_route() {
         "/v1/reservations/{id}/confirm",
         "/v1/reservations/{id}/release",
         "/v1/audit",
+        "/v1/products",
+        "/v1/products/{id}",
+        "/v1/admin/products/{id}",
+        "/v1/admin/shelf",
+        "/v1/admin/shelf-log",
+        "/v1/admin/operators",
+        "/v1/carts/{user}/items/{sku}",
+        "/v1/carts/{user}",
+        "/v1/carts/{user}/checkout",
     ] {
         assert!(
             paths.contains_key(route),

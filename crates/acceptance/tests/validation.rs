@@ -11,6 +11,7 @@ mirrored_tests!(
     malformed_sku_updates_are_refused_and_change_nothing,
     malformed_confirms_and_releases_are_refused_and_change_nothing,
     admin_calls_without_the_admin_token_are_unauthorized_and_change_nothing,
+    malformed_catalog_requests_are_refused_and_change_nothing,
 );
 
 /// Sends each call and checks status, code, content type and an unchanged database.
@@ -513,4 +514,124 @@ async fn admin_calls_without_the_admin_token_are_unauthorized_and_change_nothing
     ];
     assert_each_refused(&app, cases).await;
     assert_eq!(app.counters("GOOD").await, (5, 0));
+}
+
+fn product_body() -> Value {
+    json!({
+        "title": "Milk", "image_url": "https://images.example.com/milk.jpg", "category": "dairy",
+        "supplier": "farm", "shop": "north", "skus": [{"sku": "NEW-MILK", "price": 599, "currency": "CNY"}]
+    })
+}
+
+fn with(mut body: Value, field: &str, value: Value) -> Value {
+    body[field] = value;
+    body
+}
+
+async fn malformed_catalog_requests_are_refused_and_change_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("GOOD", 5).await;
+    let product = |key: &str, body: Value| Call::post("/v1/products").admin().key(key).json(&body);
+    let shelf = |key: &str, body: Value| Call::post("/v1/admin/shelf").admin().key(key).json(&body);
+    let invalid = |label, call| (label, call, 400, "invalid_argument");
+    let many_skus: Vec<Value> = (0..101)
+        .map(|index| json!({"sku": format!("S{index}"), "price": 1, "currency": "CNY"}))
+        .collect();
+    let cases = vec![
+        invalid(
+            "product without title",
+            product("p1", with(product_body(), "title", Value::Null)),
+        ),
+        invalid(
+            "product with a bad image",
+            product("p2", with(product_body(), "image_url", json!("ftp://x"))),
+        ),
+        invalid(
+            "product with a bad shop",
+            product("p3", with(product_body(), "shop", json!("no shop"))),
+        ),
+        invalid(
+            "product without skus",
+            product("p4", with(product_body(), "skus", json!([]))),
+        ),
+        invalid(
+            "product with 101 skus",
+            product("p5", with(product_body(), "skus", json!(many_skus))),
+        ),
+        invalid(
+            "product with a sku twice",
+            product(
+                "p6",
+                with(
+                    product_body(),
+                    "skus",
+                    json!([{"sku": "A", "price": 1, "currency": "CNY"}, {"sku": "A", "price": 2, "currency": "CNY"}]),
+                ),
+            ),
+        ),
+        invalid(
+            "product with a negative price",
+            product(
+                "p7",
+                with(
+                    product_body(),
+                    "skus",
+                    json!([{"sku": "A", "price": -1, "currency": "CNY"}]),
+                ),
+            ),
+        ),
+        invalid(
+            "product with an unknown field",
+            product("p8", with(product_body(), "stock", json!(10))),
+        ),
+        invalid(
+            "shelf with an unknown operation",
+            shelf("s1", json!({"operation": "sideways", "sku_ids": ["GOOD"]})),
+        ),
+        invalid(
+            "shelf without targets",
+            shelf("s2", json!({"operation": "off"})),
+        ),
+        invalid(
+            "shelf with a bad product id",
+            shelf("s3", json!({"operation": "off", "product_ids": ["prd_x"]})),
+        ),
+        invalid(
+            "shelf with a long remark",
+            shelf(
+                "s4",
+                json!({"operation": "off", "sku_ids": ["GOOD"], "remark": "r".repeat(501)}),
+            ),
+        ),
+        invalid(
+            "shelf with a fractional version",
+            shelf(
+                "s5",
+                json!({"operation": "off", "sku_ids": ["GOOD"], "expected_versions": {"GOOD": 1.5}}),
+            ),
+        ),
+        invalid(
+            "operator with a bad id",
+            Call::post("/v1/admin/operators")
+                .admin()
+                .key("o1")
+                .json(&json!({"operator_id": "", "shop": "north"})),
+        ),
+        (
+            "operator by an operator",
+            Call::post("/v1/admin/operators")
+                .bearer("nobody")
+                .key("o2")
+                .json(&json!({"operator_id": "x", "shop": "north"})),
+            401,
+            "unauthorized",
+        ),
+        (
+            "product without a token",
+            Call::post("/v1/products").key("p9").json(&product_body()),
+            401,
+            "unauthorized",
+        ),
+    ];
+    assert_each_refused(&app, cases).await;
 }

@@ -1,0 +1,248 @@
+//! Carts hold no stock; they show every line with what stands in its way, and a
+//! checkout orders what can be ordered now.
+
+use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests};
+use serde_json::json;
+
+mirrored_tests!(
+    a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason,
+    checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what_it_ordered,
+    a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold,
+    a_checkout_retry_replays_even_after_the_cart_was_emptied,
+    malformed_cart_requests_are_refused_and_change_nothing,
+);
+
+async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
+    app.send(
+        Call::put(format!("/v1/carts/{user}/items/{sku}"))
+            .key(format!("cart-{user}-{sku}-{quantity}"))
+            .json(&json!({"quantity": quantity})),
+    )
+    .await
+}
+
+async fn shop_with_stock(app: &TestApp) -> String {
+    let product = app
+        .create_product(ProductSpec::complete(
+            "north",
+            &["C-PLENTY", "C-SCARCE", "C-NONE", "C-OFF"],
+        ))
+        .await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200);
+    app.receive("C-PLENTY", 10).await;
+    app.receive("C-SCARCE", 1).await;
+    app.receive("C-OFF", 5).await;
+    app.shelf(None, json!({"operation": "off", "sku_ids": ["C-OFF"]}))
+        .await;
+    product
+}
+
+fn problems(cart: &serde_json::Value) -> Vec<(String, Option<String>)> {
+    cart["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| {
+            (
+                line["sku"].as_str().unwrap().to_owned(),
+                line["problem"].as_str().map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+async fn a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    shop_with_stock(&app).await;
+    app.create_sku("C-STANDALONE").await;
+
+    for (sku, quantity) in [
+        ("C-PLENTY", 2),
+        ("C-SCARCE", 3),
+        ("C-NONE", 1),
+        ("C-OFF", 1),
+    ] {
+        assert_eq!(put_item(&app, "alice", sku, quantity).await.status, 200);
+    }
+    let cart = app.send(Call::get("/v1/carts/alice")).await.json();
+
+    assert_eq!(
+        problems(&cart),
+        vec![
+            ("C-NONE".to_owned(), Some("out_of_stock".to_owned())),
+            ("C-OFF".to_owned(), Some("off_shelf".to_owned())),
+            ("C-PLENTY".to_owned(), None),
+            (
+                "C-SCARCE".to_owned(),
+                Some("quantity_above_available".to_owned())
+            ),
+        ]
+    );
+    assert_eq!(cart["orderable_lines"], 1);
+    assert_eq!(
+        app.counters("C-PLENTY").await,
+        (10, 0),
+        "a cart reserves nothing"
+    );
+    let unknown = put_item(&app, "alice", "C-NOWHERE", 1).await;
+    assert_eq!(unknown.code().as_deref(), Some("not_found"));
+}
+
+async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what_it_ordered(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    shop_with_stock(&app).await;
+    put_item(&app, "bob", "C-PLENTY", 2).await;
+    put_item(&app, "bob", "C-OFF", 1).await;
+
+    let checkout = app
+        .send(Call::post("/v1/carts/bob/checkout").key("bob-checkout-1"))
+        .await;
+
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    let body = checkout.json();
+    assert_eq!(body["user"], "bob");
+    assert_eq!(body["status"], "RESERVED");
+    assert_eq!(
+        body["lines"],
+        json!([{"sku": "C-PLENTY", "warehouse": "default", "quantity": 2}])
+    );
+    assert_eq!(
+        body["skipped"],
+        json!([{"sku": "C-OFF", "quantity": 1, "problem": "off_shelf"}])
+    );
+    assert_eq!(app.counters("C-PLENTY").await, (8, 2));
+    let cart = app.send(Call::get("/v1/carts/bob")).await.json();
+    assert_eq!(
+        problems(&cart),
+        vec![("C-OFF".to_owned(), Some("off_shelf".to_owned()))],
+        "the ordered line left the cart"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    shop_with_stock(&app).await;
+    put_item(&app, "carol", "C-PLENTY", 1).await;
+    let cart = app.send(Call::get("/v1/carts/carol")).await.json();
+    assert_eq!(cart["orderable_lines"], 1);
+
+    app.shelf(None, json!({"operation": "off", "sku_ids": ["C-PLENTY"]}))
+        .await;
+    let before = app.contents_except_idempotency_records().await;
+    let checkout = app
+        .send(Call::post("/v1/carts/carol/checkout").key("carol-checkout"))
+        .await;
+
+    assert_eq!(checkout.status, 409, "{checkout:?}");
+    assert_eq!(checkout.code().as_deref(), Some("off_shelf"));
+    assert!(
+        checkout.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("C-PLENTY (off_shelf)")
+    );
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        before,
+        "nothing sold, the cart kept"
+    );
+}
+
+async fn a_checkout_retry_replays_even_after_the_cart_was_emptied(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    shop_with_stock(&app).await;
+    put_item(&app, "dave", "C-PLENTY", 3).await;
+
+    let first = app
+        .send(Call::post("/v1/carts/dave/checkout").key("dave-checkout"))
+        .await;
+    let retry = app
+        .send(Call::post("/v1/carts/dave/checkout").key("dave-checkout"))
+        .await;
+    let fresh = app
+        .send(Call::post("/v1/carts/dave/checkout").key("dave-checkout-2"))
+        .await;
+
+    assert_eq!(first.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(
+        fresh.status, 400,
+        "a new checkout of an empty cart: {fresh:?}"
+    );
+    assert_eq!(app.counters("C-PLENTY").await, (7, 3), "reserved once");
+}
+
+async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    shop_with_stock(&app).await;
+    let before = app.contents().await;
+
+    for (label, call) in [
+        (
+            "quantity 0",
+            Call::put("/v1/carts/eve/items/C-PLENTY")
+                .key("q0")
+                .json(&json!({"quantity": 0})),
+        ),
+        (
+            "quantity 1.5",
+            Call::put("/v1/carts/eve/items/C-PLENTY")
+                .key("q1")
+                .json(&json!({"quantity": 1.5})),
+        ),
+        (
+            "no quantity",
+            Call::put("/v1/carts/eve/items/C-PLENTY")
+                .key("q2")
+                .json(&json!({})),
+        ),
+        (
+            "bad user",
+            Call::put("/v1/carts/e%20ve/items/C-PLENTY")
+                .key("q3")
+                .json(&json!({"quantity": 1})),
+        ),
+        (
+            "bad sku",
+            Call::put("/v1/carts/eve/items/C%3BPLENTY")
+                .key("q4")
+                .json(&json!({"quantity": 1})),
+        ),
+        (
+            "no key",
+            Call::put("/v1/carts/eve/items/C-PLENTY").json(&json!({"quantity": 1})),
+        ),
+        (
+            "unknown field",
+            Call::put("/v1/carts/eve/items/C-PLENTY")
+                .key("q5")
+                .json(&json!({"quantity": 1, "price": 0})),
+        ),
+        (
+            "checkout of an empty cart",
+            Call::post("/v1/carts/eve/checkout").key("q6"),
+        ),
+        (
+            "checkout with a bad ttl",
+            Call::post("/v1/carts/eve/checkout")
+                .key("q7")
+                .json(&json!({"ttl_seconds": 0})),
+        ),
+    ] {
+        let response = app.send(call).await;
+        assert_eq!(response.status, 400, "{label}: {response:?}");
+        assert_eq!(
+            response.code().as_deref(),
+            Some("invalid_argument"),
+            "{label}"
+        );
+        assert_eq!(app.contents().await, before, "{label}");
+    }
+}

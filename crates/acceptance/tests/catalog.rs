@@ -1,0 +1,580 @@
+//! The catalog (seed 003): the sale-status state machine, shelf operations and their
+//! log, optimistic versions, shop permissions, the availability view, and what the
+//! shelf means for reservations.
+
+use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concurrently};
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
+    every_transition_in_the_table_changes_the_status_and_is_logged,
+    refused_transitions_answer_illegal_transition_and_change_nothing,
+    going_on_sale_reports_every_missing_field,
+    concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
+    an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
+    only_the_admin_may_delete,
+    a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
+    batch_operations_by_category_change_every_product_of_the_category_in_the_shop,
+    overlapping_batches_on_one_shop_never_interleave,
+    the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
+    a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
+    returning_stock_never_puts_a_sku_back_on_the_shelf,
+    the_shelf_log_pages_forward_and_operators_see_only_their_shop,
+    the_demo_catalog_loads_once_however_often_it_is_seeded,
+);
+
+async fn on_shelf_product(app: &TestApp, shop: &str, skus: &[&str]) -> String {
+    let product = app.create_product(ProductSpec::complete(shop, skus)).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    product
+}
+
+fn outcomes(response: &acceptance::TestResponse) -> Vec<String> {
+    response.json()["results"]
+        .as_array()
+        .map(|results| {
+            results
+                .iter()
+                .map(|result| result["outcome"].as_str().unwrap_or("").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn a_new_product_waits_for_review_and_shoppers_see_it_off_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let product = app
+        .create_product(ProductSpec::complete("north", &["NEW-1", "NEW-2"]))
+        .await;
+
+    assert_eq!(app.sale_status(&product, "NEW-1").await.0, "PENDING_REVIEW");
+    let shopper = app.send(Call::get(format!("/v1/products/{product}"))).await;
+    assert_eq!(shopper.status, 200);
+    let skus = shopper.json()["skus"].as_array().unwrap().clone();
+    assert_eq!(skus.len(), 2);
+    assert!(skus.iter().all(|sku| sku["availability"] == "off_shelf"));
+    let reserve = app.reserve("early", &[("NEW-1", 1)]).await;
+    assert_eq!(reserve.code().as_deref(), Some("off_shelf"));
+}
+
+async fn every_transition_in_the_table_changes_the_status_and_is_logged(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let steps: [(&str, &str, &str, &str, &str); 9] = [
+        // (sku, operation, expected outcome, from, to)
+        ("T-1", "on", "changed", "PENDING_REVIEW", "ON_SHELF"),
+        ("T-1", "on", "repeated", "ON_SHELF", "ON_SHELF"),
+        ("T-1", "off", "changed", "ON_SHELF", "OFF_SHELF"),
+        ("T-1", "off", "repeated", "OFF_SHELF", "OFF_SHELF"),
+        ("T-1", "on", "changed", "OFF_SHELF", "ON_SHELF"),
+        ("T-1", "delete", "changed", "ON_SHELF", "DELETED"),
+        ("T-1", "delete", "repeated", "DELETED", "DELETED"),
+        ("T-2", "off", "changed", "PENDING_REVIEW", "OFF_SHELF"),
+        ("T-3", "delete", "changed", "PENDING_REVIEW", "DELETED"),
+    ];
+    let product = app
+        .create_product(ProductSpec::complete("north", &["T-1", "T-2", "T-3"]))
+        .await;
+    for (sku, operation, outcome, from, to) in steps {
+        let response = app
+            .shelf(None, json!({"operation": operation, "sku_ids": [sku]}))
+            .await;
+        assert_eq!(response.status, 200, "{sku} {operation}: {response:?}");
+        let result = &response.json()["results"][0];
+        let seen = (
+            result["outcome"].as_str(),
+            result["from"].as_str(),
+            result["to"].as_str(),
+        );
+        assert_eq!(
+            seen,
+            (Some(outcome), Some(from), Some(to)),
+            "{sku} {operation}"
+        );
+    }
+    // OFF_SHELF -> DELETED, the last edge of the table.
+    let delete_off = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["T-2"]}))
+        .await;
+    assert_eq!(outcomes(&delete_off), vec!["changed"]);
+
+    let log = app.shelf_log(&format!("&product={product}")).await;
+    let summary: Vec<(String, String, String, bool)> = log
+        .iter()
+        .map(|entry| {
+            (
+                entry["sku"].as_str().unwrap().to_owned(),
+                entry["from"].as_str().unwrap().to_owned(),
+                entry["to"].as_str().unwrap().to_owned(),
+                entry["repeated"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary.len(),
+        10,
+        "every change and every repeat is logged: {summary:?}"
+    );
+    assert_eq!(
+        summary.iter().filter(|entry| entry.3).count(),
+        3,
+        "three repeats"
+    );
+    assert!(
+        log.iter()
+            .all(|entry| entry["operator_id"] == "admin" && entry["operator_type"] == "manual")
+    );
+}
+
+async fn refused_transitions_answer_illegal_transition_and_change_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.create_product(ProductSpec::complete("north", &["GONE"]))
+        .await;
+    assert_eq!(
+        app.shelf(None, json!({"operation": "delete", "sku_ids": ["GONE"]}))
+            .await
+            .status,
+        200
+    );
+    let before = app.contents_except_idempotency_records().await;
+
+    for operation in ["on", "off"] {
+        let refused = app
+            .shelf(None, json!({"operation": operation, "sku_ids": ["GONE"]}))
+            .await;
+        assert_eq!(refused.status, 409, "{refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
+        assert_eq!(refused.json()["results"][0]["outcome"], "refused");
+    }
+
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        before,
+        "DELETED is terminal"
+    );
+}
+
+async fn going_on_sale_reports_every_missing_field(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut spec = ProductSpec::complete("north", &["BARE"]);
+    spec.image = None;
+    let product = app.create_product(spec).await;
+
+    let refused = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.json()["results"][0]["missing"], json!(["image"]));
+    assert_eq!(app.sale_status(&product, "BARE").await.0, "PENDING_REVIEW");
+    let patched = app
+        .send(
+            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                .admin()
+                .key("add-image")
+                .json(&json!({"image_url": "https://images.example.com/bare.jpg"})),
+        )
+        .await;
+    assert_eq!(patched.status, 200, "{patched:?}");
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(outcomes(&on), vec!["changed"]);
+}
+
+async fn concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["RACE"]).await;
+    let (_, version) = app.sale_status(&product, "RACE").await;
+    // Two operators read version `version`, then act at once — one takes the SKU off
+    // the shelf, the other deletes it — each naming the version it saw.
+    let off = Call::post("/v1/admin/shelf").admin().key("race-off").json(&json!({
+        "operation": "off", "product_ids": [product], "expected_versions": {"RACE": version}, "remark": "operator A"
+    }));
+    let delete = Call::post("/v1/admin/shelf").admin().key("race-delete").json(&json!({
+        "operation": "delete", "product_ids": [product], "expected_versions": {"RACE": version}, "remark": "operator B"
+    }));
+
+    let responses = send_concurrently(&app, vec![off, delete]).await;
+
+    let statuses: Vec<u16> = responses.iter().map(|response| response.status).collect();
+    assert!(
+        statuses.contains(&200) && statuses.contains(&409),
+        "one wins, one conflicts: {responses:?}"
+    );
+    let loser = responses
+        .iter()
+        .find(|response| response.status == 409)
+        .unwrap();
+    assert_eq!(loser.code().as_deref(), Some("version_conflict"));
+    let winner_remark = if responses[0].status == 200 {
+        "operator A"
+    } else {
+        "operator B"
+    };
+    let log = app.shelf_log(&format!("&product={product}")).await;
+    let after_on: Vec<&Value> = log.iter().skip(1).collect();
+    assert_eq!(
+        after_on.len(),
+        1,
+        "exactly one change after going on sale: {log:?}"
+    );
+    assert_eq!(after_on[0]["remark"], winner_remark);
+    assert_eq!(app.sale_status(&product, "RACE").await.1, version + 1);
+}
+
+async fn an_operator_touching_another_shop_is_forbidden_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let theirs = on_shelf_product(&app, "south", &["THEIRS"]).await;
+    let token = app.create_operator("alice", "north").await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let by_product = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "off", "product_ids": [theirs]}),
+        )
+        .await;
+    let by_sku = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "off", "sku_ids": ["THEIRS"]}),
+        )
+        .await;
+    let update = app
+        .send(
+            Call::new(axum::http::Method::PATCH, format!("/v1/products/{theirs}"))
+                .bearer(&token)
+                .key("hijack")
+                .json(&json!({"title": "Mine now"})),
+        )
+        .await;
+    let create = app
+        .send(
+            Call::post("/v1/products")
+                .bearer(&token)
+                .key("plant")
+                .json(&json!({
+                    "title": "Planted", "category": "dairy", "supplier": "x", "shop": "south",
+                    "skus": [{"sku": "PLANTED", "price": 1, "currency": "CNY"}]
+                })),
+        )
+        .await;
+    let by_category = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "off", "category": "dairy"}),
+        )
+        .await;
+
+    for response in [&by_product, &by_sku, &update, &create] {
+        assert_eq!(response.status, 403, "{response:?}");
+        assert_eq!(response.code().as_deref(), Some("forbidden"));
+    }
+    assert_eq!(
+        by_category.status, 404,
+        "a category operation sees only the operator's shop: {by_category:?}"
+    );
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let own = app
+        .create_product(ProductSpec::complete("north", &["OURS"]))
+        .await;
+    let allowed = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "on", "product_ids": [own]}),
+        )
+        .await;
+    assert_eq!(outcomes(&allowed), vec!["changed"]);
+    let log = app.shelf_log(&format!("&product={own}")).await;
+    assert_eq!(log[0]["operator_id"], "alice");
+}
+
+async fn only_the_admin_may_delete(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["KEEP"]).await;
+    let token = app.create_operator("bob", "north").await;
+
+    let by_operation = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "delete", "product_ids": [product]}),
+        )
+        .await;
+    let by_endpoint = app
+        .send(
+            Call::new(
+                axum::http::Method::DELETE,
+                format!("/v1/products/{product}"),
+            )
+            .bearer(&token)
+            .key("delete"),
+        )
+        .await;
+
+    assert_eq!(by_operation.code().as_deref(), Some("forbidden"));
+    assert_eq!(by_endpoint.code().as_deref(), Some("forbidden"));
+    assert_eq!(app.sale_status(&product, "KEEP").await.0, "ON_SHELF");
+}
+
+async fn a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["OLD"]).await;
+    app.receive("OLD", 3).await;
+    assert_eq!(
+        app.reserve("before-delete", &[("OLD", 1)]).await.status,
+        201
+    );
+
+    let deleted = app
+        .send(
+            Call::new(
+                axum::http::Method::DELETE,
+                format!("/v1/products/{product}"),
+            )
+            .admin()
+            .key("delete"),
+        )
+        .await;
+
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let staff = app.staff_product(&product).await;
+    assert_eq!(staff["deleted"], true);
+    assert_eq!(staff["skus"][0]["sale_status"], "DELETED");
+    assert_eq!(
+        app.send(Call::get(format!("/v1/products/{product}")))
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        app.counters("OLD").await,
+        (2, 1),
+        "stock and reservations are kept"
+    );
+    assert_eq!(
+        app.reserve("after-delete", &[("OLD", 1)])
+            .await
+            .code()
+            .as_deref(),
+        Some("off_shelf")
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn batch_operations_by_category_change_every_product_of_the_category_in_the_shop(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let first = on_shelf_product(&app, "north", &["D-1"]).await;
+    let second = on_shelf_product(&app, "north", &["D-2", "D-3"]).await;
+    let mut bakery = ProductSpec::complete("north", &["B-1"]);
+    bakery.category = "bakery";
+    let other = app.create_product(bakery).await;
+    app.shelf(None, json!({"operation": "on", "product_ids": [other]}))
+        .await;
+    let south = on_shelf_product(&app, "south", &["S-1"]).await;
+    let token = app.create_operator("carol", "north").await;
+
+    let response = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "off", "category": "dairy", "remark": "expiring"}),
+        )
+        .await;
+
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["changed"], 3);
+    for (product, sku, status) in [
+        (&first, "D-1", "OFF_SHELF"),
+        (&second, "D-3", "OFF_SHELF"),
+        (&other, "B-1", "ON_SHELF"),
+        (&south, "S-1", "ON_SHELF"),
+    ] {
+        assert_eq!(app.sale_status(product, sku).await.0, status, "{sku}");
+    }
+}
+
+async fn overlapping_batches_on_one_shop_never_interleave(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let skus: Vec<String> = (0..12).map(|index| format!("O-{index}")).collect();
+    let sku_refs: Vec<&str> = skus.iter().map(String::as_str).collect();
+    let product = on_shelf_product(&app, "north", &sku_refs).await;
+    let batches: Vec<Call> = ["first", "second", "third", "fourth"]
+        .iter()
+        .enumerate()
+        .map(|(index, name)| {
+            let operation = if index % 2 == 0 { "off" } else { "on" };
+            Call::post("/v1/admin/shelf")
+                .admin()
+                .key(format!("batch-{name}"))
+                .json(&json!({"operation": operation, "product_ids": [product], "remark": name}))
+        })
+        .collect();
+
+    let responses = send_concurrently(&app, batches).await;
+
+    assert!(
+        responses.iter().all(|response| response.status == 200),
+        "{responses:?}"
+    );
+    let log = app.shelf_log(&format!("&product={product}")).await;
+    let remarks: Vec<&str> = log
+        .iter()
+        .skip(12)
+        .map(|entry| entry["remark"].as_str().unwrap())
+        .collect();
+    assert_eq!(remarks.len(), 48, "four batches of twelve");
+    for chunk in remarks.chunks(12) {
+        assert!(
+            chunk.iter().all(|remark| *remark == chunk[0]),
+            "a batch's entries are contiguous: {remarks:?}"
+        );
+    }
+}
+
+async fn the_availability_view_separates_on_sale_out_of_stock_and_off_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["A-STOCKED", "A-EMPTY", "A-OFF"]).await;
+    app.receive("A-STOCKED", 4).await;
+    app.receive("A-OFF", 4).await;
+    app.shelf(None, json!({"operation": "off", "sku_ids": ["A-OFF"]}))
+        .await;
+
+    let view = app
+        .send(Call::get(format!("/v1/products/{product}")))
+        .await
+        .json();
+
+    let availability: Vec<(String, String, i64)> = view["skus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|sku| {
+            (
+                sku["sku"].as_str().unwrap().to_owned(),
+                sku["availability"].as_str().unwrap().to_owned(),
+                sku["available"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        availability,
+        vec![
+            (
+                "A-EMPTY".to_owned(),
+                "temporarily_out_of_stock".to_owned(),
+                0
+            ),
+            ("A-OFF".to_owned(), "off_shelf".to_owned(), 0),
+            ("A-STOCKED".to_owned(), "on_sale".to_owned(), 4),
+        ]
+    );
+}
+
+async fn a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["SHELVED"]).await;
+    app.receive("SHELVED", 5).await;
+    assert_eq!(app.reserve("while-on", &[("SHELVED", 1)]).await.status, 201);
+
+    app.shelf(None, json!({"operation": "off", "sku_ids": ["SHELVED"]}))
+        .await;
+    let refused = app.reserve("while-off", &[("SHELVED", 1)]).await;
+
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.code().as_deref(), Some("off_shelf"));
+    assert_eq!(app.counters("SHELVED").await, (4, 1));
+}
+
+async fn returning_stock_never_puts_a_sku_back_on_the_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["RETURNED"]).await;
+    app.receive("RETURNED", 2).await;
+    let reservation = app.reserve("hold", &[("RETURNED", 2)]).await.json();
+    app.shelf(None, json!({"operation": "off", "sku_ids": ["RETURNED"]}))
+        .await;
+
+    let released = app
+        .release(reservation["reservation_id"].as_str().unwrap(), "release")
+        .await;
+
+    assert_eq!(released.status, 200);
+    assert_eq!(app.counters("RETURNED").await, (2, 0));
+    assert_eq!(app.sale_status(&product, "RETURNED").await.0, "OFF_SHELF");
+}
+
+async fn the_shelf_log_pages_forward_and_operators_see_only_their_shop(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["L-1", "L-2", "L-3"]).await;
+    on_shelf_product(&app, "south", &["L-4"]).await;
+    let token = app.create_operator("dave", "north").await;
+
+    let first_page = app
+        .send(Call::get("/v1/admin/shelf-log?limit=2").bearer(&token))
+        .await
+        .json();
+    let after = first_page["next_after"].as_i64().unwrap();
+    let second_page = app
+        .send(Call::get(format!("/v1/admin/shelf-log?limit=2&after={after}")).bearer(&token))
+        .await
+        .json();
+    let bad = app
+        .send(Call::get("/v1/admin/shelf-log?limit=0").bearer(&token))
+        .await;
+    let unknown = app
+        .send(Call::get("/v1/admin/shelf-log?shop=south").bearer(&token))
+        .await;
+
+    let skus: Vec<&str> = first_page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(second_page["entries"].as_array().unwrap())
+        .map(|entry| entry["sku"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        skus,
+        vec!["L-1", "L-2", "L-3"],
+        "north's entries only, in order, across pages"
+    );
+    assert_eq!(bad.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(unknown.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(
+        app.shelf_log("").await.len(),
+        4,
+        "the admin sees every shop"
+    );
+}
+
+async fn the_demo_catalog_loads_once_however_often_it_is_seeded(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    let first = engine::demo::load_demo_catalog(&app.engine).await.unwrap();
+    let contents = app.contents().await;
+    let second = engine::demo::load_demo_catalog(&app.engine).await.unwrap();
+
+    assert_eq!(first.product_ids, second.product_ids);
+    assert!(first.operator_token.is_some() && second.operator_token.is_none());
+    assert_eq!(
+        app.contents().await,
+        contents,
+        "a second seed changes nothing"
+    );
+    let milk = app
+        .send(Call::get(format!("/v1/products/{}", first.product_ids[0])))
+        .await
+        .json();
+    assert_eq!(milk["skus"][0]["availability"], "on_sale");
+    let mooncakes = app.staff_product(&first.product_ids[4]).await;
+    assert_eq!(
+        mooncakes["skus"][0]["sale_status"], "PENDING_REVIEW",
+        "no image: still pending review"
+    );
+    app.assert_audit_clean().await;
+}
