@@ -7,6 +7,7 @@
 //! loud notice and pass as skipped — except under `CI=true`, where that is a failure.
 
 pub mod http;
+pub mod payments;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -343,6 +344,8 @@ pub struct Call {
     pub bearer: Option<String>,
     pub body: Option<String>,
     pub content_type: Option<String>,
+    /// The payment gateway's webhook signature header (`Stripe-Signature`), if any.
+    pub signature: Option<String>,
 }
 
 impl Call {
@@ -354,6 +357,7 @@ impl Call {
             bearer: None,
             body: None,
             content_type: None,
+            signature: None,
         }
     }
 
@@ -474,6 +478,11 @@ impl TestApp {
         TestApp::on(database, clock, test_engine_config()).await
     }
 
+    /// The instance's (manual) time.
+    pub fn clock_now(&self) -> Timestamp {
+        engine::Clock::now(&self.clock)
+    }
+
     pub fn backend(&self) -> Backend {
         self.database.backend
     }
@@ -488,6 +497,9 @@ impl TestApp {
         }
         if let Some(content_type) = &call.content_type {
             request = request.header("content-type", content_type);
+        }
+        if let Some(signature) = &call.signature {
+            request = request.header("stripe-signature", signature);
         }
         let request = request
             .body(call.body.map_or_else(Body::empty, Body::from))

@@ -176,6 +176,12 @@ fn the_openapi_document_describes_every_route() {
         "/v1/carts/{user}/items/{sku}",
         "/v1/carts/{user}",
         "/v1/carts/{user}/checkout",
+        "/v1/orders",
+        "/v1/orders/{id}",
+        "/v1/orders/{id}/pay",
+        "/v1/orders/{id}/cancel",
+        "/v1/orders/{id}/return",
+        "/v1/payments/webhook",
     ] {
         assert!(
             paths.contains_key(route),

@@ -5,6 +5,8 @@ pub mod catalog_routes;
 pub mod catalog_wire;
 pub mod extract;
 pub mod metrics;
+pub mod order_routes;
+pub mod order_wire;
 pub mod problem;
 pub mod routes;
 pub mod server;
@@ -61,6 +63,12 @@ pub fn app(state: AppState) -> Router {
             post(routes::release_reservation),
         )
         .route("/v1/audit", get(routes::audit))
+        .route("/v1/orders", post(order_routes::create_order))
+        .route("/v1/orders/{id}", get(order_routes::get_order))
+        .route("/v1/orders/{id}/pay", post(order_routes::pay))
+        .route("/v1/orders/{id}/cancel", post(order_routes::cancel))
+        .route("/v1/orders/{id}/return", post(order_routes::return_goods))
+        .route("/v1/payments/webhook", post(order_routes::webhook))
         .route("/v1/products", post(catalog_routes::create_product))
         .route(
             "/v1/products/{id}",

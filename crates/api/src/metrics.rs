@@ -92,6 +92,15 @@ pub async fn render(State(state): State<AppState>) -> Response {
         metrics::gauge!("stockd_reservations", "status" => "RELEASED").set(gauges.released as f64);
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);
     }
+    if state.engine.payments_attached()
+        && let Ok(payments) = state.engine.payment_gauges().await
+    {
+        metrics::gauge!("stockd_payment_attempts_unresolved")
+            .set(payments.attempts_unresolved as f64);
+        metrics::gauge!("stockd_payment_oldest_unresolved_age_seconds")
+            .set(payments.oldest_unresolved_age_seconds as f64);
+        metrics::gauge!("stockd_refunds_pending").set(payments.refunds_pending as f64);
+    }
     metrics::gauge!("stockd_requests_in_flight").set(state.engine.requests_in_flight() as f64);
     let body = state
         .metrics

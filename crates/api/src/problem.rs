@@ -143,6 +143,8 @@ impl From<EngineError> for ApiError {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
             | EngineError::Forbidden(message)
+            | EngineError::Unauthorized(message)
+            | EngineError::PaymentUnknown(message)
             | EngineError::Refused {
                 detail: message, ..
             }

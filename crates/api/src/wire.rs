@@ -205,6 +205,7 @@ pub struct AuditBody<'a> {
     pub checked_at: Timestamp,
     pub stock_rows_checked: i64,
     pub reservation_lines_checked: i64,
+    pub orders_checked: i64,
     pub ledger_rows_checked: i64,
     pub differences_total: i64,
     pub differences: Vec<AuditDifferenceBody<'a>>,
@@ -217,6 +218,7 @@ impl<'a> AuditBody<'a> {
             checked_at: report.checked_at,
             stock_rows_checked: report.stock_rows_checked,
             reservation_lines_checked: report.reservation_lines_checked,
+            orders_checked: report.orders_checked,
             ledger_rows_checked: report.ledger_rows_checked,
             differences_total: report.differences_total,
             differences: report
@@ -358,6 +360,13 @@ impl ResponseRenderer for HttpRenderer {
 
     fn cart(&self, cart: &Cart) -> StoredResponse {
         json(200, &crate::catalog_wire::CartBody::new(cart))
+    }
+
+    fn order(&self, order: &store::Order, created: bool) -> StoredResponse {
+        json(
+            if created { 201 } else { 200 },
+            &crate::order_wire::OrderBody::new(order),
+        )
     }
 }
 

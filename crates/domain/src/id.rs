@@ -105,6 +105,26 @@ minted_id!(
     "sch_"
 );
 
+minted_id!(
+    /// Names one order.
+    OrderId,
+    "order",
+    "ord_"
+);
+minted_id!(
+    /// Names one payment attempt of an order; the gateway call's idempotency key
+    /// derives from it.
+    PaymentAttemptId,
+    "payment attempt",
+    "pay_"
+);
+minted_id!(
+    /// Names one refund.
+    RefundId,
+    "refund",
+    "rfd_"
+);
+
 /// The client's `Idempotency-Key`: 1 to 255 visible ASCII characters (0x21..=0x7E).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);

@@ -11,6 +11,7 @@ pub mod error;
 pub mod id;
 pub mod limits;
 pub mod money;
+pub mod order;
 pub mod quantity;
 pub mod reservation;
 pub mod sale_status;
@@ -23,8 +24,14 @@ pub use code::{
     WarehouseCode,
 };
 pub use error::{ErrorCode, ParseError};
-pub use id::{IdempotencyKey, MovementId, ProductId, ReservationId, ScheduleId};
+pub use id::{
+    IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,
+    ScheduleId,
+};
 pub use money::{Currency, PriceMinor};
+pub use order::{
+    AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
+};
 pub use quantity::{AdjustmentQuantity, LowStockThreshold, Quantity, TtlSeconds};
 pub use reservation::{
     IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,

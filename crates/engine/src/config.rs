@@ -26,6 +26,19 @@ pub struct EngineConfig {
     pub reservation_ttl_seconds_default: i64,
     /// Audits allowed to run at once (each one scans the ledger).
     pub audits_concurrent_max: usize,
+    /// Orders expired per step of the order worker.
+    pub order_expiry_batch_size: i64,
+    /// A payment attempt still unresolved this long after it started is asked about.
+    pub reconcile_after_milliseconds: i64,
+    /// How long one process holds an attempt it is asking about.
+    pub reconcile_lease_milliseconds: i64,
+    pub reconcile_batch_size: i64,
+    pub refund_batch_size: i64,
+    /// Pause before a refund the gateway did not confirm is tried again.
+    pub refund_retry_milliseconds: i64,
+    /// Pause between steps of the payment workers (order expiry, reconciliation,
+    /// refunds).
+    pub payment_worker_interval_milliseconds: u64,
     /// Schedules applied per schedule-worker step.
     pub schedule_batch_size: i64,
     /// Longest pause of the schedule worker: it wakes at the next due schedule or
@@ -58,6 +71,13 @@ impl Default for EngineConfig {
             expiry_interval_milliseconds: 1_000,
             reservation_ttl_seconds_default: domain::limits::RESERVATION_TTL_SECONDS_DEFAULT,
             audits_concurrent_max: 1,
+            order_expiry_batch_size: 100,
+            reconcile_after_milliseconds: 10_000,
+            reconcile_lease_milliseconds: 30_000,
+            reconcile_batch_size: 50,
+            refund_batch_size: 50,
+            refund_retry_milliseconds: 30_000,
+            payment_worker_interval_milliseconds: 1_000,
             schedule_batch_size: 100,
             schedule_sweep_interval_milliseconds: 60_000,
             combiner_shards: 0,

@@ -12,6 +12,11 @@ pub enum EngineError {
     NotFound(String),
     /// The caller may not do this (an operator outside its shop, or a non-admin delete).
     Forbidden(String),
+    /// Missing or wrong credentials (a webhook's signature).
+    Unauthorized(String),
+    /// The gateway has not said whether the money moved; nothing was guessed. Asked
+    /// again later (same key), or resolved by webhook or reconciliation.
+    PaymentUnknown(String),
     /// A business refusal that is answered, not stored (nothing was attempted): its
     /// code says why (`off_shelf`, `insufficient_stock`, …).
     Refused {
@@ -35,6 +40,8 @@ impl EngineError {
             EngineError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             EngineError::NotFound(_) => ErrorCode::NotFound,
             EngineError::Forbidden(_) => ErrorCode::Forbidden,
+            EngineError::Unauthorized(_) => ErrorCode::Unauthorized,
+            EngineError::PaymentUnknown(_) => ErrorCode::PaymentUnknown,
             EngineError::Refused { code, .. } => *code,
             EngineError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
             EngineError::RequestInProgress => ErrorCode::RequestInProgress,
@@ -52,6 +59,8 @@ impl fmt::Display for EngineError {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
             | EngineError::Forbidden(message)
+            | EngineError::Unauthorized(message)
+            | EngineError::PaymentUnknown(message)
             | EngineError::Refused {
                 detail: message, ..
             }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod in_flight;
+pub mod payments;
 pub mod retry;
 pub mod workers;
 
@@ -59,6 +60,8 @@ struct Inner {
     in_flight: InFlight,
     audits: Semaphore,
     combiner: Combiner,
+    /// The payment gateway, once attached.
+    payments: std::sync::OnceLock<payments::Payments>,
     /// Woken when this process records a schedule, so the schedule worker re-reads
     /// the next due time.
     schedules_changed: tokio::sync::Notify,
@@ -109,6 +112,7 @@ impl Engine {
                 audits,
                 combiner,
                 schedules_changed: tokio::sync::Notify::new(),
+                payments: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -197,14 +201,14 @@ impl Engine {
     }
 
     /// A store unit of work with bounded retries, its errors logged and mapped.
-    async fn retried<Work, Attempt>(
+    async fn retried<Output, Work, Attempt>(
         &self,
         operation: &'static str,
         work: Work,
-    ) -> Result<Idempotent, EngineError>
+    ) -> Result<Output, EngineError>
     where
         Work: Fn() -> Attempt,
-        Attempt: Future<Output = Result<Idempotent, StoreError>>,
+        Attempt: Future<Output = Result<Output, StoreError>>,
     {
         with_retries(&self.inner.config, operation, work)
             .await
@@ -455,6 +459,12 @@ mod tests {
                 body: String::new(),
             }
         }
+        fn order(&self, _: &store::Order, created: bool) -> StoredResponse {
+            StoredResponse {
+                status: if created { 201 } else { 200 },
+                body: String::new(),
+            }
+        }
         fn product_saved(&self, _: &domain::Product, _: bool) -> StoredResponse {
             StoredResponse {
                 status: 201,
@@ -522,7 +532,7 @@ mod tests {
         let (engine, directory) = engine().await;
         let attempts = AtomicU32::new(0);
 
-        let result = engine
+        let result: Result<Idempotent, EngineError> = engine
             .retried("test", || async {
                 attempts.fetch_add(1, Ordering::SeqCst);
                 Err(StoreError::Retryable("deadlock detected".into()))
@@ -579,7 +589,7 @@ mod tests {
             ),
         ] {
             let attempts = AtomicU32::new(0);
-            let result = engine
+            let result: Result<Idempotent, EngineError> = engine
                 .retried("test", || async {
                     attempts.fetch_add(1, Ordering::SeqCst);
                     Err(error.clone())

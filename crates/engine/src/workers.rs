@@ -14,6 +14,35 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(purge_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(schedule_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(payment_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Expires unpaid orders, asks the gateway about unresolved payments, and issues
+/// pending refunds — each step bounded, each safe with several processes.
+async fn payment_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().payment_worker_interval_milliseconds);
+    loop {
+        if let Err(error) = engine.order_expiry_step().await {
+            metrics::counter!("stockd_worker_errors_total", "worker" => "order_expiry")
+                .increment(1);
+            tracing::warn!(%error, "order expiry step failed");
+        }
+        if engine.payments_attached() {
+            if let Err(error) = engine.reconcile_step().await {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "reconciliation")
+                    .increment(1);
+                tracing::warn!(%error, "reconciliation step failed");
+            }
+            if let Err(error) = engine.refund_step().await {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "refunds").increment(1);
+                tracing::warn!(%error, "refund step failed");
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
 }
 
 /// Applies scheduled shelf changes with minute precision: sleeps until the next due

@@ -28,6 +28,9 @@ enum Command {
     Audit(DatabaseArguments),
     /// Load a small supermarket catalog with stock (safe to run twice).
     Seed(DatabaseArguments),
+    /// Serve the payment gateway sandbox: the gateway protocol subset stockd speaks,
+    /// with state and fault injection, sending signed webhooks.
+    GatewaySandbox(SandboxArguments),
     /// Drive a load scenario against stockd and judge the result; exit 0 only when
     /// nothing was oversold, duplicated or left unexplained.
     Bench(BenchArguments),
@@ -205,6 +208,56 @@ struct ServeArguments {
     /// Load the demo supermarket catalog before serving (as `stockd seed` does).
     #[arg(long)]
     demo: bool,
+    #[command(flatten)]
+    payments: PaymentArguments,
+}
+
+/// The payment gateway. Without a URL, an in-process sandbox plays the gateway.
+#[derive(Args, Clone)]
+struct PaymentArguments {
+    /// The gateway's base URL (`https://api.stripe.com`); unset: an in-process sandbox.
+    #[arg(long, env = "STOCKD_GATEWAY_URL")]
+    gateway_url: Option<String>,
+    /// The gateway's secret API key.
+    #[arg(
+        long,
+        env = "STOCKD_GATEWAY_API_KEY",
+        hide_env_values = true,
+        default_value = "sk_test_stockd"
+    )]
+    gateway_api_key: String,
+    /// The secret webhooks are signed with (required with --gateway-url).
+    #[arg(long, env = "STOCKD_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// Longest wait for the gateway's answer; past it a payment is "unknown", not failed.
+    #[arg(
+        long,
+        env = "STOCKD_GATEWAY_TIMEOUT_MILLISECONDS",
+        default_value_t = 5_000
+    )]
+    gateway_timeout_milliseconds: u64,
+}
+
+#[derive(Args)]
+struct SandboxArguments {
+    #[arg(long, env = "STOCKD_SANDBOX_LISTEN", default_value = "127.0.0.1:8090")]
+    listen: String,
+    /// stockd's webhook endpoint (`http://127.0.0.1:8080/v1/payments/webhook`).
+    #[arg(long, env = "STOCKD_SANDBOX_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    #[arg(long, env = "STOCKD_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: String,
+    /// When set, requests must present it as `Authorization: Bearer …`.
+    #[arg(long, env = "STOCKD_GATEWAY_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Apply this fault to every payment: succeed, decline, slow, charge_then_timeout,
+    /// lost_response, no_webhook, webhook_3x, webhooks_out_of_order, requires_action.
+    #[arg(long, env = "STOCKD_SANDBOX_FAULT")]
+    fault: Option<String>,
+    #[arg(long, default_value_t = 2_000)]
+    slow_milliseconds: u64,
+    #[arg(long, default_value_t = 30_000)]
+    hang_milliseconds: u64,
 }
 
 /// How reservations are batched (the hot-SKU combiner).
@@ -304,6 +357,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         admin_token: Arc::from(admin_token),
         metrics: Some(api::metrics::install_recorder()),
     };
+    let sandbox = attach_payments(&engine, &arguments.payments).await?;
     if arguments.demo {
         let summary = engine::demo::load_demo_catalog(&engine)
             .await
@@ -314,8 +368,16 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         .await
         .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
     let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let payments = match &sandbox {
+        Some((sandbox, sandbox_address)) => {
+            sandbox.set_webhook_url(format!("http://{address}/v1/payments/webhook"));
+            format!("payments through the in-process gateway sandbox at http://{sandbox_address}")
+        }
+        None => "payments through the configured gateway".to_owned(),
+    };
+    // The last line printed at start-up: scripts wait for it.
     println!(
-        "stockd: listening on http://{address} ({} database)",
+        "stockd: listening on http://{address} ({} database; {payments})",
         store.backend_name()
     );
 
@@ -355,6 +417,84 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     tracing::info!("shutdown signal received; finishing in-flight requests");
     shutdown.cancel();
+}
+
+/// Connects the engine to the configured gateway, or starts the in-process sandbox
+/// (reached over HTTP like any gateway) and returns it.
+async fn attach_payments(
+    engine: &Engine,
+    arguments: &PaymentArguments,
+) -> Result<Option<(sandbox::Sandbox, std::net::SocketAddr)>, String> {
+    let timeout_milliseconds = arguments.gateway_timeout_milliseconds.clamp(100, 120_000);
+    if let Some(url) = &arguments.gateway_url {
+        let secret = arguments
+            .webhook_secret
+            .clone()
+            .ok_or("--gateway-url needs --webhook-secret (STOCKD_WEBHOOK_SECRET)")?;
+        let gateway = gateway::GatewayClient::new(gateway::GatewayConfig {
+            base_url: url.clone(),
+            api_key: arguments.gateway_api_key.clone(),
+            timeout_milliseconds,
+        })?;
+        engine.attach_payments(engine::payments::Payments {
+            gateway,
+            webhook_secret: secret,
+        });
+        return Ok(None);
+    }
+    let secret = arguments.webhook_secret.clone().unwrap_or_else(|| {
+        format!(
+            "whsec_{}",
+            (0..16)
+                .map(|_| format!("{:02x}", rand::random::<u8>()))
+                .collect::<String>()
+        )
+    });
+    let mut config = sandbox::SandboxConfig::new(secret.clone());
+    config.api_key = Some(arguments.gateway_api_key.clone());
+    let sandbox = sandbox::Sandbox::new(config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|error| format!("cannot start the gateway sandbox: {error}"))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let serving = sandbox.clone();
+    tokio::spawn(async move { serving.serve(listener, CancellationToken::new()).await });
+    let gateway = gateway::GatewayClient::new(gateway::GatewayConfig {
+        base_url: format!("http://{address}"),
+        api_key: arguments.gateway_api_key.clone(),
+        timeout_milliseconds,
+    })?;
+    engine.attach_payments(engine::payments::Payments {
+        gateway,
+        webhook_secret: secret,
+    });
+    Ok(Some((sandbox, address)))
+}
+
+async fn gateway_sandbox(arguments: SandboxArguments) -> Result<bool, String> {
+    let mut config = sandbox::SandboxConfig::new(arguments.webhook_secret);
+    config.webhook_url = arguments.webhook_url;
+    config.api_key = arguments.api_key;
+    config.slow_milliseconds = arguments.slow_milliseconds;
+    config.hang_milliseconds = arguments.hang_milliseconds;
+    config.fault = arguments
+        .fault
+        .as_deref()
+        .map(sandbox::Fault::parse)
+        .transpose()?;
+    let sandbox = sandbox::Sandbox::new(config);
+    let listener = tokio::net::TcpListener::bind(&arguments.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    println!("stockd: gateway sandbox listening on http://{address}");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    sandbox
+        .serve(listener, shutdown)
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(true)
 }
 
 fn print_demo_summary(summary: &engine::demo::DemoSummary) {
@@ -482,6 +622,7 @@ fn main() -> ExitCode {
                 init_logging(&arguments);
                 seed(arguments).await
             }
+            Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,
             Command::Bench(arguments) => bench(arguments).await,
             Command::Lab {
                 experiment: LabCommand::Strategies(arguments),

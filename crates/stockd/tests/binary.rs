@@ -51,12 +51,21 @@ fn start_serving_with(
     directory: &Path,
     environment: &[(&str, &str)],
 ) -> (Child, SocketAddr, String) {
+    start_serving_on(directory, "127.0.0.1:0", environment)
+}
+
+/// Like [`start_serving_with`], listening on `listen`.
+fn start_serving_on(
+    directory: &Path,
+    listen: &str,
+    environment: &[(&str, &str)],
+) -> (Child, SocketAddr, String) {
     let mut command = stockd(directory);
     for (name, value) in environment {
         command.env(name, value);
     }
     let mut child = command
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", listen])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -338,4 +347,156 @@ async fn postgres_a_killed_server_loses_no_acknowledged_reservation() {
         .execute(&mut connection)
         .await
         .unwrap();
+}
+
+/// Creates `TEA` (price 350) with `quantity` units and an order for one; returns the
+/// order id.
+async fn order_one_tea(address: SocketAddr, bearer: &str, quantity: i64) -> String {
+    let created = request(
+        address,
+        "PUT",
+        "/v1/skus/TEA",
+        &[("Authorization", bearer), ("Idempotency-Key", "sku")],
+        Some(r#"{"title":"Tea","price":350,"currency":"CNY"}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(created.status, 201, "{created:?}");
+    let body = format!(r#"{{"kind":"receive","quantity":{quantity}}}"#);
+    let received = request(
+        address,
+        "POST",
+        "/v1/skus/TEA/stock-movements",
+        &[("Authorization", bearer), ("Idempotency-Key", "receive")],
+        Some(&body),
+    )
+    .await
+    .unwrap();
+    assert_eq!(received.status, 201, "{received:?}");
+    let order = request(
+        address,
+        "POST",
+        "/v1/orders",
+        &[("Idempotency-Key", "order")],
+        Some(r#"{"user_id":"user-1","lines":[{"sku":"TEA","quantity":1}]}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(order.status, 201, "{order:?}");
+    order.json()["order_id"].as_str().unwrap().to_owned()
+}
+
+async fn pay(address: SocketAddr, order: &str, method: &str) -> acceptance::http::WireResponse {
+    let body = format!(r#"{{"payment_method":"{method}"}}"#);
+    request(
+        address,
+        "POST",
+        &format!("/v1/orders/{order}/pay"),
+        &[("Idempotency-Key", "pay")],
+        Some(&body),
+    )
+    .await
+    .unwrap()
+}
+
+async fn wait_for_order_status(address: SocketAddr, order: &str, status: &str) {
+    for _ in 0..3_000 {
+        let view = request(address, "GET", &format!("/v1/orders/{order}"), &[], None)
+            .await
+            .unwrap();
+        if view.json()["status"] == status {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("order {order} never reached {status}");
+}
+
+#[tokio::test]
+async fn serve_pays_through_its_in_process_gateway_sandbox_over_http() {
+    let directory = ScratchDirectory::new();
+    let (mut child, address, token) = start_serving(&directory.0);
+    let bearer = format!("Bearer {token}");
+    let order = order_one_tea(address, &bearer, 2).await;
+    let paid = pay(address, &order, "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    assert_eq!(paid.json()["status"], "PAID");
+    assert!(
+        paid.json()["payment"]["gateway_payment_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("pi_")
+    );
+    let exit = terminate(&mut child);
+    assert!(exit.success(), "{exit:?}");
+    let audit = stockd(&directory.0).arg("audit").output().unwrap();
+    assert_eq!(audit.status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() {
+    let directory = ScratchDirectory::new();
+    // stockd's port must be known before the sandbox starts (the webhook target).
+    let stockd_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let secret = "whsec_binary_test";
+    let mut sandbox = stockd(&directory.0)
+        .args([
+            "gateway-sandbox",
+            "--listen",
+            "127.0.0.1:0",
+            "--webhook-url",
+            &format!("http://127.0.0.1:{stockd_port}/v1/payments/webhook"),
+            "--webhook-secret",
+            secret,
+            "--api-key",
+            "sk_test_binary",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = BufReader::new(sandbox.stdout.take().unwrap())
+        .lines()
+        .next()
+        .unwrap()
+        .unwrap();
+    let sandbox_url = line.split_whitespace().last().unwrap().to_owned();
+    let sandbox_address: SocketAddr = sandbox_url.trim_start_matches("http://").parse().unwrap();
+    let (mut child, address, token) = start_serving_on(
+        &directory.0,
+        &format!("127.0.0.1:{stockd_port}"),
+        &[
+            ("STOCKD_GATEWAY_URL", &sandbox_url),
+            ("STOCKD_GATEWAY_API_KEY", "sk_test_binary"),
+            ("STOCKD_WEBHOOK_SECRET", secret),
+        ],
+    );
+    let bearer = format!("Bearer {token}");
+    let order = order_one_tea(address, &bearer, 2).await;
+    // The sandbox charges, then breaks the connection: only its webhook tells stockd.
+    let unknown = pay(address, &order, "pm_sandbox_lost_response").await;
+    assert_eq!(unknown.status, 202, "{unknown:?}");
+    assert_eq!(unknown.json()["code"], "payment_unknown");
+    wait_for_order_status(address, &order, "PAID").await;
+    let stats = request(
+        sandbox_address,
+        "GET",
+        &format!("/_sandbox/stats?order_id={order}"),
+        &[],
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(stats.json()["charges"], 1, "{stats:?}");
+    assert_eq!(stats.json()["intents"].as_array().unwrap().len(), 1);
+    let exit = terminate(&mut child);
+    assert!(exit.success(), "{exit:?}");
+    let sandbox_exit = terminate(&mut sandbox);
+    assert!(sandbox_exit.success(), "{sandbox_exit:?}");
+    let audit = stockd(&directory.0).arg("audit").output().unwrap();
+    assert_eq!(audit.status.code(), Some(0));
 }

@@ -11,18 +11,20 @@
 pub mod catalog;
 pub mod error;
 pub mod model;
+pub mod orders;
 pub mod plan;
 pub mod postgres;
 pub mod sqlite;
 
 use domain::{
-    IdempotencyKey, OperatorId, Product, ProductId, Reservation, ReservationId, ShelfLogEntry,
-    ShopCode, Sku, SkuCode, Timestamp, UserId,
+    IdempotencyKey, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Product, ProductId,
+    RefundId, Reservation, ReservationId, ShelfLogEntry, ShopCode, Sku, SkuCode, Timestamp, UserId,
 };
 
 pub use catalog::*;
 pub use error::StoreError;
 pub use model::*;
+pub use orders::*;
 
 /// How to reach the database and how long to wait for it.
 #[derive(Debug, Clone)]
@@ -130,6 +132,15 @@ impl Store {
         key: &IdempotencyKey,
     ) -> Result<Option<(String, StoredResponse)>, StoreError> {
         dispatch!(self, store => store.idempotency_record(key).await)
+    }
+
+    pub async fn store_response(
+        &self,
+        claim: &IdempotencyClaim,
+        response: &StoredResponse,
+        now: Timestamp,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.store_response(claim, response, now).await)
     }
 
     pub async fn upsert_sku(
@@ -318,5 +329,111 @@ impl Store {
         ordered: &[(SkuCode, i64)],
     ) -> Result<(), StoreError> {
         dispatch!(self, store => store.remove_ordered_cart_items(user, ordered).await)
+    }
+
+    pub async fn create_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &NewOrder,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.create_order(claim, order, now, renderer).await)
+    }
+
+    pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
+        dispatch!(self, store => store.order(id).await)
+    }
+
+    pub async fn begin_payment(
+        &self,
+        order: &OrderId,
+        attempt: &PaymentAttemptId,
+        payment_method: &str,
+        reconcile_after: Timestamp,
+        now: Timestamp,
+    ) -> Result<BeginPayment, StoreError> {
+        dispatch!(self, store => store.begin_payment(order, attempt, payment_method, reconcile_after, now).await)
+    }
+
+    pub async fn settle_payment(
+        &self,
+        attempt: &PaymentAttemptId,
+        outcome: &GatewayOutcome,
+        source: &str,
+        now: Timestamp,
+    ) -> Result<Option<OrderStatus>, StoreError> {
+        dispatch!(self, store => store.settle_payment(attempt, outcome, source, now).await)
+    }
+
+    pub async fn apply_payment_event(
+        &self,
+        event_id: &str,
+        event_type: &str,
+        payment_id: &str,
+        attempt: Option<&PaymentAttemptId>,
+        outcome: Option<&GatewayOutcome>,
+        now: Timestamp,
+    ) -> Result<Option<String>, StoreError> {
+        dispatch!(self, store => store.apply_payment_event(event_id, event_type, payment_id, attempt, outcome, now).await)
+    }
+
+    pub async fn claim_attempts_to_reconcile(
+        &self,
+        now: Timestamp,
+        limit: i64,
+        lease_milliseconds: i64,
+    ) -> Result<Vec<AttemptToCall>, StoreError> {
+        dispatch!(self, store => store.claim_attempts_to_reconcile(now, limit, lease_milliseconds).await)
+    }
+
+    pub async fn expire_orders(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        dispatch!(self, store => store.expire_orders(now, limit).await)
+    }
+
+    pub async fn cancel_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.cancel_order(claim, order, now, renderer).await)
+    }
+
+    pub async fn claim_refunds(
+        &self,
+        now: Timestamp,
+        limit: i64,
+        lease_milliseconds: i64,
+    ) -> Result<Vec<RefundToIssue>, StoreError> {
+        dispatch!(self, store => store.claim_refunds(now, limit, lease_milliseconds).await)
+    }
+
+    pub async fn settle_refund(
+        &self,
+        refund: &RefundId,
+        gateway_refund_id: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, store => store.settle_refund(refund, gateway_refund_id, now).await)
+    }
+
+    pub async fn return_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.return_order(claim, order, now, renderer).await)
+    }
+
+    pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
+        dispatch!(self, store => store.payment_gauges(now).await)
     }
 }

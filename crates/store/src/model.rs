@@ -76,6 +76,8 @@ pub trait ResponseRenderer: Send + Sync {
         token: Option<&str>,
     ) -> StoredResponse;
     fn cart(&self, cart: &Cart) -> StoredResponse;
+    /// An order (201 when `created`).
+    fn order(&self, order: &crate::orders::Order, created: bool) -> StoredResponse;
 }
 
 /// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).
@@ -200,6 +202,7 @@ pub struct AuditReport {
     pub checked_at: Timestamp,
     pub stock_rows_checked: i64,
     pub reservation_lines_checked: i64,
+    pub orders_checked: i64,
     pub ledger_rows_checked: i64,
     /// The first [`AUDIT_DIFFERENCES_REPORTED_MAX`] differences.
     pub differences: Vec<AuditDifference>,

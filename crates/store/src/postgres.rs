@@ -25,7 +25,8 @@ mod dialect {
         "SELECT status FROM reservation WHERE id = $1 FOR UPDATE";
     /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
-         WHERE status = 'RESERVED' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2 \
+         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         ORDER BY expires_at, id LIMIT $2 \
          FOR UPDATE SKIP LOCKED";
     /// The audit's join of every reservation line with its ledger rows.
     pub const AUDIT_RESERVATION_LINES: &str = "SELECT reservation.id, reservation.status, \
@@ -76,6 +77,16 @@ mod dialect {
     pub const CLAIM_DUE_SCHEDULES: &str = "SELECT id, sku, operation, remark FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
 
+    pub const SELECT_ORDER_FOR_UPDATE: &str =
+        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
+    pub const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &str =
+        "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
+    pub const CLAIM_EXPIRED_ORDERS: &str = "SELECT id FROM customer_order \
+         WHERE status = 'PENDING_PAYMENT' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
+         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency FROM refund \
+         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (
             1,
@@ -96,6 +107,11 @@ mod dialect {
             4,
             "catalog",
             include_str!("../migrations/postgres/0004_catalog.sql"),
+        ),
+        (
+            5,
+            "orders",
+            include_str!("../migrations/postgres/0005_orders.sql"),
         ),
     ];
 }
@@ -155,6 +171,7 @@ impl PostgresStore {
 
 include!("shared.rs");
 include!("shared_catalog.rs");
+include!("shared_orders.rs");
 
 /// The reservation batch's bulk statements: each passes its rows as arrays read with
 /// `UNNEST`, so a batch of any size costs the same few round trips.

@@ -444,6 +444,29 @@ impl BackendStore {
         reservation
     }
 
+    /// Stores `response` under `claim`'s key on its own (for answers reached across
+    /// several transactions, like a payment's). A key that already has a record keeps
+    /// it, and that one is the answer.
+    pub async fn store_response(
+        &self,
+        claim: &IdempotencyClaim,
+        response: &StoredResponse,
+        now: Timestamp,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        complete_claim(&mut transaction, claim, response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response.clone()))
+    }
+
     /// The committed record of `key`, if any: `(fingerprint, response)`.
     pub async fn idempotency_record(
         &self,
@@ -895,7 +918,8 @@ impl BackendStore {
     /// the expiry worker uses, so it stays cheap however many reservations exist.
     pub async fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar(
-            "SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED' AND expires_at <= $1",
+            "SELECT COUNT(*) FROM reservation \
+             WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL",
         )
         .bind(now.unix_milliseconds())
         .fetch_one(self.read_pool())
@@ -1051,6 +1075,35 @@ impl BackendStore {
                 actual: 1,
             });
         }
+        // Every order against its reservation and its payment: the third leg of the
+        // three-way check. A paid order holds sold stock and a succeeded payment; an
+        // order that gave its stock back holds a released reservation; and so on.
+        let orders = sqlx::query_as::<_, (String, String, String, Option<String>)>(
+            "SELECT customer_order.id, customer_order.status, reservation.status, payment_attempt.status \
+             FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
+             LEFT JOIN payment_attempt ON payment_attempt.order_id = customer_order.id ORDER BY customer_order.id",
+        )
+        .fetch_all(&mut *transaction)
+        .await?;
+        for (id, order_status, reservation_status, attempt_status) in &orders {
+            if !order_agrees_with_its_reservation_and_payment(
+                order_status,
+                reservation_status,
+                attempt_status.as_deref(),
+            ) {
+                note(AuditDifference {
+                    check: "order_vs_reservation_and_payment",
+                    sku: None,
+                    warehouse: None,
+                    reference: Some(format!(
+                        "{id}: order {order_status}, reservation {reservation_status}, payment {}",
+                        attempt_status.as_deref().unwrap_or("none")
+                    )),
+                    expected: 1,
+                    actual: 0,
+                });
+            }
+        }
         let ledger_rows_checked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stock_ledger")
             .fetch_one(&mut *transaction)
             .await?;
@@ -1059,6 +1112,7 @@ impl BackendStore {
             checked_at: now,
             stock_rows_checked: i64::try_from(counters.len()).unwrap_or(i64::MAX),
             reservation_lines_checked: i64::try_from(lines.len()).unwrap_or(i64::MAX),
+            orders_checked: i64::try_from(orders.len()).unwrap_or(i64::MAX),
             ledger_rows_checked,
             differences,
             differences_total,
@@ -1085,6 +1139,34 @@ impl BackendStore {
             (
                 "reservation_line",
                 "SELECT reservation_id, line_number, sku, warehouse, quantity FROM reservation_line ORDER BY reservation_id, line_number",
+            ),
+            (
+                "customer_order",
+                "SELECT id, user_id, status, amount_minor, currency, reservation_id, expires_at, version FROM customer_order ORDER BY id",
+            ),
+            (
+                "order_line",
+                "SELECT order_id, line_number, sku, warehouse, quantity, unit_price_minor FROM order_line ORDER BY order_id, line_number",
+            ),
+            (
+                "order_history",
+                "SELECT order_id, COALESCE(from_status, ''), to_status, reason FROM order_history ORDER BY id",
+            ),
+            (
+                "payment_attempt",
+                "SELECT id, order_id, gateway_key, status, COALESCE(gateway_payment_id, ''), amount_minor FROM payment_attempt ORDER BY id",
+            ),
+            (
+                "webhook_event",
+                "SELECT event_id, event_type, COALESCE(gateway_payment_id, ''), outcome FROM webhook_event ORDER BY event_id",
+            ),
+            (
+                "refund",
+                "SELECT id, order_id, status, amount_minor, COALESCE(gateway_refund_id, '') FROM refund ORDER BY id",
+            ),
+            (
+                "order_return",
+                "SELECT order_id FROM order_return ORDER BY order_id",
             ),
             (
                 "stock_ledger",
@@ -1262,4 +1344,27 @@ fn wall_clock_milliseconds() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
+}
+
+/// The combinations of order, reservation and payment status the order state machine
+/// can produce. Anything else is a lost update or a hand edit.
+fn order_agrees_with_its_reservation_and_payment(
+    order: &str,
+    reservation: &str,
+    payment: Option<&str>,
+) -> bool {
+    matches!(
+        (order, reservation, payment),
+        ("PENDING_PAYMENT", "RESERVED", None)
+            | ("PAYMENT_PROCESSING", "RESERVED", Some("PROCESSING"))
+            | ("PAID", "CONFIRMED", Some("SUCCEEDED"))
+            | ("PAYMENT_FAILED", "RELEASED", Some("FAILED"))
+            | ("CANCELLED", "RELEASED", None)
+            | ("EXPIRED", "RELEASED", None | Some("FAILED"))
+            | (
+                "REFUND_PENDING" | "REFUNDED",
+                "CONFIRMED" | "RELEASED",
+                Some("SUCCEEDED")
+            )
+    )
 }

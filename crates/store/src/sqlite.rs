@@ -28,7 +28,8 @@ mod dialect {
     pub const SELECT_RESERVATION_STATUS_FOR_UPDATE: &str =
         "SELECT status FROM reservation WHERE id = $1";
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
-         WHERE status = 'RESERVED' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2";
+         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         ORDER BY expires_at, id LIMIT $2";
     /// `INDEXED BY`: without statistics SQLite's planner has picked other plans for
     /// this join (once the (sku, warehouse) index, which made the audit quadratic on a
     /// hot SKU), so the one index that fits is named.
@@ -63,6 +64,16 @@ mod dialect {
     pub const CLAIM_DUE_SCHEDULES: &str = "SELECT id, sku, operation, remark FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2";
 
+    pub const SELECT_ORDER_FOR_UPDATE: &str =
+        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1";
+    pub const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &str =
+        "SELECT status FROM payment_attempt WHERE id = $1";
+    pub const CLAIM_EXPIRED_ORDERS: &str = "SELECT id FROM customer_order \
+         WHERE status = 'PENDING_PAYMENT' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2";
+    pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
+         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2";
+    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency FROM refund \
+         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2";
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (
             1,
@@ -83,6 +94,11 @@ mod dialect {
             4,
             "catalog",
             include_str!("../migrations/sqlite/0004_catalog.sql"),
+        ),
+        (
+            5,
+            "orders",
+            include_str!("../migrations/sqlite/0005_orders.sql"),
         ),
     ];
 }
@@ -152,6 +168,7 @@ impl SqliteStore {
 
 include!("shared.rs");
 include!("shared_catalog.rs");
+include!("shared_orders.rs");
 
 /// The reservation batch's bulk statements. Each takes its rows as one JSON parameter
 /// read with `json_each`, so a batch of any size costs the same few statements (every

@@ -1,0 +1,229 @@
+//! The payment side of the harness: the project's gateway sandbox served over real HTTP
+//! on a loopback port, stockd's router served on another so the sandbox's signed
+//! webhooks arrive the way they would in production, and the engine's gateway client
+//! pointed at the sandbox. The sandbox reads the test's manual clock, so signatures and
+//! event times move with it.
+
+use std::sync::Arc;
+
+use engine::Clock;
+use sandbox::{Sandbox, SandboxConfig};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Call, TestApp, TestResponse};
+
+pub const WEBHOOK_SECRET: &str = "whsec_stockd_test_secret";
+pub const GATEWAY_API_KEY: &str = "sk_test_stockd";
+/// How long the gateway client waits for an answer. A faulty sandbox answer that
+/// hangs waits far longer ([`HANG_MILLISECONDS`]), so "no answer" never depends on a race.
+pub const GATEWAY_TIMEOUT_MILLISECONDS: u64 = 1_000;
+pub const HANG_MILLISECONDS: u64 = 60_000;
+
+/// A sandbox gateway wired to one or more test instances. Dropping it stops serving.
+pub struct TestGateway {
+    pub sandbox: Sandbox,
+    pub url: String,
+    shutdown: CancellationToken,
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn loopback_listener() -> tokio::net::TcpListener {
+    tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port")
+}
+
+impl TestGateway {
+    /// Starts a sandbox, serves `app` over HTTP for its webhooks, and attaches the
+    /// gateway to `app`'s engine.
+    pub async fn start(app: &TestApp) -> TestGateway {
+        let shutdown = CancellationToken::new();
+        let clock = app.clock.clone();
+        let mut config = SandboxConfig::new(WEBHOOK_SECRET);
+        config.api_key = Some(GATEWAY_API_KEY.to_owned());
+        config.hang_milliseconds = HANG_MILLISECONDS;
+        config.slow_milliseconds = 100;
+        config.clock = Arc::new(move || clock.now().unix_milliseconds().div_euclid(1000));
+        let sandbox = Sandbox::new(config);
+        let listener = loopback_listener().await;
+        let url = format!("http://{}", listener.local_addr().expect("sandbox address"));
+        let serving = sandbox.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move { serving.serve(listener, stop).await });
+        let gateway = TestGateway {
+            sandbox,
+            url,
+            shutdown,
+        };
+        gateway.serve_webhooks_to(app).await;
+        gateway.attach(app);
+        gateway
+    }
+
+    /// Serves `app` on a loopback port and points the sandbox's webhooks at it.
+    pub async fn serve_webhooks_to(&self, app: &TestApp) {
+        let listener = loopback_listener().await;
+        let address = listener.local_addr().expect("stockd address");
+        let router = app.router.clone();
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        });
+        self.sandbox
+            .set_webhook_url(format!("http://{address}/v1/payments/webhook"));
+    }
+
+    /// Points another instance's engine at this sandbox.
+    pub fn attach(&self, app: &TestApp) {
+        let client = gateway::GatewayClient::new(gateway::GatewayConfig {
+            base_url: self.url.clone(),
+            api_key: GATEWAY_API_KEY.to_owned(),
+            timeout_milliseconds: GATEWAY_TIMEOUT_MILLISECONDS,
+        })
+        .expect("gateway client");
+        app.engine.attach_payments(engine::payments::Payments {
+            gateway: client,
+            webhook_secret: WEBHOOK_SECRET.to_owned(),
+        });
+    }
+
+    /// Charges the sandbox made for `order_id` (a charge is a payment intent that
+    /// moved money).
+    pub fn charges_for(&self, order_id: &str) -> usize {
+        self.sandbox
+            .stats()
+            .intents
+            .iter()
+            .filter(|intent| {
+                intent.metadata.get("order_id").map(String::as_str) == Some(order_id)
+                    && intent.latest_charge.is_some()
+            })
+            .count()
+    }
+
+    /// The sandbox's payment intents for `order_id`.
+    pub fn intents_for(&self, order_id: &str) -> Vec<gateway::PaymentIntent> {
+        self.sandbox
+            .stats()
+            .intents
+            .into_iter()
+            .filter(|intent| intent.metadata.get("order_id").map(String::as_str) == Some(order_id))
+            .collect()
+    }
+
+    /// Completes a customer action (3-D Secure, say) on the sandbox, over HTTP.
+    pub async fn complete_action(&self, payment_intent: &str) -> u16 {
+        gateway::install_crypto_provider();
+        reqwest::Client::new()
+            .post(format!(
+                "{}/_sandbox/payment_intents/{payment_intent}/complete_action",
+                self.url
+            ))
+            .send()
+            .await
+            .expect("sandbox reachable")
+            .status()
+            .as_u16()
+    }
+}
+
+impl TestApp {
+    /// `POST /v1/orders` for `user` with one line per `(sku, quantity)`.
+    pub async fn create_order(&self, key: &str, user: &str, lines: &[(&str, i64)]) -> TestResponse {
+        let lines: Vec<Value> = lines
+            .iter()
+            .map(|(sku, quantity)| serde_json::json!({"sku": sku, "quantity": quantity}))
+            .collect();
+        self.send(
+            Call::post("/v1/orders")
+                .key(key)
+                .json(&serde_json::json!({"user_id": user, "lines": lines})),
+        )
+        .await
+    }
+
+    /// Creates an order that must succeed; returns its id.
+    pub async fn order_of(&self, user: &str, lines: &[(&str, i64)]) -> String {
+        let response = self
+            .create_order(&crate::unique_key("order"), user, lines)
+            .await;
+        assert_eq!(response.status, 201, "create order: {response:?}");
+        response.json()["order_id"]
+            .as_str()
+            .expect("order id")
+            .to_owned()
+    }
+
+    pub async fn pay(&self, order_id: &str, key: &str, payment_method: &str) -> TestResponse {
+        self.send(
+            Call::post(format!("/v1/orders/{order_id}/pay"))
+                .key(key)
+                .json(&serde_json::json!({"payment_method": payment_method})),
+        )
+        .await
+    }
+
+    pub async fn order(&self, order_id: &str) -> Value {
+        let response = self.send(Call::get(format!("/v1/orders/{order_id}"))).await;
+        assert_eq!(response.status, 200, "get order: {response:?}");
+        response.json()
+    }
+
+    /// `(order status, reservation status, payment attempt status or "none")`.
+    pub async fn order_statuses(&self, order_id: &str) -> (String, String, String) {
+        let order = self.order(order_id).await;
+        (
+            order["status"].as_str().expect("status").to_owned(),
+            order["reservation"]["status"]
+                .as_str()
+                .expect("reservation status")
+                .to_owned(),
+            order["payment"]["status"]
+                .as_str()
+                .unwrap_or("none")
+                .to_owned(),
+        )
+    }
+
+    /// Waits until the order reaches `status` (a webhook arriving, say).
+    pub async fn wait_for_order_status(&self, order_id: &str, status: &str) {
+        for _ in 0..6_000 {
+            if self.order(order_id).await["status"] == status {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let order = self.order(order_id).await;
+        panic!("order {order_id} never reached {status}: {order:#}");
+    }
+
+    /// Waits until stockd has recorded `count` distinct webhook events.
+    pub async fn wait_for_webhook_events(&self, count: usize) {
+        for _ in 0..6_000 {
+            if self.webhook_events().await >= count {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!(
+            "stockd never recorded {count} webhook events: {}",
+            self.contents().await
+        );
+    }
+
+    /// Distinct webhook events stockd recorded, straight from the database.
+    pub async fn webhook_events(&self) -> usize {
+        let contents = self.contents().await;
+        contents.split("webhook_event\n").nth(1).map_or(0, |rest| {
+            rest.lines().take_while(|line| line.contains('|')).count()
+        })
+    }
+}

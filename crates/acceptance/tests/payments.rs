@@ -1,0 +1,1005 @@
+//! Orders and payments end to end, against the project's gateway sandbox over real
+//! HTTP: one test per fault the sandbox can inject, each checking the order, its
+//! reservation, the stock counters, the number of charges at the gateway (never two
+//! for one order) and the audit; then crashes, concurrency, expiry, cancel and returns.
+
+use acceptance::payments::{TestGateway, WEBHOOK_SECRET};
+use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    an_order_reserves_its_stock_and_is_priced_from_its_skus,
+    an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
+    a_successful_payment_marks_the_order_paid_and_confirms_its_stock,
+    a_declined_card_fails_the_order_and_gives_its_stock_back,
+    a_slow_gateway_answer_is_waited_for_and_applied,
+    a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid,
+    a_lost_answer_is_unknown_until_the_webhook_says_paid,
+    a_payment_whose_webhook_never_comes_is_settled_by_the_answer,
+    a_webhook_delivered_three_times_has_one_effect,
+    a_stale_failure_after_a_success_changes_nothing,
+    a_success_after_the_hold_ended_takes_the_stock_again_when_it_is_there,
+    a_success_after_the_hold_ended_is_refunded_when_the_stock_is_gone,
+    an_unknown_outcome_is_never_released_by_expiry_and_reconciliation_finds_the_charge,
+    a_process_killed_while_waiting_for_the_gateway_is_recovered_by_reconciliation,
+    a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation_with_its_key,
+    fifty_concurrent_pay_calls_on_one_order_charge_once,
+    a_retried_pay_request_replays_its_first_answer,
+    the_same_event_and_the_same_payment_under_another_event_id_apply_once,
+    webhooks_with_a_bad_or_stale_signature_are_refused_and_change_nothing,
+    an_unpaid_order_past_its_hold_expires_and_cannot_be_paid,
+    cancelling_an_unpaid_order_gives_its_stock_back_once,
+    cancelling_a_paid_order_refunds_it_once,
+    an_order_with_a_payment_in_flight_cannot_be_cancelled,
+    a_return_puts_the_goods_back_once_and_keeps_the_sale_status,
+    reconciliation_on_two_instances_settles_each_attempt_once,
+    malformed_order_and_payment_requests_are_refused_and_change_nothing,
+    metrics_count_payment_outcomes_and_show_the_unknown_backlog,
+    the_audit_catches_an_order_that_disagrees_with_its_reservation,
+);
+
+const SKU: &str = "TEA-250G";
+/// Stock of [`SKU`] at the start of every test; its price is 100 (minor units).
+const STOCK: i64 = 10;
+const HOLD_SECONDS: i64 = 900;
+
+/// An instance with a sandbox gateway and [`STOCK`] units of [`SKU`].
+async fn shop(backend: Backend) -> (TestApp, TestGateway) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = TestGateway::start(&app).await;
+    app.stocked_sku(SKU, STOCK).await;
+    (app, gateway)
+}
+
+fn key(purpose: &str) -> String {
+    format!("{purpose}-{:016x}", rand::random::<u64>())
+}
+
+/// Asserts the order's, its reservation's and its payment's statuses.
+async fn assert_statuses(app: &TestApp, order: &str, expected: (&str, &str, &str)) {
+    let (order_status, reservation_status, payment_status) = app.order_statuses(order).await;
+    assert_eq!(
+        (
+            order_status.as_str(),
+            reservation_status.as_str(),
+            payment_status.as_str()
+        ),
+        expected,
+        "order {order}: {:#}",
+        app.order(order).await
+    );
+}
+
+/// The statuses an order went through, oldest first.
+async fn history(app: &TestApp, order: &str) -> Vec<String> {
+    app.order(order).await["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .map(|entry| entry["to"].as_str().expect("to").to_owned())
+        .collect()
+}
+
+/// The end state of a paid order of `quantity` units: charged once, stock sold.
+async fn assert_paid_once(app: &TestApp, gateway: &TestGateway, order: &str, quantity: i64) {
+    assert_statuses(app, order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK - quantity, 0));
+    assert_eq!(gateway.charges_for(order), 1, "charges at the gateway");
+    assert_eq!(
+        history(app, order)
+            .await
+            .iter()
+            .filter(|status| *status == "PAID")
+            .count(),
+        1,
+        "the order became PAID once"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// Waits until the webhook endpoint acknowledged `count` deliveries.
+async fn wait_for_deliveries(gateway: &TestGateway, count: u64) {
+    for _ in 0..6_000 {
+        if gateway.sandbox.stats().deliveries_acknowledged >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the sandbox never delivered {count} webhooks: {:?}",
+        gateway.sandbox.stats()
+    );
+}
+
+/// The payment intent the sandbox holds for `order` (there is at most one).
+fn intent_of(gateway: &TestGateway, order: &str) -> gateway::PaymentIntent {
+    let intents = gateway.intents_for(order);
+    assert_eq!(intents.len(), 1, "intents for {order}: {intents:?}");
+    intents.into_iter().next().expect("one intent")
+}
+
+async fn an_order_reserves_its_stock_and_is_priced_from_its_skus(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    app.stocked_sku("MUG", 5).await;
+    let response = app
+        .create_order(&key("order"), "user-1", &[(SKU, 3), ("MUG", 2)])
+        .await;
+    assert_eq!(response.status, 201, "{response:?}");
+    let created = response.json();
+    assert_eq!(created["status"], "PENDING_PAYMENT");
+    assert_eq!(created["amount"], 500, "3 × 100 + 2 × 100");
+    assert_eq!(created["currency"], "CNY");
+    assert_eq!(created["user_id"], "user-1");
+    assert_eq!(created["reservation"]["status"], "RESERVED");
+    assert_eq!(created["payment"], Value::Null);
+    let order = created["order_id"].as_str().expect("id").to_owned();
+    assert!(order.starts_with("ord_"), "{order}");
+    assert_eq!(
+        app.order(&order).await,
+        created,
+        "GET shows what POST answered"
+    );
+    assert_eq!(app.counters(SKU).await, (STOCK - 3, 3));
+    assert_eq!(app.counters("MUG").await, (3, 2));
+    assert_eq!(history(&app, &order).await, ["PENDING_PAYMENT"]);
+    app.assert_audit_clean().await;
+}
+
+async fn an_order_for_more_than_the_stock_is_refused_and_changes_nothing(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    app.stocked_sku("MUG", 5).await;
+    let before = app.contents_except_idempotency_records().await;
+    let response = app
+        .create_order(&key("order"), "user-1", &[("MUG", 1), (SKU, STOCK + 1)])
+        .await;
+    assert_eq!(response.status, 409, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("insufficient_stock"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+}
+
+async fn a_successful_payment_marks_the_order_paid_and_confirms_its_stock(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "PAID");
+    wait_for_deliveries(&gateway, 1).await;
+    assert_eq!(app.webhook_events().await, 1);
+    assert_paid_once(&app, &gateway, &order, 2).await;
+    assert_eq!(
+        history(&app, &order).await,
+        ["PENDING_PAYMENT", "PAYMENT_PROCESSING", "PAID"]
+    );
+}
+
+async fn a_declined_card_fails_the_order_and_gives_its_stock_back(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "PAYMENT_FAILED");
+    wait_for_deliveries(&gateway, 1).await;
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RELEASED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(gateway.charges_for(&order), 0);
+    assert_eq!(app.ledger_rows(SKU, "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn a_slow_gateway_answer_is_waited_for_and_applied(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_sandbox_slow").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "PAID");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("payment_unknown"));
+    app.wait_for_order_status(&order, "PAID").await;
+    assert_paid_once(&app, &gateway, &order, 1).await;
+    assert_eq!(
+        app.ledger_rows(SKU, "release").await,
+        0,
+        "never released on a guess"
+    );
+}
+
+async fn a_lost_answer_is_unknown_until_the_webhook_says_paid(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_lost_response")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("payment_unknown"));
+    app.wait_for_order_status(&order, "PAID").await;
+    assert_paid_once(&app, &gateway, &order, 1).await;
+    assert_eq!(app.ledger_rows(SKU, "release").await, 0);
+}
+
+async fn a_payment_whose_webhook_never_comes_is_settled_by_the_answer(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_sandbox_no_webhook").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(gateway.sandbox.stats().events_sent, 0);
+    assert_eq!(app.webhook_events().await, 0);
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn a_webhook_delivered_three_times_has_one_effect(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_sandbox_webhook_3x").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    wait_for_deliveries(&gateway, 3).await;
+    assert_eq!(app.webhook_events().await, 1, "one event, remembered once");
+    assert_eq!(app.ledger_rows(SKU, "confirm").await, 1);
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn a_stale_failure_after_a_success_changes_nothing(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_webhooks_out_of_order")
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    wait_for_deliveries(&gateway, 2).await;
+    assert_eq!(app.webhook_events().await, 2, "both events are remembered");
+    assert_eq!(app.ledger_rows(SKU, "release").await, 0);
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// An order whose payment waits for a customer action until after its hold ended:
+/// reconciliation hears "not completed" and gives the stock back (`EXPIRED`).
+async fn order_abandoned_while_awaiting_action(
+    app: &TestApp,
+    gateway: &TestGateway,
+    quantity: i64,
+) -> (String, String) {
+    let order = app.order_of("user-1", &[(SKU, quantity)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("payment_unknown"));
+    assert_statuses(
+        app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    assert!(
+        app.engine
+            .order_expiry_step()
+            .await
+            .expect("expiry step")
+            .is_empty()
+    );
+    assert_statuses(
+        app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    let resolved = app.engine.reconcile_step().await.expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_statuses(app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(gateway.charges_for(&order), 0);
+    let intent = intent_of(gateway, &order).id;
+    (order, intent)
+}
+
+async fn a_success_after_the_hold_ended_takes_the_stock_again_when_it_is_there(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.wait_for_order_status(&order, "PAID").await;
+    assert_paid_once(&app, &gateway, &order, 2).await;
+    assert_eq!(
+        history(&app, &order).await,
+        ["PENDING_PAYMENT", "PAYMENT_PROCESSING", "EXPIRED", "PAID"]
+    );
+    assert_eq!(gateway.sandbox.stats().refunds, 0);
+}
+
+async fn a_success_after_the_hold_ended_is_refunded_when_the_stock_is_gone(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    // Someone else buys everything that was given back.
+    let rival = app.order_of("user-2", &[(SKU, STOCK)]).await;
+    assert_eq!(
+        app.pay(&rival, &key("pay"), "pm_card_visa").await.status,
+        200
+    );
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.wait_for_order_status(&order, "REFUND_PENDING").await;
+    let refunded = app.engine.refund_step().await.expect("refund step");
+    assert_eq!(refunded.len(), 1);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "REFUNDED");
+    assert_eq!(view["refund"]["status"], "SUCCEEDED");
+    assert_eq!(view["refund"]["amount"], 200);
+    assert_eq!(gateway.sandbox.stats().refunds, 1, "refunded once");
+    assert_eq!(gateway.charges_for(&order), 1);
+    assert_eq!(app.counters(SKU).await, (0, 0), "the rival's sale stands");
+    assert_eq!(
+        history(&app, &order).await,
+        [
+            "PENDING_PAYMENT",
+            "PAYMENT_PROCESSING",
+            "EXPIRED",
+            "REFUND_PENDING",
+            "REFUNDED"
+        ]
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn an_unknown_outcome_is_never_released_by_expiry_and_reconciliation_finds_the_charge(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 3)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    assert!(
+        app.engine
+            .order_expiry_step()
+            .await
+            .expect("expiry")
+            .is_empty()
+    );
+    assert!(
+        app.engine
+            .expire_step()
+            .await
+            .expect("reservation expiry")
+            .released
+            .is_empty()
+    );
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    assert_eq!(
+        app.counters(SKU).await,
+        (STOCK - 3, 3),
+        "nothing released on a guess"
+    );
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_paid_once(&app, &gateway, &order, 3).await;
+}
+
+async fn a_process_killed_while_waiting_for_the_gateway_is_recovered_by_reconciliation(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let paying = {
+        let app = app.clone();
+        let order = order.clone();
+        tokio::spawn(async move {
+            app.pay(&order, "pay-killed", "pm_sandbox_charge_then_timeout")
+                .await
+        })
+    };
+    for _ in 0..6_000 {
+        if gateway.charges_for(&order) == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(gateway.charges_for(&order), 1, "the gateway charged");
+    // The process dies: the request's task is dropped before the answer arrives.
+    paying.abort();
+    assert!(paying.await.is_err_and(|error| error.is_cancelled()));
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    let restarted = app.clone().restart().await;
+    gateway.attach(&restarted);
+    assert!(
+        restarted
+            .engine
+            .reconcile_step()
+            .await
+            .expect("reconcile")
+            .is_empty(),
+        "an attempt is not asked about before its threshold"
+    );
+    restarted.clock.advance_seconds(11);
+    let resolved = restarted.engine.reconcile_step().await.expect("reconcile");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_paid_once(&restarted, &gateway, &order, 1).await;
+    // The client's retry of its interrupted request now sees the outcome.
+    let retried = restarted
+        .pay(&order, "pay-killed", "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(retried.status, 409, "{retried:?}");
+    assert_eq!(retried.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(gateway.charges_for(&order), 1);
+}
+
+async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation_with_its_key(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    // The attempt is committed, then the process dies before the gateway call.
+    let order_id = domain::OrderId::parse(&order).expect("order id");
+    let now = app.clock_now();
+    let attempt = domain::PaymentAttemptId::generate(now, 7);
+    app.store
+        .begin_payment(
+            &order_id,
+            &attempt,
+            "pm_card_visa",
+            now.plus_milliseconds(10_000),
+            now,
+        )
+        .await
+        .expect("begin payment");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    assert_eq!(gateway.intents_for(&order).len(), 0);
+    app.clock.advance_seconds(11);
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+    // Asking again (a second worker, a late retry) uses the same key: still one charge.
+    app.clock.advance_seconds(60);
+    assert!(
+        app.engine
+            .reconcile_step()
+            .await
+            .expect("reconcile")
+            .is_empty()
+    );
+    assert_eq!(gateway.charges_for(&order), 1);
+}
+
+async fn fifty_concurrent_pay_calls_on_one_order_charge_once(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let calls: Vec<Call> = (0..50)
+        .map(|index| {
+            Call::post(format!("/v1/orders/{order}/pay"))
+                .key(format!("pay-{index}"))
+                .json(&json!({"payment_method": "pm_card_visa"}))
+        })
+        .collect();
+    let responses = send_concurrently(&app, calls).await;
+    let mut paid = 0;
+    for response in &responses {
+        match (response.status, response.code().as_deref()) {
+            (200, None) => {
+                assert_eq!(response.json()["status"], "PAID", "{response:?}");
+                paid += 1;
+            }
+            (202, Some("payment_unknown")) | (409, Some("illegal_transition")) => {}
+            other => panic!("unexpected answer {other:?}: {response:?}"),
+        }
+    }
+    assert!(paid >= 1, "someone saw the payment succeed");
+    app.wait_for_order_status(&order, "PAID").await;
+    assert_eq!(app.ledger_rows(SKU, "confirm").await, 1);
+    assert_eq!(gateway.intents_for(&order).len(), 1, "one payment intent");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn a_retried_pay_request_replays_its_first_answer(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let first = app.pay(&order, "pay-once", "pm_card_visa").await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let second = app.pay(&order, "pay-once", "pm_card_visa").await;
+    assert_eq!(second.status, 200);
+    assert!(second.replayed());
+    assert_eq!(second.body, first.body, "byte for byte");
+    let other_body = app.pay(&order, "pay-once", "pm_card_mastercard").await;
+    assert_eq!(other_body.status, 422, "{other_body:?}");
+    assert_eq!(other_body.code().as_deref(), Some("idempotency_key_reused"));
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// A `payment_intent.succeeded` event for `intent`, signed at the sandbox's time.
+fn signed_event(
+    app: &TestApp,
+    event_id: &str,
+    intent: &gateway::PaymentIntent,
+    timestamp_offset_seconds: i64,
+) -> (String, String) {
+    let now_seconds = app.clock_now().unix_milliseconds().div_euclid(1000);
+    let payload = json!({
+        "id": event_id,
+        "object": "event",
+        "type": "payment_intent.succeeded",
+        "created": now_seconds,
+        "data": {"object": intent},
+    })
+    .to_string();
+    let signature = gateway::signature::sign(
+        WEBHOOK_SECRET,
+        now_seconds + timestamp_offset_seconds,
+        payload.as_bytes(),
+    );
+    (payload, signature)
+}
+
+fn webhook_call(payload: &str, signature: Option<&str>) -> Call {
+    let mut call =
+        Call::post("/v1/payments/webhook").raw(payload.to_owned(), Some("application/json"));
+    call.signature = signature.map(str::to_owned);
+    call
+}
+
+/// An order whose gateway charge happened while stockd heard nothing (no answer, no
+/// webhook): only a webhook the test sends can settle it.
+async fn charged_but_unheard(
+    app: &TestApp,
+    gateway: &TestGateway,
+) -> (String, gateway::PaymentIntent) {
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    let intent = intent_of(gateway, &order);
+    assert_eq!(intent.status, gateway::PaymentIntentStatus::Succeeded);
+    (order, intent)
+}
+
+async fn the_same_event_and_the_same_payment_under_another_event_id_apply_once(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = charged_but_unheard(&app, &gateway).await;
+    let (payload, signature) = signed_event(&app, "evt_same", &intent, 0);
+    let calls = (0..3)
+        .map(|_| webhook_call(&payload, Some(&signature)))
+        .collect();
+    let responses = send_concurrently(&app, calls).await;
+    for response in &responses {
+        assert_eq!(response.status, 200, "{response:?}");
+    }
+    let duplicates = responses
+        .iter()
+        .filter(|response| response.json()["duplicate"] == true)
+        .count();
+    assert_eq!(duplicates, 2, "{responses:?}");
+    let (payload, signature) = signed_event(&app, "evt_other", &intent, 0);
+    let response = app.send(webhook_call(&payload, Some(&signature))).await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(app.webhook_events().await, 2);
+    assert_eq!(app.ledger_rows(SKU, "confirm").await, 1);
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn webhooks_with_a_bad_or_stale_signature_are_refused_and_change_nothing(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = charged_but_unheard(&app, &gateway).await;
+    let before = app.contents().await;
+    let (payload, good_signature) = signed_event(&app, "evt_1", &intent, 0);
+    let (_, stale_signature) = signed_event(&app, "evt_1", &intent, -301);
+    let (_, future_signature) = signed_event(&app, "evt_1", &intent, 301);
+    let forged = gateway::signature::sign(
+        "whsec_someone_else",
+        app.clock_now().unix_milliseconds() / 1000,
+        payload.as_bytes(),
+    );
+    let tampered = payload.replace("succeeded", "succeeded ");
+    for (payload, signature) in [
+        (payload.as_str(), None),
+        (payload.as_str(), Some("garbage")),
+        (payload.as_str(), Some("t=1,v1=00")),
+        (payload.as_str(), Some(stale_signature.as_str())),
+        (payload.as_str(), Some(future_signature.as_str())),
+        (payload.as_str(), Some(forged.as_str())),
+        (tampered.as_str(), Some(good_signature.as_str())),
+    ] {
+        let response = app.send(webhook_call(payload, signature)).await;
+        assert_eq!(response.status, 401, "{signature:?}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("unauthorized"));
+        assert_eq!(response.content_type(), "application/problem+json");
+    }
+    let not_an_event = "{\"hello\": 1}";
+    let signature = gateway::signature::sign(
+        WEBHOOK_SECRET,
+        app.clock_now().unix_milliseconds() / 1000,
+        not_an_event.as_bytes(),
+    );
+    let response = app.send(webhook_call(not_an_event, Some(&signature))).await;
+    assert_eq!(response.status, 400, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents().await, before);
+    // The genuine one still works afterwards.
+    let response = app
+        .send(webhook_call(&payload, Some(&good_signature)))
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn an_unpaid_order_past_its_hold_expires_and_cannot_be_paid(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 4)]).await;
+    app.clock.advance_seconds(HOLD_SECONDS - 1);
+    assert!(
+        app.engine
+            .order_expiry_step()
+            .await
+            .expect("expiry")
+            .is_empty()
+    );
+    app.clock.advance_seconds(2);
+    // The plain reservation sweeper leaves an order's reservation to the order worker.
+    assert!(
+        app.engine
+            .expire_step()
+            .await
+            .expect("reservation expiry")
+            .released
+            .is_empty()
+    );
+    let expired = app.engine.order_expiry_step().await.expect("expiry");
+    assert_eq!(expired.len(), 1);
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "none")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert!(
+        app.engine
+            .order_expiry_step()
+            .await
+            .expect("expiry")
+            .is_empty()
+    );
+    let response = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(response.status, 409, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        0,
+        "the gateway was never asked"
+    );
+    assert_eq!(app.ledger_rows(SKU, "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn cancel(app: &TestApp, order: &str) -> acceptance::TestResponse {
+    app.send(Call::post(format!("/v1/orders/{order}/cancel")).key(key("cancel")))
+        .await
+}
+
+async fn cancelling_an_unpaid_order_gives_its_stock_back_once(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 4)]).await;
+    let response = cancel(&app, &order).await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "CANCELLED");
+    assert_statuses(&app, &order, ("CANCELLED", "RELEASED", "none")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    let before = app.contents_except_idempotency_records().await;
+    let again = cancel(&app, &order).await;
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(again.code().as_deref(), Some("illegal_transition"));
+    let pay = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(pay.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_eq!(gateway.intents_for(&order).len(), 0);
+    assert_eq!(app.ledger_rows(SKU, "release").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    assert_eq!(
+        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
+        200
+    );
+    let response = cancel(&app, &order).await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "REFUND_PENDING");
+    let again = cancel(&app, &order).await;
+    assert_eq!(again.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.engine.refund_step().await.expect("refunds").len(), 1);
+    assert_eq!(app.engine.refund_step().await.expect("refunds"), []);
+    assert_statuses(&app, &order, ("REFUNDED", "CONFIRMED", "SUCCEEDED")).await;
+    assert_eq!(gateway.sandbox.stats().refunds, 1);
+    assert_eq!(gateway.charges_for(&order), 1);
+    // The goods were sold; they come back to stock only through a return.
+    assert_eq!(app.counters(SKU).await, (STOCK - 2, 0));
+    app.assert_audit_clean().await;
+}
+
+async fn an_order_with_a_payment_in_flight_cannot_be_cancelled(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    let before = app.contents_except_idempotency_records().await;
+    let refused = cancel(&app, &order).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    // The customer completes the action; the success is applied as usual.
+    let intent = intent_of(&gateway, &order).id;
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.wait_for_order_status(&order, "PAID").await;
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn return_goods(app: &TestApp, order: &str, admin: bool) -> acceptance::TestResponse {
+    let call = Call::post(format!("/v1/orders/{order}/return")).key(key("return"));
+    app.send(if admin { call.admin() } else { call }).await
+}
+
+async fn a_return_puts_the_goods_back_once_and_keeps_the_sale_status(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let unpaid = app.order_of("user-1", &[(SKU, 1)]).await;
+    let order = app.order_of("user-1", &[(SKU, 3)]).await;
+    assert_eq!(
+        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
+        200
+    );
+    assert_eq!(app.counters(SKU).await, (STOCK - 4, 1));
+    let sale_status = app.sku(SKU).await["sale_status"].clone();
+    let before = app.contents_except_idempotency_records().await;
+    let anonymous = return_goods(&app, &order, false).await;
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    let not_paid = return_goods(&app, &unpaid, true).await;
+    assert_eq!(not_paid.status, 409, "{not_paid:?}");
+    assert_eq!(not_paid.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let response = return_goods(&app, &order, true).await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["returned"], true);
+    assert_eq!(
+        app.counters(SKU).await,
+        (STOCK - 1, 1),
+        "three units back on the shelf"
+    );
+    assert_eq!(app.ledger_rows(SKU, "return").await, 1);
+    let after_first = app.contents_except_idempotency_records().await;
+    let twice = return_goods(&app, &order, true).await;
+    assert_eq!(twice.status, 409, "{twice:?}");
+    assert_eq!(twice.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.contents_except_idempotency_records().await, after_first);
+    assert_eq!(app.sku(SKU).await["sale_status"], sale_status);
+    assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
+}
+
+async fn reconciliation_on_two_instances_settles_each_attempt_once(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let other = app.another_instance().await;
+    gateway.attach(&other);
+    let mut orders = Vec::new();
+    for _ in 0..6 {
+        let order = app.order_of("user-1", &[(SKU, 1)]).await;
+        let response = app
+            .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+            .await;
+        assert_eq!(response.status, 202, "{response:?}");
+        orders.push(order);
+    }
+    app.clock.advance_seconds(11);
+    let (first, second) = tokio::join!(app.engine.reconcile_step(), other.engine.reconcile_step());
+    let mut resolved: Vec<String> = first
+        .expect("first instance")
+        .into_iter()
+        .chain(second.expect("second instance"))
+        .map(|(attempt, _)| attempt.as_str().to_owned())
+        .collect();
+    resolved.sort();
+    let count = resolved.len();
+    resolved.dedup();
+    assert_eq!(resolved.len(), count, "no attempt was claimed twice");
+    assert_eq!(count, orders.len());
+    for order in &orders {
+        assert_statuses(&app, order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+        assert_eq!(gateway.charges_for(order), 1);
+    }
+    assert_eq!(app.counters(SKU).await, (STOCK - 6, 0));
+    app.assert_audit_clean().await;
+}
+
+async fn malformed_order_and_payment_requests_are_refused_and_change_nothing(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    app.create_sku("UNPRICED-MUG").await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let before = app.contents_except_idempotency_records().await;
+    let line = |quantity: Value| json!({"user_id": "user-1", "lines": [{"sku": SKU, "quantity": quantity}]});
+    let too_many_lines: Vec<Value> = (0..101)
+        .map(|index| json!({"sku": format!("SKU-{index}"), "quantity": 1}))
+        .collect();
+    let bad_orders = [
+        line(json!(0)),
+        line(json!(-1)),
+        line(json!(1.5)),
+        line(json!("3")),
+        line(json!(1_000_000_000_000_i64)),
+        json!({"user_id": "user-1", "lines": []}),
+        json!({"user_id": "user-1", "lines": too_many_lines}),
+        json!({"lines": [{"sku": SKU, "quantity": 1}]}),
+        json!({"user_id": "", "lines": [{"sku": SKU, "quantity": 1}]}),
+        json!({"user_id": "x".repeat(200), "lines": [{"sku": SKU, "quantity": 1}]}),
+        json!({"user_id": "user 1; DROP TABLE stock", "lines": [{"sku": SKU, "quantity": 1}]}),
+        json!({"user_id": "user-1", "lines": [{"sku": SKU, "quantity": 1}], "ttl_seconds": 0}),
+        json!({"user_id": "user-1", "lines": [{"sku": SKU, "quantity": 1}], "ttl_seconds": 10_000_000}),
+        json!({"user_id": "user-1", "lines": [{"sku": SKU, "quantity": 1}], "amount": 1}),
+        json!({"user_id": "user-1", "lines": [{"sku": SKU, "quantity": 1}, {"sku": SKU, "quantity": 2}]}),
+        json!({"user_id": "user-1", "lines": [{"sku": "UNPRICED-MUG", "quantity": 1}]}),
+        json!([1, 2, 3]),
+    ];
+    for body in bad_orders {
+        let response = app
+            .send(Call::post("/v1/orders").key(key("bad-order")).json(&body))
+            .await;
+        assert!(
+            (400..500).contains(&response.status),
+            "{body}: {response:?}"
+        );
+        assert_eq!(
+            response.content_type(),
+            "application/problem+json",
+            "{body}"
+        );
+        assert!(
+            matches!(
+                response.code().as_deref(),
+                Some("invalid_argument" | "insufficient_stock")
+            ),
+            "{body}: {response:?}"
+        );
+    }
+    let missing_key = app
+        .send(
+            Call::post("/v1/orders")
+                .json(&json!({"user_id": "u", "lines": [{"sku": SKU, "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(missing_key.status, 400, "{missing_key:?}");
+    let not_json = app
+        .send(
+            Call::post("/v1/orders")
+                .key(key("bad"))
+                .raw("{\"user_id\":", Some("application/json")),
+        )
+        .await;
+    assert_eq!(not_json.code().as_deref(), Some("invalid_argument"));
+    for method in [
+        json!(""),
+        json!("pm card"),
+        json!("x".repeat(300)),
+        json!(5),
+        Value::Null,
+    ] {
+        let response = app
+            .send(
+                Call::post(format!("/v1/orders/{order}/pay"))
+                    .key(key("bad-pay"))
+                    .json(&json!({"payment_method": method})),
+            )
+            .await;
+        assert_eq!(response.status, 400, "{method}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    }
+    for path in [
+        "/v1/orders/not-an-order/pay",
+        "/v1/orders/ord_'%20OR%201=1/pay",
+    ] {
+        let response = app
+            .send(
+                Call::post(path)
+                    .key(key("bad-pay"))
+                    .json(&json!({"payment_method": "pm_card_visa"})),
+            )
+            .await;
+        assert_eq!(response.status, 400, "{path}: {response:?}");
+    }
+    let unknown = app
+        .pay(
+            "ord_0000000000000000000000000000",
+            &key("pay"),
+            "pm_card_visa",
+        )
+        .await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert_eq!(unknown.code().as_deref(), Some("not_found"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_eq!(
+        gateway.sandbox.stats().intents.len(),
+        0,
+        "the gateway was never called"
+    );
+}
+
+async fn metrics_count_payment_outcomes_and_show_the_unknown_backlog(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    for method in [
+        "pm_card_visa",
+        "pm_card_chargeDeclined",
+        "pm_sandbox_requires_action",
+    ] {
+        let order = app.order_of("user-1", &[(SKU, 1)]).await;
+        app.pay(&order, &key("pay"), method).await;
+    }
+    app.clock.advance_seconds(30);
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+    assert_eq!(resolved.len(), 1);
+    let text = app.send(Call::get("/metrics")).await.body;
+    for line in [
+        r#"stockd_payments_total{outcome="succeeded",source="pay"} 1"#,
+        r#"stockd_payments_total{outcome="failed",source="pay"} 1"#,
+        r#"stockd_payments_total{outcome="unknown"} 1"#,
+        r#"stockd_reconciliations_total{result="still_unknown"} 1"#,
+        "stockd_payment_attempts_unresolved 1",
+        "stockd_payment_oldest_unresolved_age_seconds 30",
+        "stockd_refunds_pending 0",
+    ] {
+        assert!(
+            text.lines().any(|candidate| candidate == line),
+            "{line} missing from:\n{text}"
+        );
+    }
+    assert_eq!(gateway.sandbox.stats().charges, 1);
+}
+
+async fn the_audit_catches_an_order_that_disagrees_with_its_reservation(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    assert_eq!(
+        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
+        200
+    );
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], true, "{audit:#}");
+    assert_eq!(audit["orders_checked"], 1);
+    // A lost update (or a hand edit) marks the paid order expired.
+    let mut connection = app.database.raw_connection().await;
+    let statement = format!("UPDATE customer_order SET status = 'EXPIRED' WHERE id = '{order}'");
+    assert_eq!(connection.execute(&statement).await, Ok(1));
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false, "{audit:#}");
+    let differences = audit["differences"].as_array().expect("differences");
+    assert_eq!(differences.len(), 1, "{audit:#}");
+    assert_eq!(differences[0]["check"], "order_vs_reservation_and_payment");
+    assert!(
+        differences[0]["reference"]
+            .as_str()
+            .expect("reference")
+            .starts_with(&order),
+        "{audit:#}"
+    );
+}

@@ -1,0 +1,121 @@
+//! Handlers of orders, payments and the gateway's webhooks.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use domain::{OrderId, ReservationLine, WarehouseCode};
+
+use crate::AppState;
+use crate::extract::{Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::order_wire::{CreateOrderRequest, OrderBody, PayRequest};
+use crate::problem::ApiError;
+use crate::routes::reply_response;
+use crate::wire::EmptyRequest;
+
+fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
+    OrderId::parse(text).map_err(|error| ApiError::invalid(error.0))
+}
+
+pub async fn create_order(
+    State(state): State<AppState>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CreateOrderRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(key);
+    let request = body.value;
+    let lines = request
+        .lines
+        .into_iter()
+        .map(|line| ReservationLine {
+            sku: line.sku,
+            warehouse: line
+                .warehouse
+                .unwrap_or_else(WarehouseCode::default_warehouse),
+            quantity: line.quantity,
+        })
+        .collect();
+    Ok(reply_response(
+        state
+            .engine
+            .create_order(&claim, request.user_id, lines, request.ttl_seconds)
+            .await?,
+    ))
+}
+
+pub async fn get_order(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = parse_order_id(&id)?;
+    let order = state.engine.order(&id).await?;
+    Ok(Json(OrderBody::new(&order)).into_response())
+}
+
+pub async fn pay(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<PayRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_order_id(&id)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state
+            .engine
+            .pay(&claim, &id, &body.value.payment_method)
+            .await?,
+    ))
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_order_id(&id)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state.engine.cancel_order(&claim, &id).await?,
+    ))
+}
+
+/// After-sale return (admin): the goods go back to stock, once.
+pub async fn return_goods(
+    State(state): State<AppState>,
+    _admin: Admin,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_order_id(&id)?;
+    let claim = body.claim(key);
+    Ok(reply_response(
+        state.engine.return_order(&claim, &id).await?,
+    ))
+}
+
+/// Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the
+/// signature (with its timestamp) is the credential.
+pub async fn webhook(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if body.len() > domain::limits::REQUEST_BODY_BYTES_MAX {
+        return Err(ApiError::invalid("webhook body too large")
+            .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE));
+    }
+    let signature = headers
+        .get(gateway_signature_header())
+        .and_then(|value| value.to_str().ok());
+    let receipt = state.engine.handle_webhook(&body, signature).await?;
+    Ok(Json(serde_json::json!({"received": true, "duplicate": receipt.duplicate, "outcome": receipt.outcome}))
+        .into_response())
+}
+
+fn gateway_signature_header() -> &'static str {
+    "stripe-signature"
+}

@@ -1,0 +1,135 @@
+//! Wire types of orders and payments.
+
+use domain::{PaymentMethod, Timestamp, TtlSeconds, UserId};
+use serde::{Deserialize, Serialize};
+use store::Order;
+
+use crate::wire::{ReservationBody, ReservationLineRequest};
+
+/// `POST /v1/orders`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOrderRequest {
+    pub user_id: UserId,
+    pub lines: Vec<ReservationLineRequest>,
+    pub ttl_seconds: Option<TtlSeconds>,
+}
+
+/// `POST /v1/orders/{id}/pay`: the payment method token the client got from the
+/// gateway (with the sandbox, a test method such as `pm_card_visa`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayRequest {
+    pub payment_method: PaymentMethod,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrderLineBody<'a> {
+    pub sku: &'a str,
+    pub warehouse: &'a str,
+    pub quantity: i64,
+    pub unit_price: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PaymentBody<'a> {
+    pub attempt_id: &'a str,
+    pub status: &'static str,
+    pub payment_method: &'a str,
+    pub gateway_payment_id: Option<&'a str>,
+    pub failure_reason: Option<&'a str>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RefundBody<'a> {
+    pub refund_id: &'a str,
+    pub status: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub gateway_refund_id: Option<&'a str>,
+    pub reason: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HistoryBody<'a> {
+    pub from: Option<&'static str>,
+    pub to: &'static str,
+    pub reason: &'a str,
+    pub at: Timestamp,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OrderBody<'a> {
+    pub order_id: &'a str,
+    pub user_id: &'a str,
+    pub status: &'static str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub expires_at: Timestamp,
+    pub version: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub lines: Vec<OrderLineBody<'a>>,
+    pub reservation: ReservationBody<'a>,
+    pub payment: Option<PaymentBody<'a>>,
+    pub refund: Option<RefundBody<'a>>,
+    pub returned: bool,
+    pub history: Vec<HistoryBody<'a>>,
+}
+
+impl<'a> OrderBody<'a> {
+    pub fn new(order: &'a Order) -> OrderBody<'a> {
+        OrderBody {
+            order_id: order.id.as_str(),
+            user_id: order.user.as_str(),
+            status: order.status.as_str(),
+            amount: order.amount_minor,
+            currency: order.currency.as_str(),
+            expires_at: order.expires_at,
+            version: order.version,
+            created_at: order.created_at,
+            updated_at: order.updated_at,
+            lines: order
+                .lines
+                .iter()
+                .map(|line| OrderLineBody {
+                    sku: line.sku.as_str(),
+                    warehouse: line.warehouse.as_str(),
+                    quantity: line.quantity,
+                    unit_price: line.unit_price_minor,
+                })
+                .collect(),
+            reservation: ReservationBody::new(&order.reservation),
+            payment: order.attempt.as_ref().map(|attempt| PaymentBody {
+                attempt_id: attempt.id.as_str(),
+                status: attempt.status.as_str(),
+                payment_method: &attempt.payment_method,
+                gateway_payment_id: attempt.gateway_payment_id.as_deref(),
+                failure_reason: attempt.failure_reason.as_deref(),
+                created_at: attempt.created_at,
+                updated_at: attempt.updated_at,
+            }),
+            refund: order.refund.as_ref().map(|refund| RefundBody {
+                refund_id: refund.id.as_str(),
+                status: &refund.status,
+                amount: refund.amount_minor,
+                currency: &refund.currency,
+                gateway_refund_id: refund.gateway_refund_id.as_deref(),
+                reason: &refund.reason,
+            }),
+            returned: order.returned,
+            history: order
+                .history
+                .iter()
+                .map(|entry| HistoryBody {
+                    from: entry.from.map(|status| status.as_str()),
+                    to: entry.to.as_str(),
+                    reason: &entry.reason,
+                    at: entry.at,
+                })
+                .collect(),
+        }
+    }
+}

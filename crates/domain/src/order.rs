@@ -1,0 +1,222 @@
+//! Orders and payments: the checkout state machine (seed 000), with the rule that a
+//! payment timeout means "unknown", never "failed".
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ParseError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OrderStatus {
+    PendingPayment,
+    /// A payment attempt was sent; its outcome is not known yet.
+    PaymentProcessing,
+    Paid,
+    PaymentFailed,
+    Cancelled,
+    Expired,
+    RefundPending,
+    Refunded,
+}
+
+/// Every change an order's status may make. A success that arrives after the order
+/// gave its stock back (expired, cancelled, or failed) leads to `PAID` when the stock
+/// can be reserved again, and to `REFUND_PENDING` when it cannot.
+pub const ORDER_TRANSITIONS: &[(OrderStatus, OrderStatus)] = &[
+    (OrderStatus::PendingPayment, OrderStatus::PaymentProcessing),
+    (OrderStatus::PendingPayment, OrderStatus::Paid),
+    (OrderStatus::PendingPayment, OrderStatus::PaymentFailed),
+    (OrderStatus::PendingPayment, OrderStatus::Cancelled),
+    (OrderStatus::PendingPayment, OrderStatus::Expired),
+    (OrderStatus::PaymentProcessing, OrderStatus::Paid),
+    (OrderStatus::PaymentProcessing, OrderStatus::PaymentFailed),
+    (OrderStatus::PaymentProcessing, OrderStatus::Expired),
+    (OrderStatus::Paid, OrderStatus::RefundPending),
+    (OrderStatus::RefundPending, OrderStatus::Refunded),
+    (OrderStatus::Expired, OrderStatus::Paid),
+    (OrderStatus::Expired, OrderStatus::RefundPending),
+    (OrderStatus::Cancelled, OrderStatus::Paid),
+    (OrderStatus::Cancelled, OrderStatus::RefundPending),
+    (OrderStatus::PaymentFailed, OrderStatus::Paid),
+    (OrderStatus::PaymentFailed, OrderStatus::RefundPending),
+];
+
+/// A status change that [`ORDER_TRANSITIONS`] does not contain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IllegalOrderTransition {
+    pub from: OrderStatus,
+    pub to: OrderStatus,
+}
+
+impl fmt::Display for IllegalOrderTransition {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            formatter,
+            "an order cannot go from {} to {}",
+            self.from.as_str(),
+            self.to.as_str()
+        )
+    }
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 8] = [
+        OrderStatus::PendingPayment,
+        OrderStatus::PaymentProcessing,
+        OrderStatus::Paid,
+        OrderStatus::PaymentFailed,
+        OrderStatus::Cancelled,
+        OrderStatus::Expired,
+        OrderStatus::RefundPending,
+        OrderStatus::Refunded,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::PendingPayment => "PENDING_PAYMENT",
+            OrderStatus::PaymentProcessing => "PAYMENT_PROCESSING",
+            OrderStatus::Paid => "PAID",
+            OrderStatus::PaymentFailed => "PAYMENT_FAILED",
+            OrderStatus::Cancelled => "CANCELLED",
+            OrderStatus::Expired => "EXPIRED",
+            OrderStatus::RefundPending => "REFUND_PENDING",
+            OrderStatus::Refunded => "REFUNDED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<OrderStatus, ParseError> {
+        OrderStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == text)
+            .ok_or_else(|| ParseError::new(format!("unknown order status '{text}'")))
+    }
+
+    pub fn transition(self, to: OrderStatus) -> Result<OrderStatus, IllegalOrderTransition> {
+        if ORDER_TRANSITIONS.contains(&(self, to)) {
+            Ok(to)
+        } else {
+            Err(IllegalOrderTransition { from: self, to })
+        }
+    }
+
+    /// Whether the order gave its stock back (a late success must reserve again).
+    pub fn released_its_stock(self) -> bool {
+        matches!(
+            self,
+            OrderStatus::Expired | OrderStatus::Cancelled | OrderStatus::PaymentFailed
+        )
+    }
+}
+
+/// The client's payment method token, passed through to the gateway (`pm_card_visa`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PaymentMethod(String);
+
+impl PaymentMethod {
+    pub fn parse(text: &str) -> Result<PaymentMethod, ParseError> {
+        let ok = (1..=255).contains(&text.len())
+            && text
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_');
+        if ok {
+            Ok(PaymentMethod(text.to_owned()))
+        } else {
+            Err(ParseError::new(
+                "payment_method must be 1 to 255 letters, digits or '_'",
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for PaymentMethod {
+    type Error = ParseError;
+    fn try_from(text: String) -> Result<PaymentMethod, ParseError> {
+        PaymentMethod::parse(&text)
+    }
+}
+
+impl From<PaymentMethod> for String {
+    fn from(value: PaymentMethod) -> String {
+        value.0
+    }
+}
+
+/// What stockd knows about one payment attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AttemptStatus {
+    /// Sent, or about to be; the gateway's answer is not known.
+    Processing,
+    Succeeded,
+    Failed,
+}
+
+impl AttemptStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Processing => "PROCESSING",
+            AttemptStatus::Succeeded => "SUCCEEDED",
+            AttemptStatus::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<AttemptStatus, ParseError> {
+        match text {
+            "PROCESSING" => Ok(AttemptStatus::Processing),
+            "SUCCEEDED" => Ok(AttemptStatus::Succeeded),
+            "FAILED" => Ok(AttemptStatus::Failed),
+            _ => Err(ParseError::new(format!("unknown attempt status '{text}'"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OrderStatus::*;
+
+    #[test]
+    fn every_pair_outside_the_table_is_refused() {
+        for from in OrderStatus::ALL {
+            for to in OrderStatus::ALL {
+                assert_eq!(
+                    from.transition(to).is_ok(),
+                    ORDER_TRANSITIONS.contains(&(from, to)),
+                    "{from:?} -> {to:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_timeout_keeps_the_order_processing_and_never_releases_it_by_itself() {
+        // There is no edge from PAYMENT_PROCESSING back to PENDING_PAYMENT or to
+        // CANCELLED: an unknown payment is resolved, not guessed.
+        assert!(PaymentProcessing.transition(PendingPayment).is_err());
+        assert!(PaymentProcessing.transition(Cancelled).is_err());
+    }
+
+    #[test]
+    fn a_late_success_leads_to_paid_or_to_a_refund() {
+        for from in [Expired, Cancelled, PaymentFailed] {
+            assert!(from.released_its_stock());
+            assert_eq!(from.transition(Paid), Ok(Paid));
+            assert_eq!(from.transition(RefundPending), Ok(RefundPending));
+        }
+        assert!(Refunded.transition(Paid).is_err(), "refunded is final");
+    }
+
+    #[test]
+    fn payment_methods_are_plain_tokens() {
+        assert!(PaymentMethod::parse("pm_card_visa").is_ok());
+        assert!(PaymentMethod::parse("pm card").is_err());
+        assert!(PaymentMethod::parse("").is_err());
+    }
+}

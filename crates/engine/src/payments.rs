@@ -1,0 +1,498 @@
+//! Orders and payments (seed 000). The stock is taken in one short transaction; the
+//! payment attempt is committed before the gateway is called; the gateway's answer is
+//! applied by a later transaction. A timeout means "unknown": the order stays
+//! `PAYMENT_PROCESSING` until the gateway says what happened — on a retry, in a
+//! webhook, or when the reconciliation worker asks with the same idempotency key.
+
+use std::collections::BTreeMap;
+
+use domain::{
+    OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, RefundId, ReservationId,
+    ReservationLine, TtlSeconds, UserId, check_lines,
+};
+use gateway::protocol::Event;
+use gateway::{
+    CallOutcome, CreatePaymentIntent, GatewayClient, PaymentIntent, PaymentIntentStatus,
+};
+use store::{
+    AttemptToCall, BeginPayment, GatewayOutcome, IdempotencyClaim, Idempotent, NewOrder, Order,
+    Rejection,
+};
+
+use crate::{Engine, EngineError, Reply, answer_from_record, log_store_error};
+
+/// The gateway and the secret its webhooks are signed with.
+#[derive(Debug, Clone)]
+pub struct Payments {
+    pub gateway: GatewayClient,
+    pub webhook_secret: String,
+}
+
+/// What a webhook delivery did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookReceipt {
+    pub duplicate: bool,
+    pub outcome: String,
+}
+
+/// What the gateway's answer means for an attempt; `None` when it is not known yet.
+fn outcome_of(call: &CallOutcome<PaymentIntent>) -> Option<GatewayOutcome> {
+    match call {
+        CallOutcome::Answered(intent) => match intent.status {
+            PaymentIntentStatus::Succeeded => Some(GatewayOutcome::Succeeded {
+                payment_id: intent.id.clone(),
+            }),
+            PaymentIntentStatus::RequiresPaymentMethod | PaymentIntentStatus::Canceled => {
+                Some(GatewayOutcome::Failed {
+                    payment_id: Some(intent.id.clone()),
+                    reason: failure_reason(intent),
+                })
+            }
+            PaymentIntentStatus::RequiresAction
+            | PaymentIntentStatus::Processing
+            | PaymentIntentStatus::Other => None,
+        },
+        CallOutcome::Declined { reason, intent } => Some(GatewayOutcome::Failed {
+            payment_id: intent.as_ref().map(|intent| intent.id.clone()),
+            reason: reason.clone(),
+        }),
+        CallOutcome::Unknown(_) => None,
+    }
+}
+
+fn failure_reason(intent: &PaymentIntent) -> String {
+    intent
+        .last_payment_error
+        .as_ref()
+        .and_then(|error| error.message.clone().or_else(|| error.code.clone()))
+        .unwrap_or_else(|| {
+            format!(
+                "payment {}",
+                serde_json::to_string(&intent.status).unwrap_or_default()
+            )
+        })
+}
+
+fn create_request(attempt: &AttemptToCall) -> CreatePaymentIntent {
+    CreatePaymentIntent {
+        amount: attempt.amount_minor,
+        currency: attempt.currency.clone(),
+        payment_method: attempt.payment_method.clone(),
+        metadata: BTreeMap::from([
+            ("order_id".to_owned(), attempt.order_id.as_str().to_owned()),
+            (
+                "attempt_id".to_owned(),
+                attempt.attempt_id.as_str().to_owned(),
+            ),
+        ]),
+    }
+}
+
+impl Engine {
+    /// Connects the engine to a payment gateway (once, at start-up).
+    pub fn attach_payments(&self, payments: Payments) {
+        let _ = self.inner.payments.set(payments);
+    }
+
+    pub fn payments_attached(&self) -> bool {
+        self.inner.payments.get().is_some()
+    }
+
+    fn payments(&self) -> Result<&Payments, EngineError> {
+        self.inner
+            .payments
+            .get()
+            .ok_or_else(|| EngineError::Unavailable("no payment gateway is configured".into()))
+    }
+
+    /// `POST /v1/orders`: the order (`PENDING_PAYMENT`, amount from the SKUs' prices)
+    /// and its reservation, in one transaction.
+    pub async fn create_order(
+        &self,
+        claim: &IdempotencyClaim,
+        user: UserId,
+        lines: Vec<ReservationLine>,
+        ttl: Option<TtlSeconds>,
+    ) -> Result<Reply, EngineError> {
+        check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        let now = self.now();
+        let ttl_seconds = ttl.map_or(
+            self.inner.config.reservation_ttl_seconds_default,
+            TtlSeconds::get,
+        );
+        let order = NewOrder {
+            id: OrderId::generate(now, rand::random()),
+            user,
+            reservation_id: ReservationId::generate(now, rand::random()),
+            lines,
+            expires_at: now.plus_seconds(ttl_seconds),
+        };
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("create_order", claim, || {
+            self.retried("create_order", || {
+                self.inner
+                    .store
+                    .create_order(claim, &order, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    pub async fn order(&self, id: &OrderId) -> Result<Order, EngineError> {
+        self.inner
+            .store
+            .order(id)
+            .await
+            .map_err(|error| log_store_error("get_order", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("order '{id}' does not exist")))
+    }
+
+    /// Stores `response` under the key unless the key already has one (then that one).
+    async fn keep_answer(
+        &self,
+        claim: &IdempotencyClaim,
+        response: store::StoredResponse,
+    ) -> Result<Idempotent, EngineError> {
+        self.retried("pay", || {
+            self.inner
+                .store
+                .store_response(claim, &response, self.now())
+        })
+        .await
+    }
+
+    async fn keep_refusal(
+        &self,
+        claim: &IdempotencyClaim,
+        rejection: Rejection,
+    ) -> Result<Idempotent, EngineError> {
+        let response = self.inner.renderer.rejected(&rejection);
+        self.keep_answer(claim, response).await
+    }
+
+    /// `POST /v1/orders/{id}/pay`. Commits `PAYMENT_PROCESSING` and the attempt, then
+    /// calls the gateway with the attempt's key. A definite answer is applied and
+    /// stored under the request's key; an unknown one is answered `payment_unknown`
+    /// (202) and stored nowhere: the order stays processing, nothing is released.
+    pub async fn pay(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        method: &PaymentMethod,
+    ) -> Result<Reply, EngineError> {
+        let payments = self.payments()?;
+        self.idempotent("pay", claim, || async {
+            if let Some((fingerprint, response)) = self
+                .inner
+                .store
+                .idempotency_record(&claim.key)
+                .await
+                .map_err(|error| log_store_error("pay", error))?
+            {
+                let reply = answer_from_record("pay", claim, &fingerprint, response)?;
+                return Ok(Idempotent::Replayed(reply.response));
+            }
+            let now = self.now();
+            let attempt_id = PaymentAttemptId::generate(now, rand::random());
+            let reconcile_after = now.plus_milliseconds(self.inner.config.reconcile_after_milliseconds);
+            let begun = self
+                .retried("pay", || {
+                    self.inner.store.begin_payment(order, &attempt_id, method.as_str(), reconcile_after, self.now())
+                })
+                .await?;
+            let attempt = match begun {
+                BeginPayment::Started(attempt) | BeginPayment::InProgress(attempt) => attempt,
+                BeginPayment::NotFound => {
+                    return self
+                        .keep_refusal(claim, Rejection::new(domain::ErrorCode::NotFound, format!("order '{order}' does not exist")))
+                        .await;
+                }
+                BeginPayment::Expired => {
+                    return self
+                        .keep_refusal(
+                            claim,
+                            Rejection::new(domain::ErrorCode::IllegalTransition, format!("order '{order}' expired before payment")),
+                        )
+                        .await;
+                }
+                BeginPayment::NotPayable(status) => {
+                    return self
+                        .keep_refusal(
+                            claim,
+                            Rejection::new(
+                                domain::ErrorCode::IllegalTransition,
+                                format!("order '{order}' is {} and cannot be paid", status.as_str()),
+                            ),
+                        )
+                        .await;
+                }
+            };
+            let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
+            let Some(outcome) = outcome_of(&call) else {
+                metrics::counter!("stockd_payments_total", "outcome" => "unknown").increment(1);
+                let detail = match &call {
+                    CallOutcome::Unknown(reason) => reason.clone(),
+                    _ => "the gateway has not completed the payment yet".to_owned(),
+                };
+                return Err(EngineError::PaymentUnknown(format!(
+                    "{detail}; the order stays PAYMENT_PROCESSING until the gateway says what happened"
+                )));
+            };
+            self.settle(&attempt.attempt_id, &outcome, "pay").await?;
+            let settled = self.order(order).await?;
+            let response = self.inner.renderer.order(&settled, false);
+            self.keep_answer(claim, response).await
+        })
+        .await
+    }
+
+    async fn settle(
+        &self,
+        attempt: &PaymentAttemptId,
+        outcome: &GatewayOutcome,
+        source: &'static str,
+    ) -> Result<Option<OrderStatus>, EngineError> {
+        let label = match outcome {
+            GatewayOutcome::Succeeded { .. } => "succeeded",
+            GatewayOutcome::Failed { .. } => "failed",
+            GatewayOutcome::Abandoned { .. } => "abandoned",
+        };
+        metrics::counter!("stockd_payments_total", "outcome" => label, "source" => source)
+            .increment(1);
+        self.retried(source, || {
+            self.inner
+                .store
+                .settle_payment(attempt, outcome, source, self.now())
+        })
+        .await
+    }
+
+    /// `POST /v1/payments/webhook`: verified (signature and timestamp tolerance), then
+    /// applied once per event id; a failure reported after a success changes nothing.
+    pub async fn handle_webhook(
+        &self,
+        payload: &[u8],
+        signature: Option<&str>,
+    ) -> Result<WebhookReceipt, EngineError> {
+        let payments = self.payments()?;
+        let now_seconds = self.now().unix_milliseconds().div_euclid(1000);
+        gateway::signature::verify(&payments.webhook_secret, signature, payload, now_seconds)
+            .map_err(|error| EngineError::Unauthorized(error.to_string()))?;
+        let event: Event = serde_json::from_slice(payload).map_err(|error| {
+            EngineError::InvalidArgument(format!("not a webhook event: {error}"))
+        })?;
+        let intent: Option<PaymentIntent> = serde_json::from_value(event.data.object.clone()).ok();
+        let payment_id = intent
+            .as_ref()
+            .map(|intent| intent.id.clone())
+            .unwrap_or_default();
+        let attempt = intent
+            .as_ref()
+            .and_then(|intent| intent.metadata.get("attempt_id"))
+            .and_then(|id| PaymentAttemptId::parse(id).ok());
+        let outcome = match (event.kind.as_str(), &intent) {
+            ("payment_intent.succeeded", Some(intent)) => Some(GatewayOutcome::Succeeded {
+                payment_id: intent.id.clone(),
+            }),
+            ("payment_intent.payment_failed" | "payment_intent.canceled", Some(intent)) => {
+                Some(GatewayOutcome::Failed {
+                    payment_id: Some(intent.id.clone()),
+                    reason: failure_reason(intent),
+                })
+            }
+            _ => None,
+        };
+        let applied = self
+            .retried("webhook", || {
+                self.inner.store.apply_payment_event(
+                    &event.id,
+                    &event.kind,
+                    &payment_id,
+                    attempt.as_ref(),
+                    outcome.as_ref(),
+                    self.now(),
+                )
+            })
+            .await?;
+        let receipt = match applied {
+            Some(outcome) => WebhookReceipt {
+                duplicate: false,
+                outcome,
+            },
+            None => WebhookReceipt {
+                duplicate: true,
+                outcome: "delivered before".into(),
+            },
+        };
+        metrics::counter!("stockd_webhooks_total", "duplicate" => receipt.duplicate.to_string())
+            .increment(1);
+        Ok(receipt)
+    }
+
+    /// One step of the reconciliation worker: asks the gateway about attempts still
+    /// unresolved past the threshold, with their own idempotency key, and applies the
+    /// answer. Past the order's hold, an attempt the gateway has not completed is
+    /// abandoned and the stock goes back; a success arriving later is a late success.
+    pub async fn reconcile_step(
+        &self,
+    ) -> Result<Vec<(PaymentAttemptId, Option<OrderStatus>)>, EngineError> {
+        let payments = self.payments()?;
+        let config = &self.inner.config;
+        let attempts = self
+            .inner
+            .store
+            .claim_attempts_to_reconcile(
+                self.now(),
+                config.reconcile_batch_size,
+                config.reconcile_lease_milliseconds,
+            )
+            .await
+            .map_err(|error| log_store_error("reconcile", error))?;
+        let mut resolved = Vec::with_capacity(attempts.len());
+        for attempt in attempts {
+            let mut call = payments
+                .gateway
+                .create_payment_intent(&attempt.gateway_key, &create_request(&attempt))
+                .await;
+            // A keyed replay answers what the gateway said the first time; a payment
+            // that was still incomplete then (a customer action, for one) may have
+            // finished since. Its current state decides.
+            if let CallOutcome::Answered(intent) = &call
+                && outcome_of(&call).is_none()
+            {
+                let current = payments.gateway.retrieve_payment_intent(&intent.id).await;
+                if matches!(current, CallOutcome::Answered(_)) {
+                    call = current;
+                }
+            }
+            let outcome = match (outcome_of(&call), &call) {
+                (Some(outcome), _) => Some(outcome),
+                // The gateway answered and the payment is not complete; the hold is over.
+                (None, CallOutcome::Answered(intent)) if self.now() >= attempt.order_expires_at => {
+                    Some(GatewayOutcome::Abandoned {
+                        payment_id: Some(intent.id.clone()),
+                        reason: "not completed before the order's hold ended".into(),
+                    })
+                }
+                // Unreachable, timed out, or still in flight: ask again after the lease.
+                (None, _) => None,
+            };
+            let status = match outcome {
+                Some(outcome) => {
+                    metrics::counter!("stockd_reconciliations_total", "result" => "resolved")
+                        .increment(1);
+                    self.settle(&attempt.attempt_id, &outcome, "reconciliation")
+                        .await?
+                }
+                None => {
+                    metrics::counter!("stockd_reconciliations_total", "result" => "still_unknown")
+                        .increment(1);
+                    None
+                }
+            };
+            resolved.push((attempt.attempt_id, status));
+        }
+        Ok(resolved)
+    }
+
+    /// One step of the order worker: orders still waiting for payment past their hold
+    /// expire and give their stock back.
+    pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
+        let expired = self
+            .inner
+            .store
+            .expire_orders(self.now(), self.inner.config.order_expiry_batch_size)
+            .await
+            .map_err(|error| log_store_error("expire_orders", error))?;
+        metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
+        Ok(expired)
+    }
+
+    /// One step of the refund worker: issues pending refunds (idempotently, by their
+    /// own key) and records the ones the gateway confirmed.
+    pub async fn refund_step(&self) -> Result<Vec<RefundId>, EngineError> {
+        let payments = self.payments()?;
+        let config = &self.inner.config;
+        let refunds = self
+            .inner
+            .store
+            .claim_refunds(
+                self.now(),
+                config.refund_batch_size,
+                config.refund_retry_milliseconds,
+            )
+            .await
+            .map_err(|error| log_store_error("refunds", error))?;
+        let mut settled = Vec::with_capacity(refunds.len());
+        for refund in refunds {
+            match payments
+                .gateway
+                .refund(
+                    &refund.gateway_key,
+                    &refund.gateway_payment_id,
+                    refund.amount_minor,
+                )
+                .await
+            {
+                CallOutcome::Answered(answer) => {
+                    self.retried("refunds", || {
+                        self.inner
+                            .store
+                            .settle_refund(&refund.refund_id, &answer.id, self.now())
+                    })
+                    .await?;
+                    metrics::counter!("stockd_refunds_total", "result" => "confirmed").increment(1);
+                    settled.push(refund.refund_id);
+                }
+                other => {
+                    metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
+                    tracing::warn!(refund = %refund.refund_id, outcome = ?other, "refund not confirmed; will try again");
+                }
+            }
+        }
+        Ok(settled)
+    }
+
+    /// `POST /v1/orders/{id}/cancel`.
+    pub async fn cancel_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+    ) -> Result<Reply, EngineError> {
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("cancel_order", claim, || {
+            self.retried("cancel_order", || {
+                self.inner
+                    .store
+                    .cancel_order(claim, order, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    /// `POST /v1/orders/{id}/return`: after-sale return, once.
+    pub async fn return_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+    ) -> Result<Reply, EngineError> {
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("return_order", claim, || {
+            self.retried("return_order", || {
+                self.inner
+                    .store
+                    .return_order(claim, order, self.now(), renderer)
+            })
+        })
+        .await
+    }
+
+    /// Unresolved attempts and unconfirmed refunds, for the metrics page.
+    pub async fn payment_gauges(&self) -> Result<store::PaymentGauges, EngineError> {
+        self.inner
+            .store
+            .payment_gauges(self.now())
+            .await
+            .map_err(|error| log_store_error("payment_gauges", error))
+    }
+}

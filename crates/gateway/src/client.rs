@@ -1,0 +1,224 @@
+//! The gateway client. Every call is bounded by a timeout and carries the attempt's
+//! idempotency key, so asking again — after a timeout, a lost response, a crash — is
+//! the same call and can never charge twice.
+
+use std::sync::Once;
+use std::time::Duration;
+
+use crate::protocol::{CreatePaymentIntent, ErrorBody, PaymentIntent, Refund, form_encode};
+
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// `https://api.stripe.com` or the sandbox's `http://127.0.0.1:port`.
+    pub base_url: String,
+    /// The secret API key (`sk_…`), sent as a bearer token.
+    pub api_key: String,
+    /// Longest wait for one answer; past it the outcome is unknown, not failed.
+    pub timeout_milliseconds: u64,
+}
+
+/// What one call found out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome<T> {
+    /// The gateway answered; here is the object.
+    Answered(T),
+    /// The card was declined (HTTP 402); the PaymentIntent when the gateway sent it.
+    Declined {
+        reason: String,
+        intent: Option<PaymentIntent>,
+    },
+    /// No usable answer: timeout, broken connection, 5xx, the same key still in
+    /// flight. Money may or may not have moved.
+    Unknown(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct GatewayClient {
+    http: reqwest::Client,
+    config: GatewayConfig,
+}
+
+static CRYPTO_PROVIDER: Once = Once::new();
+
+/// Installs the process-wide TLS crypto provider once. reqwest is built without a
+/// bundled provider (to keep one crypto stack), so every `reqwest::Client` in the
+/// process — the gateway client's and the sandbox's webhook sender — needs this first.
+pub fn install_crypto_provider() {
+    CRYPTO_PROVIDER.call_once(|| {
+        // Another part of the process may have installed one already: fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl GatewayClient {
+    pub fn new(config: GatewayConfig) -> Result<GatewayClient, String> {
+        install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.timeout_milliseconds))
+            .connect_timeout(Duration::from_millis(
+                config.timeout_milliseconds.min(5_000),
+            ))
+            .pool_max_idle_per_host(32)
+            .build()
+            .map_err(|error| format!("cannot build the gateway client: {error}"))?;
+        Ok(GatewayClient { http, config })
+    }
+
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.base_url.trim_end_matches('/'))
+    }
+
+    async fn post_form(
+        &self,
+        path: &str,
+        idempotency_key: &str,
+        form: String,
+    ) -> Result<(u16, String), String> {
+        let response = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(&self.config.api_key)
+            .header("Idempotency-Key", idempotency_key)
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(form)
+            .send()
+            .await
+            .map_err(|error| describe(&error))?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(|error| describe(&error))?;
+        Ok((status, body))
+    }
+
+    /// Creates and confirms a PaymentIntent. The same `idempotency_key` returns the
+    /// first call's result (or "still in flight"): safe to send again.
+    pub async fn create_payment_intent(
+        &self,
+        idempotency_key: &str,
+        request: &CreatePaymentIntent,
+    ) -> CallOutcome<PaymentIntent> {
+        let (status, body) = match self
+            .post_form("/v1/payment_intents", idempotency_key, request.form())
+            .await
+        {
+            Ok(answer) => answer,
+            Err(error) => return CallOutcome::Unknown(error),
+        };
+        interpret(status, &body)
+    }
+
+    /// Refunds a PaymentIntent (in full when `amount` is its amount).
+    pub async fn refund(
+        &self,
+        idempotency_key: &str,
+        payment_intent: &str,
+        amount: i64,
+    ) -> CallOutcome<Refund> {
+        let form = form_encode(&[
+            ("payment_intent".to_owned(), payment_intent.to_owned()),
+            ("amount".to_owned(), amount.to_string()),
+        ]);
+        match self.post_form("/v1/refunds", idempotency_key, form).await {
+            Ok((status, body)) => interpret(status, &body),
+            Err(error) => CallOutcome::Unknown(error),
+        }
+    }
+
+    pub async fn retrieve_payment_intent(&self, id: &str) -> CallOutcome<PaymentIntent> {
+        let response = self
+            .http
+            .get(self.url(&format!("/v1/payment_intents/{id}")))
+            .bearer_auth(&self.config.api_key)
+            .send()
+            .await;
+        match response {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                match response.text().await {
+                    Ok(body) => interpret(status, &body),
+                    Err(error) => CallOutcome::Unknown(describe(&error)),
+                }
+            }
+            Err(error) => CallOutcome::Unknown(describe(&error)),
+        }
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_timeout() {
+        "the gateway did not answer in time".to_owned()
+    } else if error.is_connect() {
+        format!("cannot reach the gateway: {error}")
+    } else {
+        format!("the gateway's answer was lost: {error}")
+    }
+}
+
+fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOutcome<T> {
+    match status {
+        200..=299 => match serde_json::from_str(body) {
+            Ok(object) => CallOutcome::Answered(object),
+            Err(error) => CallOutcome::Unknown(format!("unreadable answer ({error})")),
+        },
+        402 => {
+            let error: Option<ErrorBody> = serde_json::from_str(body).ok();
+            let reason = error
+                .as_ref()
+                .and_then(|error| {
+                    error
+                        .error
+                        .message
+                        .clone()
+                        .or_else(|| error.error.code.clone())
+                })
+                .unwrap_or_else(|| "declined".to_owned());
+            CallOutcome::Declined {
+                reason,
+                intent: error.and_then(|error| error.error.payment_intent),
+            }
+        }
+        _ => {
+            let message = serde_json::from_str::<ErrorBody>(body)
+                .ok()
+                .and_then(|error| error.error.message)
+                .unwrap_or_else(|| body.chars().take(200).collect());
+            CallOutcome::Unknown(format!("gateway answered {status}: {message}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::PaymentIntentStatus;
+
+    #[test]
+    fn a_decline_is_read_with_its_payment_intent() {
+        let body = r#"{"error":{"type":"card_error","code":"card_declined","message":"Your card was declined.",
+            "payment_intent":{"id":"pi_1","amount":5,"currency":"cny","status":"requires_payment_method"}}}"#;
+        let CallOutcome::Declined { reason, intent } = interpret::<PaymentIntent>(402, body) else {
+            panic!()
+        };
+        assert_eq!(reason, "Your card was declined.");
+        assert_eq!(
+            intent.unwrap().status,
+            PaymentIntentStatus::RequiresPaymentMethod
+        );
+    }
+
+    #[test]
+    fn server_errors_and_conflicts_are_unknown_not_failed() {
+        assert!(matches!(
+            interpret::<PaymentIntent>(500, "oops"),
+            CallOutcome::Unknown(_)
+        ));
+        let in_flight = r#"{"error":{"type":"idempotency_error","message":"still in flight"}}"#;
+        assert!(matches!(
+            interpret::<PaymentIntent>(409, in_flight),
+            CallOutcome::Unknown(_)
+        ));
+    }
+}

@@ -1,0 +1,147 @@
+//! What goes into and comes out of the order and payment units of work.
+
+use domain::{
+    AttemptStatus, Currency, OrderId, OrderStatus, PaymentAttemptId, RefundId, Reservation,
+    ReservationId, ReservationLine, SkuCode, Timestamp, UserId, WarehouseCode,
+};
+
+/// An order to create, with the reservation that holds its stock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewOrder {
+    pub id: OrderId,
+    pub user: UserId,
+    pub reservation_id: ReservationId,
+    pub lines: Vec<ReservationLine>,
+    pub expires_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderLine {
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub quantity: i64,
+    pub unit_price_minor: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaymentAttempt {
+    pub id: PaymentAttemptId,
+    pub status: AttemptStatus,
+    pub gateway_key: String,
+    pub gateway_payment_id: Option<String>,
+    pub payment_method: String,
+    pub failure_reason: Option<String>,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderHistoryEntry {
+    pub from: Option<OrderStatus>,
+    pub to: OrderStatus,
+    pub reason: String,
+    pub at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundRecord {
+    pub id: RefundId,
+    /// `PENDING` or `SUCCEEDED`.
+    pub status: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub gateway_refund_id: Option<String>,
+    pub reason: String,
+}
+
+/// An order with everything that happened to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Order {
+    pub id: OrderId,
+    pub user: UserId,
+    pub status: OrderStatus,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub expires_at: Timestamp,
+    pub version: i64,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub lines: Vec<OrderLine>,
+    pub reservation: Reservation,
+    pub attempt: Option<PaymentAttempt>,
+    pub refund: Option<RefundRecord>,
+    /// Whether an after-sale return put the goods back in stock.
+    pub returned: bool,
+    pub history: Vec<OrderHistoryEntry>,
+}
+
+/// A payment attempt to send to (or ask) the gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptToCall {
+    pub attempt_id: PaymentAttemptId,
+    pub order_id: OrderId,
+    pub gateway_key: String,
+    pub gateway_payment_id: Option<String>,
+    pub payment_method: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    /// The order's hold ends here; past it, an attempt the gateway has not completed
+    /// is abandoned and the stock goes back.
+    pub order_expires_at: Timestamp,
+}
+
+/// What starting a payment found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeginPayment {
+    /// The order went `PAYMENT_PROCESSING` with this new attempt, committed.
+    Started(AttemptToCall),
+    /// An attempt was already running: call about it again (same gateway key).
+    InProgress(AttemptToCall),
+    /// The order cannot be paid from its status.
+    NotPayable(OrderStatus),
+    /// The order's hold had ended; it is now `EXPIRED` and its stock back.
+    Expired,
+    NotFound,
+}
+
+/// What the gateway said about an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayOutcome {
+    Succeeded {
+        payment_id: String,
+    },
+    Failed {
+        payment_id: Option<String>,
+        reason: String,
+    },
+    /// Not completed, and the order's hold ran out: give the stock back. A success
+    /// arriving later is handled as a late success.
+    Abandoned {
+        payment_id: Option<String>,
+        reason: String,
+    },
+}
+
+/// A refund to send to the gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundToIssue {
+    pub refund_id: RefundId,
+    pub order_id: OrderId,
+    pub gateway_key: String,
+    pub gateway_payment_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+}
+
+/// What the metrics page shows about payments, read at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PaymentGauges {
+    /// Attempts whose outcome is not known yet (`PROCESSING`).
+    pub attempts_unresolved: i64,
+    /// Age of the oldest unresolved attempt; 0 when there is none.
+    pub oldest_unresolved_age_seconds: i64,
+    /// Refunds the gateway has not confirmed yet.
+    pub refunds_pending: i64,
+}

@@ -1,0 +1,1218 @@
+// Orders and payments (seed 000), shared by the SQLite and PostgreSQL stores like
+// `shared.rs` (included after it, in the same module). Dialect pieces used here:
+// `dialect::SELECT_ORDER_FOR_UPDATE`, `dialect::SELECT_ATTEMPT_FOR_UPDATE`,
+// `dialect::CLAIM_EXPIRED_ORDERS`, `dialect::CLAIM_ATTEMPTS_TO_RECONCILE`,
+// `dialect::CLAIM_REFUNDS`.
+//
+// No unit of work here calls the gateway: a payment attempt is committed before the
+// call and settled by a later transaction. Locks are taken order first, then its
+// reservation, then stock rows in (sku, warehouse) order.
+
+use domain::{
+    AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, UserId as OrderUserId,
+};
+
+use crate::orders::{
+    AttemptToCall, BeginPayment, GatewayOutcome, NewOrder, Order, OrderHistoryEntry, OrderLine,
+    PaymentAttempt, PaymentGauges, RefundRecord, RefundToIssue,
+};
+
+/// 64 bits for an id minted inside a unit of work, derived from what the id is for
+/// (FNV-1a): an order has at most one late-success reservation and one refund, so
+/// the (time, order) pair never repeats.
+fn derived_random(seed: &str, purpose: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in seed.bytes().chain(purpose.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Moves an order through the transition table with a conditional update on its
+/// current status, and records the change in its history.
+async fn move_order(
+    transaction: &mut Tx,
+    order: &OrderId,
+    from: OrderStatus,
+    to: OrderStatus,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    from.transition(to)
+        .map_err(|illegal| invariant(illegal.to_string()))?;
+    let updated = sqlx::query(
+        "UPDATE customer_order SET status = $2, version = version + 1, updated_at = $3 WHERE id = $1 AND status = $4",
+    )
+    .bind(order.as_str())
+    .bind(to.as_str())
+    .bind(now.unix_milliseconds())
+    .bind(from.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    expect_one_row(updated.rows_affected(), "changing a locked order's status")?;
+    insert_history(transaction, order, Some(from), to, reason, now).await
+}
+
+async fn insert_history(
+    transaction: &mut Tx,
+    order: &OrderId,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO order_history (order_id, from_status, to_status, reason, created_at) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(order.as_str())
+    .bind(from.map(OrderStatus::as_str))
+    .bind(to.as_str())
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// The locked order's status, reservation and hold end.
+async fn lock_order(
+    transaction: &mut Tx,
+    order: &OrderId,
+) -> Result<Option<(OrderStatus, ReservationId, Timestamp)>, StoreError> {
+    let row = sqlx::query_as::<_, (String, String, i64)>(dialect::SELECT_ORDER_FOR_UPDATE)
+        .bind(order.as_str())
+        .fetch_optional(&mut **transaction)
+        .await?;
+    row.map(|(status, reservation, expires_at)| {
+        Ok((
+            parse_stored("order status", &status, OrderStatus::parse)?,
+            parse_stored("reservation id", &reservation, ReservationId::parse)?,
+            Timestamp::from_unix_milliseconds(expires_at),
+        ))
+    })
+    .transpose()
+}
+
+async fn order_lines(
+    connection: &mut DbConnection,
+    order: &OrderId,
+) -> Result<Vec<OrderLine>, StoreError> {
+    let rows = sqlx::query_as::<_, (String, String, i64, i64)>(
+        "SELECT sku, warehouse, quantity, unit_price_minor FROM order_line WHERE order_id = $1 ORDER BY line_number",
+    )
+    .bind(order.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(rows.len());
+    for (sku, warehouse, quantity, unit_price_minor) in rows {
+        lines.push(OrderLine {
+            sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+            warehouse: parse_stored("warehouse", &warehouse, WarehouseCode::parse)?,
+            quantity,
+            unit_price_minor,
+        });
+    }
+    Ok(lines)
+}
+
+/// A success arrived for an order that gave its stock back: take the stock again
+/// (reserved and confirmed at once) when every line still fits, and the order is
+/// `PAID`; otherwise it goes `REFUND_PENDING` with a refund to issue.
+async fn settle_late_success(
+    transaction: &mut Tx,
+    order: &OrderId,
+    from: OrderStatus,
+    payment_id: &str,
+    now: Timestamp,
+) -> Result<OrderStatus, StoreError> {
+    let lines = order_lines(transaction, order).await?;
+    let mut wanted: Vec<StockKey> = lines
+        .iter()
+        .map(|line| (line.sku.clone(), line.warehouse.clone()))
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    let (available, _) = bulk::lock_stock_rows(transaction, &wanted).await?;
+    let fits = lines.iter().all(|line| {
+        available
+            .get(&(line.sku.clone(), line.warehouse.clone()))
+            .copied()
+            .unwrap_or(0)
+            >= line.quantity
+    });
+    if !fits {
+        move_order(
+            transaction,
+            order,
+            from,
+            OrderStatus::RefundPending,
+            "paid after its stock was given back; none left: refund",
+            now,
+        )
+        .await?;
+        insert_refund(
+            transaction,
+            order,
+            now,
+            "the payment arrived after the stock was sold",
+        )
+        .await?;
+        return Ok(OrderStatus::RefundPending);
+    }
+    let reservation = ReservationId::generate(now, derived_random(order.as_str(), "late-success"));
+    sqlx::query(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, order_id) \
+         VALUES ($1, 'CONFIRMED', NULL, $2, NULL, $2, $2, $3)",
+    )
+    .bind(reservation.as_str())
+    .bind(now.unix_milliseconds())
+    .bind(order.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    for (line_number, line) in lines.iter().enumerate() {
+        let updated = sqlx::query(
+            "UPDATE stock SET available = available - $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+        )
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(
+            updated.rows_affected(),
+            "taking stock again for a late payment",
+        )?;
+        sqlx::query(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(reservation.as_str())
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity)
+        .execute(&mut **transaction)
+        .await?;
+        // The ledger tells the same story as for any sale: reserved, then confirmed.
+        for (kind, available_delta, reserved_delta) in [
+            ("reserve", -line.quantity, line.quantity),
+            ("confirm", 0, -line.quantity),
+        ] {
+            insert_ledger_row(
+                transaction,
+                LedgerEntry {
+                    sku: &line.sku,
+                    warehouse: &line.warehouse,
+                    kind,
+                    available_delta,
+                    reserved_delta,
+                    reference: reservation.as_str(),
+                    idempotency_key: Some(payment_id),
+                },
+                now,
+            )
+            .await?;
+        }
+    }
+    sqlx::query("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
+        .bind(order.as_str())
+        .bind(reservation.as_str())
+        .execute(&mut **transaction)
+        .await?;
+    move_order(
+        transaction,
+        order,
+        from,
+        OrderStatus::Paid,
+        "paid after its stock was given back; stock taken again",
+        now,
+    )
+    .await?;
+    Ok(OrderStatus::Paid)
+}
+
+async fn insert_refund(
+    transaction: &mut Tx,
+    order: &OrderId,
+    now: Timestamp,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let id = RefundId::generate(now, derived_random(order.as_str(), "refund"));
+    sqlx::query(
+        "INSERT INTO refund (id, order_id, gateway_key, status, amount_minor, currency, reason, next_try_at, created_at, updated_at) \
+         SELECT $1, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM customer_order WHERE id = $5 \
+         ON CONFLICT (order_id) DO NOTHING",
+    )
+    .bind(id.as_str())
+    .bind(format!("stockd-refund-{order}"))
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .bind(order.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Applies what the gateway said to a locked attempt and its order. Idempotent: an
+/// attempt already settled the same way changes nothing, and a failure reported
+/// after a success changes nothing either.
+async fn settle_attempt(
+    transaction: &mut Tx,
+    attempt: &PaymentAttemptId,
+    outcome: &GatewayOutcome,
+    source: &str,
+    now: Timestamp,
+) -> Result<Option<OrderStatus>, StoreError> {
+    // Order first, then the attempt: the lock order every order transaction keeps.
+    let order: Option<String> =
+        sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
+            .bind(attempt.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+    let Some(order) = order else { return Ok(None) };
+    let order = parse_stored("order id", &order, OrderId::parse)?;
+    let Some((order_status, reservation, _)) = lock_order(transaction, &order).await? else {
+        return Err(invariant(format!("attempt {attempt} has no order")));
+    };
+    let status: String = sqlx::query_scalar(dialect::SELECT_ATTEMPT_STATUS_FOR_UPDATE)
+        .bind(attempt.as_str())
+        .fetch_one(&mut **transaction)
+        .await?;
+    let status = parse_stored("attempt status", &status, AttemptStatus::parse)?;
+    let set_attempt = |status: AttemptStatus, payment_id: Option<&str>, reason: Option<&str>| {
+        sqlx::query(
+            "UPDATE payment_attempt SET status = $2, gateway_payment_id = COALESCE($3, gateway_payment_id), \
+             failure_reason = $4, updated_at = $5 WHERE id = $1",
+        )
+        .bind(attempt.as_str())
+        .bind(status.as_str())
+        .bind(payment_id.map(str::to_owned))
+        .bind(reason.map(str::to_owned))
+        .bind(now.unix_milliseconds())
+    };
+    match (status, outcome) {
+        (AttemptStatus::Succeeded, _) => Ok(Some(order_status)),
+        (
+            AttemptStatus::Failed,
+            GatewayOutcome::Failed { .. } | GatewayOutcome::Abandoned { .. },
+        ) => Ok(Some(order_status)),
+        (_, GatewayOutcome::Succeeded { payment_id }) => {
+            set_attempt(AttemptStatus::Succeeded, Some(payment_id), None)
+                .execute(&mut **transaction)
+                .await?;
+            let reason = format!("payment {payment_id} succeeded ({source})");
+            match order_status {
+                OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
+                    let Ok(()) = settle_reservation(
+                        transaction,
+                        &reservation,
+                        ReservationAction::Confirm,
+                        now,
+                    )
+                    .await?
+                    else {
+                        return Err(invariant(format!(
+                            "order {order}: its reservation could not be confirmed"
+                        )));
+                    };
+                    move_order(
+                        transaction,
+                        &order,
+                        order_status,
+                        OrderStatus::Paid,
+                        &reason,
+                        now,
+                    )
+                    .await?;
+                    Ok(Some(OrderStatus::Paid))
+                }
+                status if status.released_its_stock() => {
+                    settle_late_success(transaction, &order, status, payment_id, now)
+                        .await
+                        .map(Some)
+                }
+                status => Ok(Some(status)),
+            }
+        }
+        (
+            AttemptStatus::Processing,
+            GatewayOutcome::Failed { payment_id, reason }
+            | GatewayOutcome::Abandoned { payment_id, reason },
+        ) => {
+            set_attempt(AttemptStatus::Failed, payment_id.as_deref(), Some(reason))
+                .execute(&mut **transaction)
+                .await?;
+            let target = match outcome {
+                GatewayOutcome::Abandoned { .. } => OrderStatus::Expired,
+                _ => OrderStatus::PaymentFailed,
+            };
+            match order_status {
+                OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
+                    let Ok(()) = settle_reservation(
+                        transaction,
+                        &reservation,
+                        ReservationAction::Release,
+                        now,
+                    )
+                    .await?
+                    else {
+                        return Err(invariant(format!(
+                            "order {order}: its reservation could not be released"
+                        )));
+                    };
+                    move_order(
+                        transaction,
+                        &order,
+                        order_status,
+                        target,
+                        &format!("payment failed: {reason} ({source})"),
+                        now,
+                    )
+                    .await?;
+                    Ok(Some(target))
+                }
+                status => Ok(Some(status)),
+            }
+        }
+    }
+}
+
+impl BackendStore {
+    /// An order and its reservation, in one transaction: all lines reserved or none,
+    /// the amount from the SKUs' prices.
+    pub async fn create_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &NewOrder,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let mut wanted: Vec<StockKey> = order
+            .lines
+            .iter()
+            .map(|line| (line.sku.clone(), line.warehouse.clone()))
+            .collect();
+        wanted.sort();
+        let (available, mut sale_statuses) =
+            bulk::lock_stock_rows(&mut transaction, &wanted).await?;
+        let mut unlisted: Vec<&SkuCode> = wanted
+            .iter()
+            .map(|(sku, _)| sku)
+            .filter(|sku| !sale_statuses.contains_key(*sku))
+            .collect();
+        unlisted.dedup();
+        if !unlisted.is_empty() {
+            sale_statuses.extend(bulk::sale_statuses(&mut transaction, &unlisted).await?);
+        }
+        let plan = plan_batch([order.lines.as_slice()], &sale_statuses, &available);
+        let mut prices = Vec::with_capacity(order.lines.len());
+        let mut refusal = plan.decisions[0].clone().err();
+        if refusal.is_none() {
+            for line in &order.lines {
+                let price = sqlx::query_as::<_, (Option<i64>, Option<String>)>(
+                    "SELECT price_minor, currency FROM sku WHERE code = $1",
+                )
+                .bind(line.sku.as_str())
+                .fetch_one(&mut *transaction)
+                .await?;
+                match price {
+                    (Some(price), Some(currency)) => prices.push((price, currency)),
+                    _ => {
+                        refusal = Some(Rejection::new(
+                            ErrorCode::InvalidArgument,
+                            format!("sku '{}' has no price and cannot be ordered", line.sku),
+                        ));
+                        break;
+                    }
+                }
+            }
+        }
+        if refusal.is_none() && prices.windows(2).any(|pair| pair[0].1 != pair[1].1) {
+            refusal = Some(Rejection::new(
+                ErrorCode::InvalidArgument,
+                "an order's SKUs must share one currency",
+            ));
+        }
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => {
+                for ((sku, warehouse), total) in &plan.totals {
+                    let updated = sqlx::query(
+                        "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+                         version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+                    )
+                    .bind(sku.as_str())
+                    .bind(warehouse.as_str())
+                    .bind(total)
+                    .bind(now.unix_milliseconds())
+                    .execute(&mut *transaction)
+                    .await?;
+                    expect_one_row(updated.rows_affected(), "reserving an order's line")?;
+                }
+                let amount: i64 = order
+                    .lines
+                    .iter()
+                    .zip(&prices)
+                    .map(|(line, (price, _))| line.quantity.get().saturating_mul(*price))
+                    .sum();
+                let currency = prices[0].1.clone();
+                sqlx::query(
+                    "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, order_id) \
+                     VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5)",
+                )
+                .bind(order.reservation_id.as_str())
+                .bind(order.expires_at.unix_milliseconds())
+                .bind(claim.key.as_str())
+                .bind(now.unix_milliseconds())
+                .bind(order.id.as_str())
+                .execute(&mut *transaction)
+                .await?;
+                sqlx::query(
+                    "INSERT INTO customer_order (id, user_id, status, amount_minor, currency, reservation_id, expires_at, \
+                     version, idempotency_key, created_at, updated_at) \
+                     VALUES ($1, $2, 'PENDING_PAYMENT', $3, $4, $5, $6, 1, $7, $8, $8)",
+                )
+                .bind(order.id.as_str())
+                .bind(order.user.as_str())
+                .bind(amount)
+                .bind(&currency)
+                .bind(order.reservation_id.as_str())
+                .bind(order.expires_at.unix_milliseconds())
+                .bind(claim.key.as_str())
+                .bind(now.unix_milliseconds())
+                .execute(&mut *transaction)
+                .await?;
+                for (line_number, (line, (price, _))) in order.lines.iter().zip(&prices).enumerate()
+                {
+                    let line_number = i64::try_from(line_number).unwrap_or(i64::MAX);
+                    sqlx::query(
+                        "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(order.reservation_id.as_str())
+                    .bind(line_number)
+                    .bind(line.sku.as_str())
+                    .bind(line.warehouse.as_str())
+                    .bind(line.quantity.get())
+                    .execute(&mut *transaction)
+                    .await?;
+                    sqlx::query(
+                        "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
+                         VALUES ($1, $2, $3, $4, $5, $6)",
+                    )
+                    .bind(order.id.as_str())
+                    .bind(line_number)
+                    .bind(line.sku.as_str())
+                    .bind(line.warehouse.as_str())
+                    .bind(line.quantity.get())
+                    .bind(price)
+                    .execute(&mut *transaction)
+                    .await?;
+                    insert_ledger_row(
+                        &mut transaction,
+                        LedgerEntry {
+                            sku: &line.sku,
+                            warehouse: &line.warehouse,
+                            kind: "reserve",
+                            available_delta: -line.quantity.get(),
+                            reserved_delta: line.quantity.get(),
+                            reference: order.reservation_id.as_str(),
+                            idempotency_key: Some(claim.key.as_str()),
+                        },
+                        now,
+                    )
+                    .await?;
+                }
+                insert_history(
+                    &mut transaction,
+                    &order.id,
+                    None,
+                    OrderStatus::PendingPayment,
+                    "created",
+                    now,
+                )
+                .await?;
+                let created = load_order(&mut transaction, &order.id)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&created, true)
+            }
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let order = load_order(&mut transaction, id).await;
+        transaction.rollback().await?;
+        order
+    }
+
+    /// Starts paying an order: `PENDING_PAYMENT → PAYMENT_PROCESSING` with a new
+    /// attempt, committed before the gateway is called. An order already processing
+    /// hands back its running attempt, to be asked about again.
+    pub async fn begin_payment(
+        &self,
+        order: &OrderId,
+        attempt: &PaymentAttemptId,
+        payment_method: &str,
+        reconcile_after: Timestamp,
+        now: Timestamp,
+    ) -> Result<BeginPayment, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let Some((status, reservation, expires_at)) = lock_order(&mut transaction, order).await?
+        else {
+            transaction.rollback().await?;
+            return Ok(BeginPayment::NotFound);
+        };
+        let begun = match status {
+            OrderStatus::PendingPayment if expires_at <= now => {
+                let Ok(()) = settle_reservation(
+                    &mut transaction,
+                    &reservation,
+                    ReservationAction::Release,
+                    now,
+                )
+                .await?
+                else {
+                    return Err(invariant(format!(
+                        "order {order}: its reservation could not be released"
+                    )));
+                };
+                move_order(
+                    &mut transaction,
+                    order,
+                    status,
+                    OrderStatus::Expired,
+                    "hold ended before payment",
+                    now,
+                )
+                .await?;
+                BeginPayment::Expired
+            }
+            OrderStatus::PendingPayment => {
+                let gateway_key = format!("stockd-{order}");
+                sqlx::query(
+                    "INSERT INTO payment_attempt (id, order_id, gateway_key, payment_method, status, amount_minor, currency, \
+                     reconcile_after, created_at, updated_at) \
+                     SELECT $1, id, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
+                )
+                .bind(attempt.as_str())
+                .bind(&gateway_key)
+                .bind(payment_method)
+                .bind(reconcile_after.unix_milliseconds())
+                .bind(now.unix_milliseconds())
+                .bind(order.as_str())
+                .execute(&mut *transaction)
+                .await?;
+                move_order(
+                    &mut transaction,
+                    order,
+                    status,
+                    OrderStatus::PaymentProcessing,
+                    "payment started",
+                    now,
+                )
+                .await?;
+                BeginPayment::Started(attempt_to_call(&mut transaction, order).await?)
+            }
+            OrderStatus::PaymentProcessing => {
+                BeginPayment::InProgress(attempt_to_call(&mut transaction, order).await?)
+            }
+            other => BeginPayment::NotPayable(other),
+        };
+        transaction.commit().await?;
+        Ok(begun)
+    }
+
+    /// Settles an attempt with the gateway's answer (from the pay call or the
+    /// reconciliation). Returns the order's status afterwards.
+    pub async fn settle_payment(
+        &self,
+        attempt: &PaymentAttemptId,
+        outcome: &GatewayOutcome,
+        source: &str,
+        now: Timestamp,
+    ) -> Result<Option<OrderStatus>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let settled = settle_attempt(&mut transaction, attempt, outcome, source, now).await?;
+        transaction.commit().await?;
+        Ok(settled)
+    }
+
+    /// Applies a verified webhook event exactly once (by event id) in one transaction.
+    /// Returns `None` for an event seen before.
+    pub async fn apply_payment_event(
+        &self,
+        event_id: &str,
+        event_type: &str,
+        payment_id: &str,
+        attempt: Option<&PaymentAttemptId>,
+        outcome: Option<&GatewayOutcome>,
+        now: Timestamp,
+    ) -> Result<Option<String>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let attempt = match attempt {
+            Some(attempt) => Some(attempt.clone()),
+            None => {
+                let found: Option<String> = sqlx::query_scalar(
+                    "SELECT id FROM payment_attempt WHERE gateway_payment_id = $1",
+                )
+                .bind(payment_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+                found
+                    .map(|id| parse_stored("attempt id", &id, PaymentAttemptId::parse))
+                    .transpose()?
+            }
+        };
+        let outcome_text = match (&attempt, outcome) {
+            (Some(attempt), Some(outcome)) => {
+                match settle_attempt(&mut transaction, attempt, outcome, "webhook", now).await? {
+                    Some(status) => format!("order {}", status.as_str()),
+                    None => "unknown attempt".to_owned(),
+                }
+            }
+            (None, _) => "unknown payment".to_owned(),
+            (Some(_), None) => "ignored".to_owned(),
+        };
+        let inserted = sqlx::query(
+            "INSERT INTO webhook_event (event_id, event_type, gateway_payment_id, outcome, received_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(event_id)
+        .bind(event_type)
+        .bind(payment_id)
+        .bind(&outcome_text)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        if inserted.rows_affected() == 0 {
+            // Delivered before: undo whatever this delivery did.
+            transaction.rollback().await?;
+            return Ok(None);
+        }
+        transaction.commit().await?;
+        Ok(Some(outcome_text))
+    }
+
+    /// Unresolved attempts due for a look, leased for `lease_milliseconds` so several
+    /// processes do not ask the gateway about the same attempt at once.
+    pub async fn claim_attempts_to_reconcile(
+        &self,
+        now: Timestamp,
+        limit: i64,
+        lease_milliseconds: i64,
+    ) -> Result<Vec<AttemptToCall>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_ATTEMPTS_TO_RECONCILE)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all(&mut *transaction)
+            .await?;
+        let mut attempts = Vec::with_capacity(ids.len());
+        for id in ids {
+            sqlx::query("UPDATE payment_attempt SET reconcile_after = $2 WHERE id = $1")
+                .bind(&id)
+                .bind(now.unix_milliseconds().saturating_add(lease_milliseconds))
+                .execute(&mut *transaction)
+                .await?;
+            let order: String =
+                sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
+                    .bind(&id)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+            let order = parse_stored("order id", &order, OrderId::parse)?;
+            attempts.push(attempt_to_call(&mut transaction, &order).await?);
+        }
+        transaction.commit().await?;
+        Ok(attempts)
+    }
+
+    /// Expires up to `limit` orders still waiting for payment past their hold: their
+    /// stock goes back. Orders with a payment in flight are left to reconciliation.
+    pub async fn expire_orders(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_EXPIRED_ORDERS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all(&mut *transaction)
+            .await?;
+        let mut expired = Vec::with_capacity(ids.len());
+        for id in ids {
+            let order = parse_stored("order id", &id, OrderId::parse)?;
+            let Some((status, reservation, _)) = lock_order(&mut transaction, &order).await? else {
+                continue;
+            };
+            if status != OrderStatus::PendingPayment {
+                continue;
+            }
+            let Ok(()) = settle_reservation(
+                &mut transaction,
+                &reservation,
+                ReservationAction::Release,
+                now,
+            )
+            .await?
+            else {
+                return Err(invariant(format!(
+                    "order {order}: its reservation could not be released"
+                )));
+            };
+            move_order(
+                &mut transaction,
+                &order,
+                status,
+                OrderStatus::Expired,
+                "hold ended unpaid",
+                now,
+            )
+            .await?;
+            expired.push(order);
+        }
+        transaction.commit().await?;
+        Ok(expired)
+    }
+
+    /// `POST /v1/orders/{id}/cancel`: an unpaid order gives its stock back; a paid one
+    /// goes to `REFUND_PENDING` with a refund to issue. A payment in flight must be
+    /// resolved first.
+    pub async fn cancel_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let refusal = match lock_order(&mut transaction, order).await? {
+            None => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            Some((OrderStatus::PendingPayment, reservation, _)) => {
+                let Ok(()) = settle_reservation(
+                    &mut transaction,
+                    &reservation,
+                    ReservationAction::Release,
+                    now,
+                )
+                .await?
+                else {
+                    return Err(invariant(format!(
+                        "order {order}: its reservation could not be released"
+                    )));
+                };
+                move_order(
+                    &mut transaction,
+                    order,
+                    OrderStatus::PendingPayment,
+                    OrderStatus::Cancelled,
+                    "cancelled",
+                    now,
+                )
+                .await?;
+                None
+            }
+            Some((OrderStatus::Paid, _, _)) => {
+                move_order(
+                    &mut transaction,
+                    order,
+                    OrderStatus::Paid,
+                    OrderStatus::RefundPending,
+                    "cancelled after payment: refund",
+                    now,
+                )
+                .await?;
+                insert_refund(&mut transaction, order, now, "cancelled after payment").await?;
+                None
+            }
+            // Not a transition the table allows: the payment's outcome decides first.
+            Some((OrderStatus::PaymentProcessing, _, _)) => Some(Rejection::new(
+                ErrorCode::IllegalTransition,
+                "a payment is in flight; the order can be cancelled once its outcome is known",
+            )),
+            Some((status, _, _)) => Some(Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!("an order cannot be cancelled from {}", status.as_str()),
+            )),
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => {
+                let loaded = load_order(&mut transaction, order)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&loaded, false)
+            }
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Pending refunds due for a try, leased like attempts.
+    pub async fn claim_refunds(
+        &self,
+        now: Timestamp,
+        limit: i64,
+        lease_milliseconds: i64,
+    ) -> Result<Vec<RefundToIssue>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let rows =
+            sqlx::query_as::<_, (String, String, String, i64, String)>(dialect::CLAIM_REFUNDS)
+                .bind(now.unix_milliseconds())
+                .bind(limit)
+                .fetch_all(&mut *transaction)
+                .await?;
+        let mut refunds = Vec::with_capacity(rows.len());
+        for (id, order, gateway_key, amount_minor, currency) in rows {
+            sqlx::query("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
+                .bind(&id)
+                .bind(now.unix_milliseconds().saturating_add(lease_milliseconds))
+                .execute(&mut *transaction)
+                .await?;
+            let payment: Option<String> = sqlx::query_scalar(
+                "SELECT gateway_payment_id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED'",
+            )
+            .bind(&order)
+            .fetch_optional(&mut *transaction)
+            .await?
+            .flatten();
+            let Some(gateway_payment_id) = payment else {
+                continue;
+            };
+            refunds.push(RefundToIssue {
+                refund_id: parse_stored("refund id", &id, RefundId::parse)?,
+                order_id: parse_stored("order id", &order, OrderId::parse)?,
+                gateway_key,
+                gateway_payment_id,
+                amount_minor,
+                currency,
+            });
+        }
+        transaction.commit().await?;
+        Ok(refunds)
+    }
+
+    /// Records a refund the gateway confirmed: the order is `REFUNDED`. Idempotent.
+    pub async fn settle_refund(
+        &self,
+        refund: &RefundId,
+        gateway_refund_id: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let updated = sqlx::query(
+            "UPDATE refund SET status = 'SUCCEEDED', gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        )
+        .bind(refund.as_str())
+        .bind(gateway_refund_id)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        if updated.rows_affected() == 1 {
+            let order: String = sqlx::query_scalar("SELECT order_id FROM refund WHERE id = $1")
+                .bind(refund.as_str())
+                .fetch_one(&mut *transaction)
+                .await?;
+            let order = parse_stored("order id", &order, OrderId::parse)?;
+            if let Some((OrderStatus::RefundPending, _, _)) =
+                lock_order(&mut transaction, &order).await?
+            {
+                move_order(
+                    &mut transaction,
+                    &order,
+                    OrderStatus::RefundPending,
+                    OrderStatus::Refunded,
+                    "refund confirmed",
+                    now,
+                )
+                .await?;
+            }
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// After-sale return: the order's goods go back to available stock, with `return`
+    /// ledger rows, once (`order_return` guards it). The SKUs' sale status is not
+    /// touched: a returned unit of an off-shelf SKU stays off the shelf.
+    pub async fn return_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let refusal = match lock_order(&mut transaction, order).await? {
+            None => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            Some((status, _, _))
+                if !matches!(
+                    status,
+                    OrderStatus::Paid | OrderStatus::RefundPending | OrderStatus::Refunded
+                ) =>
+            {
+                Some(Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!(
+                        "only a paid order's goods can come back (order is {})",
+                        status.as_str()
+                    ),
+                ))
+            }
+            Some(_) => {
+                let guarded = sqlx::query("INSERT INTO order_return (order_id, created_at) VALUES ($1, $2) ON CONFLICT (order_id) DO NOTHING")
+                    .bind(order.as_str())
+                    .bind(now.unix_milliseconds())
+                    .execute(&mut *transaction)
+                    .await?;
+                if guarded.rows_affected() == 0 {
+                    Some(Rejection::new(
+                        ErrorCode::IllegalTransition,
+                        format!("order '{order}' was returned already"),
+                    ))
+                } else {
+                    let mut lines = order_lines(&mut transaction, order).await?;
+                    lines.sort_by(|left, right| {
+                        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+                    });
+                    for line in &lines {
+                        let updated = sqlx::query(
+                            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+                             WHERE sku = $1 AND warehouse = $2",
+                        )
+                        .bind(line.sku.as_str())
+                        .bind(line.warehouse.as_str())
+                        .bind(line.quantity)
+                        .bind(now.unix_milliseconds())
+                        .execute(&mut *transaction)
+                        .await?;
+                        expect_one_row(updated.rows_affected(), "returning an order's goods")?;
+                        insert_ledger_row(
+                            &mut transaction,
+                            LedgerEntry {
+                                sku: &line.sku,
+                                warehouse: &line.warehouse,
+                                kind: "return",
+                                available_delta: line.quantity,
+                                reserved_delta: 0,
+                                reference: order.as_str(),
+                                idempotency_key: Some(claim.key.as_str()),
+                            },
+                            now,
+                        )
+                        .await?;
+                    }
+                    None
+                }
+            }
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => {
+                let loaded = load_order(&mut transaction, order)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&loaded, false)
+            }
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Orders past their hold that still wait for payment (exported as a gauge).
+    pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
+        let (unresolved, oldest): (i64, Option<i64>) = sqlx::query_as(
+            "SELECT COUNT(*), MIN(created_at) FROM payment_attempt WHERE status = 'PROCESSING'",
+        )
+        .fetch_one(self.read_pool())
+        .await?;
+        let refunds: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM refund WHERE status = 'PENDING'")
+                .fetch_one(self.read_pool())
+                .await?;
+        Ok(PaymentGauges {
+            attempts_unresolved: unresolved,
+            oldest_unresolved_age_seconds: oldest.map_or(0, |created_at| {
+                now.unix_milliseconds().saturating_sub(created_at).max(0) / 1000
+            }),
+            refunds_pending: refunds,
+        })
+    }
+}
+
+async fn attempt_to_call(
+    connection: &mut DbConnection,
+    order: &OrderId,
+) -> Result<AttemptToCall, StoreError> {
+    let row = sqlx::query_as::<_, (String, String, Option<String>, String, i64, String, i64)>(
+        "SELECT payment_attempt.id, gateway_key, gateway_payment_id, payment_method, payment_attempt.amount_minor, \
+         payment_attempt.currency, customer_order.expires_at FROM payment_attempt \
+         JOIN customer_order ON customer_order.id = payment_attempt.order_id WHERE payment_attempt.order_id = $1",
+    )
+    .bind(order.as_str())
+    .fetch_one(&mut *connection)
+    .await?;
+    let (id, gateway_key, gateway_payment_id, payment_method, amount_minor, currency, expires_at) =
+        row;
+    Ok(AttemptToCall {
+        attempt_id: parse_stored("attempt id", &id, PaymentAttemptId::parse)?,
+        order_id: order.clone(),
+        gateway_key,
+        gateway_payment_id,
+        payment_method,
+        amount_minor,
+        currency,
+        order_expires_at: Timestamp::from_unix_milliseconds(expires_at),
+    })
+}
+
+async fn load_order(
+    connection: &mut DbConnection,
+    id: &OrderId,
+) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query_as::<_, (String, String, i64, String, String, i64, i64, i64, i64)>(
+        "SELECT user_id, status, amount_minor, currency, reservation_id, expires_at, version, created_at, updated_at \
+         FROM customer_order WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *connection)
+    .await?;
+    let Some((
+        user,
+        status,
+        amount_minor,
+        currency,
+        reservation,
+        expires_at,
+        version,
+        created_at,
+        updated_at,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let reservation = parse_stored("reservation id", &reservation, ReservationId::parse)?;
+    let reservation = load_reservation(&mut *connection, &reservation)
+        .await?
+        .ok_or_else(|| invariant(format!("order {id} has no reservation")))?;
+    let lines = order_lines(&mut *connection, id).await?;
+    let attempt = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
+        "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
+         created_at, updated_at FROM payment_attempt WHERE order_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *connection)
+    .await?
+    .map(|(attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated)| {
+        Ok::<_, StoreError>(PaymentAttempt {
+            id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
+            status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
+            gateway_key,
+            gateway_payment_id,
+            payment_method,
+            failure_reason,
+            amount_minor: amount,
+            currency,
+            created_at: Timestamp::from_unix_milliseconds(created),
+            updated_at: Timestamp::from_unix_milliseconds(updated),
+        })
+    })
+    .transpose()?;
+    let refund = sqlx::query_as::<_, (String, String, i64, String, Option<String>, String)>(
+        "SELECT id, status, amount_minor, currency, gateway_refund_id, reason FROM refund WHERE order_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *connection)
+    .await?
+    .map(|(refund, status, amount_minor, currency, gateway_refund_id, reason)| {
+        Ok::<_, StoreError>(RefundRecord {
+            id: parse_stored("refund id", &refund, RefundId::parse)?,
+            status,
+            amount_minor,
+            currency,
+            gateway_refund_id,
+            reason,
+        })
+    })
+    .transpose()?;
+    let returned: Option<String> =
+        sqlx::query_scalar("SELECT order_id FROM order_return WHERE order_id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&mut *connection)
+            .await?;
+    let history_rows = sqlx::query_as::<_, (Option<String>, String, String, i64)>(
+        "SELECT from_status, to_status, reason, created_at FROM order_history WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut history = Vec::with_capacity(history_rows.len());
+    for (from, to, reason, at) in history_rows {
+        history.push(OrderHistoryEntry {
+            from: from
+                .as_deref()
+                .map(|from| parse_stored("order status", from, OrderStatus::parse))
+                .transpose()?,
+            to: parse_stored("order status", &to, OrderStatus::parse)?,
+            reason,
+            at: Timestamp::from_unix_milliseconds(at),
+        });
+    }
+    Ok(Some(Order {
+        id: id.clone(),
+        user: parse_stored("user id", &user, OrderUserId::parse)?,
+        status: parse_stored("order status", &status, OrderStatus::parse)?,
+        amount_minor,
+        currency: parse_stored("currency", &currency, Currency::parse)?,
+        expires_at: Timestamp::from_unix_milliseconds(expires_at),
+        version,
+        created_at: Timestamp::from_unix_milliseconds(created_at),
+        updated_at: Timestamp::from_unix_milliseconds(updated_at),
+        lines,
+        reservation,
+        attempt,
+        refund,
+        returned: returned.is_some(),
+        history,
+    }))
+}
