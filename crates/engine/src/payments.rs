@@ -202,6 +202,11 @@ impl Engine {
                 .await?;
             let attempt = match begun {
                 BeginPayment::Started(attempt) | BeginPayment::InProgress(attempt) => attempt,
+                BeginPayment::Settled(_) => {
+                    let settled = self.order(order).await?;
+                    let response = self.inner.renderer.order(&settled, false);
+                    return self.keep_answer(claim, response).await;
+                }
                 BeginPayment::NotFound => {
                     return self
                         .keep_refusal(claim, Rejection::new(domain::ErrorCode::NotFound, format!("order '{order}' does not exist")))

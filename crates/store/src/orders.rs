@@ -99,6 +99,9 @@ pub enum BeginPayment {
     Started(AttemptToCall),
     /// An attempt was already running: call about it again (same gateway key).
     InProgress(AttemptToCall),
+    /// The order's payment already has its outcome (paid, failed, refunded): a retry
+    /// of an interrupted `pay`, or a second caller, learns it.
+    Settled(OrderStatus),
     /// The order cannot be paid from its status.
     NotPayable(OrderStatus),
     /// The order's hold had ended; it is now `EXPIRED` and its stock back.

@@ -632,6 +632,10 @@ impl BackendStore {
             OrderStatus::PaymentProcessing => {
                 BeginPayment::InProgress(attempt_to_call(&mut transaction, order).await?)
             }
+            settled @ (OrderStatus::Paid
+            | OrderStatus::PaymentFailed
+            | OrderStatus::RefundPending
+            | OrderStatus::Refunded) => BeginPayment::Settled(settled),
             other => BeginPayment::NotPayable(other),
         };
         transaction.commit().await?;
