@@ -18,6 +18,7 @@ mirrored_tests!(
     overlapping_batches_on_one_shop_never_interleave,
     the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
     a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
+    a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
     returning_stock_never_puts_a_sku_back_on_the_shelf,
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
@@ -490,6 +491,50 @@ async fn a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf(backend: Ba
     assert_eq!(refused.status, 409);
     assert_eq!(refused.code().as_deref(), Some("off_shelf"));
     assert_eq!(app.counters("SHELVED").await, (4, 1));
+}
+
+/// The race a shelf change must win: a reservation that started while the change held
+/// the SKU's stock rows must read the status the change committed, not the one from
+/// before it began.
+async fn a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["RACED"]).await;
+    app.receive("RACED", 5).await;
+    // The shelf change's transaction: it holds the stock row (as `apply_shelf_change`
+    // does) while the reservation arrives.
+    let mut shelf_change = app.database.hold_stock_row_lock("RACED").await;
+    let reserving = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("raced", &[("RACED", 1)]).await })
+    };
+    if backend == Backend::Postgres {
+        let mut observer = app.database.raw_connection().await;
+        let waiting = "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                       AND query LIKE '%FOR UPDATE OF stock%'";
+        let mut blocked = false;
+        for _ in 0..10_000 {
+            if observer.execute(waiting).await == Ok(1) {
+                blocked = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(blocked, "the reservation never waited for the stock row");
+    }
+    shelf_change
+        .execute(
+            "UPDATE sku SET sale_status = 'OFF_SHELF', version = version + 1 WHERE code = 'RACED'",
+        )
+        .await
+        .expect("take the SKU off the shelf");
+    shelf_change.execute("COMMIT").await.expect("commit");
+    let refused = reserving.await.expect("reservation task");
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("off_shelf"));
+    assert_eq!(app.counters("RACED").await, (5, 0));
 }
 
 async fn returning_stock_never_puts_a_sku_back_on_the_shelf(backend: Backend) {

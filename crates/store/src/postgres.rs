@@ -224,6 +224,13 @@ mod bulk {
     /// Locks the rows in byte order of (sku, warehouse) — `COLLATE "C"`, the order the
     /// Rust code sorts in everywhere else — so every writer takes them in one order;
     /// reads their SKUs' sale status with them.
+    ///
+    /// The SKU rows are share-locked too (after the stock rows: a shelf change locks the
+    /// stock rows before it updates the SKU, so this order cannot deadlock with it). A
+    /// row that is only joined is read from the statement's snapshot even when the
+    /// statement had to wait for a lock: a reservation queued behind a shelf change
+    /// would see the status from before the change and sell an off-shelf SKU. A locked
+    /// row is re-read at its newest version once the lock is granted.
     pub async fn lock_stock_rows(
         transaction: &mut Tx,
         wanted: &[StockKey],
@@ -243,7 +250,7 @@ mod bulk {
              JOIN UNNEST($1::text[], $2::text[]) AS wanted (sku, warehouse) \
              ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
              JOIN sku ON sku.code = stock.sku \
-             ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock";
+             ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock FOR SHARE OF sku";
         let found = sqlx::query_as::<_, (String, String, i64, String)>(statement)
             .bind(skus)
             .bind(warehouses)
