@@ -222,6 +222,36 @@ impl TestDatabase {
         }
     }
 
+    /// Waits until another backend waits for a lock `holder` holds (PostgreSQL). On
+    /// SQLite writers queue inside the process, where there is nothing to observe:
+    /// returns at once.
+    pub async fn wait_until_blocked_by(&self, holder: &mut RawConnection) {
+        let RawConnection::Postgres(holder) = holder else {
+            return;
+        };
+        let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *holder)
+            .await
+            .expect("the holder's backend pid");
+        let mut observer = sqlx::PgConnection::connect(&self.url)
+            .await
+            .expect("observer connection");
+        for _ in 0..10_000 {
+            let blocked: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+            )
+            .bind(holder_pid)
+            .fetch_one(&mut observer)
+            .await
+            .expect("observe lock waits");
+            if blocked {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("nothing ever waited for the held lock");
+    }
+
     /// Holds the write lock on `sku`'s stock row in the default warehouse (SQLite: the
     /// whole database's write lock) until the returned connection runs `ROLLBACK`.
     pub async fn hold_stock_row_lock(&self, sku: &str) -> RawConnection {

@@ -509,20 +509,7 @@ async fn a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_she
         let app = app.clone();
         tokio::spawn(async move { app.reserve("raced", &[("RACED", 1)]).await })
     };
-    if backend == Backend::Postgres {
-        let mut observer = app.database.raw_connection().await;
-        let waiting = "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                       AND query LIKE '%FOR UPDATE OF stock%'";
-        let mut blocked = false;
-        for _ in 0..10_000 {
-            if observer.execute(waiting).await == Ok(1) {
-                blocked = true;
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        assert!(blocked, "the reservation never waited for the stock row");
-    }
+    app.database.wait_until_blocked_by(&mut shelf_change).await;
     shelf_change
         .execute(
             "UPDATE sku SET sale_status = 'OFF_SHELF', version = version + 1 WHERE code = 'RACED'",

@@ -11,6 +11,8 @@ mirrored_tests!(
     a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing,
     each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own,
     a_full_reservation_queue_answers_429_at_once_and_changes_nothing,
+    a_batch_that_fits_whole_is_written_in_one_round_trip_on_postgresql,
+    a_key_repeated_in_a_batch_after_its_answer_was_stored_replays_that_answer,
 );
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
@@ -88,7 +90,7 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
         request("b-sold-out", "f8", &[("A", 1), ("B", 1)], 8),
     ];
 
-    let outcomes = app
+    let applied = app
         .store
         .reserve_batch(
             &batch,
@@ -98,6 +100,9 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
         )
         .await
         .unwrap();
+    // Not every request fits: the batch is decided request by request.
+    assert_eq!(applied.path, store::BatchPath::Transaction);
+    let outcomes = applied.outcomes;
 
     let summary: Vec<_> = outcomes.iter().map(status_and_code).collect();
     assert_eq!(
@@ -126,6 +131,95 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
     assert_eq!(app.counters("A").await, (0, 3));
     assert_eq!(app.counters("B").await, (0, 1));
     assert_eq!(app.ledger_rows("A", "reserve").await, 2);
+    app.assert_audit_clean().await;
+}
+
+async fn reserve_batch(app: &TestApp, batch: &[ReserveRequest]) -> store::BatchApplied {
+    app.store
+        .reserve_batch(
+            batch,
+            acceptance::START,
+            api::renderer().as_ref(),
+            &mut store::LockTurn::free(),
+        )
+        .await
+        .unwrap()
+}
+
+async fn a_batch_that_fits_whole_is_written_in_one_round_trip_on_postgresql(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("A", 10).await;
+    app.stocked_sku("B", 3).await;
+    let batch = vec![
+        request("one", "f1", &[("A", 2)], 1),
+        request("two", "f2", &[("A", 3), ("B", 3)], 2),
+        request("three", "f3", &[("A", 5)], 3),
+        request("one", "f1", &[("A", 2)], 4),
+    ];
+
+    let applied = reserve_batch(&app, &batch).await;
+
+    let expected_path = match backend {
+        Backend::Postgres => store::BatchPath::OneRoundTrip,
+        Backend::Sqlite => store::BatchPath::Transaction,
+    };
+    assert_eq!(applied.path, expected_path);
+    let summary: Vec<_> = applied.outcomes.iter().map(status_and_code).collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("executed", 201, None),
+            ("executed", 201, None),
+            ("executed", 201, None),
+            ("replayed", 201, None),
+        ]
+    );
+    assert_eq!(app.counters("A").await, (0, 10));
+    assert_eq!(app.counters("B").await, (0, 3));
+    assert_eq!(app.ledger_rows("A", "reserve").await, 3);
+    assert_eq!(app.ledger_rows("B", "reserve").await, 1);
+    app.assert_audit_clean().await;
+
+    // The same requests again: every key has its record now, so the batch replays
+    // (on PostgreSQL the fast path sees the keys and leaves the batch to the
+    // transaction, which replays them).
+    let again = reserve_batch(&app, &batch[..3]).await;
+
+    assert_eq!(again.path, store::BatchPath::Transaction);
+    for (first, replay) in applied.outcomes.iter().zip(&again.outcomes) {
+        let Idempotent::Executed(first) = first else {
+            unreachable!()
+        };
+        assert_eq!(replay, &Idempotent::Replayed(first.clone()));
+    }
+    assert_eq!(app.counters("A").await, (0, 10));
+    assert_eq!(app.ledger_rows("A", "reserve").await, 3);
+}
+
+async fn a_key_repeated_in_a_batch_after_its_answer_was_stored_replays_that_answer(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("A", 5).await;
+    let stored = reserve_batch(&app, &[request("kept", "f1", &[("A", 1)], 1)]).await;
+    let Idempotent::Executed(stored) = &stored.outcomes[0] else {
+        panic!("the first request runs: {stored:?}")
+    };
+
+    let batch = vec![
+        request("kept", "f1", &[("A", 1)], 2),
+        request("kept", "f1", &[("A", 1)], 3),
+        request("fresh", "f2", &[("A", 1)], 4),
+    ];
+    let applied = reserve_batch(&app, &batch).await;
+
+    assert_eq!(applied.outcomes[0], Idempotent::Replayed(stored.clone()));
+    assert_eq!(applied.outcomes[1], Idempotent::Replayed(stored.clone()));
+    assert_eq!(
+        status_and_code(&applied.outcomes[2]),
+        ("executed", 201, None)
+    );
+    assert_eq!(app.counters("A").await, (3, 2));
     app.assert_audit_clean().await;
 }
 
@@ -233,5 +327,66 @@ mod postgres_only {
         assert_eq!(first.counters("CONTESTED").await, (0, 50));
         assert_eq!(first.ledger_rows("CONTESTED", "reserve").await, 50);
         first.assert_audit_clean().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_whose_stock_is_taken_while_it_waits_for_the_row_is_decided_request_by_request()
+    {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let app = TestApp::spawn(Backend::Postgres).await;
+        app.stocked_sku("RACED", 3).await;
+        // Another writer holds the row; the batch fits the stock it saw, inserts its
+        // rows, and waits for the row.
+        let mut other_writer = app.database.hold_stock_row_lock("RACED").await;
+        let batch = vec![
+            request("two", "f1", &[("RACED", 2)], 1),
+            request("one", "f2", &[("RACED", 1)], 2),
+        ];
+        let reserving = tokio::spawn({
+            let app = app.clone();
+            async move { reserve_batch(&app, &batch).await }
+        });
+        app.database.wait_until_blocked_by(&mut other_writer).await;
+        // The other writer takes two units (with its ledger row) and commits.
+        other_writer
+            .execute("UPDATE stock SET available = available - 2, version = version + 1 WHERE sku = 'RACED'")
+            .await
+            .unwrap();
+        other_writer
+            .execute(
+                "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, created_at) \
+                 VALUES ('RACED', 'default', 'adjust', -2, 0, 'other-writer', 0)",
+            )
+            .await
+            .unwrap();
+        other_writer.execute("COMMIT").await.unwrap();
+
+        let applied = reserving.await.unwrap();
+
+        // The whole batch no longer fits: its rows are rolled back and each request is
+        // decided on what is left, in order.
+        assert_eq!(applied.path, store::BatchPath::Transaction);
+        let summary: Vec<_> = applied.outcomes.iter().map(status_and_code).collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("executed", 409, Some("insufficient_stock".to_owned())),
+                ("executed", 201, None),
+            ]
+        );
+        assert_eq!(app.counters("RACED").await, (0, 1));
+        assert_eq!(app.ledger_rows("RACED", "reserve").await, 1);
+        let mut connection = app.database.raw_connection().await;
+        assert_eq!(
+            connection
+                .execute("SELECT id FROM reservation")
+                .await
+                .unwrap(),
+            1,
+            "the fast path's rows were rolled back"
+        );
+        app.assert_audit_clean().await;
     }
 }

@@ -63,6 +63,31 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         text.contains("stockd_combiner_wait_seconds_bucket"),
         "{text}"
     );
+    // The sold-out answer needed the batch transaction; on PostgreSQL the sale before
+    // it fitted whole and took the one-round-trip path.
+    let (transactions, one_round_trips) = match backend {
+        Backend::Sqlite => (2, 0),
+        Backend::Postgres => (1, 1),
+    };
+    assert!(
+        text.contains(&format!(
+            r#"stockd_combiner_batches_total{{path="transaction"}} {transactions}"#
+        )),
+        "batches are counted by the path they took:\n{text}"
+    );
+    assert_eq!(
+        text.contains(r#"stockd_combiner_batches_total{path="one_round_trip"}"#),
+        one_round_trips > 0,
+        "{text}"
+    );
+    if one_round_trips > 0 {
+        assert!(
+            text.contains(&format!(
+                r#"stockd_combiner_batches_total{{path="one_round_trip"}} {one_round_trips}"#
+            )),
+            "{text}"
+        );
+    }
 }
 
 async fn the_audit_reports_a_counter_changed_behind_the_ledgers_back(backend: Backend) {

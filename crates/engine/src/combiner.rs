@@ -198,7 +198,11 @@ async fn execute(
     // Whatever happened, the next batch may lock now.
     turn.into_inner().pass();
     match batch {
-        Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+        Ok(applied) => {
+            metrics::counter!("stockd_combiner_batches_total", "path" => applied.path.as_str())
+                .increment(1);
+            applied.outcomes.into_iter().map(Ok).collect()
+        }
         // One key of the batch is held by another process's open transaction (only
         // possible across processes). Run the requests one by one so only that one
         // waits and answers `request_in_progress`.
@@ -214,8 +218,8 @@ async fn execute(
                         .await
                 })
                 .await
-                .and_then(|mut outcome| {
-                    outcome.pop().ok_or_else(|| {
+                .and_then(|mut applied| {
+                    applied.outcomes.pop().ok_or_else(|| {
                         StoreError::Invariant("a batch of one returned nothing".into())
                     })
                 });

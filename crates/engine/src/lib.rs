@@ -91,10 +91,10 @@ impl Engine {
             config.combiner_shards = 1;
         }
         if config.combiner_batches_in_flight == 0 {
-            config.combiner_batches_in_flight = match store {
-                Store::Sqlite(_) => 1,
-                Store::Postgres(_) => 2,
-            };
+            // Measured on two cores (docs/BENCHMARKS.md): one batch at a time makes
+            // the batches larger, and on PostgreSQL a batch that fits is one round
+            // trip, so there is little to overlap; two in flight were 13 % slower.
+            config.combiner_batches_in_flight = 1;
         }
         let combiner = Combiner::start(
             store.clone(),

@@ -266,7 +266,7 @@ struct CombinerArguments {
     /// Reservation queues, each batched on its own (a request goes to its first SKU's); 0 = one.
     #[arg(long, env = "STOCKD_COMBINER_SHARDS", default_value_t = 0)]
     combiner_shards: usize,
-    /// Batches of one queue in flight at once; 0 = one on SQLite, two on PostgreSQL.
+    /// Batches of one queue in flight at once; 0 = one.
     #[arg(long, env = "STOCKD_COMBINER_BATCHES_IN_FLIGHT", default_value_t = 0)]
     combiner_batches_in_flight: usize,
     /// Most reservations in one batch (one transaction).

@@ -170,7 +170,7 @@ impl Store {
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
         turn: &mut LockTurn,
-    ) -> Result<Vec<Idempotent>, StoreError> {
+    ) -> Result<BatchApplied, StoreError> {
         dispatch!(self, store => store.reserve_batch(requests, now, renderer, turn).await)
     }
 

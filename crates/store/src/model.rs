@@ -36,6 +36,32 @@ pub enum Idempotent {
     KeyReused,
 }
 
+/// How a reservation batch reached the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchPath {
+    /// PostgreSQL's whole-batch fast path: one statement, committed with it.
+    OneRoundTrip,
+    /// The batch transaction: keys looked up, rows locked, each request decided.
+    Transaction,
+}
+
+impl BatchPath {
+    /// The metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BatchPath::OneRoundTrip => "one_round_trip",
+            BatchPath::Transaction => "transaction",
+        }
+    }
+}
+
+/// A reservation batch's outcomes, one per request in order, and how it was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchApplied {
+    pub outcomes: Vec<Idempotent>,
+    pub path: BatchPath,
+}
+
 /// A business refusal. Stored and replayed like a success: the first result wins.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {

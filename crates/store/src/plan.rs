@@ -48,6 +48,25 @@ pub fn plan_batch<'a>(
     BatchPlan { decisions, totals }
 }
 
+/// What the batch would take from each row if every request were accepted: the sum of
+/// its lines per (sku, warehouse).
+///
+/// When every row holds at least its total and every SKU is on sale, [`plan_batch`]
+/// accepts every request with exactly these totals (each request fits in what the ones
+/// before it left, since what is left covers all the requests still to come). That is
+/// what lets the whole-batch fast path check totals instead of deciding per request.
+pub fn totals_if_all_accepted<'a>(
+    requests: impl IntoIterator<Item = &'a [ReservationLine]>,
+) -> BTreeMap<StockKey, i64> {
+    let mut totals: BTreeMap<StockKey, i64> = BTreeMap::new();
+    for line in requests.into_iter().flatten() {
+        *totals
+            .entry((line.sku.clone(), line.warehouse.clone()))
+            .or_insert(0) += line.quantity.get();
+    }
+    totals
+}
+
 fn check_request(
     lines: &[ReservationLine],
     sale_statuses: &HashMap<SkuCode, SaleStatus>,
@@ -170,6 +189,38 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_whose_rows_hold_its_totals_is_accepted_whole_with_those_totals() {
+        let requests = [
+            vec![line("A", 2), line("B", 1)],
+            vec![line("A", 3)],
+            vec![line("B", 4), line("C", 1)],
+            vec![line("A", 1)],
+        ];
+        let totals = totals_if_all_accepted(requests.iter().map(Vec::as_slice));
+        assert_eq!(
+            totals,
+            BTreeMap::from([(key("A"), 6), (key("B"), 5), (key("C"), 1)])
+        );
+        // Exactly the totals available: every request fits, in any order.
+        let plan = plan_batch(
+            requests.iter().map(Vec::as_slice),
+            &on_shelf(&["A", "B", "C"]),
+            &totals,
+        );
+        assert!(plan.decisions.iter().all(Result::is_ok));
+        assert_eq!(plan.totals, totals);
+        // One unit short on one row: not every request fits any more.
+        let mut short = totals.clone();
+        short.insert(key("B"), 4);
+        let plan = plan_batch(
+            requests.iter().map(Vec::as_slice),
+            &on_shelf(&["A", "B", "C"]),
+            &short,
+        );
+        assert!(plan.decisions.iter().any(Result::is_err));
+    }
+
+    #[test]
     fn a_row_that_does_not_exist_has_nothing_available() {
         let requests = [vec![line("A", 1)]];
         let plan = plan_batch(
@@ -182,6 +233,15 @@ mod tests {
             ErrorCode::InsufficientStock
         );
     }
+}
+
+/// What the whole-batch fast path did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WholeBatch {
+    /// Every request was accepted, written and committed.
+    Applied,
+    /// Nothing was written: the batch needs deciding request by request.
+    NotApplied,
 }
 
 /// What writing a decided batch changed, for the caller to check.

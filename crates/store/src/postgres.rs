@@ -113,6 +113,11 @@ mod dialect {
             "orders",
             include_str!("../migrations/postgres/0005_orders.sql"),
         ),
+        (
+            6,
+            "reservation_batch_functions",
+            include_str!("../migrations/postgres/0006_reservation_batch_functions.sql"),
+        ),
     ];
 }
 
@@ -193,10 +198,14 @@ mod bulk {
     use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
     use sqlx::Row;
 
+    use sqlx::Arguments;
+    use sqlx::error::BoxDynError;
+    use sqlx::postgres::PgArguments;
+
     use super::{Tx, corrupt};
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
-    use crate::plan::{BatchWritten, StockKey};
+    use crate::plan::{BatchWritten, StockKey, WholeBatch};
 
     pub async fn existing_records(
         transaction: &mut Tx,
@@ -302,11 +311,127 @@ mod bulk {
         Ok(statuses)
     }
 
+    /// A batch's rows as the columns the server-side functions take (migration 0006):
+    /// one array per column, read there with `UNNEST`.
+    struct BatchColumns {
+        total_skus: Vec<String>,
+        total_warehouses: Vec<String>,
+        total_quantities: Vec<i64>,
+        reservation_ids: Vec<String>,
+        reservation_expiries: Vec<i64>,
+        reservation_keys: Vec<String>,
+        line_reservations: Vec<String>,
+        line_numbers: Vec<i64>,
+        line_skus: Vec<String>,
+        line_warehouses: Vec<String>,
+        line_quantities: Vec<i64>,
+        line_keys: Vec<String>,
+        record_keys: Vec<String>,
+        record_fingerprints: Vec<String>,
+        record_statuses: Vec<i64>,
+        record_bodies: Vec<String>,
+    }
+
+    impl BatchColumns {
+        /// Idempotency records go in key order, so two processes inserting
+        /// overlapping keys wait for each other instead of deadlocking.
+        fn new(
+            totals: &BTreeMap<StockKey, i64>,
+            accepted: &[&ReserveRequest],
+            records: &[(&IdempotencyClaim, &StoredResponse)],
+        ) -> BatchColumns {
+            let mut columns = BatchColumns {
+                total_skus: Vec::with_capacity(totals.len()),
+                total_warehouses: Vec::with_capacity(totals.len()),
+                total_quantities: Vec::with_capacity(totals.len()),
+                reservation_ids: Vec::with_capacity(accepted.len()),
+                reservation_expiries: Vec::with_capacity(accepted.len()),
+                reservation_keys: Vec::with_capacity(accepted.len()),
+                line_reservations: Vec::new(),
+                line_numbers: Vec::new(),
+                line_skus: Vec::new(),
+                line_warehouses: Vec::new(),
+                line_quantities: Vec::new(),
+                line_keys: Vec::new(),
+                record_keys: Vec::with_capacity(records.len()),
+                record_fingerprints: Vec::with_capacity(records.len()),
+                record_statuses: Vec::with_capacity(records.len()),
+                record_bodies: Vec::with_capacity(records.len()),
+            };
+            for ((sku, warehouse), quantity) in totals {
+                columns.total_skus.push(sku.as_str().to_owned());
+                columns.total_warehouses.push(warehouse.as_str().to_owned());
+                columns.total_quantities.push(*quantity);
+            }
+            for request in accepted {
+                columns.reservation_ids.push(request.id.as_str().to_owned());
+                columns
+                    .reservation_expiries
+                    .push(request.expires_at.unix_milliseconds());
+                columns
+                    .reservation_keys
+                    .push(request.claim.key.as_str().to_owned());
+                for (line_number, line) in request.lines.iter().enumerate() {
+                    columns
+                        .line_reservations
+                        .push(request.id.as_str().to_owned());
+                    columns
+                        .line_numbers
+                        .push(i64::try_from(line_number).unwrap_or(i64::MAX));
+                    columns.line_skus.push(line.sku.as_str().to_owned());
+                    columns
+                        .line_warehouses
+                        .push(line.warehouse.as_str().to_owned());
+                    columns.line_quantities.push(line.quantity.get());
+                    columns
+                        .line_keys
+                        .push(request.claim.key.as_str().to_owned());
+                }
+            }
+            let mut sorted_records: Vec<&(&IdempotencyClaim, &StoredResponse)> =
+                records.iter().collect();
+            sorted_records.sort_by(|left, right| left.0.key.as_str().cmp(right.0.key.as_str()));
+            for (claim, response) in sorted_records {
+                columns.record_keys.push(claim.key.as_str().to_owned());
+                columns.record_fingerprints.push(claim.fingerprint.clone());
+                columns.record_statuses.push(i64::from(response.status));
+                columns.record_bodies.push(response.body.clone());
+            }
+            columns
+        }
+
+        /// The functions' arguments: `leading` ones first, then the columns in the
+        /// functions' parameter order.
+        fn into_arguments(
+            self,
+            leading: impl FnOnce(&mut PgArguments) -> Result<(), BoxDynError>,
+        ) -> Result<PgArguments, StoreError> {
+            let mut arguments = PgArguments::default();
+            let added = leading(&mut arguments)
+                .and_then(|()| arguments.add(self.total_skus))
+                .and_then(|()| arguments.add(self.total_warehouses))
+                .and_then(|()| arguments.add(self.total_quantities))
+                .and_then(|()| arguments.add(self.reservation_ids))
+                .and_then(|()| arguments.add(self.reservation_expiries))
+                .and_then(|()| arguments.add(self.reservation_keys))
+                .and_then(|()| arguments.add(self.line_reservations))
+                .and_then(|()| arguments.add(self.line_numbers))
+                .and_then(|()| arguments.add(self.line_skus))
+                .and_then(|()| arguments.add(self.line_warehouses))
+                .and_then(|()| arguments.add(self.line_quantities))
+                .and_then(|()| arguments.add(self.line_keys))
+                .and_then(|()| arguments.add(self.record_keys))
+                .and_then(|()| arguments.add(self.record_fingerprints))
+                .and_then(|()| arguments.add(self.record_statuses))
+                .and_then(|()| arguments.add(self.record_bodies));
+            added.map_err(|error| corrupt("batch arguments", error))?;
+            Ok(arguments)
+        }
+    }
+
     /// Writes a decided batch in one statement (one round trip): the conditional
     /// updates of the stock rows, the reservations, their lines and ledger rows, and
-    /// the idempotency records, as data-modifying common table expressions.
-    /// Idempotency records go in key order, so two processes inserting overlapping
-    /// keys wait for each other instead of deadlocking.
+    /// the idempotency records (`stockd_write_reservation_batch`, migration 0006).
     pub async fn write_batch(
         transaction: &mut Tx,
         totals: &BTreeMap<StockKey, i64>,
@@ -314,110 +439,14 @@ mod bulk {
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        let total_skus: Vec<String> = totals
-            .keys()
-            .map(|(sku, _)| sku.as_str().to_owned())
-            .collect();
-        let total_warehouses: Vec<String> = totals
-            .keys()
-            .map(|(_, warehouse)| warehouse.as_str().to_owned())
-            .collect();
-        let total_quantities: Vec<i64> = totals.values().copied().collect();
-
-        let reservation_ids: Vec<String> = accepted
-            .iter()
-            .map(|request| request.id.as_str().to_owned())
-            .collect();
-        let reservation_expiries: Vec<i64> = accepted
-            .iter()
-            .map(|request| request.expires_at.unix_milliseconds())
-            .collect();
-        let reservation_keys: Vec<String> = accepted
-            .iter()
-            .map(|request| request.claim.key.as_str().to_owned())
-            .collect();
-
-        let mut line_reservations = Vec::new();
-        let mut line_numbers = Vec::new();
-        let mut line_skus = Vec::new();
-        let mut line_warehouses = Vec::new();
-        let mut line_quantities = Vec::new();
-        let mut line_keys = Vec::new();
-        for request in accepted {
-            for (line_number, line) in request.lines.iter().enumerate() {
-                line_reservations.push(request.id.as_str().to_owned());
-                line_numbers.push(i64::try_from(line_number).unwrap_or(i64::MAX));
-                line_skus.push(line.sku.as_str().to_owned());
-                line_warehouses.push(line.warehouse.as_str().to_owned());
-                line_quantities.push(line.quantity.get());
-                line_keys.push(request.claim.key.as_str().to_owned());
-            }
-        }
-
-        let mut sorted_records: Vec<&(&IdempotencyClaim, &StoredResponse)> =
-            records.iter().collect();
-        sorted_records.sort_by(|left, right| left.0.key.as_str().cmp(right.0.key.as_str()));
-        let record_keys: Vec<String> = sorted_records
-            .iter()
-            .map(|(claim, _)| claim.key.as_str().to_owned())
-            .collect();
-        let record_fingerprints: Vec<String> = sorted_records
-            .iter()
-            .map(|(claim, _)| claim.fingerprint.clone())
-            .collect();
-        let record_statuses: Vec<i64> = sorted_records
-            .iter()
-            .map(|(_, response)| i64::from(response.status))
-            .collect();
-        let record_bodies: Vec<String> = sorted_records
-            .iter()
-            .map(|(_, response)| response.body.clone())
-            .collect();
-
-        let (rows_taken, records_stored): (i64, i64) = sqlx::query_as(
-            "WITH taken AS ( \
-                 UPDATE stock SET available = stock.available - batch.total, \
-                 reserved = stock.reserved + batch.total, version = stock.version + 1, updated_at = $1 \
-                 FROM UNNEST($2::text[], $3::text[], $4::bigint[]) AS batch (sku, warehouse, total) \
-                 WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse \
-                 AND stock.available >= batch.total RETURNING 1), \
-             reservations AS ( \
-                 INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
-                 SELECT id, 'RESERVED', NULL, expires_at, key, $1, $1 \
-                 FROM UNNEST($5::text[], $6::bigint[], $7::text[]) AS batch (id, expires_at, key) RETURNING 1), \
-             lines AS ( \
-                 INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-                 SELECT * FROM UNNEST($8::text[], $9::bigint[], $10::text[], $11::text[], $12::bigint[]) RETURNING 1), \
-             ledger AS ( \
-                 INSERT INTO stock_ledger \
-                 (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
-                 SELECT sku, warehouse, 'reserve', -quantity, quantity, reference, key, $1 \
-                 FROM UNNEST($10::text[], $11::text[], $12::bigint[], $8::text[], $13::text[]) \
-                 AS batch (sku, warehouse, quantity, reference, key) RETURNING 1), \
-             records AS ( \
-                 INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-                 SELECT key, fingerprint, status, body, $1 \
-                 FROM UNNEST($14::text[], $15::text[], $16::bigint[], $17::text[]) AS batch (key, fingerprint, status, body) \
-                 ON CONFLICT (key) DO NOTHING RETURNING 1) \
-             SELECT (SELECT COUNT(*) FROM taken), (SELECT COUNT(*) FROM records)",
+        let arguments = BatchColumns::new(totals, accepted, records)
+            .into_arguments(|arguments| arguments.add(now.unix_milliseconds()))?;
+        let (rows_taken, records_stored): (i64, i64) = sqlx::query_as_with(
+            "SELECT written.rows_taken, written.records_stored \
+             FROM stockd_write_reservation_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+             $11, $12, $13, $14, $15, $16, $17) AS written",
+            arguments,
         )
-        .bind(now.unix_milliseconds())
-        .bind(total_skus)
-        .bind(total_warehouses)
-        .bind(total_quantities)
-        .bind(reservation_ids)
-        .bind(reservation_expiries)
-        .bind(reservation_keys)
-        .bind(line_reservations)
-        .bind(line_numbers)
-        .bind(line_skus)
-        .bind(line_warehouses)
-        .bind(line_quantities)
-        .bind(line_keys)
-        .bind(record_keys)
-        .bind(record_fingerprints)
-        .bind(record_statuses)
-        .bind(record_bodies)
         .fetch_one(&mut **transaction)
         .await
         .map_err(|error| match StoreError::from(error) {
@@ -429,5 +458,74 @@ mod bulk {
             rows_taken: u64::try_from(rows_taken).unwrap_or(0),
             records_stored: u64::try_from(records_stored).unwrap_or(0),
         })
+    }
+
+    /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
+    /// transaction (begin, key lookup, lock, write, commit) on the hot row.
+    pub const WHOLE_BATCH_FAST_PATH: bool = true;
+
+    /// SQLSTATEs raised by `stockd_reserve_whole_batch` (migration 0006).
+    const KEY_COMMITTED_MEANWHILE: &str = "SK001";
+    const TOTALS_CHANGED_UNDER_LOCK: &str = "SK002";
+    const NO_LONGER_FITS: &str = "SK003";
+
+    /// The hot path's one round trip: outside any transaction, `stockd_reserve_whole_batch`
+    /// looks up the keys, locks the rows in the usual order, and when every request
+    /// fits writes the batch and commits with the statement (`synchronous_commit` is
+    /// on, so the answer comes after the flush). Anything else — a key seen before, a
+    /// row short of stock, an off-shelf SKU, a lock wait that timed out, a key another
+    /// process committed meanwhile — writes nothing, and the caller decides the batch
+    /// request by request in its own transaction.
+    pub async fn reserve_whole_batch(
+        pool: &sqlx::PgPool,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[&ReserveRequest],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<WholeBatch, StoreError> {
+        let sellable: Vec<String> = SaleStatus::ALL
+            .into_iter()
+            .filter(|status| status.is_sellable())
+            .map(|status| status.as_str().to_owned())
+            .collect();
+        let now = now.unix_milliseconds();
+        let arguments =
+            BatchColumns::new(totals, accepted, records).into_arguments(|arguments| {
+                arguments.add(sellable)?;
+                arguments.add(now)
+            })?;
+        let answer: Result<String, sqlx::Error> = sqlx::query_scalar_with(
+            "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+             $11, $12, $13, $14, $15, $16, $17, $18)",
+            arguments,
+        )
+        .fetch_one(pool)
+        .await;
+        match answer {
+            Ok(answer) if answer == "applied" => Ok(WholeBatch::Applied),
+            Ok(answer) if answer == "replay" || answer == "does_not_fit" => {
+                Ok(WholeBatch::NotApplied)
+            }
+            Ok(answer) => Err(corrupt("whole batch answer", answer)),
+            Err(sqlx::Error::Database(error))
+                if matches!(
+                    error.code().as_deref(),
+                    Some(KEY_COMMITTED_MEANWHILE | NO_LONGER_FITS)
+                ) =>
+            {
+                Ok(WholeBatch::NotApplied)
+            }
+            Err(sqlx::Error::Database(error))
+                if error.code().as_deref() == Some(TOTALS_CHANGED_UNDER_LOCK) =>
+            {
+                Err(StoreError::Invariant(error.message().to_owned()))
+            }
+            Err(error) => match StoreError::from(error) {
+                // A stock row or a key held longer than `lock_timeout`: the batch
+                // transaction tells which, and answers accordingly.
+                StoreError::LockTimeout(_) => Ok(WholeBatch::NotApplied),
+                other => Err(other),
+            },
+        }
     }
 }

@@ -24,11 +24,12 @@ use sqlx::Row;
 
 use crate::error::StoreError;
 use crate::model::{
-    AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, ExpiryOutcome, IdempotencyClaim,
-    Idempotent, LockTurn, MovementRecord, Rejection, ReservationAction, ReservationGauges,
-    ReserveRequest, ResponseRenderer, SkuChanges, StockMovement, StoredResponse,
+    AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, BatchApplied, BatchPath,
+    ExpiryOutcome, IdempotencyClaim, Idempotent, LockTurn, MovementRecord, Rejection,
+    ReservationAction, ReservationGauges, ReserveRequest, ResponseRenderer, SkuChanges,
+    StockMovement, StoredResponse,
 };
-use crate::plan::{StockKey, plan_batch};
+use crate::plan::{StockKey, WholeBatch, plan_batch, totals_if_all_accepted};
 
 type Tx = sqlx::Transaction<'static, Db>;
 type DbConnection = <Db as sqlx::Database>::Connection;
@@ -357,6 +358,42 @@ async fn settle_line(
     .await
 }
 
+/// Where a request of a reservation batch stands.
+enum BatchSlot {
+    /// Answered without deciding: a replayed or reused key.
+    Decided(Idempotent),
+    /// The same key and body as the earlier request at this index: its answer.
+    SameAs(usize),
+    /// The first request of its key: decided by this batch.
+    Claimed,
+}
+
+/// One outcome per request, in order, from the slots and the claimed requests' responses.
+/// A repeated key gets its first request's outcome: the same replay or refusal, or, when
+/// the first one ran now, a replay of its response.
+fn batch_outcomes(
+    slots: Vec<BatchSlot>,
+    responses: &[Option<StoredResponse>],
+) -> Result<Vec<Idempotent>, StoreError> {
+    let mut outcomes: Vec<Idempotent> = Vec::with_capacity(slots.len());
+    for (index, slot) in slots.into_iter().enumerate() {
+        let outcome = match slot {
+            BatchSlot::Decided(outcome) => outcome,
+            BatchSlot::Claimed => responses[index]
+                .clone()
+                .map(Idempotent::Executed)
+                .ok_or_else(|| invariant("a claimed request has no response"))?,
+            BatchSlot::SameAs(first) => match outcomes.get(first) {
+                Some(Idempotent::Executed(response)) => Idempotent::Replayed(response.clone()),
+                Some(earlier) => earlier.clone(),
+                None => return Err(invariant("a repeated key before its first request")),
+            },
+        };
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
 impl BackendStore {
     /// Applies every migration this binary knows and the database lacks, each in its
     /// own transaction, serialized across processes.
@@ -606,42 +643,100 @@ impl BackendStore {
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
         turn: &mut LockTurn,
-    ) -> Result<Vec<Idempotent>, StoreError> {
-        let mut transaction = self.begin_write().await?;
-
-        // 1. Look up every distinct key. A key repeated inside the batch is answered
-        //    with its first request's response; a key with a committed record is
-        //    replayed (or refused as reused when its fingerprint differs). The new keys'
-        //    records are inserted with their responses below, in this transaction; a
-        //    key another process commits meanwhile makes that insert come up short,
-        //    and the batch is rolled back and retried (then it replays).
-        enum Slot {
-            Decided(Idempotent),
-            SameAs(usize),
-            Claimed,
-        }
+    ) -> Result<BatchApplied, StoreError> {
+        // 1. A key repeated inside the batch is answered with its first request's
+        //    response (or refused as reused when its fingerprint differs); only the
+        //    first request of each key is decided.
         let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
         let mut slots = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
             let key = request.claim.key.as_str();
             match first_of_key.get(key) {
                 Some(first) if requests[*first].claim.fingerprint == request.claim.fingerprint => {
-                    slots.push(Slot::SameAs(*first));
+                    slots.push(BatchSlot::SameAs(*first));
                 }
-                Some(_) => slots.push(Slot::Decided(Idempotent::KeyReused)),
+                Some(_) => slots.push(BatchSlot::Decided(Idempotent::KeyReused)),
                 None => {
                     first_of_key.insert(key, index);
-                    slots.push(Slot::Claimed);
+                    slots.push(BatchSlot::Claimed);
                 }
             }
         }
+
+        // Render the success answers before taking any lock: almost every request gets
+        // one, and rendering under a row lock would lengthen every batch's hold.
+        let mut responses: Vec<Option<StoredResponse>> = requests
+            .iter()
+            .zip(&slots)
+            .map(|(request, slot)| {
+                matches!(slot, BatchSlot::Claimed).then(|| {
+                    let reservation = Reservation {
+                        id: request.id.clone(),
+                        status: ReservationStatus::Reserved,
+                        release_reason: None,
+                        expires_at: request.expires_at,
+                        created_at: now,
+                        updated_at: now,
+                        lines: request.lines.clone(),
+                    };
+                    renderer.reservation_created(&reservation, request.checkout.as_ref())
+                })
+            })
+            .collect();
+
+        // 2. The fast path (PostgreSQL): one round trip that writes and commits the
+        //    whole batch when every request fits, which is nearly always on a hot SKU
+        //    with stock left. It writes nothing otherwise, and the batch is decided
+        //    below. It does not wait for the turn: it takes the row last and holds it
+        //    only for the update and the commit. (With more than one batch in flight,
+        //    a later batch may so take the last units before an earlier one: both
+        //    batches' requests are in flight at once, and each gets an answer
+        //    consistent with the row.)
+        if bulk::WHOLE_BATCH_FAST_PATH {
+            let claimed: Vec<&ReserveRequest> = requests
+                .iter()
+                .zip(&slots)
+                .filter_map(|(request, slot)| matches!(slot, BatchSlot::Claimed).then_some(request))
+                .collect();
+            let records: Vec<(&IdempotencyClaim, &StoredResponse)> = requests
+                .iter()
+                .zip(&responses)
+                .filter_map(|(request, response)| {
+                    response.as_ref().map(|response| (&request.claim, response))
+                })
+                .collect();
+            let totals =
+                totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
+            let whole =
+                bulk::reserve_whole_batch(self.write_pool(), &totals, &claimed, &records, now)
+                    .await?;
+            if whole == WholeBatch::Applied {
+                turn.pass();
+                return Ok(BatchApplied {
+                    outcomes: batch_outcomes(slots, &responses)?,
+                    path: BatchPath::OneRoundTrip,
+                });
+            }
+        }
+
+        // 3. The batch transaction. A key with a committed record is replayed (or
+        //    refused as reused when its fingerprint differs). The new keys' records
+        //    are inserted with their responses below, in this transaction; a key
+        //    another process commits meanwhile makes that insert come up short, and
+        //    the batch is rolled back and retried (then it replays).
+        //
+        //    The turn is taken before the transaction begins: on SQLite the one write
+        //    connection is the lock, and a batch that took it while waiting for the
+        //    previous batch's turn would deadlock with that batch.
+        turn.wait().await;
+        let mut transaction = self.begin_write().await?;
         let keys: Vec<&str> = first_of_key.keys().copied().collect();
         let existing = bulk::existing_records(&mut transaction, &keys).await?;
         for (index, request) in requests.iter().enumerate() {
-            if let (Slot::Claimed, Some((fingerprint, response))) =
+            if let (BatchSlot::Claimed, Some((fingerprint, response))) =
                 (&slots[index], existing.get(request.claim.key.as_str()))
             {
-                slots[index] = Slot::Decided(resolve_existing(
+                slots[index] = BatchSlot::Decided(resolve_existing(
                     &request.claim,
                     fingerprint,
                     response.clone(),
@@ -651,29 +746,10 @@ impl BackendStore {
         let claimed: Vec<usize> = slots
             .iter()
             .enumerate()
-            .filter_map(|(index, slot)| matches!(slot, Slot::Claimed).then_some(index))
+            .filter_map(|(index, slot)| matches!(slot, BatchSlot::Claimed).then_some(index))
             .collect();
 
-        // Render the success answers before taking any lock: almost every request gets
-        // one, and rendering under a row lock would lengthen every batch's hold.
-        let mut created_responses: Vec<StoredResponse> = claimed
-            .iter()
-            .map(|index| {
-                let request = &requests[*index];
-                let reservation = Reservation {
-                    id: request.id.clone(),
-                    status: ReservationStatus::Reserved,
-                    release_reason: None,
-                    expires_at: request.expires_at,
-                    created_at: now,
-                    updated_at: now,
-                    lines: request.lines.clone(),
-                };
-                renderer.reservation_created(&reservation, request.checkout.as_ref())
-            })
-            .collect();
-
-        // 2. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
+        // 4. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
         //    reading their SKUs' sale status with them. A shelf change locks the same
         //    rows first, so it cannot slip between this read and the commit.
         let mut wanted_rows: Vec<StockKey> = claimed
@@ -683,7 +759,6 @@ impl BackendStore {
             .collect();
         wanted_rows.sort();
         wanted_rows.dedup();
-        turn.wait().await;
         let locked = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await;
         turn.pass();
         let (available, mut sale_statuses) = locked?;
@@ -699,7 +774,7 @@ impl BackendStore {
             sale_statuses.extend(bulk::sale_statuses(&mut transaction, &unlisted).await?);
         }
 
-        // 3. Decide every claimed request in memory, in arrival order.
+        // 5. Decide every claimed request in memory, in arrival order.
         let plan = plan_batch(
             claimed
                 .iter()
@@ -708,31 +783,16 @@ impl BackendStore {
             &available,
         );
 
-        // 4. Write the whole batch: each row's total taken with one conditional update
+        // 6. Write the whole batch: each row's total taken with one conditional update
         //    (the rows are locked, so every condition holds; it stays as the oversell
         //    boundary anyway), the accepted reservations with their lines and ledger
         //    rows, and the idempotency records with their responses.
         let mut accepted = Vec::new();
-        let mut responses: Vec<Option<StoredResponse>> = vec![None; requests.len()];
-        for ((index, decided), created) in claimed
-            .iter()
-            .zip(&plan.decisions)
-            .zip(&mut created_responses)
-        {
-            let response = match decided {
-                Ok(()) => {
-                    accepted.push(&requests[*index]);
-                    std::mem::replace(
-                        created,
-                        StoredResponse {
-                            status: 0,
-                            body: String::new(),
-                        },
-                    )
-                }
-                Err(rejection) => renderer.rejected(rejection),
-            };
-            responses[*index] = Some(response);
+        for (index, decided) in claimed.iter().zip(&plan.decisions) {
+            match decided {
+                Ok(()) => accepted.push(&requests[*index]),
+                Err(rejection) => responses[*index] = Some(renderer.rejected(rejection)),
+            }
         }
         let records: Vec<(&IdempotencyClaim, &StoredResponse)> = claimed
             .iter()
@@ -752,7 +812,7 @@ impl BackendStore {
             )));
         }
         if written.records_stored != records.len() as u64 {
-            // Another process committed one of these keys since step 1.
+            // Another process committed one of these keys since step 3.
             return Err(StoreError::Retryable(format!(
                 "stored {} of {} idempotency records: a key was committed concurrently",
                 written.records_stored,
@@ -760,25 +820,10 @@ impl BackendStore {
             )));
         }
         transaction.commit().await?;
-
-        let mut outcomes = Vec::with_capacity(requests.len());
-        for (index, slot) in slots.into_iter().enumerate() {
-            let outcome = match slot {
-                Slot::Decided(outcome) => outcome,
-                Slot::Claimed => Idempotent::Executed(
-                    responses[index]
-                        .clone()
-                        .ok_or_else(|| invariant("a claimed request has no response"))?,
-                ),
-                Slot::SameAs(first) => Idempotent::Replayed(
-                    responses[first]
-                        .clone()
-                        .ok_or_else(|| invariant("a duplicate's original has no response"))?,
-                ),
-            };
-            outcomes.push(outcome);
-        }
-        Ok(outcomes)
+        Ok(BatchApplied {
+            outcomes: batch_outcomes(slots, &responses)?,
+            path: BatchPath::Transaction,
+        })
     }
 
     /// Confirms (consumes) or releases (returns) a reservation's stock. Only the

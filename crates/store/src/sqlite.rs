@@ -183,10 +183,25 @@ mod bulk {
     use super::{Tx, corrupt};
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
-    use crate::plan::{BatchWritten, StockKey};
+    use crate::plan::{BatchWritten, StockKey, WholeBatch};
 
     fn rows(values: Vec<serde_json::Value>) -> String {
         serde_json::Value::Array(values).to_string()
+    }
+
+    /// SQLite runs in the process: a batch transaction has no round trips to save, so
+    /// there is no whole-batch fast path.
+    pub const WHOLE_BATCH_FAST_PATH: bool = false;
+
+    /// Never called (see [`WHOLE_BATCH_FAST_PATH`]); writes nothing.
+    pub async fn reserve_whole_batch(
+        _pool: &sqlx::SqlitePool,
+        _totals: &BTreeMap<StockKey, i64>,
+        _accepted: &[&ReserveRequest],
+        _records: &[(&IdempotencyClaim, &StoredResponse)],
+        _now: Timestamp,
+    ) -> Result<WholeBatch, StoreError> {
+        Ok(WholeBatch::NotApplied)
     }
 
     pub async fn existing_records(
