@@ -233,23 +233,21 @@ impl TestDatabase {
             .fetch_one(&mut *holder)
             .await
             .expect("the holder's backend pid");
-        let mut observer = sqlx::PgConnection::connect(&self.url)
+        let observer = sqlx::PgPool::connect(&self.url)
             .await
             .expect("observer connection");
-        for _ in 0..10_000 {
-            let blocked: bool = sqlx::query_scalar(
+        let observer = &observer;
+        wait_until_async("another backend waits for the held lock", || async move {
+            sqlx::query_scalar(
                 "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
             )
             .bind(holder_pid)
-            .fetch_one(&mut observer)
+            .fetch_one(observer)
             .await
-            .expect("observe lock waits");
-            if blocked {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        panic!("nothing ever waited for the held lock");
+            .expect("observe lock waits")
+        })
+        .await;
+        observer.close().await;
     }
 
     /// Holds the write lock on `sku`'s stock row in the default warehouse (SQLite: the
@@ -697,11 +695,22 @@ impl TestApp {
 /// Waits until `condition` holds. The bound only keeps a broken test from hanging; a
 /// healthy run meets the condition in milliseconds.
 pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..30_000 {
-        if condition() {
+    wait_until_async(what, || std::future::ready(condition())).await;
+}
+
+/// Waits until `condition` holds, polling it every 5 ms for up to a minute: for states
+/// that nothing notifies, seen only through the database, over HTTP or in another
+/// process. The bound only turns a hang into a failure; no test passes by timing.
+pub async fn wait_until_async<Condition, Check>(what: &str, mut condition: Condition)
+where
+    Condition: FnMut() -> Check,
+    Check: std::future::Future<Output = bool>,
+{
+    for _ in 0..12_000 {
+        if condition().await {
             return;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("gave up waiting until {what}");
 }

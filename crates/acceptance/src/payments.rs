@@ -195,28 +195,21 @@ impl TestApp {
 
     /// Waits until the order reaches `status` (a webhook arriving, say).
     pub async fn wait_for_order_status(&self, order_id: &str, status: &str) {
-        for _ in 0..6_000 {
-            if self.order(order_id).await["status"] == status {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        let order = self.order(order_id).await;
-        panic!("order {order_id} never reached {status}: {order:#}");
+        let what = format!("order {order_id} reaches {status}");
+        crate::wait_until_async(&what, || async move {
+            self.order(order_id).await["status"] == status
+        })
+        .await;
     }
 
     /// Waits until stockd has recorded `count` distinct webhook events.
     pub async fn wait_for_webhook_events(&self, count: usize) {
-        for _ in 0..6_000 {
-            if self.webhook_events().await >= count {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!(
-            "stockd never recorded {count} webhook events: {}",
-            self.contents().await
-        );
+        let what = format!("stockd records {count} webhook events");
+        crate::wait_until_async(
+            &what,
+            || async move { self.webhook_events().await >= count },
+        )
+        .await;
     }
 
     /// Distinct webhook events stockd recorded, straight from the database.

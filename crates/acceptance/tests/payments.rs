@@ -99,16 +99,11 @@ async fn assert_paid_once(app: &TestApp, gateway: &TestGateway, order: &str, qua
 
 /// Waits until the webhook endpoint acknowledged `count` deliveries.
 async fn wait_for_deliveries(gateway: &TestGateway, count: u64) {
-    for _ in 0..6_000 {
-        if gateway.sandbox.stats().deliveries_acknowledged >= count {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!(
-        "the sandbox never delivered {count} webhooks: {:?}",
-        gateway.sandbox.stats()
-    );
+    let what = format!("the sandbox delivered {count} webhooks");
+    acceptance::wait_until(&what, || {
+        gateway.sandbox.stats().deliveries_acknowledged >= count
+    })
+    .await;
 }
 
 /// The payment intent the sandbox holds for `order` (there is at most one).
@@ -404,13 +399,7 @@ async fn a_process_killed_while_waiting_for_the_gateway_is_recovered_by_reconcil
                 .await
         })
     };
-    for _ in 0..6_000 {
-        if gateway.charges_for(&order) == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert_eq!(gateway.charges_for(&order), 1, "the gateway charged");
+    acceptance::wait_until("the gateway charged", || gateway.charges_for(&order) == 1).await;
     // The process dies: the request's task is dropped before the answer arrives.
     paying.abort();
     assert!(paying.await.is_err_and(|error| error.is_cancelled()));

@@ -400,16 +400,14 @@ async fn pay(address: SocketAddr, order: &str, method: &str) -> acceptance::http
 }
 
 async fn wait_for_order_status(address: SocketAddr, order: &str, status: &str) {
-    for _ in 0..3_000 {
+    let what = format!("order {order} reaches {status}");
+    acceptance::wait_until_async(&what, || async move {
         let view = request(address, "GET", &format!("/v1/orders/{order}"), &[], None)
             .await
             .unwrap();
-        if view.json()["status"] == status {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("order {order} never reached {status}");
+        view.json()["status"] == status
+    })
+    .await;
 }
 
 #[tokio::test]
