@@ -222,4 +222,44 @@ mod postgres_only {
         other_instance.execute("ROLLBACK").await.unwrap();
         assert_eq!(app.reserve("contended", &[("KEYED", 1)]).await.status, 201);
     }
+
+    /// The batch looks its keys up before it inserts their records. A key another
+    /// instance commits in between makes the insert fail (a unique violation, migration
+    /// 0007); the batch is rolled back whole and decided again, and this request is
+    /// answered from the record that is now there — not with a 500, and not by
+    /// reserving twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_key_another_instance_commits_while_the_batch_waits_is_answered_from_its_record() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let app = TestApp::spawn(Backend::Postgres).await;
+        app.stocked_sku("KEYED", 5).await;
+        let mut other_instance = app.database.raw_connection().await;
+        other_instance.execute("BEGIN").await.unwrap();
+        other_instance
+            .execute(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 VALUES ('raced', 'another-request', 201, '{}', 0)",
+            )
+            .await
+            .unwrap();
+        let reserving = {
+            let app = app.clone();
+            tokio::spawn(async move { app.reserve("raced", &[("KEYED", 1)]).await })
+        };
+        // The lookup saw no record; the insert waits for the other instance's row.
+        app.database
+            .wait_until_blocked_by(&mut other_instance)
+            .await;
+        other_instance.execute("COMMIT").await.unwrap();
+
+        let response = reserving.await.unwrap();
+
+        assert_eq!(response.status, 422, "{response:?}");
+        assert_eq!(response.code().as_deref(), Some("idempotency_key_reused"));
+        assert_eq!(app.counters("KEYED").await, (5, 0));
+        assert_eq!(app.ledger_rows("KEYED", "reserve").await, 0);
+        app.assert_audit_clean().await;
+    }
 }

@@ -118,6 +118,11 @@ mod dialect {
             "reservation_batch_functions",
             include_str!("../migrations/postgres/0006_reservation_batch_functions.sql"),
         ),
+        (
+            7,
+            "reservation_batch_plans",
+            include_str!("../migrations/postgres/0007_reservation_batch_plans.sql"),
+        ),
     ];
 }
 
@@ -449,10 +454,19 @@ mod bulk {
         )
         .fetch_one(&mut **transaction)
         .await
-        .map_err(|error| match StoreError::from(error) {
-            // Another process holds one of these keys in an open transaction.
-            StoreError::LockTimeout(_) => StoreError::KeyInFlight,
-            other => other,
+        .map_err(|error| {
+            if is_unique_violation(&error) {
+                // Another process committed one of these keys since they were looked
+                // up: the batch runs again and finds it.
+                return StoreError::Retryable(format!(
+                    "an idempotency key was committed concurrently: {error}"
+                ));
+            }
+            match StoreError::from(error) {
+                // Another process holds one of these keys in an open transaction.
+                StoreError::LockTimeout(_) => StoreError::KeyInFlight,
+                other => other,
+            }
         })?;
         Ok(BatchWritten {
             rows_taken: u64::try_from(rows_taken).unwrap_or(0),
@@ -460,11 +474,21 @@ mod bulk {
         })
     }
 
+    /// A unique constraint refused a row. The batch functions insert idempotency
+    /// records without `ON CONFLICT` (migration 0007): their callers looked the keys up
+    /// first, so this is the rare key committed by another process in between.
+    fn is_unique_violation(error: &sqlx::Error) -> bool {
+        const UNIQUE_VIOLATION: &str = "23505";
+        matches!(error, sqlx::Error::Database(database) if database.code().as_deref() == Some(UNIQUE_VIOLATION))
+    }
+
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
     pub const WHOLE_BATCH_FAST_PATH: bool = true;
 
-    /// SQLSTATEs raised by `stockd_reserve_whole_batch` (migration 0006).
+    /// SQLSTATEs raised by `stockd_reserve_whole_batch` (migration 0006). Since
+    /// migration 0007 a key committed by another process meanwhile surfaces as a
+    /// unique violation before SK001's check is reached; the check stays as a guard.
     const KEY_COMMITTED_MEANWHILE: &str = "SK001";
     const TOTALS_CHANGED_UNDER_LOCK: &str = "SK002";
     const NO_LONGER_FITS: &str = "SK003";
@@ -515,6 +539,8 @@ mod bulk {
             {
                 Ok(WholeBatch::NotApplied)
             }
+            // Another process committed one of the keys after the lookup.
+            Err(error) if is_unique_violation(&error) => Ok(WholeBatch::NotApplied),
             Err(sqlx::Error::Database(error))
                 if error.code().as_deref() == Some(TOTALS_CHANGED_UNDER_LOCK) =>
             {
