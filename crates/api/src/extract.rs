@@ -135,11 +135,7 @@ fn fingerprint(method: &str, path: &str, canonical_body: &str) -> String {
     for part in [method, "\n", path, "\n", canonical_body] {
         hasher.update(part.as_bytes());
     }
-    hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    domain::lower_hex(&hasher.finalize())
 }
 
 /// The bearer token of admin calls.

@@ -8,6 +8,7 @@
 pub mod catalog;
 pub mod code;
 pub mod error;
+pub mod hex;
 pub mod id;
 pub mod limits;
 pub mod money;
@@ -24,6 +25,7 @@ pub use code::{
     WarehouseCode,
 };
 pub use error::{ErrorCode, ParseError};
+pub use hex::lower_hex;
 pub use id::{
     IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,
     ScheduleId,

@@ -42,10 +42,7 @@ pub struct ShelfRequest {
 
 /// SHA-256 of an operator token, hex: only the hash is stored.
 pub fn token_hash(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect()
+    domain::lower_hex(&Sha256::digest(token.as_bytes()))
 }
 
 const MINUTE_MILLISECONDS: i64 = 60_000;
@@ -338,9 +335,7 @@ impl Engine {
         operator: &OperatorId,
         shop: &ShopCode,
     ) -> Result<Reply, EngineError> {
-        let token: String = (0..32)
-            .map(|_| format!("{:02x}", rand::random::<u8>()))
-            .collect();
+        let token = domain::lower_hex(&rand::random::<[u8; 32]>());
         let hash = token_hash(&token);
         let renderer = self.inner.renderer.as_ref();
         let reply = self

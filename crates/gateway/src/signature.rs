@@ -20,15 +20,11 @@ fn digest(secret: &str, timestamp: i64, payload: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 /// The header value for `payload` signed at `timestamp`.
 pub fn sign(secret: &str, timestamp: i64, payload: &[u8]) -> String {
     format!(
         "t={timestamp},v1={}",
-        hex(&digest(secret, timestamp, payload))
+        domain::lower_hex(&digest(secret, timestamp, payload))
     )
 }
 
@@ -89,7 +85,7 @@ pub fn verify(
     if age_seconds.abs() > TOLERANCE_SECONDS {
         return Err(SignatureError::Stale { age_seconds });
     }
-    let expected = hex(&digest(secret, timestamp, payload));
+    let expected = domain::lower_hex(&digest(secret, timestamp, payload));
     let matches = signatures.iter().any(|candidate| {
         candidate.len() == expected.len()
             && candidate

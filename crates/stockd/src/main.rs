@@ -331,9 +331,7 @@ async fn connect_and_migrate(arguments: &DatabaseArguments) -> Result<Store, Str
 async fn serve(arguments: ServeArguments) -> Result<(), String> {
     let store = connect_and_migrate(&arguments.database).await?;
     let admin_token = arguments.admin_token.clone().unwrap_or_else(|| {
-        let token: String = (0..32)
-            .map(|_| format!("{:02x}", rand::random::<u8>()))
-            .collect();
+        let token: String = domain::lower_hex(&rand::random::<[u8; 32]>());
         println!("stockd: generated admin token (set STOCKD_ADMIN_TOKEN to choose one): {token}");
         token
     });
@@ -442,14 +440,10 @@ async fn attach_payments(
         });
         return Ok(None);
     }
-    let secret = arguments.webhook_secret.clone().unwrap_or_else(|| {
-        format!(
-            "whsec_{}",
-            (0..16)
-                .map(|_| format!("{:02x}", rand::random::<u8>()))
-                .collect::<String>()
-        )
-    });
+    let secret = arguments
+        .webhook_secret
+        .clone()
+        .unwrap_or_else(|| format!("whsec_{}", domain::lower_hex(&rand::random::<[u8; 16]>())));
     let mut config = sandbox::SandboxConfig::new(secret.clone());
     config.api_key = Some(arguments.gateway_api_key.clone());
     let sandbox = sandbox::Sandbox::new(config);
