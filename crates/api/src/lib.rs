@@ -19,7 +19,6 @@ use axum::routing::{get, post, put};
 use engine::Engine;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::trace::TraceLayer;
 
 pub use wire::HttpRenderer;
 
@@ -92,7 +91,6 @@ pub fn app(state: AppState) -> Router {
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn(metrics::track))
-        .layer(TraceLayer::new_for_http())
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)
 }

@@ -52,7 +52,12 @@ pub fn install_recorder() -> PrometheusHandle {
 }
 
 /// Records every request's latency and outcome, labelled by route template (never the
-/// raw path, so SKU codes do not explode label cardinality).
+/// raw path, so SKU codes do not explode label cardinality), and logs it at `debug`.
+///
+/// This is the one per-request layer besides panic catching: tower-http's `TraceLayer`
+/// did the same logging with a span per request and cost 6 % of the hot path's
+/// throughput even with `debug` off (docs/BENCHMARKS.md); a disabled `debug!` costs a
+/// branch.
 pub async fn track(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or_else(
         || String::from("unmatched"),
@@ -67,6 +72,14 @@ pub async fn track(request: Request, next: Next) -> Response {
         .extensions()
         .get::<OutcomeCode>()
         .map_or("none", |outcome| outcome.0.as_str());
+    tracing::debug!(
+        method = %method,
+        route = %route,
+        status = %status,
+        code,
+        elapsed_milliseconds = elapsed * 1_000.0,
+        "request"
+    );
     metrics::histogram!(
         "stockd_http_request_duration_seconds",
         "route" => route.clone(),
