@@ -722,8 +722,9 @@ impl BackendStore {
         // 3. The batch transaction. A key with a committed record is replayed (or
         //    refused as reused when its fingerprint differs). The new keys' records
         //    are inserted with their responses below, in this transaction; a key
-        //    another process commits meanwhile makes that insert come up short, and
-        //    the batch is rolled back and retried (then it replays).
+        //    another process commits meanwhile makes that insert come up short
+        //    (SQLite) or fail with a unique violation (PostgreSQL), and the batch is
+        //    rolled back and retried (then it replays).
         //
         //    The turn is taken before the transaction begins: on SQLite the one write
         //    connection is the lock, and a batch that took it while waiting for the
