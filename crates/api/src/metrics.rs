@@ -55,7 +55,7 @@ pub fn install_recorder() -> PrometheusHandle {
 /// raw path, so SKU codes do not explode label cardinality), and logs it at `debug`.
 ///
 /// This is the one per-request layer besides panic catching: tower-http's `TraceLayer`
-/// did the same logging with a span per request and cost 6 % of the hot path's
+/// did the same logging with a span per request and cost 3–6 % of the hot path's
 /// throughput even with `debug` off (docs/BENCHMARKS.md); a disabled `debug!` costs a
 /// branch.
 pub async fn track(request: Request, next: Next) -> Response {

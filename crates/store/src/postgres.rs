@@ -457,10 +457,9 @@ mod bulk {
         .map_err(|error| {
             if is_unique_violation(&error) {
                 // Another process committed one of these keys since they were looked
-                // up: the batch runs again and finds it.
-                return StoreError::Retryable(format!(
-                    "an idempotency key was committed concurrently: {error}"
-                ));
+                // up (the only unique key a validated batch can repeat): the batch
+                // runs again and finds it.
+                return StoreError::Retryable(format!("a unique key was taken meanwhile: {error}"));
             }
             match StoreError::from(error) {
                 // Another process holds one of these keys in an open transaction.
