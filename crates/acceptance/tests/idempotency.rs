@@ -195,6 +195,23 @@ async fn records_past_the_retention_are_purged_in_bounded_batches(backend: Backe
 /// process), so this cross-instance case has no SQLite twin.
 mod postgres_only {
     use super::*;
+    use acceptance::RawConnection;
+
+    /// Another instance in the middle of a request with `key`: its open transaction
+    /// has inserted the key's idempotency record (for another request) and not
+    /// committed.
+    async fn another_instance_holding_key(app: &TestApp, key: &str) -> RawConnection {
+        let mut other_instance = app.database.raw_connection().await;
+        other_instance.execute("BEGIN").await.unwrap();
+        other_instance
+            .execute(&format!(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 VALUES ('{key}', 'another-request', 201, '{{}}', 0)"
+            ))
+            .await
+            .unwrap();
+        other_instance
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn a_key_held_by_another_instances_open_transaction_answers_request_in_progress() {
@@ -203,15 +220,7 @@ mod postgres_only {
         }
         let app = TestApp::spawn(Backend::Postgres).await;
         app.stocked_sku("KEYED", 5).await;
-        let mut other_instance = app.database.raw_connection().await;
-        other_instance.execute("BEGIN").await.unwrap();
-        other_instance
-            .execute(
-                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-                 VALUES ('contended', 'another-request', 0, '', 0)",
-            )
-            .await
-            .unwrap();
+        let mut other_instance = another_instance_holding_key(&app, "contended").await;
         let before = app.contents().await;
 
         let response = app.reserve("contended", &[("KEYED", 1)]).await;
@@ -235,15 +244,7 @@ mod postgres_only {
         }
         let app = TestApp::spawn(Backend::Postgres).await;
         app.stocked_sku("KEYED", 5).await;
-        let mut other_instance = app.database.raw_connection().await;
-        other_instance.execute("BEGIN").await.unwrap();
-        other_instance
-            .execute(
-                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-                 VALUES ('raced', 'another-request', 201, '{}', 0)",
-            )
-            .await
-            .unwrap();
+        let mut other_instance = another_instance_holding_key(&app, "raced").await;
         let reserving = {
             let app = app.clone();
             tokio::spawn(async move { app.reserve("raced", &[("KEYED", 1)]).await })
