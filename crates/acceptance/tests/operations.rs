@@ -115,9 +115,13 @@ async fn the_audit_reports_a_counter_changed_behind_the_ledgers_back(backend: Ba
 async fn the_audit_reports_a_reservation_whose_stock_was_returned_twice(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     app.stocked_sku("DOUBLE", 5).await;
+    app.stocked_sku("BESIDE", 5).await;
     let reservation = app.reserve("hold", &[("DOUBLE", 2)]).await.json();
     let id = reservation["reservation_id"].as_str().unwrap().to_owned();
     assert_eq!(app.release(&id, "release").await.status, 200);
+    // A sound reservation of two lines beside it: the audit reads every line.
+    let beside = app.reserve("beside", &[("DOUBLE", 1), ("BESIDE", 1)]).await;
+    assert_eq!(beside.status, 201, "{beside:?}");
 
     // A buggy second release, written straight into the database: counters and ledger
     // agree with each other, but not with the reservation.
@@ -144,6 +148,8 @@ async fn the_audit_reports_a_reservation_whose_stock_was_returned_twice(backend:
         .collect();
     assert_eq!(checks, vec!["reservation_ledger_available"], "{audit:#}");
     assert_eq!(audit["differences"][0]["reference"], id.as_str());
+    assert_eq!(audit["reservation_lines_checked"], 3);
+    assert_eq!(audit["orders_checked"], 0);
 }
 
 async fn the_ledger_refuses_updates_and_deletes(backend: Backend) {

@@ -123,6 +123,11 @@ mod dialect {
             "reservation_batch_plans",
             include_str!("../migrations/postgres/0007_reservation_batch_plans.sql"),
         ),
+        (
+            8,
+            "reservation_batch_index_plans",
+            include_str!("../migrations/postgres/0008_reservation_batch_index_plans.sql"),
+        ),
     ];
 }
 
