@@ -1,6 +1,6 @@
 -- The reservation batch functions read `stock` and `sku` through their primary keys,
--- whatever the tables' size or statistics (issue 6; docs/BENCHMARKS.md, "Plans that
--- outlive the catalog they were made for").
+-- whatever the tables' size or statistics (issue 6; docs/BENCHMARKS.md, "Fourth
+-- session: another machine, plans that outlive a small catalog, a flat audit").
 --
 -- Migration 0007 made the functions keep generic plans. A generic plan is made once per
 -- connection, from the statistics of that moment, and kept until the next ANALYZE of
