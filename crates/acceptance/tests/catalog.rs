@@ -15,6 +15,7 @@ mirrored_tests!(
     only_the_admin_may_delete,
     a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
     batch_operations_by_category_change_every_product_of_the_category_in_the_shop,
+    a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_changes_nothing,
     overlapping_batches_on_one_shop_never_interleave,
     the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
     a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
@@ -399,6 +400,41 @@ async fn batch_operations_by_category_change_every_product_of_the_category_in_th
     ] {
         assert_eq!(app.sale_status(product, sku).await.0, status, "{sku}");
     }
+}
+
+async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["BULK-0"]).await;
+    // One more SKU than an operation may change, written straight into the table
+    // (the API caps a product's SKUs far below the shelf limit).
+    let limit = domain::limits::SHELF_TARGETS_MAX;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute(&format!(
+            "WITH RECURSIVE number (value) AS \
+             (SELECT 1 UNION ALL SELECT value + 1 FROM number WHERE value < {limit}) \
+             INSERT INTO sku (code, title, sale_status, created_at, updated_at, product_id) \
+             SELECT 'BULK-' || value, 'Bulk', 'ON_SHELF', 0, 0, '{product}' FROM number"
+        ))
+        .await
+        .unwrap();
+    let before = app.contents().await;
+
+    let response = app
+        .shelf(None, json!({"operation": "off", "category": "dairy"}))
+        .await;
+
+    assert_eq!(response.status, 400, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert!(
+        response.json()["detail"]
+            .as_str()
+            .is_some_and(|detail| detail.contains(&format!("more than {limit} SKUs"))),
+        "{response:?}"
+    );
+    assert_eq!(app.contents().await, before);
 }
 
 async fn overlapping_batches_on_one_shop_never_interleave(backend: Backend) {

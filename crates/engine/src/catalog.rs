@@ -186,9 +186,10 @@ impl Engine {
             return Err(EngineError::NotFound("the operation names no SKU".into()));
         }
         if targets.len() > SHELF_TARGETS_MAX {
+            // The store stops reading one past the limit, so the count is a floor.
             return Err(EngineError::InvalidArgument(format!(
-                "the operation names {} SKUs; at most {SHELF_TARGETS_MAX} at once",
-                targets.len()
+                "the operation names more than {SHELF_TARGETS_MAX} SKUs; at most \
+                 {SHELF_TARGETS_MAX} at once"
             )));
         }
         for target in &targets {

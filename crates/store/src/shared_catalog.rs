@@ -20,6 +20,10 @@ use crate::catalog::{
     ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget, TargetSelector,
 };
 
+/// Rows a category or supplier lookup reads at most: one more than a shelf operation may
+/// change (`domain::limits::SHELF_TARGETS_MAX`), so an operation naming too many is seen.
+const SHELF_TARGETS_READ_MAX: i64 = domain::limits::SHELF_TARGETS_MAX as i64 + 1;
+
 fn parse_stored<T>(
     what: &str,
     text: &str,
@@ -407,7 +411,9 @@ impl BackendStore {
         product
     }
 
-    /// The SKUs a shelf operation names, with their products and shops.
+    /// The SKUs a shelf operation names, with their products and shops. A category or
+    /// supplier may hold any number of SKUs: at most one more than an operation may
+    /// change is read, enough for the caller to refuse it without loading them all.
     pub async fn resolve_shelf_targets(
         &self,
         selector: &TargetSelector,
@@ -436,11 +442,12 @@ impl BackendStore {
         if let Some(category) = &selector.category {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
                 sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR product.shop = $2)"
+                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR product.shop = $2) LIMIT $3"
                 )),
             )
             .bind(category.as_str())
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .bind(SHELF_TARGETS_READ_MAX)
             .fetch_all(self.read_pool())
             .await?;
             found.extend(rows);
@@ -448,11 +455,12 @@ impl BackendStore {
         if let Some(supplier) = &selector.supplier {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
                 sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR product.shop = $2)"
+                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR product.shop = $2) LIMIT $3"
                 )),
             )
             .bind(supplier.as_str())
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .bind(SHELF_TARGETS_READ_MAX)
             .fetch_all(self.read_pool())
             .await?;
             found.extend(rows);
