@@ -8,6 +8,8 @@ mirrored_tests!(
     metrics_report_latency_histograms_and_outcomes_by_code,
     the_audit_reports_a_counter_changed_behind_the_ledgers_back,
     the_audit_reports_a_reservation_whose_stock_was_returned_twice,
+    the_audit_reports_reserved_stock_that_neither_ledger_nor_reservations_account_for,
+    the_audit_reports_ledger_rows_of_a_stock_row_that_does_not_exist,
     the_ledger_refuses_updates_and_deletes,
     unknown_routes_and_methods_answer_with_problem_documents,
 );
@@ -110,6 +112,77 @@ async fn the_audit_reports_a_counter_changed_behind_the_ledgers_back(backend: Ba
     assert_eq!(difference["sku"], "TAMPERED");
     assert_eq!(difference["expected"], 5);
     assert_eq!(difference["actual"], 6);
+}
+
+/// The checks of one audit, in the order it reports them.
+fn audit_checks(audit: &serde_json::Value) -> Vec<(String, String, i64, i64)> {
+    audit["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .map(|difference| {
+            (
+                difference["check"].as_str().unwrap_or_default().to_owned(),
+                difference["sku"].as_str().unwrap_or_default().to_owned(),
+                difference["expected"].as_i64().unwrap_or_default(),
+                difference["actual"].as_i64().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+async fn the_audit_reports_reserved_stock_that_neither_ledger_nor_reservations_account_for(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CLEAN", 5).await;
+    app.stocked_sku("HELD", 5).await;
+    assert_eq!(app.reserve("hold", &[("HELD", 2)]).await.status, 201);
+    app.assert_audit_clean().await;
+
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET reserved = reserved + 1 WHERE sku = 'HELD'")
+        .await
+        .unwrap();
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    assert_eq!(audit["stock_rows_checked"], 2);
+    assert_eq!(
+        audit_checks(&audit),
+        vec![
+            ("ledger_vs_reserved".to_owned(), "HELD".to_owned(), 2, 3),
+            (
+                "open_reservations_vs_reserved".to_owned(),
+                "HELD".to_owned(),
+                2,
+                3
+            ),
+        ],
+        "{audit:#}"
+    );
+}
+
+async fn the_audit_reports_ledger_rows_of_a_stock_row_that_does_not_exist(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("REAL", 5).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute(
+            "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, created_at) \
+             VALUES ('GHOST', 'default', 'adjust', 3, 0, 'written-by-hand', 0)",
+        )
+        .await
+        .unwrap();
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    assert_eq!(
+        audit_checks(&audit),
+        vec![("stock_row_missing".to_owned(), "GHOST".to_owned(), 1, 0)],
+        "{audit:#}"
+    );
 }
 
 async fn the_audit_reports_a_reservation_whose_stock_was_returned_twice(backend: Backend) {
