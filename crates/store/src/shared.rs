@@ -38,6 +38,31 @@ type DbConnection = <Db as sqlx::Database>::Connection;
 /// The largest `available + reserved` a row may reach; see `domain::limits`.
 const STOCK_ON_HAND_MAX: i64 = domain::limits::STOCK_ON_HAND_MAX;
 
+/// Every stock row with what its ledger rows add up to and what its open reservations
+/// hold, for the audit.
+const AUDIT_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.available, stock.reserved, \
+     COALESCE(ledger.available, 0), COALESCE(ledger.reserved, 0), COALESCE(held.quantity, 0) \
+     FROM stock \
+     LEFT JOIN (SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT) AS available, \
+         CAST(SUM(reserved_delta) AS BIGINT) AS reserved \
+         FROM stock_ledger GROUP BY sku, warehouse) AS ledger \
+     ON ledger.sku = stock.sku AND ledger.warehouse = stock.warehouse \
+     LEFT JOIN (SELECT line.sku, line.warehouse, CAST(SUM(line.quantity) AS BIGINT) AS quantity \
+         FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
+         WHERE reservation.status = 'RESERVED' GROUP BY line.sku, line.warehouse) AS held \
+     ON held.sku = stock.sku AND held.warehouse = stock.warehouse \
+     ORDER BY stock.sku, stock.warehouse";
+
+/// Stock rows that ledger rows or open reservations name but that do not exist.
+const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.warehouse FROM \
+     (SELECT sku, warehouse FROM stock_ledger \
+      UNION SELECT line.sku, line.warehouse \
+         FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
+         WHERE reservation.status = 'RESERVED') AS named \
+     WHERE NOT EXISTS (SELECT 1 FROM stock \
+         WHERE stock.sku = named.sku AND stock.warehouse = named.warehouse) \
+     ORDER BY named.sku, named.warehouse";
+
 /// What a key's claim found.
 enum Claim {
     /// This transaction now holds the key.
@@ -986,39 +1011,24 @@ impl BackendStore {
             }
         };
 
-        // Counters against the ledger, and `reserved` against open reservations.
-        let counters = sqlx::query_as::<_, (String, String, i64, i64)>(
-            "SELECT sku, warehouse, available, reserved FROM stock ORDER BY sku, warehouse",
-        )
-        .fetch_all(&mut *transaction)
-        .await?;
-        let ledger_sums: HashMap<(String, String), (i64, i64)> =
-            sqlx::query_as::<_, (String, String, i64, i64)>(
-                "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), \
-                 CAST(SUM(reserved_delta) AS BIGINT) FROM stock_ledger GROUP BY sku, warehouse",
-            )
-            .fetch_all(&mut *transaction)
-            .await?
-            .into_iter()
-            .map(|(sku, warehouse, available, reserved)| ((sku, warehouse), (available, reserved)))
-            .collect();
-        let open_reserved: HashMap<(String, String), i64> =
-            sqlx::query_as::<_, (String, String, i64)>(
-                "SELECT line.sku, line.warehouse, CAST(SUM(line.quantity) AS BIGINT) \
-             FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
-             WHERE reservation.status = 'RESERVED' GROUP BY line.sku, line.warehouse",
-            )
-            .fetch_all(&mut *transaction)
-            .await?
-            .into_iter()
-            .map(|(sku, warehouse, quantity)| ((sku, warehouse), quantity))
-            .collect();
-        let mut counted_rows = std::collections::HashSet::new();
-        for (sku, warehouse, available, reserved) in &counters {
-            let key = (sku.clone(), warehouse.clone());
-            let (ledger_available, ledger_reserved) =
-                ledger_sums.get(&key).copied().unwrap_or((0, 0));
-            let open = open_reserved.get(&key).copied().unwrap_or(0);
+        // Counters against the ledger, and `reserved` against open reservations: the
+        // database sums both per stock row and the rows are streamed, so the audit's
+        // memory does not grow with the catalog either.
+        let mut stock_rows_checked = 0_i64;
+        let mut stock_rows =
+            sqlx::query_as::<_, (String, String, i64, i64, i64, i64, i64)>(AUDIT_STOCK_ROWS)
+                .fetch(&mut *transaction);
+        while let Some((
+            sku,
+            warehouse,
+            available,
+            reserved,
+            ledger_available,
+            ledger_reserved,
+            open,
+        )) = stock_rows.try_next().await?
+        {
+            stock_rows_checked += 1;
             let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
                 check,
                 sku: Some(sku.clone()),
@@ -1027,31 +1037,20 @@ impl BackendStore {
                 expected,
                 actual,
             };
-            if ledger_available != *available {
-                note(at("ledger_vs_available", ledger_available, *available));
+            if ledger_available != available {
+                note(at("ledger_vs_available", ledger_available, available));
             }
-            if ledger_reserved != *reserved {
-                note(at("ledger_vs_reserved", ledger_reserved, *reserved));
+            if ledger_reserved != reserved {
+                note(at("ledger_vs_reserved", ledger_reserved, reserved));
             }
-            if open != *reserved {
-                note(at("open_reservations_vs_reserved", open, *reserved));
+            if open != reserved {
+                note(at("open_reservations_vs_reserved", open, reserved));
             }
-            counted_rows.insert(key);
         }
-        let mut uncounted: Vec<_> = ledger_sums
-            .iter()
-            .filter(|(key, _)| !counted_rows.contains(*key))
-            .chain(
-                open_reserved
-                    .keys()
-                    .filter(|key| !counted_rows.contains(*key))
-                    .map(|key| (key, &(0, 0))),
-            )
-            .map(|((sku, warehouse), _)| (sku.clone(), warehouse.clone()))
-            .collect();
-        uncounted.sort();
-        uncounted.dedup();
-        for (sku, warehouse) in uncounted {
+        drop(stock_rows);
+        let mut missing_rows = sqlx::query_as::<_, (String, String)>(AUDIT_MISSING_STOCK_ROWS)
+            .fetch(&mut *transaction);
+        while let Some((sku, warehouse)) = missing_rows.try_next().await? {
             note(AuditDifference {
                 check: "stock_row_missing",
                 sku: Some(sku),
@@ -1061,6 +1060,7 @@ impl BackendStore {
                 actual: 0,
             });
         }
+        drop(missing_rows);
 
         // Every reservation line against the ledger rows that reference it: a hold
         // takes `quantity` from available into reserved; a confirm consumes it from
@@ -1170,7 +1170,7 @@ impl BackendStore {
         transaction.rollback().await?;
         Ok(AuditReport {
             checked_at: now,
-            stock_rows_checked: i64::try_from(counters.len()).unwrap_or(i64::MAX),
+            stock_rows_checked,
             reservation_lines_checked,
             orders_checked,
             ledger_rows_checked,
