@@ -53,8 +53,8 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         "outcomes are counted by code:\n{text}"
     );
     assert!(
-        text.contains(r#"stockd_reservations{status="RESERVED"}"#),
-        "{text}"
+        text.contains(r#"stockd_reservations{status="RESERVED"} 1"#),
+        "the one open hold:\n{text}"
     );
     assert!(text.contains("stockd_expiry_backlog"), "{text}");
     assert!(

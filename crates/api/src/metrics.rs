@@ -100,9 +100,6 @@ pub async fn track(request: Request, next: Next) -> Response {
 pub async fn render(State(state): State<AppState>) -> Response {
     if let Ok(gauges) = state.engine.gauges().await {
         metrics::gauge!("stockd_reservations", "status" => "RESERVED").set(gauges.reserved as f64);
-        metrics::gauge!("stockd_reservations", "status" => "CONFIRMED")
-            .set(gauges.confirmed as f64);
-        metrics::gauge!("stockd_reservations", "status" => "RELEASED").set(gauges.released as f64);
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);
     }
     if state.engine.payments_attached()

@@ -203,9 +203,8 @@ pub struct ExpiryOutcome {
 /// Counts the metrics endpoint reports.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReservationGauges {
+    /// `RESERVED` rows: the open holds.
     pub reserved: i64,
-    pub confirmed: i64,
-    pub released: i64,
     /// `RESERVED` rows already past `expires_at`: the expiry worker's backlog.
     pub expired_backlog: i64,
 }
