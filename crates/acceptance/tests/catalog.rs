@@ -422,19 +422,28 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
         .unwrap();
     let before = app.contents().await;
 
-    let response = app
-        .shelf(None, json!({"operation": "off", "category": "dairy"}))
-        .await;
+    for selector in [
+        json!({"category": "dairy"}),
+        json!({"product_ids": [product]}),
+    ] {
+        let mut operation = json!({"operation": "off"});
+        operation
+            .as_object_mut()
+            .unwrap()
+            .extend(selector.as_object().unwrap().clone());
 
-    assert_eq!(response.status, 400, "{response:?}");
-    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
-    assert!(
-        response.json()["detail"]
-            .as_str()
-            .is_some_and(|detail| detail.contains(&format!("more than {limit} SKUs"))),
-        "{response:?}"
-    );
-    assert_eq!(app.contents().await, before);
+        let response = app.shelf(None, operation).await;
+
+        assert_eq!(response.status, 400, "{selector}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+        assert!(
+            response.json()["detail"]
+                .as_str()
+                .is_some_and(|detail| detail.contains(&format!("more than {limit} SKUs"))),
+            "{selector}: {response:?}"
+        );
+        assert_eq!(app.contents().await, before, "{selector}");
+    }
 }
 
 async fn overlapping_batches_on_one_shop_never_interleave(backend: Backend) {

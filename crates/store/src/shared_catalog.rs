@@ -411,9 +411,10 @@ impl BackendStore {
         product
     }
 
-    /// The SKUs a shelf operation names, with their products and shops. A category or
-    /// supplier may hold any number of SKUs: at most one more than an operation may
-    /// change is read, enough for the caller to refuse it without loading them all.
+    /// The SKUs a shelf operation names, with their products and shops. Products,
+    /// categories and suppliers may hold many SKUs: each lookup stops about one past
+    /// what an operation may change, enough for the caller to refuse it without
+    /// loading them all.
     pub async fn resolve_shelf_targets(
         &self,
         selector: &TargetSelector,
@@ -429,6 +430,11 @@ impl BackendStore {
             .fetch_all(self.read_pool())
             .await?;
             found.extend(rows);
+            // A thousand products of a hundred SKUs each would be read whole before
+            // the refusal; past the limit the rest cannot change the answer.
+            if found.len() as i64 >= SHELF_TARGETS_READ_MAX {
+                break;
+            }
         }
         for sku in &selector.skus {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
