@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use crate::protocol::{CreatePaymentIntent, ErrorBody, PaymentIntent, Refund, form_encode};
 
+/// Largest gateway answer read. A PaymentIntent or an error is a few kilobytes; a
+/// larger body (a misconfigured URL serving a file, a broken proxy) is not an answer,
+/// and reading it whole would hold that much memory per call.
+pub const GATEWAY_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
     /// `https://api.stripe.com` or the sandbox's `http://127.0.0.1:port`.
@@ -89,7 +94,7 @@ impl GatewayClient {
             .await
             .map_err(|error| describe(&error))?;
         let status = response.status().as_u16();
-        let body = response.text().await.map_err(|error| describe(&error))?;
+        let body = read_body(response).await?;
         Ok((status, body))
     }
 
@@ -137,14 +142,35 @@ impl GatewayClient {
         match response {
             Ok(response) => {
                 let status = response.status().as_u16();
-                match response.text().await {
+                match read_body(response).await {
                     Ok(body) => interpret(status, &body),
-                    Err(error) => CallOutcome::Unknown(describe(&error)),
+                    Err(error) => CallOutcome::Unknown(error),
                 }
             }
             Err(error) => CallOutcome::Unknown(describe(&error)),
         }
     }
+}
+
+/// The answer's body, up to [`GATEWAY_RESPONSE_BYTES_MAX`]: a longer one is refused
+/// as soon as its declared length or the bytes read so far pass the limit.
+async fn read_body(mut response: reqwest::Response) -> Result<String, String> {
+    let too_large =
+        || format!("the gateway's answer is larger than {GATEWAY_RESPONSE_BYTES_MAX} bytes");
+    if response
+        .content_length()
+        .is_some_and(|length| length > GATEWAY_RESPONSE_BYTES_MAX as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|error| describe(&error))? {
+        if body.len() + chunk.len() > GATEWAY_RESPONSE_BYTES_MAX {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).map_err(|_| "the gateway's answer is not UTF-8".to_owned())
 }
 
 fn describe(error: &reqwest::Error) -> String {
@@ -207,6 +233,98 @@ mod tests {
             intent.unwrap().status,
             PaymentIntentStatus::RequiresPaymentMethod
         );
+    }
+
+    /// A one-connection HTTP server on loopback that answers any request with
+    /// `answer_head` followed by `body_bytes` bytes of JSON whitespace.
+    async fn gateway_answering(answer_head: &'static str, body_bytes: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut connection, _) = listener.accept().await.unwrap();
+            let mut request = vec![0_u8; 64 * 1024];
+            let mut read = 0;
+            while !request[..read]
+                .windows(4)
+                .any(|window| window == b"\r\n\r\n")
+            {
+                read += connection.read(&mut request[read..]).await.unwrap();
+            }
+            connection.write_all(answer_head.as_bytes()).await.unwrap();
+            let chunk = vec![b' '; 64 * 1024];
+            let mut written = 0;
+            while written < body_bytes {
+                let size = chunk.len().min(body_bytes - written);
+                // The client may hang up once it has seen enough.
+                if connection.write_all(&chunk[..size]).await.is_err() {
+                    return;
+                }
+                written += size;
+            }
+        });
+        format!("http://{address}")
+    }
+
+    fn client(base_url: String) -> GatewayClient {
+        GatewayClient::new(GatewayConfig {
+            base_url,
+            api_key: "sk_test".to_owned(),
+            timeout_milliseconds: 30_000,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_answer_declared_larger_than_the_limit_is_unknown_and_not_read() {
+        let head =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3145728\r\n\r\n";
+        let gateway = gateway_answering(head, 3 * 1024 * 1024).await;
+
+        let outcome = client(gateway).retrieve_payment_intent("pi_1").await;
+
+        let CallOutcome::Unknown(reason) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.contains("larger than"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_of_unannounced_length_is_cut_off_at_the_limit() {
+        // No Content-Length: the body runs until the connection closes.
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n";
+        let gateway = gateway_answering(head, GATEWAY_RESPONSE_BYTES_MAX + 1).await;
+
+        let outcome = client(gateway)
+            .create_payment_intent(
+                "key-1",
+                &CreatePaymentIntent {
+                    amount: 100,
+                    currency: "cny".to_owned(),
+                    payment_method: "pm_card_visa".to_owned(),
+                    metadata: std::collections::BTreeMap::new(),
+                },
+            )
+            .await;
+
+        let CallOutcome::Unknown(reason) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.contains("larger than"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_within_the_limit_is_read_whole() {
+        // Whitespace only: read in full, then found not to be a PaymentIntent.
+        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n";
+        let gateway = gateway_answering(head, GATEWAY_RESPONSE_BYTES_MAX).await;
+
+        let outcome = client(gateway).retrieve_payment_intent("pi_1").await;
+
+        let CallOutcome::Unknown(reason) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.starts_with("unreadable answer"), "{reason}");
     }
 
     #[test]
