@@ -636,6 +636,19 @@ async fn webhooks_with_a_bad_or_stale_signature_are_refused_and_change_nothing(b
     let response = app.send(webhook_call(not_an_event, Some(&signature))).await;
     assert_eq!(response.status, 400, "{response:?}");
     assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    // A body past the limit, signed or not, is refused before anything reads it.
+    let oversized = format!(
+        "{{\"padding\": \"{}\"}}",
+        "x".repeat(domain::limits::REQUEST_BODY_BYTES_MAX)
+    );
+    let signature = gateway::signature::sign(
+        WEBHOOK_SECRET,
+        app.clock_now().unix_milliseconds() / 1000,
+        oversized.as_bytes(),
+    );
+    let response = app.send(webhook_call(&oversized, Some(&signature))).await;
+    assert_eq!(response.status, 413, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
     assert_eq!(app.contents().await, before);
     // The genuine one still works afterwards.
     let response = app

@@ -1,7 +1,6 @@
 //! Handlers of orders, payments and the gateway's webhooks.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -102,12 +101,16 @@ pub async fn return_goods(
 pub async fn webhook(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    if body.len() > domain::limits::REQUEST_BODY_BYTES_MAX {
-        return Err(ApiError::invalid("webhook body too large")
-            .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE));
-    }
+    // Read no further than the limit (the `Bytes` extractor would buffer up to its
+    // own, larger default before this check could refuse).
+    let body = axum::body::to_bytes(body, domain::limits::REQUEST_BODY_BYTES_MAX)
+        .await
+        .map_err(|_| {
+            ApiError::invalid("webhook body too large")
+                .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE)
+        })?;
     let signature = headers
         .get(gateway_signature_header())
         .and_then(|value| value.to_str().ok());
