@@ -30,6 +30,7 @@ mirrored_tests!(
     an_unpaid_order_past_its_hold_expires_and_cannot_be_paid,
     cancelling_an_unpaid_order_gives_its_stock_back_once,
     cancelling_a_paid_order_refunds_it_once,
+    a_refund_not_confirmed_is_tried_again_less_and_less_often,
     an_order_with_a_payment_in_flight_cannot_be_cancelled,
     a_return_puts_the_goods_back_once_and_keeps_the_sale_status,
     reconciliation_on_two_instances_settles_each_attempt_once,
@@ -747,6 +748,44 @@ async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
     // The goods were sold; they come back to stock only through a return.
     assert_eq!(app.counters(SKU).await, (STOCK - 2, 0));
     app.assert_audit_clean().await;
+}
+
+async fn a_refund_not_confirmed_is_tried_again_less_and_less_often(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    assert_eq!(
+        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
+        200
+    );
+    assert_eq!(cancel(&app, &order).await.status, 200);
+    let lease_milliseconds = 30_000;
+    let claimed_at = |milliseconds: i64| {
+        let store = app.store.clone();
+        async move {
+            store
+                .claim_refunds(
+                    domain::Timestamp::from_unix_milliseconds(milliseconds),
+                    10,
+                    lease_milliseconds,
+                )
+                .await
+                .expect("claim refunds")
+                .len()
+        }
+    };
+
+    // Each claim is a try the gateway did not confirm (nothing settles the refund
+    // here): the next one may come a lease later at first, then twice as long each
+    // time, never more than an hour.
+    let mut now = app.clock_now().unix_milliseconds();
+    let waits_seconds = [30, 60, 120, 240, 480, 960, 1920, 3600, 3600, 3600];
+    for (tries, wait_seconds) in waits_seconds.into_iter().enumerate() {
+        assert_eq!(claimed_at(now).await, 1, "try {tries}");
+        let wait = wait_seconds * 1000;
+        assert_eq!(claimed_at(now + wait - 1).await, 0, "try {tries}: leased");
+        now += wait;
+    }
+    assert_eq!(claimed_at(now).await, 1);
 }
 
 async fn an_order_with_a_payment_in_flight_cannot_be_cancelled(backend: Backend) {

@@ -14,12 +14,14 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(purge_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(schedule_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(order_expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(payment_loop(engine.clone(), shutdown.clone()));
 }
 
-/// Expires unpaid orders, asks the gateway about unresolved payments, and issues
-/// pending refunds — each step bounded, each safe with several processes.
-async fn payment_loop(engine: Engine, shutdown: CancellationToken) {
+/// Expires unpaid orders past their hold, giving their stock back. A loop of its own:
+/// the payment loop waits on the gateway (up to its timeout per call), and a slow or
+/// unreachable gateway must not keep stock held past the holds.
+async fn order_expiry_loop(engine: Engine, shutdown: CancellationToken) {
     let interval = Duration::from_millis(engine.config().payment_worker_interval_milliseconds);
     loop {
         if let Err(error) = engine.order_expiry_step().await {
@@ -27,6 +29,18 @@ async fn payment_loop(engine: Engine, shutdown: CancellationToken) {
                 .increment(1);
             tracing::warn!(%error, "order expiry step failed");
         }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Asks the gateway about unresolved payments and issues pending refunds — each step
+/// bounded, each safe with several processes.
+async fn payment_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().payment_worker_interval_milliseconds);
+    loop {
         if engine.payments_attached() {
             if let Err(error) = engine.reconcile_step().await {
                 metrics::counter!("stockd_worker_errors_total", "worker" => "reconciliation")

@@ -85,7 +85,7 @@ mod dialect {
          WHERE status = 'PENDING_PAYMENT' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency FROM refund \
+    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency, tries FROM refund \
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (

@@ -889,16 +889,19 @@ impl BackendStore {
     ) -> Result<Vec<RefundToIssue>, StoreError> {
         let mut transaction = self.begin_write().await?;
         let rows =
-            sqlx::query_as::<_, (String, String, String, i64, String)>(dialect::CLAIM_REFUNDS)
+            sqlx::query_as::<_, (String, String, String, i64, String, i64)>(dialect::CLAIM_REFUNDS)
                 .bind(now.unix_milliseconds())
                 .bind(limit)
                 .fetch_all(&mut *transaction)
                 .await?;
         let mut refunds = Vec::with_capacity(rows.len());
-        for (id, order, gateway_key, amount_minor, currency) in rows {
+        for (id, order, gateway_key, amount_minor, currency, tries) in rows {
             sqlx::query("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
                 .bind(&id)
-                .bind(now.unix_milliseconds().saturating_add(lease_milliseconds))
+                .bind(
+                    now.unix_milliseconds()
+                        .saturating_add(refund_retry_delay(lease_milliseconds, tries)),
+                )
                 .execute(&mut *transaction)
                 .await?;
             let payment: Option<String> = sqlx::query_scalar(
@@ -1220,3 +1223,17 @@ async fn load_order(
         history,
     }))
 }
+
+/// How long a claimed refund waits before it may be claimed again: the lease at first,
+/// doubling with every try up to [`REFUND_RETRY_MILLISECONDS_MAX`]. A refund the gateway
+/// keeps refusing (or a gateway that is down) is asked about less and less often
+/// instead of every lease for ever; `stockd_refunds_pending` shows it meanwhile.
+fn refund_retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
+    let doublings = u32::try_from(tries_before.clamp(0, 32)).unwrap_or(32);
+    lease_milliseconds
+        .saturating_mul(2_i64.saturating_pow(doublings))
+        .min(REFUND_RETRY_MILLISECONDS_MAX.max(lease_milliseconds))
+}
+
+/// The longest wait between two tries of one refund: an hour.
+const REFUND_RETRY_MILLISECONDS_MAX: i64 = 3_600_000;
