@@ -82,6 +82,19 @@ impl<T: DeserializeOwned> FromRequest<AppState> for RequiredJsonBody<T> {
 }
 
 /// Parses the body; `None` when it is empty. Returns the request's fingerprint too.
+/// A request body, read no further than [`REQUEST_BODY_BYTES_MAX`]: a longer one is
+/// refused with 413 as soon as the limit is passed, never buffered whole.
+pub async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, REQUEST_BODY_BYTES_MAX)
+        .await
+        .map_err(|_| {
+            ApiError::invalid(format!(
+                "request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"
+            ))
+            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        })
+}
+
 async fn parse_json_body<T: DeserializeOwned>(
     request: Request<Body>,
 ) -> Result<(Option<T>, String), ApiError> {
@@ -99,14 +112,7 @@ async fn parse_json_body<T: DeserializeOwned>(
                 .trim()
                 .to_ascii_lowercase()
         });
-    let bytes = axum::body::to_bytes(request.into_body(), REQUEST_BODY_BYTES_MAX)
-        .await
-        .map_err(|_| {
-            ApiError::invalid(format!(
-                "request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"
-            ))
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-        })?;
+    let bytes = read_body(request.into_body()).await?;
     if bytes.is_empty() {
         return Ok((None, fingerprint(&method, &path, "")));
     }

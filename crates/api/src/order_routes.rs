@@ -103,14 +103,8 @@ pub async fn webhook(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    // Read no further than the limit (the `Bytes` extractor would buffer up to its
-    // own, larger default before this check could refuse).
-    let body = axum::body::to_bytes(body, domain::limits::REQUEST_BODY_BYTES_MAX)
-        .await
-        .map_err(|_| {
-            ApiError::invalid("webhook body too large")
-                .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE)
-        })?;
+    // Not the `Bytes` extractor: it would buffer up to its own, larger default first.
+    let body = crate::extract::read_body(body).await?;
     let signature = headers
         .get(gateway_signature_header())
         .and_then(|value| value.to_str().ok());
