@@ -29,9 +29,8 @@ async fn order_expiry_loop(engine: Engine, shutdown: CancellationToken) {
                 .increment(1);
             tracing::warn!(%error, "order expiry step failed");
         }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(interval) => {}
+        if !pause_unless_shut_down(&shutdown, interval).await {
+            break;
         }
     }
 }
@@ -52,9 +51,8 @@ async fn payment_loop(engine: Engine, shutdown: CancellationToken) {
                 tracing::warn!(%error, "refund step failed");
             }
         }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(interval) => {}
+        if !pause_unless_shut_down(&shutdown, interval).await {
+            break;
         }
     }
 }
@@ -112,9 +110,8 @@ async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
         if let Ok(backlog) = engine.store().expiry_backlog(engine.now()).await {
             metrics::gauge!("stockd_expiry_backlog").set(backlog as f64);
         }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(pause) => {}
+        if !pause_unless_shut_down(&shutdown, pause).await {
+            break;
         }
     }
 }
@@ -133,9 +130,16 @@ async fn purge_loop(engine: Engine, shutdown: CancellationToken) {
                 interval
             }
         };
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(pause) => {}
+        if !pause_unless_shut_down(&shutdown, pause).await {
+            break;
         }
+    }
+}
+
+/// Sleeps for `pause`; false when `shutdown` came first and the loop should end.
+async fn pause_unless_shut_down(shutdown: &CancellationToken, pause: Duration) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = tokio::time::sleep(pause) => true,
     }
 }
