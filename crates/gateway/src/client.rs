@@ -266,6 +266,17 @@ mod tests {
         format!("http://{address}")
     }
 
+    /// An answer without Content-Length: its body runs until the connection closes.
+    const UNTIL_CLOSE: &str =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n";
+
+    fn unknown_reason<T: std::fmt::Debug>(outcome: CallOutcome<T>) -> String {
+        match outcome {
+            CallOutcome::Unknown(reason) => reason,
+            other => panic!("expected an unknown outcome, got {other:?}"),
+        }
+    }
+
     fn client(base_url: String) -> GatewayClient {
         GatewayClient::new(GatewayConfig {
             base_url,
@@ -283,17 +294,13 @@ mod tests {
 
         let outcome = client(gateway).retrieve_payment_intent("pi_1").await;
 
-        let CallOutcome::Unknown(reason) = outcome else {
-            panic!("{outcome:?}")
-        };
+        let reason = unknown_reason(outcome);
         assert!(reason.contains("larger than"), "{reason}");
     }
 
     #[tokio::test]
     async fn an_answer_of_unannounced_length_is_cut_off_at_the_limit() {
-        // No Content-Length: the body runs until the connection closes.
-        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n";
-        let gateway = gateway_answering(head, GATEWAY_RESPONSE_BYTES_MAX + 1).await;
+        let gateway = gateway_answering(UNTIL_CLOSE, GATEWAY_RESPONSE_BYTES_MAX + 1).await;
 
         let outcome = client(gateway)
             .create_payment_intent(
@@ -307,23 +314,18 @@ mod tests {
             )
             .await;
 
-        let CallOutcome::Unknown(reason) = outcome else {
-            panic!("{outcome:?}")
-        };
+        let reason = unknown_reason(outcome);
         assert!(reason.contains("larger than"), "{reason}");
     }
 
     #[tokio::test]
     async fn an_answer_within_the_limit_is_read_whole() {
         // Whitespace only: read in full, then found not to be a PaymentIntent.
-        let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n";
-        let gateway = gateway_answering(head, GATEWAY_RESPONSE_BYTES_MAX).await;
+        let gateway = gateway_answering(UNTIL_CLOSE, GATEWAY_RESPONSE_BYTES_MAX).await;
 
         let outcome = client(gateway).retrieve_payment_intent("pi_1").await;
 
-        let CallOutcome::Unknown(reason) = outcome else {
-            panic!("{outcome:?}")
-        };
+        let reason = unknown_reason(outcome);
         assert!(reason.starts_with("unreadable answer"), "{reason}");
     }
 
