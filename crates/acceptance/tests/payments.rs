@@ -314,11 +314,7 @@ async fn a_success_after_the_hold_ended_is_refunded_when_the_stock_is_gone(backe
     let (app, gateway) = shop(backend).await;
     let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
     // Someone else buys everything that was given back.
-    let rival = app.order_of("user-2", &[(SKU, STOCK)]).await;
-    assert_eq!(
-        app.pay(&rival, &key("pay"), "pm_card_visa").await.status,
-        200
-    );
+    paid_order(&app, "user-2", STOCK).await;
     assert_eq!(gateway.complete_action(&intent).await, 200);
     app.wait_for_order_status(&order, "REFUND_PENDING").await;
     let refunded = app.engine.refund_step().await.expect("refund step");
@@ -703,6 +699,14 @@ async fn an_unpaid_order_past_its_hold_expires_and_cannot_be_paid(backend: Backe
     app.assert_audit_clean().await;
 }
 
+/// An order of `quantity` units of [`SKU`], paid by card.
+async fn paid_order(app: &TestApp, user: &str, quantity: i64) -> String {
+    let order = app.order_of(user, &[(SKU, quantity)]).await;
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    order
+}
+
 async fn cancel(app: &TestApp, order: &str) -> acceptance::TestResponse {
     app.send(Call::post(format!("/v1/orders/{order}/cancel")).key(key("cancel")))
         .await
@@ -730,11 +734,7 @@ async fn cancelling_an_unpaid_order_gives_its_stock_back_once(backend: Backend) 
 
 async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
     let (app, gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 2)]).await;
-    assert_eq!(
-        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
-        200
-    );
+    let order = paid_order(&app, "user-1", 2).await;
     let response = cancel(&app, &order).await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["status"], "REFUND_PENDING");
@@ -752,11 +752,7 @@ async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
 
 async fn a_refund_not_confirmed_is_tried_again_less_and_less_often(backend: Backend) {
     let (app, _gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    assert_eq!(
-        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
-        200
-    );
+    let order = paid_order(&app, "user-1", 1).await;
     assert_eq!(cancel(&app, &order).await.status, 200);
     let lease_milliseconds = 30_000;
     let claimed_at = |milliseconds: i64| {
@@ -815,11 +811,7 @@ async fn return_goods(app: &TestApp, order: &str, admin: bool) -> acceptance::Te
 async fn a_return_puts_the_goods_back_once_and_keeps_the_sale_status(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     let unpaid = app.order_of("user-1", &[(SKU, 1)]).await;
-    let order = app.order_of("user-1", &[(SKU, 3)]).await;
-    assert_eq!(
-        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
-        200
-    );
+    let order = paid_order(&app, "user-1", 3).await;
     assert_eq!(app.counters(SKU).await, (STOCK - 4, 1));
     let sale_status = app.sku(SKU).await["sale_status"].clone();
     let before = app.contents_except_idempotency_records().await;
@@ -1027,11 +1019,7 @@ async fn metrics_count_payment_outcomes_and_show_the_unknown_backlog(backend: Ba
 
 async fn the_audit_catches_an_order_that_disagrees_with_its_reservation(backend: Backend) {
     let (app, _gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    assert_eq!(
-        app.pay(&order, &key("pay"), "pm_card_visa").await.status,
-        200
-    );
+    let order = paid_order(&app, "user-1", 1).await;
     let audit = app.audit().await;
     assert_eq!(audit["ok"], true, "{audit:#}");
     assert_eq!(audit["orders_checked"], 1);
