@@ -20,8 +20,9 @@ use crate::catalog::{
     ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget, TargetSelector,
 };
 
-/// Rows a category or supplier lookup reads at most: one more than a shelf operation may
-/// change (`domain::limits::SHELF_TARGETS_MAX`), so an operation naming too many is seen.
+/// SKUs a shelf operation's lookup reads at most (a category or supplier query's LIMIT,
+/// where product lookups stop): one more than an operation may change
+/// (`domain::limits::SHELF_TARGETS_MAX`), so an operation naming too many is seen.
 const SHELF_TARGETS_READ_MAX: i64 = domain::limits::SHELF_TARGETS_MAX as i64 + 1;
 
 fn parse_stored<T>(
