@@ -107,6 +107,8 @@ pub struct TestDatabase {
     pub url: String,
     pub schema: Option<String>,
     sqlite_directory: Option<PathBuf>,
+    /// The default service key's secret, created by the first instance.
+    pub service_token: tokio::sync::OnceCell<String>,
 }
 
 fn random_suffix() -> String {
@@ -127,6 +129,7 @@ impl TestDatabase {
                     url,
                     schema: None,
                     sqlite_directory: Some(directory),
+                    service_token: tokio::sync::OnceCell::new(),
                 }
             }
             Backend::Postgres => {
@@ -146,6 +149,7 @@ impl TestDatabase {
                     url,
                     schema: Some(schema),
                     sqlite_directory: None,
+                    service_token: tokio::sync::OnceCell::new(),
                 }
             }
         }
@@ -324,6 +328,8 @@ pub struct TestApp {
     pub store: Store,
     pub clock: ManualClock,
     pub database: Arc<TestDatabase>,
+    /// The secret of the service key (shop `default`) calls present by default.
+    pub service_token: Arc<str>,
 }
 
 /// A response as a client sees it.
@@ -362,14 +368,25 @@ impl TestResponse {
     }
 }
 
+/// Which credential a call presents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// The instance's service key of shop `default` (a checkout backend): what most
+    /// calls of the reservation, order and cart suites are made with.
+    ServiceKey,
+    /// This bearer token (the admin's, an operator's, another service key's).
+    Bearer(String),
+    /// No `Authorization` header at all.
+    Anonymous,
+}
+
 /// What to send. Built with the helpers below; `send` does the rest.
 #[derive(Debug, Clone)]
 pub struct Call {
     pub method: Method,
     pub path: String,
     pub idempotency_key: Option<String>,
-    /// The `Authorization` header's bearer token, if any.
-    pub bearer: Option<String>,
+    pub credential: Credential,
     pub body: Option<String>,
     pub content_type: Option<String>,
     /// The payment gateway's webhook signature header (`Stripe-Signature`), if any.
@@ -382,7 +399,7 @@ impl Call {
             method,
             path: path.into(),
             idempotency_key: None,
-            bearer: None,
+            credential: Credential::ServiceKey,
             body: None,
             content_type: None,
             signature: None,
@@ -411,7 +428,13 @@ impl Call {
     }
 
     pub fn bearer(mut self, token: &str) -> Call {
-        self.bearer = Some(token.to_owned());
+        self.credential = Credential::Bearer(token.to_owned());
+        self
+    }
+
+    /// No credential at all.
+    pub fn anonymous(mut self) -> Call {
+        self.credential = Credential::Anonymous;
         self
     }
 
@@ -456,11 +479,22 @@ impl TestApp {
         TestApp::on(database, clock, config).await
     }
 
-    /// An instance on an existing database, as a second process would be.
+    /// An instance on an existing database, as a second process would be; creates
+    /// the default service key the first time.
     pub async fn on(
         database: Arc<TestDatabase>,
         clock: ManualClock,
         config: EngineConfig,
+    ) -> TestApp {
+        TestApp::on_with_http(database, clock, config, &api::http::HttpConfig::default()).await
+    }
+
+    /// [`TestApp::on`] with the HTTP layer's bounds given.
+    pub async fn on_with_http(
+        database: Arc<TestDatabase>,
+        clock: ManualClock,
+        config: EngineConfig,
+        http: &api::http::HttpConfig,
     ) -> TestApp {
         let store = database.connect().await;
         let engine = Engine::new(
@@ -469,18 +503,26 @@ impl TestApp {
             api::renderer(),
             config,
         );
-        let router = api::app(api::AppState {
-            engine: engine.clone(),
-            admin_token: Arc::from(ADMIN_TOKEN),
-            metrics: Some(api::metrics::install_recorder()),
-        });
-        TestApp {
+        engine.configure_admin_token(&domain::Secret::new(ADMIN_TOKEN));
+        let router = api::app(api::AppState::new(
+            engine.clone(),
+            Some(api::metrics::install_recorder()),
+            http,
+        ));
+        let mut app = TestApp {
             router,
             engine,
             store,
             clock,
-            database,
-        }
+            database: Arc::clone(&database),
+            service_token: Arc::from(""),
+        };
+        let token = database
+            .service_token
+            .get_or_init(|| async { app.create_service_key("default", "test-checkout").await })
+            .await;
+        app.service_token = Arc::from(token.as_str());
+        app
     }
 
     /// Another stockd instance on the same database and clock.
@@ -491,6 +533,50 @@ impl TestApp {
             test_engine_config(),
         )
         .await
+    }
+
+    /// This instance, with calls made by default as a new service key of `shop` (the
+    /// checkout backend of another shop).
+    pub async fn as_service_of(&self, shop: &str) -> TestApp {
+        let token = self
+            .create_service_key(shop, &format!("{shop}-checkout"))
+            .await;
+        TestApp {
+            service_token: Arc::from(token.as_str()),
+            ..self.clone()
+        }
+    }
+
+    /// The principal calls are made as by default (this instance's service key).
+    pub async fn service_principal(&self) -> domain::Principal {
+        self.engine
+            .authenticate(&self.service_token)
+            .await
+            .expect("authenticate")
+            .expect("the test's service key is known")
+    }
+
+    /// `key` as stored for calls made with the default credential: records are kept
+    /// per (principal, key).
+    pub async fn stored_key(&self, key: &str) -> String {
+        format!("{} {key}", self.service_principal().await.scope())
+    }
+
+    /// Creates a service key of `shop` as the admin; returns its secret.
+    pub async fn create_service_key(&self, shop: &str, name: &str) -> String {
+        let response = self
+            .send(
+                Call::post("/v1/admin/service-keys")
+                    .admin()
+                    .key(unique_key("service-key"))
+                    .json(&serde_json::json!({"shop": shop, "name": name})),
+            )
+            .await;
+        assert_eq!(response.status, 201, "create service key: {response:?}");
+        response.json()["secret"]
+            .as_str()
+            .expect("secret")
+            .to_owned()
     }
 
     /// Stops this instance (closing its connections) and starts a new one on the same
@@ -520,8 +606,14 @@ impl TestApp {
         if let Some(key) = &call.idempotency_key {
             request = request.header("idempotency-key", key);
         }
-        if let Some(token) = &call.bearer {
-            request = request.header("authorization", format!("Bearer {token}"));
+        match &call.credential {
+            Credential::ServiceKey => {
+                request = request.header("authorization", format!("Bearer {}", self.service_token));
+            }
+            Credential::Bearer(token) => {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            Credential::Anonymous => {}
         }
         if let Some(content_type) = &call.content_type {
             request = request.header("content-type", content_type);
@@ -645,7 +737,7 @@ impl TestApp {
     }
 
     pub async fn audit(&self) -> Value {
-        let response = self.send(Call::get("/v1/audit")).await;
+        let response = self.send(Call::get("/v1/audit").admin()).await;
         assert_eq!(response.status, 200, "audit: {response:?}");
         response.json()
     }

@@ -91,7 +91,8 @@ impl TestGateway {
         .expect("gateway client");
         app.engine.attach_payments(engine::payments::Payments {
             gateway: client,
-            webhook_secret: WEBHOOK_SECRET.to_owned(),
+            webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
+            sandbox_methods_allowed: true,
         });
     }
 

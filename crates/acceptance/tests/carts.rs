@@ -21,7 +21,8 @@ async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> accept
     .await
 }
 
-async fn shop_with_stock(app: &TestApp) -> String {
+/// A product of shop `north` with stock, and the app as north's checkout backend.
+async fn shop_with_stock(app: &TestApp) -> TestApp {
     let product = app
         .create_product(ProductSpec::complete(
             "north",
@@ -37,7 +38,7 @@ async fn shop_with_stock(app: &TestApp) -> String {
     app.receive("C-OFF", 5).await;
     app.shelf(None, json!({"operation": "off", "sku_ids": ["C-OFF"]}))
         .await;
-    product
+    app.as_service_of("north").await
 }
 
 fn problems(cart: &serde_json::Value) -> Vec<(String, Option<String>)> {
@@ -56,7 +57,7 @@ fn problems(cart: &serde_json::Value) -> Vec<(String, Option<String>)> {
 
 async fn a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    shop_with_stock(&app).await;
+    let app = shop_with_stock(&app).await;
     app.create_sku("C-STANDALONE").await;
 
     for (sku, quantity) in [
@@ -95,7 +96,7 @@ async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what
     backend: Backend,
 ) {
     let app = TestApp::spawn(backend).await;
-    shop_with_stock(&app).await;
+    let app = shop_with_stock(&app).await;
     put_item(&app, "bob", "C-PLENTY", 2).await;
     put_item(&app, "bob", "C-OFF", 1).await;
 
@@ -105,10 +106,13 @@ async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what
 
     assert_eq!(checkout.status, 201, "{checkout:?}");
     let body = checkout.json();
-    assert_eq!(body["user"], "bob");
-    assert_eq!(body["status"], "RESERVED");
+    assert_eq!(body["user_id"], "bob");
+    assert_eq!(body["status"], "PENDING_PAYMENT", "a checkout is an order");
+    assert_eq!(body["shop"], "north");
+    assert_eq!(body["reservation"]["status"], "RESERVED");
+    assert_eq!(body["reservation"]["order_id"], body["order_id"]);
     assert_eq!(
-        body["lines"],
+        body["reservation"]["lines"],
         json!([{"sku": "C-PLENTY", "warehouse": "default", "quantity": 2}])
     );
     assert_eq!(
@@ -127,7 +131,7 @@ async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what
 
 async fn a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    shop_with_stock(&app).await;
+    let app = shop_with_stock(&app).await;
     put_item(&app, "carol", "C-PLENTY", 1).await;
     let cart = app.send(Call::get("/v1/carts/carol")).await.json();
     assert_eq!(cart["orderable_lines"], 1);
@@ -156,7 +160,7 @@ async fn a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold(backend
 
 async fn a_checkout_retry_replays_even_after_the_cart_was_emptied(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    shop_with_stock(&app).await;
+    let app = shop_with_stock(&app).await;
     put_item(&app, "dave", "C-PLENTY", 3).await;
 
     let first = app
@@ -181,7 +185,7 @@ async fn a_checkout_retry_replays_even_after_the_cart_was_emptied(backend: Backe
 
 async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    shop_with_stock(&app).await;
+    let app = shop_with_stock(&app).await;
     let before = app.contents().await;
 
     for (label, call) in [

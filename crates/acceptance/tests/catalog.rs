@@ -47,7 +47,8 @@ fn outcomes(response: &acceptance::TestResponse) -> Vec<String> {
 }
 
 async fn a_new_product_waits_for_review_and_shoppers_see_it_off_shelf(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // Reservations come from shop north's checkout backend.
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
 
     let product = app
         .create_product(ProductSpec::complete("north", &["NEW-1", "NEW-2"]))
@@ -325,7 +326,8 @@ async fn only_the_admin_may_delete(backend: Backend) {
 }
 
 async fn a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // Reservations come from shop north's checkout backend.
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
     let product = on_shelf_product(&app, "north", &["OLD"]).await;
     app.receive("OLD", 3).await;
     assert_eq!(
@@ -524,7 +526,8 @@ async fn the_availability_view_separates_on_sale_out_of_stock_and_off_shelf(back
 }
 
 async fn a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // Reservations come from shop north's checkout backend.
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
     on_shelf_product(&app, "north", &["SHELVED"]).await;
     app.receive("SHELVED", 5).await;
     assert_eq!(app.reserve("while-on", &[("SHELVED", 1)]).await.status, 201);
@@ -544,7 +547,7 @@ async fn a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf(backend: Ba
 async fn a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
     on_shelf_product(&app, "north", &["RACED"]).await;
     app.receive("RACED", 5).await;
     // The shelf change's transaction: it holds the stock row (as `apply_shelf_change`
@@ -570,7 +573,8 @@ async fn a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_she
 }
 
 async fn returning_stock_never_puts_a_sku_back_on_the_shelf(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // Reservations come from shop north's checkout backend.
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
     let product = on_shelf_product(&app, "north", &["RETURNED"]).await;
     app.receive("RETURNED", 2).await;
     let reservation = app.reserve("hold", &[("RETURNED", 2)]).await.json();

@@ -1,11 +1,12 @@
 //! Contention and batches: a lock held too long is reported, not waited out; and the
 //! store's batch call decides each request on its own.
 
-use acceptance::{Backend, TestApp, mirrored_tests, test_engine_config, wait_until};
+use acceptance::{Backend, Call, TestApp, mirrored_tests, test_engine_config, wait_until};
 use domain::{
-    IdempotencyKey, Quantity, ReservationId, ReservationLine, SkuCode, Timestamp, WarehouseCode,
+    IdempotencyKey, Principal, Quantity, ReservationId, ReservationLine, ShopCode, SkuCode,
+    Timestamp, WarehouseCode,
 };
-use store::{IdempotencyClaim, Idempotent, ReserveRequest};
+use store::{IdempotencyClaim, Idempotent, ReserveRequest, ScopedKey, ShopScope};
 
 mirrored_tests!(
     a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing,
@@ -43,7 +44,7 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
     let now = acceptance::START;
     ReserveRequest {
         claim: IdempotencyClaim {
-            key: IdempotencyKey::parse(key).unwrap(),
+            key: ScopedKey::new(&Principal::Admin, &IdempotencyKey::parse(key).unwrap()),
             fingerprint: fingerprint.to_owned(),
         },
         id: ReservationId::generate(now, random),
@@ -56,7 +57,9 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
             })
             .collect(),
         expires_at: Timestamp::from_unix_milliseconds(now.unix_milliseconds() + 60_000),
-        checkout: None,
+        // The SKUs these tests reserve are standalone, of shop `default`.
+        shop: ShopScope::Verified(ShopCode::default_shop()),
+        user: None,
     }
 }
 
@@ -78,7 +81,16 @@ async fn each_request_in_a_reservation_batch_succeeds_or_fails_on_its_own(backen
     let app = TestApp::spawn(backend).await;
     app.stocked_sku("A", 3).await;
     app.stocked_sku("B", 1).await;
-    assert_eq!(app.reserve("earlier", &[("B", 1)]).await.status, 201);
+    // As the admin: the batch below claims its keys in the admin's key space.
+    let earlier = app
+        .send(
+            Call::post("/v1/reservations")
+                .admin()
+                .key("earlier")
+                .json(&serde_json::json!({"lines": [{"sku": "B", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(earlier.status, 201, "{earlier:?}");
     let batch = vec![
         request("first", "f1", &[("A", 2)], 1),
         request("too-many", "f2", &[("A", 2)], 2),
@@ -419,6 +431,7 @@ mod postgres_only {
             "SELECT stockd_reserve_whole_batch(ARRAY['ON_SHELF'], 0, \
              ARRAY['TINY'], ARRAY['default'], ARRAY[1]::BIGINT[], \
              ARRAY['reservation-1'], ARRAY[900000]::BIGINT[], ARRAY['key-1'], \
+             ARRAY['default'], ARRAY[NULL]::TEXT[], \
              ARRAY['reservation-1'], ARRAY[0]::BIGINT[], ARRAY['TINY'], ARRAY['default'], \
              ARRAY[1]::BIGINT[], ARRAY['key-1'], \
              ARRAY['key-1'], ARRAY['fingerprint-1'], ARRAY[201]::BIGINT[], ARRAY['{}'])",
@@ -431,6 +444,7 @@ mod postgres_only {
             "SELECT written.rows_taken, written.records_stored FROM stockd_write_reservation_batch(0, \
              ARRAY['TINY'], ARRAY['default'], ARRAY[1]::BIGINT[], \
              ARRAY['reservation-2'], ARRAY[900000]::BIGINT[], ARRAY['key-2'], \
+             ARRAY['default'], ARRAY[NULL]::TEXT[], \
              ARRAY['reservation-2'], ARRAY[0]::BIGINT[], ARRAY['TINY'], ARRAY['default'], \
              ARRAY[1]::BIGINT[], ARRAY['key-2'], \
              ARRAY['key-2'], ARRAY['fingerprint-2'], ARRAY[201]::BIGINT[], ARRAY['{}']) AS written",

@@ -40,7 +40,7 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
     assert_eq!(app.reserve("first", &[("METERED", 1)]).await.status, 201);
     assert_eq!(app.reserve("second", &[("METERED", 1)]).await.status, 409);
 
-    let metrics = app.send(Call::get("/metrics")).await;
+    let metrics = app.send(Call::get("/metrics").admin()).await;
 
     assert_eq!(metrics.status, 200);
     let text = metrics.body;

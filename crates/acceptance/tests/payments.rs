@@ -712,6 +712,16 @@ async fn cancel(app: &TestApp, order: &str) -> acceptance::TestResponse {
         .await
 }
 
+/// Cancelling a paid order (a refund follows) is a staff decision: the admin's here.
+async fn cancel_as_staff(app: &TestApp, order: &str) -> acceptance::TestResponse {
+    app.send(
+        Call::post(format!("/v1/orders/{order}/cancel"))
+            .admin()
+            .key(key("cancel")),
+    )
+    .await
+}
+
 async fn cancelling_an_unpaid_order_gives_its_stock_back_once(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     let order = app.order_of("user-1", &[(SKU, 4)]).await;
@@ -735,10 +745,15 @@ async fn cancelling_an_unpaid_order_gives_its_stock_back_once(backend: Backend) 
 async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     let order = paid_order(&app, "user-1", 2).await;
-    let response = cancel(&app, &order).await;
+    let before = app.contents_except_idempotency_records().await;
+    let by_checkout = cancel(&app, &order).await;
+    assert_eq!(by_checkout.status, 403, "{by_checkout:?}");
+    assert_eq!(by_checkout.code().as_deref(), Some("forbidden"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let response = cancel_as_staff(&app, &order).await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["status"], "REFUND_PENDING");
-    let again = cancel(&app, &order).await;
+    let again = cancel_as_staff(&app, &order).await;
     assert_eq!(again.code().as_deref(), Some("illegal_transition"));
     assert_eq!(app.engine.refund_step().await.expect("refunds").len(), 1);
     assert_eq!(app.engine.refund_step().await.expect("refunds"), []);
@@ -753,7 +768,7 @@ async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
 async fn a_refund_not_confirmed_is_tried_again_less_and_less_often(backend: Backend) {
     let (app, _gateway) = shop(backend).await;
     let order = paid_order(&app, "user-1", 1).await;
-    assert_eq!(cancel(&app, &order).await.status, 200);
+    assert_eq!(cancel_as_staff(&app, &order).await.status, 200);
     let lease_milliseconds = 30_000;
     let claimed_at = |milliseconds: i64| {
         let store = app.store.clone();
@@ -805,7 +820,12 @@ async fn an_order_with_a_payment_in_flight_cannot_be_cancelled(backend: Backend)
 
 async fn return_goods(app: &TestApp, order: &str, admin: bool) -> acceptance::TestResponse {
     let call = Call::post(format!("/v1/orders/{order}/return")).key(key("return"));
-    app.send(if admin { call.admin() } else { call }).await
+    app.send(if admin {
+        call.admin()
+    } else {
+        call.anonymous()
+    })
+    .await
 }
 
 async fn a_return_puts_the_goods_back_once_and_keeps_the_sale_status(backend: Backend) {
@@ -999,7 +1019,7 @@ async fn metrics_count_payment_outcomes_and_show_the_unknown_backlog(backend: Ba
     app.clock.advance_seconds(30);
     let resolved = app.engine.reconcile_step().await.expect("reconcile");
     assert_eq!(resolved.len(), 1);
-    let text = app.send(Call::get("/metrics")).await.body;
+    let text = app.send(Call::get("/metrics").admin()).await.body;
     for line in [
         r#"stockd_payments_total{outcome="succeeded",source="pay"} 1"#,
         r#"stockd_payments_total{outcome="failed",source="pay"} 1"#,

@@ -20,6 +20,7 @@ async fn a_shutdown_lets_the_request_in_flight_finish_and_then_stops_serving(bac
         app.router.clone(),
         shutdown.clone(),
         Duration::from_secs(60),
+        api::server::ServerConfig::default(),
     ));
     let health = request(address, "GET", "/healthz", &[], None)
         .await
@@ -28,12 +29,16 @@ async fn a_shutdown_lets_the_request_in_flight_finish_and_then_stops_serving(bac
 
     // A reservation that blocks on a held row lock is in flight when the signal comes.
     let mut lock = app.database.hold_stock_row_lock("GRACE").await;
+    let authorization = format!("Bearer {}", app.service_token);
     let in_flight = tokio::spawn(async move {
         request(
             address,
             "POST",
             "/v1/reservations",
-            &[("Idempotency-Key", "during-shutdown")],
+            &[
+                ("Idempotency-Key", "during-shutdown"),
+                ("Authorization", authorization.as_str()),
+            ],
             Some(r#"{"lines":[{"sku":"GRACE","quantity":1}]}"#),
         )
         .await

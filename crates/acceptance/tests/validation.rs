@@ -481,12 +481,14 @@ async fn admin_calls_without_the_admin_token_are_unauthorized_and_change_nothing
         unauthorized(
             "movement without a token",
             Call::post("/v1/skus/GOOD/stock-movements")
+                .anonymous()
                 .key("none")
                 .json(&body),
         ),
         unauthorized(
             "sku without a token",
             Call::put("/v1/skus/NEW")
+                .anonymous()
                 .key("none-sku")
                 .json(&json!({"title": "x"})),
         ),
@@ -628,7 +630,10 @@ async fn malformed_catalog_requests_are_refused_and_change_nothing(backend: Back
         ),
         (
             "product without a token",
-            Call::post("/v1/products").key("p9").json(&product_body()),
+            Call::post("/v1/products")
+                .anonymous()
+                .key("p9")
+                .json(&product_body()),
             401,
             "unauthorized",
         ),

@@ -5,14 +5,12 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{FromRequestParts, Path, Query, State};
-use axum::http::header;
-use axum::http::request::Parts;
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use domain::limits::{REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX, SPEC_LENGTH_MAX};
 use domain::{ErrorCode, ProductId, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId};
-use engine::catalog::{ProductDraft, ShelfRequest};
-use store::{Actor, ProductChanges, ShelfLogQuery, TargetSelector};
+use engine::catalog::{DraftSku, ProductDraft, ShelfRequest};
+use store::{ProductChanges, ShelfLogQuery, TargetSelector};
 
 use crate::AppState;
 use crate::catalog_wire::{
@@ -20,40 +18,9 @@ use crate::catalog_wire::{
     ProductBody, ShelfLogEntryBody, ShelfOperationRequest, ShelfOperationWire, ShopperProductBody,
     UpdateProductRequest,
 };
-use crate::extract::{
-    Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody, constant_time_equal,
-};
+use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
-
-/// Staff: the admin (every shop) or an operator (one shop), by bearer token.
-pub struct Staff(pub Actor);
-
-impl FromRequestParts<AppState> for Staff {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let presented = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if constant_time_equal(presented.as_bytes(), state.admin_token.as_bytes()) {
-            return Ok(Staff(Actor::admin()));
-        }
-        if !presented.is_empty()
-            && presented.len() <= 128
-            && let Some(actor) = state.engine.operator_for_token(presented).await?
-        {
-            return Ok(Staff(actor));
-        }
-        Err(ApiError::new(
-            ErrorCode::Unauthorized,
-            "this call needs 'Authorization: Bearer <admin or operator token>'",
-        ))
-    }
-}
 
 fn parse_product_id(text: &str) -> Result<ProductId, ApiError> {
     ProductId::parse(text).map_err(|error| ApiError::invalid(error.0))
@@ -79,16 +46,22 @@ fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<
 
 pub async fn create_product(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<CreateProductRequest>,
 ) -> Result<Response, ApiError> {
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let mut skus = Vec::with_capacity(request.skus.len());
     for sku in request.skus {
         let spec = bounded_text("spec", sku.spec, SPEC_LENGTH_MAX)?;
-        skus.push((sku.sku, sku.price, sku.currency, spec));
+        skus.push(DraftSku {
+            code: sku.sku,
+            price: sku.price,
+            currency: sku.currency,
+            spec,
+            per_user_limit: sku.per_user_limit.map(domain::PerUserLimit::get),
+        });
     }
     let draft = ProductDraft {
         title: request.title,
@@ -99,19 +72,19 @@ pub async fn create_product(
         skus,
     };
     Ok(reply_response(
-        state.engine.create_product(&claim, &actor, draft).await?,
+        state.engine.create_product(&caller, &claim, draft).await?,
     ))
 }
 
 pub async fn update_product(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<UpdateProductRequest>,
 ) -> Result<Response, ApiError> {
     let id = parse_product_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let changes = ProductChanges {
         title: request.title,
@@ -122,22 +95,22 @@ pub async fn update_product(
     Ok(reply_response(
         state
             .engine
-            .update_product(&claim, &actor, &id, changes)
+            .update_product(&caller, &claim, &id, changes)
             .await?,
     ))
 }
 
 pub async fn delete_product(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<crate::wire::EmptyRequest>,
 ) -> Result<Response, ApiError> {
     let id = parse_product_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
-        state.engine.delete_product(&claim, &actor, &id).await?,
+        state.engine.delete_product(&caller, &claim, &id).await?,
     ))
 }
 
@@ -164,21 +137,21 @@ pub async fn shopper_product(
 
 pub async fn staff_product(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_product_id(&id)?;
-    let product = state.engine.product_for(&actor, &id).await?;
+    let product = state.engine.product_for(&caller, &id).await?;
     Ok(Json(ProductBody::new(&product)).into_response())
 }
 
 pub async fn shelf(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<ShelfOperationRequest>,
 ) -> Result<Response, ApiError> {
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let (operation, scheduled) = match request.operation {
         ShelfOperationWire::On => (ShelfOperation::On, false),
@@ -210,7 +183,7 @@ pub async fn shelf(
         remark,
     };
     Ok(reply_response(
-        state.engine.shelf(&claim, &actor, request).await?,
+        state.engine.shelf(&caller, &claim, request).await?,
     ))
 }
 
@@ -218,7 +191,7 @@ pub async fn shelf(
 /// the last `id` as `after` for the next page.
 pub async fn shelf_log(
     State(state): State<AppState>,
-    Staff(actor): Staff,
+    Caller(caller): Caller,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
@@ -258,7 +231,7 @@ pub async fn shelf_log(
             }
         }
     }
-    let entries = state.engine.shelf_log(&actor, query).await?;
+    let entries = state.engine.shelf_log(&caller, query).await?;
     let next_after = entries.last().map(|entry| entry.id);
     let bodies: Vec<ShelfLogEntryBody<'_>> = entries.iter().map(ShelfLogEntryBody::new).collect();
     Ok(Json(serde_json::json!({"entries": bodies, "next_after": next_after})).into_response())
@@ -266,74 +239,78 @@ pub async fn shelf_log(
 
 pub async fn create_operator(
     State(state): State<AppState>,
-    _admin: Admin,
+    Caller(caller): Caller,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<CreateOperatorRequest>,
 ) -> Result<Response, ApiError> {
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     Ok(reply_response(
         state
             .engine
-            .create_operator(&claim, &request.operator_id, &request.shop)
+            .create_operator(&caller, &claim, &request.operator_id, &request.shop)
             .await?,
     ))
 }
 
 pub async fn put_cart_item(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path((user, sku)): Path<(String, String)>,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<CartItemRequest>,
 ) -> Result<Response, ApiError> {
     let (user, sku) = (parse_user(&user)?, parse_sku(&sku)?);
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let quantity = body.value.quantity;
     Ok(reply_response(
         state
             .engine
-            .set_cart_item(&claim, &user, &sku, Some(quantity))
+            .set_cart_item(&caller, &claim, &user, &sku, Some(quantity))
             .await?,
     ))
 }
 
 pub async fn delete_cart_item(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path((user, sku)): Path<(String, String)>,
     key: RequiredIdempotencyKey,
     body: JsonBody<crate::wire::EmptyRequest>,
 ) -> Result<Response, ApiError> {
     let (user, sku) = (parse_user(&user)?, parse_sku(&sku)?);
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
         state
             .engine
-            .set_cart_item(&claim, &user, &sku, None)
+            .set_cart_item(&caller, &claim, &user, &sku, None)
             .await?,
     ))
 }
 
 pub async fn get_cart(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(user): Path<String>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(&user)?;
-    let cart = state.engine.cart(&user).await?;
+    let cart = state.engine.cart(&caller, &user).await?;
     Ok(Json(CartBody::new(&cart)).into_response())
 }
 
 pub async fn checkout(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(user): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<CheckoutRequest>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(&user)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
         state
             .engine
-            .checkout(&claim, &user, body.value.ttl_seconds)
+            .checkout(&caller, &claim, &user, body.value.ttl_seconds)
             .await?,
     ))
 }

@@ -9,7 +9,7 @@ use domain::{
     TtlSeconds,
 };
 use serde::{Deserialize, Serialize};
-use store::{Cart, Checkout, ShelfOutcome, ShelfResult};
+use store::{Cart, ShelfOutcome, ShelfResult, SkippedLine};
 
 // ---- requests ----
 
@@ -21,6 +21,8 @@ pub struct NewSkuRequest {
     pub currency: Currency,
     #[serde(default)]
     pub spec: Option<String>,
+    /// Most units one shopper may hold or have bought.
+    pub per_user_limit: Option<domain::PerUserLimit>,
 }
 
 /// `POST /v1/products`.
@@ -390,9 +392,8 @@ pub struct SkippedLineBody<'a> {
     pub problem: &'static str,
 }
 
-pub fn skipped_lines(checkout: &Checkout) -> Vec<SkippedLineBody<'_>> {
-    checkout
-        .skipped
+pub fn skipped_lines(skipped: &[SkippedLine]) -> Vec<SkippedLineBody<'_>> {
+    skipped
         .iter()
         .map(|line| SkippedLineBody {
             sku: line.sku.as_str(),

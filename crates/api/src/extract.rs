@@ -5,11 +5,11 @@ use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
-use domain::IdempotencyKey;
 use domain::limits::REQUEST_BODY_BYTES_MAX;
+use domain::{Action, ErrorCode, IdempotencyKey, Principal, authorize};
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
-use store::IdempotencyClaim;
+use store::{IdempotencyClaim, ScopedKey};
 
 use crate::AppState;
 use crate::problem::ApiError;
@@ -48,9 +48,10 @@ pub struct JsonBody<T> {
 }
 
 impl<T> JsonBody<T> {
-    pub fn claim(&self, key: RequiredIdempotencyKey) -> IdempotencyClaim {
+    /// The request's claim on its key, in the caller's own key space.
+    pub fn claim(&self, caller: &Principal, key: RequiredIdempotencyKey) -> IdempotencyClaim {
         IdempotencyClaim {
-            key: key.0,
+            key: ScopedKey::new(caller, &key.0),
             fingerprint: self.fingerprint.clone(),
         }
     }
@@ -59,8 +60,8 @@ impl<T> JsonBody<T> {
 impl<T: DeserializeOwned + Default> FromRequest<AppState> for JsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(request: Request<Body>, _state: &AppState) -> Result<Self, ApiError> {
-        let (value, fingerprint) = parse_json_body(request).await?;
+    async fn from_request(request: Request<Body>, state: &AppState) -> Result<Self, ApiError> {
+        let (value, fingerprint) = parse_json_body(request, state).await?;
         Ok(JsonBody {
             value: value.unwrap_or_default(),
             fingerprint,
@@ -74,29 +75,38 @@ pub struct RequiredJsonBody<T>(pub JsonBody<T>);
 impl<T: DeserializeOwned> FromRequest<AppState> for RequiredJsonBody<T> {
     type Rejection = ApiError;
 
-    async fn from_request(request: Request<Body>, _state: &AppState) -> Result<Self, ApiError> {
-        let (value, fingerprint) = parse_json_body(request).await?;
+    async fn from_request(request: Request<Body>, state: &AppState) -> Result<Self, ApiError> {
+        let (value, fingerprint) = parse_json_body(request, state).await?;
         let value = value.ok_or_else(|| ApiError::invalid("a JSON request body is required"))?;
         Ok(RequiredJsonBody(JsonBody { value, fingerprint }))
     }
 }
 
-/// Parses the body; `None` when it is empty. Returns the request's fingerprint too.
-/// A request body, read no further than [`REQUEST_BODY_BYTES_MAX`]: a longer one is
-/// refused with 413 as soon as the limit is passed, never buffered whole.
-pub async fn read_body(body: Body) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, REQUEST_BODY_BYTES_MAX)
-        .await
-        .map_err(|_| {
-            ApiError::invalid(format!(
-                "request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"
-            ))
-            .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-        })
+/// A request body, read no further than [`REQUEST_BODY_BYTES_MAX`] and for no longer
+/// than the state's body-read bound: a longer one is refused with 413 as soon as the
+/// limit is passed, never buffered whole; a slow one with 408, and its connection
+/// closed.
+pub async fn read_body(body: Body, state: &AppState) -> Result<axum::body::Bytes, ApiError> {
+    let bound = state.http.body_read_timeout;
+    match tokio::time::timeout(bound, axum::body::to_bytes(body, REQUEST_BODY_BYTES_MAX)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(ApiError::invalid(format!(
+            "request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"
+        ))
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)),
+        Err(_) => Err(ApiError::invalid(format!(
+            "the request body did not arrive within {} ms",
+            bound.as_millis()
+        ))
+        .with_status(StatusCode::REQUEST_TIMEOUT)
+        .closing_the_connection()),
+    }
 }
 
+/// Parses the body; `None` when it is empty. Returns the request's fingerprint too.
 async fn parse_json_body<T: DeserializeOwned>(
     request: Request<Body>,
+    state: &AppState,
 ) -> Result<(Option<T>, String), ApiError> {
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
@@ -112,7 +122,7 @@ async fn parse_json_body<T: DeserializeOwned>(
                 .trim()
                 .to_ascii_lowercase()
         });
-    let bytes = read_body(request.into_body()).await?;
+    let bytes = read_body(request.into_body(), state).await?;
     if bytes.is_empty() {
         return Ok((None, fingerprint(&method, &path, "")));
     }
@@ -144,27 +154,58 @@ fn fingerprint(method: &str, path: &str, canonical_body: &str) -> String {
     domain::lower_hex(&hasher.finalize())
 }
 
-/// The bearer token of admin calls.
-pub struct Admin;
+/// The bearer token of a request, if it carries one.
+pub fn bearer_token(parts: &Parts) -> Option<&str> {
+    parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+}
 
-impl FromRequestParts<AppState> for Admin {
+/// The authenticated caller of a route: a credential that stockd knows and has not
+/// revoked, within its request rate. Without one: 401, before anything else is read.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let presented = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if constant_time_equal(presented.as_bytes(), state.admin_token.as_bytes()) {
-            Ok(Admin)
-        } else {
-            Err(ApiError::new(
-                domain::ErrorCode::Unauthorized,
-                "this call needs 'Authorization: Bearer <admin token>'",
-            ))
+        let Some(token) = bearer_token(parts) else {
+            return Err(ApiError::new(
+                ErrorCode::Unauthorized,
+                "this call needs 'Authorization: Bearer <admin token, operator token or service key>'",
+            ));
+        };
+        let principal = state.engine.authenticate(token).await?.ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                "the credential is unknown or was revoked",
+            )
+        })?;
+        state.http.admit(&principal)?;
+        Ok(Caller(principal))
+    }
+}
+
+/// A reader of `/metrics`: the metrics token, or a credential that may audit.
+pub struct MetricsReader;
+
+impl FromRequestParts<AppState> for MetricsReader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if let (Some(token), Some(expected)) = (bearer_token(parts), &state.http.metrics_token_hash)
+            && constant_time_equal(&Sha256::digest(token.as_bytes()), expected)
+        {
+            return Ok(MetricsReader);
         }
+        let Caller(principal) = Caller::from_request_parts(parts, state).await?;
+        authorize(&principal, Action::Audit, None)
+            .map_err(|denied| ApiError::new(ErrorCode::Forbidden, denied.0))?;
+        Ok(MetricsReader)
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod catalog_routes;
 pub mod catalog_wire;
 pub mod extract;
+pub mod http;
 pub mod metrics;
 pub mod order_routes;
 pub mod order_wire;
@@ -15,7 +16,7 @@ pub mod wire;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use engine::Engine;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tower_http::catch_panic::CatchPanicLayer;
@@ -28,10 +29,23 @@ pub const OPENAPI_DOCUMENT: &str = include_str!("../openapi.json");
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
-    /// The bearer token admin calls must present.
-    pub admin_token: Arc<str>,
     /// Renders `/metrics`; `None` serves an empty page.
     pub metrics: Option<PrometheusHandle>,
+    pub http: Arc<http::HttpLimits>,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Engine,
+        metrics: Option<PrometheusHandle>,
+        config: &http::HttpConfig,
+    ) -> AppState {
+        AppState {
+            engine,
+            metrics,
+            http: http::HttpLimits::new(config),
+        }
+    }
 }
 
 /// The renderer the engine must be built with, so stored responses are this layer's
@@ -83,6 +97,14 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/admin/shelf-log", get(catalog_routes::shelf_log))
         .route("/v1/admin/operators", post(catalog_routes::create_operator))
         .route(
+            "/v1/admin/service-keys",
+            post(routes::create_service_key).get(routes::service_keys),
+        )
+        .route(
+            "/v1/admin/service-keys/{key_id}",
+            delete(routes::revoke_service_key),
+        )
+        .route(
             "/v1/carts/{user}/items/{sku}",
             put(catalog_routes::put_cart_item).delete(catalog_routes::delete_cart_item),
         )
@@ -90,6 +112,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/carts/{user}/checkout", post(catalog_routes::checkout))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            http::bound_request_duration,
+        ))
         .layer(axum::middleware::from_fn(metrics::track))
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)

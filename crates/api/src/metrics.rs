@@ -97,7 +97,11 @@ pub async fn track(request: Request, next: Next) -> Response {
     response
 }
 
-pub async fn render(State(state): State<AppState>) -> Response {
+/// `GET /metrics`: the metrics token, the admin or an operator.
+pub async fn render(
+    State(state): State<AppState>,
+    _reader: crate::extract::MetricsReader,
+) -> Response {
     if let Ok(gauges) = state.engine.gauges().await {
         metrics::gauge!("stockd_reservations", "status" => "RESERVED").set(gauges.reserved as f64);
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use domain::{OrderId, ReservationLine, WarehouseCode};
 
 use crate::AppState;
-use crate::extract::{Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::order_wire::{CreateOrderRequest, OrderBody, PayRequest};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
@@ -19,10 +19,11 @@ fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
 
 pub async fn create_order(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<CreateOrderRequest>,
 ) -> Result<Response, ApiError> {
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let lines = request
         .lines
@@ -38,61 +39,64 @@ pub async fn create_order(
     Ok(reply_response(
         state
             .engine
-            .create_order(&claim, request.user_id, lines, request.ttl_seconds)
+            .create_order(&caller, &claim, request.user_id, lines, request.ttl_seconds)
             .await?,
     ))
 }
 
 pub async fn get_order(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_order_id(&id)?;
-    let order = state.engine.order(&id).await?;
+    let order = state.engine.order_for(&caller, &id).await?;
     Ok(Json(OrderBody::new(&order)).into_response())
 }
 
 pub async fn pay(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<PayRequest>,
 ) -> Result<Response, ApiError> {
     let id = parse_order_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
         state
             .engine
-            .pay(&claim, &id, &body.value.payment_method)
+            .pay(&caller, &claim, &id, &body.value.payment_method)
             .await?,
     ))
 }
 
 pub async fn cancel(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,
 ) -> Result<Response, ApiError> {
     let id = parse_order_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
-        state.engine.cancel_order(&claim, &id).await?,
+        state.engine.cancel_order(&caller, &claim, &id).await?,
     ))
 }
 
-/// After-sale return (admin): the goods go back to stock, once.
+/// After-sale return (staff): the goods go back to stock, once.
 pub async fn return_goods(
     State(state): State<AppState>,
-    _admin: Admin,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,
 ) -> Result<Response, ApiError> {
     let id = parse_order_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
-        state.engine.return_order(&claim, &id).await?,
+        state.engine.return_order(&caller, &claim, &id).await?,
     ))
 }
 
@@ -104,7 +108,7 @@ pub async fn webhook(
     body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     // Not the `Bytes` extractor: it would buffer up to its own, larger default first.
-    let body = crate::extract::read_body(body).await?;
+    let body = crate::extract::read_body(body, &state).await?;
     let signature = headers
         .get(gateway_signature_header())
         .and_then(|value| value.to_str().ok());

@@ -15,6 +15,14 @@ pub struct CreateOrderRequest {
     pub ttl_seconds: Option<TtlSeconds>,
 }
 
+/// The answer to a checkout: the order it created and the cart lines it left out.
+#[derive(Debug, Serialize)]
+pub struct CheckedOutBody<'a> {
+    #[serde(flatten)]
+    pub order: OrderBody<'a>,
+    pub skipped: Vec<crate::catalog_wire::SkippedLineBody<'a>>,
+}
+
 /// `POST /v1/orders/{id}/pay`: the payment method token the client got from the
 /// gateway (with the sandbox, a test method such as `pm_card_visa`).
 #[derive(Debug, Deserialize)]
@@ -63,6 +71,7 @@ pub struct HistoryBody<'a> {
 #[derive(Debug, Serialize)]
 pub struct OrderBody<'a> {
     pub order_id: &'a str,
+    pub shop: &'a str,
     pub user_id: &'a str,
     pub status: &'static str,
     pub amount: i64,
@@ -83,6 +92,7 @@ impl<'a> OrderBody<'a> {
     pub fn new(order: &'a Order) -> OrderBody<'a> {
         OrderBody {
             order_id: order.id.as_str(),
+            shop: order.shop.as_str(),
             user_id: order.user.as_str(),
             status: order.status.as_str(),
             amount: order.amount_minor,

@@ -21,7 +21,9 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         | ErrorCode::IllegalTransition
         | ErrorCode::VersionConflict
         | ErrorCode::AlreadyExists
+        | ErrorCode::PurchaseLimitExceeded
         | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
+        ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorCode::LockTimeout | ErrorCode::RetryExhausted | ErrorCode::Unavailable => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -58,6 +60,8 @@ fn title_for(code: ErrorCode) -> &'static str {
         ErrorCode::Unavailable => "Temporarily unavailable; retry later",
         ErrorCode::PaymentUnknown => "Payment outcome not known yet",
         ErrorCode::AlreadyExists => "Something with this name already exists",
+        ErrorCode::RateLimited => "Too many requests from this credential; slow down",
+        ErrorCode::PurchaseLimitExceeded => "This user already holds or bought the SKU's limit",
         ErrorCode::Internal => "Internal error",
     }
 }
@@ -86,6 +90,10 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub status: StatusCode,
     pub detail: String,
+    /// `Retry-After` for a 429 or 503 (1 second when not set).
+    pub retry_after_seconds: Option<u64>,
+    /// Answer with `Connection: close` (a client too slow to trust with another request).
+    pub close_connection: bool,
 }
 
 impl ApiError {
@@ -94,7 +102,19 @@ impl ApiError {
             code,
             status: status_for(code),
             detail: detail.into(),
+            retry_after_seconds: None,
+            close_connection: false,
         }
+    }
+
+    pub fn retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after_seconds = Some(seconds.max(1));
+        self
+    }
+
+    pub fn closing_the_connection(mut self) -> ApiError {
+        self.close_connection = true;
+        self
     }
 
     pub fn invalid(detail: impl Into<String>) -> ApiError {
@@ -129,7 +149,18 @@ pub fn problem_response(status: StatusCode, code: ErrorCode, body: String) -> Re
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = problem_body_with_status(self.code, self.status, &self.detail);
-        problem_response(self.status, self.code, body)
+        let mut response = problem_response(self.status, self.code, body);
+        if let Some(seconds) = self.retry_after_seconds
+            && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        if self.close_connection {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

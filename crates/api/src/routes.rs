@@ -4,16 +4,18 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use domain::{ErrorCode, Quantity, ReservationId, ReservationLine, SkuCode, WarehouseCode};
+use domain::{
+    ErrorCode, Quantity, ReservationId, ReservationLine, ServiceKeyId, SkuCode, WarehouseCode,
+};
 use engine::Reply;
 use store::{MovementQuantity, ReservationAction, SkuChanges};
 
 use crate::AppState;
-use crate::extract::{Admin, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
 use crate::wire::{
-    AuditBody, CreateReservationRequest, EmptyRequest, MovementKindWire, MovementRequest,
-    ReservationBody, SaveSkuRequest, SkuBody, code_of_problem,
+    AuditBody, CreateReservationRequest, CreateServiceKeyRequest, EmptyRequest, MovementKindWire,
+    MovementRequest, ReservationBody, SaveSkuRequest, ServiceKeyBody, SkuBody, code_of_problem,
 };
 
 /// Writes a stored (or freshly stored) response exactly as it was first sent.
@@ -53,13 +55,13 @@ fn parse_reservation_id(text: &str) -> Result<ReservationId, ApiError> {
 
 pub async fn save_sku(
     State(state): State<AppState>,
-    _admin: Admin,
+    Caller(caller): Caller,
     Path(sku): Path<String>,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<SaveSkuRequest>,
 ) -> Result<Response, ApiError> {
     let code = parse_sku(&sku)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let changes = SkuChanges {
         title: request.title.map(String::from),
@@ -68,30 +70,38 @@ pub async fn save_sku(
         low_stock_threshold: request
             .low_stock_threshold
             .map(domain::LowStockThreshold::get),
+        shop: request.shop,
+        per_user_limit: request
+            .per_user_limit
+            .map(|limit| limit.map(domain::PerUserLimit::get)),
     };
     Ok(reply_response(
-        state.engine.save_sku(&claim, &code, &changes).await?,
+        state
+            .engine
+            .save_sku(&caller, &claim, &code, &changes)
+            .await?,
     ))
 }
 
 pub async fn get_sku(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(sku): Path<String>,
 ) -> Result<Response, ApiError> {
     let code = parse_sku(&sku)?;
-    let sku = state.engine.sku(&code).await?;
+    let sku = state.engine.sku(&caller, &code).await?;
     Ok(Json(SkuBody::new(&sku)).into_response())
 }
 
 pub async fn record_movement(
     State(state): State<AppState>,
-    _admin: Admin,
+    Caller(caller): Caller,
     Path(sku): Path<String>,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<MovementRequest>,
 ) -> Result<Response, ApiError> {
     let code = parse_sku(&sku)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let quantity = match request.kind {
         MovementKindWire::Receive => {
@@ -103,17 +113,18 @@ pub async fn record_movement(
     };
     let reply = state
         .engine
-        .record_movement(&claim, code, request.warehouse, quantity)
+        .record_movement(&caller, &claim, code, request.warehouse, quantity)
         .await?;
     Ok(reply_response(reply))
 }
 
 pub async fn create_reservation(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     key: RequiredIdempotencyKey,
     RequiredJsonBody(body): RequiredJsonBody<CreateReservationRequest>,
 ) -> Result<Response, ApiError> {
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     let request = body.value;
     let lines = request
         .lines
@@ -129,55 +140,123 @@ pub async fn create_reservation(
     Ok(reply_response(
         state
             .engine
-            .reserve(&claim, lines, request.ttl_seconds)
+            .reserve(&caller, &claim, lines, request.ttl_seconds, request.user_id)
             .await?,
     ))
 }
 
 pub async fn get_reservation(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_reservation_id(&id)?;
-    let reservation = state.engine.reservation(&id).await?;
+    let reservation = state.engine.reservation(&caller, &id).await?;
     Ok(Json(ReservationBody::new(&reservation)).into_response())
 }
 
 async fn change_reservation(
     state: AppState,
+    caller: domain::Principal,
     id: String,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,
     action: ReservationAction,
 ) -> Result<Response, ApiError> {
     let id = parse_reservation_id(&id)?;
-    let claim = body.claim(key);
+    let claim = body.claim(&caller, key);
     Ok(reply_response(
-        state.engine.change_reservation(&claim, &id, action).await?,
+        state
+            .engine
+            .change_reservation(&caller, &claim, &id, action)
+            .await?,
     ))
 }
 
 pub async fn confirm_reservation(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,
 ) -> Result<Response, ApiError> {
-    change_reservation(state, id, key, body, ReservationAction::Confirm).await
+    change_reservation(state, caller, id, key, body, ReservationAction::Confirm).await
 }
 
 pub async fn release_reservation(
     State(state): State<AppState>,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,
 ) -> Result<Response, ApiError> {
-    change_reservation(state, id, key, body, ReservationAction::Release).await
+    change_reservation(state, caller, id, key, body, ReservationAction::Release).await
 }
 
-pub async fn audit(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let report = state.engine.audit().await?;
+pub async fn audit(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Response, ApiError> {
+    let report = state.engine.audit(&caller).await?;
     Ok(Json(AuditBody::new(&report)).into_response())
+}
+
+/// `POST /v1/admin/service-keys` (admin): the secret is in this answer only.
+pub async fn create_service_key(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<CreateServiceKeyRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(&caller, key);
+    let request = body.value;
+    let name = request.name.trim();
+    if name.is_empty()
+        || name.chars().count() > domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
+        || name.chars().any(char::is_control)
+    {
+        return Err(ApiError::invalid(format!(
+            "name must be 1 to {} characters without control characters",
+            domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
+        )));
+    }
+    Ok(reply_response(
+        state
+            .engine
+            .create_service_key(&caller, &claim, &request.shop, name)
+            .await?,
+    ))
+}
+
+/// `GET /v1/admin/service-keys` (admin): every key, newest first, never a secret.
+pub async fn service_keys(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+) -> Result<Response, ApiError> {
+    let keys = state.engine.service_keys(&caller).await?;
+    let bodies: Vec<ServiceKeyBody<'_>> = keys
+        .iter()
+        .map(|key| ServiceKeyBody::new(key, None))
+        .collect();
+    Ok(Json(serde_json::json!({"service_keys": bodies})).into_response())
+}
+
+/// `DELETE /v1/admin/service-keys/{key_id}` (admin).
+pub async fn revoke_service_key(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(key_id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let key_id = ServiceKeyId::parse(&key_id).map_err(|error| ApiError::invalid(error.0))?;
+    let claim = body.claim(&caller, key);
+    Ok(reply_response(
+        state
+            .engine
+            .revoke_service_key(&caller, &claim, &key_id)
+            .await?,
+    ))
 }
 
 pub async fn healthz() -> Response {
@@ -195,11 +274,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             serde_json::json!({"status": "ready", "database": state.engine.store().backend_name()}),
         )
         .into_response(),
-        Ok(Err(error)) => ApiError::new(
-            ErrorCode::Unavailable,
-            format!("database unreachable: {error}"),
-        )
-        .into_response(),
+        // The reason goes to the log only: it can name hosts, users and paths.
+        Ok(Err(error)) => {
+            tracing::warn!(error = %domain::redact_urls_in(&error.to_string()), "readiness check failed");
+            ApiError::new(ErrorCode::Unavailable, "the database is unreachable").into_response()
+        }
         Err(_) => ApiError::new(
             ErrorCode::Unavailable,
             "database did not answer within 2 seconds",

@@ -2,19 +2,26 @@
 //! stored bytes a client receives (and receives again on replay).
 
 use domain::{
-    AdjustmentQuantity, Currency, ErrorCode, LowStockThreshold, PriceMinor, Quantity, Reservation,
-    Sku, SkuCode, Timestamp, Title, TtlSeconds, WarehouseCode,
+    AdjustmentQuantity, Currency, ErrorCode, LowStockThreshold, PerUserLimit, PriceMinor, Quantity,
+    Reservation, Sku, SkuCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode,
 };
 use domain::{OperatorId, Product, ShopCode};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use store::{
-    AuditReport, Cart, Checkout, MovementRecord, Rejection, ResponseRenderer, ShelfOutcome,
-    ShelfResult, StoredResponse,
+    AuditReport, Cart, MovementRecord, Rejection, ResponseRenderer, ServiceKey, ShelfOutcome,
+    ShelfResult, SkippedLine, StoredResponse,
 };
 
 use crate::problem::{problem_body, status_for};
 
 // ---- requests ----
+
+/// A field that may be absent (keep), `null` (remove) or a value (set).
+fn present_or_null<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(deserializer).map(Some)
+}
 
 /// `PUT /v1/skus/{sku}`. Absent fields keep their current value.
 #[derive(Debug, Deserialize)]
@@ -24,6 +31,11 @@ pub struct SaveSkuRequest {
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
     pub low_stock_threshold: Option<LowStockThreshold>,
+    /// The shop of a new SKU (the caller's by default); a SKU's shop never changes.
+    pub shop: Option<ShopCode>,
+    /// Most units one shopper may hold or have bought; `null` removes the limit.
+    #[serde(default, deserialize_with = "present_or_null")]
+    pub per_user_limit: Option<Option<PerUserLimit>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -57,6 +69,9 @@ pub struct ReservationLineRequest {
 pub struct CreateReservationRequest {
     pub lines: Vec<ReservationLineRequest>,
     pub ttl_seconds: Option<TtlSeconds>,
+    /// The shopper the hold is for: counted against the open-hold bound and the
+    /// SKUs' per-user limits (required on a SKU that has one).
+    pub user_id: Option<UserId>,
 }
 
 /// Confirm and release take no fields; an empty body or `{}` is accepted.
@@ -77,10 +92,12 @@ pub struct StockLevelBody<'a> {
 #[derive(Debug, Serialize)]
 pub struct SkuBody<'a> {
     pub sku: &'a str,
+    pub shop: &'a str,
     pub title: &'a str,
     pub price: Option<i64>,
     pub currency: Option<&'a str>,
     pub low_stock_threshold: i64,
+    pub per_user_limit: Option<i64>,
     pub sale_status: &'static str,
     pub version: i64,
     pub available: i64,
@@ -99,10 +116,12 @@ impl<'a> SkuBody<'a> {
         let reserved = sku.reserved();
         SkuBody {
             sku: sku.code.as_str(),
+            shop: sku.shop.as_str(),
             title: &sku.title,
             price: sku.price.map(PriceMinor::get),
             currency: sku.currency.as_ref().map(Currency::as_str),
             low_stock_threshold: sku.low_stock_threshold,
+            per_user_limit: sku.per_user_limit,
             sale_status: sku.sale_status.as_str(),
             version: sku.version,
             available,
@@ -134,10 +153,13 @@ pub struct ReservationLineBody<'a> {
 
 #[derive(Debug, Serialize)]
 pub struct ReservationBody<'a> {
-    /// Set when the reservation checked a cart out.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub user: Option<&'a str>,
     pub reservation_id: &'a str,
+    /// The shopper it holds stock for, when the caller named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<&'a str>,
+    /// The order that holds it; only that order's flow confirms or releases it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<&'a str>,
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_reason: Option<&'static str>,
@@ -145,17 +167,14 @@ pub struct ReservationBody<'a> {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub lines: Vec<ReservationLineBody<'a>>,
-    /// Cart lines a checkout left out, and why.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub skipped: Option<Vec<crate::catalog_wire::SkippedLineBody<'a>>>,
 }
 
 impl<'a> ReservationBody<'a> {
     pub fn new(reservation: &'a Reservation) -> ReservationBody<'a> {
         ReservationBody {
-            user: None,
-            skipped: None,
             reservation_id: reservation.id.as_str(),
+            user_id: reservation.user.as_ref().map(UserId::as_str),
+            order_id: reservation.order_id.as_ref().map(|order| order.as_str()),
             status: reservation.status.as_str(),
             release_reason: reservation.release_reason.map(|reason| reason.as_str()),
             expires_at: reservation.expires_at,
@@ -195,6 +214,8 @@ pub struct AuditDifferenceBody<'a> {
     pub warehouse: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reference: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shop: Option<&'a str>,
     pub expected: i64,
     pub actual: i64,
 }
@@ -229,6 +250,7 @@ impl<'a> AuditBody<'a> {
                     sku: difference.sku.as_deref(),
                     warehouse: difference.warehouse.as_deref(),
                     reference: difference.reference.as_deref(),
+                    shop: difference.shop.as_deref(),
                     expected: difference.expected,
                     actual: difference.actual,
                 })
@@ -271,17 +293,8 @@ impl ResponseRenderer for HttpRenderer {
         )
     }
 
-    fn reservation_created(
-        &self,
-        reservation: &Reservation,
-        checkout: Option<&Checkout>,
-    ) -> StoredResponse {
-        let mut body = ReservationBody::new(reservation);
-        if let Some(checkout) = checkout {
-            body.user = Some(checkout.user.as_str());
-            body.skipped = Some(crate::catalog_wire::skipped_lines(checkout));
-        }
-        json(201, &body)
+    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse {
+        json(201, &ReservationBody::new(reservation))
     }
 
     fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse {
@@ -358,6 +371,14 @@ impl ResponseRenderer for HttpRenderer {
         )
     }
 
+    fn service_key_created(&self, key: &ServiceKey, secret: Option<&str>) -> StoredResponse {
+        json(201, &ServiceKeyBody::new(key, secret))
+    }
+
+    fn service_key_revoked(&self, key: &ServiceKey) -> StoredResponse {
+        json(200, &ServiceKeyBody::new(key, None))
+    }
+
     fn cart(&self, cart: &Cart) -> StoredResponse {
         json(200, &crate::catalog_wire::CartBody::new(cart))
     }
@@ -368,6 +389,50 @@ impl ResponseRenderer for HttpRenderer {
             &crate::order_wire::OrderBody::new(order),
         )
     }
+
+    fn checked_out(&self, order: &store::Order, skipped: &[SkippedLine]) -> StoredResponse {
+        json(
+            201,
+            &crate::order_wire::CheckedOutBody {
+                order: crate::order_wire::OrderBody::new(order),
+                skipped: crate::catalog_wire::skipped_lines(skipped),
+            },
+        )
+    }
+}
+
+/// A service key as answered: the secret in the creating answer only.
+#[derive(Debug, Serialize)]
+pub struct ServiceKeyBody<'a> {
+    pub key_id: &'a str,
+    pub shop: &'a str,
+    pub name: &'a str,
+    /// Present (once) when the key was just created; stockd keeps only its hash.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<&'a str>,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+}
+
+impl<'a> ServiceKeyBody<'a> {
+    pub fn new(key: &'a ServiceKey, secret: Option<&'a str>) -> ServiceKeyBody<'a> {
+        ServiceKeyBody {
+            key_id: key.id.as_str(),
+            shop: key.shop.as_str(),
+            name: &key.name,
+            secret,
+            created_at: key.created_at,
+            revoked_at: key.revoked_at,
+        }
+    }
+}
+
+/// `POST /v1/admin/service-keys`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateServiceKeyRequest {
+    pub shop: ShopCode,
+    pub name: String,
 }
 
 /// Reads the `code` of a stored problem body, for counting replayed outcomes.

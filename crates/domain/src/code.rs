@@ -115,6 +115,15 @@ code_newtype!(
     "shop",
     crate::limits::CATALOG_CODE_LENGTH_MAX
 );
+impl ShopCode {
+    /// The shop of a SKU created without naming one.
+    pub const DEFAULT: &'static str = "default";
+
+    pub fn default_shop() -> ShopCode {
+        ShopCode(ShopCode::DEFAULT.to_owned())
+    }
+}
+
 code_newtype!(
     /// A product category (`dairy`, `bakery`), a target of batch shelf operations.
     CategoryCode,

@@ -21,11 +21,15 @@ pub enum ErrorCode {
     Unavailable,
     PaymentUnknown,
     AlreadyExists,
+    /// This principal sent more requests than its rate allows (429).
+    RateLimited,
+    /// The user already holds or bought the SKU's per-user limit (409).
+    PurchaseLimitExceeded,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -41,6 +45,8 @@ impl ErrorCode {
         ErrorCode::Unavailable,
         ErrorCode::PaymentUnknown,
         ErrorCode::AlreadyExists,
+        ErrorCode::RateLimited,
+        ErrorCode::PurchaseLimitExceeded,
         ErrorCode::Internal,
     ];
 
@@ -61,6 +67,8 @@ impl ErrorCode {
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::PaymentUnknown => "payment_unknown",
             ErrorCode::AlreadyExists => "already_exists",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::PurchaseLimitExceeded => "purchase_limit_exceeded",
             ErrorCode::Internal => "internal",
         }
     }

@@ -112,6 +112,13 @@ minted_id!(
     "ord_"
 );
 minted_id!(
+    /// Names one service key (a shop's checkout backend's credential). The id is
+    /// public, the secret that goes with it is not.
+    ServiceKeyId,
+    "service key",
+    "key_"
+);
+minted_id!(
     /// Names one payment attempt of an order; the gateway call's idempotency key
     /// derives from it.
     PaymentAttemptId,

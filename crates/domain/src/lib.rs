@@ -13,9 +13,11 @@ pub mod id;
 pub mod limits;
 pub mod money;
 pub mod order;
+pub mod principal;
 pub mod quantity;
 pub mod reservation;
 pub mod sale_status;
+pub mod secret;
 pub mod sku;
 pub mod time;
 
@@ -28,13 +30,14 @@ pub use error::{ErrorCode, ParseError};
 pub use hex::lower_hex;
 pub use id::{
     IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,
-    ScheduleId,
+    ScheduleId, ServiceKeyId,
 };
 pub use money::{Currency, PriceMinor};
 pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
 };
-pub use quantity::{AdjustmentQuantity, LowStockThreshold, Quantity, TtlSeconds};
+pub use principal::{Action, Denied, Principal, Role, authorize};
+pub use quantity::{AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds};
 pub use reservation::{
     IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
 };
@@ -42,5 +45,6 @@ pub use sale_status::{
     Availability, Completeness, SALE_STATUS_TRANSITIONS, SaleStatus, ShelfDecision, ShelfOperation,
     decide_shelf_change,
 };
+pub use secret::{Secret, redact_url, redact_urls_in};
 pub use sku::{Sku, StockLevel};
 pub use time::Timestamp;

@@ -47,3 +47,14 @@ pub const SHELF_LOG_PAGE_SIZE_MAX: i64 = 500;
 pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
 /// Remarks in the shelf log.
 pub const REMARK_LENGTH_MAX: usize = 500;
+
+/// Open holds one shopper may have at once, by default (`STOCKD_USER_OPEN_HOLDS_MAX`).
+pub const USER_OPEN_HOLDS_MAX_DEFAULT: i64 = 20;
+/// The largest per-user limit a SKU may carry.
+pub const PER_USER_LIMIT_MAX: i64 = QUANTITY_MAX;
+/// Service keys' names.
+pub const SERVICE_KEY_NAME_LENGTH_MAX: usize = 64;
+/// Credentials of any kind that one listing returns at most.
+pub const SERVICE_KEYS_LISTED_MAX: i64 = 1000;
+/// Longest bearer token stockd reads (every token it issues is shorter).
+pub const BEARER_TOKEN_LENGTH_MAX: usize = 128;

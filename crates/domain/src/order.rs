@@ -133,6 +133,14 @@ impl PaymentMethod {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The project's sandbox fault methods (`pm_sandbox_…`): meaningless to a real
+    /// gateway, so refused when one is configured.
+    pub fn is_sandbox_only(&self) -> bool {
+        self.0.starts_with(PaymentMethod::SANDBOX_PREFIX)
+    }
+
+    pub const SANDBOX_PREFIX: &'static str = "pm_sandbox_";
 }
 
 impl TryFrom<String> for PaymentMethod {

@@ -104,6 +104,16 @@ bounded_integer!(
 );
 
 bounded_integer!(
+    /// Most units of a SKU one shopper may hold or have bought: 1..=[`QUANTITY_MAX`].
+    PerUserLimit,
+    field = "per_user_limit",
+    min = 1,
+    max = QUANTITY_MAX,
+    zero_allowed = false,
+    expected = "an integer between 1 and 1000000, or null for no limit"
+);
+
+bounded_integer!(
     /// A signed, non-zero correction of available stock: -[`QUANTITY_MAX`]..=
     /// [`QUANTITY_MAX`] without 0. Used by `adjust` movements (a count found more or
     /// fewer units).

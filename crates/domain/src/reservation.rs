@@ -5,9 +5,9 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::code::{SkuCode, WarehouseCode};
+use crate::code::{ShopCode, SkuCode, UserId, WarehouseCode};
 use crate::error::ParseError;
-use crate::id::ReservationId;
+use crate::id::{OrderId, ReservationId};
 use crate::quantity::Quantity;
 use crate::time::Timestamp;
 
@@ -113,6 +113,13 @@ pub struct ReservationLine {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reservation {
     pub id: ReservationId,
+    /// The shop of its SKUs (one shop per reservation); `None` only for reservations
+    /// made before shops were recorded whose SKUs are gone.
+    pub shop: Option<ShopCode>,
+    /// The shopper it holds stock for, when the caller named one.
+    pub user: Option<UserId>,
+    /// The order that holds it: only that order's flow confirms or releases it.
+    pub order_id: Option<OrderId>,
     pub status: ReservationStatus,
     pub release_reason: Option<ReleaseReason>,
     pub expires_at: Timestamp,

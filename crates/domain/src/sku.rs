@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::code::{SkuCode, WarehouseCode};
+use crate::code::{ShopCode, SkuCode, WarehouseCode};
 use crate::id::ProductId;
 use crate::money::{Currency, PriceMinor};
 use crate::sale_status::SaleStatus;
@@ -21,12 +21,16 @@ pub struct Sku {
     pub code: SkuCode,
     /// The product (SPU) this SKU belongs to; `None` for SKUs created on their own.
     pub product_id: Option<ProductId>,
+    /// The shop that sells it; fixed once the SKU exists.
+    pub shop: ShopCode,
     pub title: String,
     /// The selling unit's description (`250ml x 24`).
     pub spec: String,
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
     pub low_stock_threshold: i64,
+    /// Most units one shopper may hold or have bought; `None`: no limit.
+    pub per_user_limit: Option<i64>,
     pub sale_status: SaleStatus,
     pub version: i64,
     pub created_at: Timestamp,

@@ -5,18 +5,16 @@ use std::collections::{BTreeSet, HashMap};
 
 use domain::limits::{PRODUCT_SKUS_MAX, SCHEDULE_HORIZON_SECONDS_MAX, SHELF_TARGETS_MAX};
 use domain::{
-    CategoryCode, Currency, ImageUrl, OperatorId, OperatorType, PriceMinor, Product, ProductId,
+    Action, CategoryCode, Currency, ImageUrl, OrderId, PriceMinor, Principal, Product, ProductId,
     Quantity, ReservationId, ReservationLine, ScheduleId, ShelfLogEntry, ShelfOperation, ShopCode,
-    SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode,
+    SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode, authorize,
 };
-use sha2::{Digest, Sha256};
 use store::{
-    Actor, AppliedSchedule, Cart, Checkout, IdempotencyClaim, NewProduct, NewSku, ProductChanges,
-    ReserveRequest, ShelfChange, ShelfLogQuery, ShelfScheduling, SkippedLine, TargetSelector,
+    Actor, AppliedSchedule, Cart, IdempotencyClaim, NewOrder, NewProduct, NewSku, ProductChanges,
+    ShelfChange, ShelfLogQuery, ShelfScheduling, SkippedLine, TargetSelector,
 };
 
-use crate::combiner::Refusal;
-use crate::{Engine, EngineError, Reply, answer_from_record, log_store_error};
+use crate::{Engine, EngineError, Reply, answer_from_record, forbidden, log_store_error};
 
 /// A product as an operator submits it.
 #[derive(Debug, Clone)]
@@ -26,7 +24,17 @@ pub struct ProductDraft {
     pub category: CategoryCode,
     pub supplier: SupplierCode,
     pub shop: ShopCode,
-    pub skus: Vec<(SkuCode, PriceMinor, Currency, String)>,
+    pub skus: Vec<DraftSku>,
+}
+
+/// One SKU of a product draft.
+#[derive(Debug, Clone)]
+pub struct DraftSku {
+    pub code: SkuCode,
+    pub price: PriceMinor,
+    pub currency: Currency,
+    pub spec: String,
+    pub per_user_limit: Option<i64>,
 }
 
 /// A shelf operation as an operator submits it.
@@ -40,40 +48,23 @@ pub struct ShelfRequest {
     pub remark: String,
 }
 
-/// SHA-256 of an operator token, hex: only the hash is stored.
-pub fn token_hash(token: &str) -> String {
-    domain::lower_hex(&Sha256::digest(token.as_bytes()))
-}
-
 const MINUTE_MILLISECONDS: i64 = 60_000;
 
 impl Engine {
-    fn forbid_other_shop(actor: &Actor, shop: Option<&ShopCode>) -> Result<(), EngineError> {
-        if actor.may_touch(shop) {
-            Ok(())
-        } else {
-            Err(EngineError::Forbidden(format!(
-                "operator '{}' may act only within shop '{}'",
-                actor.operator,
-                actor.shop.as_ref().map_or("", ShopCode::as_str)
-            )))
-        }
-    }
-
     /// `POST /v1/products`: a product and its SKUs, all `PENDING_REVIEW`.
     pub async fn create_product(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
-        actor: &Actor,
         draft: ProductDraft,
     ) -> Result<Reply, EngineError> {
-        Engine::forbid_other_shop(actor, Some(&draft.shop))?;
+        authorize(principal, Action::EditCatalog, Some(&draft.shop)).map_err(forbidden)?;
         if draft.skus.is_empty() || draft.skus.len() > PRODUCT_SKUS_MAX {
             return Err(EngineError::InvalidArgument(format!(
                 "skus must hold 1 to {PRODUCT_SKUS_MAX} entries"
             )));
         }
-        let distinct: BTreeSet<&SkuCode> = draft.skus.iter().map(|(code, ..)| code).collect();
+        let distinct: BTreeSet<&SkuCode> = draft.skus.iter().map(|sku| &sku.code).collect();
         if distinct.len() != draft.skus.len() {
             return Err(EngineError::InvalidArgument(
                 "a SKU code appears twice".into(),
@@ -90,11 +81,12 @@ impl Engine {
             skus: draft
                 .skus
                 .into_iter()
-                .map(|(code, price, currency, spec)| NewSku {
-                    code,
-                    price,
-                    currency,
-                    spec,
+                .map(|sku| NewSku {
+                    code: sku.code,
+                    price: sku.price,
+                    currency: sku.currency,
+                    spec: sku.spec,
+                    per_user_limit: sku.per_user_limit,
                 })
                 .collect(),
         };
@@ -119,23 +111,30 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("product '{id}' does not exist")))
     }
 
-    /// The product, if `actor` may see it as staff.
-    pub async fn product_for(&self, actor: &Actor, id: &ProductId) -> Result<Product, EngineError> {
+    /// The product, if `principal` may see it as staff.
+    pub async fn product_for(
+        &self,
+        principal: &Principal,
+        id: &ProductId,
+    ) -> Result<Product, EngineError> {
+        authorize(principal, Action::ViewStaffData, None).map_err(forbidden)?;
         let product = self.product(id).await?;
-        Engine::forbid_other_shop(actor, Some(&product.shop))?;
+        authorize(principal, Action::ViewStaffData, Some(&product.shop)).map_err(forbidden)?;
         Ok(product)
     }
 
     /// `PATCH /v1/products/{id}`.
     pub async fn update_product(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
-        actor: &Actor,
         id: &ProductId,
         changes: ProductChanges,
     ) -> Result<Reply, EngineError> {
         // A product's shop never changes, so checking it before the transaction holds.
-        self.product_for(actor, id).await?;
+        authorize(principal, Action::EditCatalog, None).map_err(forbidden)?;
+        let product = self.product(id).await?;
+        authorize(principal, Action::EditCatalog, Some(&product.shop)).map_err(forbidden)?;
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("update_product", claim, || {
             self.retried("update_product", || {
@@ -150,13 +149,16 @@ impl Engine {
     /// `POST /v1/admin/shelf`: on, off or delete, now or at a minute in the future.
     pub async fn shelf(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
-        actor: &Actor,
         request: ShelfRequest,
     ) -> Result<Reply, EngineError> {
-        if request.operation == ShelfOperation::Delete && !actor.is_admin() {
-            return Err(EngineError::Forbidden("only the admin may delete".into()));
-        }
+        let action = match request.operation {
+            ShelfOperation::Delete => Action::DeleteCatalog,
+            ShelfOperation::On | ShelfOperation::Off => Action::ChangeShelf,
+        };
+        authorize(principal, action, None).map_err(forbidden)?;
+        let actor = Actor::of(principal);
         let mut selector = request.selector;
         let names_something = !selector.product_ids.is_empty()
             || !selector.skus.is_empty()
@@ -193,7 +195,7 @@ impl Engine {
             )));
         }
         for target in &targets {
-            Engine::forbid_other_shop(actor, target.shop.as_ref())?;
+            authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
         }
         let renderer = self.inner.renderer.as_ref();
         match request.scheduled_at {
@@ -270,8 +272,8 @@ impl Engine {
     /// `DELETE /v1/products/{id}`: every SKU of the product to `DELETED` (admin only).
     pub async fn delete_product(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
-        actor: &Actor,
         id: &ProductId,
     ) -> Result<Reply, EngineError> {
         let request = ShelfRequest {
@@ -284,7 +286,7 @@ impl Engine {
             expected_versions: HashMap::new(),
             remark: "product deleted".into(),
         };
-        self.shelf(claim, actor, request).await
+        self.shelf(principal, claim, request).await
     }
 
     /// One step of the schedule worker: applies up to one batch of due schedules.
@@ -315,10 +317,11 @@ impl Engine {
     /// `GET /v1/admin/shelf-log`: an operator sees only its shop.
     pub async fn shelf_log(
         &self,
-        actor: &Actor,
+        principal: &Principal,
         mut query: ShelfLogQuery,
     ) -> Result<Vec<ShelfLogEntry>, EngineError> {
-        if let Some(shop) = &actor.shop {
+        authorize(principal, Action::ViewStaffData, None).map_err(forbidden)?;
+        if let Some(shop) = principal.shop() {
             query.shop = Some(shop.clone());
         }
         self.inner
@@ -328,93 +331,66 @@ impl Engine {
             .map_err(|error| log_store_error("shelf_log", error))
     }
 
-    /// `POST /v1/admin/operators`: a token bound to one shop. The token is in the first
-    /// answer only; only its hash is stored.
-    pub async fn create_operator(
-        &self,
-        claim: &IdempotencyClaim,
-        operator: &OperatorId,
-        shop: &ShopCode,
-    ) -> Result<Reply, EngineError> {
-        let token = domain::lower_hex(&rand::random::<[u8; 32]>());
-        let hash = token_hash(&token);
-        let renderer = self.inner.renderer.as_ref();
-        let reply = self
-            .idempotent("create_operator", claim, || {
-                self.retried("create_operator", || {
-                    self.inner.store.create_operator(
-                        claim,
-                        operator,
-                        shop,
-                        &hash,
-                        self.now(),
-                        renderer,
-                    )
-                })
-            })
-            .await?;
-        if !reply.replayed && reply.response.status == 201 {
-            return Ok(Reply {
-                response: renderer.operator_created(operator, shop, Some(&token)),
-                replayed: false,
-            });
-        }
-        Ok(reply)
-    }
-
-    /// The operator a bearer token belongs to, if any.
-    pub async fn operator_for_token(&self, token: &str) -> Result<Option<Actor>, EngineError> {
-        let found = self
-            .inner
-            .store
-            .operator_by_token_hash(&token_hash(token))
-            .await
-            .map_err(|error| log_store_error("authenticate", error))?;
-        Ok(found.map(|(operator, shop)| Actor {
-            operator,
-            operator_type: OperatorType::Manual,
-            shop: Some(shop),
-        }))
-    }
-
     /// `PUT` (with a quantity) or `DELETE` (without) `/v1/carts/{user}/items/{sku}`. A
-    /// cart holds no stock.
+    /// cart holds no stock; a shopper's cart in a shop holds that shop's SKUs.
     pub async fn set_cart_item(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         user: &UserId,
         sku: &SkuCode,
         quantity: Option<Quantity>,
     ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
+        let shop = match self.shop_of(sku).await? {
+            Some(shop) => shop,
+            // An unknown SKU: the store answers `not_found` (or removes nothing).
+            None => principal
+                .shop()
+                .cloned()
+                .unwrap_or_else(ShopCode::default_shop),
+        };
+        authorize(principal, Action::UseCarts, Some(&shop)).map_err(forbidden)?;
         let renderer = self.inner.renderer.as_ref();
         let quantity = quantity.map(Quantity::get);
         self.idempotent("cart", claim, || {
             self.retried("cart", || {
-                self.inner
-                    .store
-                    .set_cart_item(claim, user, sku, quantity, self.now(), renderer)
+                self.inner.store.set_cart_item(
+                    claim,
+                    &shop,
+                    user,
+                    sku,
+                    quantity,
+                    self.now(),
+                    renderer,
+                )
             })
         })
         .await
     }
 
-    pub async fn cart(&self, user: &UserId) -> Result<Cart, EngineError> {
+    /// A shopper's cart: the lines of the caller's shop (the admin sees every line).
+    pub async fn cart(&self, principal: &Principal, user: &UserId) -> Result<Cart, EngineError> {
+        authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         self.inner
             .store
-            .cart(user)
+            .cart(principal.shop(), user)
             .await
             .map_err(|error| log_store_error("cart", error))
     }
 
-    /// `POST /v1/carts/{user}/checkout`: reserves the lines that can be ordered now,
-    /// reports the others, and fails when none can. Off-shelf and stock are checked
-    /// again inside the reserving transaction.
+    /// `POST /v1/carts/{user}/checkout`: an order (`PENDING_PAYMENT`) of the lines that
+    /// can be ordered now, reporting the others, and refused when none can. The order
+    /// holds its stock like any order: paid, cancelled or expired through the order.
+    /// Off-shelf and stock are checked again inside the order's transaction.
     pub async fn checkout(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         user: &UserId,
         ttl: Option<TtlSeconds>,
     ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         // A retry answers from its stored result, even after the cart was emptied.
         if let Some((fingerprint, response)) = self
             .inner
@@ -425,7 +401,7 @@ impl Engine {
         {
             return answer_from_record("checkout", claim, &fingerprint, response);
         }
-        let cart = self.cart(user).await?;
+        let cart = self.cart(principal, user).await?;
         if cart.lines.is_empty() {
             return Err(EngineError::InvalidArgument(format!(
                 "the cart of '{user}' is empty"
@@ -462,6 +438,17 @@ impl Engine {
                 ),
             });
         }
+        let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
+        let shop = self
+            .scope_of_skus(principal, Action::UseCarts, &skus)
+            .await
+            .map_err(|error| match error {
+                EngineError::InvalidArgument(_) => EngineError::InvalidArgument(
+                    "the cart holds SKUs of several shops; check out as one shop's service key"
+                        .into(),
+                ),
+                other => other,
+            })?;
         let ordered: Vec<(SkuCode, i64)> = lines
             .iter()
             .map(|line| (line.sku.clone(), line.quantity.get()))
@@ -471,32 +458,28 @@ impl Engine {
             self.inner.config.reservation_ttl_seconds_default,
             TtlSeconds::get,
         );
-        let request = ReserveRequest {
-            claim: claim.clone(),
-            id: ReservationId::generate(now, rand::random()),
+        let order = NewOrder {
+            id: OrderId::generate(now, rand::random()),
+            shop,
+            user: user.clone(),
+            reservation_id: ReservationId::generate(now, rand::random()),
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
-            checkout: Some(Checkout {
-                user: user.clone(),
-                skipped,
-            }),
+            skipped: Some(skipped),
         };
+        let renderer = self.inner.renderer.as_ref();
         let reply = self
-            .idempotent("checkout", claim, || async {
-                match self.inner.combiner.submit(request).await {
-                    Ok(outcome) => outcome.map_err(|error| log_store_error("checkout", error)),
-                    Err(Refusal::QueueFull) => Err(EngineError::Overloaded(
-                        "too many reservations are queued; retry with the same key".into(),
-                    )),
-                    Err(Refusal::Stopped) => {
-                        Err(EngineError::Unavailable("stockd is shutting down".into()))
-                    }
-                }
+            .idempotent("checkout", claim, || {
+                self.retried("checkout", || {
+                    self.inner
+                        .store
+                        .create_order(claim, &order, self.now(), renderer)
+                })
             })
             .await?;
         if reply.response.status == 201 {
             // The ordered lines leave the cart (unless changed meanwhile). Best effort:
-            // the reservation stands either way.
+            // the order stands either way.
             if let Err(error) = self
                 .inner
                 .store

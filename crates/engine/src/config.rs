@@ -55,6 +55,10 @@ pub struct EngineConfig {
     /// order); 0 picks one for SQLite (its single writer serializes them anyway) and
     /// two for PostgreSQL.
     pub combiner_batches_in_flight: usize,
+    /// How long this process trusts what it read about a bearer token (found, unknown
+    /// or revoked) before asking the database again: the bound within which a key
+    /// revoked on another instance stops working here.
+    pub credential_cache_milliseconds: i64,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             combiner_batch_size_max: 256,
             combiner_queue_depth_max: 4096,
             combiner_batches_in_flight: 0,
+            credential_cache_milliseconds: 2_000,
         }
     }
 }

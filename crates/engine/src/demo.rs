@@ -5,12 +5,12 @@
 use std::collections::HashMap;
 
 use domain::{
-    CategoryCode, Currency, IdempotencyKey, ImageUrl, OperatorId, PriceMinor, Quantity,
+    CategoryCode, Currency, IdempotencyKey, ImageUrl, OperatorId, PriceMinor, Principal, Quantity,
     ShelfOperation, ShopCode, SkuCode, SupplierCode, Title,
 };
-use store::{Actor, IdempotencyClaim, MovementQuantity, TargetSelector};
+use store::{IdempotencyClaim, MovementQuantity, ScopedKey, TargetSelector};
 
-use crate::catalog::{ProductDraft, ShelfRequest};
+use crate::catalog::{DraftSku, ProductDraft, ShelfRequest};
 use crate::{Engine, EngineError};
 
 /// What the demo loaded, for the command line to print.
@@ -20,6 +20,8 @@ pub struct DemoSummary {
     pub skus: Vec<String>,
     /// The demo operator's token, when this load created the operator.
     pub operator_token: Option<String>,
+    /// The demo checkout backend's service key secret, when this load created it.
+    pub service_secret: Option<String>,
 }
 
 struct DemoProduct {
@@ -87,9 +89,10 @@ const CATALOG: &[DemoProduct] = &[
 ];
 
 fn claim(key: String) -> Result<IdempotencyClaim, EngineError> {
+    let key = IdempotencyKey::parse(&key).map_err(|error| EngineError::Internal(error.0))?;
     Ok(IdempotencyClaim {
-        key: IdempotencyKey::parse(&key).map_err(|error| EngineError::Internal(error.0))?,
-        fingerprint: format!("demo-catalog-v1:{key}"),
+        key: ScopedKey::new(&Principal::Admin, &key),
+        fingerprint: format!("demo-catalog-v1:{}", key.as_str()),
     })
 }
 
@@ -102,20 +105,22 @@ fn parsed<T>(
 
 /// Loads the demo catalog: five products in shop `demo-market` (one left pending
 /// review: it has no image), their stock (eggs at zero: temporarily out of stock),
-/// and an operator `demo-operator` of that shop.
+/// an operator `demo-operator` of that shop and a service key `demo-checkout` for its
+/// checkout backend.
 pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineError> {
-    let admin = Actor::admin();
+    let admin = Principal::Admin;
     let mut summary = DemoSummary::default();
     let shop = parsed(ShopCode::parse, SHOP)?;
     for product in CATALOG {
         let mut skus = Vec::new();
         for (code, price, spec, _) in product.skus {
-            skus.push((
-                parsed(SkuCode::parse, code)?,
-                PriceMinor::new(*price).map_err(|error| EngineError::Internal(error.0))?,
-                parsed(Currency::parse, "CNY")?,
-                (*spec).to_owned(),
-            ));
+            skus.push(DraftSku {
+                code: parsed(SkuCode::parse, code)?,
+                price: PriceMinor::new(*price).map_err(|error| EngineError::Internal(error.0))?,
+                currency: parsed(Currency::parse, "CNY")?,
+                spec: (*spec).to_owned(),
+                per_user_limit: None,
+            });
         }
         let draft = ProductDraft {
             title: parsed(Title::parse, product.title)?,
@@ -130,8 +135,8 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
         };
         let reply = engine
             .create_product(
-                &claim(format!("demo-product-{}", product.key))?,
                 &admin,
+                &claim(format!("demo-product-{}", product.key))?,
                 draft,
             )
             .await?;
@@ -148,6 +153,7 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
                     Quantity::new(*units).map_err(|error| EngineError::Internal(error.0))?;
                 engine
                     .record_movement(
+                        &admin,
                         &claim(format!("demo-receive-{code}"))?,
                         parsed(SkuCode::parse, code)?,
                         None,
@@ -169,8 +175,8 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
             };
             engine
                 .shelf(
-                    &claim(format!("demo-shelf-{}", product.key))?,
                     &admin,
+                    &claim(format!("demo-shelf-{}", product.key))?,
                     request,
                 )
                 .await?;
@@ -179,12 +185,25 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
     }
     let operator = parsed(OperatorId::parse, "demo-operator")?;
     let reply = engine
-        .create_operator(&claim("demo-operator".into())?, &operator, &shop)
+        .create_operator(&admin, &claim("demo-operator".into())?, &operator, &shop)
         .await?;
     if !reply.replayed {
         let body: serde_json::Value =
             serde_json::from_str(&reply.response.body).unwrap_or_default();
         summary.operator_token = body["token"].as_str().map(str::to_owned);
+    }
+    let reply = engine
+        .create_service_key(
+            &admin,
+            &claim("demo-checkout".into())?,
+            &shop,
+            "demo-checkout",
+        )
+        .await?;
+    if !reply.replayed {
+        let body: serde_json::Value =
+            serde_json::from_str(&reply.response.body).unwrap_or_default();
+        summary.service_secret = body["secret"].as_str().map(str::to_owned);
     }
     Ok(summary)
 }

@@ -7,11 +7,13 @@ pub mod catalog;
 pub mod clock;
 pub mod combiner;
 pub mod config;
+pub mod credentials;
 pub mod demo;
 pub mod error;
 pub mod in_flight;
 pub mod payments;
 pub mod retry;
+pub mod shops;
 pub mod workers;
 
 use std::future::Future;
@@ -19,7 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use domain::{
-    ReservationId, ReservationLine, Sku, SkuCode, Timestamp, TtlSeconds, WarehouseCode, check_lines,
+    Action, Principal, ReservationId, ReservationLine, Sku, SkuCode, Timestamp, TtlSeconds, UserId,
+    WarehouseCode, authorize, check_lines,
 };
 use store::{
     AuditReport, IdempotencyClaim, Idempotent, MovementQuantity, ReservationAction,
@@ -65,6 +68,8 @@ struct Inner {
     /// Woken when this process records a schedule, so the schedule worker re-reads
     /// the next due time.
     schedules_changed: tokio::sync::Notify,
+    credentials: credentials::Credentials,
+    sku_shops: shops::SkuShops,
 }
 
 /// What one expiry step did.
@@ -113,6 +118,8 @@ impl Engine {
                 combiner,
                 schedules_changed: tokio::sync::Notify::new(),
                 payments: std::sync::OnceLock::new(),
+                credentials: credentials::Credentials::default(),
+                sku_shops: shops::SkuShops::default(),
             }),
         }
     }
@@ -215,19 +222,34 @@ impl Engine {
             .map_err(|error| log_store_error(operation, error))
     }
 
-    /// `PUT /v1/skus/{sku}`.
+    /// `PUT /v1/skus/{sku}`: creates a SKU (in the caller's shop, or the one named) or
+    /// updates one the caller may touch.
     pub async fn save_sku(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         code: &SkuCode,
         changes: &SkuChanges,
     ) -> Result<Reply, EngineError> {
+        let mut changes = changes.clone();
+        let shop = match self.shop_of(code).await? {
+            Some(existing) => existing,
+            None => changes
+                .shop
+                .clone()
+                .or_else(|| principal.shop().cloned())
+                .unwrap_or_else(domain::ShopCode::default_shop),
+        };
+        authorize(principal, Action::EditCatalog, Some(&shop)).map_err(forbidden)?;
+        if changes.shop.is_none() {
+            changes.shop = Some(shop);
+        }
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("save_sku", claim, || {
             self.retried("save_sku", || {
                 self.inner
                     .store
-                    .upsert_sku(claim, code, changes, self.now(), renderer)
+                    .upsert_sku(claim, code, &changes, self.now(), renderer)
             })
         })
         .await
@@ -236,11 +258,14 @@ impl Engine {
     /// `POST /v1/skus/{sku}/stock-movements`.
     pub async fn record_movement(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         sku: SkuCode,
         warehouse: Option<WarehouseCode>,
         quantity: MovementQuantity,
     ) -> Result<Reply, EngineError> {
+        let shop = self.shop_of(&sku).await?;
+        authorize(principal, Action::MoveStock, shop.as_ref()).map_err(forbidden)?;
         let now = self.now();
         let movement = StockMovement {
             id: domain::MovementId::generate(now, rand::random()),
@@ -259,14 +284,20 @@ impl Engine {
         .await
     }
 
-    /// `POST /v1/reservations`: all lines or none.
+    /// `POST /v1/reservations`: all lines or none, every SKU of the caller's shop.
     pub async fn reserve(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         lines: Vec<ReservationLine>,
         ttl: Option<TtlSeconds>,
+        user: Option<UserId>,
     ) -> Result<Reply, EngineError> {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
+        let shop = self
+            .scope_of_skus(principal, Action::Reserve, &skus)
+            .await?;
         let now = self.now();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
@@ -277,7 +308,8 @@ impl Engine {
             id: ReservationId::generate(now, rand::random()),
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
-            checkout: None,
+            shop,
+            user,
         };
         self.idempotent("reserve", claim, || async {
             match self.inner.combiner.submit(request).await {
@@ -293,13 +325,34 @@ impl Engine {
         .await
     }
 
-    /// `POST /v1/reservations/{id}/confirm` and `/release`.
+    /// `POST /v1/reservations/{id}/confirm` and `/release`. A reservation held by an
+    /// order is moved only by that order's flow: refused here, nothing stored (who
+    /// holds a reservation never changes).
     pub async fn change_reservation(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         id: &ReservationId,
         action: ReservationAction,
     ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::Reserve, None).map_err(forbidden)?;
+        let found = self
+            .inner
+            .store
+            .reservation(id)
+            .await
+            .map_err(|error| log_store_error("get_reservation", error))?;
+        if let Some(reservation) = &found {
+            authorize(principal, Action::Reserve, reservation.shop.as_ref()).map_err(forbidden)?;
+            if let Some(order) = &reservation.order_id {
+                return Err(EngineError::Refused {
+                    code: domain::ErrorCode::IllegalTransition,
+                    detail: format!(
+                        "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
+                    ),
+                });
+            }
+        }
         let operation = match action {
             ReservationAction::Confirm => "confirm",
             ReservationAction::Release => "release",
@@ -315,42 +368,74 @@ impl Engine {
         .await
     }
 
-    pub async fn sku(&self, code: &SkuCode) -> Result<Sku, EngineError> {
-        self.inner
+    pub async fn sku(&self, principal: &Principal, code: &SkuCode) -> Result<Sku, EngineError> {
+        authorize(principal, Action::ViewStock, None).map_err(forbidden)?;
+        let sku = self
+            .inner
             .store
             .sku(code)
             .await
             .map_err(|error| log_store_error("get_sku", error))?
-            .ok_or_else(|| EngineError::NotFound(format!("sku '{code}' does not exist")))
+            .ok_or_else(|| EngineError::NotFound(format!("sku '{code}' does not exist")))?;
+        authorize(principal, Action::ViewStock, Some(&sku.shop)).map_err(forbidden)?;
+        Ok(sku)
     }
 
     pub async fn reservation(
         &self,
+        principal: &Principal,
         id: &ReservationId,
     ) -> Result<domain::Reservation, EngineError> {
-        self.inner
+        authorize(principal, Action::Reserve, None).map_err(forbidden)?;
+        let reservation = self
+            .inner
             .store
             .reservation(id)
             .await
             .map_err(|error| log_store_error("get_reservation", error))?
-            .ok_or_else(|| EngineError::NotFound(format!("reservation '{id}' does not exist")))
+            .ok_or_else(|| EngineError::NotFound(format!("reservation '{id}' does not exist")))?;
+        authorize(principal, Action::Reserve, reservation.shop.as_ref()).map_err(forbidden)?;
+        Ok(reservation)
     }
 
     /// The three-way check. At most `audits_concurrent_max` run at once; more are
-    /// refused with `unavailable` rather than queued behind a full scan.
-    pub async fn audit(&self) -> Result<AuditReport, EngineError> {
+    /// refused with `unavailable` rather than queued behind a full scan. An operator
+    /// sees the differences of its own shop.
+    pub async fn audit(&self, principal: &Principal) -> Result<AuditReport, EngineError> {
+        authorize(principal, Action::Audit, None).map_err(forbidden)?;
         let _permit = self
             .inner
             .audits
             .try_acquire()
             .map_err(|_| EngineError::Unavailable("an audit is already running".into()))?;
-        let report = self
+        let mut report = self
             .inner
             .store
             .audit(self.now())
             .await
             .map_err(|error| log_store_error("audit", error))?;
         metrics::gauge!("stockd_audit_differences").set(report.differences_total as f64);
+        if let Some(own) = principal.shop() {
+            let skus: Vec<SkuCode> = report
+                .differences
+                .iter()
+                .filter_map(|difference| difference.sku.as_deref())
+                .filter_map(|sku| SkuCode::parse(sku).ok())
+                .collect();
+            let sku_refs: Vec<&SkuCode> = skus.iter().collect();
+            let shops = self.shops_of(&sku_refs).await?;
+            report.differences.retain(|difference| {
+                let shop = difference.shop.clone().or_else(|| {
+                    difference
+                        .sku
+                        .as_deref()
+                        .and_then(|sku| SkuCode::parse(sku).ok())
+                        .and_then(|sku| shops.get(&sku).map(|shop| shop.as_str().to_owned()))
+                });
+                shop.as_deref() == Some(own.as_str())
+            });
+            report.differences_total = report.differences.len() as i64;
+        }
         Ok(report)
     }
 
@@ -415,6 +500,11 @@ fn answer_from_record(
     })
 }
 
+/// A refusal of the trust model, as the engine reports it.
+fn forbidden(denied: domain::Denied) -> EngineError {
+    EngineError::Forbidden(denied.0)
+}
+
 fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
     match &error {
         StoreError::Invariant(_) | StoreError::Database(_) => {
@@ -449,11 +539,25 @@ mod tests {
                 body: String::new(),
             }
         }
-        fn reservation_created(
-            &self,
-            _: &Reservation,
-            _: Option<&store::Checkout>,
-        ) -> StoredResponse {
+        fn reservation_created(&self, _: &Reservation) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn service_key_created(&self, _: &store::ServiceKey, _: Option<&str>) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn service_key_revoked(&self, _: &store::ServiceKey) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
+        fn checked_out(&self, _: &store::Order, _: &[store::SkippedLine]) -> StoredResponse {
             StoredResponse {
                 status: 201,
                 body: String::new(),

@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use domain::{
-    OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, RefundId, ReservationId,
-    ReservationLine, TtlSeconds, UserId, check_lines,
+    Action, OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, Principal, RefundId,
+    ReservationId, ReservationLine, ShopCode, SkuCode, TtlSeconds, UserId, authorize, check_lines,
 };
 use gateway::protocol::Event;
 use gateway::{
@@ -19,13 +19,16 @@ use store::{
     Rejection,
 };
 
-use crate::{Engine, EngineError, Reply, answer_from_record, log_store_error};
+use crate::{Engine, EngineError, Reply, answer_from_record, forbidden, log_store_error};
 
 /// The gateway and the secret its webhooks are signed with.
 #[derive(Debug, Clone)]
 pub struct Payments {
     pub gateway: GatewayClient,
-    pub webhook_secret: String,
+    pub webhook_secret: domain::Secret,
+    /// Whether the gateway is the project's sandbox, whose fault methods
+    /// (`pm_sandbox_…`) may then be used; a real gateway refuses them with 400.
+    pub sandbox_methods_allowed: bool,
 }
 
 /// What a webhook delivery did.
@@ -109,12 +112,17 @@ impl Engine {
     /// and its reservation, in one transaction.
     pub async fn create_order(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         user: UserId,
         lines: Vec<ReservationLine>,
         ttl: Option<TtlSeconds>,
     ) -> Result<Reply, EngineError> {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
+        let shop = self
+            .scope_of_skus(principal, Action::PlaceOrder, &skus)
+            .await?;
         let now = self.now();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
@@ -122,10 +130,12 @@ impl Engine {
         );
         let order = NewOrder {
             id: OrderId::generate(now, rand::random()),
+            shop,
             user,
             reservation_id: ReservationId::generate(now, rand::random()),
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
+            skipped: None,
         };
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("create_order", claim, || {
@@ -138,13 +148,52 @@ impl Engine {
         .await
     }
 
-    pub async fn order(&self, id: &OrderId) -> Result<Order, EngineError> {
+    /// `GET /v1/orders/{id}`.
+    pub async fn order_for(
+        &self,
+        principal: &Principal,
+        id: &OrderId,
+    ) -> Result<Order, EngineError> {
+        authorize(principal, Action::ViewOrders, None).map_err(forbidden)?;
+        let order = self.order(id).await?;
+        authorize(principal, Action::ViewOrders, Some(&order.shop)).map_err(forbidden)?;
+        Ok(order)
+    }
+
+    pub(crate) async fn order(&self, id: &OrderId) -> Result<Order, EngineError> {
         self.inner
             .store
             .order(id)
             .await
             .map_err(|error| log_store_error("get_order", error))?
             .ok_or_else(|| EngineError::NotFound(format!("order '{id}' does not exist")))
+    }
+
+    /// Checks that `principal` may take one of `actions` on the order (its shop never
+    /// changes, so this holds until the transaction). Returns the actions it may take
+    /// there; an order that does not exist passes, for the unit of work to answer.
+    async fn authorize_on_order(
+        &self,
+        principal: &Principal,
+        order: &OrderId,
+        actions: &[Action],
+    ) -> Result<Vec<Action>, EngineError> {
+        let shop: Option<ShopCode> = self
+            .inner
+            .store
+            .order_shop(order)
+            .await
+            .map_err(|error| log_store_error("order_shop", error))?;
+        let allowed: Vec<Action> = actions
+            .iter()
+            .copied()
+            .filter(|action| authorize(principal, *action, shop.as_ref()).is_ok())
+            .collect();
+        if allowed.is_empty() {
+            let first = actions.first().copied().unwrap_or(Action::ViewOrders);
+            authorize(principal, first, shop.as_ref()).map_err(forbidden)?;
+        }
+        Ok(allowed)
     }
 
     /// Stores `response` under the key unless the key already has one (then that one).
@@ -176,11 +225,20 @@ impl Engine {
     /// (202) and stored nowhere: the order stays processing, nothing is released.
     pub async fn pay(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         order: &OrderId,
         method: &PaymentMethod,
     ) -> Result<Reply, EngineError> {
+        self.authorize_on_order(principal, order, &[Action::PlaceOrder])
+            .await?;
         let payments = self.payments()?;
+        if method.is_sandbox_only() && !payments.sandbox_methods_allowed {
+            return Err(EngineError::InvalidArgument(format!(
+                "payment_method '{method}' exists only in stockd's gateway sandbox; this stockd takes payments through a real gateway",
+                method = method.as_str()
+            )));
+        }
         self.idempotent("pay", claim, || async {
             if let Some((fingerprint, response)) = self
                 .inner
@@ -281,8 +339,13 @@ impl Engine {
     ) -> Result<WebhookReceipt, EngineError> {
         let payments = self.payments()?;
         let now_seconds = self.now().unix_milliseconds().div_euclid(1000);
-        gateway::signature::verify(&payments.webhook_secret, signature, payload, now_seconds)
-            .map_err(|error| EngineError::Unauthorized(error.to_string()))?;
+        gateway::signature::verify(
+            payments.webhook_secret.expose(),
+            signature,
+            payload,
+            now_seconds,
+        )
+        .map_err(|error| EngineError::Unauthorized(error.to_string()))?;
         let event: Event = serde_json::from_slice(payload).map_err(|error| {
             EngineError::InvalidArgument(format!("not a webhook event: {error}"))
         })?;
@@ -295,7 +358,7 @@ impl Engine {
             .as_ref()
             .and_then(|intent| intent.metadata.get("attempt_id"))
             .and_then(|id| PaymentAttemptId::parse(id).ok());
-        let outcome = match (event.kind.as_str(), &intent) {
+        let claimed = match (event.kind.as_str(), &intent) {
             ("payment_intent.succeeded", Some(intent)) => Some(GatewayOutcome::Succeeded {
                 payment_id: intent.id.clone(),
             }),
@@ -304,6 +367,13 @@ impl Engine {
                     payment_id: Some(intent.id.clone()),
                     reason: failure_reason(intent),
                 })
+            }
+            _ => None,
+        };
+        let outcome = match (claimed, &intent) {
+            (Some(claimed), Some(intent)) => {
+                self.verified_outcome(payments, intent, attempt.as_ref(), claimed)
+                    .await?
             }
             _ => None,
         };
@@ -332,6 +402,70 @@ impl Engine {
         metrics::counter!("stockd_webhooks_total", "duplicate" => receipt.duplicate.to_string())
             .increment(1);
         Ok(receipt)
+    }
+
+    /// A webhook's outcome, if it is about an intent stockd created for the attempt it
+    /// names: the intent's amount and currency must be the attempt's, and its id the
+    /// one the gateway gave the attempt — or, when stockd never heard that id (the
+    /// answer was lost), the one the gateway answers again for the attempt's own
+    /// idempotency key. Metadata alone proves nothing: anyone who can create intents
+    /// on the same account can write it.
+    async fn verified_outcome(
+        &self,
+        payments: &Payments,
+        intent: &PaymentIntent,
+        attempt: Option<&PaymentAttemptId>,
+        claimed: GatewayOutcome,
+    ) -> Result<Option<GatewayOutcome>, EngineError> {
+        let known = self
+            .inner
+            .store
+            .payment_attempt(attempt, &intent.id)
+            .await
+            .map_err(|error| log_store_error("webhook", error))?;
+        let Some(known) = known else {
+            return Ok(None);
+        };
+        if known.amount_minor != intent.amount
+            || !known.currency.eq_ignore_ascii_case(&intent.currency)
+        {
+            tracing::warn!(
+                attempt = %known.attempt_id,
+                intent = %intent.id,
+                "a webhook's intent does not match its attempt's amount or currency; ignored"
+            );
+            return Ok(None);
+        }
+        let ours = match &known.gateway_payment_id {
+            Some(recorded) => *recorded == intent.id,
+            None => {
+                let call = payments
+                    .gateway
+                    .create_payment_intent(&known.gateway_key, &create_request(&known))
+                    .await;
+                match call {
+                    CallOutcome::Answered(answer) => answer.id == intent.id,
+                    CallOutcome::Declined {
+                        intent: Some(answer),
+                        ..
+                    } => answer.id == intent.id,
+                    CallOutcome::Declined { intent: None, .. } => false,
+                    CallOutcome::Unknown(reason) => {
+                        return Err(EngineError::Unavailable(format!(
+                            "the gateway could not confirm the intent is this attempt's ({reason}); deliver again later"
+                        )));
+                    }
+                }
+            }
+        };
+        if !ours {
+            tracing::warn!(
+                attempt = %known.attempt_id,
+                intent = %intent.id,
+                "a webhook names an intent stockd did not create for its attempt; ignored"
+            );
+        }
+        Ok(ours.then_some(claimed))
     }
 
     /// One step of the reconciliation worker: asks the gateway about attempts still
@@ -459,17 +593,28 @@ impl Engine {
     }
 
     /// `POST /v1/orders/{id}/cancel`.
+    /// A shop's checkout backend cancels unpaid orders; cancelling a paid one (a
+    /// refund follows) is a staff decision.
     pub async fn cancel_order(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         order: &OrderId,
     ) -> Result<Reply, EngineError> {
+        let allowed = self
+            .authorize_on_order(
+                principal,
+                order,
+                &[Action::PlaceOrder, Action::CancelPaidOrder],
+            )
+            .await?;
+        let may_cancel_paid = allowed.contains(&Action::CancelPaidOrder);
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("cancel_order", claim, || {
             self.retried("cancel_order", || {
                 self.inner
                     .store
-                    .cancel_order(claim, order, self.now(), renderer)
+                    .cancel_order(claim, order, may_cancel_paid, self.now(), renderer)
             })
         })
         .await
@@ -478,9 +623,12 @@ impl Engine {
     /// `POST /v1/orders/{id}/return`: after-sale return, once.
     pub async fn return_order(
         &self,
+        principal: &Principal,
         claim: &IdempotencyClaim,
         order: &OrderId,
     ) -> Result<Reply, EngineError> {
+        self.authorize_on_order(principal, order, &[Action::ReturnGoods])
+            .await?;
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("return_order", claim, || {
             self.retried("return_order", || {

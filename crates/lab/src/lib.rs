@@ -44,7 +44,7 @@ pub async fn bench(command: BenchCommand) -> Result<Report, String> {
             let token = command.admin_token.clone().ok_or(
                 "--url needs the server's admin token (--admin-token or STOCKD_ADMIN_TOKEN)",
             )?;
-            Target::remote(url, token).await?
+            Target::remote(url, domain::Secret::new(token)).await?
         }
         None => {
             let postgres = command

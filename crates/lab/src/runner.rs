@@ -93,10 +93,29 @@ where
     Ok(outputs.into_iter().map(|(_, output)| output).collect())
 }
 
+/// A service key of shop `default` for the run's requests (a checkout backend's
+/// credential); returns its secret. Never printed or written into a report.
+pub async fn create_service_key(plan: &Plan, target: &Target) -> Result<domain::Secret, String> {
+    let mut connection = HttpConnection::new(target.address);
+    let create = WireRequest::json(
+        Method::POST,
+        "/v1/admin/service-keys".to_owned(),
+        &serde_json::json!({"shop": "default", "name": format!("bench-{}", plan.run_id)}),
+    )
+    .key(format!("bench-{}-service-key", plan.run_id))
+    .bearer(target.admin_token.expose());
+    let reply = expect_success(&mut connection, &create, "creating a service key").await?;
+    let body = reply.json()?;
+    body["secret"]
+        .as_str()
+        .map(domain::Secret::new)
+        .ok_or_else(|| "the service key answer has no secret".to_owned())
+}
+
 /// Creates the plan's SKUs and receives their stock (in movements of at most a
 /// million units each).
 pub async fn set_up(plan: &Plan, target: &Target) -> Result<(), String> {
-    let token = target.admin_token.clone();
+    let token = target.admin_token.expose().to_owned();
     let run_id = plan.run_id.clone();
     let skus = plan.skus.clone();
     for_each_on_connections(target, skus, SETUP_CONNECTIONS, move |mut connection, sku| {
@@ -153,7 +172,11 @@ fn progress_bar(plan: &Plan) -> ProgressBar {
 }
 
 /// Sends the plan's requests from `plan.clients` connections and records every answer.
-pub async fn drive(plan: &Arc<Plan>, target: &Target) -> (Vec<Record>, Duration) {
+pub async fn drive(
+    plan: &Arc<Plan>,
+    target: &Target,
+    service_key: &domain::Secret,
+) -> (Vec<Record>, Duration) {
     let progress = progress_bar(plan);
     let started = Instant::now();
     let mut records = Vec::new();
@@ -164,7 +187,9 @@ pub async fn drive(plan: &Arc<Plan>, target: &Target) -> (Vec<Record>, Duration)
             let mut first = 0;
             while first < total {
                 let end = (first + per_wave).min(total);
-                records.extend(drive_range(plan, target, first, Some(end), None, &progress).await);
+                records.extend(
+                    drive_range(plan, target, service_key, first, Some(end), None, &progress).await,
+                );
                 first = end;
             }
         }
@@ -182,6 +207,7 @@ pub async fn drive(plan: &Arc<Plan>, target: &Target) -> (Vec<Record>, Duration)
             records = drive_range(
                 plan,
                 target,
+                service_key,
                 0,
                 None,
                 Some(deadline),
@@ -199,6 +225,7 @@ pub async fn drive(plan: &Arc<Plan>, target: &Target) -> (Vec<Record>, Duration)
 async fn drive_range(
     plan: &Arc<Plan>,
     target: &Target,
+    service_key: &domain::Secret,
     first: u64,
     end: Option<u64>,
     deadline: Option<Instant>,
@@ -217,6 +244,7 @@ async fn drive_range(
         let barrier = Arc::clone(&barrier);
         let progress = progress.clone();
         let address = target.address;
+        let service_key = service_key.clone();
         tasks.push(tokio::spawn(async move {
             let mut connection = HttpConnection::new(address);
             let mut records = Vec::new();
@@ -233,7 +261,13 @@ async fn drive_range(
                     break;
                 }
                 let spec = plan.request(index);
-                let request = plan.wire_request(&spec);
+                let request = match &spec {
+                    // Requests that must be refused for lack of a credential carry none.
+                    RequestSpec::Malformed(malformed) if malformed.expected_status == 401 => {
+                        plan.wire_request(&spec)
+                    }
+                    _ => plan.wire_request(&spec).bearer(service_key.expose()),
+                };
                 let sent = Instant::now();
                 let reply = connection.send(&request).await;
                 let latency_microseconds =
@@ -300,17 +334,19 @@ async fn read_counters(
         .map(|(index, sku)| (index, sku.code.clone(), sku.stock))
         .collect();
     let taken = Arc::new(taken);
+    let token = target.admin_token.expose().to_owned();
     for_each_on_connections(
         target,
         items,
         SETUP_CONNECTIONS,
         move |mut connection, (index, code, stock)| {
             let taken = Arc::clone(&taken);
+            let token = token.clone();
             async move {
                 let result = async {
                     let reply = expect_success(
                         &mut connection,
-                        &WireRequest::get(format!("/v1/skus/{code}")),
+                        &WireRequest::get(format!("/v1/skus/{code}")).bearer(&token),
                         "reading a SKU",
                     )
                     .await?;
@@ -333,8 +369,8 @@ async fn read_counters(
 
 async fn read_audit(target: &Target) -> Result<AuditSummary, String> {
     let mut connection = HttpConnection::new(target.address);
-    let reply =
-        expect_success(&mut connection, &WireRequest::get("/v1/audit"), "the audit").await?;
+    let audit = WireRequest::get("/v1/audit").bearer(target.admin_token.expose());
+    let reply = expect_success(&mut connection, &audit, "the audit").await?;
     let body = reply.json()?;
     Ok(AuditSummary {
         ok: body["ok"].as_bool().ok_or("audit without ok")?,
@@ -345,8 +381,9 @@ async fn read_audit(target: &Target) -> Result<AuditSummary, String> {
 /// Set up, drive, read back, judge.
 pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
     set_up(&plan, target).await?;
+    let service_key = create_service_key(&plan, target).await?;
     let plan = Arc::new(plan);
-    let (records, elapsed) = drive(&plan, target).await;
+    let (records, elapsed) = drive(&plan, target, &service_key).await;
     let taken = taken_by_successes(
         &records,
         |key_index| plan.lines_of(key_index),
@@ -355,7 +392,7 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
     let counters = read_counters(&plan, target, taken).await?;
     let audit = read_audit(target).await?;
     let batches = HttpConnection::new(target.address)
-        .send(&WireRequest::get("/metrics"))
+        .send(&WireRequest::get("/metrics").bearer(target.admin_token.expose()))
         .await
         .ok()
         .and_then(|reply| BatchSizes::parse(&String::from_utf8_lossy(&reply.body)));

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 /// A running stockd the lab can reach.
 pub struct Target {
     pub address: SocketAddr,
-    pub admin_token: String,
+    pub admin_token: domain::Secret,
     /// `sqlite` or `postgres` when the lab started the server itself.
     pub backend: Option<&'static str>,
     /// The database engine and version, when the lab started the server itself.
@@ -53,7 +53,7 @@ struct Started {
 async fn serve_in_process(
     config: StoreConfig,
     engine_config: EngineConfig,
-    admin_token: String,
+    admin_token: domain::Secret,
     shutdown: CancellationToken,
     started: tokio::sync::oneshot::Sender<Result<Started, String>>,
 ) {
@@ -75,11 +75,12 @@ async fn serve_in_process(
             api::renderer(),
             engine_config,
         );
-        let router = api::app(api::AppState {
+        engine.configure_admin_token(&admin_token);
+        let router = api::app(api::AppState::new(
             engine,
-            admin_token: Arc::from(admin_token.as_str()),
-            metrics: Some(api::metrics::install_recorder()),
-        });
+            Some(api::metrics::install_recorder()),
+            &api::http::HttpConfig::default(),
+        ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|error| format!("cannot listen: {error}"))?;
@@ -99,8 +100,18 @@ async fn serve_in_process(
         Ok((store, router, listener, mut report)) => {
             report.backend = store.backend_name();
             let _ = started.send(Ok(report));
-            let _ =
-                api::server::serve_until(listener, router, shutdown, Duration::from_secs(30)).await;
+            let _ = api::server::serve_until(
+                listener,
+                router,
+                shutdown,
+                Duration::from_secs(30),
+                api::server::ServerConfig {
+                    // One connection per simulated client, up to the lab's bound.
+                    connections_max: crate::scenario::CLIENTS_MAX + 64,
+                    ..api::server::ServerConfig::default()
+                },
+            )
+            .await;
             store.close().await;
         }
         Err(error) => {
@@ -111,7 +122,7 @@ async fn serve_in_process(
 
 impl Target {
     /// A stockd at `url` (`http://host:port`), reached with `admin_token`.
-    pub async fn remote(url: &str, admin_token: String) -> Result<Target, String> {
+    pub async fn remote(url: &str, admin_token: domain::Secret) -> Result<Target, String> {
         let authority = url
             .strip_prefix("http://")
             .ok_or_else(|| format!("--url must start with http:// (got '{url}')"))?
@@ -179,7 +190,7 @@ impl Target {
         // A benchmark queues far more requests than connections; let them wait their
         // turn instead of failing on the default acquire bound.
         config.acquire_timeout_milliseconds = 60_000;
-        let admin_token = random_suffix();
+        let admin_token = domain::Secret::new(random_suffix());
         let shutdown = CancellationToken::new();
         let (started_sender, started) = tokio::sync::oneshot::channel();
         let thread = {

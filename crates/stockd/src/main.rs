@@ -28,6 +28,10 @@ enum Command {
     Audit(DatabaseArguments),
     /// Load a small supermarket catalog with stock (safe to run twice).
     Seed(DatabaseArguments),
+    /// Replace the admin token stored in the database with a new one and print it
+    /// (instances without STOCKD_ADMIN_TOKEN accept it within the credential cache's
+    /// bound, the old one no longer).
+    RotateAdminToken(DatabaseArguments),
     /// Serve the payment gateway sandbox: the gateway protocol subset stockd speaks,
     /// with state and fault injection, sending signed webhooks.
     GatewaySandbox(SandboxArguments),
@@ -203,6 +207,11 @@ struct ServeArguments {
     /// How long in-flight requests may run after a shutdown signal.
     #[arg(long, env = "STOCKD_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
     shutdown_grace_seconds: u64,
+    /// A token that may read /metrics and nothing else.
+    #[arg(long, env = "STOCKD_METRICS_TOKEN", hide_env_values = true)]
+    metrics_token: Option<String>,
+    #[command(flatten)]
+    limits: LimitArguments,
     #[command(flatten)]
     combiner: CombinerArguments,
     /// Load the demo supermarket catalog before serving (as `stockd seed` does).
@@ -210,6 +219,122 @@ struct ServeArguments {
     demo: bool,
     #[command(flatten)]
     payments: PaymentArguments,
+}
+
+/// Bounds on what callers may do and how long the server waits for them.
+#[derive(Args, Clone)]
+struct LimitArguments {
+    /// Requests one credential may send per second, sustained (0: no limit).
+    #[arg(
+        long,
+        env = "STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND",
+        default_value_t = 20_000
+    )]
+    rate_limit_requests_per_second: u32,
+    /// Requests one credential may send at once above its rate.
+    #[arg(long, env = "STOCKD_RATE_LIMIT_BURST", default_value_t = 40_000)]
+    rate_limit_burst: u32,
+    /// Open holds (unpaid orders included) one shopper of a shop may have at once.
+    #[arg(long, env = "STOCKD_USER_OPEN_HOLDS_MAX", default_value_t = 20)]
+    user_open_holds_max: i64,
+    /// How long a credential looked up is trusted before the database is asked
+    /// again: the bound within which a key revoked elsewhere stops working here.
+    #[arg(
+        long,
+        env = "STOCKD_CREDENTIAL_CACHE_MILLISECONDS",
+        default_value_t = 2_000
+    )]
+    credential_cache_milliseconds: i64,
+    /// Longest wait for a request's headers (and between two requests of a connection).
+    #[arg(
+        long,
+        env = "STOCKD_HEADER_READ_TIMEOUT_MILLISECONDS",
+        default_value_t = 10_000
+    )]
+    header_read_timeout_milliseconds: u64,
+    /// Longest wait for a request's body.
+    #[arg(
+        long,
+        env = "STOCKD_BODY_READ_TIMEOUT_MILLISECONDS",
+        default_value_t = 10_000
+    )]
+    body_read_timeout_milliseconds: u64,
+    /// Longest a request may run before it is answered 503 (retry with the same key).
+    #[arg(
+        long,
+        env = "STOCKD_REQUEST_TIMEOUT_MILLISECONDS",
+        default_value_t = 30_000
+    )]
+    request_timeout_milliseconds: u64,
+    /// Connections served at once; more are answered 503 and closed.
+    #[arg(long, env = "STOCKD_CONNECTIONS_MAX", default_value_t = 1024)]
+    connections_max: usize,
+}
+
+impl LimitArguments {
+    fn check(&self) -> Result<(), String> {
+        let bounded = |name: &str, value: u64, low: u64, high: u64| {
+            if (low..=high).contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("{name} must be between {low} and {high}"))
+            }
+        };
+        bounded(
+            "STOCKD_HEADER_READ_TIMEOUT_MILLISECONDS",
+            self.header_read_timeout_milliseconds,
+            100,
+            600_000,
+        )?;
+        bounded(
+            "STOCKD_BODY_READ_TIMEOUT_MILLISECONDS",
+            self.body_read_timeout_milliseconds,
+            100,
+            600_000,
+        )?;
+        bounded(
+            "STOCKD_REQUEST_TIMEOUT_MILLISECONDS",
+            self.request_timeout_milliseconds,
+            1_000,
+            600_000,
+        )?;
+        bounded(
+            "STOCKD_CONNECTIONS_MAX",
+            self.connections_max as u64,
+            1,
+            1_000_000,
+        )?;
+        bounded(
+            "STOCKD_USER_OPEN_HOLDS_MAX",
+            u64::try_from(self.user_open_holds_max).unwrap_or(0),
+            1,
+            1_000_000,
+        )?;
+        bounded(
+            "STOCKD_CREDENTIAL_CACHE_MILLISECONDS",
+            u64::try_from(self.credential_cache_milliseconds).unwrap_or(u64::MAX),
+            0,
+            10_000,
+        )?;
+        Ok(())
+    }
+
+    fn http(&self, metrics_token: Option<&str>) -> api::http::HttpConfig {
+        api::http::HttpConfig {
+            rate_limit_requests_per_second: self.rate_limit_requests_per_second,
+            rate_limit_burst: self.rate_limit_burst,
+            body_read_timeout_milliseconds: self.body_read_timeout_milliseconds,
+            request_timeout_milliseconds: self.request_timeout_milliseconds,
+            metrics_token: metrics_token.map(domain::Secret::new),
+        }
+    }
+
+    fn server(&self) -> api::server::ServerConfig {
+        api::server::ServerConfig {
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_milliseconds),
+            connections_max: self.connections_max,
+        }
+    }
 }
 
 /// The payment gateway. Without a URL, an in-process sandbox plays the gateway.
@@ -236,6 +361,11 @@ struct PaymentArguments {
         default_value_t = 5_000
     )]
     gateway_timeout_milliseconds: u64,
+    /// `sandbox`: without a gateway URL, take payments through the in-process sandbox
+    /// (which charges every card) even on a non-loopback address; with one, the URL is
+    /// a `stockd gateway-sandbox` and its fault payment methods are allowed.
+    #[arg(long, env = "STOCKD_GATEWAY")]
+    gateway: Option<String>,
 }
 
 #[derive(Args)]
@@ -311,13 +441,23 @@ fn init_logging(arguments: &DatabaseArguments) {
 }
 
 async fn connect_and_migrate(arguments: &DatabaseArguments) -> Result<Store, String> {
-    let store = Store::connect(&store_config(arguments))
-        .await
-        .map_err(|error| format!("cannot open the database: {error}"))?;
-    let applied = store
-        .migrate()
-        .await
-        .map_err(|error| format!("migration failed: {error}"))?;
+    connect_and_migrate_with(store_config(arguments)).await
+}
+
+async fn connect_and_migrate_with(config: StoreConfig) -> Result<Store, String> {
+    // Error texts can quote the URL, password included: never print that.
+    let store = Store::connect(&config).await.map_err(|error| {
+        format!(
+            "cannot open the database: {}",
+            domain::redact_urls_in(&error.to_string())
+        )
+    })?;
+    let applied = store.migrate().await.map_err(|error| {
+        format!(
+            "migration failed: {}",
+            domain::redact_urls_in(&error.to_string())
+        )
+    })?;
     if !applied.is_empty() {
         tracing::info!(
             ?applied,
@@ -329,43 +469,61 @@ async fn connect_and_migrate(arguments: &DatabaseArguments) -> Result<Store, Str
 }
 
 async fn serve(arguments: ServeArguments) -> Result<(), String> {
-    let store = connect_and_migrate(&arguments.database).await?;
-    let admin_token = arguments.admin_token.clone().unwrap_or_else(|| {
-        let token: String = domain::lower_hex(&rand::random::<[u8; 32]>());
-        println!("stockd: generated admin token (set STOCKD_ADMIN_TOKEN to choose one): {token}");
-        token
-    });
+    arguments.limits.check()?;
+    let mut store_config = store_config(&arguments.database);
+    store_config.limits.open_holds_max = arguments.limits.user_open_holds_max;
+    let store = connect_and_migrate_with(store_config).await?;
     let config = arguments.combiner.apply(EngineConfig {
         reservation_ttl_seconds_default: arguments.reservation_ttl_seconds_default,
         expiry_interval_milliseconds: arguments.expiry_interval_milliseconds,
         idempotency_retention_seconds: arguments.idempotency_retention_seconds,
+        credential_cache_milliseconds: arguments.limits.credential_cache_milliseconds,
         ..EngineConfig::default()
     });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
         return Err("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into());
     }
+    let listener = tokio::net::TcpListener::bind(&arguments.listen)
+        .await
+        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
+    let address = listener.local_addr().map_err(|error| error.to_string())?;
+    let gateway = choose_gateway(&arguments.payments, address)?;
     let engine = Engine::new(
         store.clone(),
         Arc::new(SystemClock),
         api::renderer(),
         config,
     );
-    let state = api::AppState {
-        engine: engine.clone(),
-        admin_token: Arc::from(admin_token),
-        metrics: Some(api::metrics::install_recorder()),
-    };
-    let sandbox = attach_payments(&engine, &arguments.payments).await?;
+    match &arguments.admin_token {
+        Some(token) if !token.is_empty() => {
+            engine.configure_admin_token(&domain::Secret::new(token.clone()));
+        }
+        _ => match engine
+            .ensure_admin_token()
+            .await
+            .map_err(|error| format!("cannot store the admin token: {error}"))?
+        {
+            Some(token) => println!(
+                "stockd: generated admin token (set STOCKD_ADMIN_TOKEN to choose one; kept across restarts, replaced by `stockd rotate-admin-token`): {}",
+                token.expose()
+            ),
+            None => println!(
+                "stockd: admin token: the one generated on first start (stored as a hash; `stockd rotate-admin-token` prints a new one)"
+            ),
+        },
+    }
+    let state = api::AppState::new(
+        engine.clone(),
+        Some(api::metrics::install_recorder()),
+        &arguments.limits.http(arguments.metrics_token.as_deref()),
+    );
+    let sandbox = attach_payments(&engine, &arguments.payments, gateway).await?;
     if arguments.demo {
         let summary = engine::demo::load_demo_catalog(&engine)
             .await
             .map_err(|error| format!("loading the demo catalog failed: {error}"))?;
         print_demo_summary(&summary);
     }
-    let listener = tokio::net::TcpListener::bind(&arguments.listen)
-        .await
-        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
-    let address = listener.local_addr().map_err(|error| error.to_string())?;
     let payments = match &sandbox {
         Some((sandbox, sandbox_address)) => {
             sandbox.set_webhook_url(format!("http://{address}/v1/payments/webhook"));
@@ -382,11 +540,18 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     let shutdown = CancellationToken::new();
     let workers = TaskTracker::new();
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
+    spawn_rate_limit_sweeper(state.http.clone(), &workers, &shutdown);
     tokio::spawn(cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(arguments.shutdown_grace_seconds);
-    let finished = api::server::serve_until(listener, api::app(state), shutdown.clone(), grace)
-        .await
-        .map_err(|error| format!("server failed: {error}"))?;
+    let finished = api::server::serve_until(
+        listener,
+        api::app(state),
+        shutdown.clone(),
+        grace,
+        arguments.limits.server(),
+    )
+    .await
+    .map_err(|error| format!("server failed: {error}"))?;
     workers.close();
     if tokio::time::timeout(grace, workers.wait()).await.is_err() {
         tracing::warn!("workers did not stop within the grace period");
@@ -394,6 +559,61 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     store.close().await;
     tracing::info!(all_requests_finished = finished, "stopped");
     Ok(())
+}
+
+/// Forgets, once a minute, the rate of credentials that sent nothing lately.
+fn spawn_rate_limit_sweeper(
+    limits: Arc<api::http::HttpLimits>,
+    workers: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    let shutdown = shutdown.clone();
+    workers.spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(60)) => limits.forget_idle(),
+            }
+        }
+    });
+}
+
+/// Where payments go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GatewayChoice {
+    /// `STOCKD_GATEWAY_URL`: the gateway there. A real one refuses the sandbox's fault
+    /// methods; with `STOCKD_GATEWAY=sandbox` the URL is a `stockd gateway-sandbox`.
+    Configured { sandbox: bool },
+    /// The in-process sandbox: on a loopback listener, or chosen with
+    /// `STOCKD_GATEWAY=sandbox`.
+    InProcessSandbox,
+}
+
+/// The sandbox "charges" every card: it may take payments only where nobody else can
+/// reach the server, unless chosen explicitly.
+fn choose_gateway(
+    arguments: &PaymentArguments,
+    address: std::net::SocketAddr,
+) -> Result<GatewayChoice, String> {
+    let explicit_sandbox = match arguments.gateway.as_deref() {
+        None | Some("") => false,
+        Some("sandbox") => true,
+        Some(other) => {
+            return Err(format!(
+                "STOCKD_GATEWAY must be 'sandbox' (or unset), not '{other}'"
+            ));
+        }
+    };
+    match (&arguments.gateway_url, explicit_sandbox) {
+        (Some(_), sandbox) => Ok(GatewayChoice::Configured { sandbox }),
+        (None, true) => Ok(GatewayChoice::InProcessSandbox),
+        (None, false) if address.ip().is_loopback() => Ok(GatewayChoice::InProcessSandbox),
+        (None, false) => Err(format!(
+            "refusing to serve on {address} with the in-process payment sandbox, which accepts every card: \
+             set STOCKD_GATEWAY_URL (and STOCKD_WEBHOOK_SECRET) for a real gateway, \
+             or STOCKD_GATEWAY=sandbox to use the sandbox on purpose"
+        )),
+    }
 }
 
 async fn cancel_on_signal(shutdown: CancellationToken) {
@@ -422,9 +642,10 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 async fn attach_payments(
     engine: &Engine,
     arguments: &PaymentArguments,
+    choice: GatewayChoice,
 ) -> Result<Option<(sandbox::Sandbox, std::net::SocketAddr)>, String> {
     let timeout_milliseconds = arguments.gateway_timeout_milliseconds.clamp(100, 120_000);
-    if let Some(url) = &arguments.gateway_url {
+    if let (GatewayChoice::Configured { sandbox }, Some(url)) = (choice, &arguments.gateway_url) {
         let secret = arguments
             .webhook_secret
             .clone()
@@ -436,7 +657,8 @@ async fn attach_payments(
         })?;
         engine.attach_payments(engine::payments::Payments {
             gateway,
-            webhook_secret: secret,
+            webhook_secret: domain::Secret::new(secret),
+            sandbox_methods_allowed: sandbox,
         });
         return Ok(None);
     }
@@ -460,7 +682,8 @@ async fn attach_payments(
     })?;
     engine.attach_payments(engine::payments::Payments {
         gateway,
-        webhook_secret: secret,
+        webhook_secret: domain::Secret::new(secret),
+        sandbox_methods_allowed: true,
     });
     Ok(Some((sandbox, address)))
 }
@@ -504,6 +727,9 @@ fn print_demo_summary(summary: &engine::demo::DemoSummary) {
     if let Some(token) = &summary.operator_token {
         println!("stockd: operator demo-operator (shop demo-market) token: {token}");
     }
+    if let Some(secret) = &summary.service_secret {
+        println!("stockd: service key demo-checkout (shop demo-market) secret: {secret}");
+    }
 }
 
 async fn seed(arguments: DatabaseArguments) -> Result<bool, String> {
@@ -522,10 +748,35 @@ async fn seed(arguments: DatabaseArguments) -> Result<bool, String> {
     Ok(true)
 }
 
+async fn rotate_admin_token(arguments: DatabaseArguments) -> Result<bool, String> {
+    let store = connect_and_migrate(&arguments).await?;
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        api::renderer(),
+        EngineConfig::default(),
+    );
+    let token = engine
+        .rotate_admin_token()
+        .await
+        .map_err(|error| format!("cannot store the admin token: {error}"))?;
+    println!(
+        "stockd: new admin token (the old one stops working): {}",
+        token.expose()
+    );
+    store.close().await;
+    Ok(true)
+}
+
 async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
     let store = Store::connect(&store_config(&arguments))
         .await
-        .map_err(|error| format!("cannot open the database: {error}"))?;
+        .map_err(|error| {
+            format!(
+                "cannot open the database: {}",
+                domain::redact_urls_in(&error.to_string())
+            )
+        })?;
     let engine = Engine::new(
         store.clone(),
         Arc::new(SystemClock),
@@ -533,7 +784,7 @@ async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
         EngineConfig::default(),
     );
     let report = engine
-        .audit()
+        .audit(&domain::Principal::Admin)
         .await
         .map_err(|error| format!("audit failed: {error}"))?;
     let body = serde_json::to_string_pretty(&api::wire::AuditBody::new(&report))
@@ -615,6 +866,10 @@ fn main() -> ExitCode {
             Command::Seed(arguments) => {
                 init_logging(&arguments);
                 seed(arguments).await
+            }
+            Command::RotateAdminToken(arguments) => {
+                init_logging(&arguments);
+                rotate_admin_token(arguments).await
             }
             Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,
             Command::Bench(arguments) => bench(arguments).await,

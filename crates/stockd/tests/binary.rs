@@ -124,7 +124,7 @@ async fn serve_with_no_flags_creates_the_database_prints_a_token_and_stops_on_si
         address,
         "POST",
         "/v1/reservations",
-        &[("Idempotency-Key", "reserve")],
+        &[("Authorization", &bearer), ("Idempotency-Key", "reserve")],
         Some(r#"{"lines":[{"sku":"TEA","quantity":1}]}"#),
     )
     .await
@@ -210,13 +210,13 @@ fn an_unreachable_database_is_reported_with_exit_code_two() {
 }
 
 /// Reserves one unit under `key`; returns the reservation id when acknowledged.
-async fn reserve_one(address: SocketAddr, sku: &str, key: &str) -> Option<String> {
+async fn reserve_one(address: SocketAddr, bearer: &str, sku: &str, key: &str) -> Option<String> {
     let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":1}}]}}"#);
     let response = request(
         address,
         "POST",
         "/v1/reservations",
-        &[("Idempotency-Key", key)],
+        &[("Authorization", bearer), ("Idempotency-Key", key)],
         Some(&body),
     )
     .await
@@ -259,9 +259,11 @@ async fn a_killed_server_loses_no_acknowledged_reservation(environment: &[(&str,
     let mut clients = Vec::new();
     for client in 0..16 {
         let acknowledged = std::sync::Arc::clone(&acknowledged);
+        let bearer = bearer.clone();
         clients.push(tokio::spawn(async move {
             for index in 0..5_000 {
-                match reserve_one(address, "KILLED", &format!("kill-{client}-{index}")).await {
+                let key = format!("kill-{client}-{index}");
+                match reserve_one(address, &bearer, "KILLED", &key).await {
                     Some(id) => acknowledged.lock().unwrap().push(id),
                     None => break,
                 }
@@ -283,18 +285,26 @@ async fn a_killed_server_loses_no_acknowledged_reservation(environment: &[(&str,
     }
     let acknowledged = acknowledged.lock().unwrap().clone();
 
+    // The generated admin token was kept across the restart.
     let (mut restarted, address, _) = start_serving_with(&directory.0, environment);
+    let authorization = [("Authorization", bearer.as_str())];
     for id in &acknowledged {
-        let response = request(address, "GET", &format!("/v1/reservations/{id}"), &[], None)
-            .await
-            .unwrap();
+        let response = request(
+            address,
+            "GET",
+            &format!("/v1/reservations/{id}"),
+            &authorization,
+            None,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             response.status, 200,
             "acknowledged reservation {id} is gone after SIGKILL"
         );
         assert_eq!(response.json()["status"], "RESERVED");
     }
-    let sku = request(address, "GET", "/v1/skus/KILLED", &[], None)
+    let sku = request(address, "GET", "/v1/skus/KILLED", &authorization, None)
         .await
         .unwrap()
         .json();
@@ -377,7 +387,7 @@ async fn order_one_tea(address: SocketAddr, bearer: &str, quantity: i64) -> Stri
         address,
         "POST",
         "/v1/orders",
-        &[("Idempotency-Key", "order")],
+        &[("Authorization", bearer), ("Idempotency-Key", "order")],
         Some(r#"{"user_id":"user-1","lines":[{"sku":"TEA","quantity":1}]}"#),
     )
     .await
@@ -386,25 +396,36 @@ async fn order_one_tea(address: SocketAddr, bearer: &str, quantity: i64) -> Stri
     order.json()["order_id"].as_str().unwrap().to_owned()
 }
 
-async fn pay(address: SocketAddr, order: &str, method: &str) -> acceptance::http::WireResponse {
+async fn pay(
+    address: SocketAddr,
+    bearer: &str,
+    order: &str,
+    method: &str,
+) -> acceptance::http::WireResponse {
     let body = format!(r#"{{"payment_method":"{method}"}}"#);
     request(
         address,
         "POST",
         &format!("/v1/orders/{order}/pay"),
-        &[("Idempotency-Key", "pay")],
+        &[("Authorization", bearer), ("Idempotency-Key", "pay")],
         Some(&body),
     )
     .await
     .unwrap()
 }
 
-async fn wait_for_order_status(address: SocketAddr, order: &str, status: &str) {
+async fn wait_for_order_status(address: SocketAddr, bearer: &str, order: &str, status: &str) {
     let what = format!("order {order} reaches {status}");
     acceptance::wait_until_async(&what, || async move {
-        let view = request(address, "GET", &format!("/v1/orders/{order}"), &[], None)
-            .await
-            .unwrap();
+        let view = request(
+            address,
+            "GET",
+            &format!("/v1/orders/{order}"),
+            &[("Authorization", bearer)],
+            None,
+        )
+        .await
+        .unwrap();
         view.json()["status"] == status
     })
     .await;
@@ -416,7 +437,7 @@ async fn serve_pays_through_its_in_process_gateway_sandbox_over_http() {
     let (mut child, address, token) = start_serving(&directory.0);
     let bearer = format!("Bearer {token}");
     let order = order_one_tea(address, &bearer, 2).await;
-    let paid = pay(address, &order, "pm_card_visa").await;
+    let paid = pay(address, &bearer, &order, "pm_card_visa").await;
     assert_eq!(paid.status, 200, "{paid:?}");
     assert_eq!(paid.json()["status"], "PAID");
     assert!(
@@ -469,6 +490,8 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
         &format!("127.0.0.1:{stockd_port}"),
         &[
             ("STOCKD_GATEWAY_URL", &sandbox_url),
+            // The gateway at that URL is the sandbox: its fault methods are allowed.
+            ("STOCKD_GATEWAY", "sandbox"),
             ("STOCKD_GATEWAY_API_KEY", "sk_test_binary"),
             ("STOCKD_WEBHOOK_SECRET", secret),
         ],
@@ -476,10 +499,10 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
     let bearer = format!("Bearer {token}");
     let order = order_one_tea(address, &bearer, 2).await;
     // The sandbox charges, then breaks the connection: only its webhook tells stockd.
-    let unknown = pay(address, &order, "pm_sandbox_lost_response").await;
+    let unknown = pay(address, &bearer, &order, "pm_sandbox_lost_response").await;
     assert_eq!(unknown.status, 202, "{unknown:?}");
     assert_eq!(unknown.json()["code"], "payment_unknown");
-    wait_for_order_status(address, &order, "PAID").await;
+    wait_for_order_status(address, &bearer, &order, "PAID").await;
     let stats = request(
         sandbox_address,
         "GET",

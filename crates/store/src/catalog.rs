@@ -4,9 +4,9 @@
 use std::collections::HashMap;
 
 use domain::{
-    CategoryCode, Currency, ErrorCode, ImageUrl, OperatorId, OperatorType, PriceMinor, ProductId,
-    SaleStatus, ScheduleId, ShelfOperation, ShopCode, SkuCode, SupplierCode, Timestamp, Title,
-    UserId,
+    CategoryCode, Currency, ErrorCode, ImageUrl, OperatorId, OperatorType, PriceMinor, Principal,
+    ProductId, SaleStatus, ScheduleId, ServiceKeyId, ShelfOperation, ShopCode, SkuCode,
+    SupplierCode, Timestamp, Title, UserId,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,7 @@ pub struct NewSku {
     pub price: PriceMinor,
     pub currency: Currency,
     pub spec: String,
+    pub per_user_limit: Option<i64>,
 }
 
 /// A product to create, with its SKUs. Every SKU starts `PENDING_REVIEW`.
@@ -70,12 +71,23 @@ impl Actor {
         self.shop.is_none()
     }
 
-    /// Whether this actor may touch things of `shop`.
-    pub fn may_touch(&self, shop: Option<&ShopCode>) -> bool {
-        match (&self.shop, shop) {
-            (None, _) => true,
-            (Some(own), Some(shop)) => own == shop,
-            (Some(_), None) => false,
+    /// The actor a shelf change records for `principal`. Service keys never change the
+    /// shelf (`domain::PERMISSIONS`), so they appear only if that table changes.
+    pub fn of(principal: &Principal) -> Actor {
+        match principal {
+            Principal::Admin => Actor::admin(),
+            Principal::Operator { id, shop } => Actor {
+                operator: id.clone(),
+                operator_type: OperatorType::Manual,
+                shop: Some(shop.clone()),
+            },
+            Principal::Service { key, shop } => Actor {
+                // A minted key id is a valid operator id (letters, digits, '_').
+                operator: OperatorId::parse(key.as_str())
+                    .unwrap_or_else(|_| known_operator("service")),
+                operator_type: OperatorType::System,
+                shop: Some(shop.clone()),
+            },
         }
     }
 }
@@ -271,12 +283,41 @@ pub struct SkippedLine {
     pub problem: CartProblem,
 }
 
-/// A checkout's context, kept with its reservation so the stored answer names what
-/// was left out.
+/// A credential to store: an operator's token or a service key's secret, as a hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Checkout {
-    pub user: UserId,
-    pub skipped: Vec<SkippedLine>,
+pub struct NewCredential {
+    pub kind: CredentialKind,
+    pub id: String,
+    pub name: String,
+    pub shop: Option<ShopCode>,
+    pub secret_hash: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialKind {
+    Admin,
+    Operator,
+    Service,
+}
+
+impl CredentialKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialKind::Admin => "admin",
+            CredentialKind::Operator => "operator",
+            CredentialKind::Service => "service",
+        }
+    }
+}
+
+/// A service key as listed (never with its secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceKey {
+    pub id: ServiceKeyId,
+    pub name: String,
+    pub shop: ShopCode,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
 }
 
 #[cfg(test)]
@@ -326,24 +367,5 @@ mod tests {
             current: None,
         };
         assert_eq!(unknown.problem(), Some(CartProblem::NotFound));
-    }
-
-    #[test]
-    fn an_operator_touches_only_its_own_shop_and_the_admin_every_shop() {
-        let shop = ShopCode::parse("north").unwrap();
-        let other = ShopCode::parse("south").unwrap();
-        let operator = Actor {
-            operator: OperatorId::parse("alice").unwrap(),
-            operator_type: OperatorType::Manual,
-            shop: Some(shop.clone()),
-        };
-        assert!(operator.may_touch(Some(&shop)));
-        assert!(!operator.may_touch(Some(&other)));
-        assert!(
-            !operator.may_touch(None),
-            "shop-less SKUs belong to the admin"
-        );
-        assert!(Actor::admin().may_touch(Some(&other)));
-        assert!(Actor::admin().may_touch(None));
     }
 }

@@ -17,8 +17,9 @@ pub mod postgres;
 pub mod sqlite;
 
 use domain::{
-    IdempotencyKey, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Product, ProductId,
-    RefundId, Reservation, ReservationId, ShelfLogEntry, ShopCode, Sku, SkuCode, Timestamp, UserId,
+    OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal, Product, ProductId, RefundId,
+    Reservation, ReservationId, ServiceKeyId, ShelfLogEntry, ShopCode, Sku, SkuCode, Timestamp,
+    UserId,
 };
 
 pub use catalog::*;
@@ -42,6 +43,24 @@ pub struct StoreConfig {
     pub acquire_timeout_milliseconds: u64,
     /// PostgreSQL schema to use instead of the default `search_path`.
     pub postgres_schema: Option<String>,
+    /// Bounds the units of work enforce.
+    pub limits: StoreLimits,
+}
+
+/// Bounds on what one shopper may hold, enforced inside the reserving transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Most open holds (reservations still `RESERVED`, an unpaid order's included) one
+    /// shopper of a shop may have at once.
+    pub open_holds_max: i64,
+}
+
+impl Default for StoreLimits {
+    fn default() -> StoreLimits {
+        StoreLimits {
+            open_holds_max: domain::limits::USER_OPEN_HOLDS_MAX_DEFAULT,
+        }
+    }
 }
 
 impl StoreConfig {
@@ -53,6 +72,7 @@ impl StoreConfig {
             statement_timeout_milliseconds: 30_000,
             acquire_timeout_milliseconds: 5_000,
             postgres_schema: None,
+            limits: StoreLimits::default(),
         }
     }
 
@@ -127,9 +147,17 @@ impl Store {
         dispatch!(self, store => store.reservation(id).await)
     }
 
+    /// The shops of these SKUs (the ones that exist). A SKU's shop never changes.
+    pub async fn sku_shops(
+        &self,
+        codes: &[&SkuCode],
+    ) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError> {
+        dispatch!(self, store => store.sku_shops(codes).await)
+    }
+
     pub async fn idempotency_record(
         &self,
-        key: &IdempotencyKey,
+        key: &ScopedKey,
     ) -> Result<Option<(String, StoredResponse)>, StoreError> {
         dispatch!(self, store => store.idempotency_record(key).await)
     }
@@ -300,27 +328,70 @@ impl Store {
         dispatch!(self, store => store.create_operator(claim, operator, shop, token_hash, now, renderer).await)
     }
 
-    pub async fn operator_by_token_hash(
+    pub async fn create_service_key(
         &self,
-        token_hash: &str,
-    ) -> Result<Option<(OperatorId, ShopCode)>, StoreError> {
-        dispatch!(self, store => store.operator_by_token_hash(token_hash).await)
+        claim: &IdempotencyClaim,
+        key: &ServiceKey,
+        secret_hash: &str,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.create_service_key(claim, key, secret_hash, now, renderer).await)
     }
 
+    pub async fn revoke_service_key(
+        &self,
+        claim: &IdempotencyClaim,
+        key: &ServiceKeyId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.revoke_service_key(claim, key, now, renderer).await)
+    }
+
+    pub async fn service_keys(
+        &self,
+        shop: Option<&ShopCode>,
+        limit: i64,
+    ) -> Result<Vec<ServiceKey>, StoreError> {
+        dispatch!(self, store => store.service_keys(shop, limit).await)
+    }
+
+    pub async fn principal_by_secret_hash(
+        &self,
+        secret_hash: &str,
+    ) -> Result<Option<Principal>, StoreError> {
+        dispatch!(self, store => store.principal_by_secret_hash(secret_hash).await)
+    }
+
+    pub async fn admin_credential_exists(&self) -> Result<bool, StoreError> {
+        dispatch!(self, store => store.admin_credential_exists().await)
+    }
+
+    pub async fn replace_admin_secret(
+        &self,
+        secret_hash: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, store => store.replace_admin_secret(secret_hash, now).await)
+    }
+
+    #[allow(clippy::too_many_arguments)] // forwards one unit of work's inputs
     pub async fn set_cart_item(
         &self,
         claim: &IdempotencyClaim,
+        shop: &ShopCode,
         user: &UserId,
         sku: &SkuCode,
         quantity: Option<i64>,
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.set_cart_item(claim, user, sku, quantity, now, renderer).await)
+        dispatch!(self, store => store.set_cart_item(claim, shop, user, sku, quantity, now, renderer).await)
     }
 
-    pub async fn cart(&self, user: &UserId) -> Result<Cart, StoreError> {
-        dispatch!(self, store => store.cart(user).await)
+    pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
+        dispatch!(self, store => store.cart(shop, user).await)
     }
 
     pub async fn remove_ordered_cart_items(
@@ -339,6 +410,10 @@ impl Store {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         dispatch!(self, store => store.create_order(claim, order, now, renderer).await)
+    }
+
+    pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
+        dispatch!(self, store => store.order_shop(id).await)
     }
 
     pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
@@ -378,6 +453,14 @@ impl Store {
         dispatch!(self, store => store.apply_payment_event(event_id, event_type, payment_id, attempt, outcome, now).await)
     }
 
+    pub async fn payment_attempt(
+        &self,
+        attempt: Option<&PaymentAttemptId>,
+        payment_id: &str,
+    ) -> Result<Option<AttemptToCall>, StoreError> {
+        dispatch!(self, store => store.payment_attempt(attempt, payment_id).await)
+    }
+
     pub async fn claim_attempts_to_reconcile(
         &self,
         now: Timestamp,
@@ -399,10 +482,11 @@ impl Store {
         &self,
         claim: &IdempotencyClaim,
         order: &OrderId,
+        may_cancel_paid: bool,
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.cancel_order(claim, order, now, renderer).await)
+        dispatch!(self, store => store.cancel_order(claim, order, may_cancel_paid, now, renderer).await)
     }
 
     pub async fn claim_refunds(

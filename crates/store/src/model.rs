@@ -2,11 +2,11 @@
 
 use domain::{
     AdjustmentQuantity, Currency, ErrorCode, IdempotencyKey, MovementId, OperatorId, PriceMinor,
-    Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku, SkuCode,
-    Timestamp, WarehouseCode,
+    Principal, Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku,
+    SkuCode, Timestamp, UserId, WarehouseCode,
 };
 
-use crate::catalog::{Cart, Checkout, ShelfResult};
+use crate::catalog::{Cart, ServiceKey, ShelfResult, SkippedLine};
 
 /// An HTTP response exactly as it was first sent: replays return these bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,11 +15,35 @@ pub struct StoredResponse {
     pub body: String,
 }
 
+/// An idempotency key in its caller's namespace, `"<principal scope> <key>"`: records
+/// are keyed by (principal, key), so two callers never share a key space — one cannot
+/// read another's answers or block its keys by sending the same key first.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScopedKey(String);
+
+impl ScopedKey {
+    pub fn new(principal: &Principal, key: &IdempotencyKey) -> ScopedKey {
+        ScopedKey(format!("{} {}", principal.scope(), key.as_str()))
+    }
+
+    /// The stored form, as written to `idempotency_record.key`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key as the client sent it.
+    pub fn client_key(&self) -> &str {
+        self.0
+            .split_once(' ')
+            .map_or(self.0.as_str(), |(_, key)| key)
+    }
+}
+
 /// An idempotency key and the fingerprint of the request that carries it. The record is
 /// written in the same transaction as the effect, so a crash cannot separate them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyClaim {
-    pub key: IdempotencyKey,
+    pub key: ScopedKey,
     /// Digest of method, path and canonical body: the same key with another request is
     /// refused rather than replayed.
     pub fingerprint: String,
@@ -83,12 +107,7 @@ impl Rejection {
 pub trait ResponseRenderer: Send + Sync {
     fn sku_saved(&self, sku: &Sku, created: bool) -> StoredResponse;
     fn movement_recorded(&self, movement: &MovementRecord) -> StoredResponse;
-    /// A new reservation; `checkout` when it came from a cart.
-    fn reservation_created(
-        &self,
-        reservation: &Reservation,
-        checkout: Option<&Checkout>,
-    ) -> StoredResponse;
+    fn reservation_created(&self, reservation: &Reservation) -> StoredResponse;
     fn reservation_changed(&self, reservation: &Reservation) -> StoredResponse;
     fn rejected(&self, rejection: &Rejection) -> StoredResponse;
     fn product_saved(&self, product: &Product, created: bool) -> StoredResponse;
@@ -101,9 +120,14 @@ pub trait ResponseRenderer: Send + Sync {
         shop: &ShopCode,
         token: Option<&str>,
     ) -> StoredResponse;
+    /// A new service key; the secret only in the first answer (`None` in the stored one).
+    fn service_key_created(&self, key: &ServiceKey, secret: Option<&str>) -> StoredResponse;
+    fn service_key_revoked(&self, key: &ServiceKey) -> StoredResponse;
     fn cart(&self, cart: &Cart) -> StoredResponse;
     /// An order (201 when `created`).
     fn order(&self, order: &crate::orders::Order, created: bool) -> StoredResponse;
+    /// The order a checkout created (201), with the cart lines it left out.
+    fn checked_out(&self, order: &crate::orders::Order, skipped: &[SkippedLine]) -> StoredResponse;
 }
 
 /// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).
@@ -113,6 +137,11 @@ pub struct SkuChanges {
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
     pub low_stock_threshold: Option<i64>,
+    /// The shop of a new SKU (default `default`); for an existing one it must be the
+    /// shop it already has.
+    pub shop: Option<ShopCode>,
+    /// `Some(None)` removes the limit, `Some(Some(n))` sets it.
+    pub per_user_limit: Option<Option<i64>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +205,20 @@ pub struct MovementRecord {
     pub created_at: Timestamp,
 }
 
+/// Which shop a reservation's SKUs must belong to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShopScope {
+    /// Every SKU was found in this shop before the request was queued (a SKU's shop
+    /// never changes), so nothing is left to check.
+    Verified(ShopCode),
+    /// Every SKU must belong to this shop (the caller's); some were unknown when the
+    /// request was checked, so the reserving transaction checks.
+    Required(ShopCode),
+    /// The admin named a SKU unknown when the request was checked: any one shop,
+    /// found by the reserving transaction.
+    Any,
+}
+
 /// One request of a reservation batch. Lines are distinct per (sku, warehouse).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReserveRequest {
@@ -183,8 +226,9 @@ pub struct ReserveRequest {
     pub id: ReservationId,
     pub lines: Vec<ReservationLine>,
     pub expires_at: Timestamp,
-    /// Set when the reservation checks a cart out.
-    pub checkout: Option<Checkout>,
+    pub shop: ShopScope,
+    /// The shopper, when named: counted against the open-hold bound and per-user limits.
+    pub user: Option<UserId>,
 }
 
 /// Confirm or release.
@@ -218,6 +262,9 @@ pub struct AuditDifference {
     pub sku: Option<String>,
     pub warehouse: Option<String>,
     pub reference: Option<String>,
+    /// The shop the difference is about, when the check knows it (order checks); the
+    /// engine finds the others' from their SKU.
+    pub shop: Option<String>,
     pub expected: i64,
     pub actual: i64,
 }

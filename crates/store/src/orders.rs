@@ -2,17 +2,23 @@
 
 use domain::{
     AttemptStatus, Currency, OrderId, OrderStatus, PaymentAttemptId, RefundId, Reservation,
-    ReservationId, ReservationLine, SkuCode, Timestamp, UserId, WarehouseCode,
+    ReservationId, ReservationLine, ShopCode, SkuCode, Timestamp, UserId, WarehouseCode,
 };
+
+use crate::catalog::SkippedLine;
+use crate::model::ShopScope;
 
 /// An order to create, with the reservation that holds its stock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {
     pub id: OrderId,
+    pub shop: ShopScope,
     pub user: UserId,
     pub reservation_id: ReservationId,
     pub lines: Vec<ReservationLine>,
     pub expires_at: Timestamp,
+    /// Set when a checkout creates the order: the cart lines it left out.
+    pub skipped: Option<Vec<SkippedLine>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +66,7 @@ pub struct RefundRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Order {
     pub id: OrderId,
+    pub shop: ShopCode,
     pub user: UserId,
     pub status: OrderStatus,
     pub amount_minor: i64,

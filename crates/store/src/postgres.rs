@@ -18,11 +18,17 @@ type BackendStore = PostgresStore;
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    limits: crate::StoreLimits,
 }
 
 mod dialect {
-    pub const SELECT_RESERVATION_STATUS_FOR_UPDATE: &str =
-        "SELECT status FROM reservation WHERE id = $1 FOR UPDATE";
+    pub const SELECT_RESERVATION_FOR_UPDATE: &str =
+        "SELECT status, order_id, shop, user_id FROM reservation WHERE id = $1 FOR UPDATE";
+    /// Tallies are locked after the stock rows, in key order, by every writer.
+    pub const SELECT_SHOPPER_HOLD_FOR_UPDATE: &str =
+        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
+    pub const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &str = "SELECT quantity FROM shopper_purchase \
+         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
     /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
@@ -128,6 +134,11 @@ mod dialect {
             "reservation_batch_index_plans",
             include_str!("../migrations/postgres/0008_reservation_batch_index_plans.sql"),
         ),
+        (
+            9,
+            "trust",
+            include_str!("../migrations/postgres/0009_trust.sql"),
+        ),
     ];
 }
 
@@ -150,7 +161,10 @@ impl PostgresStore {
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
             .connect_with(options)
             .await?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore {
+            pool,
+            limits: config.limits,
+        })
     }
 
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Postgres>, crate::StoreError> {
@@ -179,6 +193,10 @@ impl PostgresStore {
         &self.pool
     }
 
+    fn limits(&self) -> &crate::StoreLimits {
+        &self.limits
+    }
+
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -205,7 +223,7 @@ include!("shared_orders.rs");
 mod bulk {
     use std::collections::{BTreeMap, HashMap};
 
-    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
+    use domain::{SaleStatus, ShopCode, SkuCode, Timestamp, WarehouseCode};
     use sqlx::Row;
 
     use sqlx::Arguments;
@@ -215,7 +233,7 @@ mod bulk {
     use super::{Tx, corrupt};
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
-    use crate::plan::{BatchWritten, StockKey, WholeBatch};
+    use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 
     pub async fn existing_records(
         transaction: &mut Tx,
@@ -260,7 +278,7 @@ mod bulk {
     pub async fn lock_stock_rows(
         transaction: &mut Tx,
         wanted: &[StockKey],
-    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SaleStatus>), StoreError> {
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>), StoreError> {
         if wanted.is_empty() {
             return Ok((BTreeMap::new(), HashMap::new()));
         }
@@ -272,53 +290,56 @@ mod bulk {
             .iter()
             .map(|(_, warehouse)| warehouse.as_str().to_owned())
             .collect();
-        let statement = "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status FROM stock \
+        let statement = "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
+             sku.per_user_limit FROM stock \
              JOIN UNNEST($1::text[], $2::text[]) AS wanted (sku, warehouse) \
              ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
              JOIN sku ON sku.code = stock.sku \
              ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock FOR SHARE OF sku";
-        let found = sqlx::query_as::<_, (String, String, i64, String)>(statement)
-            .bind(skus)
-            .bind(warehouses)
-            .fetch_all(&mut **transaction)
-            .await?;
+        let found =
+            sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(statement)
+                .bind(skus)
+                .bind(warehouses)
+                .fetch_all(&mut **transaction)
+                .await?;
         let mut available = BTreeMap::new();
-        let mut statuses = HashMap::new();
-        for (sku, warehouse, count, status) in found {
+        let mut facts = HashMap::new();
+        for (sku, warehouse, count, status, shop, per_user_limit) in found {
             let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
             let warehouse =
                 WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            let status =
-                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
-            statuses.insert(sku.clone(), status);
+            facts.insert(
+                sku.clone(),
+                super::decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
             available.insert((sku, warehouse), count);
         }
-        Ok((available, statuses))
+        Ok((available, facts))
     }
 
-    pub async fn sale_statuses(
+    pub async fn sku_facts(
         transaction: &mut Tx,
         skus: &[&SkuCode],
-    ) -> Result<HashMap<SkuCode, SaleStatus>, StoreError> {
+    ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
         if skus.is_empty() {
             return Ok(HashMap::new());
         }
         let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
-        let found = sqlx::query_as::<_, (String, String)>(
-            "SELECT code, sale_status FROM sku WHERE code = ANY($1)",
+        let found = sqlx::query_as::<_, (String, String, String, Option<i64>)>(
+            "SELECT code, sale_status, shop, per_user_limit FROM sku WHERE code = ANY($1)",
         )
         .bind(codes)
         .persistent(false)
         .fetch_all(&mut **transaction)
         .await?;
-        let mut statuses = HashMap::with_capacity(found.len());
-        for (code, status) in found {
-            statuses.insert(
+        let mut facts = HashMap::with_capacity(found.len());
+        for (code, status, shop, per_user_limit) in found {
+            facts.insert(
                 SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?,
+                super::decode_sku_facts(&status, &shop, per_user_limit)?,
             );
         }
-        Ok(statuses)
+        Ok(facts)
     }
 
     /// A batch's rows as the columns the server-side functions take (migration 0006):
@@ -330,6 +351,8 @@ mod bulk {
         reservation_ids: Vec<String>,
         reservation_expiries: Vec<i64>,
         reservation_keys: Vec<String>,
+        reservation_shops: Vec<String>,
+        reservation_users: Vec<Option<String>>,
         line_reservations: Vec<String>,
         line_numbers: Vec<i64>,
         line_skus: Vec<String>,
@@ -347,7 +370,7 @@ mod bulk {
         /// overlapping keys wait for each other instead of deadlocking.
         fn new(
             totals: &BTreeMap<StockKey, i64>,
-            accepted: &[&ReserveRequest],
+            accepted: &[(&ReserveRequest, &ShopCode)],
             records: &[(&IdempotencyClaim, &StoredResponse)],
         ) -> BatchColumns {
             let mut columns = BatchColumns {
@@ -357,6 +380,8 @@ mod bulk {
                 reservation_ids: Vec::with_capacity(accepted.len()),
                 reservation_expiries: Vec::with_capacity(accepted.len()),
                 reservation_keys: Vec::with_capacity(accepted.len()),
+                reservation_shops: Vec::with_capacity(accepted.len()),
+                reservation_users: Vec::with_capacity(accepted.len()),
                 line_reservations: Vec::new(),
                 line_numbers: Vec::new(),
                 line_skus: Vec::new(),
@@ -373,8 +398,12 @@ mod bulk {
                 columns.total_warehouses.push(warehouse.as_str().to_owned());
                 columns.total_quantities.push(*quantity);
             }
-            for request in accepted {
+            for (request, shop) in accepted {
                 columns.reservation_ids.push(request.id.as_str().to_owned());
+                columns.reservation_shops.push(shop.as_str().to_owned());
+                columns
+                    .reservation_users
+                    .push(request.user.as_ref().map(|user| user.as_str().to_owned()));
                 columns
                     .reservation_expiries
                     .push(request.expires_at.unix_milliseconds());
@@ -424,6 +453,8 @@ mod bulk {
                 .and_then(|()| arguments.add(self.reservation_ids))
                 .and_then(|()| arguments.add(self.reservation_expiries))
                 .and_then(|()| arguments.add(self.reservation_keys))
+                .and_then(|()| arguments.add(self.reservation_shops))
+                .and_then(|()| arguments.add(self.reservation_users))
                 .and_then(|()| arguments.add(self.line_reservations))
                 .and_then(|()| arguments.add(self.line_numbers))
                 .and_then(|()| arguments.add(self.line_skus))
@@ -445,7 +476,7 @@ mod bulk {
     pub async fn write_batch(
         transaction: &mut Tx,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[&ReserveRequest],
+        accepted: &[(&ReserveRequest, &ShopCode)],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
@@ -454,7 +485,7 @@ mod bulk {
         let (rows_taken, records_stored): (i64, i64) = sqlx::query_as_with(
             "SELECT written.rows_taken, written.records_stored \
              FROM stockd_write_reservation_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-             $11, $12, $13, $14, $15, $16, $17) AS written",
+             $11, $12, $13, $14, $15, $16, $17, $18, $19) AS written",
             arguments,
         )
         .fetch_one(&mut **transaction)
@@ -507,7 +538,7 @@ mod bulk {
     pub async fn reserve_whole_batch(
         pool: &sqlx::PgPool,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[&ReserveRequest],
+        accepted: &[(&ReserveRequest, &ShopCode)],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
@@ -524,7 +555,7 @@ mod bulk {
             })?;
         let answer: Result<String, sqlx::Error> = sqlx::query_scalar_with(
             "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-             $11, $12, $13, $14, $15, $16, $17, $18)",
+             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
             arguments,
         )
         .fetch_one(pool)

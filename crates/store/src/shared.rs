@@ -16,9 +16,9 @@
 use std::collections::HashMap;
 
 use domain::{
-    Currency, ErrorCode, PriceMinor, ProductId, Quantity, ReleaseReason, Reservation,
-    ReservationId, ReservationLine, ReservationStatus, SaleStatus, Sku, SkuCode, StockLevel,
-    Timestamp, WarehouseCode,
+    Currency, ErrorCode, OrderId, PriceMinor, ProductId, Quantity, ReleaseReason, Reservation,
+    ReservationId, ReservationLine, ReservationStatus, SaleStatus, ShopCode, Sku, SkuCode,
+    StockLevel, Timestamp, UserId, WarehouseCode,
 };
 use futures_util::TryStreamExt;
 use sqlx::Row;
@@ -27,10 +27,13 @@ use crate::error::StoreError;
 use crate::model::{
     AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, BatchApplied, BatchPath,
     ExpiryOutcome, IdempotencyClaim, Idempotent, LockTurn, MovementRecord, Rejection,
-    ReservationAction, ReservationGauges, ReserveRequest, ResponseRenderer, SkuChanges,
-    StockMovement, StoredResponse,
+    ReservationAction, ReservationGauges, ReserveRequest, ResponseRenderer, ScopedKey, ShopScope,
+    SkuChanges, StockMovement, StoredResponse,
 };
-use crate::plan::{StockKey, WholeBatch, plan_batch, totals_if_all_accepted};
+use crate::plan::{
+    PlanRequest, PurchaseKey, ShopperKey, SkuFacts, StockKey, Tallies, WholeBatch, plan_batch,
+    totals_if_all_accepted,
+};
 
 type Tx = sqlx::Transaction<'static, Db>;
 type DbConnection = <Db as sqlx::Database>::Connection;
@@ -210,6 +213,7 @@ fn decode_sku_row(
     stock: Vec<StockLevel>,
 ) -> Result<Sku, StoreError> {
     let code: String = row.try_get("code")?;
+    let shop: String = row.try_get("shop")?;
     let product_id: Option<String> = row.try_get("product_id")?;
     let price: Option<i64> = row.try_get("price_minor")?;
     let currency: Option<String> = row.try_get("currency")?;
@@ -221,6 +225,7 @@ fn decode_sku_row(
             .map(ProductId::parse)
             .transpose()
             .map_err(|error| corrupt("product id", error))?,
+        shop: ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
         title: row.try_get("title")?,
         spec: row.try_get("spec")?,
         price: price
@@ -233,6 +238,7 @@ fn decode_sku_row(
             .transpose()
             .map_err(|error| corrupt("currency", error))?,
         low_stock_threshold: row.try_get("low_stock_threshold")?,
+        per_user_limit: row.try_get("per_user_limit")?,
         sale_status: SaleStatus::parse(&sale_status)
             .map_err(|error| corrupt("sale status", error))?,
         version: row.try_get("version")?,
@@ -247,8 +253,8 @@ async fn load_sku(
     code: &SkuCode,
 ) -> Result<Option<Sku>, StoreError> {
     let Some(row) = sqlx::query(
-        "SELECT code, product_id, title, spec, price_minor, currency, low_stock_threshold, \
-         sale_status, version, created_at, updated_at FROM sku WHERE code = $1",
+        "SELECT code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
+         per_user_limit, sale_status, version, created_at, updated_at FROM sku WHERE code = $1",
     )
     .bind(code.as_str())
     .fetch_optional(&mut *connection)
@@ -280,7 +286,7 @@ async fn load_reservation(
     id: &ReservationId,
 ) -> Result<Option<Reservation>, StoreError> {
     let Some(row) = sqlx::query(
-        "SELECT status, release_reason, expires_at, created_at, updated_at \
+        "SELECT status, release_reason, expires_at, created_at, updated_at, shop, user_id, order_id \
          FROM reservation WHERE id = $1",
     )
     .bind(id.as_str())
@@ -302,8 +308,26 @@ async fn load_reservation(
     }
     let status: String = row.try_get("status")?;
     let release_reason: Option<String> = row.try_get("release_reason")?;
+    let shop: Option<String> = row.try_get("shop")?;
+    let user: Option<String> = row.try_get("user_id")?;
+    let order_id: Option<String> = row.try_get("order_id")?;
     Ok(Some(Reservation {
         id: id.clone(),
+        shop: shop
+            .as_deref()
+            .map(ShopCode::parse)
+            .transpose()
+            .map_err(|error| corrupt("shop", error))?,
+        user: user
+            .as_deref()
+            .map(UserId::parse)
+            .transpose()
+            .map_err(|error| corrupt("user id", error))?,
+        order_id: order_id
+            .as_deref()
+            .map(OrderId::parse)
+            .transpose()
+            .map_err(|error| corrupt("order id", error))?,
         status: ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?,
         release_reason: release_reason
             .as_deref()
@@ -326,13 +350,6 @@ fn decode_line(row: &<Db as sqlx::Database>::Row) -> Result<ReservationLine, Sto
         quantity: Quantity::new(row.try_get("quantity")?)
             .map_err(|error| corrupt("quantity", error))?,
     })
-}
-
-/// Reservation lines sorted by (sku, warehouse): the order stock rows are locked in.
-fn lines_in_lock_order(lines: &[ReservationLine]) -> Vec<&ReservationLine> {
-    let mut sorted: Vec<&ReservationLine> = lines.iter().collect();
-    sorted.sort_by(|left, right| (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse)));
-    sorted
 }
 
 /// Moves `quantity` units of a line between `available` and `reserved` (release) or out
@@ -418,6 +435,377 @@ fn batch_outcomes(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// A SKU's facts as the reserving transaction reads them with its stock rows.
+fn decode_sku_facts(
+    status: &str,
+    shop: &str,
+    per_user_limit: Option<i64>,
+) -> Result<SkuFacts, StoreError> {
+    Ok(SkuFacts {
+        sale_status: SaleStatus::parse(status).map_err(|error| corrupt("sale status", error))?,
+        shop: ShopCode::parse(shop).map_err(|error| corrupt("shop", error))?,
+        per_user_limit,
+    })
+}
+
+/// The reservation a request creates, as its answer shows it.
+fn new_reservation(request: &ReserveRequest, shop: Option<&ShopCode>, now: Timestamp) -> Reservation {
+    let shop = shop.or(match &request.shop {
+        ShopScope::Verified(shop) | ShopScope::Required(shop) => Some(shop),
+        ShopScope::Any => None,
+    });
+    Reservation {
+        id: request.id.clone(),
+        shop: shop.cloned(),
+        user: request.user.clone(),
+        order_id: None,
+        status: ReservationStatus::Reserved,
+        release_reason: None,
+        expires_at: request.expires_at,
+        created_at: now,
+        updated_at: now,
+        lines: request.lines.clone(),
+    }
+}
+
+/// `skus` completed with the SKUs of `wanted` that have no stock row yet (or none in
+/// that warehouse): they still need their facts, to tell `not_found` from
+/// `insufficient_stock`.
+async fn with_unlisted_skus(
+    transaction: &mut Tx,
+    wanted: &[StockKey],
+    mut skus: HashMap<SkuCode, SkuFacts>,
+) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+    let mut unlisted: Vec<&SkuCode> = wanted
+        .iter()
+        .map(|(sku, _)| sku)
+        .filter(|sku| !skus.contains_key(*sku))
+        .collect();
+    unlisted.dedup();
+    if !unlisted.is_empty() {
+        skus.extend(bulk::sku_facts(transaction, &unlisted).await?);
+    }
+    Ok(skus)
+}
+
+/// Locks and reads the tallies of the shoppers that `requests` name (open holds, and
+/// units of SKUs with a per-user limit), in key order. Reservations without a user
+/// read nothing.
+async fn lock_tallies<'a>(
+    transaction: &mut Tx,
+    requests: impl Iterator<Item = &'a ReserveRequest>,
+    skus: &HashMap<SkuCode, SkuFacts>,
+    open_holds_max: i64,
+) -> Result<Tallies, StoreError> {
+    let mut shoppers: Vec<ShopperKey> = Vec::new();
+    let mut purchases: Vec<PurchaseKey> = Vec::new();
+    for request in requests {
+        let Some(user) = &request.user else { continue };
+        // The shop the request will be decided in: its first SKU's (a request of
+        // several shops is refused anyway).
+        let Some(shop) = request
+            .lines
+            .first()
+            .and_then(|line| skus.get(&line.sku))
+            .map(|facts| facts.shop.clone())
+        else {
+            continue;
+        };
+        for line in &request.lines {
+            if skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()) {
+                purchases.push((shop.clone(), user.clone(), line.sku.clone()));
+            }
+        }
+        shoppers.push((shop, user.clone()));
+    }
+    read_tallies(transaction, shoppers, purchases, open_holds_max).await
+}
+
+/// The tallies of these shoppers, locked (PostgreSQL) in key order.
+async fn read_tallies(
+    transaction: &mut Tx,
+    mut shoppers: Vec<ShopperKey>,
+    mut purchases: Vec<PurchaseKey>,
+    open_holds_max: i64,
+) -> Result<Tallies, StoreError> {
+    shoppers.sort();
+    shoppers.dedup();
+    purchases.sort();
+    purchases.dedup();
+    let mut tallies = Tallies {
+        open_holds_max,
+        ..Tallies::default()
+    };
+    for (shop, user) in shoppers {
+        let holds: Option<i64> = sqlx::query_scalar(dialect::SELECT_SHOPPER_HOLD_FOR_UPDATE)
+            .bind(shop.as_str())
+            .bind(user.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+        tallies.open_holds.insert((shop, user), holds.unwrap_or(0));
+    }
+    for (shop, user, sku) in purchases {
+        let quantity: Option<i64> = sqlx::query_scalar(dialect::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
+            .bind(shop.as_str())
+            .bind(user.as_str())
+            .bind(sku.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+        tallies.purchased.insert((shop, user, sku), quantity.unwrap_or(0));
+    }
+    Ok(tallies)
+}
+
+/// Adds a decided batch's holds and units to the shoppers' tallies. Each write is
+/// conditional on the bound (the open-hold bound, the SKU's per-user limit), so the
+/// database refuses what the decision should never have allowed: a tally another
+/// process moved since it was read makes the batch retry, and then decide again.
+async fn add_to_tallies(
+    transaction: &mut Tx,
+    holds_added: &std::collections::BTreeMap<ShopperKey, i64>,
+    purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
+    open_holds_max: i64,
+) -> Result<(), StoreError> {
+    for ((shop, user), added) in holds_added {
+        let written = sqlx::query(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
+             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+             WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(added)
+        .bind(open_holds_max)
+        .execute(&mut **transaction)
+        .await?;
+        if written.rows_affected() != 1 {
+            return Err(StoreError::Retryable(format!(
+                "the open holds of user '{user}' changed since they were read"
+            )));
+        }
+    }
+    for ((shop, user, sku), added) in purchases_added {
+        let written = sqlx::query(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
+             AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+             WHERE shopper_purchase.quantity + excluded.quantity <= \
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), $5)",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(sku.as_str())
+        .bind(added)
+        .bind(STOCK_ON_HAND_MAX)
+        .execute(&mut **transaction)
+        .await?;
+        if written.rows_affected() != 1 {
+            return Err(StoreError::Retryable(format!(
+                "what user '{user}' holds of sku '{sku}' changed since it was read"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Who moves a reservation out of `RESERVED`. A reservation held by an order is moved
+/// only by that order's flow (DESIGN.md, trust model).
+#[derive(Debug, Clone, Copy)]
+enum Mover<'a> {
+    /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds.
+    Client,
+    /// The flow of this order: pay, cancel, expiry, refund.
+    Order(&'a OrderId),
+}
+
+/// One reservation to move out of `RESERVED`.
+struct Move<'a> {
+    id: &'a ReservationId,
+    action: ReservationAction,
+    /// Why, when it is released.
+    reason: ReleaseReason,
+}
+
+/// A reservation moved, with what must be settled for it.
+struct Moved<'a> {
+    id: &'a ReservationId,
+    action: ReservationAction,
+    shopper: Option<ShopperKey>,
+    lines: Vec<ReservationLine>,
+}
+
+/// Moves each reservation out of `RESERVED` through the transition table (locking the
+/// reservation rows in id order), then settles all their lines in the one global
+/// (sku, warehouse) order, then gives the shoppers' tallies back: an open hold per
+/// reservation, and on release the units. Only the caller that moves a reservation out
+/// of `RESERVED` touches its stock, so a release that runs twice returns it once.
+///
+/// One outcome per move, in order; `Err` is a business refusal, and nothing was
+/// written for that reservation.
+async fn settle_reservations(
+    transaction: &mut Tx,
+    moves: &[Move<'_>],
+    mover: Mover<'_>,
+    now: Timestamp,
+) -> Result<Vec<Result<(), Rejection>>, StoreError> {
+    let mut in_lock_order: Vec<usize> = (0..moves.len()).collect();
+    in_lock_order.sort_by(|left, right| moves[*left].id.cmp(moves[*right].id));
+    let mut outcomes: Vec<Result<(), Rejection>> = vec![Ok(()); moves.len()];
+    let mut moved: Vec<Moved<'_>> = Vec::with_capacity(moves.len());
+    for index in in_lock_order {
+        let step = &moves[index];
+        match move_reservation(transaction, step, mover, now).await? {
+            Ok(done) => moved.push(done),
+            Err(rejection) => outcomes[index] = Err(rejection),
+        }
+    }
+    let mut settlements: Vec<(&ReservationLine, ReservationAction, &ReservationId)> = moved
+        .iter()
+        .flat_map(|done| done.lines.iter().map(move |line| (line, done.action, done.id)))
+        .collect();
+    settlements.sort_by(|(left, _, _), (right, _, _)| {
+        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+    });
+    for (line, action, id) in settlements {
+        settle_line(transaction, line, action, id, now).await?;
+    }
+    give_back_tallies(transaction, &moved).await?;
+    Ok(outcomes)
+}
+
+/// The status half of [`settle_reservations`] for one reservation.
+async fn move_reservation<'a>(
+    transaction: &mut Tx,
+    step: &Move<'a>,
+    mover: Mover<'_>,
+    now: Timestamp,
+) -> Result<Result<Moved<'a>, Rejection>, StoreError> {
+    let id = step.id;
+    /// A locked reservation's status, holder order, shop and shopper.
+    type LockedReservation = (String, Option<String>, Option<String>, Option<String>);
+    let row: Option<LockedReservation> = sqlx::query_as(dialect::SELECT_RESERVATION_FOR_UPDATE)
+            .bind(id.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+    let Some((status, order_id, shop, user)) = row else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("reservation '{id}' does not exist"),
+        )));
+    };
+    match (mover, order_id.as_deref()) {
+        (Mover::Client, Some(order)) => {
+            return Ok(Err(Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!(
+                    "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
+                ),
+            )));
+        }
+        (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => {
+            return Err(invariant(format!(
+                "order {order} tried to move reservation {id}, held by {held_by:?}"
+            )));
+        }
+        _ => {}
+    }
+    let current = ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?;
+    let target = match step.action {
+        ReservationAction::Confirm => ReservationStatus::Confirmed,
+        ReservationAction::Release => ReservationStatus::Released,
+    };
+    if let Err(illegal) = current.transition(target) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("reservation '{id}': {illegal}"),
+        )));
+    }
+    let reason = (target == ReservationStatus::Released).then_some(step.reason.as_str());
+    let updated = sqlx::query(
+        "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
+         WHERE id = $1 AND status = $5",
+    )
+    .bind(id.as_str())
+    .bind(target.as_str())
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .bind(current.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    expect_one_row(
+        updated.rows_affected(),
+        "changing a locked reservation's status",
+    )?;
+    let line_rows = sqlx::query(
+        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut **transaction)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for row in &line_rows {
+        lines.push(decode_line(row)?);
+    }
+    let shopper = match (shop, user) {
+        (Some(shop), Some(user)) => Some((
+            ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
+            UserId::parse(&user).map_err(|error| corrupt("user id", error))?,
+        )),
+        _ => None,
+    };
+    Ok(Ok(Moved {
+        id,
+        action: step.action,
+        shopper,
+        lines,
+    }))
+}
+
+/// Gives back what the moved reservations counted against their shoppers, in key
+/// order: one open hold each, and on release their units.
+async fn give_back_tallies(transaction: &mut Tx, moved: &[Moved<'_>]) -> Result<(), StoreError> {
+    let mut holds: std::collections::BTreeMap<&ShopperKey, i64> = Default::default();
+    let mut units: std::collections::BTreeMap<(&ShopCode, &UserId, &SkuCode), i64> =
+        Default::default();
+    for done in moved {
+        let Some(shopper) = &done.shopper else { continue };
+        *holds.entry(shopper).or_insert(0) += 1;
+        if done.action == ReservationAction::Release {
+            for line in &done.lines {
+                *units.entry((&shopper.0, &shopper.1, &line.sku)).or_insert(0) +=
+                    line.quantity.get();
+            }
+        }
+    }
+    for ((shop, user), count) in holds {
+        let updated = sqlx::query(
+            "UPDATE shopper_hold SET open_holds = open_holds - $3 \
+             WHERE shop = $1 AND user_id = $2 AND open_holds >= $3",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(count)
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(updated.rows_affected(), "giving back a shopper's open hold")?;
+    }
+    for ((shop, user, sku), quantity) in units {
+        let updated = sqlx::query(
+            "UPDATE shopper_purchase SET quantity = quantity - $4 \
+             WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity >= $4",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(sku.as_str())
+        .bind(quantity)
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(updated.rows_affected(), "giving back a shopper's units")?;
+    }
+    Ok(())
 }
 
 impl BackendStore {
@@ -530,10 +918,29 @@ impl BackendStore {
         Ok(Idempotent::Executed(response.clone()))
     }
 
+    /// The shops of these SKUs (the ones that exist), read on the writer: the engine
+    /// caches them for good, so a stale replica must not answer.
+    pub async fn sku_shops(&self, codes: &[&SkuCode]) -> Result<HashMap<SkuCode, ShopCode>, StoreError> {
+        let mut shops = HashMap::with_capacity(codes.len());
+        for code in codes {
+            let shop: Option<String> = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_optional(self.write_pool())
+                .await?;
+            if let Some(shop) = shop {
+                shops.insert(
+                    (*code).clone(),
+                    ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
+                );
+            }
+        }
+        Ok(shops)
+    }
+
     /// The committed record of `key`, if any: `(fingerprint, response)`.
     pub async fn idempotency_record(
         &self,
-        key: &domain::IdempotencyKey,
+        key: &ScopedKey,
     ) -> Result<Option<(String, StoredResponse)>, StoreError> {
         let row = sqlx::query(
             "SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1",
@@ -571,32 +978,63 @@ impl BackendStore {
             transaction.rollback().await?;
             return resolve_existing(claim, &fingerprint, response);
         }
+        let shop = changes
+            .shop
+            .clone()
+            .unwrap_or_else(ShopCode::default_shop);
         let inserted = sqlx::query(
-            "INSERT INTO sku (code, title, price_minor, currency, low_stock_threshold, \
-             sale_status, version, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, 'ON_SHELF', 1, $6, $6) ON CONFLICT (code) DO NOTHING",
+            "INSERT INTO sku (code, shop, title, price_minor, currency, low_stock_threshold, \
+             per_user_limit, sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'ON_SHELF', 1, $8, $8) ON CONFLICT (code) DO NOTHING",
         )
         .bind(code.as_str())
+        .bind(shop.as_str())
         .bind(changes.title.as_deref().unwrap_or(""))
         .bind(changes.price.map(PriceMinor::get))
         .bind(changes.currency.as_ref().map(Currency::as_str))
         .bind(changes.low_stock_threshold.unwrap_or(0))
+        .bind(changes.per_user_limit.flatten())
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
         let created = inserted.rows_affected() == 1;
         if !created {
+            let existing_shop: String = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_one(&mut *transaction)
+                .await?;
+            if let Some(wanted) = &changes.shop
+                && wanted.as_str() != existing_shop
+            {
+                let response = renderer.rejected(&Rejection::new(
+                    ErrorCode::AlreadyExists,
+                    format!(
+                        "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
+                    ),
+                ));
+                complete_claim(&mut transaction, claim, &response).await?;
+                transaction.commit().await?;
+                return Ok(Idempotent::Executed(response));
+            }
+            if changes.per_user_limit.is_some() {
+                // A reservation reads the limit after locking these rows (like the sale
+                // status), so a new limit cannot slip past one that commits after it.
+                dialect::lock_stock_of_skus(&mut transaction, &[code]).await?;
+            }
             let updated = sqlx::query(
                 "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
                  currency = COALESCE($4, currency), \
                  low_stock_threshold = COALESCE($5, low_stock_threshold), \
-                 version = version + 1, updated_at = $6 WHERE code = $1",
+                 per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
+                 version = version + 1, updated_at = $8 WHERE code = $1",
             )
             .bind(code.as_str())
             .bind(changes.title.as_deref())
             .bind(changes.price.map(PriceMinor::get))
             .bind(changes.currency.as_ref().map(Currency::as_str))
             .bind(changes.low_stock_threshold)
+            .bind(i64::from(changes.per_user_limit.is_some()))
+            .bind(changes.per_user_limit.flatten())
             .bind(now.unix_milliseconds())
             .execute(&mut *transaction)
             .await?;
@@ -695,18 +1133,8 @@ impl BackendStore {
             .iter()
             .zip(&slots)
             .map(|(request, slot)| {
-                matches!(slot, BatchSlot::Claimed).then(|| {
-                    let reservation = Reservation {
-                        id: request.id.clone(),
-                        status: ReservationStatus::Reserved,
-                        release_reason: None,
-                        expires_at: request.expires_at,
-                        created_at: now,
-                        updated_at: now,
-                        lines: request.lines.clone(),
-                    };
-                    renderer.reservation_created(&reservation, request.checkout.as_ref())
-                })
+                matches!(slot, BatchSlot::Claimed)
+                    .then(|| renderer.reservation_created(&new_reservation(request, None, now)))
             })
             .collect();
 
@@ -717,12 +1145,24 @@ impl BackendStore {
         //    only for the update and the commit. (With more than one batch in flight,
         //    a later batch may so take the last units before an earlier one: both
         //    batches' requests are in flight at once, and each gets an answer
-        //    consistent with the row.)
-        if bulk::WHOLE_BATCH_FAST_PATH {
+        //    consistent with the row.) A request that names a shopper (limits to
+        //    check) or whose SKUs' shop is not verified yet is decided below.
+        let fast_path_fits = requests.iter().zip(&slots).all(|(request, slot)| {
+            !matches!(slot, BatchSlot::Claimed)
+                || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
+        });
+        if bulk::WHOLE_BATCH_FAST_PATH && fast_path_fits {
             let claimed: Vec<&ReserveRequest> = requests
                 .iter()
                 .zip(&slots)
                 .filter_map(|(request, slot)| matches!(slot, BatchSlot::Claimed).then_some(request))
+                .collect();
+            let accepted: Vec<(&ReserveRequest, &ShopCode)> = claimed
+                .iter()
+                .filter_map(|request| match &request.shop {
+                    ShopScope::Verified(shop) => Some((*request, shop)),
+                    _ => None,
+                })
                 .collect();
             let records: Vec<(&IdempotencyClaim, &StoredResponse)> = requests
                 .iter()
@@ -734,7 +1174,7 @@ impl BackendStore {
             let totals =
                 totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
             let whole =
-                bulk::reserve_whole_batch(self.write_pool(), &totals, &claimed, &records, now)
+                bulk::reserve_whole_batch(self.write_pool(), &totals, &accepted, &records, now)
                     .await?;
             if whole == WholeBatch::Applied {
                 turn.pass();
@@ -777,8 +1217,9 @@ impl BackendStore {
             .collect();
 
         // 4. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
-        //    reading their SKUs' sale status with them. A shelf change locks the same
-        //    rows first, so it cannot slip between this read and the commit.
+        //    reading their SKUs' sale status, shop and per-user limit with them. A shelf
+        //    change (or a new limit) locks the same rows first, so it cannot slip
+        //    between this read and the commit. Then the shoppers' tallies, in key order.
         let mut wanted_rows: Vec<StockKey> = claimed
             .iter()
             .flat_map(|index| requests[*index].lines.iter())
@@ -788,36 +1229,48 @@ impl BackendStore {
         wanted_rows.dedup();
         let locked = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await;
         turn.pass();
-        let (available, mut sale_statuses) = locked?;
-        // SKUs without any of the wanted rows (unknown, or never stocked there) still
-        // need their status, to tell `not_found` from `insufficient_stock`.
-        let mut unlisted: Vec<&SkuCode> = wanted_rows
-            .iter()
-            .map(|(sku, _)| sku)
-            .filter(|sku| !sale_statuses.contains_key(*sku))
-            .collect();
-        unlisted.dedup();
-        if !unlisted.is_empty() {
-            sale_statuses.extend(bulk::sale_statuses(&mut transaction, &unlisted).await?);
-        }
+        let (available, skus) = locked?;
+        let skus = with_unlisted_skus(&mut transaction, &wanted_rows, skus).await?;
+        let tallies = lock_tallies(
+            &mut transaction,
+            claimed.iter().map(|index| &requests[*index]),
+            &skus,
+            self.limits().open_holds_max,
+        )
+        .await?;
 
         // 5. Decide every claimed request in memory, in arrival order.
         let plan = plan_batch(
-            claimed
-                .iter()
-                .map(|index| requests[*index].lines.as_slice()),
-            &sale_statuses,
+            claimed.iter().map(|index| {
+                let request = &requests[*index];
+                PlanRequest {
+                    lines: &request.lines,
+                    shop: &request.shop,
+                    user: request.user.as_ref(),
+                }
+            }),
+            &skus,
             &available,
+            &tallies,
         );
 
         // 6. Write the whole batch: each row's total taken with one conditional update
         //    (the rows are locked, so every condition holds; it stays as the oversell
         //    boundary anyway), the accepted reservations with their lines and ledger
-        //    rows, and the idempotency records with their responses.
+        //    rows, the shoppers' tallies, and the idempotency records with their
+        //    responses.
         let mut accepted = Vec::new();
         for (index, decided) in claimed.iter().zip(&plan.decisions) {
             match decided {
-                Ok(()) => accepted.push(&requests[*index]),
+                Ok(shop) => {
+                    let request = &requests[*index];
+                    if !matches!(request.shop, ShopScope::Verified(_)) {
+                        responses[*index] = Some(renderer.reservation_created(
+                            &new_reservation(request, Some(shop), now),
+                        ));
+                    }
+                    accepted.push((request, shop));
+                }
                 Err(rejection) => responses[*index] = Some(renderer.rejected(rejection)),
             }
         }
@@ -846,6 +1299,13 @@ impl BackendStore {
                 records.len()
             )));
         }
+        add_to_tallies(
+            &mut transaction,
+            &plan.holds_added,
+            &plan.purchases_added,
+            self.limits().open_holds_max,
+        )
+        .await?;
         transaction.commit().await?;
         Ok(BatchApplied {
             outcomes: batch_outcomes(slots, &responses)?,
@@ -872,7 +1332,15 @@ impl BackendStore {
             transaction.rollback().await?;
             return resolve_existing(claim, &fingerprint, response);
         }
-        let outcome = settle_reservation(&mut transaction, id, action, now).await?;
+        let reason = ReleaseReason::Requested;
+        let outcome = settle_reservations(
+            &mut transaction,
+            &[Move { id, action, reason }],
+            Mover::Client,
+            now,
+        )
+        .await?
+        .remove(0);
         let response = match outcome {
             Ok(()) => {
                 let reservation =
@@ -903,43 +1371,27 @@ impl BackendStore {
             .bind(limit)
             .fetch_all(&mut *transaction)
             .await?;
-        let mut released = Vec::with_capacity(ids.len());
-        let mut lines_by_reservation = Vec::with_capacity(ids.len());
-        for id in &ids {
-            let id = ReservationId::parse(id).map_err(|error| corrupt("reservation id", error))?;
-            let updated = sqlx::query(
-                "UPDATE reservation SET status = 'RELEASED', release_reason = 'expired', updated_at = $2 \
-                 WHERE id = $1 AND status = 'RESERVED'",
-            )
-            .bind(id.as_str())
-            .bind(now.unix_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
-            expect_one_row(updated.rows_affected(), "expiring a claimed reservation")?;
-            let line_rows = sqlx::query(
-                "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
-            )
-            .bind(id.as_str())
-            .fetch_all(&mut *transaction)
-            .await?;
-            let mut lines = Vec::with_capacity(line_rows.len());
-            for row in &line_rows {
-                lines.push(decode_line(row)?);
-            }
-            lines_by_reservation.push((id.clone(), lines));
-            released.push(id);
-        }
-        // Return stock row by row in (sku, warehouse) order, as every other writer does.
-        let mut settlements: Vec<(&ReservationLine, &ReservationId)> = lines_by_reservation
+        let ids = ids
             .iter()
-            .flat_map(|(id, lines)| lines.iter().map(move |line| (line, id)))
+            .map(|id| ReservationId::parse(id).map_err(|error| corrupt("reservation id", error)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let moves: Vec<Move<'_>> = ids
+            .iter()
+            .map(|id| Move {
+                id,
+                action: ReservationAction::Release,
+                reason: ReleaseReason::Expired,
+            })
             .collect();
-        settlements.sort_by(|(left, _), (right, _)| {
-            (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
-        });
-        for (line, id) in settlements {
-            settle_line(&mut transaction, line, ReservationAction::Release, id, now).await?;
+        // Claimed rows are locked and `RESERVED` and held by no order: each moves.
+        let outcomes = settle_reservations(&mut transaction, &moves, Mover::Client, now).await?;
+        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
+            return Err(invariant(format!(
+                "a claimed expired reservation could not be released: {}",
+                refused.detail
+            )));
         }
+        let released = ids;
         transaction.commit().await?;
         Ok(ExpiryOutcome { released })
     }
@@ -1029,6 +1481,7 @@ impl BackendStore {
                 sku: Some(sku.clone()),
                 warehouse: Some(warehouse.clone()),
                 reference: None,
+                shop: None,
                 expected,
                 actual,
             };
@@ -1051,6 +1504,7 @@ impl BackendStore {
                 sku: Some(sku),
                 warehouse: Some(warehouse),
                 reference: None,
+                shop: None,
                 expected: 1,
                 actual: 0,
             });
@@ -1098,6 +1552,7 @@ impl BackendStore {
                         sku: Some(sku.clone()),
                         warehouse: Some(warehouse.clone()),
                         reference: Some(id.clone()),
+                        shop: None,
                         expected,
                         actual,
                     });
@@ -1121,6 +1576,7 @@ impl BackendStore {
                 sku: Some(sku),
                 warehouse: Some(warehouse),
                 reference: Some(reference),
+                shop: None,
                 expected: 0,
                 actual: 1,
             });
@@ -1130,13 +1586,13 @@ impl BackendStore {
         // three-way check. A paid order holds sold stock and a succeeded payment; an
         // order that gave its stock back holds a released reservation; and so on.
         let mut orders_checked = 0_i64;
-        let mut orders = sqlx::query_as::<_, (String, String, String, Option<String>)>(
-            "SELECT customer_order.id, customer_order.status, reservation.status, payment_attempt.status \
+        let mut orders = sqlx::query_as::<_, (String, String, String, String, Option<String>)>(
+            "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, payment_attempt.status \
              FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
              LEFT JOIN payment_attempt ON payment_attempt.order_id = customer_order.id ORDER BY customer_order.id",
         )
         .fetch(&mut *transaction);
-        while let Some((id, order_status, reservation_status, attempt_status)) =
+        while let Some((id, shop, order_status, reservation_status, attempt_status)) =
             orders.try_next().await?
         {
             orders_checked += 1;
@@ -1153,6 +1609,7 @@ impl BackendStore {
                         "{id}: order {order_status}, reservation {reservation_status}, payment {}",
                         attempt_status.as_deref().unwrap_or("none")
                     )),
+                    shop: Some(shop),
                     expected: 1,
                     actual: 0,
                 });
@@ -1181,7 +1638,8 @@ impl BackendStore {
         for (table, statement) in [
             (
                 "sku",
-                "SELECT code, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, sale_status, version FROM sku ORDER BY code",
+                "SELECT code, shop, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, \
+                 COALESCE(per_user_limit, -1), sale_status, version FROM sku ORDER BY code",
             ),
             (
                 "stock",
@@ -1189,7 +1647,8 @@ impl BackendStore {
             ),
             (
                 "reservation",
-                "SELECT id, status, COALESCE(release_reason, ''), expires_at FROM reservation ORDER BY id",
+                "SELECT id, status, COALESCE(release_reason, ''), expires_at, COALESCE(shop, ''), \
+                 COALESCE(user_id, ''), COALESCE(order_id, '') FROM reservation ORDER BY id",
             ),
             (
                 "reservation_line",
@@ -1197,7 +1656,7 @@ impl BackendStore {
             ),
             (
                 "customer_order",
-                "SELECT id, user_id, status, amount_minor, currency, reservation_id, expires_at, version FROM customer_order ORDER BY id",
+                "SELECT id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version FROM customer_order ORDER BY id",
             ),
             (
                 "order_line",
@@ -1222,6 +1681,34 @@ impl BackendStore {
             (
                 "order_return",
                 "SELECT order_id FROM order_return ORDER BY order_id",
+            ),
+            (
+                "product",
+                "SELECT id, title, COALESCE(image_url, ''), category, supplier, shop, version, COALESCE(deleted_at, -1) FROM product ORDER BY id",
+            ),
+            (
+                "shelf_log",
+                "SELECT id, COALESCE(product_id, ''), sku, operator_id, operator_type, from_status, to_status, operation, repeated, remark FROM shelf_log ORDER BY id",
+            ),
+            (
+                "shelf_schedule",
+                "SELECT id, sku, operation, due_at, status, operator_id, COALESCE(shop, ''), remark, outcome FROM shelf_schedule ORDER BY id",
+            ),
+            (
+                "credential",
+                "SELECT kind, id, name, COALESCE(shop, ''), secret_hash, COALESCE(revoked_at, -1) FROM credential ORDER BY kind, id",
+            ),
+            (
+                "cart_item",
+                "SELECT shop, user_id, sku, quantity FROM cart_item ORDER BY user_id, sku",
+            ),
+            (
+                "shopper_hold",
+                "SELECT shop, user_id, open_holds FROM shopper_hold ORDER BY shop, user_id",
+            ),
+            (
+                "shopper_purchase",
+                "SELECT shop, user_id, sku, quantity FROM shopper_purchase ORDER BY shop, user_id, sku",
             ),
             (
                 "stock_ledger",
@@ -1331,66 +1818,26 @@ async fn apply_movement(
     }))
 }
 
-/// Moves a reservation out of `RESERVED` through the transition table and settles its
-/// lines. `Err` is a business refusal; nothing has been written when it is returned.
-async fn settle_reservation(
+/// Moves the reservation an order holds out of `RESERVED` and settles it (see
+/// [`settle_reservations`]). `Err` is a business refusal; nothing was written.
+async fn settle_order_reservation(
     transaction: &mut Tx,
-    id: &ReservationId,
+    order: &OrderId,
+    reservation: &ReservationId,
     action: ReservationAction,
+    reason: ReleaseReason,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
-    let status: Option<String> = sqlx::query_scalar(dialect::SELECT_RESERVATION_STATUS_FOR_UPDATE)
-        .bind(id.as_str())
-        .fetch_optional(&mut **transaction)
-        .await?;
-    let Some(status) = status else {
-        return Ok(Err(Rejection::new(
-            ErrorCode::NotFound,
-            format!("reservation '{id}' does not exist"),
-        )));
+    let step = Move {
+        id: reservation,
+        action,
+        reason,
     };
-    let current = ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?;
-    let target = match action {
-        ReservationAction::Confirm => ReservationStatus::Confirmed,
-        ReservationAction::Release => ReservationStatus::Released,
-    };
-    if let Err(illegal) = current.transition(target) {
-        return Ok(Err(Rejection::new(
-            ErrorCode::IllegalTransition,
-            format!("reservation '{id}': {illegal}"),
-        )));
-    }
-    let reason =
-        (target == ReservationStatus::Released).then_some(ReleaseReason::Requested.as_str());
-    let updated = sqlx::query(
-        "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
-         WHERE id = $1 AND status = $5",
+    Ok(
+        settle_reservations(transaction, &[step], Mover::Order(order), now)
+            .await?
+            .remove(0),
     )
-    .bind(id.as_str())
-    .bind(target.as_str())
-    .bind(reason)
-    .bind(now.unix_milliseconds())
-    .bind(current.as_str())
-    .execute(&mut **transaction)
-    .await?;
-    expect_one_row(
-        updated.rows_affected(),
-        "changing a locked reservation's status",
-    )?;
-    let line_rows = sqlx::query(
-        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
-    )
-    .bind(id.as_str())
-    .fetch_all(&mut **transaction)
-    .await?;
-    let mut lines = Vec::with_capacity(line_rows.len());
-    for row in &line_rows {
-        lines.push(decode_line(row)?);
-    }
-    for line in lines_in_lock_order(&lines) {
-        settle_line(transaction, line, action, id, now).await?;
-    }
-    Ok(Ok(()))
 }
 
 /// The wall clock, only for bookkeeping columns no rule reads (`applied_at`).

@@ -10,14 +10,15 @@
 use std::collections::BTreeSet;
 
 use domain::{
-    CategoryCode, Completeness, ImageUrl, OperatorId, OperatorType, Product, ScheduleId,
-    ShelfDecision, ShelfLogEntry, ShelfOperation, ShopCode, SupplierCode, Title, UserId,
+    CategoryCode, Completeness, ImageUrl, OperatorId, OperatorType, Principal, Product,
+    ScheduleId, ServiceKeyId, ShelfDecision, ShelfLogEntry, ShelfOperation, SupplierCode, Title,
     decide_shelf_change, operation_label,
 };
 
 use crate::catalog::{
-    Actor, AppliedSchedule, Cart, CartLine, CartSku, NewProduct, ProductChanges, ShelfChange,
-    ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget, TargetSelector,
+    Actor, AppliedSchedule, Cart, CartLine, CartSku, CredentialKind, NewCredential, NewProduct,
+    ProductChanges, ServiceKey, ShelfChange, ShelfLogQuery, ShelfOutcome, ShelfResult,
+    ShelfScheduling, ShelfTarget, TargetSelector,
 };
 
 /// SKUs a shelf operation's lookup reads at most (a category or supplier query's LIMIT,
@@ -421,7 +422,7 @@ impl BackendStore {
         selector: &TargetSelector,
     ) -> Result<Vec<ShelfTarget>, StoreError> {
         let mut found: BTreeSet<(String, Option<String>, Option<String>)> = BTreeSet::new();
-        let select = "SELECT sku.code, sku.product_id, product.shop FROM sku \
+        let select = "SELECT sku.code, sku.product_id, sku.shop FROM sku \
                       LEFT JOIN product ON product.id = sku.product_id";
         for product in &selector.product_ids {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
@@ -449,7 +450,7 @@ impl BackendStore {
         if let Some(category) = &selector.category {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
                 sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR product.shop = $2) LIMIT $3"
+                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
                 )),
             )
             .bind(category.as_str())
@@ -462,7 +463,7 @@ impl BackendStore {
         if let Some(supplier) = &selector.supplier {
             let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
                 sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR product.shop = $2) LIMIT $3"
+                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
                 )),
             )
             .bind(supplier.as_str())
@@ -676,9 +677,9 @@ impl BackendStore {
         let rows = sqlx::query(
             "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
              to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
-             LEFT JOIN product ON product.id = shelf_log.product_id \
+             LEFT JOIN sku ON sku.code = shelf_log.sku \
              WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
-             AND ($3 IS NULL OR product.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
+             AND ($3 IS NULL OR sku.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
              AND ($5 IS NULL OR shelf_log.id > $5) \
              ORDER BY shelf_log.id LIMIT $6",
         )
@@ -737,16 +738,14 @@ impl BackendStore {
             transaction.rollback().await?;
             return resolve_existing(claim, &fingerprint, response);
         }
-        let inserted = sqlx::query(
-            "INSERT INTO operator (id, shop, token_hash, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(operator.as_str())
-        .bind(shop.as_str())
-        .bind(token_hash)
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
-        .await?;
-        let response = if inserted.rows_affected() == 1 {
+        let credential = NewCredential {
+            kind: CredentialKind::Operator,
+            id: operator.as_str().to_owned(),
+            name: operator.as_str().to_owned(),
+            shop: Some(shop.clone()),
+            secret_hash: token_hash.to_owned(),
+        };
+        let response = if insert_credential(&mut transaction, &credential, now).await? {
             renderer.operator_created(operator, shop, None)
         } else {
             renderer.rejected(&Rejection::new(
@@ -759,29 +758,167 @@ impl BackendStore {
         Ok(Idempotent::Executed(response))
     }
 
-    pub async fn operator_by_token_hash(
+    /// A new service key of a shop; only the hash of its secret is stored.
+    pub async fn create_service_key(
         &self,
-        token_hash: &str,
-    ) -> Result<Option<(OperatorId, ShopCode)>, StoreError> {
-        let row = sqlx::query_as::<_, (String, String)>(
-            "SELECT id, shop FROM operator WHERE token_hash = $1",
-        )
-        .bind(token_hash)
-        .fetch_optional(self.read_pool())
-        .await?;
-        row.map(|(id, shop)| {
-            Ok((
-                parse_stored("operator id", &id, OperatorId::parse)?,
-                parse_stored("shop", &shop, ShopCode::parse)?,
-            ))
-        })
-        .transpose()
+        claim: &IdempotencyClaim,
+        key: &ServiceKey,
+        secret_hash: &str,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let credential = NewCredential {
+            kind: CredentialKind::Service,
+            id: key.id.as_str().to_owned(),
+            name: key.name.clone(),
+            shop: Some(key.shop.clone()),
+            secret_hash: secret_hash.to_owned(),
+        };
+        if !insert_credential(&mut transaction, &credential, now).await? {
+            return Err(invariant("a freshly minted service key id was taken"));
+        }
+        let response = renderer.service_key_created(key, None);
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
     }
 
-    /// Sets (or, with `None`, removes) a cart line and answers with the whole cart.
+    /// Revokes a service key: from now on its secret authenticates nobody.
+    pub async fn revoke_service_key(
+        &self,
+        claim: &IdempotencyClaim,
+        key: &ServiceKeyId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        sqlx::query(
+            "UPDATE credential SET revoked_at = $2 WHERE kind = 'service' AND id = $1 AND revoked_at IS NULL",
+        )
+        .bind(key.as_str())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let response = match load_service_key(&mut transaction, key).await? {
+            Some(revoked) => renderer.service_key_revoked(&revoked),
+            None => renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("service key '{key}' does not exist"),
+            )),
+        };
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Service keys, newest first (of one shop when given).
+    pub async fn service_keys(
+        &self,
+        shop: Option<&ShopCode>,
+        limit: i64,
+    ) -> Result<Vec<ServiceKey>, StoreError> {
+        let rows = sqlx::query_as::<_, (String, String, Option<String>, i64, Option<i64>)>(
+            "SELECT id, name, shop, created_at, revoked_at FROM credential \
+             WHERE kind = 'service' AND ($1 IS NULL OR shop = $1) ORDER BY created_at DESC, id LIMIT $2",
+        )
+        .bind(shop.map(ShopCode::as_str))
+        .bind(limit)
+        .fetch_all(self.read_pool())
+        .await?;
+        rows.into_iter().map(decode_service_key).collect()
+    }
+
+    /// The principal whose secret hashes to `secret_hash`, unless revoked.
+    pub async fn principal_by_secret_hash(
+        &self,
+        secret_hash: &str,
+    ) -> Result<Option<Principal>, StoreError> {
+        let row = sqlx::query_as::<_, (String, String, Option<String>)>(
+            "SELECT kind, id, shop FROM credential WHERE secret_hash = $1 AND revoked_at IS NULL",
+        )
+        .bind(secret_hash)
+        .fetch_optional(self.write_pool())
+        .await?;
+        let Some((kind, id, shop)) = row else {
+            return Ok(None);
+        };
+        let shop = shop
+            .as_deref()
+            .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+            .transpose()?;
+        let principal = match (kind.as_str(), shop) {
+            ("admin", None) => Principal::Admin,
+            ("operator", Some(shop)) => Principal::Operator {
+                id: parse_stored("operator id", &id, OperatorId::parse)?,
+                shop,
+            },
+            ("service", Some(shop)) => Principal::Service {
+                key: parse_stored("service key id", &id, ServiceKeyId::parse)?,
+                shop,
+            },
+            _ => return Err(invariant(format!("credential {kind}/{id} is malformed"))),
+        };
+        Ok(Some(principal))
+    }
+
+    /// Whether an admin token was stored (a generated one, kept across restarts).
+    pub async fn admin_credential_exists(&self) -> Result<bool, StoreError> {
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM credential WHERE kind = 'admin' AND revoked_at IS NULL",
+        )
+        .fetch_optional(self.write_pool())
+        .await?;
+        Ok(found.is_some())
+    }
+
+    /// Stores the admin token's hash, replacing any earlier one (rotation).
+    pub async fn replace_admin_secret(
+        &self,
+        secret_hash: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        sqlx::query("DELETE FROM credential WHERE kind = 'admin'")
+            .execute(&mut *transaction)
+            .await?;
+        let credential = NewCredential {
+            kind: CredentialKind::Admin,
+            id: "admin".to_owned(),
+            name: "admin".to_owned(),
+            shop: None,
+            secret_hash: secret_hash.to_owned(),
+        };
+        if !insert_credential(&mut transaction, &credential, now).await? {
+            return Err(invariant("the admin credential could not be stored"));
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// Sets (or, with `None`, removes) a cart line and answers with the whole cart (the
+    /// lines of `shop`: a shopper's lines of other shops are theirs).
+    #[allow(clippy::too_many_arguments)] // one unit of work's inputs; grouping them would name nothing
     pub async fn set_cart_item(
         &self,
         claim: &IdempotencyClaim,
+        shop: &ShopCode,
         user: &UserId,
         sku: &SkuCode,
         quantity: Option<i64>,
@@ -797,26 +934,29 @@ impl BackendStore {
             transaction.rollback().await?;
             return resolve_existing(claim, &fingerprint, response);
         }
-        let refusal = match quantity {
-            Some(quantity) => {
-                let known: Option<String> =
-                    sqlx::query_scalar("SELECT code FROM sku WHERE code = $1")
-                        .bind(sku.as_str())
-                        .fetch_optional(&mut *transaction)
-                        .await?;
+        let owner: Option<String> = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+            .bind(sku.as_str())
+            .fetch_optional(&mut *transaction)
+            .await?;
+        let refusal = match (quantity, owner) {
+            (_, Some(owner)) if owner != shop.as_str() => Some(Rejection::new(
+                ErrorCode::Forbidden,
+                format!("sku '{sku}' belongs to another shop"),
+            )),
+            (Some(_), None) => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("sku '{sku}' does not exist"),
+            )),
+            (Some(quantity), Some(_)) => {
                 let lines: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND sku <> $2",
+                    "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku <> $3",
                 )
                 .bind(user.as_str())
+                .bind(shop.as_str())
                 .bind(sku.as_str())
                 .fetch_one(&mut *transaction)
                 .await?;
-                if known.is_none() {
-                    Some(Rejection::new(
-                        ErrorCode::NotFound,
-                        format!("sku '{sku}' does not exist"),
-                    ))
-                } else if lines >= domain::limits::CART_LINES_MAX as i64 {
+                if lines >= domain::limits::CART_LINES_MAX as i64 {
                     Some(Rejection::new(
                         ErrorCode::InvalidArgument,
                         format!(
@@ -826,11 +966,13 @@ impl BackendStore {
                     ))
                 } else {
                     sqlx::query(
-                        "INSERT INTO cart_item (user_id, sku, quantity, created_at, updated_at) VALUES ($1, $2, $3, $4, $4) \
+                        "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, $5) \
                          ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
                     )
                     .bind(user.as_str())
                     .bind(sku.as_str())
+                    .bind(shop.as_str())
                     .bind(quantity)
                     .bind(now.unix_milliseconds())
                     .execute(&mut *transaction)
@@ -838,10 +980,11 @@ impl BackendStore {
                     None
                 }
             }
-            None => {
-                sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2")
+            (None, _) => {
+                sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND shop = $3")
                     .bind(user.as_str())
                     .bind(sku.as_str())
+                    .bind(shop.as_str())
                     .execute(&mut *transaction)
                     .await?;
                 None
@@ -849,16 +992,17 @@ impl BackendStore {
         };
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
-            None => renderer.cart(&load_cart(&mut transaction, user).await?),
+            None => renderer.cart(&load_cart(&mut transaction, Some(shop), user).await?),
         };
         complete_claim(&mut transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
 
-    pub async fn cart(&self, user: &UserId) -> Result<Cart, StoreError> {
+    /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.
+    pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let cart = load_cart(&mut transaction, user).await;
+        let cart = load_cart(&mut transaction, shop, user).await;
         transaction.rollback().await?;
         cart
     }
@@ -883,15 +1027,66 @@ impl BackendStore {
     }
 }
 
-async fn load_cart(connection: &mut DbConnection, user: &UserId) -> Result<Cart, StoreError> {
+/// Inserts a credential; `false` when its (kind, id) is taken.
+async fn insert_credential(
+    transaction: &mut Tx,
+    credential: &NewCredential,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let inserted = sqlx::query(
+        "INSERT INTO credential (kind, id, name, shop, secret_hash, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (kind, id) DO NOTHING",
+    )
+    .bind(credential.kind.as_str())
+    .bind(&credential.id)
+    .bind(&credential.name)
+    .bind(credential.shop.as_ref().map(ShopCode::as_str))
+    .bind(&credential.secret_hash)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+fn decode_service_key(
+    (id, name, shop, created_at, revoked_at): (String, String, Option<String>, i64, Option<i64>),
+) -> Result<ServiceKey, StoreError> {
+    Ok(ServiceKey {
+        id: parse_stored("service key id", &id, ServiceKeyId::parse)?,
+        name,
+        shop: parse_stored("shop", shop.as_deref().unwrap_or(""), ShopCode::parse)?,
+        created_at: Timestamp::from_unix_milliseconds(created_at),
+        revoked_at: revoked_at.map(Timestamp::from_unix_milliseconds),
+    })
+}
+
+async fn load_service_key(
+    connection: &mut DbConnection,
+    key: &ServiceKeyId,
+) -> Result<Option<ServiceKey>, StoreError> {
+    let row = sqlx::query_as::<_, (String, String, Option<String>, i64, Option<i64>)>(
+        "SELECT id, name, shop, created_at, revoked_at FROM credential WHERE kind = 'service' AND id = $1",
+    )
+    .bind(key.as_str())
+    .fetch_optional(&mut *connection)
+    .await?;
+    row.map(decode_service_key).transpose()
+}
+
+async fn load_cart(
+    connection: &mut DbConnection,
+    shop: Option<&ShopCode>,
+    user: &UserId,
+) -> Result<Cart, StoreError> {
     let rows = sqlx::query(
         "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
          COALESCE(stock.available, 0) AS available \
          FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
          LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
-         WHERE cart_item.user_id = $1 ORDER BY cart_item.sku",
+         WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) ORDER BY cart_item.sku",
     )
     .bind(user.as_str())
+    .bind(shop.map(ShopCode::as_str))
     .fetch_all(&mut *connection)
     .await?;
     let mut lines = Vec::with_capacity(rows.len());
@@ -952,16 +1147,18 @@ async fn insert_product(
     .await?;
     for sku in &product.skus {
         let inserted = sqlx::query(
-            "INSERT INTO sku (code, product_id, title, spec, price_minor, currency, low_stock_threshold, \
-             sale_status, version, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, 0, 'PENDING_REVIEW', 1, $7, $7) ON CONFLICT (code) DO NOTHING",
+            "INSERT INTO sku (code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
+             per_user_limit, sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, 'PENDING_REVIEW', 1, $9, $9) ON CONFLICT (code) DO NOTHING",
         )
         .bind(sku.code.as_str())
         .bind(product.id.as_str())
+        .bind(product.shop.as_str())
         .bind(product.title.as_str())
         .bind(&sku.spec)
         .bind(sku.price.get())
         .bind(sku.currency.as_str())
+        .bind(sku.per_user_limit)
         .bind(now.unix_milliseconds())
         .execute(&mut *connection)
         .await?;

@@ -9,7 +9,7 @@
 // reservation, then stock rows in (sku, warehouse) order.
 
 use domain::{
-    AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, UserId as OrderUserId,
+    AttemptStatus, OrderStatus, PaymentAttemptId, RefundId, UserId as OrderUserId,
 };
 
 use crate::orders::{
@@ -133,21 +133,57 @@ async fn settle_late_success(
         .collect();
     wanted.sort();
     wanted.dedup();
-    let (available, _) = bulk::lock_stock_rows(transaction, &wanted).await?;
-    let fits = lines.iter().all(|line| {
-        available
-            .get(&(line.sku.clone(), line.warehouse.clone()))
-            .copied()
-            .unwrap_or(0)
-            >= line.quantity
-    });
-    if !fits {
+    let (available, skus) = bulk::lock_stock_rows(transaction, &wanted).await?;
+    let (shop, user): (String, String) =
+        sqlx::query_as("SELECT shop, user_id FROM customer_order WHERE id = $1")
+            .bind(order.as_str())
+            .fetch_one(&mut **transaction)
+            .await?;
+    let shopper = (
+        parse_stored("shop", &shop, ShopCode::parse)?,
+        parse_stored("user id", &user, OrderUserId::parse)?,
+    );
+    // Taken again like a new sale: on sale, in stock, within the shopper's per-user
+    // limits (the sold units count; a hold does not, since none stays open).
+    let limited: Vec<PurchaseKey> = lines
+        .iter()
+        .filter(|line| skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()))
+        .map(|line| (shopper.0.clone(), shopper.1.clone(), line.sku.clone()))
+        .collect();
+    let tallies = read_tallies(transaction, Vec::new(), limited, i64::MAX).await?;
+    let reservation_lines = lines
+        .iter()
+        .map(|line| {
+            Ok(ReservationLine {
+                sku: line.sku.clone(),
+                warehouse: line.warehouse.clone(),
+                quantity: Quantity::new(line.quantity)
+                    .map_err(|error| corrupt("order line quantity", error))?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let scope = ShopScope::Verified(shopper.0.clone());
+    let mut plan = plan_batch(
+        [PlanRequest {
+            lines: &reservation_lines,
+            shop: &scope,
+            user: Some(&shopper.1),
+        }],
+        &skus,
+        &available,
+        &tallies,
+    );
+    if let Err(refused) = &plan.decisions[0] {
+        let reason = format!(
+            "paid after its stock was given back; cannot be sold again ({}): refund",
+            refused.detail
+        );
         move_order(
             transaction,
             order,
             from,
             OrderStatus::RefundPending,
-            "paid after its stock was given back; none left: refund",
+            &reason,
             now,
         )
         .await?;
@@ -155,19 +191,23 @@ async fn settle_late_success(
             transaction,
             order,
             now,
-            "the payment arrived after the stock was sold",
+            "the payment arrived after the stock was given back, and it could not be sold again",
         )
         .await?;
         return Ok(OrderStatus::RefundPending);
     }
+    plan.holds_added.clear();
+    add_to_tallies(transaction, &plan.holds_added, &plan.purchases_added, i64::MAX).await?;
     let reservation = ReservationId::generate(now, derived_random(order.as_str(), "late-success"));
     sqlx::query(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, order_id) \
-         VALUES ($1, 'CONFIRMED', NULL, $2, NULL, $2, $2, $3)",
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         order_id, shop, user_id) VALUES ($1, 'CONFIRMED', NULL, $2, NULL, $2, $2, $3, $4, $5)",
     )
     .bind(reservation.as_str())
     .bind(now.unix_milliseconds())
     .bind(order.as_str())
+    .bind(shopper.0.as_str())
+    .bind(shopper.1.as_str())
     .execute(&mut **transaction)
     .await?;
     for (line_number, line) in lines.iter().enumerate() {
@@ -305,10 +345,12 @@ async fn settle_attempt(
             let reason = format!("payment {payment_id} succeeded ({source})");
             match order_status {
                 OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
-                    let Ok(()) = settle_reservation(
+                    let Ok(()) = settle_order_reservation(
                         transaction,
+                        &order,
                         &reservation,
                         ReservationAction::Confirm,
+                        ReleaseReason::Requested,
                         now,
                     )
                     .await?
@@ -350,10 +392,12 @@ async fn settle_attempt(
             };
             match order_status {
                 OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
-                    let Ok(()) = settle_reservation(
+                    let Ok(()) = settle_order_reservation(
                         transaction,
+                        &order,
                         &reservation,
                         ReservationAction::Release,
+                        ReleaseReason::Requested,
                         now,
                     )
                     .await?
@@ -379,9 +423,173 @@ async fn settle_attempt(
     }
 }
 
+/// An order's prices: each line's unit price, in line order, their one currency and
+/// the total.
+struct Prices {
+    unit_prices: Vec<i64>,
+    currency: String,
+    amount_minor: i64,
+}
+
+/// Prices an order's lines from their SKUs; refused when a SKU has no price, the
+/// currencies differ or the total does not fit in 64 bits.
+async fn price_order(
+    transaction: &mut Tx,
+    order: &NewOrder,
+) -> Result<Result<Prices, Rejection>, StoreError> {
+    let mut prices = Vec::with_capacity(order.lines.len());
+    for line in &order.lines {
+        let price = sqlx::query_as::<_, (Option<i64>, Option<String>)>(
+            "SELECT price_minor, currency FROM sku WHERE code = $1",
+        )
+        .bind(line.sku.as_str())
+        .fetch_one(&mut **transaction)
+        .await?;
+        match price {
+            (Some(price), Some(currency)) => prices.push((price, currency)),
+            _ => {
+                return Ok(Err(Rejection::new(
+                    ErrorCode::InvalidArgument,
+                    format!("sku '{}' has no price and cannot be ordered", line.sku),
+                )));
+            }
+        }
+    }
+    if prices.windows(2).any(|pair| pair[0].1 != pair[1].1) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "an order's SKUs must share one currency",
+        )));
+    }
+    let amount = order
+        .lines
+        .iter()
+        .zip(&prices)
+        .try_fold(0_i64, |sum, (line, (price, _))| {
+            line.quantity.get().checked_mul(*price)?.checked_add(sum)
+        });
+    let Some(amount_minor) = amount else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "the order's total does not fit in a 64-bit amount of minor units",
+        )));
+    };
+    let currency = prices[0].1.clone();
+    Ok(Ok(Prices {
+        unit_prices: prices.into_iter().map(|(price, _)| price).collect(),
+        currency,
+        amount_minor,
+    }))
+}
+
+/// Writes a decided order: the stock taken, the order-held reservation with its lines
+/// and ledger rows, the order with its lines and first history entry.
+async fn write_order(
+    transaction: &mut Tx,
+    claim: &IdempotencyClaim,
+    order: &NewOrder,
+    shop: &ShopCode,
+    plan: &crate::plan::BatchPlan,
+    prices: &Prices,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    for ((sku, warehouse), total) in &plan.totals {
+        let updated = sqlx::query(
+            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+        )
+        .bind(sku.as_str())
+        .bind(warehouse.as_str())
+        .bind(total)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(updated.rows_affected(), "reserving an order's line")?;
+    }
+    sqlx::query(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
+    )
+    .bind(order.reservation_id.as_str())
+    .bind(order.expires_at.unix_milliseconds())
+    .bind(claim.key.as_str())
+    .bind(now.unix_milliseconds())
+    .bind(order.id.as_str())
+    .bind(shop.as_str())
+    .bind(order.user.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    sqlx::query(
+        "INSERT INTO customer_order (id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, \
+         version, idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, 'PENDING_PAYMENT', $4, $5, $6, $7, 1, $8, $9, $9)",
+    )
+    .bind(order.id.as_str())
+    .bind(shop.as_str())
+    .bind(order.user.as_str())
+    .bind(prices.amount_minor)
+    .bind(&prices.currency)
+    .bind(order.reservation_id.as_str())
+    .bind(order.expires_at.unix_milliseconds())
+    .bind(claim.key.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    for (line_number, (line, price)) in order.lines.iter().zip(&prices.unit_prices).enumerate() {
+        let line_number = i64::try_from(line_number).unwrap_or(i64::MAX);
+        sqlx::query(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(order.reservation_id.as_str())
+        .bind(line_number)
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .execute(&mut **transaction)
+        .await?;
+        sqlx::query(
+            "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(order.id.as_str())
+        .bind(line_number)
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .bind(price)
+        .execute(&mut **transaction)
+        .await?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "reserve",
+                available_delta: -line.quantity.get(),
+                reserved_delta: line.quantity.get(),
+                reference: order.reservation_id.as_str(),
+                idempotency_key: Some(claim.key.as_str()),
+            },
+            now,
+        )
+        .await?;
+    }
+    insert_history(
+        transaction,
+        &order.id,
+        None,
+        OrderStatus::PendingPayment,
+        "created",
+        now,
+    )
+    .await
+}
+
 impl BackendStore {
     /// An order and its reservation, in one transaction: all lines reserved or none,
-    /// the amount from the SKUs' prices.
+    /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
+    /// counted. The reservation is held by the order: only its flow moves it.
     pub async fn create_order(
         &self,
         claim: &IdempotencyClaim,
@@ -404,154 +612,80 @@ impl BackendStore {
             .map(|line| (line.sku.clone(), line.warehouse.clone()))
             .collect();
         wanted.sort();
-        let (available, mut sale_statuses) =
-            bulk::lock_stock_rows(&mut transaction, &wanted).await?;
-        let mut unlisted: Vec<&SkuCode> = wanted
-            .iter()
-            .map(|(sku, _)| sku)
-            .filter(|sku| !sale_statuses.contains_key(*sku))
-            .collect();
-        unlisted.dedup();
-        if !unlisted.is_empty() {
-            sale_statuses.extend(bulk::sale_statuses(&mut transaction, &unlisted).await?);
-        }
-        let plan = plan_batch([order.lines.as_slice()], &sale_statuses, &available);
-        let mut prices = Vec::with_capacity(order.lines.len());
-        let mut refusal = plan.decisions[0].clone().err();
-        if refusal.is_none() {
-            for line in &order.lines {
-                let price = sqlx::query_as::<_, (Option<i64>, Option<String>)>(
-                    "SELECT price_minor, currency FROM sku WHERE code = $1",
-                )
-                .bind(line.sku.as_str())
-                .fetch_one(&mut *transaction)
-                .await?;
-                match price {
-                    (Some(price), Some(currency)) => prices.push((price, currency)),
-                    _ => {
-                        refusal = Some(Rejection::new(
-                            ErrorCode::InvalidArgument,
-                            format!("sku '{}' has no price and cannot be ordered", line.sku),
-                        ));
-                        break;
-                    }
-                }
-            }
-        }
-        if refusal.is_none() && prices.windows(2).any(|pair| pair[0].1 != pair[1].1) {
-            refusal = Some(Rejection::new(
-                ErrorCode::InvalidArgument,
-                "an order's SKUs must share one currency",
-            ));
-        }
-        let response = match refusal {
-            Some(rejection) => renderer.rejected(&rejection),
-            None => {
-                for ((sku, warehouse), total) in &plan.totals {
-                    let updated = sqlx::query(
-                        "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
-                         version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
-                    )
-                    .bind(sku.as_str())
-                    .bind(warehouse.as_str())
-                    .bind(total)
-                    .bind(now.unix_milliseconds())
-                    .execute(&mut *transaction)
-                    .await?;
-                    expect_one_row(updated.rows_affected(), "reserving an order's line")?;
-                }
-                let amount: i64 = order
-                    .lines
-                    .iter()
-                    .zip(&prices)
-                    .map(|(line, (price, _))| line.quantity.get().saturating_mul(*price))
-                    .sum();
-                let currency = prices[0].1.clone();
-                sqlx::query(
-                    "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, order_id) \
-                     VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5)",
-                )
-                .bind(order.reservation_id.as_str())
-                .bind(order.expires_at.unix_milliseconds())
-                .bind(claim.key.as_str())
-                .bind(now.unix_milliseconds())
-                .bind(order.id.as_str())
-                .execute(&mut *transaction)
-                .await?;
-                sqlx::query(
-                    "INSERT INTO customer_order (id, user_id, status, amount_minor, currency, reservation_id, expires_at, \
-                     version, idempotency_key, created_at, updated_at) \
-                     VALUES ($1, $2, 'PENDING_PAYMENT', $3, $4, $5, $6, 1, $7, $8, $8)",
-                )
-                .bind(order.id.as_str())
-                .bind(order.user.as_str())
-                .bind(amount)
-                .bind(&currency)
-                .bind(order.reservation_id.as_str())
-                .bind(order.expires_at.unix_milliseconds())
-                .bind(claim.key.as_str())
-                .bind(now.unix_milliseconds())
-                .execute(&mut *transaction)
-                .await?;
-                for (line_number, (line, (price, _))) in order.lines.iter().zip(&prices).enumerate()
-                {
-                    let line_number = i64::try_from(line_number).unwrap_or(i64::MAX);
-                    sqlx::query(
-                        "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-                         VALUES ($1, $2, $3, $4, $5)",
-                    )
-                    .bind(order.reservation_id.as_str())
-                    .bind(line_number)
-                    .bind(line.sku.as_str())
-                    .bind(line.warehouse.as_str())
-                    .bind(line.quantity.get())
-                    .execute(&mut *transaction)
-                    .await?;
-                    sqlx::query(
-                        "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
-                         VALUES ($1, $2, $3, $4, $5, $6)",
-                    )
-                    .bind(order.id.as_str())
-                    .bind(line_number)
-                    .bind(line.sku.as_str())
-                    .bind(line.warehouse.as_str())
-                    .bind(line.quantity.get())
-                    .bind(price)
-                    .execute(&mut *transaction)
-                    .await?;
-                    insert_ledger_row(
-                        &mut transaction,
-                        LedgerEntry {
-                            sku: &line.sku,
-                            warehouse: &line.warehouse,
-                            kind: "reserve",
-                            available_delta: -line.quantity.get(),
-                            reserved_delta: line.quantity.get(),
-                            reference: order.reservation_id.as_str(),
-                            idempotency_key: Some(claim.key.as_str()),
-                        },
-                        now,
-                    )
-                    .await?;
-                }
-                insert_history(
+        let (available, skus) = bulk::lock_stock_rows(&mut transaction, &wanted).await?;
+        let skus = with_unlisted_skus(&mut transaction, &wanted, skus).await?;
+        let shopper = order
+            .lines
+            .first()
+            .and_then(|line| skus.get(&line.sku))
+            .map(|facts| (facts.shop.clone(), order.user.clone()));
+        let limited: Vec<PurchaseKey> = match &shopper {
+            Some((shop, user)) => order
+                .lines
+                .iter()
+                .filter(|line| skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()))
+                .map(|line| (shop.clone(), user.clone(), line.sku.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        let tallies = read_tallies(
+            &mut transaction,
+            shopper.into_iter().collect(),
+            limited,
+            self.limits().open_holds_max,
+        )
+        .await?;
+        let plan = plan_batch(
+            [PlanRequest {
+                lines: &order.lines,
+                shop: &order.shop,
+                user: Some(&order.user),
+            }],
+            &skus,
+            &available,
+            &tallies,
+        );
+        let decided = plan.decisions[0].clone();
+        let priced = match decided {
+            Ok(shop) => price_order(&mut transaction, order)
+                .await?
+                .map(|prices| (shop, prices)),
+            Err(rejection) => Err(rejection),
+        };
+        let response = match priced {
+            Err(rejection) => renderer.rejected(&rejection),
+            Ok((shop, prices)) => {
+                write_order(&mut transaction, claim, order, &shop, &plan, &prices, now).await?;
+                add_to_tallies(
                     &mut transaction,
-                    &order.id,
-                    None,
-                    OrderStatus::PendingPayment,
-                    "created",
-                    now,
+                    &plan.holds_added,
+                    &plan.purchases_added,
+                    self.limits().open_holds_max,
                 )
                 .await?;
                 let created = load_order(&mut transaction, &order.id)
                     .await?
                     .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
-                renderer.order(&created, true)
+                match &order.skipped {
+                    Some(skipped) => renderer.checked_out(&created, skipped),
+                    None => renderer.order(&created, true),
+                }
             }
         };
         complete_claim(&mut transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
+    }
+
+    /// The shop an order belongs to (fixed at creation).
+    pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
+        let shop: Option<String> =
+            sqlx::query_scalar("SELECT shop FROM customer_order WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional(self.write_pool())
+                .await?;
+        shop.map(|shop| parse_stored("shop", &shop, ShopCode::parse))
+            .transpose()
     }
 
     pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
@@ -580,10 +714,12 @@ impl BackendStore {
         };
         let begun = match status {
             OrderStatus::PendingPayment if expires_at <= now => {
-                let Ok(()) = settle_reservation(
+                let Ok(()) = settle_order_reservation(
                     &mut transaction,
+                    order,
                     &reservation,
                     ReservationAction::Release,
+                    ReleaseReason::Expired,
                     now,
                 )
                 .await?
@@ -713,6 +849,29 @@ impl BackendStore {
         Ok(Some(outcome_text))
     }
 
+    /// The attempt `attempt` names, or else the one the gateway's `payment_id` belongs to.
+    pub async fn payment_attempt(
+        &self,
+        attempt: Option<&PaymentAttemptId>,
+        payment_id: &str,
+    ) -> Result<Option<AttemptToCall>, StoreError> {
+        let mut connection = self.write_pool().acquire().await?;
+        let order: Option<String> = sqlx::query_scalar(
+            "SELECT order_id FROM payment_attempt WHERE id = $1 OR (gateway_payment_id = $2 AND $3 = 0) \
+             ORDER BY id LIMIT 1",
+        )
+        .bind(attempt.map_or("", PaymentAttemptId::as_str))
+        .bind(payment_id)
+        .bind(i64::from(attempt.is_some()))
+        .fetch_optional(&mut *connection)
+        .await?;
+        let Some(order) = order else {
+            return Ok(None);
+        };
+        let order = parse_stored("order id", &order, OrderId::parse)?;
+        attempt_to_call(&mut connection, &order).await.map(Some)
+    }
+
     /// Unresolved attempts due for a look, leased for `lease_milliseconds` so several
     /// processes do not ask the gateway about the same attempt at once.
     pub async fn claim_attempts_to_reconcile(
@@ -768,10 +927,12 @@ impl BackendStore {
             if status != OrderStatus::PendingPayment {
                 continue;
             }
-            let Ok(()) = settle_reservation(
+            let Ok(()) = settle_order_reservation(
                 &mut transaction,
+                &order,
                 &reservation,
                 ReservationAction::Release,
+                ReleaseReason::Expired,
                 now,
             )
             .await?
@@ -802,6 +963,7 @@ impl BackendStore {
         &self,
         claim: &IdempotencyClaim,
         order: &OrderId,
+        may_cancel_paid: bool,
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
@@ -820,10 +982,12 @@ impl BackendStore {
                 format!("order '{order}' does not exist"),
             )),
             Some((OrderStatus::PendingPayment, reservation, _)) => {
-                let Ok(()) = settle_reservation(
+                let Ok(()) = settle_order_reservation(
                     &mut transaction,
+                    order,
                     &reservation,
                     ReservationAction::Release,
+                    ReleaseReason::Requested,
                     now,
                 )
                 .await?
@@ -843,6 +1007,10 @@ impl BackendStore {
                 .await?;
                 None
             }
+            Some((OrderStatus::Paid, _, _)) if !may_cancel_paid => Some(Rejection::new(
+                ErrorCode::Forbidden,
+                "the order is paid: cancelling it (and refunding) is a staff decision",
+            )),
             Some((OrderStatus::Paid, _, _)) => {
                 move_order(
                     &mut transaction,
@@ -1117,14 +1285,15 @@ async fn load_order(
     connection: &mut DbConnection,
     id: &OrderId,
 ) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query_as::<_, (String, String, i64, String, String, i64, i64, i64, i64)>(
-        "SELECT user_id, status, amount_minor, currency, reservation_id, expires_at, version, created_at, updated_at \
+    let row = sqlx::query_as::<_, (String, String, String, i64, String, String, i64, i64, i64, i64)>(
+        "SELECT shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version, created_at, updated_at \
          FROM customer_order WHERE id = $1",
     )
     .bind(id.as_str())
     .fetch_optional(&mut *connection)
     .await?;
     let Some((
+        shop,
         user,
         status,
         amount_minor,
@@ -1207,6 +1376,7 @@ async fn load_order(
     }
     Ok(Some(Order {
         id: id.clone(),
+        shop: parse_stored("shop", &shop, ShopCode::parse)?,
         user: parse_stored("user id", &user, OrderUserId::parse)?,
         status: parse_stored("order status", &status, OrderStatus::parse)?,
         amount_minor,

@@ -22,11 +22,17 @@ type BackendStore = SqliteStore;
 pub struct SqliteStore {
     write: SqlitePool,
     read: SqlitePool,
+    limits: crate::StoreLimits,
 }
 
 mod dialect {
-    pub const SELECT_RESERVATION_STATUS_FOR_UPDATE: &str =
-        "SELECT status FROM reservation WHERE id = $1";
+    pub const SELECT_RESERVATION_FOR_UPDATE: &str =
+        "SELECT status, order_id, shop, user_id FROM reservation WHERE id = $1";
+    /// The single writer already serializes every tally change.
+    pub const SELECT_SHOPPER_HOLD_FOR_UPDATE: &str =
+        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2";
+    pub const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &str =
+        "SELECT quantity FROM shopper_purchase WHERE shop = $1 AND user_id = $2 AND sku = $3";
     pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
          ORDER BY expires_at, id LIMIT $2";
@@ -100,6 +106,11 @@ mod dialect {
             "orders",
             include_str!("../migrations/sqlite/0005_orders.sql"),
         ),
+        (
+            6,
+            "trust",
+            include_str!("../migrations/sqlite/0006_trust.sql"),
+        ),
     ];
 }
 
@@ -134,7 +145,11 @@ impl SqliteStore {
             .acquire_timeout(acquire_timeout)
             .connect_with(options.read_only(true))
             .await?;
-        Ok(SqliteStore { write, read })
+        Ok(SqliteStore {
+            write,
+            read,
+            limits: config.limits,
+        })
     }
 
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Sqlite>, crate::StoreError> {
@@ -160,6 +175,10 @@ impl SqliteStore {
         &self.write
     }
 
+    fn limits(&self) -> &crate::StoreLimits {
+        &self.limits
+    }
+
     pub async fn close(&self) {
         self.write.close().await;
         self.read.close().await;
@@ -176,14 +195,14 @@ include!("shared_orders.rs");
 mod bulk {
     use std::collections::{BTreeMap, HashMap};
 
-    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
+    use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
     use serde_json::json;
     use sqlx::Row;
 
     use super::{Tx, corrupt};
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
-    use crate::plan::{BatchWritten, StockKey, WholeBatch};
+    use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 
     fn rows(values: Vec<serde_json::Value>) -> String {
         serde_json::Value::Array(values).to_string()
@@ -197,7 +216,7 @@ mod bulk {
     pub async fn reserve_whole_batch(
         _pool: &sqlx::SqlitePool,
         _totals: &BTreeMap<StockKey, i64>,
-        _accepted: &[&ReserveRequest],
+        _accepted: &[(&ReserveRequest, &ShopCode)],
         _records: &[(&IdempotencyClaim, &StoredResponse)],
         _now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
@@ -238,7 +257,7 @@ mod bulk {
     pub async fn lock_stock_rows(
         transaction: &mut Tx,
         wanted: &[StockKey],
-    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SaleStatus>), StoreError> {
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>), StoreError> {
         if wanted.is_empty() {
             return Ok((BTreeMap::new(), HashMap::new()));
         }
@@ -248,57 +267,59 @@ mod bulk {
                 .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
                 .collect(),
         );
-        let found = sqlx::query_as::<_, (String, String, i64, String)>(
-            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status FROM stock \
-             JOIN sku ON sku.code = stock.sku \
+        let found = sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(
+            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
+             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
              WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
         )
         .bind(parameter)
         .fetch_all(&mut **transaction)
         .await?;
         let mut available = BTreeMap::new();
-        let mut statuses = HashMap::new();
-        for (sku, warehouse, count, status) in found {
+        let mut skus = HashMap::new();
+        for (sku, warehouse, count, status, shop, per_user_limit) in found {
             let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
             let warehouse =
                 WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            let status =
-                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?;
-            statuses.insert(sku.clone(), status);
+            skus.insert(
+                sku.clone(),
+                super::decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
             available.insert((sku, warehouse), count);
         }
-        Ok((available, statuses))
+        Ok((available, skus))
     }
 
-    pub async fn sale_statuses(
+    pub async fn sku_facts(
         transaction: &mut Tx,
         skus: &[&SkuCode],
-    ) -> Result<HashMap<SkuCode, SaleStatus>, StoreError> {
+    ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
         if skus.is_empty() {
             return Ok(HashMap::new());
         }
         let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
-        let found = sqlx::query_as::<_, (String, String)>(
-            "SELECT code, sale_status FROM sku WHERE code IN (SELECT value FROM json_each($1))",
+        let found = sqlx::query_as::<_, (String, String, String, Option<i64>)>(
+            "SELECT code, sale_status, shop, per_user_limit FROM sku \
+             WHERE code IN (SELECT value FROM json_each($1))",
         )
         .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
         .fetch_all(&mut **transaction)
         .await?;
-        let mut statuses = HashMap::with_capacity(found.len());
-        for (code, status) in found {
-            statuses.insert(
+        let mut facts = HashMap::with_capacity(found.len());
+        for (code, status, shop, per_user_limit) in found {
+            facts.insert(
                 SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                SaleStatus::parse(&status).map_err(|error| corrupt("sale status", error))?,
+                super::decode_sku_facts(&status, &shop, per_user_limit)?,
             );
         }
-        Ok(statuses)
+        Ok(facts)
     }
 
     /// Writes a decided batch: one statement per table, rows passed as JSON.
     pub async fn write_batch(
         transaction: &mut Tx,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[&ReserveRequest],
+        accepted: &[(&ReserveRequest, &ShopCode)],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
@@ -360,24 +381,26 @@ mod bulk {
 
     async fn insert_reservations(
         transaction: &mut Tx,
-        accepted: &[&ReserveRequest],
+        accepted: &[(&ReserveRequest, &ShopCode)],
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let reservations = rows(
             accepted
                 .iter()
-                .map(|request| {
+                .map(|(request, shop)| {
                     json!([
                         request.id.as_str(),
                         request.expires_at.unix_milliseconds(),
-                        request.claim.key.as_str()
+                        request.claim.key.as_str(),
+                        shop.as_str(),
+                        request.user.as_ref().map(|user| user.as_str())
                     ])
                 })
                 .collect(),
         );
         let mut lines = Vec::new();
         let mut ledger = Vec::new();
-        for request in accepted {
+        for (request, _) in accepted {
             for (line_number, line) in request.lines.iter().enumerate() {
                 let quantity = line.quantity.get();
                 lines.push(json!([
@@ -397,8 +420,10 @@ mod bulk {
             }
         }
         sqlx::query(
-            "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at) \
-             SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2 FROM json_each($1)",
+            "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+             shop, user_id) \
+             SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4 \
+             FROM json_each($1)",
         )
         .bind(reservations)
         .bind(now.unix_milliseconds())

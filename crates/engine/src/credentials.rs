@@ -1,0 +1,335 @@
+//! Authentication: a bearer token to a [`Principal`], and the credentials the admin
+//! creates, lists and revokes.
+//!
+//! Secrets are stored as SHA-256 hashes and never leave the process that minted them
+//! except in the one answer that creates them. Looking a token up is a hash and a map
+//! lookup: the database is asked only when this process has not seen the token within
+//! [`EngineConfig::credential_cache_milliseconds`] (by the injected clock). That bound
+//! is also how long another instance may keep accepting a revoked key; the instance
+//! that revokes forgets everything it cached at once.
+//!
+//! [`EngineConfig::credential_cache_milliseconds`]: crate::EngineConfig
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use domain::limits::{BEARER_TOKEN_LENGTH_MAX, SERVICE_KEYS_LISTED_MAX};
+use domain::{
+    Action, OperatorId, Principal, Secret, ServiceKeyId, ShopCode, Timestamp, authorize,
+    principal::RESERVED_OPERATOR_IDS,
+};
+use sha2::{Digest, Sha256};
+use store::{IdempotencyClaim, ServiceKey};
+
+use crate::{Engine, EngineError, Reply, log_store_error};
+
+/// Entries the credential cache holds at most. Unknown tokens are cached too (so a
+/// client retrying a wrong token does not query the database each time); when the
+/// cache is full they go first, then everything.
+const CREDENTIAL_CACHE_ENTRIES_MAX: usize = 10_000;
+
+/// The prefix of service key secrets, so a leaked one is recognisable in a scan.
+const SERVICE_SECRET_PREFIX: &str = "stockd_sk_";
+
+type TokenDigest = [u8; 32];
+
+fn digest(token: &str) -> TokenDigest {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// SHA-256 of a token, hex: the form the database stores.
+pub fn token_hash(token: &str) -> String {
+    domain::lower_hex(&digest(token))
+}
+
+/// Compares without an early exit.
+fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
+    left.len() == right.len()
+        && left
+            .iter()
+            .zip(right)
+            .fold(0_u8, |difference, (a, b)| difference | (a ^ b))
+            == 0
+}
+
+/// A fresh random secret: 32 bytes, hex.
+fn random_secret() -> String {
+    domain::lower_hex(&rand::random::<[u8; 32]>())
+}
+
+#[derive(Clone)]
+struct Cached {
+    principal: Option<Principal>,
+    fetched_at: Timestamp,
+}
+
+/// What this process knows about tokens.
+#[derive(Default)]
+pub struct Credentials {
+    /// The digest of `STOCKD_ADMIN_TOKEN` when it is configured; then the admin token
+    /// stored in the database (a generated one) is not accepted.
+    configured_admin: Mutex<Option<TokenDigest>>,
+    cache: Mutex<HashMap<TokenDigest, Cached>>,
+}
+
+impl Credentials {
+    fn configured_admin(&self) -> Option<TokenDigest> {
+        *self
+            .configured_admin
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn cached(&self, key: &TokenDigest, now: Timestamp, ttl_milliseconds: i64) -> Option<Cached> {
+        let cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        cache
+            .get(key)
+            .filter(|entry| {
+                now.unix_milliseconds() - entry.fetched_at.unix_milliseconds() < ttl_milliseconds
+            })
+            .cloned()
+    }
+
+    fn remember(&self, key: TokenDigest, entry: Cached) {
+        let mut cache = self
+            .cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if cache.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
+            cache.retain(|_, cached| cached.principal.is_some());
+            if cache.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
+                cache.clear();
+            }
+        }
+        cache.insert(key, entry);
+    }
+
+    /// Forgets every cached answer (after a revocation or rotation here).
+    pub fn forget_all(&self) {
+        self.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clear();
+    }
+}
+
+impl Engine {
+    /// Makes `token` the admin token (`STOCKD_ADMIN_TOKEN`); the one stored in the
+    /// database, if any, is then refused.
+    pub fn configure_admin_token(&self, token: &Secret) {
+        *self
+            .inner
+            .credentials
+            .configured_admin
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(digest(token.expose()));
+    }
+
+    /// Without a configured admin token: the admin token stored in the database is the
+    /// one. When none is stored yet, one is generated, its hash stored, and the token
+    /// returned (to print once); `None` when one was stored before (kept across
+    /// restarts; `stockd rotate-admin-token` replaces it).
+    pub async fn ensure_admin_token(&self) -> Result<Option<Secret>, EngineError> {
+        let exists = self
+            .inner
+            .store
+            .admin_credential_exists()
+            .await
+            .map_err(|error| log_store_error("admin_token", error))?;
+        if exists {
+            return Ok(None);
+        }
+        self.rotate_admin_token().await.map(Some)
+    }
+
+    /// A new admin token: its hash replaces the stored one. Other instances accept the
+    /// old one for at most the credential cache's bound.
+    pub async fn rotate_admin_token(&self) -> Result<Secret, EngineError> {
+        let token = Secret::new(random_secret());
+        self.inner
+            .store
+            .replace_admin_secret(&token_hash(token.expose()), self.now())
+            .await
+            .map_err(|error| log_store_error("admin_token", error))?;
+        self.inner.credentials.forget_all();
+        Ok(token)
+    }
+
+    /// The principal a bearer token belongs to, if any.
+    pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, EngineError> {
+        if token.is_empty() || token.len() > BEARER_TOKEN_LENGTH_MAX {
+            return Ok(None);
+        }
+        let key = digest(token);
+        let configured_admin = self.inner.credentials.configured_admin();
+        if let Some(admin) = configured_admin
+            && constant_time_equal(&admin, &key)
+        {
+            return Ok(Some(Principal::Admin));
+        }
+        let now = self.now();
+        let ttl = self.inner.config.credential_cache_milliseconds;
+        if let Some(cached) = self.inner.credentials.cached(&key, now, ttl) {
+            return Ok(cached.principal);
+        }
+        let found = self
+            .inner
+            .store
+            .principal_by_secret_hash(&domain::lower_hex(&key))
+            .await
+            .map_err(|error| log_store_error("authenticate", error))?;
+        // With a configured admin token, a stored (generated) one is not the admin's.
+        let principal = found
+            .filter(|principal| !(configured_admin.is_some() && *principal == Principal::Admin));
+        self.inner.credentials.remember(
+            key,
+            Cached {
+                principal: principal.clone(),
+                fetched_at: now,
+            },
+        );
+        Ok(principal)
+    }
+
+    /// `POST /v1/admin/operators`: a token bound to one shop. The token is in the first
+    /// answer only; only its hash is stored.
+    pub async fn create_operator(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+        shop: &ShopCode,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::ManageCredentials, None)
+            .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        if RESERVED_OPERATOR_IDS.contains(&operator.as_str()) {
+            return Err(EngineError::InvalidArgument(format!(
+                "'{operator}' is a name stockd writes into the shelf log itself; choose another"
+            )));
+        }
+        let token = random_secret();
+        let hash = token_hash(&token);
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("create_operator", claim, || {
+                self.retried("create_operator", || {
+                    self.inner.store.create_operator(
+                        claim,
+                        operator,
+                        shop,
+                        &hash,
+                        self.now(),
+                        renderer,
+                    )
+                })
+            })
+            .await?;
+        if !reply.replayed && reply.response.status == 201 {
+            return Ok(Reply {
+                response: renderer.operator_created(operator, shop, Some(&token)),
+                replayed: false,
+            });
+        }
+        Ok(reply)
+    }
+
+    /// `POST /v1/admin/service-keys`: a shop's checkout backend's credential. The
+    /// secret is in the first answer only.
+    pub async fn create_service_key(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        shop: &ShopCode,
+        name: &str,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::ManageCredentials, None)
+            .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        let now = self.now();
+        let key = ServiceKey {
+            id: ServiceKeyId::generate(now, rand::random()),
+            name: name.to_owned(),
+            shop: shop.clone(),
+            created_at: now,
+            revoked_at: None,
+        };
+        let secret = format!("{SERVICE_SECRET_PREFIX}{}", random_secret());
+        let hash = token_hash(&secret);
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("create_service_key", claim, || {
+                self.retried("create_service_key", || {
+                    self.inner
+                        .store
+                        .create_service_key(claim, &key, &hash, self.now(), renderer)
+                })
+            })
+            .await?;
+        if !reply.replayed && reply.response.status == 201 {
+            return Ok(Reply {
+                response: renderer.service_key_created(&key, Some(&secret)),
+                replayed: false,
+            });
+        }
+        Ok(reply)
+    }
+
+    /// `GET /v1/admin/service-keys`.
+    pub async fn service_keys(
+        &self,
+        principal: &Principal,
+    ) -> Result<Vec<ServiceKey>, EngineError> {
+        authorize(principal, Action::ManageCredentials, None)
+            .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        self.inner
+            .store
+            .service_keys(principal.shop(), SERVICE_KEYS_LISTED_MAX)
+            .await
+            .map_err(|error| log_store_error("service_keys", error))
+    }
+
+    /// `DELETE /v1/admin/service-keys/{key_id}`: refused on this instance at once, on
+    /// the others within the credential cache's bound.
+    pub async fn revoke_service_key(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        key: &ServiceKeyId,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::ManageCredentials, None)
+            .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("revoke_service_key", claim, || {
+                self.retried("revoke_service_key", || {
+                    self.inner
+                        .store
+                        .revoke_service_key(claim, key, self.now(), renderer)
+                })
+            })
+            .await?;
+        self.inner.credentials.forget_all();
+        Ok(reply)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_hashes_are_hex_sha256() {
+        assert_eq!(
+            token_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn digests_compare_only_when_equal() {
+        assert!(constant_time_equal(&digest("a"), &digest("a")));
+        assert!(!constant_time_equal(&digest("a"), &digest("b")));
+    }
+}
