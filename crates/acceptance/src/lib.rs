@@ -109,6 +109,8 @@ pub struct TestDatabase {
     sqlite_directory: Option<PathBuf>,
     /// The default service key's secret, created by the first instance.
     pub service_token: tokio::sync::OnceCell<String>,
+    /// The bounds every instance's store enforces.
+    pub limits: store::StoreLimits,
 }
 
 fn random_suffix() -> String {
@@ -130,6 +132,7 @@ impl TestDatabase {
                     schema: None,
                     sqlite_directory: Some(directory),
                     service_token: tokio::sync::OnceCell::new(),
+                    limits: store::StoreLimits::default(),
                 }
             }
             Backend::Postgres => {
@@ -150,6 +153,7 @@ impl TestDatabase {
                     schema: Some(schema),
                     sqlite_directory: None,
                     service_token: tokio::sync::OnceCell::new(),
+                    limits: store::StoreLimits::default(),
                 }
             }
         }
@@ -160,6 +164,7 @@ impl TestDatabase {
         config.postgres_schema = self.schema.clone();
         config.pool_size = 8;
         config.lock_timeout_milliseconds = self.lock_timeout_milliseconds;
+        config.limits = self.limits;
         // Tests send bursts of a thousand requests at once; let them queue for a
         // connection rather than fail with `unavailable`.
         config.acquire_timeout_milliseconds = 120_000;
@@ -463,6 +468,31 @@ impl TestApp {
 
     pub async fn spawn_with(backend: Backend, config: EngineConfig) -> TestApp {
         TestApp::spawn_with_lock_timeout(backend, config, 2_000).await
+    }
+
+    /// An instance whose store enforces `limits` (open holds per shopper).
+    pub async fn spawn_with_limits(backend: Backend, limits: store::StoreLimits) -> TestApp {
+        let mut database = TestDatabase::create(backend).await;
+        database.limits = limits;
+        TestApp::on(
+            Arc::new(database),
+            ManualClock::new(START),
+            test_engine_config(),
+        )
+        .await
+    }
+
+    /// An instance whose HTTP layer has these bounds (request rate, body and request
+    /// timeouts).
+    pub async fn spawn_with_http(backend: Backend, http: &api::http::HttpConfig) -> TestApp {
+        let database = Arc::new(TestDatabase::create(backend).await);
+        TestApp::on_with_http(
+            database,
+            ManualClock::new(START),
+            test_engine_config(),
+            http,
+        )
+        .await
     }
 
     /// An instance whose lock waits (PostgreSQL `lock_timeout`, SQLite `busy_timeout`)

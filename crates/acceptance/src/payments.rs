@@ -43,6 +43,16 @@ impl TestGateway {
     /// Starts a sandbox, serves `app` over HTTP for its webhooks, and attaches the
     /// gateway to `app`'s engine.
     pub async fn start(app: &TestApp) -> TestGateway {
+        TestGateway::start_as(app, true).await
+    }
+
+    /// [`TestGateway::start`], attached as if the sandbox were a real gateway: its own
+    /// fault methods (`pm_sandbox_…`) are then refused by stockd.
+    pub async fn start_as_real_gateway(app: &TestApp) -> TestGateway {
+        TestGateway::start_as(app, false).await
+    }
+
+    async fn start_as(app: &TestApp, sandbox_methods_allowed: bool) -> TestGateway {
         let shutdown = CancellationToken::new();
         let clock = app.clock.clone();
         let mut config = SandboxConfig::new(WEBHOOK_SECRET);
@@ -62,7 +72,7 @@ impl TestGateway {
             shutdown,
         };
         gateway.serve_webhooks_to(app).await;
-        gateway.attach(app);
+        gateway.attach_as(app, sandbox_methods_allowed);
         gateway
     }
 
@@ -83,6 +93,10 @@ impl TestGateway {
 
     /// Points another instance's engine at this sandbox.
     pub fn attach(&self, app: &TestApp) {
+        self.attach_as(app, true);
+    }
+
+    fn attach_as(&self, app: &TestApp, sandbox_methods_allowed: bool) {
         let client = gateway::GatewayClient::new(gateway::GatewayConfig {
             base_url: self.url.clone(),
             api_key: GATEWAY_API_KEY.to_owned(),
@@ -92,7 +106,7 @@ impl TestGateway {
         app.engine.attach_payments(engine::payments::Payments {
             gateway: client,
             webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
-            sandbox_methods_allowed: true,
+            sandbox_methods_allowed,
         });
     }
 

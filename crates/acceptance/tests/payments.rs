@@ -37,6 +37,8 @@ mirrored_tests!(
     malformed_order_and_payment_requests_are_refused_and_change_nothing,
     metrics_count_payment_outcomes_and_show_the_unknown_backlog,
     the_audit_catches_an_order_that_disagrees_with_its_reservation,
+    a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
+    sandbox_payment_methods_are_refused_when_the_gateway_is_real,
 );
 
 const SKU: &str = "TEA-250G";
@@ -1058,5 +1060,72 @@ async fn the_audit_catches_an_order_that_disagrees_with_its_reservation(backend:
             .expect("reference")
             .starts_with(&order),
         "{audit:#}"
+    );
+}
+
+/// Metadata names the attempt, but anyone who can create intents on the same gateway
+/// account can write metadata: stockd applies an event only for the intent it created
+/// (its id as the gateway answers the attempt's own key, its amount and currency).
+async fn a_webhook_about_an_intent_stockd_did_not_create_changes_nothing(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = charged_but_unheard(&app, &gateway).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let mut forged = intent.clone();
+    forged.id = "pi_forged_by_someone_else".to_owned();
+    let mut cheaper = intent.clone();
+    cheaper.amount = 1;
+    let mut other_currency = intent.clone();
+    other_currency.currency = "usd".to_owned();
+    for (label, event_id, tampered) in [
+        ("another intent", "evt_forged", &forged),
+        ("another amount", "evt_cheaper", &cheaper),
+        ("another currency", "evt_currency", &other_currency),
+    ] {
+        let (payload, signature) = signed_event(&app, event_id, tampered, 0);
+        let response = app.send(webhook_call(&payload, Some(&signature))).await;
+        assert_eq!(response.status, 200, "{label}: {response:?}");
+        assert_eq!(
+            app.order_statuses(&order).await,
+            (
+                "PAYMENT_PROCESSING".to_owned(),
+                "RESERVED".to_owned(),
+                "PROCESSING".to_owned()
+            ),
+            "{label}"
+        );
+    }
+    let after = app.contents_except_idempotency_records().await;
+    assert_eq!(
+        after.split("webhook_event\n").next(),
+        before.split("webhook_event\n").next(),
+        "only the ignored events were recorded"
+    );
+
+    let (payload, signature) = signed_event(&app, "evt_genuine", &intent, 0);
+    let genuine = app.send(webhook_call(&payload, Some(&signature))).await;
+    assert_eq!(genuine.status, 200, "{genuine:?}");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn sandbox_payment_methods_are_refused_when_the_gateway_is_real(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = TestGateway::start_as_real_gateway(&app).await;
+    app.stocked_sku(SKU, STOCK).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let before = app.contents().await;
+
+    let refused = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents().await, before);
+    assert!(gateway.intents_for(&order).is_empty());
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(
+        paid.status, 200,
+        "a real gateway's method still pays: {paid:?}"
     );
 }

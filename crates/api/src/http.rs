@@ -20,8 +20,9 @@ use crate::problem::ApiError;
 /// What `stockd serve` configures; the defaults suit one shop's traffic on one node.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
-    /// Requests one principal may send per second, sustained; 0 turns the limit off.
-    pub rate_limit_requests_per_second: u32,
+    /// Requests one principal may send per second, sustained (a fraction for fewer
+    /// than one a second); 0 turns the limit off.
+    pub rate_limit_requests_per_second: f64,
     /// Requests one principal may send in a burst above the sustained rate.
     pub rate_limit_burst: u32,
     /// Longest wait for a request's body, from its headers on.
@@ -37,7 +38,7 @@ pub struct HttpConfig {
 impl Default for HttpConfig {
     fn default() -> HttpConfig {
         HttpConfig {
-            rate_limit_requests_per_second: 20_000,
+            rate_limit_requests_per_second: 20_000.0,
             rate_limit_burst: 40_000,
             body_read_timeout_milliseconds: 10_000,
             request_timeout_milliseconds: 30_000,
@@ -56,11 +57,14 @@ pub struct HttpLimits {
 
 impl HttpLimits {
     pub fn new(config: &HttpConfig) -> Arc<HttpLimits> {
-        let rate = NonZeroU32::new(config.rate_limit_requests_per_second).map(|per_second| {
-            let burst = NonZeroU32::new(config.rate_limit_burst.max(per_second.get()))
-                .unwrap_or(per_second);
-            RateLimiter::keyed(Quota::per_second(per_second).allow_burst(burst))
-        });
+        let per_second = config.rate_limit_requests_per_second;
+        let rate = (per_second.is_finite() && per_second > 0.0)
+            .then(|| Duration::from_secs_f64((1.0 / per_second).min(86_400.0)))
+            .and_then(|interval| Quota::with_period(interval.max(Duration::from_nanos(1))))
+            .map(|quota| {
+                let burst = NonZeroU32::new(config.rate_limit_burst).unwrap_or(NonZeroU32::MIN);
+                RateLimiter::keyed(quota.allow_burst(burst))
+            });
         Arc::new(HttpLimits {
             rate,
             body_read_timeout: Duration::from_millis(config.body_read_timeout_milliseconds.max(1)),

@@ -38,8 +38,11 @@ impl ManualClock {
     }
 
     pub fn advance_seconds(&self, seconds: i64) {
-        self.milliseconds
-            .fetch_add(seconds * 1000, Ordering::SeqCst);
+        self.advance_milliseconds(seconds * 1000);
+    }
+
+    pub fn advance_milliseconds(&self, milliseconds: i64) {
+        self.milliseconds.fetch_add(milliseconds, Ordering::SeqCst);
     }
 
     pub fn set(&self, instant: Timestamp) {

@@ -12,7 +12,7 @@ use crate::protocol::{CreatePaymentIntent, ErrorBody, PaymentIntent, Refund, for
 /// and reading it whole would hold that much memory per call.
 pub const GATEWAY_RESPONSE_BYTES_MAX: usize = 1024 * 1024;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// `https://api.stripe.com` or the sandbox's `http://127.0.0.1:port`.
     pub base_url: String,
@@ -20,6 +20,18 @@ pub struct GatewayConfig {
     pub api_key: String,
     /// Longest wait for one answer; past it the outcome is unknown, not failed.
     pub timeout_milliseconds: u64,
+}
+
+/// The key never reaches a log through `{:?}`.
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("GatewayConfig")
+            .field("base_url", &domain::redact_url(&self.base_url))
+            .field("api_key", &"<redacted>")
+            .field("timeout_milliseconds", &self.timeout_milliseconds)
+            .finish()
+    }
 }
 
 /// What one call found out.
@@ -220,6 +232,19 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
 mod tests {
     use super::*;
     use crate::protocol::PaymentIntentStatus;
+
+    #[test]
+    fn a_gateway_config_never_prints_its_api_key() {
+        let config = GatewayConfig {
+            base_url: "https://api.stripe.com".into(),
+            api_key: "sk_live_very_secret".into(),
+            timeout_milliseconds: 5_000,
+        };
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("sk_live_very_secret"), "{printed}");
+        let client = GatewayClient::new(config).unwrap();
+        assert!(!format!("{client:?}").contains("sk_live_very_secret"));
+    }
 
     #[test]
     fn a_decline_is_read_with_its_payment_intent() {

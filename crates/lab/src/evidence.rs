@@ -166,3 +166,55 @@ pub fn render(report: &Report, environment: &Environment, command: &str) -> Stri
     }
     page
 }
+
+/// The command line as typed, with every secret taken out: the values of
+/// `--admin-token` and the passwords of URLs. Evidence pages get published.
+pub fn redacted_command(arguments: &[String]) -> String {
+    let mut redacted = Vec::with_capacity(arguments.len());
+    let mut hide_next = false;
+    for argument in arguments {
+        if hide_next {
+            redacted.push("<redacted>".to_owned());
+            hide_next = false;
+        } else if argument == "--admin-token" {
+            redacted.push(argument.clone());
+            hide_next = true;
+        } else if let Some((flag, _)) = argument.split_once('=')
+            && flag == "--admin-token"
+        {
+            redacted.push(format!("{flag}=<redacted>"));
+        } else {
+            redacted.push(domain::redact_urls_in(argument));
+        }
+    }
+    redacted.join(" ")
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_in_evidence_holds_no_token_and_no_password() {
+        let typed: Vec<String> = [
+            "stockd",
+            "bench",
+            "hot",
+            "--admin-token",
+            "s3cret-token",
+            "--url=http://127.0.0.1:8080",
+            "--admin-token=other-secret",
+            "--database-url",
+            "postgres://stockd:hunter2@db.internal/shop",
+        ]
+        .iter()
+        .map(|part| (*part).to_owned())
+        .collect();
+        let shown = redacted_command(&typed);
+        for secret in ["s3cret-token", "other-secret", "hunter2"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        assert!(shown.contains("postgres://stockd:<redacted>@db.internal/shop"));
+        assert!(shown.contains("bench hot"));
+    }
+}

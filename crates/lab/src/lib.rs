@@ -23,7 +23,7 @@ pub struct BenchCommand {
     pub options: BenchOptions,
     /// A running stockd; `None` starts one in this process on a fresh database.
     pub url: Option<String>,
-    pub admin_token: Option<String>,
+    pub admin_token: Option<domain::Secret>,
     /// For the in-process server: `postgres://…` (a fresh schema), or `None` for a
     /// temporary SQLite file.
     pub database_url: Option<String>,
@@ -44,7 +44,7 @@ pub async fn bench(command: BenchCommand) -> Result<Report, String> {
             let token = command.admin_token.clone().ok_or(
                 "--url needs the server's admin token (--admin-token or STOCKD_ADMIN_TOKEN)",
             )?;
-            Target::remote(url, domain::Secret::new(token)).await?
+            Target::remote(url, token).await?
         }
         None => {
             let postgres = command

@@ -228,9 +228,9 @@ struct LimitArguments {
     #[arg(
         long,
         env = "STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND",
-        default_value_t = 20_000
+        default_value_t = 20_000.0
     )]
-    rate_limit_requests_per_second: u32,
+    rate_limit_requests_per_second: f64,
     /// Requests one credential may send at once above its rate.
     #[arg(long, env = "STOCKD_RATE_LIMIT_BURST", default_value_t = 40_000)]
     rate_limit_burst: u32,
@@ -531,17 +531,17 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         }
         None => "payments through the configured gateway".to_owned(),
     };
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
     // The last line printed at start-up: scripts wait for it.
     println!(
         "stockd: listening on http://{address} ({} database; {payments})",
         store.backend_name()
     );
 
-    let shutdown = CancellationToken::new();
     let workers = TaskTracker::new();
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
     spawn_rate_limit_sweeper(state.http.clone(), &workers, &shutdown);
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
     let grace = Duration::from_secs(arguments.shutdown_grace_seconds);
     let finished = api::server::serve_until(
         listener,
@@ -616,25 +616,34 @@ fn choose_gateway(
     }
 }
 
-async fn cancel_on_signal(shutdown: CancellationToken) {
-    let interrupt = tokio::signal::ctrl_c();
+/// Cancels `shutdown` on SIGINT or SIGTERM. The handlers are registered before this
+/// returns, so a signal sent as soon as the start-up lines are printed is not lost
+/// (with the default disposition it would kill the process mid-start).
+fn cancel_on_signal(shutdown: CancellationToken) {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut interrupt), Ok(mut terminate)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            tracing::warn!("cannot listen for SIGINT and SIGTERM");
+            return;
+        };
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {},
+                _ = terminate.recv() => {},
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = interrupt => {},
-        () = terminate => {},
+            tracing::info!("shutdown signal received; finishing in-flight requests");
+            shutdown.cancel();
+        });
     }
-    tracing::info!("shutdown signal received; finishing in-flight requests");
-    shutdown.cancel();
+    #[cfg(not(unix))]
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        shutdown.cancel();
+    });
 }
 
 /// Connects the engine to the configured gateway, or starts the in-process sandbox
@@ -704,9 +713,9 @@ async fn gateway_sandbox(arguments: SandboxArguments) -> Result<bool, String> {
         .await
         .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
     let address = listener.local_addr().map_err(|error| error.to_string())?;
-    println!("stockd: gateway sandbox listening on http://{address}");
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    cancel_on_signal(shutdown.clone());
+    println!("stockd: gateway sandbox listening on http://{address}");
     sandbox
         .serve(listener, shutdown)
         .await
@@ -807,13 +816,13 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
             seed: arguments.seed,
         },
         url: arguments.url,
-        admin_token: arguments.admin_token,
+        admin_token: arguments.admin_token.map(domain::Secret::new),
         database_url: arguments.database_url,
         pool_size: arguments.pool_size,
         engine_config: arguments.combiner.apply(EngineConfig::default()),
         json: arguments.json,
         evidence: arguments.evidence,
-        command_line: std::env::args().collect::<Vec<_>>().join(" "),
+        command_line: lab::evidence::redacted_command(&std::env::args().collect::<Vec<_>>()),
     };
     let report = lab::bench(command).await?;
     Ok(report.passed())

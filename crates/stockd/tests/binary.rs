@@ -521,3 +521,83 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
     let audit = stockd(&directory.0).arg("audit").output().unwrap();
     assert_eq!(audit.status.code(), Some(0));
 }
+
+#[test]
+fn serving_a_public_address_with_the_payment_sandbox_exits_two_unless_chosen() {
+    let directory = ScratchDirectory::new();
+    let refused = stockd(&directory.0)
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        message.contains("STOCKD_GATEWAY_URL") && message.contains("STOCKD_GATEWAY=sandbox"),
+        "{message}"
+    );
+
+    let (mut child, address, _) =
+        start_serving_on(&directory.0, "0.0.0.0:0", &[("STOCKD_GATEWAY", "sandbox")]);
+    assert_ne!(address.port(), 0);
+    assert!(terminate(&mut child).success());
+}
+
+#[tokio::test]
+async fn the_generated_admin_token_survives_a_restart_until_it_is_rotated() {
+    let directory = ScratchDirectory::new();
+    let (mut first, address, token) = start_serving(&directory.0);
+    let sku = |address, token: String| async move {
+        request(
+            address,
+            "PUT",
+            "/v1/skus/KEPT",
+            &[
+                ("Authorization", &format!("Bearer {token}")),
+                (
+                    "Idempotency-Key",
+                    &format!("kept-{}", rand::random::<u32>()),
+                ),
+            ],
+            Some(r#"{"title":"Kept"}"#),
+        )
+        .await
+        .unwrap()
+        .status
+    };
+    assert_eq!(sku(address, token.clone()).await, 201);
+    assert!(terminate(&mut first).success());
+
+    let (mut second, address, _) = start_serving(&directory.0);
+    assert_eq!(
+        sku(address, token.clone()).await,
+        200,
+        "the same token after a restart"
+    );
+    assert!(terminate(&mut second).success());
+
+    let rotated = stockd(&directory.0)
+        .arg("rotate-admin-token")
+        .output()
+        .unwrap();
+    assert!(
+        rotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rotated.stderr)
+    );
+    let new_token = String::from_utf8_lossy(&rotated.stdout)
+        .trim()
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(new_token.len(), 64);
+    assert_ne!(new_token, token);
+    let (mut third, address, _) = start_serving(&directory.0);
+    assert_eq!(
+        sku(address, token).await,
+        401,
+        "the old token no longer works"
+    );
+    assert_eq!(sku(address, new_token).await, 200);
+    assert!(terminate(&mut third).success());
+}

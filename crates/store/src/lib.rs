@@ -28,7 +28,7 @@ pub use model::*;
 pub use orders::*;
 
 /// How to reach the database and how long to wait for it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreConfig {
     /// `sqlite://path/to/file.db` or `postgres://…`.
     pub database_url: String,
@@ -63,6 +63,28 @@ impl Default for StoreLimits {
     }
 }
 
+/// The URL's password never reaches a log through `{:?}`.
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("StoreConfig")
+            .field("database_url", &domain::redact_url(&self.database_url))
+            .field("pool_size", &self.pool_size)
+            .field("lock_timeout_milliseconds", &self.lock_timeout_milliseconds)
+            .field(
+                "statement_timeout_milliseconds",
+                &self.statement_timeout_milliseconds,
+            )
+            .field(
+                "acquire_timeout_milliseconds",
+                &self.acquire_timeout_milliseconds,
+            )
+            .field("postgres_schema", &self.postgres_schema)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
 impl StoreConfig {
     pub fn new(database_url: impl Into<String>) -> StoreConfig {
         StoreConfig {
@@ -74,6 +96,11 @@ impl StoreConfig {
             postgres_schema: None,
             limits: StoreLimits::default(),
         }
+    }
+
+    /// The URL with its password hidden, for messages.
+    pub fn redacted_url(&self) -> String {
+        domain::redact_url(&self.database_url)
     }
 
     pub fn is_postgres(&self) -> bool {
@@ -519,5 +546,18 @@ impl Store {
 
     pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
         dispatch!(self, store => store.payment_gauges(now).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_config_never_prints_the_database_password() {
+        let config = StoreConfig::new("postgres://stockd:hunter2@db.internal:5432/shop");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains("postgres://stockd:<redacted>@db.internal:5432/shop"));
     }
 }

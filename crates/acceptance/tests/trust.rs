@@ -1,0 +1,729 @@
+//! Trust boundaries (DESIGN.md, principle 11 and the trust model): every `/v1` call has
+//! a principal, acts only inside its shop and only within its role, and what an order
+//! holds only the order's flow may move. Every refusal leaves the database as it was.
+
+use acceptance::{Backend, Call, ProductSpec, TestApp, TestResponse, mirrored_tests};
+use axum::http::Method;
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    every_route_refuses_a_caller_without_a_known_credential_and_changes_nothing,
+    a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothing,
+    admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys,
+    confirming_or_releasing_an_order_held_reservation_is_refused_and_the_order_flow_still_works,
+    two_principals_sending_the_same_key_at_once_get_two_independent_effects,
+    a_shopper_never_passes_a_per_user_limit_however_many_requests_race,
+    a_shopper_at_the_open_hold_bound_is_refused_until_a_hold_ends,
+    a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
+    a_principal_over_its_request_rate_is_answered_429_with_retry_after,
+    an_operator_sees_only_its_shops_audit_differences,
+    readiness_never_shows_the_database_error,
+    the_service_key_secret_is_shown_once_and_listed_never,
+);
+
+/// Shop `north` with a product (two SKUs on sale, stock), an order, a plain
+/// reservation and a cart line, made by north's service key; returns the ids.
+struct NorthShop {
+    north: TestApp,
+    product: String,
+    order: String,
+    reservation: String,
+}
+
+async fn north_shop(app: &TestApp) -> NorthShop {
+    let product = app
+        .create_product(ProductSpec::complete("north", &["N-1", "N-2"]))
+        .await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    app.receive("N-1", 10).await;
+    app.receive("N-2", 10).await;
+    let north = app.as_service_of("north").await;
+    let order = north
+        .create_order("north-order", "alice", &[("N-1", 1)])
+        .await;
+    assert_eq!(order.status, 201, "{order:?}");
+    let reservation = north.reserve("north-hold", &[("N-2", 1)]).await;
+    assert_eq!(reservation.status, 201, "{reservation:?}");
+    let cart = north
+        .send(
+            Call::put("/v1/carts/alice/items/N-1")
+                .key("north-cart")
+                .json(&json!({"quantity": 1})),
+        )
+        .await;
+    assert_eq!(cart.status, 200, "{cart:?}");
+    NorthShop {
+        north,
+        product,
+        order: order.json()["order_id"].as_str().unwrap().to_owned(),
+        reservation: reservation.json()["reservation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    }
+}
+
+/// Every route that needs a credential, as `(label, call)`, each acting on north's
+/// things. The bodies are valid: only the credential decides.
+fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
+    let product = &shop.product;
+    let order = &shop.order;
+    let reservation = &shop.reservation;
+    let movement = json!({"kind": "receive", "quantity": 1});
+    vec![
+        (
+            "save sku",
+            Call::put("/v1/skus/N-1")
+                .key("t-sku")
+                .json(&json!({"title": "x"})),
+        ),
+        ("read sku", Call::get("/v1/skus/N-1")),
+        (
+            "stock movement",
+            Call::post("/v1/skus/N-1/stock-movements")
+                .key("t-move")
+                .json(&movement),
+        ),
+        (
+            "reserve",
+            Call::post("/v1/reservations")
+                .key("t-reserve")
+                .json(&json!({"lines": [{"sku": "N-1", "quantity": 1}]})),
+        ),
+        (
+            "read reservation",
+            Call::get(format!("/v1/reservations/{reservation}")),
+        ),
+        (
+            "confirm reservation",
+            Call::post(format!("/v1/reservations/{reservation}/confirm")).key("t-confirm"),
+        ),
+        (
+            "release reservation",
+            Call::post(format!("/v1/reservations/{reservation}/release")).key("t-release"),
+        ),
+        ("audit", Call::get("/v1/audit")),
+        ("metrics", Call::get("/metrics")),
+        (
+            "create order",
+            Call::post("/v1/orders")
+                .key("t-order")
+                .json(&json!({"user_id": "bob", "lines": [{"sku": "N-1", "quantity": 1}]})),
+        ),
+        ("read order", Call::get(format!("/v1/orders/{order}"))),
+        (
+            "pay order",
+            Call::post(format!("/v1/orders/{order}/pay"))
+                .key("t-pay")
+                .json(&json!({"payment_method": "pm_card_visa"})),
+        ),
+        (
+            "cancel order",
+            Call::post(format!("/v1/orders/{order}/cancel")).key("t-cancel"),
+        ),
+        (
+            "return order",
+            Call::post(format!("/v1/orders/{order}/return")).key("t-return"),
+        ),
+        (
+            "create product",
+            Call::post("/v1/products").key("t-product").json(&json!({
+                "title": "P", "category": "c", "supplier": "s", "shop": "north",
+                "skus": [{"sku": "N-NEW", "price": 1, "currency": "CNY"}]
+            })),
+        ),
+        (
+            "update product",
+            Call::new(Method::PATCH, format!("/v1/products/{product}"))
+                .key("t-patch")
+                .json(&json!({"title": "renamed"})),
+        ),
+        (
+            "delete product",
+            Call::new(Method::DELETE, format!("/v1/products/{product}")).key("t-delete"),
+        ),
+        (
+            "staff product view",
+            Call::get(format!("/v1/admin/products/{product}")),
+        ),
+        (
+            "shelf operation",
+            Call::post("/v1/admin/shelf")
+                .key("t-shelf")
+                .json(&json!({"operation": "off", "product_ids": [product]})),
+        ),
+        ("shelf log", Call::get("/v1/admin/shelf-log")),
+        (
+            "create operator",
+            Call::post("/v1/admin/operators")
+                .key("t-operator")
+                .json(&json!({"operator_id": "mallory", "shop": "north"})),
+        ),
+        (
+            "create service key",
+            Call::post("/v1/admin/service-keys")
+                .key("t-key")
+                .json(&json!({"shop": "north", "name": "x"})),
+        ),
+        ("list service keys", Call::get("/v1/admin/service-keys")),
+        (
+            "revoke service key",
+            Call::new(
+                Method::DELETE,
+                "/v1/admin/service-keys/key_0000000000000000000000000000",
+            )
+            .key("t-revoke"),
+        ),
+        (
+            "put cart item",
+            Call::put("/v1/carts/alice/items/N-2")
+                .key("t-cart")
+                .json(&json!({"quantity": 1})),
+        ),
+        (
+            "delete cart item",
+            Call::new(Method::DELETE, "/v1/carts/alice/items/N-1").key("t-uncart"),
+        ),
+        ("read cart", Call::get("/v1/carts/alice")),
+        (
+            "checkout",
+            Call::post("/v1/carts/alice/checkout").key("t-checkout"),
+        ),
+    ]
+}
+
+/// Sends each call; each must be refused with `status` and `code`, and nothing in the
+/// database may change.
+async fn assert_each_refused(
+    app: &TestApp,
+    calls: Vec<(&'static str, Call)>,
+    status: u16,
+    code: &str,
+) {
+    let before = app.contents().await;
+    for (label, call) in calls {
+        let response = app.send(call).await;
+        assert_eq!(response.status, status, "{label}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some(code), "{label}");
+        assert_eq!(
+            response.content_type(),
+            "application/problem+json",
+            "{label}"
+        );
+        assert_eq!(
+            app.contents().await,
+            before,
+            "{label}: the database changed"
+        );
+    }
+}
+
+async fn every_route_refuses_a_caller_without_a_known_credential_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    let anonymous: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .map(|(label, call)| (label, call.anonymous()))
+        .collect();
+    assert_each_refused(&app, anonymous, 401, "unauthorized").await;
+    let unknown: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .map(|(label, call)| (label, call.bearer("stockd_sk_not-a-key-anyone-was-given")))
+        .collect();
+    assert_each_refused(&app, unknown, 401, "unauthorized").await;
+    // The shopper's product view is the one open route.
+    let product = app
+        .send(Call::get(format!("/v1/products/{}", shop.product)).anonymous())
+        .await;
+    assert_eq!(product.status, 200, "{product:?}");
+}
+
+async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    let south_service = app.create_service_key("south", "south-checkout").await;
+    let south_operator = app.create_operator("sam", "south").await;
+    // Each call goes with the south credential whose role may make it: a service key
+    // for what a checkout does, an operator for what staff do.
+    let staff_routes = [
+        "save sku",
+        "stock movement",
+        "return order",
+        "create product",
+        "update product",
+        "staff product view",
+        "shelf operation",
+    ];
+    let service_routes = [
+        "read sku",
+        "reserve",
+        "read reservation",
+        "confirm reservation",
+        "release reservation",
+        "create order",
+        "read order",
+        "pay order",
+        "cancel order",
+        "put cart item",
+        "delete cart item",
+    ];
+    let calls: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .filter_map(|(label, call)| {
+            if staff_routes.contains(&label) {
+                Some((label, call.bearer(&south_operator)))
+            } else if service_routes.contains(&label) {
+                Some((label, call.bearer(&south_service)))
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(calls.len(), staff_routes.len() + service_routes.len());
+    assert_each_refused(&app, calls, 403, "forbidden").await;
+    // What a south key reads of a shopper's cart is south's lines: none.
+    let cart = app
+        .send(Call::get("/v1/carts/alice").bearer(&south_service))
+        .await;
+    assert_eq!(cart.status, 200);
+    assert_eq!(cart.json()["lines"], json!([]));
+    assert_eq!(
+        shop.north.send(Call::get("/v1/carts/alice")).await.json()["lines"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "north's line is untouched"
+    );
+}
+
+async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    let north_operator = app.create_operator("nora", "north").await;
+    let admin_only = [
+        "delete product",
+        "create operator",
+        "create service key",
+        "list service keys",
+        "revoke service key",
+    ];
+    let calls: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .filter(|(label, _)| admin_only.contains(label))
+        .map(|(label, call)| (label, call.bearer(&north_operator)))
+        .collect();
+    assert_eq!(calls.len(), admin_only.len());
+    assert_each_refused(&app, calls, 403, "forbidden").await;
+    let mut deleting = shop_operation(&shop.product, "delete");
+    deleting.credential = acceptance::Credential::Bearer(north_operator.clone());
+    assert_each_refused(&app, vec![("shelf delete", deleting)], 403, "forbidden").await;
+
+    // North's own checkout backend may sell in north, never run its shop.
+    let staff_only = [
+        "save sku",
+        "stock movement",
+        "return order",
+        "create product",
+        "update product",
+        "delete product",
+        "staff product view",
+        "shelf operation",
+        "shelf log",
+        "audit",
+        "metrics",
+    ];
+    let calls: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .filter(|(label, _)| staff_only.contains(label))
+        .collect();
+    assert_eq!(calls.len(), staff_only.len());
+    assert_each_refused(&shop.north, calls, 403, "forbidden").await;
+    // And a north operator never sells.
+    let selling: Vec<_> = every_protected_call(&shop)
+        .into_iter()
+        .filter(|(label, _)| ["reserve", "create order", "pay order", "checkout"].contains(label))
+        .map(|(label, call)| (label, call.bearer(&north_operator)))
+        .collect();
+    assert_each_refused(&app, selling, 403, "forbidden").await;
+}
+
+fn shop_operation(product: &str, operation: &str) -> Call {
+    Call::post("/v1/admin/shelf")
+        .key(format!("t-shelf-{operation}"))
+        .json(&json!({"operation": operation, "product_ids": [product]}))
+}
+
+/// The attack of issue 12: an order's reservation confirmed (goods out without
+/// payment) or released (stock back while the order waits) through the reservation
+/// endpoints.
+async fn confirming_or_releasing_an_order_held_reservation_is_refused_and_the_order_flow_still_works(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = acceptance::payments::TestGateway::start(&app).await;
+    let shop = north_shop(&app).await;
+    let north = &shop.north;
+    let order = north.order(&shop.order).await;
+    let held = order["reservation"]["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(order["reservation"]["order_id"], shop.order.as_str());
+    let counters = north.counters("N-1").await;
+    let before = app.contents().await;
+
+    for (label, response) in [
+        ("confirm", north.confirm(&held, "attack-confirm").await),
+        ("release", north.release(&held, "attack-release").await),
+        (
+            "confirm as the admin",
+            app.send(
+                Call::post(format!("/v1/reservations/{held}/confirm"))
+                    .admin()
+                    .key("attack-admin"),
+            )
+            .await,
+        ),
+    ] {
+        assert_eq!(response.status, 409, "{label}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("illegal_transition"));
+    }
+
+    assert_eq!(
+        app.contents().await,
+        before,
+        "nothing stored, nothing moved"
+    );
+    assert_eq!(north.counters("N-1").await, counters);
+    app.assert_audit_clean().await;
+    let paid = north
+        .pay(&shop.order, "pay-after-attack", "pm_card_visa")
+        .await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    assert_eq!(paid.json()["status"], "PAID");
+    // The order-expiry worker keeps expiring other orders.
+    let unpaid = north.order_of("carol", &[("N-2", 1)]).await;
+    app.clock.advance_seconds(3600);
+    let expired = app.engine.order_expiry_step().await.expect("order expiry");
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_eq!(north.order(&unpaid).await["status"], "EXPIRED");
+    app.assert_audit_clean().await;
+    assert_eq!(gateway.charges_for(&shop.order), 1);
+}
+
+async fn two_principals_sending_the_same_key_at_once_get_two_independent_effects(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SHARED", 10).await;
+    let other = app.as_service_of("default").await;
+    let body = json!({"lines": [{"sku": "SHARED", "quantity": 1}]});
+    let send = |app: &TestApp| {
+        let app = app.clone();
+        let call = Call::post("/v1/reservations")
+            .key("the-same-key")
+            .json(&body);
+        tokio::spawn(async move { app.send(call).await })
+    };
+    let (first, second) = (send(&app), send(&other));
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(second.status, 201, "{second:?}");
+    assert!(!first.replayed() && !second.replayed());
+    assert_ne!(
+        first.json()["reservation_id"],
+        second.json()["reservation_id"]
+    );
+    assert_eq!(app.counters("SHARED").await, (8, 2));
+    // Each principal's retry replays its own first answer, never the other's.
+    let retry = other
+        .send(
+            Call::post("/v1/reservations")
+                .key("the-same-key")
+                .json(&body),
+        )
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, second.body);
+}
+
+async fn set_per_user_limit(app: &TestApp, sku: &str, limit: Value) {
+    let response = app
+        .send(
+            Call::put(format!("/v1/skus/{sku}"))
+                .admin()
+                .key(format!("limit-{sku}-{limit}"))
+                .json(&json!({"per_user_limit": limit})),
+        )
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+}
+
+fn reservation_for(user: &str, key: &str, sku: &str, quantity: i64) -> Call {
+    Call::post("/v1/reservations").key(key).json(&json!({
+        "lines": [{"sku": sku, "quantity": quantity}],
+        "user_id": user,
+    }))
+}
+
+async fn a_shopper_never_passes_a_per_user_limit_however_many_requests_race(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LIMITED", 100).await;
+    set_per_user_limit(&app, "LIMITED", json!(3)).await;
+
+    let calls = (0..50)
+        .map(|index| reservation_for("alice", &format!("alice-{index}"), "LIMITED", 1))
+        .collect();
+    let responses = acceptance::send_concurrently(&app, calls).await;
+
+    let accepted: Vec<&TestResponse> = responses
+        .iter()
+        .filter(|response| response.status == 201)
+        .collect();
+    assert_eq!(accepted.len(), 3, "{responses:?}");
+    for refused in responses.iter().filter(|response| response.status != 201) {
+        assert_eq!(refused.status, 409, "{refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("purchase_limit_exceeded"));
+    }
+    assert_eq!(app.counters("LIMITED").await, (97, 3));
+    // Another shopper is unaffected; an order counts like a reservation.
+    let bob = app
+        .send(reservation_for("bob", "bob-1", "LIMITED", 3))
+        .await;
+    assert_eq!(bob.status, 201, "{bob:?}");
+    let order = app
+        .create_order("alice-order", "alice", &[("LIMITED", 1)])
+        .await;
+    assert_eq!(order.code().as_deref(), Some("purchase_limit_exceeded"));
+    // A request that names no shopper cannot be counted, so it is refused.
+    let anonymous = app.reserve("nobody", &[("LIMITED", 1)]).await;
+    assert_eq!(anonymous.status, 400, "{anonymous:?}");
+    // A released hold gives its units back; a confirmed one keeps counting.
+    let first = accepted[0].json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let second = accepted[1].json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(app.release(&first, "alice-release").await.status, 200);
+    assert_eq!(app.confirm(&second, "alice-confirm").await.status, 200);
+    let again = app
+        .send(reservation_for("alice", "alice-again", "LIMITED", 1))
+        .await;
+    assert_eq!(again.status, 201, "{again:?}");
+    let over = app
+        .send(reservation_for("alice", "alice-over", "LIMITED", 1))
+        .await;
+    assert_eq!(over.code().as_deref(), Some("purchase_limit_exceeded"));
+    app.assert_audit_clean().await;
+}
+
+async fn a_shopper_at_the_open_hold_bound_is_refused_until_a_hold_ends(backend: Backend) {
+    let app = TestApp::spawn_with_limits(backend, store::StoreLimits { open_holds_max: 2 }).await;
+    app.stocked_sku("HELD", 10).await;
+    let first = app.send(reservation_for("alice", "h-1", "HELD", 1)).await;
+    let order = app.create_order("h-2", "alice", &[("HELD", 1)]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(order.status, 201, "{order:?}");
+    let before = app.contents_except_idempotency_records().await;
+
+    let third = app.send(reservation_for("alice", "h-3", "HELD", 1)).await;
+
+    assert_eq!(third.status, 409, "{third:?}");
+    assert_eq!(third.code().as_deref(), Some("purchase_limit_exceeded"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_eq!(
+        app.send(reservation_for("bob", "h-bob", "HELD", 1))
+            .await
+            .status,
+        201
+    );
+    let id = first.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.release(&id, "h-release").await.status, 200);
+    let fourth = app.send(reservation_for("alice", "h-4", "HELD", 1)).await;
+    assert_eq!(fourth.status, 201, "a released hold makes room: {fourth:?}");
+}
+
+async fn a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_cache_bound(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("REVOKED", 5).await;
+    let other_instance = app.another_instance().await;
+    let created = app
+        .send(
+            Call::post("/v1/admin/service-keys")
+                .admin()
+                .key("to-revoke")
+                .json(&json!({"shop": "default", "name": "leaked"})),
+        )
+        .await;
+    let secret = created.json()["secret"].as_str().unwrap().to_owned();
+    let key_id = created.json()["key_id"].as_str().unwrap().to_owned();
+    let read = Call::get("/v1/skus/REVOKED").bearer(&secret);
+    assert_eq!(app.send(read.clone()).await.status, 200);
+    assert_eq!(other_instance.send(read.clone()).await.status, 200);
+
+    let revoked = app
+        .send(
+            Call::new(Method::DELETE, format!("/v1/admin/service-keys/{key_id}"))
+                .admin()
+                .key("revoke"),
+        )
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    assert!(revoked.json()["revoked_at"].is_string());
+
+    let here = app.send(read.clone()).await;
+    assert_eq!(
+        here.status, 401,
+        "refused at once where it was revoked: {here:?}"
+    );
+    // The other instance read the key less than the bound ago: it may still trust it,
+    // for at most that long.
+    let bound = engine::EngineConfig::default().credential_cache_milliseconds;
+    app.clock.advance_milliseconds(bound - 1);
+    assert_eq!(other_instance.send(read.clone()).await.status, 200);
+    app.clock.advance_milliseconds(1);
+    let elsewhere = other_instance.send(read.clone()).await;
+    assert_eq!(
+        elsewhere.status, 401,
+        "refused within the bound: {elsewhere:?}"
+    );
+    let reserving = other_instance
+        .send(
+            Call::post("/v1/reservations")
+                .bearer(&secret)
+                .key("after-revoke")
+                .json(&json!({"lines": [{"sku": "REVOKED", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(reserving.status, 401);
+    assert_eq!(app.counters("REVOKED").await, (5, 0));
+}
+
+async fn a_principal_over_its_request_rate_is_answered_429_with_retry_after(backend: Backend) {
+    // Five at once, then one an hour: the test is done long before the next one. (The
+    // admin, a principal too, makes four calls setting up.)
+    let http = api::http::HttpConfig {
+        rate_limit_requests_per_second: 1.0 / 3600.0,
+        rate_limit_burst: 5,
+        ..api::http::HttpConfig::default()
+    };
+    let app = TestApp::spawn_with_http(backend, &http).await;
+    app.stocked_sku("RATED", 10).await;
+    let other = app.as_service_of("default").await;
+    for index in 0..5 {
+        let within = app
+            .reserve(&format!("rated-{index}"), &[("RATED", 1)])
+            .await;
+        assert_eq!(within.status, 201, "within the burst: {within:?}");
+    }
+    let before = app.contents().await;
+    let limited = app.reserve("rated-5", &[("RATED", 1)]).await;
+
+    assert_eq!(limited.code().as_deref(), Some("rate_limited"));
+    let retry_after: u64 = limited.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        retry_after > 3000,
+        "the next request is an hour away: {retry_after}"
+    );
+    assert_eq!(
+        app.contents().await,
+        before,
+        "a limited request changes nothing"
+    );
+    // Another principal has its own rate.
+    assert_eq!(other.reserve("other-1", &[("RATED", 1)]).await.status, 201);
+}
+
+async fn an_operator_sees_only_its_shops_audit_differences(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    let _ = shop;
+    let product = app
+        .create_product(ProductSpec::complete("south", &["S-1"]))
+        .await;
+    let _ = product;
+    app.receive("S-1", 5).await;
+    let mut tamper = app.database.raw_connection().await;
+    tamper
+        .execute("UPDATE stock SET available = available + 7 WHERE sku IN ('N-2', 'S-1')")
+        .await
+        .unwrap();
+    let north_operator = app.create_operator("nina", "north").await;
+
+    let admin_view = app.audit().await;
+    let operator_view = app
+        .send(Call::get("/v1/audit").bearer(&north_operator))
+        .await
+        .json();
+
+    let skus = |audit: &Value| -> Vec<String> {
+        audit["differences"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|difference| difference["sku"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert!(skus(&admin_view).contains(&"S-1".to_owned()));
+    assert!(skus(&admin_view).contains(&"N-2".to_owned()));
+    assert_eq!(operator_view["ok"], false);
+    assert!(
+        skus(&operator_view).iter().all(|sku| sku == "N-2"),
+        "{operator_view}"
+    );
+    assert!(!skus(&operator_view).is_empty());
+}
+
+async fn readiness_never_shows_the_database_error(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.store.close().await;
+
+    let ready = app.send(Call::get("/readyz").anonymous()).await;
+
+    assert_eq!(ready.status, 503, "{ready:?}");
+    assert_eq!(ready.json()["detail"], "the database is unreachable");
+    assert!(ready.headers.contains_key("retry-after"));
+}
+
+async fn the_service_key_secret_is_shown_once_and_listed_never(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let create = Call::post("/v1/admin/service-keys")
+        .admin()
+        .key("shown-once")
+        .json(&json!({"shop": "north", "name": "north checkout"}));
+    let first = app.send(create.clone()).await;
+    let replay = app.send(create).await;
+    let listed = app.send(Call::get("/v1/admin/service-keys").admin()).await;
+
+    assert_eq!(first.status, 201);
+    let secret = first.json()["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("stockd_sk_"));
+    assert!(replay.replayed());
+    assert!(replay.json().get("secret").is_none(), "{replay:?}");
+    assert!(!listed.body.contains(&secret));
+    assert!(
+        !app.contents().await.contains(&secret),
+        "only its hash is stored"
+    );
+    let keys = listed.json()["service_keys"].as_array().unwrap().clone();
+    assert!(
+        keys.iter()
+            .any(|key| key["name"] == "north checkout" && key["shop"] == "north")
+    );
+}
