@@ -167,7 +167,7 @@ pub fn bearer_token(parts: &Parts) -> Option<&str> {
 
 /// The authenticated caller of a route: a credential that stockd knows and has not
 /// revoked, within its request rate. Without one: 401, before anything else is read.
-pub struct Caller(pub Principal);
+pub struct Caller(pub std::sync::Arc<Principal>);
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -179,13 +179,19 @@ impl FromRequestParts<AppState> for Caller {
                 "this call needs 'Authorization: Bearer <admin token, operator token or service key>'",
             ));
         };
-        let principal = state.engine.authenticate(token).await?.ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::Unauthorized,
-                "the credential is unknown or was revoked",
-            )
-        })?;
-        state.http.admit(&principal)?;
+        let digest = engine::credentials::digest(token);
+        let principal = state
+            .engine
+            .authenticate_digest(&digest, token.len())
+            .await?
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::Unauthorized,
+                    "the credential is unknown or was revoked",
+                )
+            })?;
+        // Counted per credential, by the digest it was looked up with.
+        state.http.admit(&digest)?;
         Ok(Caller(principal))
     }
 }

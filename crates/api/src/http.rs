@@ -9,7 +9,8 @@ use std::time::Duration;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use domain::{ErrorCode, Principal, Secret};
+use domain::{ErrorCode, Secret};
+use engine::credentials::TokenDigest;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use sha2::{Digest, Sha256};
@@ -49,7 +50,7 @@ impl Default for HttpConfig {
 
 /// The bounds in force, shared by every request.
 pub struct HttpLimits {
-    rate: Option<DefaultKeyedRateLimiter<Principal>>,
+    rate: Option<DefaultKeyedRateLimiter<TokenDigest>>,
     pub body_read_timeout: Duration,
     pub request_timeout: Duration,
     pub metrics_token_hash: Option<Vec<u8>>,
@@ -77,13 +78,13 @@ impl HttpLimits {
         })
     }
 
-    /// Counts one request of `principal` against its rate: 429 `rate_limited` with the
-    /// seconds until it may send again, when over.
-    pub fn admit(&self, principal: &Principal) -> Result<(), ApiError> {
+    /// Counts one request of the credential with this digest against its rate: 429
+    /// `rate_limited` with the seconds until it may send again, when over.
+    pub fn admit(&self, credential: &TokenDigest) -> Result<(), ApiError> {
         let Some(rate) = &self.rate else {
             return Ok(());
         };
-        rate.check_key(principal).map_err(|not_until| {
+        rate.check_key(credential).map_err(|not_until| {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
             ApiError::new(
                 ErrorCode::RateLimited,

@@ -157,7 +157,7 @@ pub async fn get_reservation(
 
 async fn change_reservation(
     state: AppState,
-    caller: domain::Principal,
+    caller: std::sync::Arc<domain::Principal>,
     id: String,
     key: RequiredIdempotencyKey,
     body: JsonBody<EmptyRequest>,

@@ -157,11 +157,20 @@ impl Principal {
     /// `admin`, `operator:<id>`, `service:<key id>`. Never contains a space, so
     /// `"<scope> <key>"` is unambiguous.
     pub fn scope(&self) -> String {
-        match self {
-            Principal::Admin => "admin".to_owned(),
-            Principal::Operator { id, .. } => format!("operator:{id}"),
-            Principal::Service { key, .. } => format!("service:{key}"),
-        }
+        let mut scope = String::new();
+        self.write_scope(&mut scope);
+        scope
+    }
+
+    /// Appends [`Principal::scope`] to `out`.
+    pub fn write_scope(&self, out: &mut String) {
+        let (kind, name) = match self {
+            Principal::Admin => ("admin", ""),
+            Principal::Operator { id, .. } => ("operator:", id.as_str()),
+            Principal::Service { key, .. } => ("service:", key.as_str()),
+        };
+        out.push_str(kind);
+        out.push_str(name);
     }
 }
 

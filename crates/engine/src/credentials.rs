@@ -11,7 +11,7 @@
 //! [`EngineConfig::credential_cache_milliseconds`]: crate::EngineConfig
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, RwLock};
 
 use domain::limits::{BEARER_TOKEN_LENGTH_MAX, SERVICE_KEYS_LISTED_MAX};
 use domain::{
@@ -31,9 +31,10 @@ const CREDENTIAL_CACHE_ENTRIES_MAX: usize = 10_000;
 /// The prefix of service key secrets, so a leaked one is recognisable in a scan.
 const SERVICE_SECRET_PREFIX: &str = "stockd_sk_";
 
-type TokenDigest = [u8; 32];
+/// SHA-256 of a bearer token: how a credential is looked up, cached and counted.
+pub type TokenDigest = [u8; 32];
 
-fn digest(token: &str) -> TokenDigest {
+pub fn digest(token: &str) -> TokenDigest {
     Sha256::digest(token.as_bytes()).into()
 }
 
@@ -59,31 +60,42 @@ fn random_secret() -> String {
 
 #[derive(Clone)]
 struct Cached {
-    principal: Option<Principal>,
+    principal: Option<Arc<Principal>>,
     fetched_at: Timestamp,
 }
 
-/// What this process knows about tokens.
-#[derive(Default)]
+/// What this process knows about tokens. Read on every request, written on a miss:
+/// read-write locks, and principals shared rather than copied.
 pub struct Credentials {
     /// The digest of `STOCKD_ADMIN_TOKEN` when it is configured; then the admin token
     /// stored in the database (a generated one) is not accepted.
-    configured_admin: Mutex<Option<TokenDigest>>,
-    cache: Mutex<HashMap<TokenDigest, Cached>>,
+    configured_admin: RwLock<Option<TokenDigest>>,
+    cache: RwLock<HashMap<TokenDigest, Cached>>,
+    admin: Arc<Principal>,
+}
+
+impl Default for Credentials {
+    fn default() -> Credentials {
+        Credentials {
+            configured_admin: RwLock::default(),
+            cache: RwLock::default(),
+            admin: Arc::new(Principal::Admin),
+        }
+    }
 }
 
 impl Credentials {
     fn configured_admin(&self) -> Option<TokenDigest> {
         *self
             .configured_admin
-            .lock()
+            .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn cached(&self, key: &TokenDigest, now: Timestamp, ttl_milliseconds: i64) -> Option<Cached> {
         let cache = self
             .cache
-            .lock()
+            .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         cache
             .get(key)
@@ -96,7 +108,7 @@ impl Credentials {
     fn remember(&self, key: TokenDigest, entry: Cached) {
         let mut cache = self
             .cache
-            .lock()
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if cache.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
             cache.retain(|_, cached| cached.principal.is_some());
@@ -110,7 +122,7 @@ impl Credentials {
     /// Forgets every cached answer (after a revocation or rotation here).
     pub fn forget_all(&self) {
         self.cache
-            .lock()
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clear();
     }
@@ -124,7 +136,7 @@ impl Engine {
             .inner
             .credentials
             .configured_admin
-            .lock()
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(digest(token.expose()));
     }
 
@@ -160,15 +172,28 @@ impl Engine {
 
     /// The principal a bearer token belongs to, if any.
     pub async fn authenticate(&self, token: &str) -> Result<Option<Principal>, EngineError> {
-        if token.is_empty() || token.len() > BEARER_TOKEN_LENGTH_MAX {
+        Ok(self
+            .authenticate_digest(&digest(token), token.len())
+            .await?
+            .map(|principal| Principal::clone(&principal)))
+    }
+
+    /// [`Engine::authenticate`] for a token already hashed (the HTTP layer counts its
+    /// rate by the same digest); `token_length` bounds what is looked up at all.
+    pub async fn authenticate_digest(
+        &self,
+        key: &TokenDigest,
+        token_length: usize,
+    ) -> Result<Option<Arc<Principal>>, EngineError> {
+        if token_length == 0 || token_length > BEARER_TOKEN_LENGTH_MAX {
             return Ok(None);
         }
-        let key = digest(token);
+        let key = *key;
         let configured_admin = self.inner.credentials.configured_admin();
         if let Some(admin) = configured_admin
             && constant_time_equal(&admin, &key)
         {
-            return Ok(Some(Principal::Admin));
+            return Ok(Some(Arc::clone(&self.inner.credentials.admin)));
         }
         let now = self.now();
         let ttl = self.inner.config.credential_cache_milliseconds;
@@ -183,7 +208,8 @@ impl Engine {
             .map_err(|error| log_store_error("authenticate", error))?;
         // With a configured admin token, a stored (generated) one is not the admin's.
         let principal = found
-            .filter(|principal| !(configured_admin.is_some() && *principal == Principal::Admin));
+            .filter(|principal| !(configured_admin.is_some() && *principal == Principal::Admin))
+            .map(Arc::new);
         self.inner.credentials.remember(
             key,
             Cached {

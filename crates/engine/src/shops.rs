@@ -32,6 +32,24 @@ impl SkuShops {
             .cloned()
     }
 
+    /// The one shop of `skus` when every one of them is known here; `None` when some
+    /// are not, or they name several shops (the slow path sorts that out).
+    fn common_shop(&self, skus: &[&SkuCode]) -> Option<ShopCode> {
+        let known = self
+            .known
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut common: Option<&ShopCode> = None;
+        for sku in skus {
+            let shop = known.get(*sku)?;
+            if common.is_some_and(|first| first != shop) {
+                return None;
+            }
+            common = Some(shop);
+        }
+        common.cloned()
+    }
+
     fn remember(&self, found: HashMap<SkuCode, ShopCode>) {
         let mut known = self
             .known
@@ -84,6 +102,12 @@ impl Engine {
         skus: &[&SkuCode],
     ) -> Result<ShopScope, EngineError> {
         authorize(principal, action, None).map_err(|denied| EngineError::Forbidden(denied.0))?;
+        // The hot path: every SKU seen before, all of one shop; no map built.
+        if let Some(shop) = self.inner.sku_shops.common_shop(skus) {
+            authorize(principal, action, Some(&shop))
+                .map_err(|denied| EngineError::Forbidden(denied.0))?;
+            return Ok(ShopScope::Verified(shop));
+        }
         let shops = self.shops_of(skus).await?;
         let mut shop: Option<&ShopCode> = None;
         for found in shops.values() {

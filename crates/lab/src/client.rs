@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
+use hyper::header::HeaderValue;
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -16,7 +17,8 @@ pub struct WireRequest {
     pub method: Method,
     pub path: String,
     pub idempotency_key: Option<String>,
-    pub bearer: Option<String>,
+    /// The `Authorization` header's value (`Bearer …`), built once per credential.
+    pub authorization: Option<HeaderValue>,
     pub content_type: Option<&'static str>,
     pub body: Bytes,
 }
@@ -27,7 +29,7 @@ impl WireRequest {
             method: Method::GET,
             path: path.into(),
             idempotency_key: None,
-            bearer: None,
+            authorization: None,
             content_type: None,
             body: Bytes::new(),
         }
@@ -38,7 +40,7 @@ impl WireRequest {
             method,
             path: path.into(),
             idempotency_key: None,
-            bearer: None,
+            authorization: None,
             content_type: Some("application/json"),
             body: Bytes::from(body.to_string()),
         }
@@ -49,10 +51,24 @@ impl WireRequest {
         self
     }
 
-    pub fn bearer(mut self, token: &str) -> WireRequest {
-        self.bearer = Some(token.to_owned());
+    pub fn bearer(self, token: &str) -> WireRequest {
+        self.authorized(authorization(token))
+    }
+
+    /// With an `Authorization` value built by [`authorization`] (shared by a client's
+    /// requests instead of formatted for each).
+    pub fn authorized(mut self, authorization: Option<HeaderValue>) -> WireRequest {
+        self.authorization = authorization;
         self
     }
+}
+
+/// The `Authorization` header for a bearer token; `None` for a token no header can
+/// carry (which the server then sees as no credential).
+pub fn authorization(token: &str) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 /// What came back.
@@ -135,8 +151,8 @@ impl HttpConnection {
             if let Some(key) = &request.idempotency_key {
                 builder = builder.header("idempotency-key", key);
             }
-            if let Some(token) = &request.bearer {
-                builder = builder.header("authorization", format!("Bearer {token}"));
+            if let Some(authorization) = &request.authorization {
+                builder = builder.header("authorization", authorization.clone());
             }
             if let Some(content_type) = request.content_type {
                 builder = builder.header("content-type", content_type);

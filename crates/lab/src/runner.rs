@@ -244,7 +244,7 @@ async fn drive_range(
         let barrier = Arc::clone(&barrier);
         let progress = progress.clone();
         let address = target.address;
-        let service_key = service_key.clone();
+        let authorization = crate::client::authorization(service_key.expose());
         tasks.push(tokio::spawn(async move {
             let mut connection = HttpConnection::new(address);
             let mut records = Vec::new();
@@ -266,7 +266,7 @@ async fn drive_range(
                     RequestSpec::Malformed(malformed) if malformed.expected_status == 401 => {
                         plan.wire_request(&spec)
                     }
-                    _ => plan.wire_request(&spec).bearer(service_key.expose()),
+                    _ => plan.wire_request(&spec).authorized(authorization.clone()),
                 };
                 let sent = Instant::now();
                 let reply = connection.send(&request).await;

@@ -381,7 +381,7 @@ fn raw(
         method: Method::POST,
         path: path.to_owned(),
         idempotency_key: key.map(str::to_owned),
-        bearer: None,
+        authorization: None,
         content_type,
         body: Bytes::from(body.to_owned()),
     }

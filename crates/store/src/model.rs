@@ -23,7 +23,11 @@ pub struct ScopedKey(String);
 
 impl ScopedKey {
     pub fn new(principal: &Principal, key: &IdempotencyKey) -> ScopedKey {
-        ScopedKey(format!("{} {}", principal.scope(), key.as_str()))
+        let mut scoped = String::with_capacity(48 + key.as_str().len());
+        principal.write_scope(&mut scoped);
+        scoped.push(' ');
+        scoped.push_str(key.as_str());
+        ScopedKey(scoped)
     }
 
     /// The stored form, as written to `idempotency_record.key`.
