@@ -98,6 +98,85 @@ macro_rules! mirrored_tests {
     };
 }
 
+/// [`mirrored_tests`] for tests that read counters of the process-wide metrics
+/// recorder: each runs in a process of its own (`sqlite_alone::` and
+/// `postgres_alone::`), so what tests running beside it count cannot leak into its
+/// figures, under `cargo test` as under cargo-nextest.
+#[macro_export]
+macro_rules! mirrored_tests_alone {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_alone {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::run_alone(module_path!(), stringify!($name), || {
+                        $crate::block_on(super::$name($crate::Backend::Sqlite))
+                    });
+                }
+            )*
+        }
+        mod postgres_alone {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::run_alone(module_path!(), stringify!($name), || {
+                        $crate::block_on(async {
+                            if $crate::Backend::Postgres.available().await {
+                                super::$name($crate::Backend::Postgres).await
+                            }
+                        })
+                    });
+                }
+            )*
+        }
+    };
+}
+
+/// Set in a test binary re-run for one test by [`run_alone`].
+const ALONE_VARIABLE: &str = "STOCKD_TEST_ALONE";
+
+/// Runs `test` when this process runs no other test (cargo-nextest's process per test,
+/// or a re-run by this function); otherwise runs this binary again for this one test
+/// and fails when that run does not pass exactly one test.
+pub fn run_alone(module: &str, name: &str, test: impl FnOnce()) {
+    let own_process = std::env::var("NEXTEST_EXECUTION_MODE").as_deref() == Ok("process-per-test")
+        || std::env::var_os(ALONE_VARIABLE).is_some();
+    if own_process {
+        test();
+        return;
+    }
+    // libtest names tests by their path inside the crate, without the crate's name.
+    let inside_crate = module.split_once("::").map_or(module, |(_, rest)| rest);
+    let filter = format!("{inside_crate}::{name}");
+    let binary = std::env::current_exe().expect("the test binary's path");
+    let output = std::process::Command::new(binary)
+        .args([
+            filter.as_str(),
+            "--exact",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(ALONE_VARIABLE, "1")
+        .output()
+        .expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "{filter} in a process of its own:\n{stdout}\n{stderr}"
+    );
+}
+
+/// Runs a test's future on a runtime like `#[tokio::test(flavor = "multi_thread")]`'s.
+pub fn block_on<Test: std::future::Future<Output = ()>>(test: Test) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+        .block_on(test);
+}
+
 /// A database that exists for one test and is removed when the last handle drops.
 #[derive(Debug)]
 pub struct TestDatabase {

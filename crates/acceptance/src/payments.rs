@@ -134,6 +134,23 @@ impl TestGateway {
             .collect()
     }
 
+    /// Refunds a payment intent in full at the gateway, outside stockd (as from the
+    /// gateway's dashboard); returns the HTTP status.
+    pub async fn refund_outside_stockd(&self, payment_intent: &str) -> u16 {
+        gateway::install_crypto_provider();
+        reqwest::Client::new()
+            .post(format!("{}/v1/refunds", self.url))
+            .bearer_auth(GATEWAY_API_KEY)
+            .header("Idempotency-Key", format!("dashboard-{payment_intent}"))
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .body(format!("payment_intent={payment_intent}"))
+            .send()
+            .await
+            .expect("sandbox reachable")
+            .status()
+            .as_u16()
+    }
+
     /// Completes a customer action (3-D Secure, say) on the sandbox, over HTTP.
     pub async fn complete_action(&self, payment_intent: &str) -> u16 {
         gateway::install_crypto_provider();

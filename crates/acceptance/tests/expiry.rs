@@ -13,6 +13,7 @@ mirrored_tests!(
     two_workers_racing_release_each_reservation_once,
     expiry_works_in_bounded_batches,
     confirming_or_releasing_an_expired_reservation_is_an_illegal_transition,
+    a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs,
 );
 
 async fn reserve_with_ttl(
@@ -172,5 +173,41 @@ async fn confirming_or_releasing_an_expired_reservation_is_an_illegal_transition
     assert_eq!(confirm.code().as_deref(), Some("illegal_transition"));
     assert_eq!(release.code().as_deref(), Some("illegal_transition"));
     assert_eq!(app.counters("LATE").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 9: the clock inside the confirming transaction decides, not the
+/// sweep: a hold past `expires_at` is answered as expired and stays unsold until the
+/// sweep gives its stock back. A release is still accepted.
+async fn a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LATE", 5).await;
+    let late = reserve_with_ttl(&app, "hold-late", "LATE", 2, 10).await;
+    let on_time = reserve_with_ttl(&app, "hold-on-time", "LATE", 1, 60).await;
+    app.clock.advance_seconds(10);
+    let before = app.contents_except_idempotency_records().await;
+    let confirm = app.confirm(&late, "late-confirm").await;
+    assert_eq!(confirm.status, 409, "{confirm:?}");
+    assert_eq!(confirm.code().as_deref(), Some("illegal_transition"));
+    assert!(
+        confirm.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("expired"),
+        "{confirm:?}"
+    );
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let retried = app.confirm(&late, "late-confirm").await;
+    assert_eq!(retried.status, 409);
+    assert!(retried.replayed(), "the first answer is replayed");
+    assert_eq!(app.confirm(&on_time, "on-time-confirm").await.status, 200);
+    assert_eq!(app.engine.expire_step().await.unwrap().released.len(), 1);
+    assert_eq!(
+        app.counters("LATE").await,
+        (4, 0),
+        "one unit sold, two back"
+    );
     app.assert_audit_clean().await;
 }

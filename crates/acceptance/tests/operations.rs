@@ -1,11 +1,12 @@
 //! What operators rely on: health, readiness, metrics, the audit catching tampering,
 //! the append-only ledger, and the API description.
 
-use acceptance::{Backend, Call, TestApp, mirrored_tests};
+use acceptance::{Backend, Call, TestApp, mirrored_tests, mirrored_tests_alone};
+
+mirrored_tests_alone!(metrics_report_latency_histograms_and_outcomes_by_code);
 
 mirrored_tests!(
     health_and_readiness_answer_when_the_database_is_reachable,
-    metrics_report_latency_histograms_and_outcomes_by_code,
     the_audit_reports_a_counter_changed_behind_the_ledgers_back,
     the_audit_reports_a_reservation_whose_stock_was_returned_twice,
     the_audit_reports_reserved_stock_that_neither_ledger_nor_reservations_account_for,

@@ -4,8 +4,14 @@
 //! for one order) and the audit; then crashes, concurrency, expiry, cancel and returns.
 
 use acceptance::payments::{TestGateway, WEBHOOK_SECRET};
-use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
+use acceptance::{Backend, Call, TestApp, mirrored_tests, mirrored_tests_alone, send_concurrently};
 use serde_json::{Value, json};
+
+// These read counters of the process-wide metrics recorder.
+mirrored_tests_alone!(
+    metrics_count_payment_outcomes_and_show_the_unknown_backlog,
+    a_refund_the_gateway_refuses_is_marked_failed_and_not_tried_again,
+);
 
 mirrored_tests!(
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
@@ -35,10 +41,17 @@ mirrored_tests!(
     a_return_puts_the_goods_back_once_and_keeps_the_sale_status,
     reconciliation_on_two_instances_settles_each_attempt_once,
     malformed_order_and_payment_requests_are_refused_and_change_nothing,
-    metrics_count_payment_outcomes_and_show_the_unknown_backlog,
     the_audit_catches_an_order_that_disagrees_with_its_reservation,
     a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
     sandbox_payment_methods_are_refused_when_the_gateway_is_real,
+    a_return_is_refused_for_an_order_whose_stock_was_given_back,
+    the_audit_catches_a_return_of_goods_that_were_never_sold,
+    a_success_after_the_hold_ended_is_refunded_when_the_sku_went_off_the_shelf,
+    a_success_after_the_hold_ended_is_refunded_when_the_sku_was_deleted,
+    an_order_whose_total_is_zero_is_refused_and_changes_nothing,
+    a_payment_method_the_gateway_does_not_know_fails_the_order_and_gives_its_stock_back,
+    an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing,
+    a_pay_answer_is_kept_with_its_effect_or_not_at_all,
 );
 
 const SKU: &str = "TEA-250G";
@@ -442,16 +455,30 @@ async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation
     let order_id = domain::OrderId::parse(&order).expect("order id");
     let now = app.clock_now();
     let attempt = domain::PaymentAttemptId::generate(now, 7);
-    app.store
+    let claim = store::IdempotencyClaim {
+        key: store::ScopedKey::new(
+            &domain::Principal::Admin,
+            &domain::IdempotencyKey::parse("pay-before-the-crash").expect("key"),
+        ),
+        fingerprint: "pay".to_owned(),
+    };
+    let begun = app
+        .store
         .begin_payment(
+            &claim,
             &order_id,
             &attempt,
             "pm_card_visa",
             now.plus_milliseconds(10_000),
             now,
+            api::renderer().as_ref(),
         )
         .await
         .expect("begin payment");
+    assert!(
+        matches!(begun, store::BeginPayment::Started(_)),
+        "{begun:?}"
+    );
     assert_statuses(
         &app,
         &order,
@@ -1128,4 +1155,268 @@ async fn sandbox_payment_methods_are_refused_when_the_gateway_is_real(backend: B
         paid.status, 200,
         "a real gateway's method still pays: {paid:?}"
     );
+}
+
+/// Issue 13, defect 1: a late success that found no stock leaves the order
+/// `REFUND_PENDING` with a released reservation. Those goods never left stock, so
+/// they cannot come back: a return would create stock from nothing.
+async fn a_return_is_refused_for_an_order_whose_stock_was_given_back(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    paid_order(&app, "user-2", STOCK).await;
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.wait_for_order_status(&order, "REFUND_PENDING").await;
+    assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
+    // Deliveries so far: the rival's payment and the late success; then the refund's.
+    for (refund_state, deliveries) in [("pending", 2), ("refunded", 3)] {
+        wait_for_deliveries(&gateway, deliveries).await;
+        let before = app.contents_except_idempotency_records().await;
+        let response = return_goods(&app, &order, true).await;
+        assert_eq!(response.status, 409, "{refund_state}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("illegal_transition"));
+        assert_eq!(app.contents_except_idempotency_records().await, before);
+        assert_eq!(app.counters(SKU).await, (0, 0), "no stock from nothing");
+        app.engine.refund_step().await.expect("refund step");
+    }
+    assert_eq!(app.order(&order).await["status"], "REFUNDED");
+    assert_eq!(app.ledger_rows(SKU, "return").await, 0);
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 1: the audit checks every `return` ledger row against what the
+/// order sold, so a return of goods that never left stock cannot hide behind a ledger
+/// row that makes the counters agree.
+async fn the_audit_catches_a_return_of_goods_that_were_never_sold(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, _intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    let sold = paid_order(&app, "user-2", 3).await;
+    let returned = return_goods(&app, &sold, true).await;
+    assert_eq!(returned.status, 200, "{returned:?}");
+    app.assert_audit_clean().await;
+    // A hand edit (or the defect) returns the expired order's two units: counters and
+    // ledger agree with each other, but the order sold nothing.
+    let mut connection = app.database.raw_connection().await;
+    let insert = format!(
+        "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         VALUES ('{SKU}', 'default', 'return', 2, 0, '{order}', NULL, 0)"
+    );
+    assert_eq!(connection.execute(&insert).await, Ok(1));
+    let bump = format!("UPDATE stock SET available = available + 2 WHERE sku = '{SKU}'");
+    assert_eq!(connection.execute(&bump).await, Ok(1));
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false, "{audit:#}");
+    let differences = audit["differences"].as_array().expect("differences");
+    assert_eq!(differences.len(), 1, "{audit:#}");
+    assert_eq!(differences[0]["check"], "returned_more_than_sold");
+    assert_eq!(differences[0]["reference"], order.as_str());
+    assert_eq!(differences[0]["expected"], 0);
+    assert_eq!(differences[0]["actual"], 2);
+}
+
+/// Issue 13, defect 2: a success after the hold ended takes the stock again only as a
+/// new sale would: a SKU taken off the shelf (or deleted) meanwhile is not sold again,
+/// and the order is refunded instead.
+async fn late_success_after_a_shelf_change(backend: Backend, operation: &str) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    let changed = app
+        .shelf(None, json!({"operation": operation, "sku_ids": [SKU]}))
+        .await;
+    assert_eq!(changed.status, 200, "{changed:?}");
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.wait_for_order_status(&order, "REFUND_PENDING").await;
+    assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0), "nothing sold again");
+    assert_eq!(
+        app.engine.refund_step().await.expect("refund step").len(),
+        1
+    );
+    assert_eq!(app.order(&order).await["status"], "REFUNDED");
+    app.assert_audit_clean().await;
+}
+
+async fn a_success_after_the_hold_ended_is_refunded_when_the_sku_went_off_the_shelf(
+    backend: Backend,
+) {
+    late_success_after_a_shelf_change(backend, "off").await;
+}
+
+async fn a_success_after_the_hold_ended_is_refunded_when_the_sku_was_deleted(backend: Backend) {
+    late_success_after_a_shelf_change(backend, "delete").await;
+}
+
+/// Issue 13, defect 6: nothing to charge is not an order; the gateway would refuse it
+/// and the stock would wait for an answer that never comes.
+async fn an_order_whose_total_is_zero_is_refused_and_changes_nothing(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let free = app
+        .send(
+            Call::put("/v1/skus/FREE-SAMPLE")
+                .admin()
+                .key(key("sku"))
+                .json(&json!({"title": "Free sample", "price": 0, "currency": "CNY"})),
+        )
+        .await;
+    assert_eq!(free.status, 201, "{free:?}");
+    app.receive("FREE-SAMPLE", 5).await;
+    let before = app.contents_except_idempotency_records().await;
+    let response = app
+        .create_order(&key("order"), "user-1", &[("FREE-SAMPLE", 2)])
+        .await;
+    assert_eq!(response.status, 400, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 6: a definitive refusal (a 4xx other than 409/429) is a failure,
+/// not an unknown outcome: the order fails and its stock goes back at once.
+async fn a_payment_method_the_gateway_does_not_know_fails_the_order_and_gives_its_stock_back(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app.pay(&order, &key("pay"), "pm_card_doesNotExist").await;
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["status"], "PAYMENT_FAILED");
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RELEASED", "FAILED")).await;
+    let view = app.order(&order).await;
+    let reason = view["payment"]["failure_reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("payment_method"), "{view:#}");
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(gateway.charges_for(&order), 0);
+    assert!(
+        gateway.intents_for(&order).is_empty(),
+        "no intent was created"
+    );
+    assert_eq!(app.engine.reconcile_step().await.expect("reconcile"), []);
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 6: a refund the gateway refuses (here: the payment was refunded
+/// from the gateway's dashboard already) is marked failed, counted for the alert and
+/// left for a person; it is not sent again for ever.
+async fn a_refund_the_gateway_refuses_is_marked_failed_and_not_tried_again(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = paid_order(&app, "user-1", 1).await;
+    let intent = intent_of(&gateway, &order).id;
+    assert_eq!(gateway.refund_outside_stockd(&intent).await, 200);
+    let cancelled = cancel_as_staff(&app, &order).await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "REFUND_PENDING", "{view:#}");
+    assert_eq!(view["refund"]["status"], "FAILED", "{view:#}");
+    assert_eq!(
+        gateway.sandbox.stats().refunds,
+        1,
+        "only the dashboard's refund"
+    );
+    app.clock.advance_seconds(24 * 3600);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    assert_eq!(gateway.sandbox.stats().refunds, 1);
+    let metrics = app.send(Call::get("/metrics").admin()).await.body;
+    assert!(metrics.contains("stockd_refunds_failed 1"), "{metrics}");
+    assert!(
+        metrics.contains("stockd_refunds_total{result=\"refused\"} 1"),
+        "{metrics}"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 10: ten lines of a million units at the highest price sum past
+/// `i64::MAX`; the total is summed with checked arithmetic and the order refused.
+async fn an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let (app, _gateway) = shop(backend).await;
+    let skus: Vec<String> = (0..10).map(|index| format!("GOLD-{index}")).collect();
+    for sku in &skus {
+        let created = app
+            .send(Call::put(format!("/v1/skus/{sku}")).admin().key(key("sku")).json(
+                &json!({"title": "Gold bar", "price": domain::limits::PRICE_MINOR_MAX, "currency": "CNY"}),
+            ))
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        app.receive(sku, domain::limits::QUANTITY_MAX).await;
+    }
+    let lines: Vec<(&str, i64)> = skus
+        .iter()
+        .map(|sku| (sku.as_str(), domain::limits::QUANTITY_MAX))
+        .collect();
+    let before = app.contents_except_idempotency_records().await;
+    let response = app.create_order(&key("order"), "user-1", &lines).await;
+    assert_eq!(response.status, 400, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+}
+
+/// Makes the database refuse to store any answer under a key containing
+/// `crash-answer`: the effect of a use case that stores its answer apart would then
+/// commit without it, as after a crash between the two.
+async fn refuse_answers_for_crash_keys(app: &TestApp) {
+    let mut connection = app.database.raw_connection().await;
+    let statements: &[&str] = match app.backend() {
+        Backend::Sqlite => &[
+            "CREATE TRIGGER refuse_crash_answer BEFORE INSERT ON idempotency_record \
+             WHEN NEW.key LIKE '%crash-answer%' BEGIN SELECT RAISE(ABORT, 'injected crash'); END",
+            "CREATE TRIGGER refuse_crash_answer_update BEFORE UPDATE ON idempotency_record \
+             WHEN NEW.key LIKE '%crash-answer%' BEGIN SELECT RAISE(ABORT, 'injected crash'); END",
+        ],
+        Backend::Postgres => &[
+            "CREATE FUNCTION refuse_crash_answer() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.key LIKE '%crash-answer%' THEN RAISE EXCEPTION 'injected crash'; END IF; \
+             RETURN NEW; END $$",
+            "CREATE TRIGGER refuse_crash_answer BEFORE INSERT OR UPDATE ON idempotency_record \
+             FOR EACH ROW EXECUTE FUNCTION refuse_crash_answer()",
+        ],
+    };
+    for statement in statements {
+        assert_eq!(connection.execute(statement).await, Ok(0), "{statement}");
+    }
+}
+
+/// Issue 13, defect 5: the pay call's answer commits in the transaction that applies
+/// the gateway's answer. When the answer cannot be stored, nothing of the settle is
+/// kept either: the order is still processing and a retry (or reconciliation) settles
+/// it, with the gateway's keyed replay, charging once.
+async fn a_pay_answer_is_kept_with_its_effect_or_not_at_all(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    refuse_answers_for_crash_keys(&app).await;
+    let pay_key = key("pay-crash-answer");
+    let crashed = app.pay(&order, &pay_key, "pm_sandbox_no_webhook").await;
+    assert_eq!(crashed.status, 500, "{crashed:?}");
+    assert_eq!(gateway.charges_for(&order), 1, "the money moved");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    let stored_key = app.stored_key(&pay_key).await;
+    assert!(
+        !app.contents().await.contains(&stored_key),
+        "no answer stored without its effect"
+    );
+    let mut connection = app.database.raw_connection().await;
+    for trigger in ["refuse_crash_answer", "refuse_crash_answer_update"] {
+        let drop = format!(
+            "DROP TRIGGER IF EXISTS {trigger}{}",
+            match app.backend() {
+                Backend::Sqlite => String::new(),
+                Backend::Postgres => " ON idempotency_record".to_owned(),
+            }
+        );
+        assert!(connection.execute(&drop).await.is_ok(), "{drop}");
+    }
+    let retried = app.pay(&order, &pay_key, "pm_sandbox_no_webhook").await;
+    assert_eq!(retried.status, 200, "{retried:?}");
+    assert_eq!(retried.json()["status"], "PAID");
+    let replayed = app.pay(&order, &pay_key, "pm_sandbox_no_webhook").await;
+    assert!(replayed.replayed());
+    assert_eq!(replayed.body, retried.body);
+    assert_paid_once(&app, &gateway, &order, 2).await;
 }

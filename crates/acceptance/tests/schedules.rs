@@ -11,6 +11,7 @@ mirrored_tests!(
     two_instances_apply_one_schedule_once,
     a_schedule_of_a_deleted_sku_is_skipped_and_logged,
     schedules_in_the_past_or_without_a_time_are_refused,
+    a_retried_schedule_whose_minute_has_passed_replays_its_first_answer,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -158,5 +159,29 @@ async fn schedules_in_the_past_or_without_a_time_are_refused(backend: Backend) {
         assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
     }
     assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_eq!(app.engine.next_schedule_due().await.unwrap(), None);
+}
+
+/// Issue 13, defect 4: the first result wins even when the checks it passed would now
+/// fail: a retry of a scheduled change after its minute has passed (and the change was
+/// applied) answers what the first call answered, and schedules nothing more.
+async fn a_retried_schedule_whose_minute_has_passed_replays_its_first_answer(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["RETRIED"]).await;
+    let call = || {
+        Call::post("/v1/admin/shelf").admin().key("schedule-once").json(
+            &json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5)}),
+        )
+    };
+    let first = app.send(call()).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    app.clock.advance_seconds(6 * 60);
+    assert_eq!(app.engine.schedule_step().await.unwrap().len(), 1);
+    let contents = app.contents().await;
+    let retried = app.send(call()).await;
+    assert_eq!(retried.status, 200, "{retried:?}");
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, first.body);
+    assert_eq!(app.contents().await, contents, "nothing scheduled again");
     assert_eq!(app.engine.next_schedule_due().await.unwrap(), None);
 }

@@ -114,6 +114,7 @@ pub async fn render(
         metrics::gauge!("stockd_payment_oldest_unresolved_age_seconds")
             .set(payments.oldest_unresolved_age_seconds as f64);
         metrics::gauge!("stockd_refunds_pending").set(payments.refunds_pending as f64);
+        metrics::gauge!("stockd_refunds_failed").set(payments.refunds_failed as f64);
     }
     metrics::gauge!("stockd_requests_in_flight").set(state.engine.requests_in_flight() as f64);
     let body = state

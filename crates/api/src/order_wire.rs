@@ -58,6 +58,8 @@ pub struct RefundBody<'a> {
     pub currency: &'a str,
     pub gateway_refund_id: Option<&'a str>,
     pub reason: &'a str,
+    /// Why the gateway refused the refund (status `FAILED`).
+    pub failure_reason: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,6 +130,7 @@ impl<'a> OrderBody<'a> {
                 currency: &refund.currency,
                 gateway_refund_id: refund.gateway_refund_id.as_deref(),
                 reason: &refund.reason,
+                failure_reason: refund.failure_reason.as_deref(),
             }),
             returned: order.returned,
             history: order

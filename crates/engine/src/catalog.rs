@@ -14,7 +14,7 @@ use store::{
     ShelfChange, ShelfLogQuery, ShelfScheduling, SkippedLine, TargetSelector,
 };
 
-use crate::{Engine, EngineError, Reply, answer_from_record, forbidden, log_store_error};
+use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
 /// A product as an operator submits it.
 #[derive(Debug, Clone)]
@@ -158,6 +158,11 @@ impl Engine {
             ShelfOperation::On | ShelfOperation::Off => Action::ChangeShelf,
         };
         authorize(principal, action, None).map_err(forbidden)?;
+        // The targets a selector names and the minute a schedule may name change with
+        // time: a retry answers what the first call answered, before either is checked.
+        if let Some(first) = self.first_answer("shelf", claim).await? {
+            return Ok(first);
+        }
         let actor = Actor::of(principal);
         let mut selector = request.selector;
         let names_something = !selector.product_ids.is_empty()
@@ -392,14 +397,8 @@ impl Engine {
     ) -> Result<Reply, EngineError> {
         authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         // A retry answers from its stored result, even after the cart was emptied.
-        if let Some((fingerprint, response)) = self
-            .inner
-            .store
-            .idempotency_record(&claim.key)
-            .await
-            .map_err(|error| log_store_error("checkout", error))?
-        {
-            return answer_from_record("checkout", claim, &fingerprint, response);
+        if let Some(first) = self.first_answer("checkout", claim).await? {
+            return Ok(first);
         }
         let cart = self.cart(principal, user).await?;
         if cart.lines.is_empty() {

@@ -178,14 +178,8 @@ impl Engine {
                     }
                     // The original finished. If it stored a response, that is the answer;
                     // if it failed without one, this request runs in its place.
-                    let record = self
-                        .inner
-                        .store
-                        .idempotency_record(&claim.key)
-                        .await
-                        .map_err(|error| log_store_error(operation, error))?;
-                    if let Some((fingerprint, response)) = record {
-                        return answer_from_record(operation, claim, &fingerprint, response);
+                    if let Some(first) = self.first_answer(operation, claim).await? {
+                        return Ok(first);
                     }
                 }
             }
@@ -481,6 +475,29 @@ impl Engine {
             .map_err(|error| log_store_error("purge", error))?;
         metrics::counter!("stockd_idempotency_records_purged_total").increment(purged);
         Ok(purged)
+    }
+}
+
+impl Engine {
+    /// The answer already stored under this key, if any. A use case looks it up before
+    /// any check whose answer can change with time or state (a minute that passed, a
+    /// catalog that changed): a retry gets the first result whatever happened since.
+    pub(crate) async fn first_answer(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+    ) -> Result<Option<Reply>, EngineError> {
+        let record = self
+            .inner
+            .store
+            .idempotency_record(&claim.key)
+            .await
+            .map_err(|error| log_store_error(operation, error))?;
+        record
+            .map(|(fingerprint, response)| {
+                answer_from_record(operation, claim, &fingerprint, response)
+            })
+            .transpose()
     }
 }
 

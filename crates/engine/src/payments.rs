@@ -16,10 +16,9 @@ use gateway::{
 };
 use store::{
     AttemptToCall, BeginPayment, GatewayOutcome, IdempotencyClaim, Idempotent, NewOrder, Order,
-    Rejection,
 };
 
-use crate::{Engine, EngineError, Reply, answer_from_record, forbidden, log_store_error};
+use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
 /// The gateway and the secret its webhooks are signed with.
 #[derive(Debug, Clone)]
@@ -59,8 +58,23 @@ fn outcome_of(call: &CallOutcome<PaymentIntent>) -> Option<GatewayOutcome> {
             payment_id: intent.as_ref().map(|intent| intent.id.clone()),
             reason: reason.clone(),
         }),
+        // Refused outright: no intent exists for the key, no money moved.
+        CallOutcome::Refused { reason, .. } => Some(GatewayOutcome::Failed {
+            payment_id: None,
+            reason: reason.clone(),
+        }),
         CallOutcome::Unknown(_) => None,
     }
+}
+
+/// Counts a gateway outcome about to be applied, by what it was and who learnt it.
+fn count_settlement(outcome: &GatewayOutcome, source: &'static str) {
+    let label = match outcome {
+        GatewayOutcome::Succeeded { .. } => "succeeded",
+        GatewayOutcome::Failed { .. } => "failed",
+        GatewayOutcome::Abandoned { .. } => "abandoned",
+    };
+    metrics::counter!("stockd_payments_total", "outcome" => label, "source" => source).increment(1);
 }
 
 fn failure_reason(intent: &PaymentIntent) -> String {
@@ -196,29 +210,6 @@ impl Engine {
         Ok(allowed)
     }
 
-    /// Stores `response` under the key unless the key already has one (then that one).
-    async fn keep_answer(
-        &self,
-        claim: &IdempotencyClaim,
-        response: store::StoredResponse,
-    ) -> Result<Idempotent, EngineError> {
-        self.retried("pay", || {
-            self.inner
-                .store
-                .store_response(claim, &response, self.now())
-        })
-        .await
-    }
-
-    async fn keep_refusal(
-        &self,
-        claim: &IdempotencyClaim,
-        rejection: Rejection,
-    ) -> Result<Idempotent, EngineError> {
-        let response = self.inner.renderer.rejected(&rejection);
-        self.keep_answer(claim, response).await
-    }
-
     /// `POST /v1/orders/{id}/pay`. Commits `PAYMENT_PROCESSING` and the attempt, then
     /// calls the gateway with the attempt's key. A definite answer is applied and
     /// stored under the request's key; an unknown one is answered `payment_unknown`
@@ -240,55 +231,29 @@ impl Engine {
             )));
         }
         self.idempotent("pay", claim, || async {
-            if let Some((fingerprint, response)) = self
-                .inner
-                .store
-                .idempotency_record(&claim.key)
-                .await
-                .map_err(|error| log_store_error("pay", error))?
-            {
-                let reply = answer_from_record("pay", claim, &fingerprint, response)?;
-                return Ok(Idempotent::Replayed(reply.response));
+            if let Some(first) = self.first_answer("pay", claim).await? {
+                return Ok(Idempotent::Replayed(first.response));
             }
             let now = self.now();
             let attempt_id = PaymentAttemptId::generate(now, rand::random());
             let reconcile_after = now.plus_milliseconds(self.inner.config.reconcile_after_milliseconds);
+            let renderer = self.inner.renderer.as_ref();
             let begun = self
                 .retried("pay", || {
-                    self.inner.store.begin_payment(order, &attempt_id, method.as_str(), reconcile_after, self.now())
+                    self.inner.store.begin_payment(
+                        claim,
+                        order,
+                        &attempt_id,
+                        method.as_str(),
+                        reconcile_after,
+                        self.now(),
+                        renderer,
+                    )
                 })
                 .await?;
             let attempt = match begun {
                 BeginPayment::Started(attempt) | BeginPayment::InProgress(attempt) => attempt,
-                BeginPayment::Settled(_) => {
-                    let settled = self.order(order).await?;
-                    let response = self.inner.renderer.order(&settled, false);
-                    return self.keep_answer(claim, response).await;
-                }
-                BeginPayment::NotFound => {
-                    return self
-                        .keep_refusal(claim, Rejection::new(domain::ErrorCode::NotFound, format!("order '{order}' does not exist")))
-                        .await;
-                }
-                BeginPayment::Expired => {
-                    return self
-                        .keep_refusal(
-                            claim,
-                            Rejection::new(domain::ErrorCode::IllegalTransition, format!("order '{order}' expired before payment")),
-                        )
-                        .await;
-                }
-                BeginPayment::NotPayable(status) => {
-                    return self
-                        .keep_refusal(
-                            claim,
-                            Rejection::new(
-                                domain::ErrorCode::IllegalTransition,
-                                format!("order '{order}' is {} and cannot be paid", status.as_str()),
-                            ),
-                        )
-                        .await;
-                }
+                BeginPayment::Answered(answered) => return Ok(answered),
             };
             let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
             let Some(outcome) = outcome_of(&call) else {
@@ -301,10 +266,17 @@ impl Engine {
                     "{detail}; the order stays PAYMENT_PROCESSING until the gateway says what happened"
                 )));
             };
-            self.settle(&attempt.attempt_id, &outcome, "pay").await?;
-            let settled = self.order(order).await?;
-            let response = self.inner.renderer.order(&settled, false);
-            self.keep_answer(claim, response).await
+            count_settlement(&outcome, "pay");
+            self.retried("pay", || {
+                self.inner.store.settle_payment_with_answer(
+                    claim,
+                    &attempt.attempt_id,
+                    &outcome,
+                    self.now(),
+                    renderer,
+                )
+            })
+            .await
         })
         .await
     }
@@ -315,13 +287,7 @@ impl Engine {
         outcome: &GatewayOutcome,
         source: &'static str,
     ) -> Result<Option<OrderStatus>, EngineError> {
-        let label = match outcome {
-            GatewayOutcome::Succeeded { .. } => "succeeded",
-            GatewayOutcome::Failed { .. } => "failed",
-            GatewayOutcome::Abandoned { .. } => "abandoned",
-        };
-        metrics::counter!("stockd_payments_total", "outcome" => label, "source" => source)
-            .increment(1);
+        count_settlement(outcome, source);
         self.retried(source, || {
             self.inner
                 .store
@@ -449,7 +415,9 @@ impl Engine {
                         intent: Some(answer),
                         ..
                     } => answer.id == intent.id,
-                    CallOutcome::Declined { intent: None, .. } => false,
+                    CallOutcome::Declined { intent: None, .. } | CallOutcome::Refused { .. } => {
+                        false
+                    }
                     CallOutcome::Unknown(reason) => {
                         return Err(EngineError::Unavailable(format!(
                             "the gateway could not confirm the intent is this attempt's ({reason}); deliver again later"
@@ -582,6 +550,18 @@ impl Engine {
                     .await?;
                     metrics::counter!("stockd_refunds_total", "result" => "confirmed").increment(1);
                     settled.push(refund.refund_id);
+                }
+                CallOutcome::Refused { reason, .. } => {
+                    // Sending it again would be refused again: a person decides (the
+                    // payment may have been refunded from the gateway's dashboard).
+                    self.retried("refunds", || {
+                        self.inner
+                            .store
+                            .fail_refund(&refund.refund_id, &reason, self.now())
+                    })
+                    .await?;
+                    metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
+                    tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway refused a refund; marked FAILED for a person to resolve");
                 }
                 other => {
                     metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);

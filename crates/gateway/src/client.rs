@@ -44,8 +44,16 @@ pub enum CallOutcome<T> {
         reason: String,
         intent: Option<PaymentIntent>,
     },
-    /// No usable answer: timeout, broken connection, 5xx, the same key still in
-    /// flight. Money may or may not have moved.
+    /// A definitive refusal: any other 4xx (Stripe's `invalid_request_error`, an
+    /// unknown payment method, an amount it will not take, a charge already refunded).
+    /// The request was not carried out; sending it again would be refused again.
+    Refused {
+        status: u16,
+        code: Option<String>,
+        reason: String,
+    },
+    /// No usable answer: timeout, broken connection, 5xx, 409 (the same key still in
+    /// flight), 429 (too many requests). Money may or may not have moved.
     Unknown(String),
 }
 
@@ -218,6 +226,23 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
                 intent: error.and_then(|error| error.error.payment_intent),
             }
         }
+        // 409: the same key is still being processed; 429: slow down. Both say
+        // nothing about the payment itself.
+        400..=499 if status != 409 && status != 429 => {
+            let error = serde_json::from_str::<ErrorBody>(body).ok();
+            let code = error.as_ref().and_then(|error| error.error.code.clone());
+            let message = error
+                .and_then(|error| error.error.message)
+                .unwrap_or_else(|| body.chars().take(200).collect());
+            CallOutcome::Refused {
+                status,
+                reason: match &code {
+                    Some(code) => format!("gateway refused ({status} {code}): {message}"),
+                    None => format!("gateway refused ({status}): {message}"),
+                },
+                code,
+            }
+        }
         _ => {
             let message = serde_json::from_str::<ErrorBody>(body)
                 .ok()
@@ -355,7 +380,35 @@ mod tests {
     }
 
     #[test]
+    fn other_client_errors_are_definitive_refusals() {
+        let missing = r#"{"error":{"type":"invalid_request_error","code":"resource_missing","param":"payment_method","message":"No such PaymentMethod: 'pm_x'"}}"#;
+        let CallOutcome::Refused {
+            status,
+            code,
+            reason,
+        } = interpret::<PaymentIntent>(400, missing)
+        else {
+            panic!("a 400 is a refusal")
+        };
+        assert_eq!((status, code.as_deref()), (400, Some("resource_missing")));
+        assert!(reason.contains("No such PaymentMethod"), "{reason}");
+        for status in [401, 403, 404, 422] {
+            assert!(
+                matches!(
+                    interpret::<PaymentIntent>(status, "{}"),
+                    CallOutcome::Refused { .. }
+                ),
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
     fn server_errors_and_conflicts_are_unknown_not_failed() {
+        assert!(matches!(
+            interpret::<PaymentIntent>(429, "slow down"),
+            CallOutcome::Unknown(_)
+        ));
         assert!(matches!(
             interpret::<PaymentIntent>(500, "oops"),
             CallOutcome::Unknown(_)

@@ -6,7 +6,7 @@
 //!
 //! | payment method | what the sandbox does |
 //! | --- | --- |
-//! | `pm_card_visa` (or any other) | charges; answers; one `payment_intent.succeeded` webhook |
+//! | `pm_card_visa`, `pm_card_mastercard`, `pm_card_amex` | charges; answers; one `payment_intent.succeeded` webhook |
 //! | `pm_card_chargeDeclined` | declines (402); one `payment_intent.payment_failed` webhook |
 //! | `pm_sandbox_slow` | charges after `slow_milliseconds`, then answers |
 //! | `pm_sandbox_charge_then_timeout` | charges and sends the webhook, then holds the answer for `hang_milliseconds` |
@@ -15,6 +15,10 @@
 //! | `pm_sandbox_webhook_3x` | charges and answers; the same event delivered three times |
 //! | `pm_sandbox_webhooks_out_of_order` | charges and answers; `succeeded`, then a stale `payment_failed` |
 //! | `pm_sandbox_requires_action` | answers `requires_action` (no money moves) until `POST /_sandbox/payment_intents/{id}/complete_action` charges it and sends the webhook: a success that can arrive after the order's hold ended |
+//! | any other | refuses as Stripe does a payment method it does not know: 400 `resource_missing`, no intent created |
+//!
+//! A refund of a payment refunded already is refused as Stripe does: 400
+//! `charge_already_refunded`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -89,8 +93,11 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub fn from_payment_method(method: &str) -> Fault {
-        match method {
+    /// The fault a test payment method chooses; `None` for a method the sandbox does
+    /// not know (it refuses those).
+    pub fn from_payment_method(method: &str) -> Option<Fault> {
+        Some(match method {
+            "pm_card_visa" | "pm_card_mastercard" | "pm_card_amex" => Fault::Succeed,
             "pm_card_chargeDeclined" => Fault::Decline,
             "pm_sandbox_slow" => Fault::Slow,
             "pm_sandbox_charge_then_timeout" => Fault::ChargeThenTimeout,
@@ -99,8 +106,8 @@ impl Fault {
             "pm_sandbox_webhook_3x" => Fault::WebhookThreeTimes,
             "pm_sandbox_webhooks_out_of_order" => Fault::WebhooksOutOfOrder,
             "pm_sandbox_requires_action" => Fault::RequiresAction,
-            _ => Fault::Succeed,
-        }
+            _ => return None,
+        })
     }
 
     pub fn parse(name: &str) -> Result<Fault, String> {
@@ -171,10 +178,21 @@ fn error_response(
     message: &str,
     intent: Option<PaymentIntent>,
 ) -> (u16, String) {
+    coded_error_response(status, kind, None, message, intent)
+}
+
+/// [`error_response`] with Stripe's machine-readable `code`.
+fn coded_error_response(
+    status: StatusCode,
+    kind: &str,
+    code: Option<&str>,
+    message: &str,
+    intent: Option<PaymentIntent>,
+) -> (u16, String) {
     let body = ErrorBody {
         error: ErrorDetail {
             kind: kind.to_owned(),
-            code: None,
+            code: code.map(str::to_owned),
             message: Some(message.to_owned()),
             payment_intent: intent,
         },
@@ -429,8 +447,19 @@ impl Sandbox {
             return json_response(answer.0, answer.1);
         };
         let payment_method = form.get("payment_method").cloned().unwrap_or_default();
+        let Some(chosen) = Fault::from_payment_method(&payment_method) else {
+            let answer = coded_error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("resource_missing"),
+                &format!("No such PaymentMethod: '{payment_method}' (param: payment_method)"),
+                None,
+            );
+            self.finish_key(key.as_deref(), &fingerprint, &answer);
+            return json_response(answer.0, answer.1);
+        };
         let configured = lock(&self.config).fault;
-        let fault = configured.unwrap_or_else(|| Fault::from_payment_method(&payment_method));
+        let fault = configured.unwrap_or(chosen);
         let metadata: BTreeMap<String, String> = form
             .iter()
             .filter_map(|(name, value)| {
@@ -538,8 +567,27 @@ impl Sandbox {
         }
         let form = parse_form(body);
         let intent_id = form.get("payment_intent").cloned().unwrap_or_default();
-        let intent = lock(&self.books).intents.get(&intent_id).cloned();
+        let (intent, refunded_already) = {
+            let books = lock(&self.books);
+            (
+                books.intents.get(&intent_id).cloned(),
+                books
+                    .refunds
+                    .values()
+                    .any(|refund| refund.payment_intent == intent_id),
+            )
+        };
         let answer = match intent {
+            Some(intent) if refunded_already => coded_error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("charge_already_refunded"),
+                &format!(
+                    "Charge {} has already been refunded.",
+                    intent.latest_charge.as_deref().unwrap_or_default()
+                ),
+                None,
+            ),
             Some(intent) if intent.status == PaymentIntentStatus::Succeeded => {
                 let amount = form
                     .get("amount")
@@ -692,14 +740,18 @@ mod tests {
 
     #[test]
     fn test_payment_methods_choose_the_fault() {
-        assert_eq!(Fault::from_payment_method("pm_card_visa"), Fault::Succeed);
+        assert_eq!(
+            Fault::from_payment_method("pm_card_visa"),
+            Some(Fault::Succeed)
+        );
+        assert_eq!(Fault::from_payment_method("pm_card_doesNotExist"), None);
         assert_eq!(
             Fault::from_payment_method("pm_card_chargeDeclined"),
-            Fault::Decline
+            Some(Fault::Decline)
         );
         assert_eq!(
             Fault::from_payment_method("pm_sandbox_lost_response"),
-            Fault::LostResponse
+            Some(Fault::LostResponse)
         );
         assert_eq!(Fault::parse("webhook_3x"), Ok(Fault::WebhookThreeTimes));
         assert!(Fault::parse("explode").is_err());

@@ -447,15 +447,38 @@ impl Store {
         dispatch!(self, store => store.order(id).await)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub async fn begin_payment(
         &self,
+        claim: &IdempotencyClaim,
         order: &OrderId,
         attempt: &PaymentAttemptId,
         payment_method: &str,
         reconcile_after: Timestamp,
         now: Timestamp,
+        renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
-        dispatch!(self, store => store.begin_payment(order, attempt, payment_method, reconcile_after, now).await)
+        dispatch!(self, store => store.begin_payment(claim, order, attempt, payment_method, reconcile_after, now, renderer).await)
+    }
+
+    pub async fn settle_payment_with_answer(
+        &self,
+        claim: &IdempotencyClaim,
+        attempt: &PaymentAttemptId,
+        outcome: &GatewayOutcome,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        dispatch!(self, store => store.settle_payment_with_answer(claim, attempt, outcome, now, renderer).await)
+    }
+
+    pub async fn fail_refund(
+        &self,
+        refund: &RefundId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, store => store.fail_refund(refund, reason, now).await)
     }
 
     pub async fn settle_payment(

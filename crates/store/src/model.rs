@@ -261,7 +261,8 @@ pub struct ReservationGauges {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditDifference {
     /// What was compared: `ledger_vs_available`, `ledger_vs_reserved`,
-    /// `open_reservations_vs_reserved`, `reservation_ledger`, `orphan_ledger_row`.
+    /// `open_reservations_vs_reserved`, `reservation_ledger`, `orphan_ledger_row`,
+    /// `order_vs_reservation_and_payment`, `returned_more_than_sold`.
     pub check: &'static str,
     pub sku: Option<String>,
     pub warehouse: Option<String>,

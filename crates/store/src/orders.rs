@@ -54,12 +54,14 @@ pub struct OrderHistoryEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefundRecord {
     pub id: RefundId,
-    /// `PENDING` or `SUCCEEDED`.
+    /// `PENDING`, `SUCCEEDED` or `FAILED` (the gateway refused it: a person decides).
     pub status: String,
     pub amount_minor: i64,
     pub currency: String,
     pub gateway_refund_id: Option<String>,
     pub reason: String,
+    /// Why the gateway refused it, when it did.
+    pub failure_reason: Option<String>,
 }
 
 /// An order with everything that happened to it.
@@ -106,14 +108,12 @@ pub enum BeginPayment {
     Started(AttemptToCall),
     /// An attempt was already running: call about it again (same gateway key).
     InProgress(AttemptToCall),
-    /// The order's payment already has its outcome (paid, failed, refunded): a retry
-    /// of an interrupted `pay`, or a second caller, learns it.
-    Settled(OrderStatus),
-    /// The order cannot be paid from its status.
-    NotPayable(OrderStatus),
-    /// The order's hold had ended; it is now `EXPIRED` and its stock back.
-    Expired,
-    NotFound,
+    /// Nothing to ask the gateway: the answer, stored under the request's key in the
+    /// transaction that found it (and made whatever change it reports). The order's
+    /// payment already had its outcome (a retry of an interrupted `pay`, or a second
+    /// caller, learns it); or the order cannot be paid from its status; or its hold had
+    /// ended and it is now `EXPIRED` with its stock back; or it does not exist.
+    Answered(crate::model::Idempotent),
 }
 
 /// What the gateway said about an attempt.
@@ -154,4 +154,6 @@ pub struct PaymentGauges {
     pub oldest_unresolved_age_seconds: i64,
     /// Refunds the gateway has not confirmed yet.
     pub refunds_pending: i64,
+    /// Refunds the gateway refused outright: each needs a person.
+    pub refunds_failed: i64,
 }

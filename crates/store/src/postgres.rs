@@ -22,8 +22,7 @@ pub struct PostgresStore {
 }
 
 mod dialect {
-    pub const SELECT_RESERVATION_FOR_UPDATE: &str =
-        "SELECT status, order_id, shop, user_id FROM reservation WHERE id = $1 FOR UPDATE";
+    pub const SELECT_RESERVATION_FOR_UPDATE: &str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
     /// Tallies are locked after the stock rows, in key order, by every writer.
     pub const SELECT_SHOPPER_HOLD_FOR_UPDATE: &str =
         "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
@@ -138,6 +137,11 @@ mod dialect {
             9,
             "trust",
             include_str!("../migrations/postgres/0009_trust.sql"),
+        ),
+        (
+            10,
+            "refusals",
+            include_str!("../migrations/postgres/0010_refusals.sql"),
         ),
     ];
 }

@@ -66,6 +66,20 @@ const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.warehouse FROM \
          WHERE stock.sku = named.sku AND stock.warehouse = named.warehouse) \
      ORDER BY named.sku, named.warehouse";
 
+/// Every (order, SKU, warehouse) with returned goods: the units returned and the units
+/// the order sold there (its reservation's lines, when that reservation is confirmed).
+const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, ledger.warehouse, \
+     CAST(SUM(ledger.available_delta) AS BIGINT), \
+     CAST(COALESCE((SELECT SUM(line.quantity) FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+             AND reservation.status = 'CONFIRMED' \
+         JOIN reservation_line line ON line.reservation_id = reservation.id \
+             AND line.sku = ledger.sku AND line.warehouse = ledger.warehouse \
+         WHERE customer_order.id = ledger.reference), 0) AS BIGINT) \
+     FROM stock_ledger ledger WHERE ledger.kind = 'return' \
+     GROUP BY ledger.reference, ledger.sku, ledger.warehouse \
+     ORDER BY ledger.reference, ledger.sku, ledger.warehouse";
+
 /// What a key's claim found.
 enum Claim {
     /// This transaction now holds the key.
@@ -684,13 +698,13 @@ async fn move_reservation<'a>(
     now: Timestamp,
 ) -> Result<Result<Moved<'a>, Rejection>, StoreError> {
     let id = step.id;
-    /// A locked reservation's status, holder order, shop and shopper.
-    type LockedReservation = (String, Option<String>, Option<String>, Option<String>);
+    /// A locked reservation's status, holder order, shop, shopper and hold end.
+    type LockedReservation = (String, Option<String>, Option<String>, Option<String>, i64);
     let row: Option<LockedReservation> = sqlx::query_as(dialect::SELECT_RESERVATION_FOR_UPDATE)
             .bind(id.as_str())
             .fetch_optional(&mut **transaction)
             .await?;
-    let Some((status, order_id, shop, user)) = row else {
+    let Some((status, order_id, shop, user, expires_at)) = row else {
         return Ok(Err(Rejection::new(
             ErrorCode::NotFound,
             format!("reservation '{id}' does not exist"),
@@ -721,6 +735,19 @@ async fn move_reservation<'a>(
         return Ok(Err(Rejection::new(
             ErrorCode::IllegalTransition,
             format!("reservation '{id}': {illegal}"),
+        )));
+    }
+    // The clock in this transaction decides, not the sweep: a plain hold past its end
+    // is never sold, even while the sweep has not released it yet. (An order's hold
+    // is the order's business: a payment in flight settles it either way.)
+    let expires_at = Timestamp::from_unix_milliseconds(expires_at);
+    if matches!(mover, Mover::Client)
+        && step.action == ReservationAction::Confirm
+        && expires_at <= now
+    {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("reservation '{id}' expired at {expires_at}: it can no longer be confirmed"),
         )));
     }
     let reason = (target == ReservationStatus::Released).then_some(step.reason.as_str());
@@ -1616,6 +1643,26 @@ impl BackendStore {
             }
         }
         drop(orders);
+        // Returned goods against what their order sold: a return puts back only units
+        // that left stock (a confirmed reservation), at most as many as were sold. A
+        // `return` row for anything else would make counters and ledger agree on stock
+        // created from nothing.
+        let mut returns = sqlx::query_as::<_, (String, String, String, i64, i64)>(AUDIT_RETURNS)
+            .fetch(&mut *transaction);
+        while let Some((order, sku, warehouse, returned, sold)) = returns.try_next().await? {
+            if returned > sold {
+                note(AuditDifference {
+                    check: "returned_more_than_sold",
+                    sku: Some(sku),
+                    warehouse: Some(warehouse),
+                    reference: Some(order),
+                    shop: None,
+                    expected: sold,
+                    actual: returned,
+                });
+            }
+        }
+        drop(returns);
         let ledger_rows_checked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stock_ledger")
             .fetch_one(&mut *transaction)
             .await?;

@@ -94,6 +94,18 @@ async fn lock_order(
     .transpose()
 }
 
+/// The status of a reservation its locked order holds (the order's lock guards it).
+async fn reservation_status(
+    transaction: &mut Tx,
+    reservation: &ReservationId,
+) -> Result<ReservationStatus, StoreError> {
+    let status: String = sqlx::query_scalar("SELECT status FROM reservation WHERE id = $1")
+        .bind(reservation.as_str())
+        .fetch_one(&mut **transaction)
+        .await?;
+    parse_stored("reservation status", &status, ReservationStatus::parse)
+}
+
 async fn order_lines(
     connection: &mut DbConnection,
     order: &OrderId,
@@ -432,7 +444,7 @@ struct Prices {
 }
 
 /// Prices an order's lines from their SKUs; refused when a SKU has no price, the
-/// currencies differ or the total does not fit in 64 bits.
+/// currencies differ, the total does not fit in 64 bits or is 0.
 async fn price_order(
     transaction: &mut Tx,
     order: &NewOrder,
@@ -474,6 +486,14 @@ async fn price_order(
             "the order's total does not fit in a 64-bit amount of minor units",
         )));
     };
+    if amount_minor == 0 {
+        // Nothing to charge: the gateway would refuse it, and the stock would wait for
+        // a payment that cannot happen.
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "the order's total is 0: there is nothing to pay",
+        )));
+    }
     let currency = prices[0].1.clone();
     Ok(Ok(Prices {
         unit_prices: prices.into_iter().map(|(price, _)| price).collect(),
@@ -697,23 +717,72 @@ impl BackendStore {
 
     /// Starts paying an order: `PENDING_PAYMENT → PAYMENT_PROCESSING` with a new
     /// attempt, committed before the gateway is called. An order already processing
-    /// hands back its running attempt, to be asked about again.
+    /// hands back its running attempt, to be asked about again. Anything else is
+    /// answered here, the answer stored under `claim` with what it changed.
+    #[allow(clippy::too_many_arguments)]
     pub async fn begin_payment(
         &self,
+        claim: &IdempotencyClaim,
         order: &OrderId,
         attempt: &PaymentAttemptId,
         payment_method: &str,
         reconcile_after: Timestamp,
         now: Timestamp,
+        renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let Some((status, reservation, expires_at)) = lock_order(&mut transaction, order).await?
-        else {
+        let locked = lock_order(&mut transaction, order).await?;
+        if let Some((status @ OrderStatus::PendingPayment, _, expires_at)) = &locked
+            && *expires_at > now
+        {
+            let gateway_key = format!("stockd-{order}");
+            sqlx::query(
+                "INSERT INTO payment_attempt (id, order_id, gateway_key, payment_method, status, amount_minor, currency, \
+                 reconcile_after, created_at, updated_at) \
+                 SELECT $1, id, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
+            )
+            .bind(attempt.as_str())
+            .bind(&gateway_key)
+            .bind(payment_method)
+            .bind(reconcile_after.unix_milliseconds())
+            .bind(now.unix_milliseconds())
+            .bind(order.as_str())
+            .execute(&mut *transaction)
+            .await?;
+            move_order(
+                &mut transaction,
+                order,
+                *status,
+                OrderStatus::PaymentProcessing,
+                "payment started",
+                now,
+            )
+            .await?;
+            let started = BeginPayment::Started(attempt_to_call(&mut transaction, order).await?);
+            transaction.commit().await?;
+            return Ok(started);
+        }
+        if let Some((OrderStatus::PaymentProcessing, _, _)) = &locked {
+            let running = BeginPayment::InProgress(attempt_to_call(&mut transaction, order).await?);
+            transaction.commit().await?;
+            return Ok(running);
+        }
+        // Answered here: the key is claimed in this transaction, so the answer commits
+        // with what it reports (an order expired just now) or not at all.
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
             transaction.rollback().await?;
-            return Ok(BeginPayment::NotFound);
-        };
-        let begun = match status {
-            OrderStatus::PendingPayment if expires_at <= now => {
+            return resolve_existing(claim, &fingerprint, response).map(BeginPayment::Answered);
+        }
+        let response = match locked {
+            None => renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            Some((status @ OrderStatus::PendingPayment, reservation, _)) => {
                 let Ok(()) = settle_order_reservation(
                     &mut transaction,
                     order,
@@ -737,49 +806,38 @@ impl BackendStore {
                     now,
                 )
                 .await?;
-                BeginPayment::Expired
+                renderer.rejected(&Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!("order '{order}' expired before payment"),
+                ))
             }
-            OrderStatus::PendingPayment => {
-                let gateway_key = format!("stockd-{order}");
-                sqlx::query(
-                    "INSERT INTO payment_attempt (id, order_id, gateway_key, payment_method, status, amount_minor, currency, \
-                     reconcile_after, created_at, updated_at) \
-                     SELECT $1, id, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
-                )
-                .bind(attempt.as_str())
-                .bind(&gateway_key)
-                .bind(payment_method)
-                .bind(reconcile_after.unix_milliseconds())
-                .bind(now.unix_milliseconds())
-                .bind(order.as_str())
-                .execute(&mut *transaction)
-                .await?;
-                move_order(
-                    &mut transaction,
-                    order,
-                    status,
-                    OrderStatus::PaymentProcessing,
-                    "payment started",
-                    now,
-                )
-                .await?;
-                BeginPayment::Started(attempt_to_call(&mut transaction, order).await?)
+            // The payment already has its outcome: a retry of an interrupted `pay`,
+            // or a second caller, learns it.
+            Some((
+                OrderStatus::Paid
+                | OrderStatus::PaymentFailed
+                | OrderStatus::RefundPending
+                | OrderStatus::Refunded,
+                _,
+                _,
+            )) => {
+                let settled = load_order(&mut transaction, order)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&settled, false)
             }
-            OrderStatus::PaymentProcessing => {
-                BeginPayment::InProgress(attempt_to_call(&mut transaction, order).await?)
-            }
-            settled @ (OrderStatus::Paid
-            | OrderStatus::PaymentFailed
-            | OrderStatus::RefundPending
-            | OrderStatus::Refunded) => BeginPayment::Settled(settled),
-            other => BeginPayment::NotPayable(other),
+            Some((status, _, _)) => renderer.rejected(&Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!("order '{order}' is {} and cannot be paid", status.as_str()),
+            )),
         };
+        complete_claim(&mut transaction, claim, &response).await?;
         transaction.commit().await?;
-        Ok(begun)
+        Ok(BeginPayment::Answered(Idempotent::Executed(response)))
     }
 
-    /// Settles an attempt with the gateway's answer (from the pay call or the
-    /// reconciliation). Returns the order's status afterwards.
+    /// Settles an attempt with the gateway's answer (from the reconciliation or a
+    /// webhook's check). Returns the order's status afterwards.
     pub async fn settle_payment(
         &self,
         attempt: &PaymentAttemptId,
@@ -791,6 +849,45 @@ impl BackendStore {
         let settled = settle_attempt(&mut transaction, attempt, outcome, source, now).await?;
         transaction.commit().await?;
         Ok(settled)
+    }
+
+    /// Settles an attempt with the answer to the pay call that made it, and stores
+    /// that call's answer (the order as it now is) under its key in the same
+    /// transaction: a crash between the two cannot leave the effect without it.
+    pub async fn settle_payment_with_answer(
+        &self,
+        claim: &IdempotencyClaim,
+        attempt: &PaymentAttemptId,
+        outcome: &GatewayOutcome,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Claim::Existing {
+            fingerprint,
+            response,
+        } = claim_key(&mut transaction, claim, now).await?
+        {
+            transaction.rollback().await?;
+            return resolve_existing(claim, &fingerprint, response);
+        }
+        let order: Option<String> =
+            sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
+                .bind(attempt.as_str())
+                .fetch_optional(&mut *transaction)
+                .await?;
+        let order = order
+            .map(|order| parse_stored("order id", &order, OrderId::parse))
+            .transpose()?
+            .ok_or_else(|| invariant(format!("attempt {attempt} vanished")))?;
+        settle_attempt(&mut transaction, attempt, outcome, "pay", now).await?;
+        let settled = load_order(&mut transaction, &order)
+            .await?
+            .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+        let response = renderer.order(&settled, false);
+        complete_claim(&mut transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
     }
 
     /// Applies a verified webhook event exactly once (by event id) in one transaction.
@@ -888,11 +985,23 @@ impl BackendStore {
             .await?;
         let mut attempts = Vec::with_capacity(ids.len());
         for id in ids {
-            sqlx::query("UPDATE payment_attempt SET reconcile_after = $2 WHERE id = $1")
-                .bind(&id)
-                .bind(now.unix_milliseconds().saturating_add(lease_milliseconds))
-                .execute(&mut *transaction)
-                .await?;
+            // Leased, and asked about less and less often while the gateway keeps not
+            // knowing (5xx, 409, 429, no answer): the lease at first, doubling per look.
+            let tries: i64 =
+                sqlx::query_scalar("SELECT reconcile_tries FROM payment_attempt WHERE id = $1")
+                    .bind(&id)
+                    .fetch_one(&mut *transaction)
+                    .await?;
+            sqlx::query(
+                "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries + 1 WHERE id = $1",
+            )
+            .bind(&id)
+            .bind(
+                now.unix_milliseconds()
+                    .saturating_add(retry_delay(lease_milliseconds, tries)),
+            )
+            .execute(&mut *transaction)
+            .await?;
             let order: String =
                 sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
                     .bind(&id)
@@ -1068,7 +1177,7 @@ impl BackendStore {
                 .bind(&id)
                 .bind(
                     now.unix_milliseconds()
-                        .saturating_add(refund_retry_delay(lease_milliseconds, tries)),
+                        .saturating_add(retry_delay(lease_milliseconds, tries)),
                 )
                 .execute(&mut *transaction)
                 .await?;
@@ -1135,8 +1244,30 @@ impl BackendStore {
         Ok(())
     }
 
+    /// Records a refund the gateway refused outright: `FAILED` with its reason, never
+    /// claimed again. The order stays `REFUND_PENDING` for a person to resolve.
+    pub async fn fail_refund(
+        &self,
+        refund: &RefundId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        sqlx::query(
+            "UPDATE refund SET status = 'FAILED', failure_reason = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        )
+        .bind(refund.as_str())
+        .bind(reason)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
     /// After-sale return: the order's goods go back to available stock, with `return`
-    /// ledger rows, once (`order_return` guards it). The SKUs' sale status is not
+    /// ledger rows, once (`order_return` guards it), and only when they left stock: the
+    /// order's reservation is confirmed. The SKUs' sale status is not
     /// touched: a returned unit of an off-shelf SKU stays off the shelf.
     pub async fn return_order(
         &self,
@@ -1170,6 +1301,19 @@ impl BackendStore {
                     format!(
                         "only a paid order's goods can come back (order is {})",
                         status.as_str()
+                    ),
+                ))
+            }
+            Some((_, reservation, _))
+                if reservation_status(&mut transaction, &reservation).await?
+                    != ReservationStatus::Confirmed =>
+            {
+                // A late success that found no stock (or no sale) refunds an order whose
+                // reservation was released: those goods never left stock.
+                Some(Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!(
+                        "order '{order}' never took its goods out of stock (its payment came after they were given back): nothing to return"
                     ),
                 ))
             }
@@ -1241,16 +1385,18 @@ impl BackendStore {
         )
         .fetch_one(self.read_pool())
         .await?;
-        let refunds: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM refund WHERE status = 'PENDING'")
-                .fetch_one(self.read_pool())
-                .await?;
+        let (refunds, refunds_failed): (i64, i64) = sqlx::query_as(
+            "SELECT COUNT(*) FILTER (WHERE status = 'PENDING'), COUNT(*) FILTER (WHERE status = 'FAILED') FROM refund",
+        )
+        .fetch_one(self.read_pool())
+        .await?;
         Ok(PaymentGauges {
             attempts_unresolved: unresolved,
             oldest_unresolved_age_seconds: oldest.map_or(0, |created_at| {
                 now.unix_milliseconds().saturating_sub(created_at).max(0) / 1000
             }),
             refunds_pending: refunds,
+            refunds_failed,
         })
     }
 }
@@ -1334,13 +1480,13 @@ async fn load_order(
         })
     })
     .transpose()?;
-    let refund = sqlx::query_as::<_, (String, String, i64, String, Option<String>, String)>(
-        "SELECT id, status, amount_minor, currency, gateway_refund_id, reason FROM refund WHERE order_id = $1",
+    let refund = sqlx::query_as::<_, (String, String, i64, String, Option<String>, String, Option<String>)>(
+        "SELECT id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason FROM refund WHERE order_id = $1",
     )
     .bind(id.as_str())
     .fetch_optional(&mut *connection)
     .await?
-    .map(|(refund, status, amount_minor, currency, gateway_refund_id, reason)| {
+    .map(|(refund, status, amount_minor, currency, gateway_refund_id, reason, failure_reason)| {
         Ok::<_, StoreError>(RefundRecord {
             id: parse_stored("refund id", &refund, RefundId::parse)?,
             status,
@@ -1348,6 +1494,7 @@ async fn load_order(
             currency,
             gateway_refund_id,
             reason,
+            failure_reason,
         })
     })
     .transpose()?;
@@ -1394,16 +1541,17 @@ async fn load_order(
     }))
 }
 
-/// How long a claimed refund waits before it may be claimed again: the lease at first,
-/// doubling with every try up to [`REFUND_RETRY_MILLISECONDS_MAX`]. A refund the gateway
-/// keeps refusing (or a gateway that is down) is asked about less and less often
-/// instead of every lease for ever; `stockd_refunds_pending` shows it meanwhile.
-fn refund_retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
+/// How long a claimed refund or unresolved attempt waits before it may be claimed
+/// again: the lease at first, doubling with every try up to [`RETRY_MILLISECONDS_MAX`].
+/// A gateway that is down (or keeps not knowing) is asked less and less often instead
+/// of every lease for ever; `stockd_refunds_pending` and
+/// `stockd_payment_attempts_unresolved` show the backlog meanwhile.
+fn retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
     let doublings = u32::try_from(tries_before.clamp(0, 32)).unwrap_or(32);
     lease_milliseconds
         .saturating_mul(2_i64.saturating_pow(doublings))
-        .min(REFUND_RETRY_MILLISECONDS_MAX.max(lease_milliseconds))
+        .min(RETRY_MILLISECONDS_MAX.max(lease_milliseconds))
 }
 
-/// The longest wait between two tries of one refund: an hour.
-const REFUND_RETRY_MILLISECONDS_MAX: i64 = 3_600_000;
+/// The longest wait between two tries of one refund or one attempt: an hour.
+const RETRY_MILLISECONDS_MAX: i64 = 3_600_000;

@@ -27,7 +27,7 @@ pub struct SqliteStore {
 
 mod dialect {
     pub const SELECT_RESERVATION_FOR_UPDATE: &str =
-        "SELECT status, order_id, shop, user_id FROM reservation WHERE id = $1";
+        "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
     /// The single writer already serializes every tally change.
     pub const SELECT_SHOPPER_HOLD_FOR_UPDATE: &str =
         "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2";
@@ -110,6 +110,11 @@ mod dialect {
             6,
             "trust",
             include_str!("../migrations/sqlite/0006_trust.sql"),
+        ),
+        (
+            7,
+            "refusals",
+            include_str!("../migrations/sqlite/0007_refusals.sql"),
         ),
     ];
 }
