@@ -20,6 +20,8 @@ mirrored_tests!(
     the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
     a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
     a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
+    an_order_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
+    a_checkout_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
     returning_stock_never_puts_a_sku_back_on_the_shelf,
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
@@ -570,6 +572,73 @@ async fn a_reservation_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_she
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.code().as_deref(), Some("off_shelf"));
     assert_eq!(app.counters("RACED").await, (5, 0));
+}
+
+/// Runs `sell` while a shelf change holds `sku`'s stock rows open, takes the SKU off
+/// the shelf in that change and commits it, and returns what `sell` answered.
+async fn sell_behind_a_shelf_change<Sell, Selling>(
+    app: &TestApp,
+    sku: &str,
+    sell: Sell,
+) -> acceptance::TestResponse
+where
+    Sell: FnOnce(TestApp) -> Selling,
+    Selling: std::future::Future<Output = acceptance::TestResponse> + Send + 'static,
+{
+    let mut shelf_change = app.database.hold_stock_row_lock(sku).await;
+    let selling = tokio::spawn(sell(app.clone()));
+    app.database.wait_until_blocked_by(&mut shelf_change).await;
+    shelf_change
+        .execute(&format!(
+            "UPDATE sku SET sale_status = 'OFF_SHELF', version = version + 1 WHERE code = '{sku}'"
+        ))
+        .await
+        .expect("take the SKU off the shelf");
+    shelf_change.execute("COMMIT").await.expect("commit");
+    selling.await.expect("the selling task")
+}
+
+/// Issue 13: the shelf race of a reservation, through order creation.
+async fn an_order_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
+    on_shelf_product(&app, "north", &["RACED"]).await;
+    app.receive("RACED", 5).await;
+    let refused = sell_behind_a_shelf_change(&app, "RACED", |app| async move {
+        app.create_order("raced-order", "user-1", &[("RACED", 1)])
+            .await
+    })
+    .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("off_shelf"));
+    assert_eq!(app.counters("RACED").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13: the shelf race of a reservation, through a cart's checkout (its lines
+/// were read on the shelf before the change committed).
+async fn a_checkout_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf(backend: Backend) {
+    let app = TestApp::spawn(backend).await.as_service_of("north").await;
+    on_shelf_product(&app, "north", &["RACED"]).await;
+    app.receive("RACED", 5).await;
+    let added = app
+        .send(
+            Call::put("/v1/carts/user-1/items/RACED")
+                .key("cart-raced")
+                .json(&json!({"quantity": 1})),
+        )
+        .await;
+    assert_eq!(added.status, 200, "{added:?}");
+    let refused = sell_behind_a_shelf_change(&app, "RACED", |app| async move {
+        app.send(Call::post("/v1/carts/user-1/checkout").key("raced-checkout"))
+            .await
+    })
+    .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("off_shelf"));
+    assert_eq!(app.counters("RACED").await, (5, 0));
+    app.assert_audit_clean().await;
 }
 
 async fn returning_stock_never_puts_a_sku_back_on_the_shelf(backend: Backend) {

@@ -471,4 +471,109 @@ mod postgres_only {
             "stock and sku are read through their keys"
         );
     }
+
+    /// Whether `sku`'s stock row is free right now (`FOR UPDATE NOWAIT` from a third
+    /// connection, rolled back at once).
+    async fn stock_row_is_free(app: &TestApp, sku: &str) -> bool {
+        let mut probe = app.database.raw_connection().await;
+        probe.execute("BEGIN").await.unwrap();
+        let locked = probe
+            .execute(&format!(
+                "SELECT 1 FROM stock WHERE sku = '{sku}' AND warehouse = 'default' FOR UPDATE NOWAIT"
+            ))
+            .await;
+        probe.execute("ROLLBACK").await.unwrap();
+        locked.is_ok()
+    }
+
+    /// Issue 13, defect 3: the order-expiry batch settles every order's stock in the
+    /// one global (sku, warehouse) order. Order by order, it would lock `LOCK-B` (the
+    /// order expiring first) and then wait for `LOCK-A`: the cycle a reservation of
+    /// both SKUs, locking `LOCK-A` first, closes into a deadlock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_order_expiry_batch_locks_stock_rows_in_the_global_order() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let app = TestApp::spawn(Backend::Postgres).await;
+        for sku in ["LOCK-A", "LOCK-B"] {
+            app.stocked_sku(sku, 10).await;
+        }
+        for (sku, ttl_seconds) in [("LOCK-B", 60), ("LOCK-A", 120)] {
+            let created = app
+                .send(
+                    Call::post("/v1/orders")
+                        .key(format!("order-{sku}"))
+                        .json(&json!({
+                            "user_id": "user-1",
+                            "lines": [{"sku": sku, "quantity": 1}],
+                            "ttl_seconds": ttl_seconds,
+                        })),
+                )
+                .await;
+            assert_eq!(created.status, 201, "{created:?}");
+        }
+        app.clock.advance_seconds(121);
+        let mut holder = app.database.hold_stock_row_lock("LOCK-A").await;
+        let engine = app.engine.clone();
+        let expiry = tokio::spawn(async move { engine.order_expiry_step().await });
+        app.database.wait_until_blocked_by(&mut holder).await;
+        assert!(
+            stock_row_is_free(&app, "LOCK-B").await,
+            "waiting for LOCK-A, the batch must not hold LOCK-B"
+        );
+        holder.execute("ROLLBACK").await.unwrap();
+        let expired = expiry.await.unwrap().expect("order expiry step");
+        assert_eq!(expired.len(), 2);
+        assert_eq!(app.counters("LOCK-A").await, (10, 0));
+        assert_eq!(app.counters("LOCK-B").await, (10, 0));
+        app.assert_audit_clean().await;
+    }
+
+    /// Issue 13, defect 3: the schedule batch takes every shop lock and then every
+    /// stock row, in order, before its first change; one schedule at a time it took
+    /// `LOCK-B`'s rows and then waited for `LOCK-A`'s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_schedule_batch_locks_stock_rows_in_the_global_order() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let app = TestApp::spawn(Backend::Postgres).await;
+        let product = app
+            .create_product(acceptance::ProductSpec::complete(
+                "north",
+                &["LOCK-A", "LOCK-B"],
+            ))
+            .await;
+        assert!(!product.is_empty());
+        for sku in ["LOCK-A", "LOCK-B"] {
+            app.receive(sku, 5).await;
+        }
+        for (sku, minutes) in [("LOCK-B", 1), ("LOCK-A", 2)] {
+            let scheduled = app
+                .shelf(
+                    None,
+                    json!({"operation": "on_at", "sku_ids": [sku],
+                           "scheduled_at": acceptance::START.plus_seconds(minutes * 60).to_rfc3339()}),
+                )
+                .await;
+            assert_eq!(scheduled.status, 200, "{scheduled:?}");
+        }
+        app.clock.advance_seconds(3 * 60);
+        let mut holder = app.database.hold_stock_row_lock("LOCK-A").await;
+        let engine = app.engine.clone();
+        let step = tokio::spawn(async move { engine.schedule_step().await });
+        app.database.wait_until_blocked_by(&mut holder).await;
+        assert!(
+            stock_row_is_free(&app, "LOCK-B").await,
+            "waiting for LOCK-A, the batch must not hold LOCK-B"
+        );
+        holder.execute("ROLLBACK").await.unwrap();
+        let applied = step.await.unwrap().expect("schedule step");
+        assert_eq!(applied.len(), 2, "{applied:?}");
+        assert!(
+            applied.iter().all(|schedule| schedule.status == "APPLIED"),
+            "{applied:?}"
+        );
+    }
 }

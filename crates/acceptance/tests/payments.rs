@@ -52,6 +52,7 @@ mirrored_tests!(
     a_payment_method_the_gateway_does_not_know_fails_the_order_and_gives_its_stock_back,
     an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing,
     a_pay_answer_is_kept_with_its_effect_or_not_at_all,
+    a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
 );
 
 const SKU: &str = "TEA-250G";
@@ -1419,4 +1420,28 @@ async fn a_pay_answer_is_kept_with_its_effect_or_not_at_all(backend: Backend) {
     assert!(replayed.replayed());
     assert_eq!(replayed.body, retried.body);
     assert_paid_once(&app, &gateway, &order, 2).await;
+}
+
+/// Issue 13: the shelf race of a reservation, through a late success: the payment's
+/// webhook arrives while a shelf change holds the SKU's stock rows, and the stock is
+/// not taken again for a SKU that change took off the shelf.
+async fn a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    let mut shelf_change = app.database.hold_stock_row_lock(SKU).await;
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.database.wait_until_blocked_by(&mut shelf_change).await;
+    shelf_change
+        .execute(&format!(
+            "UPDATE sku SET sale_status = 'OFF_SHELF', version = version + 1 WHERE code = '{SKU}'"
+        ))
+        .await
+        .expect("take the SKU off the shelf");
+    shelf_change.execute("COMMIT").await.expect("commit");
+    app.wait_for_order_status(&order, "REFUND_PENDING").await;
+    assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    app.assert_audit_clean().await;
 }

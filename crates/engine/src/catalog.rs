@@ -297,11 +297,12 @@ impl Engine {
     /// One step of the schedule worker: applies up to one batch of due schedules.
     pub async fn schedule_step(&self) -> Result<Vec<AppliedSchedule>, EngineError> {
         let applied = self
-            .inner
-            .store
-            .apply_due_schedules(self.now(), self.inner.config.schedule_batch_size)
-            .await
-            .map_err(|error| log_store_error("apply_schedules", error))?;
+            .retried("apply_schedules", || {
+                self.inner
+                    .store
+                    .apply_due_schedules(self.now(), self.inner.config.schedule_batch_size)
+            })
+            .await?;
         metrics::counter!("stockd_shelf_schedules_applied_total").increment(applied.len() as u64);
         Ok(applied)
     }

@@ -446,11 +446,10 @@ impl Engine {
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
         let outcome = self
-            .inner
-            .store
-            .expire_batch(self.now(), limit)
-            .await
-            .map_err(|error| log_store_error("expire", error))?;
+            .retried("expire", || {
+                self.inner.store.expire_batch(self.now(), limit)
+            })
+            .await?;
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
         let more_waiting = i64::try_from(outcome.released.len()).unwrap_or(i64::MAX) >= limit;

@@ -446,15 +446,14 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let attempts = self
-            .inner
-            .store
-            .claim_attempts_to_reconcile(
-                self.now(),
-                config.reconcile_batch_size,
-                config.reconcile_lease_milliseconds,
-            )
-            .await
-            .map_err(|error| log_store_error("reconcile", error))?;
+            .retried("reconcile", || {
+                self.inner.store.claim_attempts_to_reconcile(
+                    self.now(),
+                    config.reconcile_batch_size,
+                    config.reconcile_lease_milliseconds,
+                )
+            })
+            .await?;
         let mut resolved = Vec::with_capacity(attempts.len());
         for attempt in attempts {
             let mut call = payments
@@ -506,11 +505,12 @@ impl Engine {
     /// expire and give their stock back.
     pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
         let expired = self
-            .inner
-            .store
-            .expire_orders(self.now(), self.inner.config.order_expiry_batch_size)
-            .await
-            .map_err(|error| log_store_error("expire_orders", error))?;
+            .retried("expire_orders", || {
+                self.inner
+                    .store
+                    .expire_orders(self.now(), self.inner.config.order_expiry_batch_size)
+            })
+            .await?;
         metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
         Ok(expired)
     }
@@ -521,15 +521,14 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let refunds = self
-            .inner
-            .store
-            .claim_refunds(
-                self.now(),
-                config.refund_batch_size,
-                config.refund_retry_milliseconds,
-            )
-            .await
-            .map_err(|error| log_store_error("refunds", error))?;
+            .retried("refunds", || {
+                self.inner.store.claim_refunds(
+                    self.now(),
+                    config.refund_batch_size,
+                    config.refund_retry_milliseconds,
+                )
+            })
+            .await?;
         let mut settled = Vec::with_capacity(refunds.len());
         for refund in refunds {
             match payments

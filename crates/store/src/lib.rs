@@ -583,4 +583,46 @@ mod tests {
         assert!(!printed.contains("hunter2"), "{printed}");
         assert!(printed.contains("postgres://stockd:<redacted>@db.internal:5432/shop"));
     }
+
+    /// The units of work shared by both backends, as compiled into them.
+    const SHARED_SOURCES: [&str; 3] = [
+        include_str!("shared.rs"),
+        include_str!("shared_catalog.rs"),
+        include_str!("shared_orders.rs"),
+    ];
+
+    /// Every reservation status change goes through `ReservationStatus::transition`:
+    /// one `UPDATE reservation SET status` (in `move_reservation`, which checks the
+    /// table first), and every reservation is born `RESERVED`. The late-success path
+    /// used to insert its reservation `CONFIRMED`, past the table.
+    #[test]
+    fn reservation_statuses_are_written_only_through_the_transition_table() {
+        let sources = SHARED_SOURCES.concat();
+        assert_eq!(
+            sources.matches("UPDATE reservation SET status").count(),
+            1,
+            "one writer of reservation.status"
+        );
+        let writer = sources
+            .find("async fn move_reservation")
+            .expect("move_reservation exists");
+        let update = sources
+            .find("UPDATE reservation SET status")
+            .expect("the one update");
+        let checked = sources[writer..update].contains("current.transition(target)");
+        assert!(checked, "move_reservation checks the transition table before it writes");
+        for insert in sources.split("INSERT INTO reservation (").skip(1) {
+            let values = insert.split("VALUES").nth(1).unwrap_or_default();
+            let values = &values[..values.find(')').unwrap_or(values.len())];
+            assert!(
+                values.contains("'RESERVED'"),
+                "a reservation inserted with another status: {values}"
+            );
+        }
+        assert_eq!(
+            sources.matches("UPDATE customer_order SET status").count(),
+            1,
+            "one writer of customer_order.status (move_order, through OrderStatus::transition)"
+        );
+    }
 }

@@ -633,6 +633,9 @@ enum Mover<'a> {
     Client,
     /// The flow of this order: pay, cancel, expiry, refund.
     Order(&'a OrderId),
+    /// The flows of the orders holding the reservations, whose rows the caller locked
+    /// (the order-expiry batch).
+    HoldingOrders,
 }
 
 /// One reservation to move out of `RESERVED`.
@@ -722,6 +725,11 @@ async fn move_reservation<'a>(
         (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => {
             return Err(invariant(format!(
                 "order {order} tried to move reservation {id}, held by {held_by:?}"
+            )));
+        }
+        (Mover::HoldingOrders, None) => {
+            return Err(invariant(format!(
+                "an order flow tried to move reservation {id}, held by no order"
             )));
         }
         _ => {}

@@ -586,7 +586,7 @@ impl BackendStore {
                 .bind(limit)
                 .fetch_all(&mut *transaction)
                 .await?;
-        let mut applied = Vec::with_capacity(claimed.len());
+        let mut due = Vec::with_capacity(claimed.len());
         for (id, sku, operation, remark) in claimed {
             let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
             let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
@@ -614,6 +614,25 @@ impl BackendStore {
                     .map(|shop| parse_stored("shop", shop, ShopCode::parse))
                     .transpose()?,
             };
+            due.push((id, sku, operation, remark, target));
+        }
+        // Every shop lock, then every stock row, in the order a shelf change takes
+        // them, before the first change: applied one by one, the batch would take a
+        // shop's lock after another SKU's stock rows and could deadlock against a
+        // shelf batch or a reservation.
+        let shops: BTreeSet<&ShopCode> = due
+            .iter()
+            .filter_map(|(_, _, _, _, target)| target.shop.as_ref())
+            .collect();
+        for shop in shops {
+            dialect::lock_shop(&mut transaction, shop).await?;
+        }
+        let mut skus: Vec<&SkuCode> = due.iter().map(|(_, sku, _, _, _)| sku).collect();
+        skus.sort();
+        skus.dedup();
+        dialect::lock_stock_of_skus(&mut transaction, &skus).await?;
+        let mut applied = Vec::with_capacity(due.len());
+        for (id, sku, operation, remark, target) in due {
             let actor = Actor::scheduler();
             let current = load_shelf_state(&mut transaction, &sku).await?;
             let (status, outcome) = if current

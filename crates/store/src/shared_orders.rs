@@ -162,7 +162,7 @@ async fn settle_late_success(
         .filter(|line| skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()))
         .map(|line| (shopper.0.clone(), shopper.1.clone(), line.sku.clone()))
         .collect();
-    let tallies = read_tallies(transaction, Vec::new(), limited, i64::MAX).await?;
+    let tallies = read_tallies(transaction, vec![shopper.clone()], limited, i64::MAX).await?;
     let reservation_lines = lines
         .iter()
         .map(|line| {
@@ -175,7 +175,7 @@ async fn settle_late_success(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     let scope = ShopScope::Verified(shopper.0.clone());
-    let mut plan = plan_batch(
+    let plan = plan_batch(
         [PlanRequest {
             lines: &reservation_lines,
             shop: &scope,
@@ -208,12 +208,14 @@ async fn settle_late_success(
         .await?;
         return Ok(OrderStatus::RefundPending);
     }
-    plan.holds_added.clear();
+    // Taken as any sale is: a hold (counted against the shopper until it is confirmed
+    // below, so the open-hold tally ends where it started) reserved like a new order's,
+    // then confirmed through the reservation's transition table.
     add_to_tallies(transaction, &plan.holds_added, &plan.purchases_added, i64::MAX).await?;
     let reservation = ReservationId::generate(now, derived_random(order.as_str(), "late-success"));
     sqlx::query(
         "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         order_id, shop, user_id) VALUES ($1, 'CONFIRMED', NULL, $2, NULL, $2, $2, $3, $4, $5)",
+         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, NULL, $2, $2, $3, $4, $5)",
     )
     .bind(reservation.as_str())
     .bind(now.unix_milliseconds())
@@ -222,21 +224,20 @@ async fn settle_late_success(
     .bind(shopper.1.as_str())
     .execute(&mut **transaction)
     .await?;
-    for (line_number, line) in lines.iter().enumerate() {
+    for ((sku, warehouse), total) in &plan.totals {
         let updated = sqlx::query(
-            "UPDATE stock SET available = available - $3, version = version + 1, updated_at = $4 \
-             WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
         )
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity)
+        .bind(sku.as_str())
+        .bind(warehouse.as_str())
+        .bind(total)
         .bind(now.unix_milliseconds())
         .execute(&mut **transaction)
         .await?;
-        expect_one_row(
-            updated.rows_affected(),
-            "taking stock again for a late payment",
-        )?;
+        expect_one_row(updated.rows_affected(), "taking stock again for a late payment")?;
+    }
+    for (line_number, line) in lines.iter().enumerate() {
         sqlx::query(
             "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -247,32 +248,40 @@ async fn settle_late_success(
         .bind(line.quantity)
         .execute(&mut **transaction)
         .await?;
-        // The ledger tells the same story as for any sale: reserved, then confirmed.
-        for (kind, available_delta, reserved_delta) in [
-            ("reserve", -line.quantity, line.quantity),
-            ("confirm", 0, -line.quantity),
-        ] {
-            insert_ledger_row(
-                transaction,
-                LedgerEntry {
-                    sku: &line.sku,
-                    warehouse: &line.warehouse,
-                    kind,
-                    available_delta,
-                    reserved_delta,
-                    reference: reservation.as_str(),
-                    idempotency_key: Some(payment_id),
-                },
-                now,
-            )
-            .await?;
-        }
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "reserve",
+                available_delta: -line.quantity,
+                reserved_delta: line.quantity,
+                reference: reservation.as_str(),
+                idempotency_key: Some(payment_id),
+            },
+            now,
+        )
+        .await?;
     }
     sqlx::query("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
         .bind(order.as_str())
         .bind(reservation.as_str())
         .execute(&mut **transaction)
         .await?;
+    let Ok(()) = settle_order_reservation(
+        transaction,
+        order,
+        &reservation,
+        ReservationAction::Confirm,
+        ReleaseReason::Requested,
+        now,
+    )
+    .await?
+    else {
+        return Err(invariant(format!(
+            "order {order}: the stock taken again could not be confirmed"
+        )));
+    };
     move_order(
         transaction,
         order,
@@ -1027,29 +1036,38 @@ impl BackendStore {
             .bind(limit)
             .fetch_all(&mut *transaction)
             .await?;
-        let mut expired = Vec::with_capacity(ids.len());
+        // The claim locked the orders; their reservations and stock rows are then
+        // settled together, in the one global lock order (reservation ids, then
+        // (sku, warehouse)), never order by order.
+        let mut expiring: Vec<(OrderId, OrderStatus, ReservationId)> =
+            Vec::with_capacity(ids.len());
         for id in ids {
             let order = parse_stored("order id", &id, OrderId::parse)?;
             let Some((status, reservation, _)) = lock_order(&mut transaction, &order).await? else {
                 continue;
             };
-            if status != OrderStatus::PendingPayment {
-                continue;
+            if status == OrderStatus::PendingPayment {
+                expiring.push((order, status, reservation));
             }
-            let Ok(()) = settle_order_reservation(
-                &mut transaction,
-                &order,
-                &reservation,
-                ReservationAction::Release,
-                ReleaseReason::Expired,
-                now,
-            )
-            .await?
-            else {
-                return Err(invariant(format!(
-                    "order {order}: its reservation could not be released"
-                )));
-            };
+        }
+        let moves: Vec<Move<'_>> = expiring
+            .iter()
+            .map(|(_, _, reservation)| Move {
+                id: reservation,
+                action: ReservationAction::Release,
+                reason: ReleaseReason::Expired,
+            })
+            .collect();
+        let outcomes =
+            settle_reservations(&mut transaction, &moves, Mover::HoldingOrders, now).await?;
+        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
+            return Err(invariant(format!(
+                "an expired order's reservation could not be released: {}",
+                refused.detail
+            )));
+        }
+        let mut expired = Vec::with_capacity(expiring.len());
+        for (order, status, _) in expiring {
             move_order(
                 &mut transaction,
                 &order,
