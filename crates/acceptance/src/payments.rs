@@ -151,6 +151,22 @@ impl TestGateway {
             .as_u16()
     }
 
+    /// Makes the sandbox charge an intent whatever its state (as a gateway completing a
+    /// payment it had confirmed cancelled): the way to a late success.
+    pub async fn force_success(&self, payment_intent: &str) -> u16 {
+        gateway::install_crypto_provider();
+        reqwest::Client::new()
+            .post(format!(
+                "{}/_sandbox/payment_intents/{payment_intent}/force_success",
+                self.url
+            ))
+            .send()
+            .await
+            .expect("sandbox reachable")
+            .status()
+            .as_u16()
+    }
+
     /// Completes a customer action (3-D Secure, say) on the sandbox, over HTTP.
     pub async fn complete_action(&self, payment_intent: &str) -> u16 {
         gateway::install_crypto_provider();

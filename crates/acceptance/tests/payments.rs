@@ -17,7 +17,11 @@ mirrored_tests!(
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
     a_successful_payment_marks_the_order_paid_and_confirms_its_stock,
-    a_declined_card_fails_the_order_and_gives_its_stock_back,
+    a_declined_card_fails_the_attempt_and_the_stock_goes_back_when_the_hold_ends,
+    after_a_decline_another_card_pays_the_same_order_while_its_hold_lasts,
+    the_database_refuses_a_second_successful_attempt_for_an_order,
+    an_abandoned_payment_is_cancelled_at_the_gateway_before_its_stock_goes_back,
+    an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
     a_slow_gateway_answer_is_waited_for_and_applied,
     a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid,
     a_lost_answer_is_unknown_until_the_webhook_says_paid,
@@ -49,7 +53,7 @@ mirrored_tests!(
     a_success_after_the_hold_ended_is_refunded_when_the_sku_went_off_the_shelf,
     a_success_after_the_hold_ended_is_refunded_when_the_sku_was_deleted,
     an_order_whose_total_is_zero_is_refused_and_changes_nothing,
-    a_payment_method_the_gateway_does_not_know_fails_the_order_and_gives_its_stock_back,
+    a_payment_method_the_gateway_does_not_know_fails_the_attempt_at_once,
     an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing,
     a_pay_answer_is_kept_with_its_effect_or_not_at_all,
     a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
@@ -184,18 +188,264 @@ async fn a_successful_payment_marks_the_order_paid_and_confirms_its_stock(backen
     );
 }
 
-async fn a_declined_card_fails_the_order_and_gives_its_stock_back(backend: Backend) {
+/// A decline fails the attempt, not the sale: the order keeps its hold for another
+/// card (issue 13, defect 8), and gives the stock back when the hold ends unpaid.
+async fn a_declined_card_fails_the_attempt_and_the_stock_goes_back_when_the_hold_ends(
+    backend: Backend,
+) {
     let (app, gateway) = shop(backend).await;
     let order = app.order_of("user-1", &[(SKU, 2)]).await;
     let response = app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["status"], "PAYMENT_FAILED");
     wait_for_deliveries(&gateway, 1).await;
-    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RELEASED", "FAILED")).await;
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RESERVED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK - 2, 2), "the hold is kept");
+    assert_eq!(gateway.charges_for(&order), 0);
+    app.assert_audit_clean().await;
+    app.clock.advance_seconds(HOLD_SECONDS);
+    assert_eq!(
+        app.engine.order_expiry_step().await.expect("order expiry"),
+        [domain::OrderId::parse(&order).expect("order id")]
+    );
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(app.ledger_rows(SKU, "release").await, 1);
+    let late = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(late.status, 409, "{late:?}");
+    assert_eq!(gateway.charges_for(&order), 0);
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 8 (seed 000's payment_attempt table): after a decline the shopper
+/// tries another card on the same order while its hold lasts; each attempt has its own
+/// key, the first answer of each is replayed, and one charge pays the order.
+async fn after_a_decline_another_card_pays_the_same_order_while_its_hold_lasts(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let first_key = key("pay-first-card");
+    let declined = app.pay(&order, &first_key, "pm_card_chargeDeclined").await;
+    assert_eq!(declined.json()["status"], "PAYMENT_FAILED", "{declined:?}");
+    let second_key = key("pay-second-card");
+    let paid = app.pay(&order, &second_key, "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    assert_eq!(paid.json()["status"], "PAID");
+    let view = app.order(&order).await;
+    let attempts = view["payment_attempts"].as_array().expect("attempts");
+    let statuses: Vec<&str> = attempts
+        .iter()
+        .map(|attempt| attempt["status"].as_str().expect("status"))
+        .collect();
+    assert_eq!(statuses, ["FAILED", "SUCCEEDED"], "{view:#}");
+    assert_eq!(view["payment"]["status"], "SUCCEEDED");
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        2,
+        "one intent per attempt"
+    );
+    // Each key keeps its own first answer; a third card finds the order paid.
+    let replayed = app.pay(&order, &first_key, "pm_card_chargeDeclined").await;
+    assert!(replayed.replayed());
+    assert_eq!(replayed.body, declined.body);
+    let third = app
+        .pay(&order, &key("pay-third-card"), "pm_card_mastercard")
+        .await;
+    assert_eq!(third.status, 200, "{third:?}");
+    assert_eq!(third.json()["status"], "PAID");
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        2,
+        "nothing sent for the third"
+    );
+    assert_eq!(
+        history(&app, &order).await,
+        [
+            "PENDING_PAYMENT",
+            "PAYMENT_PROCESSING",
+            "PAYMENT_FAILED",
+            "PAYMENT_PROCESSING",
+            "PAID"
+        ]
+    );
+    assert_paid_once(&app, &gateway, &order, 2).await;
+}
+
+/// Issue 13, defect 8: the database itself refuses a second succeeded attempt (and a
+/// second running one) for one order.
+async fn the_database_refuses_a_second_successful_attempt_for_an_order(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
+    let mut connection = app.database.raw_connection().await;
+    let failed = format!(
+        "UPDATE payment_attempt SET status = 'SUCCEEDED' WHERE order_id = '{order}' AND status = 'FAILED'"
+    );
+    assert!(
+        connection.execute(&failed).await.is_err(),
+        "a second success"
+    );
+    let running = format!(
+        "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, amount_minor, \
+         currency, reconcile_after, created_at, updated_at) VALUES ('pay_x1', '{order}', 3, 'k3', 'pm_card_visa', \
+         'PROCESSING', 100, 'CNY', 0, 0, 0), ('pay_x2', '{order}', 4, 'k4', 'pm_card_visa', 'PROCESSING', 100, 'CNY', 0, 0, 0)"
+    );
+    assert!(
+        connection.execute(&running).await.is_err(),
+        "two running attempts"
+    );
+    assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 7: a payment still unresolved when the hold ends is cancelled at
+/// the gateway before the stock goes back, so the customer can no longer complete it
+/// and pay for goods that were given back.
+async fn an_abandoned_payment_is_cancelled_at_the_gateway_before_its_stock_goes_back(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    assert_eq!(
+        intent_of(&gateway, &order).status,
+        gateway::PaymentIntentStatus::Canceled
+    );
+    assert_eq!(
+        gateway.complete_action(&intent).await,
+        409,
+        "too late to complete"
+    );
+    assert_eq!(gateway.charges_for(&order), 0);
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
+    app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 7: while the gateway cannot be reached to cancel, nothing is given
+/// back: the hold stays until the gateway confirms the payment will not complete.
+async fn an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    // Another instance reaches the gateway through a proxy that answers cancels 503.
+    let other = app.another_instance().await;
+    let proxy = RefusingCancels::start(&gateway).await;
+    proxy.attach(&other);
+    let resolved = other.engine.reconcile_step().await.expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(resolved[0].1, None, "still unknown");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    assert_eq!(app.counters(SKU).await, (STOCK - 2, 2));
+    // Reachable again: cancelled, then released.
+    proxy.stop_refusing();
+    app.clock.advance_seconds(3600);
+    let resolved = other.engine.reconcile_step().await.expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
     assert_eq!(app.counters(SKU).await, (STOCK, 0));
     assert_eq!(gateway.charges_for(&order), 0);
-    assert_eq!(app.ledger_rows(SKU, "release").await, 1);
     app.assert_audit_clean().await;
+}
+
+/// A gateway in front of the sandbox that passes every call through except cancels,
+/// which it answers 503 until told to stop.
+struct RefusingCancels {
+    url: String,
+    refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    _shutdown: tokio_util::sync::DropGuard,
+}
+
+impl RefusingCancels {
+    async fn start(gateway: &TestGateway) -> RefusingCancels {
+        let upstream = gateway.url.clone();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let stop = shutdown.clone();
+        let client = reqwest::Client::new();
+        let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let refuse = std::sync::Arc::clone(&refusing);
+        let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let upstream = upstream.clone();
+            let client = client.clone();
+            let refuse = refuse.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                use axum::response::IntoResponse;
+                if refuse && request.uri().path().ends_with("/cancel") {
+                    return (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        "down for maintenance",
+                    )
+                        .into_response();
+                }
+                let method = request.method().clone();
+                let path = request.uri().to_string();
+                let headers = request.headers().clone();
+                let body = axum::body::to_bytes(request.into_body(), 1 << 20)
+                    .await
+                    .expect("request body");
+                let mut forwarded = client.request(method, format!("{upstream}{path}"));
+                for (name, value) in &headers {
+                    if name != "host" && name != "content-length" {
+                        forwarded = forwarded.header(name, value);
+                    }
+                }
+                let answer = forwarded
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("sandbox reachable");
+                let status = answer.status().as_u16();
+                let body = answer.bytes().await.expect("answer body");
+                (
+                    axum::http::StatusCode::from_u16(status).expect("status"),
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+                    .into_response()
+            }
+        });
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        });
+        RefusingCancels {
+            url,
+            refusing,
+            _shutdown: shutdown.drop_guard(),
+        }
+    }
+
+    fn stop_refusing(&self) {
+        self.refusing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn attach(&self, app: &TestApp) {
+        let client = gateway::GatewayClient::new(gateway::GatewayConfig {
+            base_url: self.url.clone(),
+            api_key: acceptance::payments::GATEWAY_API_KEY.to_owned(),
+            timeout_milliseconds: acceptance::payments::GATEWAY_TIMEOUT_MILLISECONDS,
+        })
+        .expect("gateway client");
+        app.engine.attach_payments(engine::payments::Payments {
+            gateway: client,
+            webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
+            sandbox_methods_allowed: true,
+        });
+    }
 }
 
 async fn a_slow_gateway_answer_is_waited_for_and_applied(backend: Backend) {
@@ -316,7 +566,7 @@ async fn order_abandoned_while_awaiting_action(
 async fn a_success_after_the_hold_ended_takes_the_stock_again_when_it_is_there(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
-    assert_eq!(gateway.complete_action(&intent).await, 200);
+    assert_eq!(gateway.force_success(&intent).await, 200);
     app.wait_for_order_status(&order, "PAID").await;
     assert_paid_once(&app, &gateway, &order, 2).await;
     assert_eq!(
@@ -331,7 +581,7 @@ async fn a_success_after_the_hold_ended_is_refunded_when_the_stock_is_gone(backe
     let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
     // Someone else buys everything that was given back.
     paid_order(&app, "user-2", STOCK).await;
-    assert_eq!(gateway.complete_action(&intent).await, 200);
+    assert_eq!(gateway.force_success(&intent).await, 200);
     app.wait_for_order_status(&order, "REFUND_PENDING").await;
     let refunded = app.engine.refund_step().await.expect("refund step");
     assert_eq!(refunded.len(), 1);
@@ -1165,7 +1415,7 @@ async fn a_return_is_refused_for_an_order_whose_stock_was_given_back(backend: Ba
     let (app, gateway) = shop(backend).await;
     let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
     paid_order(&app, "user-2", STOCK).await;
-    assert_eq!(gateway.complete_action(&intent).await, 200);
+    assert_eq!(gateway.force_success(&intent).await, 200);
     app.wait_for_order_status(&order, "REFUND_PENDING").await;
     assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
     // Deliveries so far: the rival's payment and the late success; then the refund's.
@@ -1224,7 +1474,7 @@ async fn late_success_after_a_shelf_change(backend: Backend, operation: &str) {
         .shelf(None, json!({"operation": operation, "sku_ids": [SKU]}))
         .await;
     assert_eq!(changed.status, 200, "{changed:?}");
-    assert_eq!(gateway.complete_action(&intent).await, 200);
+    assert_eq!(gateway.force_success(&intent).await, 200);
     app.wait_for_order_status(&order, "REFUND_PENDING").await;
     assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
     assert_eq!(app.counters(SKU).await, (STOCK, 0), "nothing sold again");
@@ -1271,22 +1521,25 @@ async fn an_order_whose_total_is_zero_is_refused_and_changes_nothing(backend: Ba
 }
 
 /// Issue 13, defect 6: a definitive refusal (a 4xx other than 409/429) is a failure,
-/// not an unknown outcome: the order fails and its stock goes back at once.
-async fn a_payment_method_the_gateway_does_not_know_fails_the_order_and_gives_its_stock_back(
-    backend: Backend,
-) {
+/// not an unknown outcome: the attempt fails at once and nothing is left to reconcile
+/// (the order keeps its hold for another payment method, as after a decline).
+async fn a_payment_method_the_gateway_does_not_know_fails_the_attempt_at_once(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     let order = app.order_of("user-1", &[(SKU, 2)]).await;
     let response = app.pay(&order, &key("pay"), "pm_card_doesNotExist").await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["status"], "PAYMENT_FAILED");
-    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RELEASED", "FAILED")).await;
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RESERVED", "FAILED")).await;
     let view = app.order(&order).await;
     let reason = view["payment"]["failure_reason"]
         .as_str()
         .unwrap_or_default();
     assert!(reason.contains("payment_method"), "{view:#}");
-    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(
+        app.counters(SKU).await,
+        (STOCK - 2, 2),
+        "held for another method"
+    );
     assert_eq!(gateway.charges_for(&order), 0);
     assert!(
         gateway.intents_for(&order).is_empty(),
@@ -1431,7 +1684,7 @@ async fn a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_sh
     let (app, gateway) = shop(backend).await;
     let (order, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
     let mut shelf_change = app.database.hold_stock_row_lock(SKU).await;
-    assert_eq!(gateway.complete_action(&intent).await, 200);
+    assert_eq!(gateway.force_success(&intent).await, 200);
     app.database.wait_until_blocked_by(&mut shelf_change).await;
     shelf_change
         .execute(&format!(

@@ -50,6 +50,20 @@ pub struct PaymentBody<'a> {
     pub updated_at: Timestamp,
 }
 
+impl<'a> PaymentBody<'a> {
+    fn new(attempt: &'a store::PaymentAttempt) -> PaymentBody<'a> {
+        PaymentBody {
+            attempt_id: attempt.id.as_str(),
+            status: attempt.status.as_str(),
+            payment_method: &attempt.payment_method,
+            gateway_payment_id: attempt.gateway_payment_id.as_deref(),
+            failure_reason: attempt.failure_reason.as_deref(),
+            created_at: attempt.created_at,
+            updated_at: attempt.updated_at,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct RefundBody<'a> {
     pub refund_id: &'a str,
@@ -84,7 +98,10 @@ pub struct OrderBody<'a> {
     pub updated_at: Timestamp,
     pub lines: Vec<OrderLineBody<'a>>,
     pub reservation: ReservationBody<'a>,
+    /// The latest payment attempt.
     pub payment: Option<PaymentBody<'a>>,
+    /// Every payment attempt, oldest first (a declined card, then another).
+    pub payment_attempts: Vec<PaymentBody<'a>>,
     pub refund: Option<RefundBody<'a>>,
     pub returned: bool,
     pub history: Vec<HistoryBody<'a>>,
@@ -114,15 +131,8 @@ impl<'a> OrderBody<'a> {
                 })
                 .collect(),
             reservation: ReservationBody::new(&order.reservation),
-            payment: order.attempt.as_ref().map(|attempt| PaymentBody {
-                attempt_id: attempt.id.as_str(),
-                status: attempt.status.as_str(),
-                payment_method: &attempt.payment_method,
-                gateway_payment_id: attempt.gateway_payment_id.as_deref(),
-                failure_reason: attempt.failure_reason.as_deref(),
-                created_at: attempt.created_at,
-                updated_at: attempt.updated_at,
-            }),
+            payment: order.attempt().map(PaymentBody::new),
+            payment_attempts: order.attempts.iter().map(PaymentBody::new).collect(),
             refund: order.refund.as_ref().map(|refund| RefundBody {
                 refund_id: refund.id.as_str(),
                 status: &refund.status,

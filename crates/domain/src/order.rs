@@ -21,9 +21,11 @@ pub enum OrderStatus {
     Refunded,
 }
 
-/// Every change an order's status may make. A success that arrives after the order
-/// gave its stock back (expired, cancelled, or failed) leads to `PAID` when the stock
-/// can be reserved again, and to `REFUND_PENDING` when it cannot.
+/// Every change an order's status may make. A declined payment leaves the order
+/// `PAYMENT_FAILED` with its hold: another attempt (another card) may pay it while the
+/// hold lasts, the shopper may cancel it, and at the hold's end it expires. A success
+/// that arrives after the order gave its stock back (expired or cancelled) leads to
+/// `PAID` when the stock can be reserved again, and to `REFUND_PENDING` when it cannot.
 pub const ORDER_TRANSITIONS: &[(OrderStatus, OrderStatus)] = &[
     (OrderStatus::PendingPayment, OrderStatus::PaymentProcessing),
     (OrderStatus::PendingPayment, OrderStatus::Paid),
@@ -39,7 +41,11 @@ pub const ORDER_TRANSITIONS: &[(OrderStatus, OrderStatus)] = &[
     (OrderStatus::Expired, OrderStatus::RefundPending),
     (OrderStatus::Cancelled, OrderStatus::Paid),
     (OrderStatus::Cancelled, OrderStatus::RefundPending),
+    (OrderStatus::PaymentFailed, OrderStatus::PaymentProcessing),
+    (OrderStatus::PaymentFailed, OrderStatus::Cancelled),
+    (OrderStatus::PaymentFailed, OrderStatus::Expired),
     (OrderStatus::PaymentFailed, OrderStatus::Paid),
+    // Orders declined before attempts could be retried gave their stock back at once.
     (OrderStatus::PaymentFailed, OrderStatus::RefundPending),
 ];
 
@@ -101,11 +107,12 @@ impl OrderStatus {
         }
     }
 
-    /// Whether the order gave its stock back (a late success must reserve again).
-    pub fn released_its_stock(self) -> bool {
+    /// Whether a new payment attempt may start from this status (while the hold lasts):
+    /// not paid yet, or the last attempt was declined.
+    pub fn accepts_a_payment_attempt(self) -> bool {
         matches!(
             self,
-            OrderStatus::Expired | OrderStatus::Cancelled | OrderStatus::PaymentFailed
+            OrderStatus::PendingPayment | OrderStatus::PaymentFailed
         )
     }
 }
@@ -212,9 +219,18 @@ mod tests {
     }
 
     #[test]
+    fn a_declined_order_may_be_paid_again_cancelled_or_expire() {
+        assert!(PaymentFailed.accepts_a_payment_attempt());
+        assert!(PendingPayment.accepts_a_payment_attempt());
+        for to in [PaymentProcessing, Cancelled, Expired, Paid] {
+            assert_eq!(PaymentFailed.transition(to), Ok(to));
+        }
+        assert!(!Paid.accepts_a_payment_attempt());
+    }
+
+    #[test]
     fn a_late_success_leads_to_paid_or_to_a_refund() {
         for from in [Expired, Cancelled, PaymentFailed] {
-            assert!(from.released_its_stock());
             assert_eq!(from.transition(Paid), Ok(Paid));
             assert_eq!(from.transition(RefundPending), Ok(RefundPending));
         }

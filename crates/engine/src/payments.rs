@@ -475,10 +475,8 @@ impl Engine {
                 (Some(outcome), _) => Some(outcome),
                 // The gateway answered and the payment is not complete; the hold is over.
                 (None, CallOutcome::Answered(intent)) if self.now() >= attempt.order_expires_at => {
-                    Some(GatewayOutcome::Abandoned {
-                        payment_id: Some(intent.id.clone()),
-                        reason: "not completed before the order's hold ended".into(),
-                    })
+                    self.abandon_at_the_gateway(payments, &attempt, intent)
+                        .await
                 }
                 // Unreachable, timed out, or still in flight: ask again after the lease.
                 (None, _) => None,
@@ -499,6 +497,56 @@ impl Engine {
             resolved.push((attempt.attempt_id, status));
         }
         Ok(resolved)
+    }
+
+    /// The hold ended with the payment incomplete (a customer action pending): cancel
+    /// the intent at the gateway first, so it can no longer complete, and give the
+    /// stock back only once the gateway says it is cancelled or failed. `None` while
+    /// that is not known: asked again after the lease. A success the gateway reports
+    /// instead (the customer finished just now) pays the order.
+    async fn abandon_at_the_gateway(
+        &self,
+        payments: &Payments,
+        attempt: &AttemptToCall,
+        intent: &PaymentIntent,
+    ) -> Option<GatewayOutcome> {
+        let cancel_key = format!("{}-cancel", attempt.gateway_key);
+        let abandoned = |reason: &str| GatewayOutcome::Abandoned {
+            payment_id: Some(intent.id.clone()),
+            reason: reason.to_owned(),
+        };
+        let current = match payments
+            .gateway
+            .cancel_payment_intent(&cancel_key, &intent.id)
+            .await
+        {
+            CallOutcome::Answered(cancelled)
+                if cancelled.status == PaymentIntentStatus::Canceled =>
+            {
+                metrics::counter!("stockd_payment_cancellations_total", "result" => "cancelled")
+                    .increment(1);
+                return Some(abandoned(
+                    "not completed before the order's hold ended; cancelled at the gateway",
+                ));
+            }
+            CallOutcome::Answered(other) => CallOutcome::Answered(other),
+            // Not cancellable: it succeeded or failed meanwhile. Its state decides.
+            CallOutcome::Refused { .. } | CallOutcome::Declined { .. } => {
+                payments.gateway.retrieve_payment_intent(&intent.id).await
+            }
+            CallOutcome::Unknown(reason) => {
+                metrics::counter!("stockd_payment_cancellations_total", "result" => "unknown")
+                    .increment(1);
+                tracing::warn!(attempt = %attempt.attempt_id, %reason, "could not cancel an abandoned payment at the gateway; the stock stays held, asking again later");
+                return None;
+            }
+        };
+        match outcome_of(&current) {
+            Some(GatewayOutcome::Failed { reason, .. }) => Some(abandoned(&format!(
+                "not completed before the order's hold ended: {reason}"
+            ))),
+            other => other,
+        }
     }
 
     /// One step of the order worker: orders still waiting for payment past their hold

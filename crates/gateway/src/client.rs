@@ -152,6 +152,27 @@ impl GatewayClient {
         }
     }
 
+    /// Cancels a PaymentIntent that has not succeeded: once the gateway answers it
+    /// `canceled`, no customer action can complete it. One that succeeded (or was
+    /// cancelled) already is refused (400 `payment_intent_unexpected_state`).
+    pub async fn cancel_payment_intent(
+        &self,
+        idempotency_key: &str,
+        id: &str,
+    ) -> CallOutcome<PaymentIntent> {
+        match self
+            .post_form(
+                &format!("/v1/payment_intents/{id}/cancel"),
+                idempotency_key,
+                String::new(),
+            )
+            .await
+        {
+            Ok((status, body)) => interpret(status, &body),
+            Err(error) => CallOutcome::Unknown(error),
+        }
+    }
+
     pub async fn retrieve_payment_intent(&self, id: &str) -> CallOutcome<PaymentIntent> {
         let response = self
             .http

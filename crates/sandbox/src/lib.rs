@@ -17,6 +17,12 @@
 //! | `pm_sandbox_requires_action` | answers `requires_action` (no money moves) until `POST /_sandbox/payment_intents/{id}/complete_action` charges it and sends the webhook: a success that can arrive after the order's hold ended |
 //! | any other | refuses as Stripe does a payment method it does not know: 400 `resource_missing`, no intent created |
 //!
+//! `POST /v1/payment_intents/{id}/cancel` cancels an intent that has not succeeded (a
+//! customer action can then no longer complete it), as Stripe's does.
+//! `POST /_sandbox/payment_intents/{id}/force_success` charges an intent whatever its
+//! state: a gateway completing a payment it had confirmed cancelled, for the tests of
+//! stockd's late-success path.
+//!
 //! A refund of a payment refunded already is refused as Stripe does: 400
 //! `charge_already_refunded`.
 
@@ -623,6 +629,74 @@ impl Sandbox {
         json_response(answer.0, answer.1)
     }
 
+    /// `POST /v1/payment_intents/{id}/cancel`, as Stripe's: an intent that has not
+    /// succeeded (waiting for an action or a payment method) is cancelled for good, and
+    /// a customer action can no longer complete it; a succeeded or cancelled one is
+    /// refused with 400 `payment_intent_unexpected_state`.
+    fn cancel_payment_intent(&self, headers: &HeaderMap, id: &str) -> Response {
+        if !self.authorized(headers) {
+            let (status, body) = error_response(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "bad API key",
+                None,
+            );
+            return json_response(status, body);
+        }
+        let mut books = lock(&self.books);
+        let Some(intent) = books.intents.get_mut(id) else {
+            let (status, body) = coded_error_response(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("resource_missing"),
+                &format!("No such payment_intent: '{id}'"),
+                None,
+            );
+            return json_response(status, body);
+        };
+        match intent.status {
+            PaymentIntentStatus::Succeeded | PaymentIntentStatus::Canceled => {
+                let (status, body) = coded_error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    Some("payment_intent_unexpected_state"),
+                    "This PaymentIntent's status does not allow it to be canceled.",
+                    Some(intent.clone()),
+                );
+                json_response(status, body)
+            }
+            _ => {
+                intent.status = PaymentIntentStatus::Canceled;
+                json_response(200, serde_json::to_string(&*intent).unwrap_or_default())
+            }
+        }
+    }
+
+    /// `POST /_sandbox/payment_intents/{id}/force_success`: charges an intent whatever
+    /// its state and sends the `succeeded` webhook — a gateway completing a payment
+    /// after it confirmed the cancellation (a confirmation racing the cancel). Real
+    /// gateways should never do it; stockd's late-success path exists for when one
+    /// does, and this is how the tests drive it.
+    fn force_success(&self, id: &str) -> Response {
+        let Some(mut intent) = lock(&self.books).intents.get(id).cloned() else {
+            return (StatusCode::NOT_FOUND, "no such payment intent").into_response();
+        };
+        if intent.status == PaymentIntentStatus::Succeeded {
+            return (StatusCode::CONFLICT, "the payment intent succeeded already").into_response();
+        }
+        self.charge(&mut intent);
+        lock(&self.books)
+            .intents
+            .insert(intent.id.clone(), intent.clone());
+        self.send_event(
+            "payment_intent.succeeded",
+            serde_json::to_value(&intent).unwrap_or_default(),
+            0,
+            1,
+        );
+        json_response(200, serde_json::to_string(&intent).unwrap_or_default())
+    }
+
     fn complete_action(&self, id: &str) -> Response {
         let mut intent = match lock(&self.books).intents.get(id).cloned() {
             Some(intent) if intent.status == PaymentIntentStatus::RequiresAction => intent,
@@ -678,6 +752,14 @@ impl Sandbox {
                 ),
             )
             .route(
+                "/v1/payment_intents/{id}/cancel",
+                post(
+                    |State(sandbox): State<Sandbox>, headers: HeaderMap, Path(id): Path<String>| async move {
+                        sandbox.cancel_payment_intent(&headers, &id)
+                    },
+                ),
+            )
+            .route(
                 "/v1/refunds",
                 post(
                     |State(sandbox): State<Sandbox>, headers: HeaderMap, body: Bytes| async move {
@@ -705,6 +787,14 @@ impl Sandbox {
                 post(
                     |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
                         sandbox.complete_action(&id)
+                    },
+                ),
+            )
+            .route(
+                "/_sandbox/payment_intents/{id}/force_success",
+                post(
+                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
+                        sandbox.force_success(&id)
                     },
                 ),
             )

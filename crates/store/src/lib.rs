@@ -610,7 +610,10 @@ mod tests {
             .find("UPDATE reservation SET status")
             .expect("the one update");
         let checked = sources[writer..update].contains("current.transition(target)");
-        assert!(checked, "move_reservation checks the transition table before it writes");
+        assert!(
+            checked,
+            "move_reservation checks the transition table before it writes"
+        );
         for insert in sources.split("INSERT INTO reservation (").skip(1) {
             let values = insert.split("VALUES").nth(1).unwrap_or_default();
             let values = &values[..values.find(')').unwrap_or(values.len())];

@@ -79,11 +79,20 @@ pub struct Order {
     pub updated_at: Timestamp,
     pub lines: Vec<OrderLine>,
     pub reservation: Reservation,
-    pub attempt: Option<PaymentAttempt>,
+    /// Every payment attempt, oldest first: after a decline another card may be tried
+    /// while the hold lasts. At most one succeeds.
+    pub attempts: Vec<PaymentAttempt>,
     pub refund: Option<RefundRecord>,
     /// Whether an after-sale return put the goods back in stock.
     pub returned: bool,
     pub history: Vec<OrderHistoryEntry>,
+}
+
+impl Order {
+    /// The latest payment attempt, if any was made.
+    pub fn attempt(&self) -> Option<&PaymentAttempt> {
+        self.attempts.last()
+    }
 }
 
 /// A payment attempt to send to (or ask) the gateway.

@@ -1622,9 +1622,14 @@ impl BackendStore {
         // order that gave its stock back holds a released reservation; and so on.
         let mut orders_checked = 0_i64;
         let mut orders = sqlx::query_as::<_, (String, String, String, String, Option<String>)>(
-            "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, payment_attempt.status \
+            // An order's payment is what its attempts add up to: succeeded if one did,
+            // else running if one runs, else failed if any was made.
+            "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
+             CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END \
              FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
-             LEFT JOIN payment_attempt ON payment_attempt.order_id = customer_order.id ORDER BY customer_order.id",
+             LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
+                 FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id \
+             ORDER BY customer_order.id",
         )
         .fetch(&mut *transaction);
         while let Some((id, shop, order_status, reservation_status, attempt_status)) =
@@ -1915,9 +1920,10 @@ fn order_agrees_with_its_reservation_and_payment(
         ("PENDING_PAYMENT", "RESERVED", None)
             | ("PAYMENT_PROCESSING", "RESERVED", Some("PROCESSING"))
             | ("PAID", "CONFIRMED", Some("SUCCEEDED"))
-            | ("PAYMENT_FAILED", "RELEASED", Some("FAILED"))
-            | ("CANCELLED", "RELEASED", None)
-            | ("EXPIRED", "RELEASED", None | Some("FAILED"))
+            // Declined, its hold kept for another card (or, declined before attempts
+            // could be retried, its stock given back).
+            | ("PAYMENT_FAILED", "RESERVED" | "RELEASED", Some("FAILED"))
+            | ("CANCELLED" | "EXPIRED", "RELEASED", None | Some("FAILED"))
             | (
                 "REFUND_PENDING" | "REFUNDED",
                 "CONFIRMED" | "RELEASED",

@@ -360,12 +360,38 @@ async fn settle_attempt(
             GatewayOutcome::Failed { .. } | GatewayOutcome::Abandoned { .. },
         ) => Ok(Some(order_status)),
         (_, GatewayOutcome::Succeeded { payment_id }) => {
+            // At most one attempt pays an order (a unique index says so too). Another
+            // one charged as well would be a second charge: it is recorded, not
+            // applied, for a person to refund at the gateway.
+            let paid_by: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED' AND id <> $2",
+            )
+            .bind(order.as_str())
+            .bind(attempt.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+            if let Some(paid_by) = paid_by {
+                let reason = format!(
+                    "charged ({payment_id}) after attempt {paid_by} had paid the order: refund this payment at the gateway"
+                );
+                tracing::error!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; it needs a refund by hand");
+                set_attempt(AttemptStatus::Failed, Some(payment_id), Some(&reason))
+                    .execute(&mut **transaction)
+                    .await?;
+                return Ok(Some(order_status));
+            }
             set_attempt(AttemptStatus::Succeeded, Some(payment_id), None)
                 .execute(&mut **transaction)
                 .await?;
             let reason = format!("payment {payment_id} succeeded ({source})");
-            match order_status {
-                OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
+            let held = reservation_status(transaction, &reservation).await?;
+            match (order_status, held) {
+                (
+                    OrderStatus::PaymentProcessing
+                    | OrderStatus::PendingPayment
+                    | OrderStatus::PaymentFailed,
+                    ReservationStatus::Reserved,
+                ) => {
                     let Ok(()) = settle_order_reservation(
                         transaction,
                         &order,
@@ -391,12 +417,15 @@ async fn settle_attempt(
                     .await?;
                     Ok(Some(OrderStatus::Paid))
                 }
-                status if status.released_its_stock() => {
-                    settle_late_success(transaction, &order, status, payment_id, now)
-                        .await
-                        .map(Some)
-                }
-                status => Ok(Some(status)),
+                (
+                    status @ (OrderStatus::Expired
+                    | OrderStatus::Cancelled
+                    | OrderStatus::PaymentFailed),
+                    ReservationStatus::Released,
+                ) => settle_late_success(transaction, &order, status, payment_id, now)
+                    .await
+                    .map(Some),
+                (status, _) => Ok(Some(status)),
             }
         }
         (
@@ -407,18 +436,31 @@ async fn settle_attempt(
             set_attempt(AttemptStatus::Failed, payment_id.as_deref(), Some(reason))
                 .execute(&mut **transaction)
                 .await?;
-            let target = match outcome {
-                GatewayOutcome::Abandoned { .. } => OrderStatus::Expired,
-                _ => OrderStatus::PaymentFailed,
-            };
-            match order_status {
-                OrderStatus::PaymentProcessing | OrderStatus::PendingPayment => {
+            match (outcome, order_status) {
+                // Declined: the order keeps its hold, and another card may pay it until
+                // the hold ends (then the order-expiry worker gives the stock back).
+                (GatewayOutcome::Failed { .. }, OrderStatus::PaymentProcessing) => {
+                    move_order(
+                        transaction,
+                        &order,
+                        order_status,
+                        OrderStatus::PaymentFailed,
+                        &format!(
+                            "payment declined: {reason} ({source}); another payment may be tried while the hold lasts"
+                        ),
+                        now,
+                    )
+                    .await?;
+                    Ok(Some(OrderStatus::PaymentFailed))
+                }
+                // Not completed before the hold ended, and the gateway says it will not be.
+                (GatewayOutcome::Abandoned { .. }, OrderStatus::PaymentProcessing) => {
                     let Ok(()) = settle_order_reservation(
                         transaction,
                         &order,
                         &reservation,
                         ReservationAction::Release,
-                        ReleaseReason::Requested,
+                        ReleaseReason::Expired,
                         now,
                     )
                     .await?
@@ -431,14 +473,14 @@ async fn settle_attempt(
                         transaction,
                         &order,
                         order_status,
-                        target,
-                        &format!("payment failed: {reason} ({source})"),
+                        OrderStatus::Expired,
+                        &format!("payment abandoned: {reason} ({source})"),
                         now,
                     )
                     .await?;
-                    Ok(Some(target))
+                    Ok(Some(OrderStatus::Expired))
                 }
-                status => Ok(Some(status)),
+                (_, status) => Ok(Some(status)),
             }
         }
     }
@@ -741,14 +783,33 @@ impl BackendStore {
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
         let locked = lock_order(&mut transaction, order).await?;
-        if let Some((status @ OrderStatus::PendingPayment, _, expires_at)) = &locked
+        // A declined order keeps its hold and may be paid again with another card; an
+        // order declined before that was possible gave its stock back.
+        let holds_stock = match &locked {
+            Some((_, reservation, _)) => {
+                reservation_status(&mut transaction, reservation).await?
+                    == ReservationStatus::Reserved
+            }
+            None => false,
+        };
+        if let Some((status, _, expires_at)) = &locked
+            && status.accepts_a_payment_attempt()
+            && holds_stock
             && *expires_at > now
         {
-            let gateway_key = format!("stockd-{order}");
+            let number: i64 = sqlx::query_scalar(
+                "SELECT COALESCE(MAX(attempt_number), 0) + 1 FROM payment_attempt WHERE order_id = $1",
+            )
+            .bind(order.as_str())
+            .fetch_one(&mut *transaction)
+            .await?;
+            // Each attempt its own gateway key: a retry of this attempt is the same call,
+            // another card is another call.
+            let gateway_key = format!("stockd-{order}-{number}");
             sqlx::query(
-                "INSERT INTO payment_attempt (id, order_id, gateway_key, payment_method, status, amount_minor, currency, \
-                 reconcile_after, created_at, updated_at) \
-                 SELECT $1, id, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
+                "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, \
+                 amount_minor, currency, reconcile_after, created_at, updated_at) \
+                 SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
             )
             .bind(attempt.as_str())
             .bind(&gateway_key)
@@ -756,23 +817,37 @@ impl BackendStore {
             .bind(reconcile_after.unix_milliseconds())
             .bind(now.unix_milliseconds())
             .bind(order.as_str())
+            .bind(number)
             .execute(&mut *transaction)
             .await?;
+            let reason = if number == 1 {
+                "payment started".to_owned()
+            } else {
+                format!("payment attempt {number} started")
+            };
             move_order(
                 &mut transaction,
                 order,
                 *status,
                 OrderStatus::PaymentProcessing,
-                "payment started",
+                &reason,
                 now,
             )
             .await?;
-            let started = BeginPayment::Started(attempt_to_call(&mut transaction, order).await?);
+            let started = BeginPayment::Started(attempt_to_call(&mut transaction, attempt).await?);
             transaction.commit().await?;
             return Ok(started);
         }
         if let Some((OrderStatus::PaymentProcessing, _, _)) = &locked {
-            let running = BeginPayment::InProgress(attempt_to_call(&mut transaction, order).await?);
+            let running: String = sqlx::query_scalar(
+                "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'PROCESSING'",
+            )
+            .bind(order.as_str())
+            .fetch_one(&mut *transaction)
+            .await?;
+            let running = parse_stored("attempt id", &running, PaymentAttemptId::parse)?;
+            let running =
+                BeginPayment::InProgress(attempt_to_call(&mut transaction, &running).await?);
             transaction.commit().await?;
             return Ok(running);
         }
@@ -791,7 +866,8 @@ impl BackendStore {
                 ErrorCode::NotFound,
                 format!("order '{order}' does not exist"),
             )),
-            Some((status @ OrderStatus::PendingPayment, reservation, _)) => {
+            Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
+                // Its hold has ended (a live one would have started an attempt above).
                 let Ok(()) = settle_order_reservation(
                     &mut transaction,
                     order,
@@ -962,8 +1038,8 @@ impl BackendStore {
         payment_id: &str,
     ) -> Result<Option<AttemptToCall>, StoreError> {
         let mut connection = self.write_pool().acquire().await?;
-        let order: Option<String> = sqlx::query_scalar(
-            "SELECT order_id FROM payment_attempt WHERE id = $1 OR (gateway_payment_id = $2 AND $3 = 0) \
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM payment_attempt WHERE id = $1 OR (gateway_payment_id = $2 AND $3 = 0) \
              ORDER BY id LIMIT 1",
         )
         .bind(attempt.map_or("", PaymentAttemptId::as_str))
@@ -971,11 +1047,11 @@ impl BackendStore {
         .bind(i64::from(attempt.is_some()))
         .fetch_optional(&mut *connection)
         .await?;
-        let Some(order) = order else {
+        let Some(found) = found else {
             return Ok(None);
         };
-        let order = parse_stored("order id", &order, OrderId::parse)?;
-        attempt_to_call(&mut connection, &order).await.map(Some)
+        let found = parse_stored("attempt id", &found, PaymentAttemptId::parse)?;
+        attempt_to_call(&mut connection, &found).await.map(Some)
     }
 
     /// Unresolved attempts due for a look, leased for `lease_milliseconds` so several
@@ -1011,20 +1087,16 @@ impl BackendStore {
             )
             .execute(&mut *transaction)
             .await?;
-            let order: String =
-                sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
-                    .bind(&id)
-                    .fetch_one(&mut *transaction)
-                    .await?;
-            let order = parse_stored("order id", &order, OrderId::parse)?;
-            attempts.push(attempt_to_call(&mut transaction, &order).await?);
+            let id = parse_stored("attempt id", &id, PaymentAttemptId::parse)?;
+            attempts.push(attempt_to_call(&mut transaction, &id).await?);
         }
         transaction.commit().await?;
         Ok(attempts)
     }
 
-    /// Expires up to `limit` orders still waiting for payment past their hold: their
-    /// stock goes back. Orders with a payment in flight are left to reconciliation.
+    /// Expires up to `limit` orders still waiting for payment past their hold (unpaid,
+    /// or declined and not paid again): their stock goes back. Orders with a payment in
+    /// flight are left to reconciliation.
     pub async fn expire_orders(
         &self,
         now: Timestamp,
@@ -1046,7 +1118,7 @@ impl BackendStore {
             let Some((status, reservation, _)) = lock_order(&mut transaction, &order).await? else {
                 continue;
             };
-            if status == OrderStatus::PendingPayment {
+            if status.accepts_a_payment_attempt() {
                 expiring.push((order, status, reservation));
             }
         }
@@ -1103,12 +1175,21 @@ impl BackendStore {
             transaction.rollback().await?;
             return resolve_existing(claim, &fingerprint, response);
         }
-        let refusal = match lock_order(&mut transaction, order).await? {
+        let locked = lock_order(&mut transaction, order).await?;
+        let holds_stock = match &locked {
+            Some((_, reservation, _)) => {
+                reservation_status(&mut transaction, reservation).await?
+                    == ReservationStatus::Reserved
+            }
+            None => false,
+        };
+        let refusal = match locked {
             None => Some(Rejection::new(
                 ErrorCode::NotFound,
                 format!("order '{order}' does not exist"),
             )),
-            Some((OrderStatus::PendingPayment, reservation, _)) => {
+            // Unpaid, or declined with its hold kept.
+            Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
                 let Ok(()) = settle_order_reservation(
                     &mut transaction,
                     order,
@@ -1126,7 +1207,7 @@ impl BackendStore {
                 move_order(
                     &mut transaction,
                     order,
-                    OrderStatus::PendingPayment,
+                    status,
                     OrderStatus::Cancelled,
                     "cancelled",
                     now,
@@ -1421,21 +1502,21 @@ impl BackendStore {
 
 async fn attempt_to_call(
     connection: &mut DbConnection,
-    order: &OrderId,
+    attempt: &PaymentAttemptId,
 ) -> Result<AttemptToCall, StoreError> {
     let row = sqlx::query_as::<_, (String, String, Option<String>, String, i64, String, i64)>(
-        "SELECT payment_attempt.id, gateway_key, gateway_payment_id, payment_method, payment_attempt.amount_minor, \
+        "SELECT payment_attempt.order_id, gateway_key, gateway_payment_id, payment_method, payment_attempt.amount_minor, \
          payment_attempt.currency, customer_order.expires_at FROM payment_attempt \
-         JOIN customer_order ON customer_order.id = payment_attempt.order_id WHERE payment_attempt.order_id = $1",
+         JOIN customer_order ON customer_order.id = payment_attempt.order_id WHERE payment_attempt.id = $1",
     )
-    .bind(order.as_str())
+    .bind(attempt.as_str())
     .fetch_one(&mut *connection)
     .await?;
-    let (id, gateway_key, gateway_payment_id, payment_method, amount_minor, currency, expires_at) =
+    let (order, gateway_key, gateway_payment_id, payment_method, amount_minor, currency, expires_at) =
         row;
     Ok(AttemptToCall {
-        attempt_id: parse_stored("attempt id", &id, PaymentAttemptId::parse)?,
-        order_id: order.clone(),
+        attempt_id: attempt.clone(),
+        order_id: parse_stored("order id", &order, OrderId::parse)?,
         gateway_key,
         gateway_payment_id,
         payment_method,
@@ -1476,15 +1557,16 @@ async fn load_order(
         .await?
         .ok_or_else(|| invariant(format!("order {id} has no reservation")))?;
     let lines = order_lines(&mut *connection, id).await?;
-    let attempt = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
+    let attempt_rows = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
         "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
-         created_at, updated_at FROM payment_attempt WHERE order_id = $1",
+         created_at, updated_at FROM payment_attempt WHERE order_id = $1 ORDER BY attempt_number",
     )
     .bind(id.as_str())
-    .fetch_optional(&mut *connection)
-    .await?
-    .map(|(attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated)| {
-        Ok::<_, StoreError>(PaymentAttempt {
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut attempts = Vec::with_capacity(attempt_rows.len());
+    for (attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated) in attempt_rows {
+        attempts.push(PaymentAttempt {
             id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
             status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
             gateway_key,
@@ -1495,9 +1577,8 @@ async fn load_order(
             currency,
             created_at: Timestamp::from_unix_milliseconds(created),
             updated_at: Timestamp::from_unix_milliseconds(updated),
-        })
-    })
-    .transpose()?;
+        });
+    }
     let refund = sqlx::query_as::<_, (String, String, i64, String, Option<String>, String, Option<String>)>(
         "SELECT id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason FROM refund WHERE order_id = $1",
     )
@@ -1552,7 +1633,7 @@ async fn load_order(
         updated_at: Timestamp::from_unix_milliseconds(updated_at),
         lines,
         reservation,
-        attempt,
+        attempts,
         refund,
         returned: returned.is_some(),
         history,

@@ -74,8 +74,12 @@ mod dialect {
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1";
     pub const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &str =
         "SELECT status FROM payment_attempt WHERE id = $1";
-    pub const CLAIM_EXPIRED_ORDERS: &str = "SELECT id FROM customer_order \
-         WHERE status = 'PENDING_PAYMENT' AND expires_at <= $1 ORDER BY expires_at, id LIMIT $2";
+    /// Orders past their hold that still hold their stock: unpaid, or declined.
+    pub const CLAIM_EXPIRED_ORDERS: &str = "SELECT customer_order.id FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
+         AND reservation.status = 'RESERVED' \
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2";
     pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2";
     pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency, tries FROM refund \
@@ -115,6 +119,11 @@ mod dialect {
             7,
             "refusals",
             include_str!("../migrations/sqlite/0007_refusals.sql"),
+        ),
+        (
+            8,
+            "payment_attempts",
+            include_str!("../migrations/sqlite/0008_payment_attempts.sql"),
         ),
     ];
 }
