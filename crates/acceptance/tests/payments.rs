@@ -22,6 +22,7 @@ mirrored_tests!(
     the_database_refuses_a_second_successful_attempt_for_an_order,
     an_abandoned_payment_is_cancelled_at_the_gateway_before_its_stock_goes_back,
     an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
+    a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid,
     a_slow_gateway_answer_is_waited_for_and_applied,
     a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid,
     a_lost_answer_is_unknown_until_the_webhook_says_paid,
@@ -1696,5 +1697,43 @@ async fn a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_sh
     app.wait_for_order_status(&order, "REFUND_PENDING").await;
     assert_statuses(&app, &order, ("REFUND_PENDING", "RELEASED", "SUCCEEDED")).await;
     assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Found by the state machine test: a gateway that completes a declined intent after
+/// another card paid the order charges it twice. The second charge is recorded, not
+/// applied, and refunded on its own; the order stays paid, with one charge kept.
+async fn a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
+    let declined_intent = intent_of(&gateway, &order).id;
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
+    wait_for_deliveries(&gateway, 2).await;
+    assert_eq!(gateway.force_success(&declined_intent).await, 200);
+    wait_for_deliveries(&gateway, 3).await;
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "PAID", "{view:#}");
+    assert_eq!(
+        view["refunds"].as_array().map(Vec::len),
+        Some(1),
+        "{view:#}"
+    );
+    assert_eq!(view["refunds"][0]["status"], "PENDING");
+    assert!(
+        view["refund"].is_null(),
+        "the paying charge is not refunded"
+    );
+    assert_eq!(gateway.charges_for(&order), 2);
+    assert_eq!(
+        app.engine.refund_step().await.expect("refund step").len(),
+        1
+    );
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "PAID", "{view:#}");
+    assert_eq!(view["refunds"][0]["status"], "SUCCEEDED");
+    assert_eq!(gateway.sandbox.stats().refunds, 1);
+    assert_eq!(app.counters(SKU).await, (STOCK - 1, 0));
     app.assert_audit_clean().await;
 }

@@ -64,9 +64,25 @@ impl<'a> PaymentBody<'a> {
     }
 }
 
+impl<'a> RefundBody<'a> {
+    fn new(refund: &'a store::RefundRecord) -> RefundBody<'a> {
+        RefundBody {
+            refund_id: refund.id.as_str(),
+            attempt_id: refund.attempt_id.as_str(),
+            status: &refund.status,
+            amount: refund.amount_minor,
+            currency: &refund.currency,
+            gateway_refund_id: refund.gateway_refund_id.as_deref(),
+            reason: &refund.reason,
+            failure_reason: refund.failure_reason.as_deref(),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct RefundBody<'a> {
     pub refund_id: &'a str,
+    pub attempt_id: &'a str,
     pub status: &'a str,
     pub amount: i64,
     pub currency: &'a str,
@@ -102,7 +118,10 @@ pub struct OrderBody<'a> {
     pub payment: Option<PaymentBody<'a>>,
     /// Every payment attempt, oldest first (a declined card, then another).
     pub payment_attempts: Vec<PaymentBody<'a>>,
+    /// The refund of the payment that paid the order.
     pub refund: Option<RefundBody<'a>>,
+    /// Every refund, oldest first (a second charge's too).
+    pub refunds: Vec<RefundBody<'a>>,
     pub returned: bool,
     pub history: Vec<HistoryBody<'a>>,
 }
@@ -133,15 +152,8 @@ impl<'a> OrderBody<'a> {
             reservation: ReservationBody::new(&order.reservation),
             payment: order.attempt().map(PaymentBody::new),
             payment_attempts: order.attempts.iter().map(PaymentBody::new).collect(),
-            refund: order.refund.as_ref().map(|refund| RefundBody {
-                refund_id: refund.id.as_str(),
-                status: &refund.status,
-                amount: refund.amount_minor,
-                currency: &refund.currency,
-                gateway_refund_id: refund.gateway_refund_id.as_deref(),
-                reason: &refund.reason,
-                failure_reason: refund.failure_reason.as_deref(),
-            }),
+            refund: order.refund().map(RefundBody::new),
+            refunds: order.refunds.iter().map(RefundBody::new).collect(),
             returned: order.returned,
             history: order
                 .history

@@ -54,6 +54,8 @@ pub struct OrderHistoryEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefundRecord {
     pub id: RefundId,
+    /// The attempt whose charge it returns.
+    pub attempt_id: PaymentAttemptId,
     /// `PENDING`, `SUCCEEDED` or `FAILED` (the gateway refused it: a person decides).
     pub status: String,
     pub amount_minor: i64,
@@ -82,7 +84,9 @@ pub struct Order {
     /// Every payment attempt, oldest first: after a decline another card may be tried
     /// while the hold lasts. At most one succeeds.
     pub attempts: Vec<PaymentAttempt>,
-    pub refund: Option<RefundRecord>,
+    /// Every refund, oldest first: the order's own (cancelled after payment, or paid
+    /// too late), and any of a second charge.
+    pub refunds: Vec<RefundRecord>,
     /// Whether an after-sale return put the goods back in stock.
     pub returned: bool,
     pub history: Vec<OrderHistoryEntry>,
@@ -92,6 +96,17 @@ impl Order {
     /// The latest payment attempt, if any was made.
     pub fn attempt(&self) -> Option<&PaymentAttempt> {
         self.attempts.last()
+    }
+
+    /// The refund of the attempt that paid the order, if it has one.
+    pub fn refund(&self) -> Option<&RefundRecord> {
+        let paid_by = self
+            .attempts
+            .iter()
+            .find(|attempt| attempt.status == AttemptStatus::Succeeded)?;
+        self.refunds
+            .iter()
+            .find(|refund| refund.attempt_id == paid_by.id)
     }
 }
 

@@ -94,7 +94,7 @@ mod dialect {
          ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE OF customer_order SKIP LOCKED";
     pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, gateway_key, amount_minor, currency, tries FROM refund \
+    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         (
@@ -151,6 +151,11 @@ mod dialect {
             11,
             "payment_attempts",
             include_str!("../migrations/postgres/0011_payment_attempts.sql"),
+        ),
+        (
+            12,
+            "refund_per_attempt",
+            include_str!("../migrations/postgres/0012_refund_per_attempt.sql"),
         ),
     ];
 }

@@ -134,6 +134,7 @@ async fn order_lines(
 async fn settle_late_success(
     transaction: &mut Tx,
     order: &OrderId,
+    attempt: &PaymentAttemptId,
     from: OrderStatus,
     payment_id: &str,
     now: Timestamp,
@@ -201,7 +202,7 @@ async fn settle_late_success(
         .await?;
         insert_refund(
             transaction,
-            order,
+            attempt,
             now,
             "the payment arrived after the stock was given back, and it could not be sold again",
         )
@@ -294,26 +295,44 @@ async fn settle_late_success(
     Ok(OrderStatus::Paid)
 }
 
+/// A refund of what `attempt` charged, to be issued by the refund worker with its own
+/// gateway key. One per attempt.
 async fn insert_refund(
     transaction: &mut Tx,
-    order: &OrderId,
+    attempt: &PaymentAttemptId,
     now: Timestamp,
     reason: &str,
 ) -> Result<(), StoreError> {
-    let id = RefundId::generate(now, derived_random(order.as_str(), "refund"));
+    let id = RefundId::generate(now, derived_random(attempt.as_str(), "refund"));
     sqlx::query(
-        "INSERT INTO refund (id, order_id, gateway_key, status, amount_minor, currency, reason, next_try_at, created_at, updated_at) \
-         SELECT $1, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM customer_order WHERE id = $5 \
-         ON CONFLICT (order_id) DO NOTHING",
+        "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
+         next_try_at, created_at, updated_at) \
+         SELECT $1, order_id, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM payment_attempt WHERE id = $5 \
+         ON CONFLICT (attempt_id) DO NOTHING",
     )
     .bind(id.as_str())
-    .bind(format!("stockd-refund-{order}"))
+    .bind(format!("stockd-refund-{attempt}"))
     .bind(reason)
     .bind(now.unix_milliseconds())
-    .bind(order.as_str())
+    .bind(attempt.as_str())
     .execute(&mut **transaction)
     .await?;
     Ok(())
+}
+
+/// The attempt that paid an order, if one did.
+async fn paying_attempt(
+    transaction: &mut Tx,
+    order: &OrderId,
+) -> Result<Option<PaymentAttemptId>, StoreError> {
+    let id: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED'",
+    )
+    .bind(order.as_str())
+    .fetch_optional(&mut **transaction)
+    .await?;
+    id.map(|id| parse_stored("attempt id", &id, PaymentAttemptId::parse))
+        .transpose()
 }
 
 /// Applies what the gateway said to a locked attempt and its order. Idempotent: an
@@ -361,8 +380,8 @@ async fn settle_attempt(
         ) => Ok(Some(order_status)),
         (_, GatewayOutcome::Succeeded { payment_id }) => {
             // At most one attempt pays an order (a unique index says so too). Another
-            // one charged as well would be a second charge: it is recorded, not
-            // applied, for a person to refund at the gateway.
+            // one charged as well is a second charge: recorded, not applied, and
+            // refunded, so the order keeps one charge.
             let paid_by: Option<String> = sqlx::query_scalar(
                 "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED' AND id <> $2",
             )
@@ -372,12 +391,19 @@ async fn settle_attempt(
             .await?;
             if let Some(paid_by) = paid_by {
                 let reason = format!(
-                    "charged ({payment_id}) after attempt {paid_by} had paid the order: refund this payment at the gateway"
+                    "charged ({payment_id}) after attempt {paid_by} had paid the order: refunded"
                 );
-                tracing::error!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; it needs a refund by hand");
+                tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
                 set_attempt(AttemptStatus::Failed, Some(payment_id), Some(&reason))
                     .execute(&mut **transaction)
                     .await?;
+                insert_refund(
+                    transaction,
+                    attempt,
+                    now,
+                    "a second payment for an order paid already",
+                )
+                .await?;
                 return Ok(Some(order_status));
             }
             set_attempt(AttemptStatus::Succeeded, Some(payment_id), None)
@@ -422,7 +448,7 @@ async fn settle_attempt(
                     | OrderStatus::Cancelled
                     | OrderStatus::PaymentFailed),
                     ReservationStatus::Released,
-                ) => settle_late_success(transaction, &order, status, payment_id, now)
+                ) => settle_late_success(transaction, &order, attempt, status, payment_id, now)
                     .await
                     .map(Some),
                 (status, _) => Ok(Some(status)),
@@ -1229,7 +1255,10 @@ impl BackendStore {
                     now,
                 )
                 .await?;
-                insert_refund(&mut transaction, order, now, "cancelled after payment").await?;
+                let Some(paid_by) = paying_attempt(&mut transaction, order).await? else {
+                    return Err(invariant(format!("paid order {order} has no succeeded attempt")));
+                };
+                insert_refund(&mut transaction, &paid_by, now, "cancelled after payment").await?;
                 None
             }
             // Not a transition the table allows: the payment's outcome decides first.
@@ -1264,14 +1293,15 @@ impl BackendStore {
         lease_milliseconds: i64,
     ) -> Result<Vec<RefundToIssue>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let rows =
-            sqlx::query_as::<_, (String, String, String, i64, String, i64)>(dialect::CLAIM_REFUNDS)
-                .bind(now.unix_milliseconds())
-                .bind(limit)
-                .fetch_all(&mut *transaction)
-                .await?;
+        let rows = sqlx::query_as::<_, (String, String, String, String, i64, String, i64)>(
+            dialect::CLAIM_REFUNDS,
+        )
+        .bind(now.unix_milliseconds())
+        .bind(limit)
+        .fetch_all(&mut *transaction)
+        .await?;
         let mut refunds = Vec::with_capacity(rows.len());
-        for (id, order, gateway_key, amount_minor, currency, tries) in rows {
+        for (id, order, attempt, gateway_key, amount_minor, currency, tries) in rows {
             sqlx::query("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
                 .bind(&id)
                 .bind(
@@ -1280,13 +1310,12 @@ impl BackendStore {
                 )
                 .execute(&mut *transaction)
                 .await?;
-            let payment: Option<String> = sqlx::query_scalar(
-                "SELECT gateway_payment_id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED'",
-            )
-            .bind(&order)
-            .fetch_optional(&mut *transaction)
-            .await?
-            .flatten();
+            let payment: Option<String> =
+                sqlx::query_scalar("SELECT gateway_payment_id FROM payment_attempt WHERE id = $1")
+                    .bind(&attempt)
+                    .fetch_optional(&mut *transaction)
+                    .await?
+                    .flatten();
             let Some(gateway_payment_id) = payment else {
                 continue;
             };
@@ -1303,7 +1332,9 @@ impl BackendStore {
         Ok(refunds)
     }
 
-    /// Records a refund the gateway confirmed: the order is `REFUNDED`. Idempotent.
+    /// Records a refund the gateway confirmed. The refund of the attempt that paid the
+    /// order makes it `REFUNDED`; the refund of a second charge leaves the order as it
+    /// is. Idempotent.
     pub async fn settle_refund(
         &self,
         refund: &RefundId,
@@ -1311,6 +1342,19 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
+        let found: Option<(String, String)> = sqlx::query_as(
+            "SELECT refund.order_id, payment_attempt.status FROM refund \
+             JOIN payment_attempt ON payment_attempt.id = refund.attempt_id WHERE refund.id = $1",
+        )
+        .bind(refund.as_str())
+        .fetch_optional(&mut *transaction)
+        .await?;
+        let Some((order, attempt_status)) = found else {
+            return Err(invariant(format!("refund {refund} vanished")));
+        };
+        let order = parse_stored("order id", &order, OrderId::parse)?;
+        // The order first: the lock order of every order transaction.
+        let locked = lock_order(&mut transaction, &order).await?;
         let updated = sqlx::query(
             "UPDATE refund SET status = 'SUCCEEDED', gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
         )
@@ -1319,25 +1363,19 @@ impl BackendStore {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        if updated.rows_affected() == 1 {
-            let order: String = sqlx::query_scalar("SELECT order_id FROM refund WHERE id = $1")
-                .bind(refund.as_str())
-                .fetch_one(&mut *transaction)
-                .await?;
-            let order = parse_stored("order id", &order, OrderId::parse)?;
-            if let Some((OrderStatus::RefundPending, _, _)) =
-                lock_order(&mut transaction, &order).await?
-            {
-                move_order(
-                    &mut transaction,
-                    &order,
-                    OrderStatus::RefundPending,
-                    OrderStatus::Refunded,
-                    "refund confirmed",
-                    now,
-                )
-                .await?;
-            }
+        if updated.rows_affected() == 1
+            && attempt_status == AttemptStatus::Succeeded.as_str()
+            && let Some((OrderStatus::RefundPending, _, _)) = locked
+        {
+            move_order(
+                &mut transaction,
+                &order,
+                OrderStatus::RefundPending,
+                OrderStatus::Refunded,
+                "refund confirmed",
+                now,
+            )
+            .await?;
         }
         transaction.commit().await?;
         Ok(())
@@ -1579,24 +1617,26 @@ async fn load_order(
             updated_at: Timestamp::from_unix_milliseconds(updated),
         });
     }
-    let refund = sqlx::query_as::<_, (String, String, i64, String, Option<String>, String, Option<String>)>(
-        "SELECT id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason FROM refund WHERE order_id = $1",
+    let refund_rows = sqlx::query_as::<_, (String, String, String, i64, String, Option<String>, String, Option<String>)>(
+        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
+         FROM refund WHERE order_id = $1 ORDER BY created_at, id",
     )
     .bind(id.as_str())
-    .fetch_optional(&mut *connection)
-    .await?
-    .map(|(refund, status, amount_minor, currency, gateway_refund_id, reason, failure_reason)| {
-        Ok::<_, StoreError>(RefundRecord {
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut refunds = Vec::with_capacity(refund_rows.len());
+    for (refund, attempt, status, amount_minor, currency, gateway_refund_id, reason, failure_reason) in refund_rows {
+        refunds.push(RefundRecord {
             id: parse_stored("refund id", &refund, RefundId::parse)?,
+            attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
             status,
             amount_minor,
             currency,
             gateway_refund_id,
             reason,
             failure_reason,
-        })
-    })
-    .transpose()?;
+        });
+    }
     let returned: Option<String> =
         sqlx::query_scalar("SELECT order_id FROM order_return WHERE order_id = $1")
             .bind(id.as_str())
@@ -1634,7 +1674,7 @@ async fn load_order(
         lines,
         reservation,
         attempts,
-        refund,
+        refunds,
         returned: returned.is_some(),
         history,
     }))
