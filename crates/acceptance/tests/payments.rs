@@ -23,6 +23,7 @@ mirrored_tests!(
     an_abandoned_payment_is_cancelled_at_the_gateway_before_its_stock_goes_back,
     an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
     a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid,
+    an_unknown_outcome_is_asked_about_less_and_less_often,
     a_slow_gateway_answer_is_waited_for_and_applied,
     a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid,
     a_lost_answer_is_unknown_until_the_webhook_says_paid,
@@ -334,7 +335,7 @@ async fn an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it
     app.clock.advance_seconds(HOLD_SECONDS + 1);
     // Another instance reaches the gateway through a proxy that answers cancels 503.
     let other = app.another_instance().await;
-    let proxy = RefusingCancels::start(&gateway).await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::Cancels).await;
     proxy.attach(&other);
     let resolved = other.engine.reconcile_step().await.expect("reconcile step");
     assert_eq!(resolved.len(), 1, "{resolved:?}");
@@ -357,16 +358,23 @@ async fn an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it
     app.assert_audit_clean().await;
 }
 
-/// A gateway in front of the sandbox that passes every call through except cancels,
-/// which it answers 503 until told to stop.
-struct RefusingCancels {
+/// What [`FlakyGateway`] answers 503 to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refuse {
+    Cancels,
+    Everything,
+}
+
+/// A gateway in front of the sandbox that passes calls through, except those it
+/// answers 503 until told to stop.
+struct FlakyGateway {
     url: String,
     refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     _shutdown: tokio_util::sync::DropGuard,
 }
 
-impl RefusingCancels {
-    async fn start(gateway: &TestGateway) -> RefusingCancels {
+impl FlakyGateway {
+    async fn start(gateway: &TestGateway, refused: Refuse) -> FlakyGateway {
         let upstream = gateway.url.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -383,7 +391,9 @@ impl RefusingCancels {
             let refuse = refuse.load(std::sync::atomic::Ordering::SeqCst);
             async move {
                 use axum::response::IntoResponse;
-                if refuse && request.uri().path().ends_with("/cancel") {
+                if refuse
+                    && (refused == Refuse::Everything || request.uri().path().ends_with("/cancel"))
+                {
                     return (
                         axum::http::StatusCode::SERVICE_UNAVAILABLE,
                         "down for maintenance",
@@ -422,7 +432,7 @@ impl RefusingCancels {
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await
         });
-        RefusingCancels {
+        FlakyGateway {
             url,
             refusing,
             _shutdown: shutdown.drop_guard(),
@@ -1736,4 +1746,41 @@ async fn a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid(b
     assert_eq!(gateway.sandbox.stats().refunds, 1);
     assert_eq!(app.counters(SKU).await, (STOCK - 1, 0));
     app.assert_audit_clean().await;
+}
+
+/// Issue 13, defect 6: a gateway answering 5xx leaves the outcome unknown, asked about
+/// again after the lease, then twice as long after every look that learns nothing.
+async fn an_unknown_outcome_is_asked_about_less_and_less_often(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let other = app.another_instance().await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
+    proxy.attach(&other);
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let unknown = other.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(unknown.status, 202, "{unknown:?}");
+    assert_eq!(unknown.code().as_deref(), Some("payment_unknown"));
+    // Looked at 10 s after the call, then after 30, 60 and 120 seconds more.
+    let mut looks = Vec::new();
+    for _ in 0..22 {
+        app.clock.advance_seconds(10);
+        let claimed = other.engine.reconcile_step().await.expect("reconcile step");
+        looks.push(claimed.len());
+    }
+    let at: Vec<usize> = looks
+        .iter()
+        .enumerate()
+        .filter(|(_, claimed)| **claimed > 0)
+        .map(|(index, _)| (index + 1) * 10)
+        .collect();
+    assert_eq!(at, [10, 40, 100, 220], "seconds after the call: {looks:?}");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    proxy.stop_refusing();
+    app.clock.advance_seconds(240);
+    other.engine.reconcile_step().await.expect("reconcile step");
+    assert_paid_once(&app, &gateway, &order, 1).await;
 }
