@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::code::{CategoryCode, ImageUrl, OperatorId, ShopCode, SkuCode, SupplierCode};
 use crate::error::ParseError;
 use crate::id::ProductId;
+use crate::principal::Principal;
 use crate::sale_status::{SaleStatus, ShelfOperation};
 use crate::sku::Sku;
 use crate::time::Timestamp;
@@ -83,5 +84,65 @@ pub fn operation_label(operation: ShelfOperation, scheduled: bool) -> &'static s
         (ShelfOperation::Off, true) => "off_at",
         (ShelfOperation::Delete, true) => "delete_at",
         (operation, false) => operation.as_str(),
+    }
+}
+
+/// Who acts: an operator of one shop, or the admin (no shop: every shop).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    pub operator: OperatorId,
+    pub operator_type: OperatorType,
+    pub shop: Option<ShopCode>,
+}
+
+impl Actor {
+    /// The holder of the admin token.
+    pub fn admin() -> Actor {
+        Actor {
+            operator: known_operator("admin"),
+            operator_type: OperatorType::Manual,
+            shop: None,
+        }
+    }
+
+    /// The schedule worker.
+    pub fn scheduler() -> Actor {
+        Actor {
+            operator: known_operator("scheduler"),
+            operator_type: OperatorType::Scheduled,
+            shop: None,
+        }
+    }
+
+    pub fn is_admin(&self) -> bool {
+        self.shop.is_none()
+    }
+
+    /// The actor a shelf change records for `principal`. Service keys never change the
+    /// shelf (`domain::PERMISSIONS`), so they appear only if that table changes.
+    pub fn of(principal: &Principal) -> Actor {
+        match principal {
+            Principal::Admin => Actor::admin(),
+            Principal::Operator { id, shop } => Actor {
+                operator: id.clone(),
+                operator_type: OperatorType::Manual,
+                shop: Some(shop.clone()),
+            },
+            Principal::Service { key, shop } => Actor {
+                // A minted key id is a valid operator id (letters, digits, '_').
+                operator: OperatorId::parse(key.as_str())
+                    .unwrap_or_else(|_| known_operator("service")),
+                operator_type: OperatorType::System,
+                shop: Some(shop.clone()),
+            },
+        }
+    }
+}
+
+/// stockd's own operator names; they are valid codes, so parsing cannot fail.
+fn known_operator(name: &'static str) -> OperatorId {
+    match OperatorId::parse(name) {
+        Ok(id) => id,
+        Err(error) => unreachable!("'{name}' is a valid operator id: {error}"),
     }
 }

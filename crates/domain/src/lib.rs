@@ -5,14 +5,17 @@
 //! accept these types instead of raw strings and integers, so a value that reached the
 //! engine has already been validated.
 
+pub mod cart;
 pub mod catalog;
 pub mod code;
+pub mod decision;
 pub mod error;
 pub mod hex;
 pub mod id;
 pub mod limits;
 pub mod money;
 pub mod order;
+pub mod plan;
 pub mod principal;
 pub mod quantity;
 pub mod reservation;
@@ -26,6 +29,7 @@ pub use code::{
     CategoryCode, ImageUrl, OperatorId, ShopCode, SkuCode, SupplierCode, Title, UserId,
     WarehouseCode,
 };
+pub use decision::{Rejection, ShopScope};
 pub use error::{ErrorCode, ParseError};
 pub use hex::lower_hex;
 pub use id::{

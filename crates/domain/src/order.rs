@@ -6,6 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
+use crate::reservation::ReservationStatus;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -105,6 +106,35 @@ impl OrderStatus {
         } else {
             Err(IllegalOrderTransition { from: self, to })
         }
+    }
+
+    /// Whether an order in this status may hold a reservation in `reservation` and have
+    /// payments adding up to `payment` (`SUCCEEDED` if an attempt succeeded, else
+    /// `PROCESSING` if one runs, else `FAILED` if any was made): the combinations the
+    /// state machine can produce. Anything else is a lost update or a hand edit; the
+    /// audit reports it.
+    pub fn agrees_with(
+        self,
+        reservation: ReservationStatus,
+        payment: Option<AttemptStatus>,
+    ) -> bool {
+        use AttemptStatus::{Failed, Processing, Succeeded};
+        use ReservationStatus::{Confirmed, Released, Reserved};
+        matches!(
+            (self, reservation, payment),
+            (OrderStatus::PendingPayment, Reserved, None)
+                | (OrderStatus::PaymentProcessing, Reserved, Some(Processing))
+                | (OrderStatus::Paid, Confirmed, Some(Succeeded))
+                // Declined, its hold kept for another card (or, declined before attempts
+                // could be retried, its stock given back).
+                | (OrderStatus::PaymentFailed, Reserved | Released, Some(Failed))
+                | (OrderStatus::Cancelled | OrderStatus::Expired, Released, None | Some(Failed))
+                | (
+                    OrderStatus::RefundPending | OrderStatus::Refunded,
+                    Confirmed | Released,
+                    Some(Succeeded)
+                )
+        )
     }
 
     /// Whether a new payment attempt may start from this status (while the hold lasts):
@@ -235,6 +265,45 @@ mod tests {
             assert_eq!(from.transition(RefundPending), Ok(RefundPending));
         }
         assert!(Refunded.transition(Paid).is_err(), "refunded is final");
+    }
+
+    #[test]
+    fn an_order_agrees_only_with_the_reservations_and_payments_its_machine_produces() {
+        use AttemptStatus::{Failed, Processing, Succeeded};
+        use ReservationStatus::{Confirmed, Released, Reserved};
+        assert!(Paid.agrees_with(Confirmed, Some(Succeeded)));
+        assert!(
+            PaymentFailed.agrees_with(Reserved, Some(Failed)),
+            "hold kept"
+        );
+        assert!(Expired.agrees_with(Released, None));
+        assert!(
+            !Paid.agrees_with(Released, Some(Succeeded)),
+            "sold but given back"
+        );
+        assert!(
+            !Expired.agrees_with(Confirmed, Some(Succeeded)),
+            "a lost update"
+        );
+        assert!(!PaymentProcessing.agrees_with(Reserved, None), "no attempt");
+        assert!(!PendingPayment.agrees_with(Reserved, Some(Processing)));
+        assert!(
+            !Cancelled.agrees_with(Reserved, None),
+            "cancelled but still held"
+        );
+        let agreeing = OrderStatus::ALL
+            .into_iter()
+            .flat_map(|order| {
+                [Reserved, Confirmed, Released]
+                    .into_iter()
+                    .flat_map(move |reservation| {
+                        [None, Some(Processing), Some(Succeeded), Some(Failed)]
+                            .into_iter()
+                            .filter(move |payment| order.agrees_with(reservation, *payment))
+                    })
+            })
+            .count();
+        assert_eq!(agreeing, 13, "the table's rows");
     }
 
     #[test]

@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 
+pub use domain::cart::{CartLine, CartProblem, CartSku};
+pub use domain::catalog::Actor;
+
 use domain::{
-    CategoryCode, Currency, ErrorCode, ImageUrl, OperatorId, OperatorType, PriceMinor, Principal,
-    ProductId, SaleStatus, ScheduleId, ServiceKeyId, ShelfOperation, ShopCode, SkuCode,
-    SupplierCode, Timestamp, Title, UserId,
+    CategoryCode, Currency, ErrorCode, ImageUrl, PriceMinor, ProductId, SaleStatus, ScheduleId,
+    ServiceKeyId, ShelfOperation, ShopCode, SkuCode, SupplierCode, Timestamp, Title, UserId,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,66 +40,6 @@ pub struct ProductChanges {
     pub image_url: Option<ImageUrl>,
     pub category: Option<CategoryCode>,
     pub supplier: Option<SupplierCode>,
-}
-
-/// Who acts: an operator of one shop, or the admin (no shop: every shop).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actor {
-    pub operator: OperatorId,
-    pub operator_type: OperatorType,
-    pub shop: Option<ShopCode>,
-}
-
-impl Actor {
-    /// The holder of the admin token.
-    pub fn admin() -> Actor {
-        Actor {
-            operator: known_operator("admin"),
-            operator_type: OperatorType::Manual,
-            shop: None,
-        }
-    }
-
-    /// The schedule worker.
-    pub fn scheduler() -> Actor {
-        Actor {
-            operator: known_operator("scheduler"),
-            operator_type: OperatorType::Scheduled,
-            shop: None,
-        }
-    }
-
-    pub fn is_admin(&self) -> bool {
-        self.shop.is_none()
-    }
-
-    /// The actor a shelf change records for `principal`. Service keys never change the
-    /// shelf (`domain::PERMISSIONS`), so they appear only if that table changes.
-    pub fn of(principal: &Principal) -> Actor {
-        match principal {
-            Principal::Admin => Actor::admin(),
-            Principal::Operator { id, shop } => Actor {
-                operator: id.clone(),
-                operator_type: OperatorType::Manual,
-                shop: Some(shop.clone()),
-            },
-            Principal::Service { key, shop } => Actor {
-                // A minted key id is a valid operator id (letters, digits, '_').
-                operator: OperatorId::parse(key.as_str())
-                    .unwrap_or_else(|_| known_operator("service")),
-                operator_type: OperatorType::System,
-                shop: Some(shop.clone()),
-            },
-        }
-    }
-}
-
-/// stockd's own operator names; they are valid codes, so parsing cannot fail.
-fn known_operator(name: &'static str) -> OperatorId {
-    match OperatorId::parse(name) {
-        Ok(id) => id,
-        Err(error) => unreachable!("'{name}' is a valid operator id: {error}"),
-    }
 }
 
 /// Which SKUs a shelf operation names: the union of the listed products and SKUs and
@@ -198,81 +140,11 @@ pub struct ShelfLogQuery {
     pub limit: i64,
 }
 
-/// A cart line with what the catalog says about its SKU now (`None`: unknown SKU).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CartLine {
-    pub sku: SkuCode,
-    pub quantity: i64,
-    pub current: Option<CartSku>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CartSku {
-    pub title: String,
-    pub price: Option<PriceMinor>,
-    pub currency: Option<Currency>,
-    pub sale_status: SaleStatus,
-    /// Available in the default warehouse, where carts check out from.
-    pub available: i64,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cart {
     pub user: UserId,
     /// Ordered by SKU code.
     pub lines: Vec<CartLine>,
-}
-
-/// Why a cart line cannot be ordered now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CartProblem {
-    NotFound,
-    Deleted,
-    OffShelf,
-    OutOfStock,
-    /// More in the cart than is available.
-    QuantityAboveAvailable,
-}
-
-impl CartProblem {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CartProblem::NotFound => "not_found",
-            CartProblem::Deleted => "deleted",
-            CartProblem::OffShelf => "off_shelf",
-            CartProblem::OutOfStock => "out_of_stock",
-            CartProblem::QuantityAboveAvailable => "quantity_above_available",
-        }
-    }
-
-    pub fn code(self) -> ErrorCode {
-        match self {
-            CartProblem::NotFound => ErrorCode::NotFound,
-            CartProblem::Deleted | CartProblem::OffShelf => ErrorCode::OffShelf,
-            CartProblem::OutOfStock | CartProblem::QuantityAboveAvailable => {
-                ErrorCode::InsufficientStock
-            }
-        }
-    }
-}
-
-impl CartLine {
-    /// Whether the line could be ordered right now, and why not. A snapshot: the
-    /// reservation at checkout decides.
-    pub fn problem(&self) -> Option<CartProblem> {
-        let Some(current) = &self.current else {
-            return Some(CartProblem::NotFound);
-        };
-        match current.sale_status {
-            SaleStatus::Deleted => Some(CartProblem::Deleted),
-            SaleStatus::OffShelf | SaleStatus::PendingReview => Some(CartProblem::OffShelf),
-            SaleStatus::OnShelf if current.available == 0 => Some(CartProblem::OutOfStock),
-            SaleStatus::OnShelf if current.available < self.quantity => {
-                Some(CartProblem::QuantityAboveAvailable)
-            }
-            SaleStatus::OnShelf => None,
-        }
-    }
 }
 
 /// A line a checkout left out, and why.

@@ -1,9 +1,9 @@
 //! What goes into and comes out of the store's units of work.
 
 use domain::{
-    AdjustmentQuantity, Currency, ErrorCode, IdempotencyKey, MovementId, OperatorId, PriceMinor,
-    Principal, Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku,
-    SkuCode, Timestamp, UserId, WarehouseCode,
+    AdjustmentQuantity, Currency, IdempotencyKey, MovementId, OperatorId, PriceMinor, Principal,
+    Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku, SkuCode,
+    Timestamp, UserId, WarehouseCode,
 };
 
 use crate::catalog::{Cart, ServiceKey, ShelfResult, SkippedLine};
@@ -90,21 +90,7 @@ pub struct BatchApplied {
     pub path: BatchPath,
 }
 
-/// A business refusal. Stored and replayed like a success: the first result wins.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    pub code: ErrorCode,
-    pub detail: String,
-}
-
-impl Rejection {
-    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Rejection {
-        Rejection {
-            code,
-            detail: detail.into(),
-        }
-    }
-}
+pub use domain::{Rejection, ShopScope};
 
 /// Turns outcomes into the bytes a client receives. The HTTP layer implements it; the
 /// store calls it inside the transaction so the stored response commits with the effect.
@@ -207,20 +193,6 @@ pub struct MovementRecord {
     pub available: i64,
     pub reserved: i64,
     pub created_at: Timestamp,
-}
-
-/// Which shop a reservation's SKUs must belong to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShopScope {
-    /// Every SKU was found in this shop before the request was queued (a SKU's shop
-    /// never changes), so nothing is left to check.
-    Verified(ShopCode),
-    /// Every SKU must belong to this shop (the caller's); some were unknown when the
-    /// request was checked, so the reserving transaction checks.
-    Required(ShopCode),
-    /// The admin named a SKU unknown when the request was checked: any one shop,
-    /// found by the reserving transaction.
-    Any,
 }
 
 /// One request of a reservation batch. Lines are distinct per (sku, warehouse).

@@ -1636,11 +1636,18 @@ impl BackendStore {
             orders.try_next().await?
         {
             orders_checked += 1;
-            if !order_agrees_with_its_reservation_and_payment(
-                &order_status,
-                &reservation_status,
-                attempt_status.as_deref(),
+            let agrees = match (
+                OrderStatus::parse(&order_status),
+                ReservationStatus::parse(&reservation_status),
+                attempt_status.as_deref().map(AttemptStatus::parse).transpose(),
             ) {
+                (Ok(order), Ok(reservation), Ok(payment)) => {
+                    order.agrees_with(reservation, payment)
+                }
+                // A status no table knows is a hand edit: a difference.
+                _ => false,
+            };
+            if !agrees {
                 note(AuditDifference {
                     check: "order_vs_reservation_and_payment",
                     sku: None,
@@ -1908,26 +1915,3 @@ fn wall_clock_milliseconds() -> i64 {
         .unwrap_or(0)
 }
 
-/// The combinations of order, reservation and payment status the order state machine
-/// can produce. Anything else is a lost update or a hand edit.
-fn order_agrees_with_its_reservation_and_payment(
-    order: &str,
-    reservation: &str,
-    payment: Option<&str>,
-) -> bool {
-    matches!(
-        (order, reservation, payment),
-        ("PENDING_PAYMENT", "RESERVED", None)
-            | ("PAYMENT_PROCESSING", "RESERVED", Some("PROCESSING"))
-            | ("PAID", "CONFIRMED", Some("SUCCEEDED"))
-            // Declined, its hold kept for another card (or, declined before attempts
-            // could be retried, its stock given back).
-            | ("PAYMENT_FAILED", "RESERVED" | "RELEASED", Some("FAILED"))
-            | ("CANCELLED" | "EXPIRED", "RELEASED", None | Some("FAILED"))
-            | (
-                "REFUND_PENDING" | "REFUNDED",
-                "CONFIRMED" | "RELEASED",
-                Some("SUCCEEDED")
-            )
-    )
-}

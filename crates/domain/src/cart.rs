@@ -1,0 +1,139 @@
+//! A shopper's cart as the catalog sees it now, and the rule that says whether a line
+//! could be ordered: a snapshot for the shopper, never the decision (the reservation
+//! at checkout decides).
+
+use crate::{Currency, ErrorCode, PriceMinor, SaleStatus, SkuCode};
+
+/// A cart line with what the catalog says about its SKU now (`None`: unknown SKU).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CartLine {
+    pub sku: SkuCode,
+    pub quantity: i64,
+    pub current: Option<CartSku>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CartSku {
+    pub title: String,
+    pub price: Option<PriceMinor>,
+    pub currency: Option<Currency>,
+    pub sale_status: SaleStatus,
+    /// Available in the default warehouse, where carts check out from.
+    pub available: i64,
+}
+
+/// Why a cart line cannot be ordered now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CartProblem {
+    NotFound,
+    Deleted,
+    OffShelf,
+    OutOfStock,
+    /// More in the cart than is available.
+    QuantityAboveAvailable,
+}
+
+impl CartProblem {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CartProblem::NotFound => "not_found",
+            CartProblem::Deleted => "deleted",
+            CartProblem::OffShelf => "off_shelf",
+            CartProblem::OutOfStock => "out_of_stock",
+            CartProblem::QuantityAboveAvailable => "quantity_above_available",
+        }
+    }
+
+    pub fn code(self) -> ErrorCode {
+        match self {
+            CartProblem::NotFound => ErrorCode::NotFound,
+            CartProblem::Deleted | CartProblem::OffShelf => ErrorCode::OffShelf,
+            CartProblem::OutOfStock | CartProblem::QuantityAboveAvailable => {
+                ErrorCode::InsufficientStock
+            }
+        }
+    }
+}
+
+impl CartLine {
+    /// Whether the line could be ordered right now, and why not. A snapshot: the
+    /// reservation at checkout decides.
+    pub fn problem(&self) -> Option<CartProblem> {
+        let Some(current) = &self.current else {
+            return Some(CartProblem::NotFound);
+        };
+        match current.sale_status {
+            SaleStatus::Deleted => Some(CartProblem::Deleted),
+            SaleStatus::OffShelf | SaleStatus::PendingReview => Some(CartProblem::OffShelf),
+            SaleStatus::OnShelf if current.available == 0 => Some(CartProblem::OutOfStock),
+            SaleStatus::OnShelf if current.available < self.quantity => {
+                Some(CartProblem::QuantityAboveAvailable)
+            }
+            SaleStatus::OnShelf => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(quantity: i64, sale_status: SaleStatus, available: i64) -> CartLine {
+        CartLine {
+            sku: SkuCode::parse("MILK").unwrap(),
+            quantity,
+            current: Some(CartSku {
+                title: "Milk".into(),
+                price: None,
+                currency: None,
+                sale_status,
+                available,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_line_on_the_shelf_with_enough_stock_has_no_problem() {
+        assert_eq!(line(2, SaleStatus::OnShelf, 2).problem(), None);
+    }
+
+    #[test]
+    fn each_problem_is_named_and_mapped_to_its_error_code() {
+        let unknown = CartLine {
+            current: None,
+            ..line(1, SaleStatus::OnShelf, 1)
+        };
+        let cases = [
+            (unknown, CartProblem::NotFound, ErrorCode::NotFound),
+            (
+                line(1, SaleStatus::Deleted, 5),
+                CartProblem::Deleted,
+                ErrorCode::OffShelf,
+            ),
+            (
+                line(1, SaleStatus::OffShelf, 5),
+                CartProblem::OffShelf,
+                ErrorCode::OffShelf,
+            ),
+            (
+                line(1, SaleStatus::PendingReview, 5),
+                CartProblem::OffShelf,
+                ErrorCode::OffShelf,
+            ),
+            (
+                line(1, SaleStatus::OnShelf, 0),
+                CartProblem::OutOfStock,
+                ErrorCode::InsufficientStock,
+            ),
+            (
+                line(3, SaleStatus::OnShelf, 2),
+                CartProblem::QuantityAboveAvailable,
+                ErrorCode::InsufficientStock,
+            ),
+        ];
+        for (line, problem, code) in cases {
+            assert_eq!(line.problem(), Some(problem), "{line:?}");
+            assert_eq!(problem.code(), code);
+        }
+    }
+}
