@@ -152,424 +152,88 @@ impl Store {
     pub async fn close(&self) {
         dispatch!(self, store => store.close().await)
     }
+}
 
+/// Every unit of work, forwarded to the backend the store was opened on. The list below
+/// is the store's whole interface: a method is declared once here and written once in
+/// the units of work both backends share.
+macro_rules! forward {
+    ($(
+        $(#[$attribute:meta])*
+        fn $name:ident(&self $(, $argument:ident: $type:ty)* $(,)?) -> $output:ty;
+    )*) => {
+        impl Store {
+            $(
+                $(#[$attribute])*
+                // A forwarder takes what its unit of work takes, however many inputs.
+                #[allow(clippy::too_many_arguments)]
+                pub async fn $name(&self $(, $argument: $type)*) -> $output {
+                    match self {
+                        Store::Sqlite(store) => store.$name($($argument),*).await,
+                        Store::Postgres(store) => store.$name($($argument),*).await,
+                    }
+                }
+            )*
+        }
+    };
+}
+
+forward! {
     /// Applies missing migrations; returns the versions applied now.
-    pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        dispatch!(self, store => store.migrate().await)
-    }
-
-    pub async fn database_version(&self) -> Result<String, StoreError> {
-        dispatch!(self, store => store.database_version().await)
-    }
-
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        dispatch!(self, store => store.ping().await)
-    }
-
-    pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
-        dispatch!(self, store => store.sku(code).await)
-    }
-
-    pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
-        dispatch!(self, store => store.reservation(id).await)
-    }
-
+    fn migrate(&self) -> Result<Vec<i64>, StoreError>;
+    fn database_version(&self) -> Result<String, StoreError>;
+    fn ping(&self) -> Result<(), StoreError>;
+    fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError>;
+    fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError>;
     /// The shops of these SKUs (the ones that exist). A SKU's shop never changes.
-    pub async fn sku_shops(
-        &self,
-        codes: &[&SkuCode],
-    ) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError> {
-        dispatch!(self, store => store.sku_shops(codes).await)
-    }
-
-    pub async fn idempotency_record(
-        &self,
-        key: &ScopedKey,
-    ) -> Result<Option<(String, StoredResponse)>, StoreError> {
-        dispatch!(self, store => store.idempotency_record(key).await)
-    }
-
-    pub async fn store_response(
-        &self,
-        claim: &IdempotencyClaim,
-        response: &StoredResponse,
-        now: Timestamp,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.store_response(claim, response, now).await)
-    }
-
-    pub async fn upsert_sku(
-        &self,
-        claim: &IdempotencyClaim,
-        code: &SkuCode,
-        changes: &SkuChanges,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.upsert_sku(claim, code, changes, now, renderer).await)
-    }
-
-    pub async fn record_movement(
-        &self,
-        claim: &IdempotencyClaim,
-        movement: &StockMovement,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.record_movement(claim, movement, now, renderer).await)
-    }
-
-    pub async fn reserve_batch(
-        &self,
-        requests: &[ReserveRequest],
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-        turn: &mut LockTurn,
-    ) -> Result<BatchApplied, StoreError> {
-        dispatch!(self, store => store.reserve_batch(requests, now, renderer, turn).await)
-    }
-
-    pub async fn change_reservation(
-        &self,
-        claim: &IdempotencyClaim,
-        id: &ReservationId,
-        action: ReservationAction,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.change_reservation(claim, id, action, now, renderer).await)
-    }
-
-    pub async fn expire_batch(
-        &self,
-        now: Timestamp,
-        limit: i64,
-    ) -> Result<ExpiryOutcome, StoreError> {
-        dispatch!(self, store => store.expire_batch(now, limit).await)
-    }
-
-    pub async fn purge_idempotency_records(
-        &self,
-        created_before: Timestamp,
-        limit: i64,
-    ) -> Result<u64, StoreError> {
-        dispatch!(self, store => store.purge_idempotency_records(created_before, limit).await)
-    }
-
-    pub async fn reservation_gauges(
-        &self,
-        now: Timestamp,
-    ) -> Result<ReservationGauges, StoreError> {
-        dispatch!(self, store => store.reservation_gauges(now).await)
-    }
-
-    pub async fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError> {
-        dispatch!(self, store => store.expiry_backlog(now).await)
-    }
-
-    pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
-        dispatch!(self, store => store.audit(now).await)
-    }
-
-    pub async fn contents(&self) -> Result<String, StoreError> {
-        dispatch!(self, store => store.contents().await)
-    }
-
-    pub async fn create_product(
-        &self,
-        claim: &IdempotencyClaim,
-        product: &NewProduct,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.create_product(claim, product, now, renderer).await)
-    }
-
-    pub async fn update_product(
-        &self,
-        claim: &IdempotencyClaim,
-        id: &ProductId,
-        changes: &ProductChanges,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.update_product(claim, id, changes, now, renderer).await)
-    }
-
-    pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
-        dispatch!(self, store => store.product(id).await)
-    }
-
-    pub async fn resolve_shelf_targets(
-        &self,
-        selector: &TargetSelector,
-    ) -> Result<Vec<ShelfTarget>, StoreError> {
-        dispatch!(self, store => store.resolve_shelf_targets(selector).await)
-    }
-
-    pub async fn change_shelf(
-        &self,
-        claim: &IdempotencyClaim,
-        change: &ShelfChange,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.change_shelf(claim, change, now, renderer).await)
-    }
-
-    pub async fn schedule_shelf(
-        &self,
-        claim: &IdempotencyClaim,
-        scheduling: &ShelfScheduling,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.schedule_shelf(claim, scheduling, now, renderer).await)
-    }
-
-    pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError> {
-        dispatch!(self, store => store.next_schedule_due().await)
-    }
-
-    pub async fn apply_due_schedules(
-        &self,
-        now: Timestamp,
-        limit: i64,
-    ) -> Result<Vec<AppliedSchedule>, StoreError> {
-        dispatch!(self, store => store.apply_due_schedules(now, limit).await)
-    }
-
-    pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
-        dispatch!(self, store => store.shelf_log(query).await)
-    }
-
-    pub async fn create_operator(
-        &self,
-        claim: &IdempotencyClaim,
-        operator: &OperatorId,
-        shop: &ShopCode,
-        token_hash: &str,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.create_operator(claim, operator, shop, token_hash, now, renderer).await)
-    }
-
-    pub async fn create_service_key(
-        &self,
-        claim: &IdempotencyClaim,
-        key: &ServiceKey,
-        secret_hash: &str,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.create_service_key(claim, key, secret_hash, now, renderer).await)
-    }
-
-    pub async fn revoke_service_key(
-        &self,
-        claim: &IdempotencyClaim,
-        key: &ServiceKeyId,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.revoke_service_key(claim, key, now, renderer).await)
-    }
-
-    pub async fn service_keys(
-        &self,
-        shop: Option<&ShopCode>,
-        limit: i64,
-    ) -> Result<Vec<ServiceKey>, StoreError> {
-        dispatch!(self, store => store.service_keys(shop, limit).await)
-    }
-
-    pub async fn principal_by_secret_hash(
-        &self,
-        secret_hash: &str,
-    ) -> Result<Option<Principal>, StoreError> {
-        dispatch!(self, store => store.principal_by_secret_hash(secret_hash).await)
-    }
-
-    pub async fn admin_credential_exists(&self) -> Result<bool, StoreError> {
-        dispatch!(self, store => store.admin_credential_exists().await)
-    }
-
-    pub async fn replace_admin_secret(
-        &self,
-        secret_hash: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, store => store.replace_admin_secret(secret_hash, now).await)
-    }
-
-    #[allow(clippy::too_many_arguments)] // forwards one unit of work's inputs
-    pub async fn set_cart_item(
-        &self,
-        claim: &IdempotencyClaim,
-        shop: &ShopCode,
-        user: &UserId,
-        sku: &SkuCode,
-        quantity: Option<i64>,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.set_cart_item(claim, shop, user, sku, quantity, now, renderer).await)
-    }
-
-    pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
-        dispatch!(self, store => store.cart(shop, user).await)
-    }
-
-    pub async fn remove_ordered_cart_items(
-        &self,
-        user: &UserId,
-        ordered: &[(SkuCode, i64)],
-    ) -> Result<(), StoreError> {
-        dispatch!(self, store => store.remove_ordered_cart_items(user, ordered).await)
-    }
-
-    pub async fn create_order(
-        &self,
-        claim: &IdempotencyClaim,
-        order: &NewOrder,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.create_order(claim, order, now, renderer).await)
-    }
-
-    pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
-        dispatch!(self, store => store.order_shop(id).await)
-    }
-
-    pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
-        dispatch!(self, store => store.order(id).await)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub async fn begin_payment(
-        &self,
-        claim: &IdempotencyClaim,
-        order: &OrderId,
-        attempt: &PaymentAttemptId,
-        payment_method: &str,
-        reconcile_after: Timestamp,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<BeginPayment, StoreError> {
-        dispatch!(self, store => store.begin_payment(claim, order, attempt, payment_method, reconcile_after, now, renderer).await)
-    }
-
-    pub async fn settle_payment_with_answer(
-        &self,
-        claim: &IdempotencyClaim,
-        attempt: &PaymentAttemptId,
-        outcome: &GatewayOutcome,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.settle_payment_with_answer(claim, attempt, outcome, now, renderer).await)
-    }
-
-    pub async fn fail_refund(
-        &self,
-        refund: &RefundId,
-        reason: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, store => store.fail_refund(refund, reason, now).await)
-    }
-
-    pub async fn settle_payment(
-        &self,
-        attempt: &PaymentAttemptId,
-        outcome: &GatewayOutcome,
-        source: &str,
-        now: Timestamp,
-    ) -> Result<Option<OrderStatus>, StoreError> {
-        dispatch!(self, store => store.settle_payment(attempt, outcome, source, now).await)
-    }
-
-    pub async fn apply_payment_event(
-        &self,
-        event_id: &str,
-        event_type: &str,
-        payment_id: &str,
-        attempt: Option<&PaymentAttemptId>,
-        outcome: Option<&GatewayOutcome>,
-        now: Timestamp,
-    ) -> Result<Option<String>, StoreError> {
-        dispatch!(self, store => store.apply_payment_event(event_id, event_type, payment_id, attempt, outcome, now).await)
-    }
-
-    pub async fn payment_attempt(
-        &self,
-        attempt: Option<&PaymentAttemptId>,
-        payment_id: &str,
-    ) -> Result<Option<AttemptToCall>, StoreError> {
-        dispatch!(self, store => store.payment_attempt(attempt, payment_id).await)
-    }
-
-    pub async fn claim_attempts_to_reconcile(
-        &self,
-        now: Timestamp,
-        limit: i64,
-        lease_milliseconds: i64,
-    ) -> Result<Vec<AttemptToCall>, StoreError> {
-        dispatch!(self, store => store.claim_attempts_to_reconcile(now, limit, lease_milliseconds).await)
-    }
-
-    pub async fn expire_orders(
-        &self,
-        now: Timestamp,
-        limit: i64,
-    ) -> Result<Vec<OrderId>, StoreError> {
-        dispatch!(self, store => store.expire_orders(now, limit).await)
-    }
-
-    pub async fn cancel_order(
-        &self,
-        claim: &IdempotencyClaim,
-        order: &OrderId,
-        may_cancel_paid: bool,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.cancel_order(claim, order, may_cancel_paid, now, renderer).await)
-    }
-
-    pub async fn claim_refunds(
-        &self,
-        now: Timestamp,
-        limit: i64,
-        lease_milliseconds: i64,
-    ) -> Result<Vec<RefundToIssue>, StoreError> {
-        dispatch!(self, store => store.claim_refunds(now, limit, lease_milliseconds).await)
-    }
-
-    pub async fn settle_refund(
-        &self,
-        refund: &RefundId,
-        gateway_refund_id: &str,
-        now: Timestamp,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, store => store.settle_refund(refund, gateway_refund_id, now).await)
-    }
-
-    pub async fn return_order(
-        &self,
-        claim: &IdempotencyClaim,
-        order: &OrderId,
-        now: Timestamp,
-        renderer: &dyn ResponseRenderer,
-    ) -> Result<Idempotent, StoreError> {
-        dispatch!(self, store => store.return_order(claim, order, now, renderer).await)
-    }
-
-    pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
-        dispatch!(self, store => store.payment_gauges(now).await)
-    }
+    fn sku_shops(&self, codes: &[&SkuCode]) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError>;
+    fn idempotency_record(&self, key: &ScopedKey) -> Result<Option<(String, StoredResponse)>, StoreError>;
+    fn store_response(&self, claim: &IdempotencyClaim, response: &StoredResponse, now: Timestamp) -> Result<Idempotent, StoreError>;
+    fn upsert_sku(&self, claim: &IdempotencyClaim, code: &SkuCode, changes: &SkuChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn record_movement(&self, claim: &IdempotencyClaim, movement: &StockMovement, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn reserve_batch(&self, requests: &[ReserveRequest], now: Timestamp, renderer: &dyn ResponseRenderer, turn: &mut LockTurn) -> Result<BatchApplied, StoreError>;
+    fn change_reservation(&self, claim: &IdempotencyClaim, id: &ReservationId, action: ReservationAction, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn expire_batch(&self, now: Timestamp, limit: i64) -> Result<ExpiryOutcome, StoreError>;
+    fn purge_idempotency_records(&self, created_before: Timestamp, limit: i64) -> Result<u64, StoreError>;
+    fn reservation_gauges(&self, now: Timestamp) -> Result<ReservationGauges, StoreError>;
+    fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError>;
+    fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError>;
+    fn contents(&self) -> Result<String, StoreError>;
+    fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError>;
+    fn resolve_shelf_targets(&self, selector: &TargetSelector) -> Result<Vec<ShelfTarget>, StoreError>;
+    fn change_shelf(&self, claim: &IdempotencyClaim, change: &ShelfChange, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn schedule_shelf(&self, claim: &IdempotencyClaim, scheduling: &ShelfScheduling, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError>;
+    fn apply_due_schedules(&self, now: Timestamp, limit: i64) -> Result<Vec<AppliedSchedule>, StoreError>;
+    fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError>;
+    fn create_operator(&self, claim: &IdempotencyClaim, operator: &OperatorId, shop: &ShopCode, token_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn create_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKey, secret_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn revoke_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKeyId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn service_keys(&self, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<ServiceKey>, StoreError>;
+    fn principal_by_secret_hash(&self, secret_hash: &str) -> Result<Option<Principal>, StoreError>;
+    fn admin_credential_exists(&self) -> Result<bool, StoreError>;
+    fn replace_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<(), StoreError>;
+    fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError>;
+    fn remove_ordered_cart_items(&self, user: &UserId, ordered: &[(SkuCode, i64)]) -> Result<(), StoreError>;
+    fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError>;
+    fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError>;
+    fn begin_payment(&self, claim: &IdempotencyClaim, order: &OrderId, attempt: &PaymentAttemptId, payment_method: &str, reconcile_after: Timestamp, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<BeginPayment, StoreError>;
+    fn settle_payment_with_answer(&self, claim: &IdempotencyClaim, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn fail_refund(&self, refund: &RefundId, reason: &str, now: Timestamp) -> Result<(), StoreError>;
+    fn settle_payment(&self, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, source: &str, now: Timestamp) -> Result<Option<OrderStatus>, StoreError>;
+    fn apply_payment_event(&self, event_id: &str, event_type: &str, payment_id: &str, attempt: Option<&PaymentAttemptId>, outcome: Option<&GatewayOutcome>, now: Timestamp) -> Result<Option<String>, StoreError>;
+    fn payment_attempt(&self, attempt: Option<&PaymentAttemptId>, payment_id: &str) -> Result<Option<AttemptToCall>, StoreError>;
+    fn claim_attempts_to_reconcile(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<AttemptToCall>, StoreError>;
+    fn expire_orders(&self, now: Timestamp, limit: i64) -> Result<Vec<OrderId>, StoreError>;
+    fn cancel_order(&self, claim: &IdempotencyClaim, order: &OrderId, may_cancel_paid: bool, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn claim_refunds(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<RefundToIssue>, StoreError>;
+    fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
+    fn return_order(&self, claim: &IdempotencyClaim, order: &OrderId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError>;
 }
 
 #[cfg(test)]

@@ -168,6 +168,23 @@ fn resolve_existing(
         .ok_or_else(|| invariant("an idempotency claim without a response was visible"))
 }
 
+/// Claims `claim`'s key in this transaction, the opening of every keyed unit of work.
+/// `Some` is the answer a retry gets (the stored response, or "key reused"): the
+/// caller rolls back and returns it, having changed nothing.
+async fn claim_or_answer(
+    transaction: &mut Tx,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<Option<Idempotent>, StoreError> {
+    match claim_key(transaction, claim, now).await? {
+        Claim::Taken => Ok(None),
+        Claim::Existing {
+            fingerprint,
+            response,
+        } => resolve_existing(claim, &fingerprint, response).map(Some),
+    }
+}
+
 /// Stores the response for a key claimed by this transaction.
 async fn complete_claim(
     transaction: &mut Tx,
@@ -940,13 +957,9 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         complete_claim(&mut transaction, claim, response).await?;
         transaction.commit().await?;
@@ -1005,13 +1018,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let shop = changes
             .shop
@@ -1093,13 +1102,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let outcome = apply_movement(&mut transaction, movement, now).await?;
         let response = match outcome {
@@ -1359,13 +1364,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let reason = ReleaseReason::Requested;
         let outcome = settle_reservations(

@@ -331,13 +331,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         // The product's rows go in under a savepoint: when a SKU code is taken, they
         // are rolled back and only the stored refusal remains.
@@ -369,13 +365,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let updated = sqlx::query(
             "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
@@ -499,13 +491,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let results = apply_shelf_change(&mut transaction, change, now).await?;
         let response = renderer.shelf_results(&results);
@@ -523,13 +511,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let mut results = Vec::with_capacity(scheduling.targets.len());
         for (id, target) in &scheduling.targets {
@@ -749,13 +733,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let credential = NewCredential {
             kind: CredentialKind::Operator,
@@ -787,13 +767,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let credential = NewCredential {
             kind: CredentialKind::Service,
@@ -820,13 +796,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         sqlx::query(
             "UPDATE credential SET revoked_at = $2 WHERE kind = 'service' AND id = $1 AND revoked_at IS NULL",
@@ -945,13 +917,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let owner: Option<String> = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
             .bind(sku.as_str())

@@ -695,13 +695,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let mut wanted: Vec<StockKey> = order
             .lines
@@ -879,13 +875,9 @@ impl BackendStore {
         }
         // Answered here: the key is claimed in this transaction, so the answer commits
         // with what it reports (an order expired just now) or not at all.
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response).map(BeginPayment::Answered);
+            return Ok(BeginPayment::Answered(answer));
         }
         let response = match locked {
             None => renderer.rejected(&Rejection::new(
@@ -974,13 +966,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let order: Option<String> =
             sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
@@ -1193,13 +1181,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let locked = lock_order(&mut transaction, order).await?;
         let holds_stock = match &locked {
@@ -1414,13 +1398,9 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Claim::Existing {
-            fingerprint,
-            response,
-        } = claim_key(&mut transaction, claim, now).await?
-        {
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
-            return resolve_existing(claim, &fingerprint, response);
+            return Ok(answer);
         }
         let refusal = match lock_order(&mut transaction, order).await? {
             None => Some(Rejection::new(
