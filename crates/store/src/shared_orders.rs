@@ -361,17 +361,6 @@ async fn settle_attempt(
         .fetch_one(&mut **transaction)
         .await?;
     let status = parse_stored("attempt status", &status, AttemptStatus::parse)?;
-    let set_attempt = |status: AttemptStatus, payment_id: Option<&str>, reason: Option<&str>| {
-        sqlx::query(
-            "UPDATE payment_attempt SET status = $2, gateway_payment_id = COALESCE($3, gateway_payment_id), \
-             failure_reason = $4, updated_at = $5 WHERE id = $1",
-        )
-        .bind(attempt.as_str())
-        .bind(status.as_str())
-        .bind(payment_id.map(str::to_owned))
-        .bind(reason.map(str::to_owned))
-        .bind(now.unix_milliseconds())
-    };
     match (status, outcome) {
         (AttemptStatus::Succeeded, _) => Ok(Some(order_status)),
         (
@@ -379,136 +368,218 @@ async fn settle_attempt(
             GatewayOutcome::Failed { .. } | GatewayOutcome::Abandoned { .. },
         ) => Ok(Some(order_status)),
         (_, GatewayOutcome::Succeeded { payment_id }) => {
-            // At most one attempt pays an order (a unique index says so too). Another
-            // one charged as well is a second charge: recorded, not applied, and
-            // refunded, so the order keeps one charge.
-            let paid_by: Option<String> = sqlx::query_scalar(
-                "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED' AND id <> $2",
-            )
-            .bind(order.as_str())
-            .bind(attempt.as_str())
-            .fetch_optional(&mut **transaction)
-            .await?;
-            if let Some(paid_by) = paid_by {
-                let reason = format!(
-                    "charged ({payment_id}) after attempt {paid_by} had paid the order: refunded"
-                );
-                tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
-                set_attempt(AttemptStatus::Failed, Some(payment_id), Some(&reason))
-                    .execute(&mut **transaction)
-                    .await?;
-                insert_refund(
-                    transaction,
-                    attempt,
-                    now,
-                    "a second payment for an order paid already",
-                )
-                .await?;
-                return Ok(Some(order_status));
-            }
-            set_attempt(AttemptStatus::Succeeded, Some(payment_id), None)
-                .execute(&mut **transaction)
-                .await?;
-            let reason = format!("payment {payment_id} succeeded ({source})");
-            let held = reservation_status(transaction, &reservation).await?;
-            match (order_status, held) {
-                (
-                    OrderStatus::PaymentProcessing
-                    | OrderStatus::PendingPayment
-                    | OrderStatus::PaymentFailed,
-                    ReservationStatus::Reserved,
-                ) => {
-                    let Ok(()) = settle_order_reservation(
-                        transaction,
-                        &order,
-                        &reservation,
-                        ReservationAction::Confirm,
-                        ReleaseReason::Requested,
-                        now,
-                    )
-                    .await?
-                    else {
-                        return Err(invariant(format!(
-                            "order {order}: its reservation could not be confirmed"
-                        )));
-                    };
-                    move_order(
-                        transaction,
-                        &order,
-                        order_status,
-                        OrderStatus::Paid,
-                        &reason,
-                        now,
-                    )
-                    .await?;
-                    Ok(Some(OrderStatus::Paid))
-                }
-                (
-                    status @ (OrderStatus::Expired
-                    | OrderStatus::Cancelled
-                    | OrderStatus::PaymentFailed),
-                    ReservationStatus::Released,
-                ) => settle_late_success(transaction, &order, attempt, status, payment_id, now)
-                    .await
-                    .map(Some),
-                (status, _) => Ok(Some(status)),
-            }
+            let settling = Settling {
+                attempt,
+                order: &order,
+                order_status,
+                reservation: &reservation,
+                source,
+                now,
+            };
+            apply_success(transaction, &settling, payment_id).await
         }
         (
             AttemptStatus::Processing,
             GatewayOutcome::Failed { payment_id, reason }
             | GatewayOutcome::Abandoned { payment_id, reason },
         ) => {
-            set_attempt(AttemptStatus::Failed, payment_id.as_deref(), Some(reason))
-                .execute(&mut **transaction)
-                .await?;
-            match (outcome, order_status) {
-                // Declined: the order keeps its hold, and another card may pay it until
-                // the hold ends (then the order-expiry worker gives the stock back).
-                (GatewayOutcome::Failed { .. }, OrderStatus::PaymentProcessing) => {
-                    move_order(
-                        transaction,
-                        &order,
-                        order_status,
-                        OrderStatus::PaymentFailed,
-                        &format!(
-                            "payment declined: {reason} ({source}); another payment may be tried while the hold lasts"
-                        ),
-                        now,
-                    )
-                    .await?;
-                    Ok(Some(OrderStatus::PaymentFailed))
-                }
-                // Not completed before the hold ended, and the gateway says it will not be.
-                (GatewayOutcome::Abandoned { .. }, OrderStatus::PaymentProcessing) => {
-                    let Ok(()) = settle_order_reservation(
-                        transaction,
-                        &order,
-                        &reservation,
-                        ReservationAction::Release,
-                        ReleaseReason::Expired,
-                        now,
-                    )
-                    .await?
-                    else {
-                        return Err(invariant(format!(
-                            "order {order}: its reservation could not be released"
-                        )));
-                    };
-                    move_order(
-                        transaction,
-                        &order,
-                        order_status,
-                        OrderStatus::Expired,
-                        &format!("payment abandoned: {reason} ({source})"),
-                        now,
-                    )
-                    .await?;
-                    Ok(Some(OrderStatus::Expired))
-                }
-                (_, status) => Ok(Some(status)),
-            }
+            let settling = Settling {
+                attempt,
+                order: &order,
+                order_status,
+                reservation: &reservation,
+                source,
+                now,
+            };
+            apply_failure(transaction, &settling, outcome, payment_id.as_deref(), reason).await
         }
+    }
+}
+
+/// A locked attempt and its locked order, being settled.
+#[derive(Clone, Copy)]
+struct Settling<'a> {
+    attempt: &'a PaymentAttemptId,
+    order: &'a OrderId,
+    order_status: OrderStatus,
+    reservation: &'a ReservationId,
+    source: &'a str,
+    now: Timestamp,
+}
+
+async fn set_attempt_status(
+    transaction: &mut Tx,
+    attempt: &PaymentAttemptId,
+    status: AttemptStatus,
+    payment_id: Option<&str>,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let updated = sqlx::query(
+        "UPDATE payment_attempt SET status = $2, gateway_payment_id = COALESCE($3, gateway_payment_id), \
+         failure_reason = $4, updated_at = $5 WHERE id = $1",
+    )
+    .bind(attempt.as_str())
+    .bind(status.as_str())
+    .bind(payment_id)
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .execute(&mut **transaction)
+    .await?;
+    expect_one_row(updated.rows_affected(), "settling a locked payment attempt")
+}
+
+/// The gateway says the attempt succeeded: the order is paid (or, when its stock was
+/// given back, takes it again or is refunded); a second charge is refunded.
+async fn apply_success(
+    transaction: &mut Tx,
+    settling: &Settling<'_>,
+    payment_id: &str,
+) -> Result<Option<OrderStatus>, StoreError> {
+    let Settling {
+        attempt,
+        order,
+        order_status,
+        reservation,
+        source,
+        now,
+    } = *settling;
+    // At most one attempt pays an order (a unique index says so too). Another
+    // one charged as well is a second charge: recorded, not applied, and
+    // refunded, so the order keeps one charge.
+    let paid_by: Option<String> = sqlx::query_scalar(
+        "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED' AND id <> $2",
+    )
+    .bind(order.as_str())
+    .bind(attempt.as_str())
+    .fetch_optional(&mut **transaction)
+    .await?;
+    if let Some(paid_by) = paid_by {
+        let reason = format!(
+            "charged ({payment_id}) after attempt {paid_by} had paid the order: refunded"
+        );
+        tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
+        set_attempt_status(transaction, attempt, AttemptStatus::Failed, Some(payment_id), Some(&reason), now).await?;
+        insert_refund(
+            transaction,
+            attempt,
+            now,
+            "a second payment for an order paid already",
+        )
+        .await?;
+        return Ok(Some(order_status));
+    }
+    set_attempt_status(transaction, attempt, AttemptStatus::Succeeded, Some(payment_id), None, now).await?;
+    let reason = format!("payment {payment_id} succeeded ({source})");
+    let held = reservation_status(transaction, reservation).await?;
+    match (order_status, held) {
+        (
+            OrderStatus::PaymentProcessing
+            | OrderStatus::PendingPayment
+            | OrderStatus::PaymentFailed,
+            ReservationStatus::Reserved,
+        ) => {
+            let Ok(()) = settle_order_reservation(
+                transaction,
+                order,
+                reservation,
+                ReservationAction::Confirm,
+                ReleaseReason::Requested,
+                now,
+            )
+            .await?
+            else {
+                return Err(invariant(format!(
+                    "order {order}: its reservation could not be confirmed"
+                )));
+            };
+            move_order(
+                transaction,
+                order,
+                order_status,
+                OrderStatus::Paid,
+                &reason,
+                now,
+            )
+            .await?;
+            Ok(Some(OrderStatus::Paid))
+        }
+        (
+            status @ (OrderStatus::Expired
+            | OrderStatus::Cancelled
+            | OrderStatus::PaymentFailed),
+            ReservationStatus::Released,
+        ) => settle_late_success(transaction, order, attempt, status, payment_id, now)
+            .await
+            .map(Some),
+        (status, _) => Ok(Some(status)),
+    }
+}
+
+/// The gateway says the attempt failed (declined, refused) or was abandoned when the
+/// hold ended: a decline keeps the hold for another card, an abandonment gives the
+/// stock back.
+async fn apply_failure(
+    transaction: &mut Tx,
+    settling: &Settling<'_>,
+    outcome: &GatewayOutcome,
+    payment_id: Option<&str>,
+    reason: &str,
+) -> Result<Option<OrderStatus>, StoreError> {
+    let Settling {
+        attempt,
+        order,
+        order_status,
+        reservation,
+        source,
+        now,
+    } = *settling;
+    set_attempt_status(transaction, attempt, AttemptStatus::Failed, payment_id, Some(reason), now).await?;
+    match (outcome, order_status) {
+        // Declined: the order keeps its hold, and another card may pay it until
+        // the hold ends (then the order-expiry worker gives the stock back).
+        (GatewayOutcome::Failed { .. }, OrderStatus::PaymentProcessing) => {
+            move_order(
+                transaction,
+                order,
+                order_status,
+                OrderStatus::PaymentFailed,
+                &format!(
+                    "payment declined: {reason} ({source}); another payment may be tried while the hold lasts"
+                ),
+                now,
+            )
+            .await?;
+            Ok(Some(OrderStatus::PaymentFailed))
+        }
+        // Not completed before the hold ended, and the gateway says it will not be.
+        (GatewayOutcome::Abandoned { .. }, OrderStatus::PaymentProcessing) => {
+            let Ok(()) = settle_order_reservation(
+                transaction,
+                order,
+                reservation,
+                ReservationAction::Release,
+                ReleaseReason::Expired,
+                now,
+            )
+            .await?
+            else {
+                return Err(invariant(format!(
+                    "order {order}: its reservation could not be released"
+                )));
+            };
+            move_order(
+                transaction,
+                order,
+                order_status,
+                OrderStatus::Expired,
+                &format!("payment abandoned: {reason} ({source})"),
+                now,
+            )
+            .await?;
+            Ok(Some(OrderStatus::Expired))
+        }
+        (_, status) => Ok(Some(status)),
     }
 }
 
