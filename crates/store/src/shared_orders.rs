@@ -75,6 +75,38 @@ async fn insert_history(
     Ok(())
 }
 
+/// Releases the reservation a locked order holds and moves the order out (to `EXPIRED`
+/// or `CANCELLED`): one step of the order's own flow, so no one else can be moving it.
+async fn release_order(
+    transaction: &mut Tx,
+    order: &OrderId,
+    reservation: &ReservationId,
+    from: OrderStatus,
+    to: OrderStatus,
+    why: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let reason = match to {
+        OrderStatus::Expired => ReleaseReason::Expired,
+        _ => ReleaseReason::Requested,
+    };
+    let Ok(()) = settle_order_reservation(
+        transaction,
+        order,
+        reservation,
+        ReservationAction::Release,
+        reason,
+        now,
+    )
+    .await?
+    else {
+        return Err(invariant(format!(
+            "order {order}: its reservation could not be released"
+        )));
+    };
+    move_order(transaction, order, from, to, why, now).await
+}
+
 /// The locked order's status, reservation and hold end.
 async fn lock_order(
     transaction: &mut Tx,
@@ -554,23 +586,10 @@ async fn apply_failure(
         }
         // Not completed before the hold ended, and the gateway says it will not be.
         (GatewayOutcome::Abandoned { .. }, OrderStatus::PaymentProcessing) => {
-            let Ok(()) = settle_order_reservation(
+            release_order(
                 transaction,
                 order,
                 reservation,
-                ReservationAction::Release,
-                ReleaseReason::Expired,
-                now,
-            )
-            .await?
-            else {
-                return Err(invariant(format!(
-                    "order {order}: its reservation could not be released"
-                )));
-            };
-            move_order(
-                transaction,
-                order,
                 order_status,
                 OrderStatus::Expired,
                 &format!("payment abandoned: {reason} ({source})"),
@@ -957,23 +976,10 @@ impl BackendStore {
             )),
             Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
                 // Its hold has ended (a live one would have started an attempt above).
-                let Ok(()) = settle_order_reservation(
+                release_order(
                     &mut transaction,
                     order,
                     &reservation,
-                    ReservationAction::Release,
-                    ReleaseReason::Expired,
-                    now,
-                )
-                .await?
-                else {
-                    return Err(invariant(format!(
-                        "order {order}: its reservation could not be released"
-                    )));
-                };
-                move_order(
-                    &mut transaction,
-                    order,
                     status,
                     OrderStatus::Expired,
                     "hold ended before payment",
@@ -1271,23 +1277,10 @@ impl BackendStore {
             )),
             // Unpaid, or declined with its hold kept.
             Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
-                let Ok(()) = settle_order_reservation(
+                release_order(
                     &mut transaction,
                     order,
                     &reservation,
-                    ReservationAction::Release,
-                    ReleaseReason::Requested,
-                    now,
-                )
-                .await?
-                else {
-                    return Err(invariant(format!(
-                        "order {order}: its reservation could not be released"
-                    )));
-                };
-                move_order(
-                    &mut transaction,
-                    order,
                     status,
                     OrderStatus::Cancelled,
                     "cancelled",
