@@ -909,43 +909,12 @@ impl BackendStore {
             && holds_stock
             && *expires_at > now
         {
-            let number: i64 = sqlx::query_scalar(
-                "SELECT COALESCE(MAX(attempt_number), 0) + 1 FROM payment_attempt WHERE order_id = $1",
-            )
-            .bind(order.as_str())
-            .fetch_one(&mut *transaction)
-            .await?;
-            // Each attempt its own gateway key: a retry of this attempt is the same call,
-            // another card is another call.
-            let gateway_key = format!("stockd-{order}-{number}");
-            sqlx::query(
-                "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, \
-                 amount_minor, currency, reconcile_after, created_at, updated_at) \
-                 SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
-            )
-            .bind(attempt.as_str())
-            .bind(&gateway_key)
-            .bind(payment_method)
-            .bind(reconcile_after.unix_milliseconds())
-            .bind(now.unix_milliseconds())
-            .bind(order.as_str())
-            .bind(number)
-            .execute(&mut *transaction)
-            .await?;
-            let reason = if number == 1 {
-                "payment started".to_owned()
-            } else {
-                format!("payment attempt {number} started")
+            let new = NewAttempt {
+                id: attempt,
+                payment_method,
+                reconcile_after,
             };
-            move_order(
-                &mut transaction,
-                order,
-                *status,
-                OrderStatus::PaymentProcessing,
-                &reason,
-                now,
-            )
-            .await?;
+            start_attempt(&mut transaction, order, *status, &new, now).await?;
             let started = BeginPayment::Started(attempt_to_call(&mut transaction, attempt).await?);
             transaction.commit().await?;
             return Ok(started);
@@ -969,48 +938,9 @@ impl BackendStore {
             transaction.rollback().await?;
             return Ok(BeginPayment::Answered(answer));
         }
-        let response = match locked {
-            None => renderer.rejected(&Rejection::new(
-                ErrorCode::NotFound,
-                format!("order '{order}' does not exist"),
-            )),
-            Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
-                // Its hold has ended (a live one would have started an attempt above).
-                release_order(
-                    &mut transaction,
-                    order,
-                    &reservation,
-                    status,
-                    OrderStatus::Expired,
-                    "hold ended before payment",
-                    now,
-                )
+        let response =
+            answer_without_paying(&mut transaction, order, locked, holds_stock, now, renderer)
                 .await?;
-                renderer.rejected(&Rejection::new(
-                    ErrorCode::IllegalTransition,
-                    format!("order '{order}' expired before payment"),
-                ))
-            }
-            // The payment already has its outcome: a retry of an interrupted `pay`,
-            // or a second caller, learns it.
-            Some((
-                OrderStatus::Paid
-                | OrderStatus::PaymentFailed
-                | OrderStatus::RefundPending
-                | OrderStatus::Refunded,
-                _,
-                _,
-            )) => {
-                let settled = load_order(&mut transaction, order)
-                    .await?
-                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
-                renderer.order(&settled, false)
-            }
-            Some((status, _, _)) => renderer.rejected(&Rejection::new(
-                ErrorCode::IllegalTransition,
-                format!("order '{order}' is {} and cannot be paid", status.as_str()),
-            )),
-        };
         complete_claim(&mut transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(BeginPayment::Answered(Idempotent::Executed(response)))
@@ -1582,6 +1512,117 @@ impl BackendStore {
     }
 }
 
+/// A payment attempt to start.
+struct NewAttempt<'a> {
+    id: &'a PaymentAttemptId,
+    payment_method: &'a str,
+    reconcile_after: Timestamp,
+}
+
+/// Starts attempt n+1 of a locked order that may be paid: its own number and gateway
+/// key, `PROCESSING`, and the order `PAYMENT_PROCESSING`.
+async fn start_attempt(
+    transaction: &mut Tx,
+    order: &OrderId,
+    from: OrderStatus,
+    new: &NewAttempt<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let number: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(MAX(attempt_number), 0) + 1 FROM payment_attempt WHERE order_id = $1",
+    )
+    .bind(order.as_str())
+    .fetch_one(&mut **transaction)
+    .await?;
+    // Each attempt its own gateway key: a retry of this attempt is the same call,
+    // another card is another call.
+    let gateway_key = format!("stockd-{order}-{number}");
+    sqlx::query(
+        "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, \
+         amount_minor, currency, reconcile_after, created_at, updated_at) \
+         SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
+    )
+    .bind(new.id.as_str())
+    .bind(&gateway_key)
+    .bind(new.payment_method)
+    .bind(new.reconcile_after.unix_milliseconds())
+    .bind(now.unix_milliseconds())
+    .bind(order.as_str())
+    .bind(number)
+    .execute(&mut **transaction)
+    .await?;
+    let reason = if number == 1 {
+        "payment started".to_owned()
+    } else {
+        format!("payment attempt {number} started")
+    };
+    move_order(
+        transaction,
+        order,
+        from,
+        OrderStatus::PaymentProcessing,
+        &reason,
+        now,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The answer to `pay` for a locked order no attempt can start on: missing, its hold
+/// ended (expired now, its stock given back), its payment settled, or not payable.
+async fn answer_without_paying(
+    transaction: &mut Tx,
+    order: &OrderId,
+    locked: Option<(OrderStatus, ReservationId, Timestamp)>,
+    holds_stock: bool,
+    now: Timestamp,
+    renderer: &dyn ResponseRenderer,
+) -> Result<StoredResponse, StoreError> {
+    let response = match locked {
+        None => renderer.rejected(&Rejection::new(
+            ErrorCode::NotFound,
+            format!("order '{order}' does not exist"),
+        )),
+        Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
+            // Its hold has ended (a live one would have started an attempt above).
+            release_order(
+                transaction,
+                order,
+                &reservation,
+                status,
+                OrderStatus::Expired,
+                "hold ended before payment",
+                now,
+            )
+            .await?;
+            renderer.rejected(&Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!("order '{order}' expired before payment"),
+            ))
+        }
+        // The payment already has its outcome: a retry of an interrupted `pay`,
+        // or a second caller, learns it.
+        Some((
+            OrderStatus::Paid
+            | OrderStatus::PaymentFailed
+            | OrderStatus::RefundPending
+            | OrderStatus::Refunded,
+            _,
+            _,
+        )) => {
+            let settled = load_order(transaction, order)
+                .await?
+                .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+            renderer.order(&settled, false)
+        }
+        Some((status, _, _)) => renderer.rejected(&Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("order '{order}' is {} and cannot be paid", status.as_str()),
+        )),
+    };
+    Ok(response)
+}
+
 async fn attempt_to_call(
     connection: &mut DbConnection,
     attempt: &PaymentAttemptId,
@@ -1606,6 +1647,90 @@ async fn attempt_to_call(
         currency,
         order_expires_at: Timestamp::from_unix_milliseconds(expires_at),
     })
+}
+
+/// An order's payment attempts, oldest first.
+async fn order_attempts(
+    connection: &mut DbConnection,
+    id: &OrderId,
+) -> Result<Vec<PaymentAttempt>, StoreError> {
+    let attempt_rows = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
+        "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
+         created_at, updated_at FROM payment_attempt WHERE order_id = $1 ORDER BY attempt_number",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut attempts = Vec::with_capacity(attempt_rows.len());
+    for (attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated) in attempt_rows {
+        attempts.push(PaymentAttempt {
+            id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
+            status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
+            gateway_key,
+            gateway_payment_id,
+            payment_method,
+            failure_reason,
+            amount_minor: amount,
+            currency,
+            created_at: Timestamp::from_unix_milliseconds(created),
+            updated_at: Timestamp::from_unix_milliseconds(updated),
+        });
+    }
+    Ok(attempts)
+}
+
+/// An order's refunds, oldest first.
+async fn order_refunds(
+    connection: &mut DbConnection,
+    id: &OrderId,
+) -> Result<Vec<RefundRecord>, StoreError> {
+    let refund_rows = sqlx::query_as::<_, (String, String, String, i64, String, Option<String>, String, Option<String>)>(
+        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
+         FROM refund WHERE order_id = $1 ORDER BY created_at, id",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut refunds = Vec::with_capacity(refund_rows.len());
+    for (refund, attempt, status, amount_minor, currency, gateway_refund_id, reason, failure_reason) in refund_rows {
+        refunds.push(RefundRecord {
+            id: parse_stored("refund id", &refund, RefundId::parse)?,
+            attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
+            status,
+            amount_minor,
+            currency,
+            gateway_refund_id,
+            reason,
+            failure_reason,
+        });
+    }
+    Ok(refunds)
+}
+
+/// The statuses an order went through, oldest first.
+async fn order_history(
+    connection: &mut DbConnection,
+    id: &OrderId,
+) -> Result<Vec<OrderHistoryEntry>, StoreError> {
+    let history_rows = sqlx::query_as::<_, (Option<String>, String, String, i64)>(
+        "SELECT from_status, to_status, reason, created_at FROM order_history WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut *connection)
+    .await?;
+    let mut history = Vec::with_capacity(history_rows.len());
+    for (from, to, reason, at) in history_rows {
+        history.push(OrderHistoryEntry {
+            from: from
+                .as_deref()
+                .map(|from| parse_stored("order status", from, OrderStatus::parse))
+                .transpose()?,
+            to: parse_stored("order status", &to, OrderStatus::parse)?,
+            reason,
+            at: Timestamp::from_unix_milliseconds(at),
+        });
+    }
+    Ok(history)
 }
 
 async fn load_order(
@@ -1639,71 +1764,14 @@ async fn load_order(
         .await?
         .ok_or_else(|| invariant(format!("order {id} has no reservation")))?;
     let lines = order_lines(&mut *connection, id).await?;
-    let attempt_rows = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
-        "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
-         created_at, updated_at FROM payment_attempt WHERE order_id = $1 ORDER BY attempt_number",
-    )
-    .bind(id.as_str())
-    .fetch_all(&mut *connection)
-    .await?;
-    let mut attempts = Vec::with_capacity(attempt_rows.len());
-    for (attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated) in attempt_rows {
-        attempts.push(PaymentAttempt {
-            id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
-            status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
-            gateway_key,
-            gateway_payment_id,
-            payment_method,
-            failure_reason,
-            amount_minor: amount,
-            currency,
-            created_at: Timestamp::from_unix_milliseconds(created),
-            updated_at: Timestamp::from_unix_milliseconds(updated),
-        });
-    }
-    let refund_rows = sqlx::query_as::<_, (String, String, String, i64, String, Option<String>, String, Option<String>)>(
-        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
-         FROM refund WHERE order_id = $1 ORDER BY created_at, id",
-    )
-    .bind(id.as_str())
-    .fetch_all(&mut *connection)
-    .await?;
-    let mut refunds = Vec::with_capacity(refund_rows.len());
-    for (refund, attempt, status, amount_minor, currency, gateway_refund_id, reason, failure_reason) in refund_rows {
-        refunds.push(RefundRecord {
-            id: parse_stored("refund id", &refund, RefundId::parse)?,
-            attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
-            status,
-            amount_minor,
-            currency,
-            gateway_refund_id,
-            reason,
-            failure_reason,
-        });
-    }
+    let attempts = order_attempts(&mut *connection, id).await?;
+    let refunds = order_refunds(&mut *connection, id).await?;
     let returned: Option<String> =
         sqlx::query_scalar("SELECT order_id FROM order_return WHERE order_id = $1")
             .bind(id.as_str())
             .fetch_optional(&mut *connection)
             .await?;
-    let history_rows = sqlx::query_as::<_, (Option<String>, String, String, i64)>(
-        "SELECT from_status, to_status, reason, created_at FROM order_history WHERE order_id = $1 ORDER BY id",
-    )
-    .bind(id.as_str())
-    .fetch_all(&mut *connection)
-    .await?;
-    let mut history = Vec::with_capacity(history_rows.len());
-    for (from, to, reason, at) in history_rows {
-        history.push(OrderHistoryEntry {
-            from: from
-                .as_deref()
-                .map(|from| parse_stored("order status", from, OrderStatus::parse))
-                .transpose()?,
-            to: parse_stored("order status", &to, OrderStatus::parse)?,
-            reason,
-            at: Timestamp::from_unix_milliseconds(at),
-        });
-    }
+    let history = order_history(&mut *connection, id).await?;
     Ok(Some(Order {
         id: id.clone(),
         shop: parse_stored("shop", &shop, ShopCode::parse)?,
