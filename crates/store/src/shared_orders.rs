@@ -171,6 +171,42 @@ async fn settle_late_success(
     payment_id: &str,
     now: Timestamp,
 ) -> Result<OrderStatus, StoreError> {
+    let sale = plan_late_sale(transaction, order).await?;
+    if let Err(refused) = &sale.plan.decisions[0] {
+        let reason = format!(
+            "paid after its stock was given back; cannot be sold again ({}): refund",
+            refused.detail
+        );
+        move_order(
+            transaction,
+            order,
+            from,
+            OrderStatus::RefundPending,
+            &reason,
+            now,
+        )
+        .await?;
+        insert_refund(
+            transaction,
+            attempt,
+            now,
+            "the payment arrived after the stock was given back, and it could not be sold again",
+        )
+        .await?;
+        return Ok(OrderStatus::RefundPending);
+    }
+    take_stock_again(transaction, order, from, &sale, payment_id, now).await
+}
+
+/// What taking an order's stock again would do, decided like a new sale under the
+/// locks of its stock rows and its shopper's tallies.
+struct LateSale {
+    lines: Vec<OrderLine>,
+    shopper: ShopperKey,
+    plan: crate::plan::BatchPlan,
+}
+
+async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSale, StoreError> {
     let lines = order_lines(transaction, order).await?;
     let mut wanted: Vec<StockKey> = lines
         .iter()
@@ -218,29 +254,28 @@ async fn settle_late_success(
         &available,
         &tallies,
     );
-    if let Err(refused) = &plan.decisions[0] {
-        let reason = format!(
-            "paid after its stock was given back; cannot be sold again ({}): refund",
-            refused.detail
-        );
-        move_order(
-            transaction,
-            order,
-            from,
-            OrderStatus::RefundPending,
-            &reason,
-            now,
-        )
-        .await?;
-        insert_refund(
-            transaction,
-            attempt,
-            now,
-            "the payment arrived after the stock was given back, and it could not be sold again",
-        )
-        .await?;
-        return Ok(OrderStatus::RefundPending);
-    }
+    Ok(LateSale {
+        lines,
+        shopper,
+        plan,
+    })
+}
+
+/// Takes a paid order's stock again (its late success fitted): a new reservation,
+/// reserved and confirmed through the transition table, and the order `PAID`.
+async fn take_stock_again(
+    transaction: &mut Tx,
+    order: &OrderId,
+    from: OrderStatus,
+    sale: &LateSale,
+    payment_id: &str,
+    now: Timestamp,
+) -> Result<OrderStatus, StoreError> {
+    let LateSale {
+        lines,
+        shopper,
+        plan,
+    } = sale;
     // Taken as any sale is: a hold (counted against the shopper until it is confirmed
     // below, so the open-hold tally ends where it started) reserved like a new order's,
     // then confirmed through the reservation's transition table.
