@@ -24,6 +24,7 @@ mirrored_tests!(
     an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
     a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid,
     an_unknown_outcome_is_asked_about_less_and_less_often,
+    a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_decline,
     a_slow_gateway_answer_is_waited_for_and_applied,
     a_charge_whose_answer_times_out_is_unknown_until_the_webhook_says_paid,
     a_lost_answer_is_unknown_until_the_webhook_says_paid,
@@ -1782,5 +1783,46 @@ async fn an_unknown_outcome_is_asked_about_less_and_less_often(backend: Backend)
     proxy.stop_refusing();
     app.clock.advance_seconds(240);
     other.engine.reconcile_step().await.expect("reconcile step");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// Found in review: a pay answered 202 stores nothing; when reconciliation then learns
+/// the attempt was declined, a retry of that request (same key) must learn the decline,
+/// not start a second attempt (a second charge, had the card been good this time).
+async fn a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_decline(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let other = app.another_instance().await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
+    proxy.attach(&other);
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let pay_key = key("pay");
+    let unknown = other.pay(&order, &pay_key, "pm_card_chargeDeclined").await;
+    assert_eq!(unknown.status, 202, "{unknown:?}");
+    app.clock.advance_seconds(10);
+    assert_eq!(
+        app.engine.reconcile_step().await.expect("reconcile").len(),
+        1
+    );
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RESERVED", "FAILED")).await;
+    proxy.stop_refusing();
+    for instance in [&app, &other] {
+        let retried = instance
+            .pay(&order, &pay_key, "pm_card_chargeDeclined")
+            .await;
+        assert_eq!(retried.status, 200, "{retried:?}");
+        assert_eq!(retried.json()["status"], "PAYMENT_FAILED");
+    }
+    let view = app.order(&order).await;
+    assert_eq!(
+        view["payment_attempts"].as_array().map(Vec::len),
+        Some(1),
+        "{view:#}"
+    );
+    assert_eq!(gateway.intents_for(&order).len(), 1, "nothing sent again");
+    // Another card, another request: that one may pay.
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
     assert_paid_once(&app, &gateway, &order, 1).await;
 }

@@ -478,6 +478,29 @@ impl Engine {
 }
 
 impl Engine {
+    /// What a retry of this key gets, if it has a stored answer (the answer, or "key
+    /// reused"), for a use case that looks it up inside [`Engine::idempotent`] (which
+    /// counts the replay).
+    pub(crate) async fn stored_outcome(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+    ) -> Result<Option<Idempotent>, EngineError> {
+        let record = self
+            .inner
+            .store
+            .idempotency_record(&claim.key)
+            .await
+            .map_err(|error| log_store_error(operation, error))?;
+        Ok(record.map(|(fingerprint, response)| {
+            if fingerprint == claim.fingerprint {
+                Idempotent::Replayed(response)
+            } else {
+                Idempotent::KeyReused
+            }
+        }))
+    }
+
     /// The answer already stored under this key, if any. A use case looks it up before
     /// any check whose answer can change with time or state (a minute that passed, a
     /// catalog that changed): a retry gets the first result whatever happened since.

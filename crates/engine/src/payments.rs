@@ -14,9 +14,7 @@ use gateway::protocol::Event;
 use gateway::{
     CallOutcome, CreatePaymentIntent, GatewayClient, PaymentIntent, PaymentIntentStatus,
 };
-use store::{
-    AttemptToCall, BeginPayment, GatewayOutcome, IdempotencyClaim, Idempotent, NewOrder, Order,
-};
+use store::{AttemptToCall, BeginPayment, GatewayOutcome, IdempotencyClaim, NewOrder, Order};
 
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
@@ -231,8 +229,8 @@ impl Engine {
             )));
         }
         self.idempotent("pay", claim, || async {
-            if let Some(first) = self.first_answer("pay", claim).await? {
-                return Ok(Idempotent::Replayed(first.response));
+            if let Some(stored) = self.stored_outcome("pay", claim).await? {
+                return Ok(stored);
             }
             let now = self.now();
             let attempt_id = PaymentAttemptId::generate(now, rand::random());

@@ -247,9 +247,10 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
                 intent: error.and_then(|error| error.error.payment_intent),
             }
         }
-        // 409: the same key is still being processed; 429: slow down. Both say
-        // nothing about the payment itself.
-        400..=499 if status != 409 && status != 429 => {
+        // 409: the same key is still being processed; 429: slow down; 401/403: stockd's
+        // own credentials were refused (a rotated or wrong API key). None says anything
+        // about the payment itself: asked again later, once an operator fixed the key.
+        400..=499 if !matches!(status, 401 | 403 | 409 | 429) => {
             let error = serde_json::from_str::<ErrorBody>(body).ok();
             let code = error.as_ref().and_then(|error| error.error.code.clone());
             let message = error
@@ -413,7 +414,7 @@ mod tests {
         };
         assert_eq!((status, code.as_deref()), (400, Some("resource_missing")));
         assert!(reason.contains("No such PaymentMethod"), "{reason}");
-        for status in [401, 403, 404, 422] {
+        for status in [400, 404, 422] {
             assert!(
                 matches!(
                     interpret::<PaymentIntent>(status, "{}"),
@@ -426,10 +427,15 @@ mod tests {
 
     #[test]
     fn server_errors_and_conflicts_are_unknown_not_failed() {
-        assert!(matches!(
-            interpret::<PaymentIntent>(429, "slow down"),
-            CallOutcome::Unknown(_)
-        ));
+        for status in [401, 403, 429] {
+            assert!(
+                matches!(
+                    interpret::<PaymentIntent>(status, "{}"),
+                    CallOutcome::Unknown(_)
+                ),
+                "{status}: our credentials or our rate, not the payment"
+            );
+        }
         assert!(matches!(
             interpret::<PaymentIntent>(500, "oops"),
             CallOutcome::Unknown(_)

@@ -157,6 +157,11 @@ mod dialect {
             "refund_per_attempt",
             include_str!("../migrations/postgres/0012_refund_per_attempt.sql"),
         ),
+        (
+            13,
+            "attempt_request_key",
+            include_str!("../migrations/postgres/0013_attempt_request_key.sql"),
+        ),
     ];
 }
 

@@ -939,13 +939,30 @@ impl BackendStore {
             }
             None => false,
         };
+        // A retry of the request that started an attempt learns that attempt's
+        // outcome; it never starts another.
+        let started_by_this_request = match &locked {
+            Some(_) => {
+                let started: Option<i64> = sqlx::query_scalar(
+                    "SELECT attempt_number FROM payment_attempt WHERE order_id = $1 AND request_key = $2 LIMIT 1",
+                )
+                .bind(order.as_str())
+                .bind(claim.key.as_str())
+                .fetch_optional(&mut *transaction)
+                .await?;
+                started.is_some()
+            }
+            None => false,
+        };
         if let Some((status, _, expires_at)) = &locked
             && status.accepts_a_payment_attempt()
             && holds_stock
+            && !started_by_this_request
             && *expires_at > now
         {
             let new = NewAttempt {
                 id: attempt,
+                request_key: claim.key.as_str(),
                 payment_method,
                 reconcile_after,
             };
@@ -1008,10 +1025,6 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(answer);
-        }
         let order: Option<String> =
             sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
                 .bind(attempt.as_str())
@@ -1021,7 +1034,13 @@ impl BackendStore {
             .map(|order| parse_stored("order id", &order, OrderId::parse))
             .transpose()?
             .ok_or_else(|| invariant(format!("attempt {attempt} vanished")))?;
+        // What the gateway said is true whoever asks: applied (idempotently) even when
+        // another process already answered this request's key.
         settle_attempt(&mut transaction, attempt, outcome, "pay", now).await?;
+        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+            transaction.commit().await?;
+            return Ok(answer);
+        }
         let settled = load_order(&mut transaction, &order)
             .await?
             .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
@@ -1550,6 +1569,8 @@ impl BackendStore {
 /// A payment attempt to start.
 struct NewAttempt<'a> {
     id: &'a PaymentAttemptId,
+    /// The pay request's idempotency key (scoped by its principal).
+    request_key: &'a str,
     payment_method: &'a str,
     reconcile_after: Timestamp,
 }
@@ -1574,8 +1595,8 @@ async fn start_attempt(
     let gateway_key = format!("stockd-{order}-{number}");
     sqlx::query(
         "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, \
-         amount_minor, currency, reconcile_after, created_at, updated_at) \
-         SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5 FROM customer_order WHERE id = $6",
+         amount_minor, currency, reconcile_after, created_at, updated_at, request_key) \
+         SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5, $8 FROM customer_order WHERE id = $6",
     )
     .bind(new.id.as_str())
     .bind(&gateway_key)
@@ -1584,6 +1605,7 @@ async fn start_attempt(
     .bind(now.unix_milliseconds())
     .bind(order.as_str())
     .bind(number)
+    .bind(new.request_key)
     .execute(&mut **transaction)
     .await?;
     let reason = if number == 1 {
@@ -1618,8 +1640,9 @@ async fn answer_without_paying(
             ErrorCode::NotFound,
             format!("order '{order}' does not exist"),
         )),
-        Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
-            // Its hold has ended (a live one would have started an attempt above).
+        Some((status, reservation, expires_at))
+            if status.accepts_a_payment_attempt() && holds_stock && expires_at <= now =>
+        {
             release_order(
                 transaction,
                 order,

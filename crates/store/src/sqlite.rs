@@ -130,6 +130,11 @@ mod dialect {
             "refund_per_attempt",
             include_str!("../migrations/sqlite/0009_refund_per_attempt.sql"),
         ),
+        (
+            10,
+            "attempt_request_key",
+            include_str!("../migrations/sqlite/0010_attempt_request_key.sql"),
+        ),
     ];
 }
 

@@ -21,13 +21,14 @@ CREATE TABLE refund_rebuilt (
     updated_at        INTEGER NOT NULL
 ) STRICT;
 
--- Every refund so far was of its order's succeeded attempt.
+-- Every refund so far was of its order's succeeded attempt (one without fails the
+-- migration on attempt_id's NOT NULL, as on PostgreSQL: hand-edited data to look at).
 INSERT INTO refund_rebuilt (id, order_id, attempt_id, gateway_key, gateway_refund_id, status, amount_minor,
     currency, reason, failure_reason, tries, next_try_at, created_at, updated_at)
 SELECT refund.id, refund.order_id, payment_attempt.id, refund.gateway_key, refund.gateway_refund_id, refund.status,
     refund.amount_minor, refund.currency, refund.reason, refund.failure_reason, refund.tries, refund.next_try_at,
     refund.created_at, refund.updated_at
-FROM refund JOIN payment_attempt ON payment_attempt.order_id = refund.order_id AND payment_attempt.status = 'SUCCEEDED';
+FROM refund LEFT JOIN payment_attempt ON payment_attempt.order_id = refund.order_id AND payment_attempt.status = 'SUCCEEDED';
 
 DROP TABLE refund;
 ALTER TABLE refund_rebuilt RENAME TO refund;
