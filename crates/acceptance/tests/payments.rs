@@ -991,11 +991,14 @@ async fn an_unpaid_order_past_its_hold_expires_and_cannot_be_paid(backend: Backe
     app.assert_audit_clean().await;
 }
 
-/// An order of `quantity` units of [`SKU`], paid by card.
+/// An order of `quantity` units of [`SKU`], paid by card. Returns once its one webhook
+/// has been recorded too, so a test's "nothing changed" snapshots never race it.
 async fn paid_order(app: &TestApp, user: &str, quantity: i64) -> String {
+    let events = app.webhook_events().await;
     let order = app.order_of(user, &[(SKU, quantity)]).await;
     let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
     assert_eq!(paid.status, 200, "{paid:?}");
+    app.wait_for_webhook_events(events + 1).await;
     order
 }
 

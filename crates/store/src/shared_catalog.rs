@@ -322,6 +322,68 @@ async fn apply_shelf_change(
     Ok(results)
 }
 
+/// A claimed schedule: its id, SKU, operation, remark and the target it changes.
+type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
+
+/// Claims up to `limit` due schedules and locks what they will change — every shop,
+/// then every stock row, in the order a shelf change takes them — before the first
+/// change: applied one by one, the batch would take a shop's lock after another SKU's
+/// stock rows and could deadlock against a shelf batch or a reservation.
+async fn claim_due_schedules(
+    transaction: &mut Tx,
+    now: Timestamp,
+    limit: i64,
+) -> Result<Vec<DueSchedule>, StoreError> {
+    let claimed =
+        sqlx::query_as::<_, (String, String, String, String)>(dialect::CLAIM_DUE_SCHEDULES)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all(&mut **transaction)
+            .await?;
+    let mut due = Vec::with_capacity(claimed.len());
+    for (id, sku, operation, remark) in claimed {
+        let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
+        let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
+        let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
+        let target = sqlx::query_as::<_, (Option<String>, Option<String>)>(
+            "SELECT sku.product_id, product.shop FROM sku LEFT JOIN product ON product.id = sku.product_id \
+             WHERE sku.code = $1",
+        )
+        .bind(sku.as_str())
+        .fetch_optional(&mut **transaction)
+        .await?;
+        let Some((product_id, shop)) = target else {
+            return Err(invariant(format!(
+                "schedule {id} names a sku that does not exist"
+            )));
+        };
+        let target = ShelfTarget {
+            sku: sku.clone(),
+            product_id: product_id
+                .as_deref()
+                .map(|id| parse_stored("product id", id, ProductId::parse))
+                .transpose()?,
+            shop: shop
+                .as_deref()
+                .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+                .transpose()?,
+        };
+        due.push((id, sku, operation, remark, target));
+    }
+    let shops: BTreeSet<&ShopCode> = due
+        .iter()
+        .filter_map(|(_, _, _, _, target)| target.shop.as_ref())
+        .collect();
+    for shop in shops {
+        dialect::lock_shop(transaction, shop).await?;
+    }
+    let mut skus: Vec<&SkuCode> = due.iter().map(|(_, sku, _, _, _)| sku).collect();
+    skus.sort();
+    skus.dedup();
+    dialect::lock_stock_of_skus(transaction, &skus).await?;
+    Ok(due)
+}
+
 impl BackendStore {
     pub async fn create_product(
         &self,
@@ -564,57 +626,7 @@ impl BackendStore {
         limit: i64,
     ) -> Result<Vec<AppliedSchedule>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let claimed =
-            sqlx::query_as::<_, (String, String, String, String)>(dialect::CLAIM_DUE_SCHEDULES)
-                .bind(now.unix_milliseconds())
-                .bind(limit)
-                .fetch_all(&mut *transaction)
-                .await?;
-        let mut due = Vec::with_capacity(claimed.len());
-        for (id, sku, operation, remark) in claimed {
-            let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
-            let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
-            let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
-            let target = sqlx::query_as::<_, (Option<String>, Option<String>)>(
-                "SELECT sku.product_id, product.shop FROM sku LEFT JOIN product ON product.id = sku.product_id \
-                 WHERE sku.code = $1",
-            )
-            .bind(sku.as_str())
-            .fetch_optional(&mut *transaction)
-            .await?;
-            let Some((product_id, shop)) = target else {
-                return Err(invariant(format!(
-                    "schedule {id} names a sku that does not exist"
-                )));
-            };
-            let target = ShelfTarget {
-                sku: sku.clone(),
-                product_id: product_id
-                    .as_deref()
-                    .map(|id| parse_stored("product id", id, ProductId::parse))
-                    .transpose()?,
-                shop: shop
-                    .as_deref()
-                    .map(|shop| parse_stored("shop", shop, ShopCode::parse))
-                    .transpose()?,
-            };
-            due.push((id, sku, operation, remark, target));
-        }
-        // Every shop lock, then every stock row, in the order a shelf change takes
-        // them, before the first change: applied one by one, the batch would take a
-        // shop's lock after another SKU's stock rows and could deadlock against a
-        // shelf batch or a reservation.
-        let shops: BTreeSet<&ShopCode> = due
-            .iter()
-            .filter_map(|(_, _, _, _, target)| target.shop.as_ref())
-            .collect();
-        for shop in shops {
-            dialect::lock_shop(&mut transaction, shop).await?;
-        }
-        let mut skus: Vec<&SkuCode> = due.iter().map(|(_, sku, _, _, _)| sku).collect();
-        skus.sort();
-        skus.dedup();
-        dialect::lock_stock_of_skus(&mut transaction, &skus).await?;
+        let due = claim_due_schedules(&mut transaction, now, limit).await?;
         let mut applied = Vec::with_capacity(due.len());
         for (id, sku, operation, remark, target) in due {
             let actor = Actor::scheduler();

@@ -387,6 +387,48 @@ async fn insert_refund(
     Ok(())
 }
 
+/// An after-sale return's effect: every line of the order back to available stock, in
+/// (sku, warehouse) order, each with its `return` ledger row.
+async fn put_goods_back(
+    transaction: &mut Tx,
+    order: &OrderId,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let mut lines = order_lines(transaction, order).await?;
+    lines.sort_by(|left, right| {
+        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+    });
+    for line in &lines {
+        let updated = sqlx::query(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2",
+        )
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(updated.rows_affected(), "returning an order's goods")?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "return",
+                available_delta: line.quantity,
+                reserved_delta: 0,
+                reference: order.as_str(),
+                idempotency_key: Some(claim.key.as_str()),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// The attempt that paid an order, if one did.
 async fn paying_attempt(
     transaction: &mut Tx,
@@ -1494,37 +1536,7 @@ impl BackendStore {
                         format!("order '{order}' was returned already"),
                     ))
                 } else {
-                    let mut lines = order_lines(&mut transaction, order).await?;
-                    lines.sort_by(|left, right| {
-                        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
-                    });
-                    for line in &lines {
-                        let updated = sqlx::query(
-                            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
-                             WHERE sku = $1 AND warehouse = $2",
-                        )
-                        .bind(line.sku.as_str())
-                        .bind(line.warehouse.as_str())
-                        .bind(line.quantity)
-                        .bind(now.unix_milliseconds())
-                        .execute(&mut *transaction)
-                        .await?;
-                        expect_one_row(updated.rows_affected(), "returning an order's goods")?;
-                        insert_ledger_row(
-                            &mut transaction,
-                            LedgerEntry {
-                                sku: &line.sku,
-                                warehouse: &line.warehouse,
-                                kind: "return",
-                                available_delta: line.quantity,
-                                reserved_delta: 0,
-                                reference: order.as_str(),
-                                idempotency_key: Some(claim.key.as_str()),
-                            },
-                            now,
-                        )
-                        .await?;
-                    }
+                    put_goods_back(&mut transaction, order, claim, now).await?;
                     None
                 }
             }
