@@ -322,6 +322,23 @@ async fn apply_shelf_change(
     Ok(results)
 }
 
+/// A SKU as a shelf operation's target, with its product and shop as stored.
+fn shelf_target(
+    sku: SkuCode,
+    product_id: Option<&str>,
+    shop: Option<&str>,
+) -> Result<ShelfTarget, StoreError> {
+    Ok(ShelfTarget {
+        sku,
+        product_id: product_id
+            .map(|id| parse_stored("product id", id, ProductId::parse))
+            .transpose()?,
+        shop: shop
+            .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+            .transpose()?,
+    })
+}
+
 /// A claimed schedule: its id, SKU, operation, remark and the target it changes.
 type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
 
@@ -357,17 +374,7 @@ async fn claim_due_schedules(
                 "schedule {id} names a sku that does not exist"
             )));
         };
-        let target = ShelfTarget {
-            sku: sku.clone(),
-            product_id: product_id
-                .as_deref()
-                .map(|id| parse_stored("product id", id, ProductId::parse))
-                .transpose()?,
-            shop: shop
-                .as_deref()
-                .map(|shop| parse_stored("shop", shop, ShopCode::parse))
-                .transpose()?,
-        };
+        let target = shelf_target(sku.clone(), product_id.as_deref(), shop.as_deref())?;
         due.push((id, sku, operation, remark, target));
     }
     let shops: BTreeSet<&ShopCode> = due
@@ -529,17 +536,8 @@ impl BackendStore {
         }
         let mut targets = Vec::with_capacity(found.len());
         for (sku, product, shop) in found {
-            targets.push(ShelfTarget {
-                sku: parse_stored("sku code", &sku, SkuCode::parse)?,
-                product_id: product
-                    .as_deref()
-                    .map(|id| parse_stored("product id", id, ProductId::parse))
-                    .transpose()?,
-                shop: shop
-                    .as_deref()
-                    .map(|shop| parse_stored("shop", shop, ShopCode::parse))
-                    .transpose()?,
-            });
+            let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
+            targets.push(shelf_target(sku, product.as_deref(), shop.as_deref())?);
         }
         Ok(targets)
     }
