@@ -201,7 +201,7 @@ async fn settle_late_success(
 /// What taking an order's stock again would do, decided like a new sale under the
 /// locks of its stock rows and its shopper's tallies.
 struct LateSale {
-    lines: Vec<OrderLine>,
+    reservation_lines: Vec<ReservationLine>,
     shopper: ShopperKey,
     plan: crate::plan::BatchPlan,
 }
@@ -255,7 +255,7 @@ async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSal
         &tallies,
     );
     Ok(LateSale {
-        lines,
+        reservation_lines,
         shopper,
         plan,
     })
@@ -272,7 +272,7 @@ async fn take_stock_again(
     now: Timestamp,
 ) -> Result<OrderStatus, StoreError> {
     let LateSale {
-        lines,
+        reservation_lines,
         shopper,
         plan,
     } = sale;
@@ -281,56 +281,17 @@ async fn take_stock_again(
     // then confirmed through the reservation's transition table.
     add_to_tallies(transaction, &plan.holds_added, &plan.purchases_added, i64::MAX).await?;
     let reservation = ReservationId::generate(now, derived_random(order.as_str(), "late-success"));
-    sqlx::query(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, NULL, $2, $2, $3, $4, $5)",
-    )
-    .bind(reservation.as_str())
-    .bind(now.unix_milliseconds())
-    .bind(order.as_str())
-    .bind(shopper.0.as_str())
-    .bind(shopper.1.as_str())
-    .execute(&mut **transaction)
-    .await?;
-    for ((sku, warehouse), total) in &plan.totals {
-        let updated = sqlx::query(
-            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
-             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
-        )
-        .bind(sku.as_str())
-        .bind(warehouse.as_str())
-        .bind(total)
-        .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
-        .await?;
-        expect_one_row(updated.rows_affected(), "taking stock again for a late payment")?;
-    }
-    for (line_number, line) in lines.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(reservation.as_str())
-        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity)
-        .execute(&mut **transaction)
-        .await?;
-        insert_ledger_row(
-            transaction,
-            LedgerEntry {
-                sku: &line.sku,
-                warehouse: &line.warehouse,
-                kind: "reserve",
-                available_delta: -line.quantity,
-                reserved_delta: line.quantity,
-                reference: reservation.as_str(),
-                idempotency_key: Some(payment_id),
-            },
-            now,
-        )
-        .await?;
-    }
+    let hold = OrderHold {
+        id: &reservation,
+        order,
+        shopper: (&shopper.0, &shopper.1),
+        expires_at: now,
+        request_key: None,
+        ledger_key: payment_id,
+        lines: reservation_lines,
+        totals: &plan.totals,
+    };
+    write_order_hold(transaction, &hold, now).await?;
     sqlx::query("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
         .bind(order.as_str())
         .bind(reservation.as_str())
@@ -757,32 +718,17 @@ async fn write_order(
     prices: &Prices,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    for ((sku, warehouse), total) in &plan.totals {
-        let updated = sqlx::query(
-            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
-             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
-        )
-        .bind(sku.as_str())
-        .bind(warehouse.as_str())
-        .bind(total)
-        .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
-        .await?;
-        expect_one_row(updated.rows_affected(), "reserving an order's line")?;
-    }
-    sqlx::query(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
-    )
-    .bind(order.reservation_id.as_str())
-    .bind(order.expires_at.unix_milliseconds())
-    .bind(claim.key.as_str())
-    .bind(now.unix_milliseconds())
-    .bind(order.id.as_str())
-    .bind(shop.as_str())
-    .bind(order.user.as_str())
-    .execute(&mut **transaction)
-    .await?;
+    let hold = OrderHold {
+        id: &order.reservation_id,
+        order: &order.id,
+        shopper: (shop, &order.user),
+        expires_at: order.expires_at,
+        request_key: Some(claim.key.as_str()),
+        ledger_key: claim.key.as_str(),
+        lines: &order.lines,
+        totals: &plan.totals,
+    };
+    write_order_hold(transaction, &hold, now).await?;
     sqlx::query(
         "INSERT INTO customer_order (id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, \
          version, idempotency_key, created_at, updated_at) \
@@ -800,43 +746,17 @@ async fn write_order(
     .execute(&mut **transaction)
     .await?;
     for (line_number, (line, price)) in order.lines.iter().zip(&prices.unit_prices).enumerate() {
-        let line_number = i64::try_from(line_number).unwrap_or(i64::MAX);
-        sqlx::query(
-            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(order.reservation_id.as_str())
-        .bind(line_number)
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity.get())
-        .execute(&mut **transaction)
-        .await?;
         sqlx::query(
             "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(order.id.as_str())
-        .bind(line_number)
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
         .bind(line.sku.as_str())
         .bind(line.warehouse.as_str())
         .bind(line.quantity.get())
         .bind(price)
         .execute(&mut **transaction)
-        .await?;
-        insert_ledger_row(
-            transaction,
-            LedgerEntry {
-                sku: &line.sku,
-                warehouse: &line.warehouse,
-                kind: "reserve",
-                available_delta: -line.quantity.get(),
-                reserved_delta: line.quantity.get(),
-                reference: order.reservation_id.as_str(),
-                idempotency_key: Some(claim.key.as_str()),
-            },
-            now,
-        )
         .await?;
     }
     insert_history(
@@ -848,6 +768,86 @@ async fn write_order(
         now,
     )
     .await
+}
+
+/// An order-held reservation to write.
+struct OrderHold<'a> {
+    id: &'a ReservationId,
+    order: &'a OrderId,
+    shopper: (&'a ShopCode, &'a OrderUserId),
+    expires_at: Timestamp,
+    /// The key stored on the reservation: the order's request (none for a late success).
+    request_key: Option<&'a str>,
+    /// The key its ledger rows name: the request's, or the late payment's id.
+    ledger_key: &'a str,
+    lines: &'a [ReservationLine],
+    /// Units each stock row gives up, in (sku, warehouse) order.
+    totals: &'a std::collections::BTreeMap<StockKey, i64>,
+}
+
+/// The one writer of an order-held reservation (a new order, a cart's checkout, a late
+/// success): the stock taken row by row in (sku, warehouse) order, each conditional
+/// update's row count checked; the reservation `RESERVED`; its lines with their
+/// `reserve` ledger rows.
+async fn write_order_hold(
+    transaction: &mut Tx,
+    hold: &OrderHold<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    for ((sku, warehouse), total) in hold.totals {
+        let updated = sqlx::query(
+            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+        )
+        .bind(sku.as_str())
+        .bind(warehouse.as_str())
+        .bind(total)
+        .bind(now.unix_milliseconds())
+        .execute(&mut **transaction)
+        .await?;
+        expect_one_row(updated.rows_affected(), "taking an order's stock")?;
+    }
+    sqlx::query(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
+    )
+    .bind(hold.id.as_str())
+    .bind(hold.expires_at.unix_milliseconds())
+    .bind(hold.request_key)
+    .bind(now.unix_milliseconds())
+    .bind(hold.order.as_str())
+    .bind(hold.shopper.0.as_str())
+    .bind(hold.shopper.1.as_str())
+    .execute(&mut **transaction)
+    .await?;
+    for (line_number, line) in hold.lines.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(hold.id.as_str())
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .execute(&mut **transaction)
+        .await?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "reserve",
+                available_delta: -line.quantity.get(),
+                reserved_delta: line.quantity.get(),
+                reference: hold.id.as_str(),
+                idempotency_key: Some(hold.ledger_key),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 impl BackendStore {
