@@ -273,10 +273,16 @@ mod tests {
         let update = sources
             .find("UPDATE reservation SET status")
             .expect("the one update");
-        let checked = sources[writer..update].contains("current.transition(target)");
+        let decided = sources[writer..update].contains("decide_move(");
         assert!(
-            checked,
-            "move_reservation checks the transition table before it writes"
+            decided,
+            "move_reservation decides the move before it writes"
+        );
+        let decider = sources.find("fn decide_move(").expect("decide_move exists");
+        let decider_end = sources[decider..].find("\n}\n").expect("its end") + decider;
+        assert!(
+            sources[decider..decider_end].contains("current.transition(target)"),
+            "decide_move goes through the transition table"
         );
         for insert in sources.split("INSERT INTO reservation (").skip(1) {
             let values = insert.split("VALUES").nth(1).unwrap_or_default();

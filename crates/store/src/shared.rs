@@ -710,48 +710,48 @@ async fn settle_reservations(
     Ok(outcomes)
 }
 
-/// The status half of [`settle_reservations`] for one reservation.
-async fn move_reservation<'a>(
-    transaction: &mut Tx,
-    step: &Move<'a>,
+/// Whether `mover` may move reservation `id`, held by `order_id`: a client never moves
+/// an order's reservation; an order flow moves only its own.
+fn mover_may_move(
     mover: Mover<'_>,
-    now: Timestamp,
-) -> Result<Result<Moved<'a>, Rejection>, StoreError> {
-    let id = step.id;
-    /// A locked reservation's status, holder order, shop, shopper and hold end.
-    type LockedReservation = (String, Option<String>, Option<String>, Option<String>, i64);
-    let row: Option<LockedReservation> = sqlx::query_as(dialect::SELECT_RESERVATION_FOR_UPDATE)
-            .bind(id.as_str())
-            .fetch_optional(&mut **transaction)
-            .await?;
-    let Some((status, order_id, shop, user, expires_at)) = row else {
-        return Ok(Err(Rejection::new(
-            ErrorCode::NotFound,
-            format!("reservation '{id}' does not exist"),
-        )));
-    };
-    match (mover, order_id.as_deref()) {
+    id: &ReservationId,
+    order_id: Option<&str>,
+) -> Result<Result<(), Rejection>, StoreError> {
+    match (mover, order_id) {
         (Mover::Client, Some(order)) => {
-            return Ok(Err(Rejection::new(
+            Ok(Err(Rejection::new(
                 ErrorCode::IllegalTransition,
                 format!(
                     "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
                 ),
-            )));
+            )))
         }
         (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => {
-            return Err(invariant(format!(
+            Err(invariant(format!(
                 "order {order} tried to move reservation {id}, held by {held_by:?}"
-            )));
+            )))
         }
         (Mover::HoldingOrders, None) => {
-            return Err(invariant(format!(
+            Err(invariant(format!(
                 "an order flow tried to move reservation {id}, held by no order"
-            )));
+            )))
         }
-        _ => {}
+        _ => Ok(Ok(())),
     }
-    let current = ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?;
+}
+
+/// The status a locked reservation moves from and to, through the transition table;
+/// refused when the table has no such step, or when a client confirms a hold past its
+/// end.
+fn decide_move(
+    step: &Move<'_>,
+    mover: Mover<'_>,
+    status: &str,
+    expires_at: i64,
+    now: Timestamp,
+) -> Result<Result<(ReservationStatus, ReservationStatus), Rejection>, StoreError> {
+    let id = step.id;
+    let current = ReservationStatus::parse(status).map_err(|error| corrupt("status", error))?;
     let target = match step.action {
         ReservationAction::Confirm => ReservationStatus::Confirmed,
         ReservationAction::Release => ReservationStatus::Released,
@@ -775,6 +775,54 @@ async fn move_reservation<'a>(
             format!("reservation '{id}' expired at {expires_at}: it can no longer be confirmed"),
         )));
     }
+    Ok(Ok((current, target)))
+}
+
+/// A reservation's lines.
+async fn reservation_lines_of(
+    transaction: &mut Tx,
+    id: &ReservationId,
+) -> Result<Vec<ReservationLine>, StoreError> {
+    let line_rows = sqlx::query(
+        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut **transaction)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for row in &line_rows {
+        lines.push(decode_line(row)?);
+    }
+    Ok(lines)
+}
+
+/// The status half of [`settle_reservations`] for one reservation.
+async fn move_reservation<'a>(
+    transaction: &mut Tx,
+    step: &Move<'a>,
+    mover: Mover<'_>,
+    now: Timestamp,
+) -> Result<Result<Moved<'a>, Rejection>, StoreError> {
+    let id = step.id;
+    /// A locked reservation's status, holder order, shop, shopper and hold end.
+    type LockedReservation = (String, Option<String>, Option<String>, Option<String>, i64);
+    let row: Option<LockedReservation> = sqlx::query_as(dialect::SELECT_RESERVATION_FOR_UPDATE)
+            .bind(id.as_str())
+            .fetch_optional(&mut **transaction)
+            .await?;
+    let Some((status, order_id, shop, user, expires_at)) = row else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("reservation '{id}' does not exist"),
+        )));
+    };
+    if let Err(refused) = mover_may_move(mover, id, order_id.as_deref())? {
+        return Ok(Err(refused));
+    }
+    let (current, target) = match decide_move(step, mover, &status, expires_at, now)? {
+        Ok(decided) => decided,
+        Err(refused) => return Ok(Err(refused)),
+    };
     let reason = (target == ReservationStatus::Released).then_some(step.reason.as_str());
     let updated = sqlx::query(
         "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
@@ -791,16 +839,7 @@ async fn move_reservation<'a>(
         updated.rows_affected(),
         "changing a locked reservation's status",
     )?;
-    let line_rows = sqlx::query(
-        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
-    )
-    .bind(id.as_str())
-    .fetch_all(&mut **transaction)
-    .await?;
-    let mut lines = Vec::with_capacity(line_rows.len());
-    for row in &line_rows {
-        lines.push(decode_line(row)?);
-    }
+    let lines = reservation_lines_of(transaction, id).await?;
     let shopper = match (shop, user) {
         (Some(shop), Some(user)) => Some((
             ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
