@@ -11,7 +11,7 @@ use domain::{
 };
 use store::{
     Actor, AppliedSchedule, Cart, IdempotencyClaim, NewOrder, NewProduct, NewSku, ProductChanges,
-    ShelfChange, ShelfLogQuery, ShelfScheduling, SkippedLine, TargetSelector,
+    ShelfChange, ShelfLogQuery, ShelfScheduling, ShelfTarget, SkippedLine, TargetSelector,
 };
 
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
@@ -49,6 +49,15 @@ pub struct ShelfRequest {
 }
 
 const MINUTE_MILLISECONDS: i64 = 60_000;
+
+/// A shelf change to schedule, its targets resolved.
+struct Scheduled {
+    operation: ShelfOperation,
+    scheduled_at: Timestamp,
+    targets: Vec<ShelfTarget>,
+    actor: Actor,
+    remark: String,
+}
 
 impl Engine {
     /// `POST /v1/products`: a product and its SKUs, all `PENDING_REVIEW`.
@@ -164,7 +173,52 @@ impl Engine {
             return Ok(first);
         }
         let actor = Actor::of(principal);
-        let mut selector = request.selector;
+        let targets = self
+            .shelf_targets(principal, action, &actor, request.selector)
+            .await?;
+        let renderer = self.inner.renderer.as_ref();
+        match request.scheduled_at {
+            None => {
+                let change = ShelfChange {
+                    operation: request.operation,
+                    targets,
+                    expected_versions: request.expected_versions,
+                    actor: actor.clone(),
+                    remark: request.remark,
+                    scheduled: false,
+                };
+                self.idempotent("shelf", claim, || {
+                    self.retried("shelf", || {
+                        self.inner
+                            .store
+                            .change_shelf(claim, &change, self.now(), renderer)
+                    })
+                })
+                .await
+            }
+            Some(scheduled_at) => {
+                let scheduled = Scheduled {
+                    operation: request.operation,
+                    scheduled_at,
+                    targets,
+                    actor,
+                    remark: request.remark,
+                };
+                self.schedule_shelf(claim, scheduled).await
+            }
+        }
+    }
+
+    /// The SKUs a shelf operation names, each one the caller may change: refused when the
+    /// selector names nothing, too many or none that exist.
+    async fn shelf_targets(
+        &self,
+        principal: &Principal,
+        action: Action,
+        actor: &Actor,
+        selector: TargetSelector,
+    ) -> Result<Vec<ShelfTarget>, EngineError> {
+        let mut selector = selector;
         let names_something = !selector.product_ids.is_empty()
             || !selector.skus.is_empty()
             || selector.category.is_some()
@@ -202,76 +256,63 @@ impl Engine {
         for target in &targets {
             authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
         }
+        Ok(targets)
+    }
+
+    /// Records a shelf change for the start of the minute it names (a minute in the
+    /// future, within a year).
+    async fn schedule_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        scheduled: Scheduled,
+    ) -> Result<Reply, EngineError> {
+        let scheduled_at = scheduled.scheduled_at;
         let renderer = self.inner.renderer.as_ref();
-        match request.scheduled_at {
-            None => {
-                let change = ShelfChange {
-                    operation: request.operation,
-                    targets,
-                    expected_versions: request.expected_versions,
-                    actor: actor.clone(),
-                    remark: request.remark,
-                    scheduled: false,
-                };
-                self.idempotent("shelf", claim, || {
-                    self.retried("shelf", || {
-                        self.inner
-                            .store
-                            .change_shelf(claim, &change, self.now(), renderer)
-                    })
-                })
-                .await
-            }
-            Some(scheduled_at) => {
-                if request.operation == ShelfOperation::Delete {
-                    return Err(EngineError::InvalidArgument(
-                        "deletes cannot be scheduled".into(),
-                    ));
-                }
-                let now = self.now();
-                // Minute precision: the change applies at the start of the named minute.
-                let due_at = Timestamp::from_unix_milliseconds(
-                    scheduled_at
-                        .unix_milliseconds()
-                        .div_euclid(MINUTE_MILLISECONDS)
-                        * MINUTE_MILLISECONDS,
-                );
-                if due_at <= now {
-                    return Err(EngineError::InvalidArgument(format!(
-                        "scheduled_at must be a minute in the future (now is {now})"
-                    )));
-                }
-                if due_at > now.plus_seconds(SCHEDULE_HORIZON_SECONDS_MAX) {
-                    return Err(EngineError::InvalidArgument(
-                        "scheduled_at is more than a year ahead".into(),
-                    ));
-                }
-                let scheduling = ShelfScheduling {
-                    operation: request.operation,
-                    targets: targets
-                        .into_iter()
-                        .map(|target| (ScheduleId::generate(now, rand::random()), target))
-                        .collect(),
-                    due_at,
-                    actor: actor.clone(),
-                    remark: request.remark,
-                };
-                let reply = self
-                    .idempotent("schedule_shelf", claim, || {
-                        self.retried("schedule_shelf", || {
-                            self.inner.store.schedule_shelf(
-                                claim,
-                                &scheduling,
-                                self.now(),
-                                renderer,
-                            )
-                        })
-                    })
-                    .await?;
-                self.inner.schedules_changed.notify_one();
-                Ok(reply)
-            }
+        if scheduled.operation == ShelfOperation::Delete {
+            return Err(EngineError::InvalidArgument(
+                "deletes cannot be scheduled".into(),
+            ));
         }
+        let now = self.now();
+        // Minute precision: the change applies at the start of the named minute.
+        let due_at = Timestamp::from_unix_milliseconds(
+            scheduled_at
+                .unix_milliseconds()
+                .div_euclid(MINUTE_MILLISECONDS)
+                * MINUTE_MILLISECONDS,
+        );
+        if due_at <= now {
+            return Err(EngineError::InvalidArgument(format!(
+                "scheduled_at must be a minute in the future (now is {now})"
+            )));
+        }
+        if due_at > now.plus_seconds(SCHEDULE_HORIZON_SECONDS_MAX) {
+            return Err(EngineError::InvalidArgument(
+                "scheduled_at is more than a year ahead".into(),
+            ));
+        }
+        let scheduling = ShelfScheduling {
+            operation: scheduled.operation,
+            targets: scheduled
+                .targets
+                .into_iter()
+                .map(|target| (ScheduleId::generate(now, rand::random()), target))
+                .collect(),
+            due_at,
+            actor: scheduled.actor,
+            remark: scheduled.remark,
+        };
+        let reply = self
+            .idempotent("schedule_shelf", claim, || {
+                self.retried("schedule_shelf", || {
+                    self.inner
+                        .store
+                        .schedule_shelf(claim, &scheduling, self.now(), renderer)
+                })
+            })
+            .await?;
+        self.inner.schedules_changed.notify_one();
+        Ok(reply)
     }
 
     /// `DELETE /v1/products/{id}`: every SKU of the product to `DELETED` (admin only).
