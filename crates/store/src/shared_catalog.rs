@@ -168,6 +168,112 @@ async fn insert_shelf_log(
     Ok(())
 }
 
+/// What a shelf change does to one locked target: changed (logged), repeated (logged),
+/// or refused (unknown SKU, stale version, a step the table lacks, an incomplete
+/// product).
+async fn shelf_outcome(
+    transaction: &mut Tx,
+    change: &ShelfChange,
+    target: &ShelfTarget,
+    operation: &str,
+    now: Timestamp,
+) -> Result<ShelfOutcome, StoreError> {
+    let refused = |code: ErrorCode, reason: String, missing: Vec<&'static str>| {
+        ShelfOutcome::Refused {
+            code,
+            reason,
+            missing,
+        }
+    };
+    let Some(state) = load_shelf_state(transaction, &target.sku).await? else {
+        return Ok(refused(
+            ErrorCode::NotFound,
+            format!("sku '{}' does not exist", target.sku),
+            Vec::new(),
+        ));
+    };
+    if let Some(expected) = change.expected_versions.get(&target.sku)
+        && *expected != state.version
+    {
+        return Ok(refused(
+            ErrorCode::VersionConflict,
+            format!(
+                "sku '{}' is at version {}, not {expected}: it changed since it was read",
+                target.sku, state.version
+            ),
+            Vec::new(),
+        ));
+    }
+    let outcome = match decide_shelf_change(state.status, change.operation, state.completeness) {
+        ShelfDecision::Change { from, to } => {
+            let updated = sqlx::query(
+                "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
+                 WHERE code = $1 AND sale_status = $4 AND version = $5",
+            )
+            .bind(target.sku.as_str())
+            .bind(to.as_str())
+            .bind(now.unix_milliseconds())
+            .bind(from.as_str())
+            .bind(state.version)
+            .execute(&mut **transaction)
+            .await?;
+            if updated.rows_affected() != 1 {
+                return Ok(refused(
+                    ErrorCode::VersionConflict,
+                    format!("sku '{}' changed concurrently", target.sku),
+                    Vec::new(),
+                ));
+            }
+            let line = LogLine {
+                target,
+                actor: &change.actor,
+                from,
+                to,
+                operation,
+                repeated: false,
+                remark: &change.remark,
+            };
+            insert_shelf_log(transaction, line, now).await?;
+            ShelfOutcome::Changed {
+                from,
+                to,
+                version: state.version + 1,
+            }
+        }
+        ShelfDecision::Repeat(status) => {
+            let line = LogLine {
+                target,
+                actor: &change.actor,
+                from: status,
+                to: status,
+                operation,
+                repeated: true,
+                remark: &change.remark,
+            };
+            insert_shelf_log(transaction, line, now).await?;
+            ShelfOutcome::Repeated { status }
+        }
+        illegal @ ShelfDecision::Illegal { .. } => {
+            return Ok(refused(
+                ErrorCode::IllegalTransition,
+                format!("sku '{}': {illegal}", target.sku),
+                Vec::new(),
+            ));
+        }
+        incomplete @ ShelfDecision::Incomplete(_) => {
+            let ShelfDecision::Incomplete(missing) = &incomplete else {
+                unreachable!()
+            };
+            return Ok(refused(
+                ErrorCode::IllegalTransition,
+                format!("sku '{}': {incomplete}", target.sku),
+                missing.clone(),
+            ));
+        }
+    };
+    Ok(outcome)
+}
+
 /// Applies one shelf operation to its targets inside `transaction`: locks the shops
 /// (so batches of one shop never interleave) and the targets' stock rows, then
 /// decides each target through the transition table and writes the change and its
@@ -195,110 +301,10 @@ async fn apply_shelf_change(
     let mut results = Vec::with_capacity(targets.len());
     let mut touched_products: BTreeSet<&ProductId> = BTreeSet::new();
     for target in targets {
-        let refused = |code: ErrorCode, reason: String, missing: Vec<&'static str>| ShelfResult {
-            sku: target.sku.clone(),
-            product_id: target.product_id.clone(),
-            outcome: ShelfOutcome::Refused {
-                code,
-                reason,
-                missing,
-            },
-        };
-        let Some(state) = load_shelf_state(transaction, &target.sku).await? else {
-            results.push(refused(
-                ErrorCode::NotFound,
-                format!("sku '{}' does not exist", target.sku),
-                Vec::new(),
-            ));
-            continue;
-        };
-        if let Some(expected) = change.expected_versions.get(&target.sku)
-            && *expected != state.version
-        {
-            results.push(refused(
-                ErrorCode::VersionConflict,
-                format!(
-                    "sku '{}' is at version {}, not {expected}: it changed since it was read",
-                    target.sku, state.version
-                ),
-                Vec::new(),
-            ));
-            continue;
+        let outcome = shelf_outcome(transaction, change, target, operation, now).await?;
+        if let (ShelfOutcome::Changed { .. }, Some(product)) = (&outcome, &target.product_id) {
+            touched_products.insert(product);
         }
-        let outcome = match decide_shelf_change(state.status, change.operation, state.completeness)
-        {
-            ShelfDecision::Change { from, to } => {
-                let updated = sqlx::query(
-                    "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
-                     WHERE code = $1 AND sale_status = $4 AND version = $5",
-                )
-                .bind(target.sku.as_str())
-                .bind(to.as_str())
-                .bind(now.unix_milliseconds())
-                .bind(from.as_str())
-                .bind(state.version)
-                .execute(&mut **transaction)
-                .await?;
-                if updated.rows_affected() != 1 {
-                    results.push(refused(
-                        ErrorCode::VersionConflict,
-                        format!("sku '{}' changed concurrently", target.sku),
-                        Vec::new(),
-                    ));
-                    continue;
-                }
-                let line = LogLine {
-                    target,
-                    actor: &change.actor,
-                    from,
-                    to,
-                    operation,
-                    repeated: false,
-                    remark: &change.remark,
-                };
-                insert_shelf_log(transaction, line, now).await?;
-                if let Some(product) = &target.product_id {
-                    touched_products.insert(product);
-                }
-                ShelfOutcome::Changed {
-                    from,
-                    to,
-                    version: state.version + 1,
-                }
-            }
-            ShelfDecision::Repeat(status) => {
-                let line = LogLine {
-                    target,
-                    actor: &change.actor,
-                    from: status,
-                    to: status,
-                    operation,
-                    repeated: true,
-                    remark: &change.remark,
-                };
-                insert_shelf_log(transaction, line, now).await?;
-                ShelfOutcome::Repeated { status }
-            }
-            illegal @ ShelfDecision::Illegal { .. } => {
-                results.push(refused(
-                    ErrorCode::IllegalTransition,
-                    format!("sku '{}': {illegal}", target.sku),
-                    Vec::new(),
-                ));
-                continue;
-            }
-            incomplete @ ShelfDecision::Incomplete(_) => {
-                let ShelfDecision::Incomplete(missing) = &incomplete else {
-                    unreachable!()
-                };
-                results.push(refused(
-                    ErrorCode::IllegalTransition,
-                    format!("sku '{}': {incomplete}", target.sku),
-                    missing.clone(),
-                ));
-                continue;
-            }
-        };
         results.push(ShelfResult {
             sku: target.sku.clone(),
             product_id: target.product_id.clone(),
