@@ -1284,11 +1284,12 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
+        // The order before the key, as every unit of work on an order takes them.
+        let locked = lock_order(&mut transaction, order).await?;
         if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let locked = lock_order(&mut transaction, order).await?;
         let holds_stock = match &locked {
             Some((_, reservation, _)) => {
                 reservation_status(&mut transaction, reservation).await?
@@ -1488,11 +1489,13 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
+        // The order before the key, as every unit of work on an order takes them.
+        let locked = lock_order(&mut transaction, order).await?;
         if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let refusal = match lock_order(&mut transaction, order).await? {
+        let refusal = match locked {
             None => Some(Rejection::new(
                 ErrorCode::NotFound,
                 format!("order '{order}' does not exist"),
