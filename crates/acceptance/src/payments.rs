@@ -154,10 +154,15 @@ impl TestGateway {
     /// Makes the sandbox charge an intent whatever its state (as a gateway completing a
     /// payment it had confirmed cancelled): the way to a late success.
     pub async fn force_success(&self, payment_intent: &str) -> u16 {
+        self.sandbox_control(payment_intent, "force_success").await
+    }
+
+    /// `POST /_sandbox/payment_intents/{id}/{action}` over HTTP; returns the status.
+    async fn sandbox_control(&self, payment_intent: &str, action: &str) -> u16 {
         gateway::install_crypto_provider();
         reqwest::Client::new()
             .post(format!(
-                "{}/_sandbox/payment_intents/{payment_intent}/force_success",
+                "{}/_sandbox/payment_intents/{payment_intent}/{action}",
                 self.url
             ))
             .send()
@@ -169,17 +174,8 @@ impl TestGateway {
 
     /// Completes a customer action (3-D Secure, say) on the sandbox, over HTTP.
     pub async fn complete_action(&self, payment_intent: &str) -> u16 {
-        gateway::install_crypto_provider();
-        reqwest::Client::new()
-            .post(format!(
-                "{}/_sandbox/payment_intents/{payment_intent}/complete_action",
-                self.url
-            ))
-            .send()
+        self.sandbox_control(payment_intent, "complete_action")
             .await
-            .expect("sandbox reachable")
-            .status()
-            .as_u16()
     }
 }
 

@@ -509,34 +509,19 @@ impl Engine {
         operation: &'static str,
         claim: &IdempotencyClaim,
     ) -> Result<Option<Reply>, EngineError> {
-        let record = self
-            .inner
-            .store
-            .idempotency_record(&claim.key)
-            .await
-            .map_err(|error| log_store_error(operation, error))?;
-        record
-            .map(|(fingerprint, response)| {
-                answer_from_record(operation, claim, &fingerprint, response)
-            })
-            .transpose()
+        match self.stored_outcome(operation, claim).await? {
+            Some(Idempotent::Replayed(response)) => {
+                metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
+                    .increment(1);
+                Ok(Some(Reply {
+                    response,
+                    replayed: true,
+                }))
+            }
+            Some(_) => Err(EngineError::IdempotencyKeyReused),
+            None => Ok(None),
+        }
     }
-}
-
-fn answer_from_record(
-    operation: &'static str,
-    claim: &IdempotencyClaim,
-    fingerprint: &str,
-    response: StoredResponse,
-) -> Result<Reply, EngineError> {
-    if fingerprint != claim.fingerprint {
-        return Err(EngineError::IdempotencyKeyReused);
-    }
-    metrics::counter!("stockd_idempotent_replays_total", "operation" => operation).increment(1);
-    Ok(Reply {
-        response,
-        replayed: true,
-    })
 }
 
 /// A refusal of the trust model, as the engine reports it.

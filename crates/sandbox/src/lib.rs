@@ -678,12 +678,17 @@ impl Sandbox {
     /// gateways should never do it; stockd's late-success path exists for when one
     /// does, and this is how the tests drive it.
     fn force_success(&self, id: &str) -> Response {
-        let Some(mut intent) = lock(&self.books).intents.get(id).cloned() else {
+        let Some(intent) = lock(&self.books).intents.get(id).cloned() else {
             return (StatusCode::NOT_FOUND, "no such payment intent").into_response();
         };
         if intent.status == PaymentIntentStatus::Succeeded {
             return (StatusCode::CONFLICT, "the payment intent succeeded already").into_response();
         }
+        self.charge_now(intent)
+    }
+
+    /// Charges a held intent now, keeps it and sends its `succeeded` webhook.
+    fn charge_now(&self, mut intent: PaymentIntent) -> Response {
         self.charge(&mut intent);
         lock(&self.books)
             .intents
@@ -698,7 +703,7 @@ impl Sandbox {
     }
 
     fn complete_action(&self, id: &str) -> Response {
-        let mut intent = match lock(&self.books).intents.get(id).cloned() {
+        let intent = match lock(&self.books).intents.get(id).cloned() {
             Some(intent) if intent.status == PaymentIntentStatus::RequiresAction => intent,
             Some(_) => {
                 return (StatusCode::CONFLICT, "the payment intent needs no action")
@@ -706,17 +711,7 @@ impl Sandbox {
             }
             None => return (StatusCode::NOT_FOUND, "no such payment intent").into_response(),
         };
-        self.charge(&mut intent);
-        lock(&self.books)
-            .intents
-            .insert(intent.id.clone(), intent.clone());
-        self.send_event(
-            "payment_intent.succeeded",
-            serde_json::to_value(&intent).unwrap_or_default(),
-            0,
-            1,
-        );
-        json_response(200, serde_json::to_string(&intent).unwrap_or_default())
+        self.charge_now(intent)
     }
 
     pub fn router(&self) -> Router {

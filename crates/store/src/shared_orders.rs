@@ -529,7 +529,15 @@ async fn apply_success(
             "charged ({payment_id}) after attempt {paid_by} had paid the order: refunded"
         );
         tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
-        set_attempt_status(transaction, attempt, AttemptStatus::Failed, Some(payment_id), Some(&reason), now).await?;
+        set_attempt_status(
+            transaction,
+            attempt,
+            AttemptStatus::Failed,
+            Some(payment_id),
+            Some(&reason),
+            now,
+        )
+        .await?;
         insert_refund(
             transaction,
             attempt,
@@ -539,7 +547,15 @@ async fn apply_success(
         .await?;
         return Ok(Some(order_status));
     }
-    set_attempt_status(transaction, attempt, AttemptStatus::Succeeded, Some(payment_id), None, now).await?;
+    set_attempt_status(
+        transaction,
+        attempt,
+        AttemptStatus::Succeeded,
+        Some(payment_id),
+        None,
+        now,
+    )
+    .await?;
     let reason = format!("payment {payment_id} succeeded ({source})");
     let held = reservation_status(transaction, reservation).await?;
     match (order_status, held) {
@@ -604,7 +620,15 @@ async fn apply_failure(
         source,
         now,
     } = *settling;
-    set_attempt_status(transaction, attempt, AttemptStatus::Failed, payment_id, Some(reason), now).await?;
+    set_attempt_status(
+        transaction,
+        attempt,
+        AttemptStatus::Failed,
+        payment_id,
+        Some(reason),
+        now,
+    )
+    .await?;
     match (outcome, order_status) {
         // Declined: the order keeps its hold, and another card may pay it until
         // the hold ends (then the order-expiry worker gives the stock back).
