@@ -5,16 +5,23 @@
 //! update, writes its ledger rows, and stores the response for its idempotency key —
 //! all committed together. No method calls anything but the database.
 //!
-//! Both backends share their SQL through `shared.rs` (see that file's header); the
-//! statements that differ live in each backend's `dialect` module.
+//! Units of work are written once (`units`), generic over a [`backend::Backend`]; what
+//! differs between databases lives in one module per backend (`backends`). See
+//! `docs/ARCHITECTURE.md` for the code map.
 
+pub mod backend;
+pub mod backends;
 pub mod catalog;
 pub mod error;
 pub mod model;
 pub mod orders;
 pub mod plan;
-pub mod postgres;
-pub mod sqlite;
+pub mod sql;
+pub mod units;
+
+use backends::postgres::PostgresBackend;
+use backends::sqlite::SqliteBackend;
+use units::Units;
 
 use domain::{
     OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal, Product, ProductId, RefundId,
@@ -112,8 +119,8 @@ impl StoreConfig {
 /// The database behind stockd. Dispatches each unit of work to its backend.
 #[derive(Debug, Clone)]
 pub enum Store {
-    Sqlite(sqlite::SqliteStore),
-    Postgres(postgres::PostgresStore),
+    Sqlite(Units<SqliteBackend>),
+    Postgres(Units<PostgresBackend>),
 }
 
 macro_rules! dispatch {
@@ -129,11 +136,13 @@ impl Store {
     /// Connects without migrating. `serve` and `migrate` call [`Store::migrate`] next.
     pub async fn connect(config: &StoreConfig) -> Result<Store, StoreError> {
         if config.is_postgres() {
-            Ok(Store::Postgres(
-                postgres::PostgresStore::connect(config).await?,
-            ))
+            Ok(Store::Postgres(Units::new(
+                PostgresBackend::connect(config).await?,
+            )))
         } else if config.database_url.starts_with("sqlite:") {
-            Ok(Store::Sqlite(sqlite::SqliteStore::connect(config).await?))
+            Ok(Store::Sqlite(Units::new(
+                SqliteBackend::connect(config).await?,
+            )))
         } else {
             Err(StoreError::Unavailable(format!(
                 "database URL must start with sqlite: or postgres:// (got '{}')",
@@ -143,9 +152,10 @@ impl Store {
     }
 
     pub fn backend_name(&self) -> &'static str {
+        use backend::Backend;
         match self {
-            Store::Sqlite(_) => "sqlite",
-            Store::Postgres(_) => "postgres",
+            Store::Sqlite(_) => SqliteBackend::NAME,
+            Store::Postgres(_) => PostgresBackend::NAME,
         }
     }
 
@@ -250,9 +260,9 @@ mod tests {
 
     /// The units of work shared by both backends, as compiled into them.
     const SHARED_SOURCES: [&str; 3] = [
-        include_str!("shared.rs"),
-        include_str!("shared_catalog.rs"),
-        include_str!("shared_orders.rs"),
+        include_str!("units/shared.rs"),
+        include_str!("units/shared_catalog.rs"),
+        include_str!("units/shared_orders.rs"),
     ];
 
     /// Every reservation status change goes through `ReservationStatus::transition`:

@@ -1,17 +1,28 @@
-// The catalog's units of work (seed 003), shared by the SQLite and PostgreSQL stores
-// like `shared.rs` (included after it, in the same module). Dialect pieces used here:
-// `dialect::lock_shop`, `dialect::lock_stock_of_skus`, `dialect::CLAIM_DUE_SCHEDULES`.
-//
-// A sale-status change locks the SKU's stock rows before it reads or writes the
-// status: a reservation reads the status after locking the same rows, so the two
-// serialize, and a SKU taken off the shelf cannot be sold by a reservation that
-// commits afterwards.
+//! The catalog's units of work (seed 003), written once for every backend.
+//!
+//! A sale-status change locks the SKU's stock rows before it reads or writes the
+//! status: a reservation reads the status after locking the same rows, so the two
+//! serialize, and a SKU taken off the shelf cannot be sold by a reservation that
+//! commits afterwards.
 
+use super::shared::*;
+#[allow(unused_imports)]
+use std::collections::HashMap;
+
+use domain::{
+    Currency, ErrorCode, PriceMinor, ProductId, SaleStatus, ShopCode, SkuCode, Timestamp, UserId,
+};
+
+use super::Units;
+use crate::backend::{Backend, Finish};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::sql::{Connection, built_statement, statement};
 use std::collections::BTreeSet;
 
 use domain::{
-    CategoryCode, Completeness, ImageUrl, OperatorId, OperatorType, Principal, Product,
-    ScheduleId, ServiceKeyId, ShelfDecision, ShelfLogEntry, ShelfOperation, SupplierCode, Title,
+    CategoryCode, Completeness, ImageUrl, OperatorId, OperatorType, Principal, Product, ScheduleId,
+    ServiceKeyId, ShelfDecision, ShelfLogEntry, ShelfOperation, SupplierCode, Title,
     decide_shelf_change, operation_label,
 };
 
@@ -24,9 +35,9 @@ use crate::catalog::{
 /// SKUs a shelf operation's lookup reads at most (a category or supplier query's LIMIT,
 /// where product lookups stop): one more than an operation may change
 /// (`domain::limits::SHELF_TARGETS_MAX`), so an operation naming too many is seen.
-const SHELF_TARGETS_READ_MAX: i64 = domain::limits::SHELF_TARGETS_MAX as i64 + 1;
+pub(crate) const SHELF_TARGETS_READ_MAX: i64 = domain::limits::SHELF_TARGETS_MAX as i64 + 1;
 
-fn parse_stored<T>(
+pub(crate) fn parse_stored<T>(
     what: &str,
     text: &str,
     parse: impl Fn(&str) -> Result<T, domain::ParseError>,
@@ -34,25 +45,24 @@ fn parse_stored<T>(
     parse(text).map_err(|error| corrupt(what, error))
 }
 
-async fn load_product(
-    connection: &mut DbConnection,
+pub(crate) async fn load_product<C: Connection>(
+    connection: &mut C,
     id: &ProductId,
 ) -> Result<Option<Product>, StoreError> {
-    let Some(row) = sqlx::query(
+    let Some(row) = statement(
         "SELECT title, image_url, category, supplier, shop, version, deleted_at, created_at, updated_at \
          FROM product WHERE id = $1",
     )
     .bind(id.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_row(&mut *connection)
     .await?
     else {
         return Ok(None);
     };
-    let codes: Vec<String> =
-        sqlx::query_scalar("SELECT code FROM sku WHERE product_id = $1 ORDER BY code")
-            .bind(id.as_str())
-            .fetch_all(&mut *connection)
-            .await?;
+    let codes: Vec<String> = statement("SELECT code FROM sku WHERE product_id = $1 ORDER BY code")
+        .bind(id.as_str())
+        .fetch_all_scalar(&mut *connection)
+        .await?;
     let mut skus = Vec::with_capacity(codes.len());
     for code in codes {
         let code = parse_stored("sku code", &code, SkuCode::parse)?;
@@ -84,23 +94,23 @@ async fn load_product(
 }
 
 /// A SKU's sale state as a shelf change needs it.
-struct ShelfState {
-    status: SaleStatus,
-    version: i64,
-    completeness: Completeness,
+pub(crate) struct ShelfState {
+    pub(crate) status: SaleStatus,
+    pub(crate) version: i64,
+    pub(crate) completeness: Completeness,
 }
 
-async fn load_shelf_state(
-    connection: &mut DbConnection,
+pub(crate) async fn load_shelf_state<C: Connection>(
+    connection: &mut C,
     sku: &SkuCode,
 ) -> Result<Option<ShelfState>, StoreError> {
-    let row = sqlx::query(
+    let row = statement(
         "SELECT sku.sale_status, sku.version, sku.title AS sku_title, sku.price_minor, sku.product_id, \
          product.title AS product_title, product.image_url FROM sku \
          LEFT JOIN product ON product.id = sku.product_id WHERE sku.code = $1",
     )
     .bind(sku.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_row(&mut *connection)
     .await?;
     let Some(row) = row else { return Ok(None) };
     let status: String = row.try_get("sale_status")?;
@@ -134,22 +144,22 @@ async fn load_shelf_state(
     }))
 }
 
-struct LogLine<'a> {
-    target: &'a ShelfTarget,
-    actor: &'a Actor,
-    from: SaleStatus,
-    to: SaleStatus,
-    operation: &'a str,
-    repeated: bool,
-    remark: &'a str,
+pub(crate) struct LogLine<'a> {
+    pub(crate) target: &'a ShelfTarget,
+    pub(crate) actor: &'a Actor,
+    pub(crate) from: SaleStatus,
+    pub(crate) to: SaleStatus,
+    pub(crate) operation: &'a str,
+    pub(crate) repeated: bool,
+    pub(crate) remark: &'a str,
 }
 
-async fn insert_shelf_log(
-    transaction: &mut Tx,
+pub(crate) async fn insert_shelf_log<C: Connection>(
+    transaction: &mut C,
     line: LogLine<'_>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    statement(
         "INSERT INTO shelf_log (product_id, sku, operator_id, operator_type, from_status, to_status, \
          operation, repeated, remark, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
@@ -163,7 +173,7 @@ async fn insert_shelf_log(
     .bind(i64::from(line.repeated))
     .bind(line.remark)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     Ok(())
 }
@@ -171,20 +181,19 @@ async fn insert_shelf_log(
 /// What a shelf change does to one locked target: changed (logged), repeated (logged),
 /// or refused (unknown SKU, stale version, a step the table lacks, an incomplete
 /// product).
-async fn shelf_outcome(
-    transaction: &mut Tx,
+pub(crate) async fn shelf_outcome<C: Connection>(
+    transaction: &mut C,
     change: &ShelfChange,
     target: &ShelfTarget,
     operation: &str,
     now: Timestamp,
 ) -> Result<ShelfOutcome, StoreError> {
-    let refused = |code: ErrorCode, reason: String, missing: Vec<&'static str>| {
-        ShelfOutcome::Refused {
+    let refused =
+        |code: ErrorCode, reason: String, missing: Vec<&'static str>| ShelfOutcome::Refused {
             code,
             reason,
             missing,
-        }
-    };
+        };
     let Some(state) = load_shelf_state(transaction, &target.sku).await? else {
         return Ok(refused(
             ErrorCode::NotFound,
@@ -206,7 +215,7 @@ async fn shelf_outcome(
     }
     let outcome = match decide_shelf_change(state.status, change.operation, state.completeness) {
         ShelfDecision::Change { from, to } => {
-            let updated = sqlx::query(
+            let updated = statement(
                 "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
                  WHERE code = $1 AND sale_status = $4 AND version = $5",
             )
@@ -215,9 +224,9 @@ async fn shelf_outcome(
             .bind(now.unix_milliseconds())
             .bind(from.as_str())
             .bind(state.version)
-            .execute(&mut **transaction)
+            .execute(&mut *transaction)
             .await?;
-            if updated.rows_affected() != 1 {
+            if updated != 1 {
                 return Ok(refused(
                     ErrorCode::VersionConflict,
                     format!("sku '{}' changed concurrently", target.sku),
@@ -278,8 +287,8 @@ async fn shelf_outcome(
 /// (so batches of one shop never interleave) and the targets' stock rows, then
 /// decides each target through the transition table and writes the change and its
 /// log line.
-async fn apply_shelf_change(
-    transaction: &mut Tx,
+pub(crate) async fn apply_shelf_change<C: Connection>(
+    transaction: &mut C,
     change: &ShelfChange,
     now: Timestamp,
 ) -> Result<Vec<ShelfResult>, StoreError> {
@@ -289,13 +298,13 @@ async fn apply_shelf_change(
         .filter_map(|target| target.shop.as_ref())
         .collect();
     for shop in shops {
-        dialect::lock_shop(transaction, shop).await?;
+        transaction.lock_shop(shop).await?;
     }
     let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
     targets.sort();
     targets.dedup_by(|left, right| left.sku == right.sku);
     let skus: Vec<&SkuCode> = targets.iter().map(|target| &target.sku).collect();
-    dialect::lock_stock_of_skus(transaction, &skus).await?;
+    transaction.lock_stock_of_skus(&skus).await?;
 
     let operation = operation_label(change.operation, change.scheduled);
     let mut results = Vec::with_capacity(targets.len());
@@ -313,7 +322,7 @@ async fn apply_shelf_change(
     }
     for product in touched_products {
         // A product is deleted once every one of its SKUs is.
-        sqlx::query(
+        statement(
             "UPDATE product SET version = version + 1, updated_at = $2, \
              deleted_at = CASE WHEN deleted_at IS NULL AND NOT EXISTS ( \
                  SELECT 1 FROM sku WHERE sku.product_id = product.id AND sku.sale_status <> 'DELETED') \
@@ -322,14 +331,14 @@ async fn apply_shelf_change(
         )
         .bind(product.as_str())
         .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
     }
     Ok(results)
 }
 
 /// A SKU as a shelf operation's target, with its product and shop as stored.
-fn shelf_target(
+pub(crate) fn shelf_target(
     sku: SkuCode,
     product_id: Option<&str>,
     shop: Option<&str>,
@@ -346,34 +355,33 @@ fn shelf_target(
 }
 
 /// A claimed schedule: its id, SKU, operation, remark and the target it changes.
-type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
+pub(crate) type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
 
 /// Claims up to `limit` due schedules and locks what they will change — every shop,
 /// then every stock row, in the order a shelf change takes them — before the first
 /// change: applied one by one, the batch would take a shop's lock after another SKU's
 /// stock rows and could deadlock against a shelf batch or a reservation.
-async fn claim_due_schedules(
-    transaction: &mut Tx,
+pub(crate) async fn claim_due_schedules<C: Connection>(
+    transaction: &mut C,
     now: Timestamp,
     limit: i64,
 ) -> Result<Vec<DueSchedule>, StoreError> {
-    let claimed =
-        sqlx::query_as::<_, (String, String, String, String)>(dialect::CLAIM_DUE_SCHEDULES)
-            .bind(now.unix_milliseconds())
-            .bind(limit)
-            .fetch_all(&mut **transaction)
-            .await?;
+    let claimed = statement(C::CLAIM_DUE_SCHEDULES)
+        .bind(now.unix_milliseconds())
+        .bind(limit)
+        .fetch_all_as::<(String, String, String, String)>(&mut *transaction)
+        .await?;
     let mut due = Vec::with_capacity(claimed.len());
     for (id, sku, operation, remark) in claimed {
         let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
         let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
         let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
-        let target = sqlx::query_as::<_, (Option<String>, Option<String>)>(
+        let target = statement(
             "SELECT sku.product_id, product.shop FROM sku LEFT JOIN product ON product.id = sku.product_id \
              WHERE sku.code = $1",
         )
         .bind(sku.as_str())
-        .fetch_optional(&mut **transaction)
+        .fetch_optional_as::<(Option<String>, Option<String>)>(&mut *transaction)
         .await?;
         let Some((product_id, shop)) = target else {
             return Err(invariant(format!(
@@ -388,16 +396,16 @@ async fn claim_due_schedules(
         .filter_map(|(_, _, _, _, target)| target.shop.as_ref())
         .collect();
     for shop in shops {
-        dialect::lock_shop(transaction, shop).await?;
+        transaction.lock_shop(shop).await?;
     }
     let mut skus: Vec<&SkuCode> = due.iter().map(|(_, sku, _, _, _)| sku).collect();
     skus.sort();
     skus.dedup();
-    dialect::lock_stock_of_skus(transaction, &skus).await?;
+    transaction.lock_stock_of_skus(&skus).await?;
     Ok(due)
 }
 
-impl BackendStore {
+impl<B: Backend> Units<B> {
     pub async fn create_product(
         &self,
         claim: &IdempotencyClaim,
@@ -406,27 +414,33 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
         // The product's rows go in under a savepoint: when a SKU code is taken, they
         // are rolled back and only the stored refusal remains.
-        let mut savepoint = sqlx::Acquire::begin(&mut *transaction).await?;
-        let response = match insert_product(&mut savepoint, product, now).await? {
+        statement("SAVEPOINT product_rows")
+            .execute(&mut *transaction)
+            .await?;
+        let response = match insert_product(&mut *transaction, product, now).await? {
             Ok(()) => {
-                savepoint.commit().await?;
-                let created = load_product(&mut transaction, &product.id)
+                statement("RELEASE SAVEPOINT product_rows")
+                    .execute(&mut *transaction)
+                    .await?;
+                let created = load_product(&mut *transaction, &product.id)
                     .await?
                     .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
                 renderer.product_saved(&created, true)
             }
             Err(rejection) => {
-                savepoint.rollback().await?;
+                statement("ROLLBACK TO SAVEPOINT product_rows")
+                    .execute(&mut *transaction)
+                    .await?;
                 renderer.rejected(&rejection)
             }
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -440,11 +454,11 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let updated = sqlx::query(
+        let updated = statement(
             "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
              category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
              version = version + 1, updated_at = $6 WHERE id = $1 AND deleted_at IS NULL",
@@ -457,8 +471,8 @@ impl BackendStore {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        let response = if updated.rows_affected() == 1 {
-            let product = load_product(&mut transaction, id)
+        let response = if updated == 1 {
+            let product = load_product(&mut *transaction, id)
                 .await?
                 .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
             renderer.product_saved(&product, false)
@@ -468,14 +482,14 @@ impl BackendStore {
                 format!("product '{id}' does not exist or was deleted"),
             ))
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
 
     pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let product = load_product(&mut transaction, id).await;
+        let product = load_product(&mut *transaction, id).await;
         transaction.rollback().await?;
         product
     }
@@ -492,12 +506,12 @@ impl BackendStore {
         let select = "SELECT sku.code, sku.product_id, sku.shop FROM sku \
                       LEFT JOIN product ON product.id = sku.product_id";
         for product in &selector.product_ids {
-            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
-                sqlx::AssertSqlSafe(format!("{select} WHERE sku.product_id = $1")),
-            )
-            .bind(product.as_str())
-            .fetch_all(self.read_pool())
-            .await?;
+            let rows = built_statement(format!("{select} WHERE sku.product_id = $1"))
+                .bind(product.as_str())
+                .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                    &mut *self.read_connection().await?,
+                )
+                .await?;
             found.extend(rows);
             // A thousand products of a hundred SKUs each would be read whole before
             // the refusal; past the limit the rest cannot change the answer.
@@ -506,37 +520,37 @@ impl BackendStore {
             }
         }
         for sku in &selector.skus {
-            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
-                sqlx::AssertSqlSafe(format!("{select} WHERE sku.code = $1")),
-            )
-            .bind(sku.as_str())
-            .fetch_all(self.read_pool())
-            .await?;
+            let rows = built_statement(format!("{select} WHERE sku.code = $1"))
+                .bind(sku.as_str())
+                .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                    &mut *self.read_connection().await?,
+                )
+                .await?;
             found.extend(rows);
         }
         if let Some(category) = &selector.category {
-            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
-                sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.category = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
-                )),
-            )
+            let rows = built_statement(format!(
+                "{select} WHERE product.category = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+            ))
             .bind(category.as_str())
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
             .bind(SHELF_TARGETS_READ_MAX)
-            .fetch_all(self.read_pool())
+            .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                &mut *self.read_connection().await?,
+            )
             .await?;
             found.extend(rows);
         }
         if let Some(supplier) = &selector.supplier {
-            let rows = sqlx::query_as::<_, (String, Option<String>, Option<String>)>(
-                sqlx::AssertSqlSafe(format!(
-                    "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
-                )),
-            )
+            let rows = built_statement(format!(
+                "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+            ))
             .bind(supplier.as_str())
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
             .bind(SHELF_TARGETS_READ_MAX)
-            .fetch_all(self.read_pool())
+            .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                &mut *self.read_connection().await?,
+            )
             .await?;
             found.extend(rows);
         }
@@ -557,13 +571,13 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let results = apply_shelf_change(&mut transaction, change, now).await?;
+        let results = apply_shelf_change(&mut *transaction, change, now).await?;
         let response = renderer.shelf_results(&results);
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -577,13 +591,13 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
         let mut results = Vec::with_capacity(scheduling.targets.len());
         for (id, target) in &scheduling.targets {
-            sqlx::query(
+            statement(
                 "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at) \
                  VALUES ($1, $2, $3, $4, 'PENDING', $5, $6, $7, $8)",
             )
@@ -607,7 +621,7 @@ impl BackendStore {
             });
         }
         let response = renderer.shelf_results(&results);
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -615,8 +629,8 @@ impl BackendStore {
     /// The earliest pending schedule, for the worker's timer.
     pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError> {
         let due: Option<i64> =
-            sqlx::query_scalar("SELECT MIN(due_at) FROM shelf_schedule WHERE status = 'PENDING'")
-                .fetch_one(self.read_pool())
+            statement("SELECT MIN(due_at) FROM shelf_schedule WHERE status = 'PENDING'")
+                .fetch_one_scalar(&mut *self.read_connection().await?)
                 .await?;
         Ok(due.map(Timestamp::from_unix_milliseconds))
     }
@@ -630,11 +644,11 @@ impl BackendStore {
         limit: i64,
     ) -> Result<Vec<AppliedSchedule>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let due = claim_due_schedules(&mut transaction, now, limit).await?;
+        let due = claim_due_schedules(&mut *transaction, now, limit).await?;
         let mut applied = Vec::with_capacity(due.len());
         for (id, sku, operation, remark, target) in due {
             let actor = Actor::scheduler();
-            let current = load_shelf_state(&mut transaction, &sku).await?;
+            let current = load_shelf_state(&mut *transaction, &sku).await?;
             let (status, outcome) = if current
                 .as_ref()
                 .is_some_and(|state| state.status == SaleStatus::Deleted)
@@ -648,7 +662,7 @@ impl BackendStore {
                     repeated: false,
                     remark: "schedule skipped: the SKU was deleted",
                 };
-                insert_shelf_log(&mut transaction, line, now).await?;
+                insert_shelf_log(&mut *transaction, line, now).await?;
                 ("SKIPPED", "the SKU was deleted".to_owned())
             } else {
                 let change = ShelfChange {
@@ -659,7 +673,7 @@ impl BackendStore {
                     remark,
                     scheduled: true,
                 };
-                let results = apply_shelf_change(&mut transaction, &change, now).await?;
+                let results = apply_shelf_change(&mut *transaction, &change, now).await?;
                 match results.first().map(|result| &result.outcome) {
                     Some(ShelfOutcome::Refused { reason, .. }) => ("REFUSED", reason.clone()),
                     Some(ShelfOutcome::Repeated { status }) => {
@@ -671,7 +685,7 @@ impl BackendStore {
                     _ => ("REFUSED", "nothing to apply".to_owned()),
                 }
             };
-            let updated = sqlx::query(
+            let updated = statement(
                 "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = 'PENDING'",
             )
             .bind(id.as_str())
@@ -680,7 +694,7 @@ impl BackendStore {
             .bind(now.unix_milliseconds())
             .execute(&mut *transaction)
             .await?;
-            expect_one_row(updated.rows_affected(), "settling a claimed schedule")?;
+            expect_one_row(updated, "settling a claimed schedule")?;
             applied.push(AppliedSchedule {
                 id,
                 sku,
@@ -693,7 +707,7 @@ impl BackendStore {
     }
 
     pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
-        let rows = sqlx::query(
+        let rows = statement(
             "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
              to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
              LEFT JOIN sku ON sku.code = shelf_log.sku \
@@ -708,7 +722,7 @@ impl BackendStore {
         .bind(query.since.map(Timestamp::unix_milliseconds))
         .bind(query.after_id)
         .bind(query.limit)
-        .fetch_all(self.read_pool())
+        .fetch_all_rows(&mut *self.read_connection().await?)
         .await?;
         let mut entries = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -749,7 +763,7 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
@@ -760,7 +774,7 @@ impl BackendStore {
             shop: Some(shop.clone()),
             secret_hash: token_hash.to_owned(),
         };
-        let response = if insert_credential(&mut transaction, &credential, now).await? {
+        let response = if insert_credential(&mut *transaction, &credential, now).await? {
             renderer.operator_created(operator, shop, None)
         } else {
             renderer.rejected(&Rejection::new(
@@ -768,7 +782,7 @@ impl BackendStore {
                 format!("operator '{operator}' already exists"),
             ))
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -783,7 +797,7 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
@@ -794,11 +808,11 @@ impl BackendStore {
             shop: Some(key.shop.clone()),
             secret_hash: secret_hash.to_owned(),
         };
-        if !insert_credential(&mut transaction, &credential, now).await? {
+        if !insert_credential(&mut *transaction, &credential, now).await? {
             return Err(invariant("a freshly minted service key id was taken"));
         }
         let response = renderer.service_key_created(key, None);
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -812,25 +826,25 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        sqlx::query(
+        statement(
             "UPDATE credential SET revoked_at = $2 WHERE kind = 'service' AND id = $1 AND revoked_at IS NULL",
         )
         .bind(key.as_str())
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        let response = match load_service_key(&mut transaction, key).await? {
+        let response = match load_service_key(&mut *transaction, key).await? {
             Some(revoked) => renderer.service_key_revoked(&revoked),
             None => renderer.rejected(&Rejection::new(
                 ErrorCode::NotFound,
                 format!("service key '{key}' does not exist"),
             )),
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -841,13 +855,13 @@ impl BackendStore {
         shop: Option<&ShopCode>,
         limit: i64,
     ) -> Result<Vec<ServiceKey>, StoreError> {
-        let rows = sqlx::query_as::<_, (String, String, Option<String>, i64, Option<i64>)>(
+        let rows = statement(
             "SELECT id, name, shop, created_at, revoked_at FROM credential \
              WHERE kind = 'service' AND ($1 IS NULL OR shop = $1) ORDER BY created_at DESC, id LIMIT $2",
         )
         .bind(shop.map(ShopCode::as_str))
         .bind(limit)
-        .fetch_all(self.read_pool())
+        .fetch_all_as::<(String, String, Option<String>, i64, Option<i64>)>(&mut *self.read_connection().await?)
         .await?;
         rows.into_iter().map(decode_service_key).collect()
     }
@@ -857,11 +871,11 @@ impl BackendStore {
         &self,
         secret_hash: &str,
     ) -> Result<Option<Principal>, StoreError> {
-        let row = sqlx::query_as::<_, (String, String, Option<String>)>(
+        let row = statement(
             "SELECT kind, id, shop FROM credential WHERE secret_hash = $1 AND revoked_at IS NULL",
         )
         .bind(secret_hash)
-        .fetch_optional(self.write_pool())
+        .fetch_optional_as::<(String, String, Option<String>)>(&mut *self.write_connection().await?)
         .await?;
         let Some((kind, id, shop)) = row else {
             return Ok(None);
@@ -887,11 +901,10 @@ impl BackendStore {
 
     /// Whether an admin token was stored (a generated one, kept across restarts).
     pub async fn admin_credential_exists(&self) -> Result<bool, StoreError> {
-        let found: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM credential WHERE kind = 'admin' AND revoked_at IS NULL",
-        )
-        .fetch_optional(self.write_pool())
-        .await?;
+        let found: Option<String> =
+            statement("SELECT id FROM credential WHERE kind = 'admin' AND revoked_at IS NULL")
+                .fetch_optional_scalar(&mut *self.write_connection().await?)
+                .await?;
         Ok(found.is_some())
     }
 
@@ -902,7 +915,7 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
-        sqlx::query("DELETE FROM credential WHERE kind = 'admin'")
+        statement("DELETE FROM credential WHERE kind = 'admin'")
             .execute(&mut *transaction)
             .await?;
         let credential = NewCredential {
@@ -912,7 +925,7 @@ impl BackendStore {
             shop: None,
             secret_hash: secret_hash.to_owned(),
         };
-        if !insert_credential(&mut transaction, &credential, now).await? {
+        if !insert_credential(&mut *transaction, &credential, now).await? {
             return Err(invariant("the admin credential could not be stored"));
         }
         transaction.commit().await?;
@@ -933,13 +946,13 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let owner: Option<String> = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+        let owner: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
             .bind(sku.as_str())
-            .fetch_optional(&mut *transaction)
+            .fetch_optional_scalar(&mut *transaction)
             .await?;
         let refusal = match (quantity, owner) {
             (_, Some(owner)) if owner != shop.as_str() => Some(Rejection::new(
@@ -951,13 +964,13 @@ impl BackendStore {
                 format!("sku '{sku}' does not exist"),
             )),
             (Some(quantity), Some(_)) => {
-                let lines: i64 = sqlx::query_scalar(
+                let lines: i64 = statement(
                     "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku <> $3",
                 )
                 .bind(user.as_str())
                 .bind(shop.as_str())
                 .bind(sku.as_str())
-                .fetch_one(&mut *transaction)
+                .fetch_one_scalar(&mut *transaction)
                 .await?;
                 if lines >= domain::limits::CART_LINES_MAX as i64 {
                     Some(Rejection::new(
@@ -968,7 +981,7 @@ impl BackendStore {
                         ),
                     ))
                 } else {
-                    sqlx::query(
+                    statement(
                         "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
                          VALUES ($1, $2, $3, $4, $5, $5) \
                          ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
@@ -984,7 +997,7 @@ impl BackendStore {
                 }
             }
             (None, _) => {
-                sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND shop = $3")
+                statement("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND shop = $3")
                     .bind(user.as_str())
                     .bind(sku.as_str())
                     .bind(shop.as_str())
@@ -995,9 +1008,9 @@ impl BackendStore {
         };
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
-            None => renderer.cart(&load_cart(&mut transaction, Some(shop), user).await?),
+            None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user).await?),
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1005,7 +1018,7 @@ impl BackendStore {
     /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.
     pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let cart = load_cart(&mut transaction, shop, user).await;
+        let cart = load_cart(&mut *transaction, shop, user).await;
         transaction.rollback().await?;
         cart
     }
@@ -1018,7 +1031,7 @@ impl BackendStore {
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
         for (sku, quantity) in ordered {
-            sqlx::query("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND quantity = $3")
+            statement("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND quantity = $3")
                 .bind(user.as_str())
                 .bind(sku.as_str())
                 .bind(quantity)
@@ -1031,12 +1044,12 @@ impl BackendStore {
 }
 
 /// Inserts a credential; `false` when its (kind, id) is taken.
-async fn insert_credential(
-    transaction: &mut Tx,
+pub(crate) async fn insert_credential<C: Connection>(
+    transaction: &mut C,
     credential: &NewCredential,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
-    let inserted = sqlx::query(
+    let inserted = statement(
         "INSERT INTO credential (kind, id, name, shop, secret_hash, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (kind, id) DO NOTHING",
     )
@@ -1046,12 +1059,12 @@ async fn insert_credential(
     .bind(credential.shop.as_ref().map(ShopCode::as_str))
     .bind(&credential.secret_hash)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
-    Ok(inserted.rows_affected() == 1)
+    Ok(inserted == 1)
 }
 
-fn decode_service_key(
+pub(crate) fn decode_service_key(
     (id, name, shop, created_at, revoked_at): (String, String, Option<String>, i64, Option<i64>),
 ) -> Result<ServiceKey, StoreError> {
     Ok(ServiceKey {
@@ -1063,25 +1076,25 @@ fn decode_service_key(
     })
 }
 
-async fn load_service_key(
-    connection: &mut DbConnection,
+pub(crate) async fn load_service_key<C: Connection>(
+    connection: &mut C,
     key: &ServiceKeyId,
 ) -> Result<Option<ServiceKey>, StoreError> {
-    let row = sqlx::query_as::<_, (String, String, Option<String>, i64, Option<i64>)>(
+    let row = statement(
         "SELECT id, name, shop, created_at, revoked_at FROM credential WHERE kind = 'service' AND id = $1",
     )
     .bind(key.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_as::<(String, String, Option<String>, i64, Option<i64>)>(&mut *connection)
     .await?;
     row.map(decode_service_key).transpose()
 }
 
-async fn load_cart(
-    connection: &mut DbConnection,
+pub(crate) async fn load_cart<C: Connection>(
+    connection: &mut C,
     shop: Option<&ShopCode>,
     user: &UserId,
 ) -> Result<Cart, StoreError> {
-    let rows = sqlx::query(
+    let rows = statement(
         "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
          COALESCE(stock.available, 0) AS available \
          FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
@@ -1090,7 +1103,7 @@ async fn load_cart(
     )
     .bind(user.as_str())
     .bind(shop.map(ShopCode::as_str))
-    .fetch_all(&mut *connection)
+    .fetch_all_rows(&mut *connection)
     .await?;
     let mut lines = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -1130,12 +1143,12 @@ async fn load_cart(
 
 /// Inserts a product and its SKUs (`PENDING_REVIEW`). `Err` when a SKU code is
 /// taken; the caller rolls its savepoint back.
-async fn insert_product(
-    connection: &mut DbConnection,
+pub(crate) async fn insert_product<C: Connection>(
+    connection: &mut C,
     product: &NewProduct,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
-    sqlx::query(
+    statement(
         "INSERT INTO product (id, title, image_url, category, supplier, shop, version, created_at, updated_at) \
          VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7)",
     )
@@ -1149,7 +1162,7 @@ async fn insert_product(
     .execute(&mut *connection)
     .await?;
     for sku in &product.skus {
-        let inserted = sqlx::query(
+        let inserted = statement(
             "INSERT INTO sku (code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
              per_user_limit, sale_status, version, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, 'PENDING_REVIEW', 1, $9, $9) ON CONFLICT (code) DO NOTHING",
@@ -1165,7 +1178,7 @@ async fn insert_product(
         .bind(now.unix_milliseconds())
         .execute(&mut *connection)
         .await?;
-        if inserted.rows_affected() != 1 {
+        if inserted != 1 {
             return Ok(Err(Rejection::new(
                 ErrorCode::AlreadyExists,
                 format!("sku '{}' already exists", sku.code),

@@ -1,16 +1,29 @@
-// Orders and payments (seed 000), shared by the SQLite and PostgreSQL stores like
-// `shared.rs` (included after it, in the same module). Dialect pieces used here:
-// `dialect::SELECT_ORDER_FOR_UPDATE`, `dialect::SELECT_ATTEMPT_FOR_UPDATE`,
-// `dialect::CLAIM_EXPIRED_ORDERS`, `dialect::CLAIM_ATTEMPTS_TO_RECONCILE`,
-// `dialect::CLAIM_REFUNDS`.
-//
-// No unit of work here calls the gateway: a payment attempt is committed before the
-// call and settled by a later transaction. Locks are taken order first, then its
-// reservation, then stock rows in (sku, warehouse) order.
+//! Orders and payments (seed 000), written once for every backend.
+//!
+//! No unit of work here calls the gateway: a payment attempt is committed before the
+//! call and settled by a later transaction. Locks are taken order first, then its
+//! reservation, then stock rows in (sku, warehouse) order.
+
+use super::shared::*;
+use super::shared_catalog::*;
+#[allow(unused_imports)]
+use std::collections::HashMap;
 
 use domain::{
-    AttemptStatus, OrderStatus, PaymentAttemptId, RefundId, UserId as OrderUserId,
+    Currency, ErrorCode, OrderId, Quantity, ReleaseReason, ReservationId, ReservationLine,
+    ReservationStatus, ShopCode, SkuCode, Timestamp, WarehouseCode,
 };
+
+use super::Units;
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::model::{
+    IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, ShopScope,
+    StoredResponse,
+};
+use crate::plan::{PlanRequest, PurchaseKey, ShopperKey, StockKey, plan_batch};
+use crate::sql::{Connection, statement};
+use domain::{AttemptStatus, OrderStatus, PaymentAttemptId, RefundId, UserId as OrderUserId};
 
 use crate::orders::{
     AttemptToCall, BeginPayment, GatewayOutcome, NewOrder, Order, OrderHistoryEntry, OrderLine,
@@ -20,7 +33,7 @@ use crate::orders::{
 /// 64 bits for an id minted inside a unit of work, derived from what the id is for
 /// (FNV-1a): an order has at most one late-success reservation and one refund, so
 /// the (time, order) pair never repeats.
-fn derived_random(seed: &str, purpose: &str) -> u64 {
+pub(crate) fn derived_random(seed: &str, purpose: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in seed.bytes().chain(purpose.bytes()) {
         hash ^= u64::from(byte);
@@ -31,8 +44,8 @@ fn derived_random(seed: &str, purpose: &str) -> u64 {
 
 /// Moves an order through the transition table with a conditional update on its
 /// current status, and records the change in its history.
-async fn move_order(
-    transaction: &mut Tx,
+pub(crate) async fn move_order<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
     to: OrderStatus,
@@ -41,28 +54,28 @@ async fn move_order(
 ) -> Result<(), StoreError> {
     from.transition(to)
         .map_err(|illegal| invariant(illegal.to_string()))?;
-    let updated = sqlx::query(
+    let updated = statement(
         "UPDATE customer_order SET status = $2, version = version + 1, updated_at = $3 WHERE id = $1 AND status = $4",
     )
     .bind(order.as_str())
     .bind(to.as_str())
     .bind(now.unix_milliseconds())
     .bind(from.as_str())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
-    expect_one_row(updated.rows_affected(), "changing a locked order's status")?;
+    expect_one_row(updated, "changing a locked order's status")?;
     insert_history(transaction, order, Some(from), to, reason, now).await
 }
 
-async fn insert_history(
-    transaction: &mut Tx,
+pub(crate) async fn insert_history<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     from: Option<OrderStatus>,
     to: OrderStatus,
     reason: &str,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    statement(
         "INSERT INTO order_history (order_id, from_status, to_status, reason, created_at) VALUES ($1, $2, $3, $4, $5)",
     )
     .bind(order.as_str())
@@ -70,15 +83,15 @@ async fn insert_history(
     .bind(to.as_str())
     .bind(reason)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     Ok(())
 }
 
 /// Releases the reservation a locked order holds and moves the order out (to `EXPIRED`
 /// or `CANCELLED`): one step of the order's own flow, so no one else can be moving it.
-async fn release_order(
-    transaction: &mut Tx,
+pub(crate) async fn release_order<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,
     from: OrderStatus,
@@ -108,13 +121,13 @@ async fn release_order(
 }
 
 /// The locked order's status, reservation and hold end.
-async fn lock_order(
-    transaction: &mut Tx,
+pub(crate) async fn lock_order<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
 ) -> Result<Option<(OrderStatus, ReservationId, Timestamp)>, StoreError> {
-    let row = sqlx::query_as::<_, (String, String, i64)>(dialect::SELECT_ORDER_FOR_UPDATE)
+    let row = statement(C::SELECT_ORDER_FOR_UPDATE)
         .bind(order.as_str())
-        .fetch_optional(&mut **transaction)
+        .fetch_optional_as::<(String, String, i64)>(&mut *transaction)
         .await?;
     row.map(|(status, reservation, expires_at)| {
         Ok((
@@ -127,26 +140,26 @@ async fn lock_order(
 }
 
 /// The status of a reservation its locked order holds (the order's lock guards it).
-async fn reservation_status(
-    transaction: &mut Tx,
+pub(crate) async fn reservation_status<C: Connection>(
+    transaction: &mut C,
     reservation: &ReservationId,
 ) -> Result<ReservationStatus, StoreError> {
-    let status: String = sqlx::query_scalar("SELECT status FROM reservation WHERE id = $1")
+    let status: String = statement("SELECT status FROM reservation WHERE id = $1")
         .bind(reservation.as_str())
-        .fetch_one(&mut **transaction)
+        .fetch_one_scalar(&mut *transaction)
         .await?;
     parse_stored("reservation status", &status, ReservationStatus::parse)
 }
 
-async fn order_lines(
-    connection: &mut DbConnection,
+pub(crate) async fn order_lines<C: Connection>(
+    connection: &mut C,
     order: &OrderId,
 ) -> Result<Vec<OrderLine>, StoreError> {
-    let rows = sqlx::query_as::<_, (String, String, i64, i64)>(
+    let rows = statement(
         "SELECT sku, warehouse, quantity, unit_price_minor FROM order_line WHERE order_id = $1 ORDER BY line_number",
     )
     .bind(order.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_as::<(String, String, i64, i64)>(&mut *connection)
     .await?;
     let mut lines = Vec::with_capacity(rows.len());
     for (sku, warehouse, quantity, unit_price_minor) in rows {
@@ -163,8 +176,8 @@ async fn order_lines(
 /// A success arrived for an order that gave its stock back: take the stock again
 /// (reserved and confirmed at once) when every line still fits, and the order is
 /// `PAID`; otherwise it goes `REFUND_PENDING` with a refund to issue.
-async fn settle_late_success(
-    transaction: &mut Tx,
+pub(crate) async fn settle_late_success<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     attempt: &PaymentAttemptId,
     from: OrderStatus,
@@ -200,13 +213,16 @@ async fn settle_late_success(
 
 /// What taking an order's stock again would do, decided like a new sale under the
 /// locks of its stock rows and its shopper's tallies.
-struct LateSale {
-    reservation_lines: Vec<ReservationLine>,
-    shopper: ShopperKey,
-    plan: crate::plan::BatchPlan,
+pub(crate) struct LateSale {
+    pub(crate) reservation_lines: Vec<ReservationLine>,
+    pub(crate) shopper: ShopperKey,
+    pub(crate) plan: crate::plan::BatchPlan,
 }
 
-async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSale, StoreError> {
+pub(crate) async fn plan_late_sale<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+) -> Result<LateSale, StoreError> {
     let lines = order_lines(transaction, order).await?;
     let mut wanted: Vec<StockKey> = lines
         .iter()
@@ -214,11 +230,11 @@ async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSal
         .collect();
     wanted.sort();
     wanted.dedup();
-    let (available, skus) = bulk::lock_stock_rows(transaction, &wanted).await?;
+    let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
     let (shop, user): (String, String) =
-        sqlx::query_as("SELECT shop, user_id FROM customer_order WHERE id = $1")
+        statement("SELECT shop, user_id FROM customer_order WHERE id = $1")
             .bind(order.as_str())
-            .fetch_one(&mut **transaction)
+            .fetch_one_as(&mut *transaction)
             .await?;
     let shopper = (
         parse_stored("shop", &shop, ShopCode::parse)?,
@@ -228,7 +244,10 @@ async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSal
     // limits (the sold units count; a hold does not, since none stays open).
     let limited: Vec<PurchaseKey> = lines
         .iter()
-        .filter(|line| skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()))
+        .filter(|line| {
+            skus.get(&line.sku)
+                .is_some_and(|facts| facts.per_user_limit.is_some())
+        })
         .map(|line| (shopper.0.clone(), shopper.1.clone(), line.sku.clone()))
         .collect();
     let tallies = read_tallies(transaction, vec![shopper.clone()], limited, i64::MAX).await?;
@@ -263,8 +282,8 @@ async fn plan_late_sale(transaction: &mut Tx, order: &OrderId) -> Result<LateSal
 
 /// Takes a paid order's stock again (its late success fitted): a new reservation,
 /// reserved and confirmed through the transition table, and the order `PAID`.
-async fn take_stock_again(
-    transaction: &mut Tx,
+pub(crate) async fn take_stock_again<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
     sale: &LateSale,
@@ -279,7 +298,13 @@ async fn take_stock_again(
     // Taken as any sale is: a hold (counted against the shopper until it is confirmed
     // below, so the open-hold tally ends where it started) reserved like a new order's,
     // then confirmed through the reservation's transition table.
-    add_to_tallies(transaction, &plan.holds_added, &plan.purchases_added, i64::MAX).await?;
+    add_to_tallies(
+        transaction,
+        &plan.holds_added,
+        &plan.purchases_added,
+        i64::MAX,
+    )
+    .await?;
     let reservation = ReservationId::generate(now, derived_random(order.as_str(), "late-success"));
     let hold = OrderHold {
         id: &reservation,
@@ -292,10 +317,10 @@ async fn take_stock_again(
         totals: &plan.totals,
     };
     write_order_hold(transaction, &hold, now).await?;
-    sqlx::query("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
+    statement("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
         .bind(order.as_str())
         .bind(reservation.as_str())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
     let Ok(()) = settle_order_reservation(
         transaction,
@@ -325,14 +350,14 @@ async fn take_stock_again(
 
 /// A refund of what `attempt` charged, to be issued by the refund worker with its own
 /// gateway key. One per attempt.
-async fn insert_refund(
-    transaction: &mut Tx,
+pub(crate) async fn insert_refund<C: Connection>(
+    transaction: &mut C,
     attempt: &PaymentAttemptId,
     now: Timestamp,
     reason: &str,
 ) -> Result<(), StoreError> {
     let id = RefundId::generate(now, derived_random(attempt.as_str(), "refund"));
-    sqlx::query(
+    statement(
         "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
          next_try_at, created_at, updated_at) \
          SELECT $1, order_id, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM payment_attempt WHERE id = $5 \
@@ -343,25 +368,23 @@ async fn insert_refund(
     .bind(reason)
     .bind(now.unix_milliseconds())
     .bind(attempt.as_str())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     Ok(())
 }
 
 /// An after-sale return's effect: every line of the order back to available stock, in
 /// (sku, warehouse) order, each with its `return` ledger row.
-async fn put_goods_back(
-    transaction: &mut Tx,
+pub(crate) async fn put_goods_back<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     claim: &IdempotencyClaim,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let mut lines = order_lines(transaction, order).await?;
-    lines.sort_by(|left, right| {
-        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
-    });
+    lines.sort_by(|left, right| (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse)));
     for line in &lines {
-        let updated = sqlx::query(
+        let updated = statement(
             "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
              WHERE sku = $1 AND warehouse = $2",
         )
@@ -369,9 +392,9 @@ async fn put_goods_back(
         .bind(line.warehouse.as_str())
         .bind(line.quantity)
         .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        expect_one_row(updated.rows_affected(), "returning an order's goods")?;
+        expect_one_row(updated, "returning an order's goods")?;
         insert_ledger_row(
             transaction,
             LedgerEntry {
@@ -391,16 +414,15 @@ async fn put_goods_back(
 }
 
 /// The attempt that paid an order, if one did.
-async fn paying_attempt(
-    transaction: &mut Tx,
+pub(crate) async fn paying_attempt<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
 ) -> Result<Option<PaymentAttemptId>, StoreError> {
-    let id: Option<String> = sqlx::query_scalar(
-        "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED'",
-    )
-    .bind(order.as_str())
-    .fetch_optional(&mut **transaction)
-    .await?;
+    let id: Option<String> =
+        statement("SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED'")
+            .bind(order.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
     id.map(|id| parse_stored("attempt id", &id, PaymentAttemptId::parse))
         .transpose()
 }
@@ -408,27 +430,26 @@ async fn paying_attempt(
 /// Applies what the gateway said to a locked attempt and its order. Idempotent: an
 /// attempt already settled the same way changes nothing, and a failure reported
 /// after a success changes nothing either.
-async fn settle_attempt(
-    transaction: &mut Tx,
+pub(crate) async fn settle_attempt<C: Connection>(
+    transaction: &mut C,
     attempt: &PaymentAttemptId,
     outcome: &GatewayOutcome,
     source: &str,
     now: Timestamp,
 ) -> Result<Option<OrderStatus>, StoreError> {
     // Order first, then the attempt: the lock order every order transaction keeps.
-    let order: Option<String> =
-        sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
-            .bind(attempt.as_str())
-            .fetch_optional(&mut **transaction)
-            .await?;
+    let order: Option<String> = statement("SELECT order_id FROM payment_attempt WHERE id = $1")
+        .bind(attempt.as_str())
+        .fetch_optional_scalar(&mut *transaction)
+        .await?;
     let Some(order) = order else { return Ok(None) };
     let order = parse_stored("order id", &order, OrderId::parse)?;
     let Some((order_status, reservation, _)) = lock_order(transaction, &order).await? else {
         return Err(invariant(format!("attempt {attempt} has no order")));
     };
-    let status: String = sqlx::query_scalar(dialect::SELECT_ATTEMPT_STATUS_FOR_UPDATE)
+    let status: String = statement(C::SELECT_ATTEMPT_STATUS_FOR_UPDATE)
         .bind(attempt.as_str())
-        .fetch_one(&mut **transaction)
+        .fetch_one_scalar(&mut *transaction)
         .await?;
     let status = parse_stored("attempt status", &status, AttemptStatus::parse)?;
     match (status, outcome) {
@@ -461,31 +482,38 @@ async fn settle_attempt(
                 source,
                 now,
             };
-            apply_failure(transaction, &settling, outcome, payment_id.as_deref(), reason).await
+            apply_failure(
+                transaction,
+                &settling,
+                outcome,
+                payment_id.as_deref(),
+                reason,
+            )
+            .await
         }
     }
 }
 
 /// A locked attempt and its locked order, being settled.
 #[derive(Clone, Copy)]
-struct Settling<'a> {
-    attempt: &'a PaymentAttemptId,
-    order: &'a OrderId,
-    order_status: OrderStatus,
-    reservation: &'a ReservationId,
-    source: &'a str,
-    now: Timestamp,
+pub(crate) struct Settling<'a> {
+    pub(crate) attempt: &'a PaymentAttemptId,
+    pub(crate) order: &'a OrderId,
+    pub(crate) order_status: OrderStatus,
+    pub(crate) reservation: &'a ReservationId,
+    pub(crate) source: &'a str,
+    pub(crate) now: Timestamp,
 }
 
-async fn set_attempt_status(
-    transaction: &mut Tx,
+pub(crate) async fn set_attempt_status<C: Connection>(
+    transaction: &mut C,
     attempt: &PaymentAttemptId,
     status: AttemptStatus,
     payment_id: Option<&str>,
     reason: Option<&str>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let updated = sqlx::query(
+    let updated = statement(
         "UPDATE payment_attempt SET status = $2, gateway_payment_id = COALESCE($3, gateway_payment_id), \
          failure_reason = $4, updated_at = $5 WHERE id = $1",
     )
@@ -494,15 +522,15 @@ async fn set_attempt_status(
     .bind(payment_id)
     .bind(reason)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
-    expect_one_row(updated.rows_affected(), "settling a locked payment attempt")
+    expect_one_row(updated, "settling a locked payment attempt")
 }
 
 /// The gateway says the attempt succeeded: the order is paid (or, when its stock was
 /// given back, takes it again or is refunded); a second charge is refunded.
-async fn apply_success(
-    transaction: &mut Tx,
+pub(crate) async fn apply_success<C: Connection>(
+    transaction: &mut C,
     settling: &Settling<'_>,
     payment_id: &str,
 ) -> Result<Option<OrderStatus>, StoreError> {
@@ -517,17 +545,16 @@ async fn apply_success(
     // At most one attempt pays an order (a unique index says so too). Another
     // one charged as well is a second charge: recorded, not applied, and
     // refunded, so the order keeps one charge.
-    let paid_by: Option<String> = sqlx::query_scalar(
+    let paid_by: Option<String> = statement(
         "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'SUCCEEDED' AND id <> $2",
     )
     .bind(order.as_str())
     .bind(attempt.as_str())
-    .fetch_optional(&mut **transaction)
+    .fetch_optional_scalar(&mut *transaction)
     .await?;
     if let Some(paid_by) = paid_by {
-        let reason = format!(
-            "charged ({payment_id}) after attempt {paid_by} had paid the order: refunded"
-        );
+        let reason =
+            format!("charged ({payment_id}) after attempt {paid_by} had paid the order: refunded");
         tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
         set_attempt_status(
             transaction,
@@ -591,9 +618,7 @@ async fn apply_success(
             Ok(Some(OrderStatus::Paid))
         }
         (
-            status @ (OrderStatus::Expired
-            | OrderStatus::Cancelled
-            | OrderStatus::PaymentFailed),
+            status @ (OrderStatus::Expired | OrderStatus::Cancelled | OrderStatus::PaymentFailed),
             ReservationStatus::Released,
         ) => settle_late_success(transaction, order, attempt, status, payment_id, now)
             .await
@@ -605,8 +630,8 @@ async fn apply_success(
 /// The gateway says the attempt failed (declined, refused) or was abandoned when the
 /// hold ended: a decline keeps the hold for another card, an abandonment gives the
 /// stock back.
-async fn apply_failure(
-    transaction: &mut Tx,
+pub(crate) async fn apply_failure<C: Connection>(
+    transaction: &mut C,
     settling: &Settling<'_>,
     outcome: &GatewayOutcome,
     payment_id: Option<&str>,
@@ -666,26 +691,24 @@ async fn apply_failure(
 
 /// An order's prices: each line's unit price, in line order, their one currency and
 /// the total.
-struct Prices {
-    unit_prices: Vec<i64>,
-    currency: String,
-    amount_minor: i64,
+pub(crate) struct Prices {
+    pub(crate) unit_prices: Vec<i64>,
+    pub(crate) currency: String,
+    pub(crate) amount_minor: i64,
 }
 
 /// Prices an order's lines from their SKUs; refused when a SKU has no price, the
 /// currencies differ, the total does not fit in 64 bits or is 0.
-async fn price_order(
-    transaction: &mut Tx,
+pub(crate) async fn price_order<C: Connection>(
+    transaction: &mut C,
     order: &NewOrder,
 ) -> Result<Result<Prices, Rejection>, StoreError> {
     let mut prices = Vec::with_capacity(order.lines.len());
     for line in &order.lines {
-        let price = sqlx::query_as::<_, (Option<i64>, Option<String>)>(
-            "SELECT price_minor, currency FROM sku WHERE code = $1",
-        )
-        .bind(line.sku.as_str())
-        .fetch_one(&mut **transaction)
-        .await?;
+        let price = statement("SELECT price_minor, currency FROM sku WHERE code = $1")
+            .bind(line.sku.as_str())
+            .fetch_one_as::<(Option<i64>, Option<String>)>(&mut *transaction)
+            .await?;
         match price {
             (Some(price), Some(currency)) => prices.push((price, currency)),
             _ => {
@@ -733,8 +756,8 @@ async fn price_order(
 
 /// Writes a decided order: the stock taken, the order-held reservation with its lines
 /// and ledger rows, the order with its lines and first history entry.
-async fn write_order(
-    transaction: &mut Tx,
+pub(crate) async fn write_order<C: Connection>(
+    transaction: &mut C,
     claim: &IdempotencyClaim,
     order: &NewOrder,
     shop: &ShopCode,
@@ -753,7 +776,7 @@ async fn write_order(
         totals: &plan.totals,
     };
     write_order_hold(transaction, &hold, now).await?;
-    sqlx::query(
+    statement(
         "INSERT INTO customer_order (id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, \
          version, idempotency_key, created_at, updated_at) \
          VALUES ($1, $2, $3, 'PENDING_PAYMENT', $4, $5, $6, $7, 1, $8, $9, $9)",
@@ -767,10 +790,10 @@ async fn write_order(
     .bind(order.expires_at.unix_milliseconds())
     .bind(claim.key.as_str())
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     for (line_number, (line, price)) in order.lines.iter().zip(&prices.unit_prices).enumerate() {
-        sqlx::query(
+        statement(
             "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
              VALUES ($1, $2, $3, $4, $5, $6)",
         )
@@ -780,7 +803,7 @@ async fn write_order(
         .bind(line.warehouse.as_str())
         .bind(line.quantity.get())
         .bind(price)
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
     }
     insert_history(
@@ -795,31 +818,31 @@ async fn write_order(
 }
 
 /// An order-held reservation to write.
-struct OrderHold<'a> {
-    id: &'a ReservationId,
-    order: &'a OrderId,
-    shopper: (&'a ShopCode, &'a OrderUserId),
-    expires_at: Timestamp,
+pub(crate) struct OrderHold<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) order: &'a OrderId,
+    pub(crate) shopper: (&'a ShopCode, &'a OrderUserId),
+    pub(crate) expires_at: Timestamp,
     /// The key stored on the reservation: the order's request (none for a late success).
-    request_key: Option<&'a str>,
+    pub(crate) request_key: Option<&'a str>,
     /// The key its ledger rows name: the request's, or the late payment's id.
-    ledger_key: &'a str,
-    lines: &'a [ReservationLine],
+    pub(crate) ledger_key: &'a str,
+    pub(crate) lines: &'a [ReservationLine],
     /// Units each stock row gives up, in (sku, warehouse) order.
-    totals: &'a std::collections::BTreeMap<StockKey, i64>,
+    pub(crate) totals: &'a std::collections::BTreeMap<StockKey, i64>,
 }
 
 /// The one writer of an order-held reservation (a new order, a cart's checkout, a late
 /// success): the stock taken row by row in (sku, warehouse) order, each conditional
 /// update's row count checked; the reservation `RESERVED`; its lines with their
 /// `reserve` ledger rows.
-async fn write_order_hold(
-    transaction: &mut Tx,
+pub(crate) async fn write_order_hold<C: Connection>(
+    transaction: &mut C,
     hold: &OrderHold<'_>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     for ((sku, warehouse), total) in hold.totals {
-        let updated = sqlx::query(
+        let updated = statement(
             "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
              version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
         )
@@ -827,11 +850,11 @@ async fn write_order_hold(
         .bind(warehouse.as_str())
         .bind(total)
         .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        expect_one_row(updated.rows_affected(), "taking an order's stock")?;
+        expect_one_row(updated, "taking an order's stock")?;
     }
-    sqlx::query(
+    statement(
         "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
          order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
     )
@@ -842,10 +865,10 @@ async fn write_order_hold(
     .bind(hold.order.as_str())
     .bind(hold.shopper.0.as_str())
     .bind(hold.shopper.1.as_str())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     for (line_number, line) in hold.lines.iter().enumerate() {
-        sqlx::query(
+        statement(
             "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
              VALUES ($1, $2, $3, $4, $5)",
         )
@@ -854,7 +877,7 @@ async fn write_order_hold(
         .bind(line.sku.as_str())
         .bind(line.warehouse.as_str())
         .bind(line.quantity.get())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
         insert_ledger_row(
             transaction,
@@ -874,7 +897,7 @@ async fn write_order_hold(
     Ok(())
 }
 
-impl BackendStore {
+impl<B: Backend> Units<B> {
     /// An order and its reservation, in one transaction: all lines reserved or none,
     /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
     /// counted. The reservation is held by the order: only its flow moves it.
@@ -886,7 +909,7 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
@@ -896,8 +919,8 @@ impl BackendStore {
             .map(|line| (line.sku.clone(), line.warehouse.clone()))
             .collect();
         wanted.sort();
-        let (available, skus) = bulk::lock_stock_rows(&mut transaction, &wanted).await?;
-        let skus = with_unlisted_skus(&mut transaction, &wanted, skus).await?;
+        let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
+        let skus = with_unlisted_skus(&mut *transaction, &wanted, skus).await?;
         let shopper = order
             .lines
             .first()
@@ -907,13 +930,16 @@ impl BackendStore {
             Some((shop, user)) => order
                 .lines
                 .iter()
-                .filter(|line| skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()))
+                .filter(|line| {
+                    skus.get(&line.sku)
+                        .is_some_and(|facts| facts.per_user_limit.is_some())
+                })
                 .map(|line| (shop.clone(), user.clone(), line.sku.clone()))
                 .collect(),
             None => Vec::new(),
         };
         let tallies = read_tallies(
-            &mut transaction,
+            &mut *transaction,
             shopper.into_iter().collect(),
             limited,
             self.limits().open_holds_max,
@@ -931,7 +957,7 @@ impl BackendStore {
         );
         let decided = plan.decisions[0].clone();
         let priced = match decided {
-            Ok(shop) => price_order(&mut transaction, order)
+            Ok(shop) => price_order(&mut *transaction, order)
                 .await?
                 .map(|prices| (shop, prices)),
             Err(rejection) => Err(rejection),
@@ -939,15 +965,15 @@ impl BackendStore {
         let response = match priced {
             Err(rejection) => renderer.rejected(&rejection),
             Ok((shop, prices)) => {
-                write_order(&mut transaction, claim, order, &shop, &plan, &prices, now).await?;
+                write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
                 add_to_tallies(
-                    &mut transaction,
+                    &mut *transaction,
                     &plan.holds_added,
                     &plan.purchases_added,
                     self.limits().open_holds_max,
                 )
                 .await?;
-                let created = load_order(&mut transaction, &order.id)
+                let created = load_order(&mut *transaction, &order.id)
                     .await?
                     .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
                 match &order.skipped {
@@ -956,25 +982,24 @@ impl BackendStore {
                 }
             }
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
 
     /// The shop an order belongs to (fixed at creation).
     pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
-        let shop: Option<String> =
-            sqlx::query_scalar("SELECT shop FROM customer_order WHERE id = $1")
-                .bind(id.as_str())
-                .fetch_optional(self.write_pool())
-                .await?;
+        let shop: Option<String> = statement("SELECT shop FROM customer_order WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional_scalar(&mut *self.write_connection().await?)
+            .await?;
         shop.map(|shop| parse_stored("shop", &shop, ShopCode::parse))
             .transpose()
     }
 
     pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let order = load_order(&mut transaction, id).await;
+        let order = load_order(&mut *transaction, id).await;
         transaction.rollback().await?;
         order
     }
@@ -995,12 +1020,12 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let locked = lock_order(&mut transaction, order).await?;
+        let locked = lock_order(&mut *transaction, order).await?;
         // A declined order keeps its hold and may be paid again with another card; an
         // order declined before that was possible gave its stock back.
         let holds_stock = match &locked {
             Some((_, reservation, _)) => {
-                reservation_status(&mut transaction, reservation).await?
+                reservation_status(&mut *transaction, reservation).await?
                     == ReservationStatus::Reserved
             }
             None => false,
@@ -1009,12 +1034,12 @@ impl BackendStore {
         // outcome; it never starts another.
         let started_by_this_request = match &locked {
             Some(_) => {
-                let started: Option<i64> = sqlx::query_scalar(
+                let started: Option<i64> = statement(
                     "SELECT attempt_number FROM payment_attempt WHERE order_id = $1 AND request_key = $2 LIMIT 1",
                 )
                 .bind(order.as_str())
                 .bind(claim.key.as_str())
-                .fetch_optional(&mut *transaction)
+                .fetch_optional_scalar(&mut *transaction)
                 .await?;
                 started.is_some()
             }
@@ -1032,34 +1057,34 @@ impl BackendStore {
                 payment_method,
                 reconcile_after,
             };
-            start_attempt(&mut transaction, order, *status, &new, now).await?;
-            let started = BeginPayment::Started(attempt_to_call(&mut transaction, attempt).await?);
+            start_attempt(&mut *transaction, order, *status, &new, now).await?;
+            let started = BeginPayment::Started(attempt_to_call(&mut *transaction, attempt).await?);
             transaction.commit().await?;
             return Ok(started);
         }
         if let Some((OrderStatus::PaymentProcessing, _, _)) = &locked {
-            let running: String = sqlx::query_scalar(
+            let running: String = statement(
                 "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'PROCESSING'",
             )
             .bind(order.as_str())
-            .fetch_one(&mut *transaction)
+            .fetch_one_scalar(&mut *transaction)
             .await?;
             let running = parse_stored("attempt id", &running, PaymentAttemptId::parse)?;
             let running =
-                BeginPayment::InProgress(attempt_to_call(&mut transaction, &running).await?);
+                BeginPayment::InProgress(attempt_to_call(&mut *transaction, &running).await?);
             transaction.commit().await?;
             return Ok(running);
         }
         // Answered here: the key is claimed in this transaction, so the answer commits
         // with what it reports (an order expired just now) or not at all.
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(BeginPayment::Answered(answer));
         }
         let response =
-            answer_without_paying(&mut transaction, order, locked, holds_stock, now, renderer)
+            answer_without_paying(&mut *transaction, order, locked, holds_stock, now, renderer)
                 .await?;
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(BeginPayment::Answered(Idempotent::Executed(response)))
     }
@@ -1074,7 +1099,7 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<Option<OrderStatus>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let settled = settle_attempt(&mut transaction, attempt, outcome, source, now).await?;
+        let settled = settle_attempt(&mut *transaction, attempt, outcome, source, now).await?;
         transaction.commit().await?;
         Ok(settled)
     }
@@ -1091,27 +1116,26 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let order: Option<String> =
-            sqlx::query_scalar("SELECT order_id FROM payment_attempt WHERE id = $1")
-                .bind(attempt.as_str())
-                .fetch_optional(&mut *transaction)
-                .await?;
+        let order: Option<String> = statement("SELECT order_id FROM payment_attempt WHERE id = $1")
+            .bind(attempt.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
         let order = order
             .map(|order| parse_stored("order id", &order, OrderId::parse))
             .transpose()?
             .ok_or_else(|| invariant(format!("attempt {attempt} vanished")))?;
         // What the gateway said is true whoever asks: applied (idempotently) even when
         // another process already answered this request's key.
-        settle_attempt(&mut transaction, attempt, outcome, "pay", now).await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        settle_attempt(&mut *transaction, attempt, outcome, "pay", now).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.commit().await?;
             return Ok(answer);
         }
-        let settled = load_order(&mut transaction, &order)
+        let settled = load_order(&mut *transaction, &order)
             .await?
             .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
         let response = renderer.order(&settled, false);
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1131,12 +1155,11 @@ impl BackendStore {
         let attempt = match attempt {
             Some(attempt) => Some(attempt.clone()),
             None => {
-                let found: Option<String> = sqlx::query_scalar(
-                    "SELECT id FROM payment_attempt WHERE gateway_payment_id = $1",
-                )
-                .bind(payment_id)
-                .fetch_optional(&mut *transaction)
-                .await?;
+                let found: Option<String> =
+                    statement("SELECT id FROM payment_attempt WHERE gateway_payment_id = $1")
+                        .bind(payment_id)
+                        .fetch_optional_scalar(&mut *transaction)
+                        .await?;
                 found
                     .map(|id| parse_stored("attempt id", &id, PaymentAttemptId::parse))
                     .transpose()?
@@ -1144,7 +1167,7 @@ impl BackendStore {
         };
         let outcome_text = match (&attempt, outcome) {
             (Some(attempt), Some(outcome)) => {
-                match settle_attempt(&mut transaction, attempt, outcome, "webhook", now).await? {
+                match settle_attempt(&mut *transaction, attempt, outcome, "webhook", now).await? {
                     Some(status) => format!("order {}", status.as_str()),
                     None => "unknown attempt".to_owned(),
                 }
@@ -1152,7 +1175,7 @@ impl BackendStore {
             (None, _) => "unknown payment".to_owned(),
             (Some(_), None) => "ignored".to_owned(),
         };
-        let inserted = sqlx::query(
+        let inserted = statement(
             "INSERT INTO webhook_event (event_id, event_type, gateway_payment_id, outcome, received_at) \
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (event_id) DO NOTHING",
         )
@@ -1163,7 +1186,7 @@ impl BackendStore {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        if inserted.rows_affected() == 0 {
+        if inserted == 0 {
             // Delivered before: undo whatever this delivery did.
             transaction.rollback().await?;
             return Ok(None);
@@ -1178,21 +1201,21 @@ impl BackendStore {
         attempt: Option<&PaymentAttemptId>,
         payment_id: &str,
     ) -> Result<Option<AttemptToCall>, StoreError> {
-        let mut connection = self.write_pool().acquire().await?;
-        let found: Option<String> = sqlx::query_scalar(
+        let mut connection = self.write_connection().await?;
+        let found: Option<String> = statement(
             "SELECT id FROM payment_attempt WHERE id = $1 OR (gateway_payment_id = $2 AND $3 = 0) \
              ORDER BY id LIMIT 1",
         )
         .bind(attempt.map_or("", PaymentAttemptId::as_str))
         .bind(payment_id)
         .bind(i64::from(attempt.is_some()))
-        .fetch_optional(&mut *connection)
+        .fetch_optional_scalar(&mut *connection)
         .await?;
         let Some(found) = found else {
             return Ok(None);
         };
         let found = parse_stored("attempt id", &found, PaymentAttemptId::parse)?;
-        attempt_to_call(&mut connection, &found).await.map(Some)
+        attempt_to_call(&mut *connection, &found).await.map(Some)
     }
 
     /// Unresolved attempts due for a look, leased for `lease_milliseconds` so several
@@ -1204,21 +1227,20 @@ impl BackendStore {
         lease_milliseconds: i64,
     ) -> Result<Vec<AttemptToCall>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_ATTEMPTS_TO_RECONCILE)
+        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_ATTEMPTS_TO_RECONCILE)
             .bind(now.unix_milliseconds())
             .bind(limit)
-            .fetch_all(&mut *transaction)
+            .fetch_all_scalar(&mut *transaction)
             .await?;
         let mut attempts = Vec::with_capacity(ids.len());
         for id in ids {
             // Leased, and asked about less and less often while the gateway keeps not
             // knowing (5xx, 409, 429, no answer): the lease at first, doubling per look.
-            let tries: i64 =
-                sqlx::query_scalar("SELECT reconcile_tries FROM payment_attempt WHERE id = $1")
-                    .bind(&id)
-                    .fetch_one(&mut *transaction)
-                    .await?;
-            sqlx::query(
+            let tries: i64 = statement("SELECT reconcile_tries FROM payment_attempt WHERE id = $1")
+                .bind(&id)
+                .fetch_one_scalar(&mut *transaction)
+                .await?;
+            statement(
                 "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries + 1 WHERE id = $1",
             )
             .bind(&id)
@@ -1229,7 +1251,7 @@ impl BackendStore {
             .execute(&mut *transaction)
             .await?;
             let id = parse_stored("attempt id", &id, PaymentAttemptId::parse)?;
-            attempts.push(attempt_to_call(&mut transaction, &id).await?);
+            attempts.push(attempt_to_call(&mut *transaction, &id).await?);
         }
         transaction.commit().await?;
         Ok(attempts)
@@ -1244,10 +1266,10 @@ impl BackendStore {
         limit: i64,
     ) -> Result<Vec<OrderId>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_EXPIRED_ORDERS)
+        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS)
             .bind(now.unix_milliseconds())
             .bind(limit)
-            .fetch_all(&mut *transaction)
+            .fetch_all_scalar(&mut *transaction)
             .await?;
         // The claim locked the orders; their reservations and stock rows are then
         // settled together, in the one global lock order (reservation ids, then
@@ -1256,7 +1278,8 @@ impl BackendStore {
             Vec::with_capacity(ids.len());
         for id in ids {
             let order = parse_stored("order id", &id, OrderId::parse)?;
-            let Some((status, reservation, _)) = lock_order(&mut transaction, &order).await? else {
+            let Some((status, reservation, _)) = lock_order(&mut *transaction, &order).await?
+            else {
                 continue;
             };
             if status.accepts_a_payment_attempt() {
@@ -1272,7 +1295,7 @@ impl BackendStore {
             })
             .collect();
         let outcomes =
-            settle_reservations(&mut transaction, &moves, Mover::HoldingOrders, now).await?;
+            settle_reservations(&mut *transaction, &moves, Mover::HoldingOrders, now).await?;
         if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
             return Err(invariant(format!(
                 "an expired order's reservation could not be released: {}",
@@ -1282,7 +1305,7 @@ impl BackendStore {
         let mut expired = Vec::with_capacity(expiring.len());
         for (order, status, _) in expiring {
             move_order(
-                &mut transaction,
+                &mut *transaction,
                 &order,
                 status,
                 OrderStatus::Expired,
@@ -1309,14 +1332,14 @@ impl BackendStore {
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
         // The order before the key, as every unit of work on an order takes them.
-        let locked = lock_order(&mut transaction, order).await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
         let holds_stock = match &locked {
             Some((_, reservation, _)) => {
-                reservation_status(&mut transaction, reservation).await?
+                reservation_status(&mut *transaction, reservation).await?
                     == ReservationStatus::Reserved
             }
             None => false,
@@ -1329,7 +1352,7 @@ impl BackendStore {
             // Unpaid, or declined with its hold kept.
             Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
                 release_order(
-                    &mut transaction,
+                    &mut *transaction,
                     order,
                     &reservation,
                     status,
@@ -1346,7 +1369,7 @@ impl BackendStore {
             )),
             Some((OrderStatus::Paid, _, _)) => {
                 move_order(
-                    &mut transaction,
+                    &mut *transaction,
                     order,
                     OrderStatus::Paid,
                     OrderStatus::RefundPending,
@@ -1354,10 +1377,12 @@ impl BackendStore {
                     now,
                 )
                 .await?;
-                let Some(paid_by) = paying_attempt(&mut transaction, order).await? else {
-                    return Err(invariant(format!("paid order {order} has no succeeded attempt")));
+                let Some(paid_by) = paying_attempt(&mut *transaction, order).await? else {
+                    return Err(invariant(format!(
+                        "paid order {order} has no succeeded attempt"
+                    )));
                 };
-                insert_refund(&mut transaction, &paid_by, now, "cancelled after payment").await?;
+                insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await?;
                 None
             }
             // Not a transition the table allows: the payment's outcome decides first.
@@ -1373,13 +1398,13 @@ impl BackendStore {
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
             None => {
-                let loaded = load_order(&mut transaction, order)
+                let loaded = load_order(&mut *transaction, order)
                     .await?
                     .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
                 renderer.order(&loaded, false)
             }
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1392,16 +1417,14 @@ impl BackendStore {
         lease_milliseconds: i64,
     ) -> Result<Vec<RefundToIssue>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let rows = sqlx::query_as::<_, (String, String, String, String, i64, String, i64)>(
-            dialect::CLAIM_REFUNDS,
-        )
-        .bind(now.unix_milliseconds())
-        .bind(limit)
-        .fetch_all(&mut *transaction)
-        .await?;
+        let rows = statement(<B::Connection as Dialect>::CLAIM_REFUNDS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all_as::<(String, String, String, String, i64, String, i64)>(&mut *transaction)
+            .await?;
         let mut refunds = Vec::with_capacity(rows.len());
         for (id, order, attempt, gateway_key, amount_minor, currency, tries) in rows {
-            sqlx::query("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
+            statement("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
                 .bind(&id)
                 .bind(
                     now.unix_milliseconds()
@@ -1410,9 +1433,9 @@ impl BackendStore {
                 .execute(&mut *transaction)
                 .await?;
             let payment: Option<String> =
-                sqlx::query_scalar("SELECT gateway_payment_id FROM payment_attempt WHERE id = $1")
+                statement("SELECT gateway_payment_id FROM payment_attempt WHERE id = $1")
                     .bind(&attempt)
-                    .fetch_optional(&mut *transaction)
+                    .fetch_optional_scalar(&mut *transaction)
                     .await?
                     .flatten();
             let Some(gateway_payment_id) = payment else {
@@ -1441,20 +1464,20 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
-        let found: Option<(String, String)> = sqlx::query_as(
+        let found: Option<(String, String)> = statement(
             "SELECT refund.order_id, payment_attempt.status FROM refund \
              JOIN payment_attempt ON payment_attempt.id = refund.attempt_id WHERE refund.id = $1",
         )
         .bind(refund.as_str())
-        .fetch_optional(&mut *transaction)
+        .fetch_optional_as(&mut *transaction)
         .await?;
         let Some((order, attempt_status)) = found else {
             return Err(invariant(format!("refund {refund} vanished")));
         };
         let order = parse_stored("order id", &order, OrderId::parse)?;
         // The order first: the lock order of every order transaction.
-        let locked = lock_order(&mut transaction, &order).await?;
-        let updated = sqlx::query(
+        let locked = lock_order(&mut *transaction, &order).await?;
+        let updated = statement(
             "UPDATE refund SET status = 'SUCCEEDED', gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
         )
         .bind(refund.as_str())
@@ -1462,12 +1485,12 @@ impl BackendStore {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        if updated.rows_affected() == 1
+        if updated == 1
             && attempt_status == AttemptStatus::Succeeded.as_str()
             && let Some((OrderStatus::RefundPending, _, _)) = locked
         {
             move_order(
-                &mut transaction,
+                &mut *transaction,
                 &order,
                 OrderStatus::RefundPending,
                 OrderStatus::Refunded,
@@ -1489,7 +1512,7 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
-        sqlx::query(
+        statement(
             "UPDATE refund SET status = 'FAILED', failure_reason = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
         )
         .bind(refund.as_str())
@@ -1514,8 +1537,8 @@ impl BackendStore {
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
         // The order before the key, as every unit of work on an order takes them.
-        let locked = lock_order(&mut transaction, order).await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
@@ -1539,7 +1562,7 @@ impl BackendStore {
                 ))
             }
             Some((_, reservation, _))
-                if reservation_status(&mut transaction, &reservation).await?
+                if reservation_status(&mut *transaction, &reservation).await?
                     != ReservationStatus::Confirmed =>
             {
                 // A late success that found no stock (or no sale) refunds an order whose
@@ -1552,18 +1575,18 @@ impl BackendStore {
                 ))
             }
             Some(_) => {
-                let guarded = sqlx::query("INSERT INTO order_return (order_id, created_at) VALUES ($1, $2) ON CONFLICT (order_id) DO NOTHING")
+                let guarded = statement("INSERT INTO order_return (order_id, created_at) VALUES ($1, $2) ON CONFLICT (order_id) DO NOTHING")
                     .bind(order.as_str())
                     .bind(now.unix_milliseconds())
                     .execute(&mut *transaction)
                     .await?;
-                if guarded.rows_affected() == 0 {
+                if guarded == 0 {
                     Some(Rejection::new(
                         ErrorCode::IllegalTransition,
                         format!("order '{order}' was returned already"),
                     ))
                 } else {
-                    put_goods_back(&mut transaction, order, claim, now).await?;
+                    put_goods_back(&mut *transaction, order, claim, now).await?;
                     None
                 }
             }
@@ -1571,28 +1594,28 @@ impl BackendStore {
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
             None => {
-                let loaded = load_order(&mut transaction, order)
+                let loaded = load_order(&mut *transaction, order)
                     .await?
                     .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
                 renderer.order(&loaded, false)
             }
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
 
     /// Orders past their hold that still wait for payment (exported as a gauge).
     pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
-        let (unresolved, oldest): (i64, Option<i64>) = sqlx::query_as(
+        let (unresolved, oldest): (i64, Option<i64>) = statement(
             "SELECT COUNT(*), MIN(created_at) FROM payment_attempt WHERE status = 'PROCESSING'",
         )
-        .fetch_one(self.read_pool())
+        .fetch_one_as(&mut *self.read_connection().await?)
         .await?;
-        let (refunds, refunds_failed): (i64, i64) = sqlx::query_as(
+        let (refunds, refunds_failed): (i64, i64) = statement(
             "SELECT COUNT(*) FILTER (WHERE status = 'PENDING'), COUNT(*) FILTER (WHERE status = 'FAILED') FROM refund",
         )
-        .fetch_one(self.read_pool())
+        .fetch_one_as(&mut *self.read_connection().await?)
         .await?;
         Ok(PaymentGauges {
             attempts_unresolved: unresolved,
@@ -1606,33 +1629,33 @@ impl BackendStore {
 }
 
 /// A payment attempt to start.
-struct NewAttempt<'a> {
-    id: &'a PaymentAttemptId,
+pub(crate) struct NewAttempt<'a> {
+    pub(crate) id: &'a PaymentAttemptId,
     /// The pay request's idempotency key (scoped by its principal).
-    request_key: &'a str,
-    payment_method: &'a str,
-    reconcile_after: Timestamp,
+    pub(crate) request_key: &'a str,
+    pub(crate) payment_method: &'a str,
+    pub(crate) reconcile_after: Timestamp,
 }
 
 /// Starts attempt n+1 of a locked order that may be paid: its own number and gateway
 /// key, `PROCESSING`, and the order `PAYMENT_PROCESSING`.
-async fn start_attempt(
-    transaction: &mut Tx,
+pub(crate) async fn start_attempt<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
     new: &NewAttempt<'_>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let number: i64 = sqlx::query_scalar(
+    let number: i64 = statement(
         "SELECT COALESCE(MAX(attempt_number), 0) + 1 FROM payment_attempt WHERE order_id = $1",
     )
     .bind(order.as_str())
-    .fetch_one(&mut **transaction)
+    .fetch_one_scalar(&mut *transaction)
     .await?;
     // Each attempt its own gateway key: a retry of this attempt is the same call,
     // another card is another call.
     let gateway_key = format!("stockd-{order}-{number}");
-    sqlx::query(
+    statement(
         "INSERT INTO payment_attempt (id, order_id, attempt_number, gateway_key, payment_method, status, \
          amount_minor, currency, reconcile_after, created_at, updated_at, request_key) \
          SELECT $1, id, $7, $2, $3, 'PROCESSING', amount_minor, currency, $4, $5, $5, $8 FROM customer_order WHERE id = $6",
@@ -1645,7 +1668,7 @@ async fn start_attempt(
     .bind(order.as_str())
     .bind(number)
     .bind(new.request_key)
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     let reason = if number == 1 {
         "payment started".to_owned()
@@ -1666,8 +1689,8 @@ async fn start_attempt(
 
 /// The answer to `pay` for a locked order no attempt can start on: missing, its hold
 /// ended (expired now, its stock given back), its payment settled, or not payable.
-async fn answer_without_paying(
-    transaction: &mut Tx,
+pub(crate) async fn answer_without_paying<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     locked: Option<(OrderStatus, ReservationId, Timestamp)>,
     holds_stock: bool,
@@ -1720,20 +1743,27 @@ async fn answer_without_paying(
     Ok(response)
 }
 
-async fn attempt_to_call(
-    connection: &mut DbConnection,
+pub(crate) async fn attempt_to_call<C: Connection>(
+    connection: &mut C,
     attempt: &PaymentAttemptId,
 ) -> Result<AttemptToCall, StoreError> {
-    let row = sqlx::query_as::<_, (String, String, Option<String>, String, i64, String, i64)>(
+    let row = statement(
         "SELECT payment_attempt.order_id, gateway_key, gateway_payment_id, payment_method, payment_attempt.amount_minor, \
          payment_attempt.currency, customer_order.expires_at FROM payment_attempt \
          JOIN customer_order ON customer_order.id = payment_attempt.order_id WHERE payment_attempt.id = $1",
     )
     .bind(attempt.as_str())
-    .fetch_one(&mut *connection)
+    .fetch_one_as::<(String, String, Option<String>, String, i64, String, i64)>(&mut *connection)
     .await?;
-    let (order, gateway_key, gateway_payment_id, payment_method, amount_minor, currency, expires_at) =
-        row;
+    let (
+        order,
+        gateway_key,
+        gateway_payment_id,
+        payment_method,
+        amount_minor,
+        currency,
+        expires_at,
+    ) = row;
     Ok(AttemptToCall {
         attempt_id: attempt.clone(),
         order_id: parse_stored("order id", &order, OrderId::parse)?,
@@ -1747,19 +1777,31 @@ async fn attempt_to_call(
 }
 
 /// An order's payment attempts, oldest first.
-async fn order_attempts(
-    connection: &mut DbConnection,
+pub(crate) async fn order_attempts<C: Connection>(
+    connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<PaymentAttempt>, StoreError> {
-    let attempt_rows = sqlx::query_as::<_, (String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(
+    let attempt_rows = statement(
         "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
          created_at, updated_at FROM payment_attempt WHERE order_id = $1 ORDER BY attempt_number",
     )
     .bind(id.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_as::<(String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(&mut *connection)
     .await?;
     let mut attempts = Vec::with_capacity(attempt_rows.len());
-    for (attempt, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount, currency, created, updated) in attempt_rows {
+    for (
+        attempt,
+        status,
+        gateway_key,
+        gateway_payment_id,
+        payment_method,
+        failure_reason,
+        amount,
+        currency,
+        created,
+        updated,
+    ) in attempt_rows
+    {
         attempts.push(PaymentAttempt {
             id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
             status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
@@ -1777,19 +1819,29 @@ async fn order_attempts(
 }
 
 /// An order's refunds, oldest first.
-async fn order_refunds(
-    connection: &mut DbConnection,
+pub(crate) async fn order_refunds<C: Connection>(
+    connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<RefundRecord>, StoreError> {
-    let refund_rows = sqlx::query_as::<_, (String, String, String, i64, String, Option<String>, String, Option<String>)>(
+    let refund_rows = statement(
         "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
          FROM refund WHERE order_id = $1 ORDER BY created_at, id",
     )
     .bind(id.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_as::<(String, String, String, i64, String, Option<String>, String, Option<String>)>(&mut *connection)
     .await?;
     let mut refunds = Vec::with_capacity(refund_rows.len());
-    for (refund, attempt, status, amount_minor, currency, gateway_refund_id, reason, failure_reason) in refund_rows {
+    for (
+        refund,
+        attempt,
+        status,
+        amount_minor,
+        currency,
+        gateway_refund_id,
+        reason,
+        failure_reason,
+    ) in refund_rows
+    {
         refunds.push(RefundRecord {
             id: parse_stored("refund id", &refund, RefundId::parse)?,
             attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
@@ -1805,15 +1857,15 @@ async fn order_refunds(
 }
 
 /// The statuses an order went through, oldest first.
-async fn order_history(
-    connection: &mut DbConnection,
+pub(crate) async fn order_history<C: Connection>(
+    connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<OrderHistoryEntry>, StoreError> {
-    let history_rows = sqlx::query_as::<_, (Option<String>, String, String, i64)>(
+    let history_rows = statement(
         "SELECT from_status, to_status, reason, created_at FROM order_history WHERE order_id = $1 ORDER BY id",
     )
     .bind(id.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_as::<(Option<String>, String, String, i64)>(&mut *connection)
     .await?;
     let mut history = Vec::with_capacity(history_rows.len());
     for (from, to, reason, at) in history_rows {
@@ -1830,16 +1882,16 @@ async fn order_history(
     Ok(history)
 }
 
-async fn load_order(
-    connection: &mut DbConnection,
+pub(crate) async fn load_order<C: Connection>(
+    connection: &mut C,
     id: &OrderId,
 ) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query_as::<_, (String, String, String, i64, String, String, i64, i64, i64, i64)>(
+    let row = statement(
         "SELECT shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version, created_at, updated_at \
          FROM customer_order WHERE id = $1",
     )
     .bind(id.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_as::<(String, String, String, i64, String, String, i64, i64, i64, i64)>(&mut *connection)
     .await?;
     let Some((
         shop,
@@ -1864,9 +1916,9 @@ async fn load_order(
     let attempts = order_attempts(&mut *connection, id).await?;
     let refunds = order_refunds(&mut *connection, id).await?;
     let returned: Option<String> =
-        sqlx::query_scalar("SELECT order_id FROM order_return WHERE order_id = $1")
+        statement("SELECT order_id FROM order_return WHERE order_id = $1")
             .bind(id.as_str())
-            .fetch_optional(&mut *connection)
+            .fetch_optional_scalar(&mut *connection)
             .await?;
     let history = order_history(&mut *connection, id).await?;
     Ok(Some(Order {
@@ -1894,7 +1946,7 @@ async fn load_order(
 /// A gateway that is down (or keeps not knowing) is asked less and less often instead
 /// of every lease for ever; `stockd_refunds_pending` and
 /// `stockd_payment_attempts_unresolved` show the backlog meanwhile.
-fn retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
+pub(crate) fn retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
     let doublings = u32::try_from(tries_before.clamp(0, 32)).unwrap_or(32);
     lease_milliseconds
         .saturating_mul(2_i64.saturating_pow(doublings))
@@ -1902,4 +1954,4 @@ fn retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
 }
 
 /// The longest wait between two tries of one refund or one attempt: an hour.
-const RETRY_MILLISECONDS_MAX: i64 = 3_600_000;
+pub(crate) const RETRY_MILLISECONDS_MAX: i64 = 3_600_000;

@@ -1,28 +1,20 @@
-// The units of work shared by the SQLite and PostgreSQL stores.
-//
-// This file is `include!`d by `sqlite.rs` and `postgres.rs` (it is not a module of its
-// own), so each backend gets these functions compiled against its own concrete sqlx
-// types instead of a generic soup of higher-ranked trait bounds. Each including module
-// defines before the `include!`:
-//
-// - `Db`: the sqlx database type;
-// - `BackendStore`: the store type, with `begin_write()`, `begin_read()` and `read_pool()`;
-// - a `dialect` module holding the statements that differ between the two databases
-//   (row locks, `SKIP LOCKED`) and the migration list.
-//
-// Placeholders are `$1`, `$2`, …: PostgreSQL's syntax, which sqlx's SQLite driver also
-// binds by number. Every statement that changes stock checks its affected-row count.
+//! Idempotency, stock, reservations, the audit and migrations: the units of work of
+//! the first wave, written once for every backend (see `crate::backend`).
+//!
+//! Placeholders are `$1`, `$2`, …; a backend whose driver spells them otherwise
+//! rewrites them. Every statement that changes stock checks its affected-row count.
 
 use std::collections::HashMap;
 
 use domain::{
-    Currency, ErrorCode, OrderId, PriceMinor, ProductId, Quantity, ReleaseReason, Reservation,
-    ReservationId, ReservationLine, ReservationStatus, SaleStatus, ShopCode, Sku, SkuCode,
-    StockLevel, Timestamp, UserId, WarehouseCode,
+    AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PriceMinor, ProductId, Quantity,
+    ReleaseReason, Reservation, ReservationId, ReservationLine, ReservationStatus, SaleStatus,
+    ShopCode, Sku, SkuCode, StockLevel, Timestamp, UserId, WarehouseCode,
 };
 use futures_util::TryStreamExt;
-use sqlx::Row;
 
+use super::Units;
+use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
     AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport, BatchApplied, BatchPath,
@@ -34,16 +26,14 @@ use crate::plan::{
     PlanRequest, PurchaseKey, ShopperKey, SkuFacts, StockKey, Tallies, WholeBatch, plan_batch,
     totals_if_all_accepted,
 };
-
-type Tx = sqlx::Transaction<'static, Db>;
-type DbConnection = <Db as sqlx::Database>::Connection;
+use crate::sql::{Cell, Connection, Row, statement};
 
 /// The largest `available + reserved` a row may reach; see `domain::limits`.
-const STOCK_ON_HAND_MAX: i64 = domain::limits::STOCK_ON_HAND_MAX;
+pub(crate) const STOCK_ON_HAND_MAX: i64 = domain::limits::STOCK_ON_HAND_MAX;
 
 /// Every stock row with what its ledger rows add up to and what its open reservations
 /// hold, for the audit.
-const AUDIT_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.available, stock.reserved, \
+pub(crate) const AUDIT_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.available, stock.reserved, \
      COALESCE(ledger.available, 0), COALESCE(ledger.reserved, 0), COALESCE(held.quantity, 0) \
      FROM stock \
      LEFT JOIN (SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT) AS available, \
@@ -57,7 +47,7 @@ const AUDIT_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.availab
      ORDER BY stock.sku, stock.warehouse";
 
 /// Stock rows that ledger rows or open reservations name but that do not exist.
-const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.warehouse FROM \
+pub(crate) const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.warehouse FROM \
      (SELECT sku, warehouse FROM stock_ledger \
       UNION SELECT line.sku, line.warehouse \
          FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
@@ -68,7 +58,7 @@ const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.warehouse FROM \
 
 /// Every (order, SKU, warehouse) with returned goods: the units returned and the units
 /// the order sold there (its reservation's lines, when that reservation is confirmed).
-const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, ledger.warehouse, \
+pub(crate) const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, ledger.warehouse, \
      CAST(SUM(ledger.available_delta) AS BIGINT), \
      CAST(COALESCE((SELECT SUM(line.quantity) FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
@@ -81,7 +71,7 @@ const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, ledger.warehou
      ORDER BY ledger.reference, ledger.sku, ledger.warehouse";
 
 /// What a key's claim found.
-enum Claim {
+pub(crate) enum Claim {
     /// This transaction now holds the key.
     Taken,
     /// The key has a committed record (or, within one batch, an earlier request's claim).
@@ -91,15 +81,15 @@ enum Claim {
     },
 }
 
-fn invariant(message: impl Into<String>) -> StoreError {
+pub(crate) fn invariant(message: impl Into<String>) -> StoreError {
     StoreError::Invariant(message.into())
 }
 
-fn corrupt(what: &str, error: impl std::fmt::Display) -> StoreError {
+pub(crate) fn corrupt(what: &str, error: impl std::fmt::Display) -> StoreError {
     StoreError::Invariant(format!("stored {what} does not parse: {error}"))
 }
 
-fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), StoreError> {
+pub(crate) fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), StoreError> {
     if rows_affected == 1 {
         Ok(())
     } else {
@@ -112,31 +102,31 @@ fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), StoreError> {
 /// Claims an idempotency key inside `transaction`. On PostgreSQL a concurrent
 /// uncommitted claim of the same key makes this wait (bounded by `lock_timeout`), which
 /// is reported as [`StoreError::KeyInFlight`].
-async fn claim_key(
-    transaction: &mut Tx,
+pub(crate) async fn claim_key<C: Connection>(
+    transaction: &mut C,
     claim: &IdempotencyClaim,
     now: Timestamp,
 ) -> Result<Claim, StoreError> {
-    let inserted = sqlx::query(
+    let inserted = statement(
         "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
          VALUES ($1, $2, 0, '', $3) ON CONFLICT (key) DO NOTHING",
     )
     .bind(claim.key.as_str())
     .bind(&claim.fingerprint)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await
-    .map_err(|error| match StoreError::from(error) {
+    .map_err(|error| match error {
         StoreError::LockTimeout(_) => StoreError::KeyInFlight,
         other => other,
     })?;
-    if inserted.rows_affected() == 1 {
+    if inserted == 1 {
         return Ok(Claim::Taken);
     }
     let row =
-        sqlx::query("SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1")
+        statement("SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1")
             .bind(claim.key.as_str())
-            .fetch_one(&mut **transaction)
+            .fetch_one_row(&mut *transaction)
             .await?;
     let status_code: i64 = row.try_get("status_code")?;
     let response = if status_code == 0 {
@@ -155,7 +145,7 @@ async fn claim_key(
 }
 
 /// The answer for a key that already has a committed record.
-fn resolve_existing(
+pub(crate) fn resolve_existing(
     claim: &IdempotencyClaim,
     fingerprint: &str,
     response: Option<StoredResponse>,
@@ -171,8 +161,8 @@ fn resolve_existing(
 /// Claims `claim`'s key in this transaction, the opening of every keyed unit of work.
 /// `Some` is the answer a retry gets (the stored response, or "key reused"): the
 /// caller rolls back and returns it, having changed nothing.
-async fn claim_or_answer(
-    transaction: &mut Tx,
+pub(crate) async fn claim_or_answer<C: Connection>(
+    transaction: &mut C,
     claim: &IdempotencyClaim,
     now: Timestamp,
 ) -> Result<Option<Idempotent>, StoreError> {
@@ -186,42 +176,42 @@ async fn claim_or_answer(
 }
 
 /// Stores the response for a key claimed by this transaction.
-async fn complete_claim(
-    transaction: &mut Tx,
+pub(crate) async fn complete_claim<C: Connection>(
+    transaction: &mut C,
     claim: &IdempotencyClaim,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let updated = sqlx::query(
+    let updated = statement(
         "UPDATE idempotency_record SET status_code = $2, body = $3 \
          WHERE key = $1 AND status_code = 0",
     )
     .bind(claim.key.as_str())
     .bind(i64::from(response.status))
     .bind(&response.body)
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
-    expect_one_row(updated.rows_affected(), "completing an idempotency claim")
+    expect_one_row(updated, "completing an idempotency claim")
 }
 
 /// One append-only ledger row: a change of a (sku, warehouse) row's counters and what
 /// caused it.
-struct LedgerEntry<'a> {
-    sku: &'a SkuCode,
-    warehouse: &'a WarehouseCode,
-    kind: &'static str,
-    available_delta: i64,
-    reserved_delta: i64,
+pub(crate) struct LedgerEntry<'a> {
+    pub(crate) sku: &'a SkuCode,
+    pub(crate) warehouse: &'a WarehouseCode,
+    pub(crate) kind: &'static str,
+    pub(crate) available_delta: i64,
+    pub(crate) reserved_delta: i64,
     /// The reservation or movement id that caused the change.
-    reference: &'a str,
-    idempotency_key: Option<&'a str>,
+    pub(crate) reference: &'a str,
+    pub(crate) idempotency_key: Option<&'a str>,
 }
 
-async fn insert_ledger_row(
-    transaction: &mut Tx,
+pub(crate) async fn insert_ledger_row<C: Connection>(
+    transaction: &mut C,
     entry: LedgerEntry<'_>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    statement(
         "INSERT INTO stock_ledger \
          (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -234,15 +224,12 @@ async fn insert_ledger_row(
     .bind(entry.reference)
     .bind(entry.idempotency_key)
     .bind(now.unix_milliseconds())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
     Ok(())
 }
 
-fn decode_sku_row(
-    row: &<Db as sqlx::Database>::Row,
-    stock: Vec<StockLevel>,
-) -> Result<Sku, StoreError> {
+pub(crate) fn decode_sku_row(row: &Row, stock: Vec<StockLevel>) -> Result<Sku, StoreError> {
     let code: String = row.try_get("code")?;
     let shop: String = row.try_get("shop")?;
     let product_id: Option<String> = row.try_get("product_id")?;
@@ -279,25 +266,25 @@ fn decode_sku_row(
     })
 }
 
-async fn load_sku(
-    connection: &mut DbConnection,
+pub(crate) async fn load_sku<C: Connection>(
+    connection: &mut C,
     code: &SkuCode,
 ) -> Result<Option<Sku>, StoreError> {
-    let Some(row) = sqlx::query(
+    let Some(row) = statement(
         "SELECT code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
          per_user_limit, sale_status, version, created_at, updated_at FROM sku WHERE code = $1",
     )
     .bind(code.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_row(&mut *connection)
     .await?
     else {
         return Ok(None);
     };
-    let stock_rows = sqlx::query(
+    let stock_rows = statement(
         "SELECT warehouse, available, reserved FROM stock WHERE sku = $1 ORDER BY warehouse",
     )
     .bind(code.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_rows(&mut *connection)
     .await?;
     let mut stock = Vec::with_capacity(stock_rows.len());
     for stock_row in &stock_rows {
@@ -312,26 +299,26 @@ async fn load_sku(
     decode_sku_row(&row, stock).map(Some)
 }
 
-async fn load_reservation(
-    connection: &mut DbConnection,
+pub(crate) async fn load_reservation<C: Connection>(
+    connection: &mut C,
     id: &ReservationId,
 ) -> Result<Option<Reservation>, StoreError> {
-    let Some(row) = sqlx::query(
+    let Some(row) = statement(
         "SELECT status, release_reason, expires_at, created_at, updated_at, shop, user_id, order_id \
          FROM reservation WHERE id = $1",
     )
     .bind(id.as_str())
-    .fetch_optional(&mut *connection)
+    .fetch_optional_row(&mut *connection)
     .await?
     else {
         return Ok(None);
     };
-    let line_rows = sqlx::query(
+    let line_rows = statement(
         "SELECT sku, warehouse, quantity FROM reservation_line \
          WHERE reservation_id = $1 ORDER BY line_number",
     )
     .bind(id.as_str())
-    .fetch_all(&mut *connection)
+    .fetch_all_rows(&mut *connection)
     .await?;
     let mut lines = Vec::with_capacity(line_rows.len());
     for line_row in &line_rows {
@@ -372,7 +359,7 @@ async fn load_reservation(
     }))
 }
 
-fn decode_line(row: &<Db as sqlx::Database>::Row) -> Result<ReservationLine, StoreError> {
+pub(crate) fn decode_line(row: &Row) -> Result<ReservationLine, StoreError> {
     let sku: String = row.try_get("sku")?;
     let warehouse: String = row.try_get("warehouse")?;
     Ok(ReservationLine {
@@ -385,15 +372,15 @@ fn decode_line(row: &<Db as sqlx::Database>::Row) -> Result<ReservationLine, Sto
 
 /// Moves `quantity` units of a line between `available` and `reserved` (release) or out
 /// of `reserved` (confirm), guarded so a counter can never go below zero.
-async fn settle_line(
-    transaction: &mut Tx,
+pub(crate) async fn settle_line<C: Connection>(
+    transaction: &mut C,
     line: &ReservationLine,
     action: ReservationAction,
     reservation: &ReservationId,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let quantity = line.quantity.get();
-    let (statement, kind, available_delta) = match action {
+    let (text, kind, available_delta) = match action {
         ReservationAction::Confirm => (
             "UPDATE stock SET reserved = reserved - $3, version = version + 1, updated_at = $4 \
              WHERE sku = $1 AND warehouse = $2 AND reserved >= $3",
@@ -408,14 +395,14 @@ async fn settle_line(
             quantity,
         ),
     };
-    let updated = sqlx::query(statement)
+    let updated = statement(text)
         .bind(line.sku.as_str())
         .bind(line.warehouse.as_str())
         .bind(quantity)
         .bind(now.unix_milliseconds())
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-    expect_one_row(updated.rows_affected(), "settling a reservation line")?;
+    expect_one_row(updated, "settling a reservation line")?;
     insert_ledger_row(
         transaction,
         LedgerEntry {
@@ -433,7 +420,7 @@ async fn settle_line(
 }
 
 /// Where a request of a reservation batch stands.
-enum BatchSlot {
+pub(crate) enum BatchSlot {
     /// Answered without deciding: a replayed or reused key.
     Decided(Idempotent),
     /// The same key and body as the earlier request at this index: its answer.
@@ -445,7 +432,7 @@ enum BatchSlot {
 /// One outcome per request, in order, from the slots and the claimed requests' responses.
 /// A repeated key gets its first request's outcome: the same replay or refusal, or, when
 /// the first one ran now, a replay of its response.
-fn batch_outcomes(
+pub(crate) fn batch_outcomes(
     slots: Vec<BatchSlot>,
     responses: &[Option<StoredResponse>],
 ) -> Result<Vec<Idempotent>, StoreError> {
@@ -469,7 +456,7 @@ fn batch_outcomes(
 }
 
 /// A SKU's facts as the reserving transaction reads them with its stock rows.
-fn decode_sku_facts(
+pub(crate) fn decode_sku_facts(
     status: &str,
     shop: &str,
     per_user_limit: Option<i64>,
@@ -482,7 +469,11 @@ fn decode_sku_facts(
 }
 
 /// The reservation a request creates, as its answer shows it.
-fn new_reservation(request: &ReserveRequest, shop: Option<&ShopCode>, now: Timestamp) -> Reservation {
+pub(crate) fn new_reservation(
+    request: &ReserveRequest,
+    shop: Option<&ShopCode>,
+    now: Timestamp,
+) -> Reservation {
     let shop = shop.or(match &request.shop {
         ShopScope::Verified(shop) | ShopScope::Required(shop) => Some(shop),
         ShopScope::Any => None,
@@ -504,8 +495,8 @@ fn new_reservation(request: &ReserveRequest, shop: Option<&ShopCode>, now: Times
 /// `skus` completed with the SKUs of `wanted` that have no stock row yet (or none in
 /// that warehouse): they still need their facts, to tell `not_found` from
 /// `insufficient_stock`.
-async fn with_unlisted_skus(
-    transaction: &mut Tx,
+pub(crate) async fn with_unlisted_skus<C: Connection>(
+    transaction: &mut C,
     wanted: &[StockKey],
     mut skus: HashMap<SkuCode, SkuFacts>,
 ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
@@ -516,7 +507,7 @@ async fn with_unlisted_skus(
         .collect();
     unlisted.dedup();
     if !unlisted.is_empty() {
-        skus.extend(bulk::sku_facts(transaction, &unlisted).await?);
+        skus.extend(transaction.sku_facts(&unlisted).await?);
     }
     Ok(skus)
 }
@@ -524,8 +515,8 @@ async fn with_unlisted_skus(
 /// Locks and reads the tallies of the shoppers that `requests` name (open holds, and
 /// units of SKUs with a per-user limit), in key order. Reservations without a user
 /// read nothing.
-async fn lock_tallies<'a>(
-    transaction: &mut Tx,
+pub(crate) async fn lock_tallies<'a, C: Connection>(
+    transaction: &mut C,
     requests: impl Iterator<Item = &'a ReserveRequest>,
     skus: &HashMap<SkuCode, SkuFacts>,
     open_holds_max: i64,
@@ -545,7 +536,10 @@ async fn lock_tallies<'a>(
             continue;
         };
         for line in &request.lines {
-            if skus.get(&line.sku).is_some_and(|facts| facts.per_user_limit.is_some()) {
+            if skus
+                .get(&line.sku)
+                .is_some_and(|facts| facts.per_user_limit.is_some())
+            {
                 purchases.push((shop.clone(), user.clone(), line.sku.clone()));
             }
         }
@@ -555,8 +549,8 @@ async fn lock_tallies<'a>(
 }
 
 /// The tallies of these shoppers, locked (PostgreSQL) in key order.
-async fn read_tallies(
-    transaction: &mut Tx,
+pub(crate) async fn read_tallies<C: Connection>(
+    transaction: &mut C,
     mut shoppers: Vec<ShopperKey>,
     mut purchases: Vec<PurchaseKey>,
     open_holds_max: i64,
@@ -570,21 +564,23 @@ async fn read_tallies(
         ..Tallies::default()
     };
     for (shop, user) in shoppers {
-        let holds: Option<i64> = sqlx::query_scalar(dialect::SELECT_SHOPPER_HOLD_FOR_UPDATE)
+        let holds: Option<i64> = statement(C::SELECT_SHOPPER_HOLD_FOR_UPDATE)
             .bind(shop.as_str())
             .bind(user.as_str())
-            .fetch_optional(&mut **transaction)
+            .fetch_optional_scalar(&mut *transaction)
             .await?;
         tallies.open_holds.insert((shop, user), holds.unwrap_or(0));
     }
     for (shop, user, sku) in purchases {
-        let quantity: Option<i64> = sqlx::query_scalar(dialect::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
+        let quantity: Option<i64> = statement(C::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
             .bind(shop.as_str())
             .bind(user.as_str())
             .bind(sku.as_str())
-            .fetch_optional(&mut **transaction)
+            .fetch_optional_scalar(&mut *transaction)
             .await?;
-        tallies.purchased.insert((shop, user, sku), quantity.unwrap_or(0));
+        tallies
+            .purchased
+            .insert((shop, user, sku), quantity.unwrap_or(0));
     }
     Ok(tallies)
 }
@@ -593,14 +589,14 @@ async fn read_tallies(
 /// conditional on the bound (the open-hold bound, the SKU's per-user limit), so the
 /// database refuses what the decision should never have allowed: a tally another
 /// process moved since it was read makes the batch retry, and then decide again.
-async fn add_to_tallies(
-    transaction: &mut Tx,
+pub(crate) async fn add_to_tallies<C: Connection>(
+    transaction: &mut C,
     holds_added: &std::collections::BTreeMap<ShopperKey, i64>,
     purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
     open_holds_max: i64,
 ) -> Result<(), StoreError> {
     for ((shop, user), added) in holds_added {
-        let written = sqlx::query(
+        let written = statement(
             "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
              ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
              WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
@@ -609,16 +605,16 @@ async fn add_to_tallies(
         .bind(user.as_str())
         .bind(added)
         .bind(open_holds_max)
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        if written.rows_affected() != 1 {
+        if written != 1 {
             return Err(StoreError::Retryable(format!(
                 "the open holds of user '{user}' changed since they were read"
             )));
         }
     }
     for ((shop, user, sku), added) in purchases_added {
-        let written = sqlx::query(
+        let written = statement(
             "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
              SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
              AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
@@ -631,9 +627,9 @@ async fn add_to_tallies(
         .bind(sku.as_str())
         .bind(added)
         .bind(STOCK_ON_HAND_MAX)
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        if written.rows_affected() != 1 {
+        if written != 1 {
             return Err(StoreError::Retryable(format!(
                 "what user '{user}' holds of sku '{sku}' changed since it was read"
             )));
@@ -645,7 +641,7 @@ async fn add_to_tallies(
 /// Who moves a reservation out of `RESERVED`. A reservation held by an order is moved
 /// only by that order's flow (DESIGN.md, trust model).
 #[derive(Debug, Clone, Copy)]
-enum Mover<'a> {
+pub(crate) enum Mover<'a> {
     /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds.
     Client,
     /// The flow of this order: pay, cancel, expiry, refund.
@@ -656,19 +652,19 @@ enum Mover<'a> {
 }
 
 /// One reservation to move out of `RESERVED`.
-struct Move<'a> {
-    id: &'a ReservationId,
-    action: ReservationAction,
+pub(crate) struct Move<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) action: ReservationAction,
     /// Why, when it is released.
-    reason: ReleaseReason,
+    pub(crate) reason: ReleaseReason,
 }
 
 /// A reservation moved, with what must be settled for it.
-struct Moved<'a> {
-    id: &'a ReservationId,
-    action: ReservationAction,
-    shopper: Option<ShopperKey>,
-    lines: Vec<ReservationLine>,
+pub(crate) struct Moved<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) action: ReservationAction,
+    pub(crate) shopper: Option<ShopperKey>,
+    pub(crate) lines: Vec<ReservationLine>,
 }
 
 /// Moves each reservation out of `RESERVED` through the transition table (locking the
@@ -679,8 +675,8 @@ struct Moved<'a> {
 ///
 /// One outcome per move, in order; `Err` is a business refusal, and nothing was
 /// written for that reservation.
-async fn settle_reservations(
-    transaction: &mut Tx,
+pub(crate) async fn settle_reservations<C: Connection>(
+    transaction: &mut C,
     moves: &[Move<'_>],
     mover: Mover<'_>,
     now: Timestamp,
@@ -698,7 +694,11 @@ async fn settle_reservations(
     }
     let mut settlements: Vec<(&ReservationLine, ReservationAction, &ReservationId)> = moved
         .iter()
-        .flat_map(|done| done.lines.iter().map(move |line| (line, done.action, done.id)))
+        .flat_map(|done| {
+            done.lines
+                .iter()
+                .map(move |line| (line, done.action, done.id))
+        })
         .collect();
     settlements.sort_by(|(left, _, _), (right, _, _)| {
         (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
@@ -712,30 +712,24 @@ async fn settle_reservations(
 
 /// Whether `mover` may move reservation `id`, held by `order_id`: a client never moves
 /// an order's reservation; an order flow moves only its own.
-fn mover_may_move(
+pub(crate) fn mover_may_move(
     mover: Mover<'_>,
     id: &ReservationId,
     order_id: Option<&str>,
 ) -> Result<Result<(), Rejection>, StoreError> {
     match (mover, order_id) {
-        (Mover::Client, Some(order)) => {
-            Ok(Err(Rejection::new(
-                ErrorCode::IllegalTransition,
-                format!(
-                    "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
-                ),
-            )))
-        }
-        (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => {
-            Err(invariant(format!(
-                "order {order} tried to move reservation {id}, held by {held_by:?}"
-            )))
-        }
-        (Mover::HoldingOrders, None) => {
-            Err(invariant(format!(
-                "an order flow tried to move reservation {id}, held by no order"
-            )))
-        }
+        (Mover::Client, Some(order)) => Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!(
+                "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
+            ),
+        ))),
+        (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => Err(invariant(
+            format!("order {order} tried to move reservation {id}, held by {held_by:?}"),
+        )),
+        (Mover::HoldingOrders, None) => Err(invariant(format!(
+            "an order flow tried to move reservation {id}, held by no order"
+        ))),
         _ => Ok(Ok(())),
     }
 }
@@ -743,7 +737,7 @@ fn mover_may_move(
 /// The status a locked reservation moves from and to, through the transition table;
 /// refused when the table has no such step, or when a client confirms a hold past its
 /// end.
-fn decide_move(
+pub(crate) fn decide_move(
     step: &Move<'_>,
     mover: Mover<'_>,
     status: &str,
@@ -779,15 +773,15 @@ fn decide_move(
 }
 
 /// A reservation's lines.
-async fn reservation_lines_of(
-    transaction: &mut Tx,
+pub(crate) async fn reservation_lines_of<C: Connection>(
+    transaction: &mut C,
     id: &ReservationId,
 ) -> Result<Vec<ReservationLine>, StoreError> {
-    let line_rows = sqlx::query(
+    let line_rows = statement(
         "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
     )
     .bind(id.as_str())
-    .fetch_all(&mut **transaction)
+    .fetch_all_rows(&mut *transaction)
     .await?;
     let mut lines = Vec::with_capacity(line_rows.len());
     for row in &line_rows {
@@ -797,8 +791,8 @@ async fn reservation_lines_of(
 }
 
 /// The status half of [`settle_reservations`] for one reservation.
-async fn move_reservation<'a>(
-    transaction: &mut Tx,
+pub(crate) async fn move_reservation<'a, C: Connection>(
+    transaction: &mut C,
     step: &Move<'a>,
     mover: Mover<'_>,
     now: Timestamp,
@@ -806,10 +800,10 @@ async fn move_reservation<'a>(
     let id = step.id;
     /// A locked reservation's status, holder order, shop, shopper and hold end.
     type LockedReservation = (String, Option<String>, Option<String>, Option<String>, i64);
-    let row: Option<LockedReservation> = sqlx::query_as(dialect::SELECT_RESERVATION_FOR_UPDATE)
-            .bind(id.as_str())
-            .fetch_optional(&mut **transaction)
-            .await?;
+    let row: Option<LockedReservation> = statement(C::SELECT_RESERVATION_FOR_UPDATE)
+        .bind(id.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
     let Some((status, order_id, shop, user, expires_at)) = row else {
         return Ok(Err(Rejection::new(
             ErrorCode::NotFound,
@@ -824,7 +818,7 @@ async fn move_reservation<'a>(
         Err(refused) => return Ok(Err(refused)),
     };
     let reason = (target == ReservationStatus::Released).then_some(step.reason.as_str());
-    let updated = sqlx::query(
+    let updated = statement(
         "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
          WHERE id = $1 AND status = $5",
     )
@@ -833,12 +827,9 @@ async fn move_reservation<'a>(
     .bind(reason)
     .bind(now.unix_milliseconds())
     .bind(current.as_str())
-    .execute(&mut **transaction)
+    .execute(&mut *transaction)
     .await?;
-    expect_one_row(
-        updated.rows_affected(),
-        "changing a locked reservation's status",
-    )?;
+    expect_one_row(updated, "changing a locked reservation's status")?;
     let lines = reservation_lines_of(transaction, id).await?;
     let shopper = match (shop, user) {
         (Some(shop), Some(user)) => Some((
@@ -857,34 +848,40 @@ async fn move_reservation<'a>(
 
 /// Gives back what the moved reservations counted against their shoppers, in key
 /// order: one open hold each, and on release their units.
-async fn give_back_tallies(transaction: &mut Tx, moved: &[Moved<'_>]) -> Result<(), StoreError> {
+pub(crate) async fn give_back_tallies<C: Connection>(
+    transaction: &mut C,
+    moved: &[Moved<'_>],
+) -> Result<(), StoreError> {
     let mut holds: std::collections::BTreeMap<&ShopperKey, i64> = Default::default();
     let mut units: std::collections::BTreeMap<(&ShopCode, &UserId, &SkuCode), i64> =
         Default::default();
     for done in moved {
-        let Some(shopper) = &done.shopper else { continue };
+        let Some(shopper) = &done.shopper else {
+            continue;
+        };
         *holds.entry(shopper).or_insert(0) += 1;
         if done.action == ReservationAction::Release {
             for line in &done.lines {
-                *units.entry((&shopper.0, &shopper.1, &line.sku)).or_insert(0) +=
-                    line.quantity.get();
+                *units
+                    .entry((&shopper.0, &shopper.1, &line.sku))
+                    .or_insert(0) += line.quantity.get();
             }
         }
     }
     for ((shop, user), count) in holds {
-        let updated = sqlx::query(
+        let updated = statement(
             "UPDATE shopper_hold SET open_holds = open_holds - $3 \
              WHERE shop = $1 AND user_id = $2 AND open_holds >= $3",
         )
         .bind(shop.as_str())
         .bind(user.as_str())
         .bind(count)
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        expect_one_row(updated.rows_affected(), "giving back a shopper's open hold")?;
+        expect_one_row(updated, "giving back a shopper's open hold")?;
     }
     for ((shop, user, sku), quantity) in units {
-        let updated = sqlx::query(
+        let updated = statement(
             "UPDATE shopper_purchase SET quantity = quantity - $4 \
              WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity >= $4",
         )
@@ -892,9 +889,9 @@ async fn give_back_tallies(transaction: &mut Tx, moved: &[Moved<'_>]) -> Result<
         .bind(user.as_str())
         .bind(sku.as_str())
         .bind(quantity)
-        .execute(&mut **transaction)
+        .execute(&mut *transaction)
         .await?;
-        expect_one_row(updated.rows_affected(), "giving back a shopper's units")?;
+        expect_one_row(updated, "giving back a shopper's units")?;
     }
     Ok(())
 }
@@ -902,13 +899,13 @@ async fn give_back_tallies(transaction: &mut Tx, moved: &[Moved<'_>]) -> Result<
 /// What an audit found: every difference counted, the first
 /// [`AUDIT_DIFFERENCES_REPORTED_MAX`] kept.
 #[derive(Default)]
-struct Findings {
-    differences: Vec<AuditDifference>,
-    total: i64,
+pub(crate) struct Findings {
+    pub(crate) differences: Vec<AuditDifference>,
+    pub(crate) total: i64,
 }
 
 impl Findings {
-    fn note(&mut self, difference: AuditDifference) {
+    pub(crate) fn note(&mut self, difference: AuditDifference) {
         self.total += 1;
         if self.differences.len() < AUDIT_DIFFERENCES_REPORTED_MAX {
             self.differences.push(difference);
@@ -918,26 +915,18 @@ impl Findings {
 
 /// Every stock row's counters against its ledger and its open reservations; returns
 /// the rows checked.
-async fn audit_stock_rows(
-    transaction: &mut Tx,
+pub(crate) async fn audit_stock_rows<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
     // Counters against the ledger, and `reserved` against open reservations: the
     // database sums both per stock row and the rows are streamed, so the audit's
     // memory does not grow with the catalog either.
     let mut stock_rows_checked = 0_i64;
-    let mut stock_rows =
-        sqlx::query_as::<_, (String, String, i64, i64, i64, i64, i64)>(AUDIT_STOCK_ROWS)
-            .fetch(&mut **transaction);
-    while let Some((
-        sku,
-        warehouse,
-        available,
-        reserved,
-        ledger_available,
-        ledger_reserved,
-        open,
-    )) = stock_rows.try_next().await?
+    let mut stock_rows = statement(AUDIT_STOCK_ROWS)
+        .fetch_as::<(String, String, i64, i64, i64, i64, i64)>(&mut *transaction);
+    while let Some((sku, warehouse, available, reserved, ledger_available, ledger_reserved, open)) =
+        stock_rows.try_next().await?
     {
         stock_rows_checked += 1;
         let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
@@ -964,12 +953,12 @@ async fn audit_stock_rows(
 }
 
 /// Stock rows that ledger rows or open reservations name but that do not exist.
-async fn audit_missing_stock_rows(
-    transaction: &mut Tx,
+pub(crate) async fn audit_missing_stock_rows<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {
-    let mut missing_rows = sqlx::query_as::<_, (String, String)>(AUDIT_MISSING_STOCK_ROWS)
-        .fetch(&mut **transaction);
+    let mut missing_rows =
+        statement(AUDIT_MISSING_STOCK_ROWS).fetch_as::<(String, String)>(&mut *transaction);
     while let Some((sku, warehouse)) = missing_rows.try_next().await? {
         findings.note(AuditDifference {
             check: "stock_row_missing",
@@ -987,8 +976,8 @@ async fn audit_missing_stock_rows(
 }
 
 /// Every reservation line against its ledger rows; returns the lines checked.
-async fn audit_reservation_lines(
-    transaction: &mut Tx,
+pub(crate) async fn audit_reservation_lines<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
     // Every reservation line against the ledger rows that reference it: a hold
@@ -1001,10 +990,9 @@ async fn audit_reservation_lines(
     // tables get (collected, they took a SQLite server's peak from 83 to 171 MB after
     // 250,000 reservations).
     let mut reservation_lines_checked = 0_i64;
-    let mut lines = sqlx::query_as::<_, (String, String, String, String, i64, i64, i64)>(
-        dialect::AUDIT_RESERVATION_LINES,
-    )
-    .fetch(&mut **transaction);
+    let mut lines =
+        statement(C::AUDIT_RESERVATION_LINES)
+            .fetch_as::<(String, String, String, String, i64, i64, i64)>(&mut *transaction);
     while let Some((id, status, sku, warehouse, quantity, net_available, net_reserved)) =
         lines.try_next().await?
     {
@@ -1045,19 +1033,19 @@ async fn audit_reservation_lines(
 }
 
 /// Ledger rows of reservation kinds that reference no reservation line.
-async fn audit_orphan_ledger_rows(
-    transaction: &mut Tx,
+pub(crate) async fn audit_orphan_ledger_rows<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {
     // Ledger rows of reservation kinds must reference a reservation line.
-    let mut orphans = sqlx::query_as::<_, (i64, String, String, String)>(
+    let mut orphans = statement(
         "SELECT ledger.id, ledger.sku, ledger.warehouse, ledger.reference FROM stock_ledger ledger \
          LEFT JOIN reservation_line line ON line.reservation_id = ledger.reference \
          AND line.sku = ledger.sku AND line.warehouse = ledger.warehouse \
          WHERE ledger.kind IN ('reserve', 'confirm', 'release') AND line.reservation_id IS NULL \
          ORDER BY ledger.id",
     )
-    .fetch(&mut **transaction);
+    .fetch_as::<(i64, String, String, String)>(&mut *transaction);
     while let Some((_, sku, warehouse, reference)) = orphans.try_next().await? {
         findings.note(AuditDifference {
             check: "orphan_ledger_row",
@@ -1074,15 +1062,15 @@ async fn audit_orphan_ledger_rows(
 }
 
 /// Every order against its reservation and its payments; returns the orders checked.
-async fn audit_orders(
-    transaction: &mut Tx,
+pub(crate) async fn audit_orders<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
     // Every order against its reservation and its payment: the third leg of the
     // three-way check. A paid order holds sold stock and a succeeded payment; an
     // order that gave its stock back holds a released reservation; and so on.
     let mut orders_checked = 0_i64;
-    let mut orders = sqlx::query_as::<_, (String, String, String, String, Option<String>)>(
+    let mut orders = statement(
         // An order's payment is what its attempts add up to: succeeded if one did,
         // else running if one runs, else failed if any was made.
         "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
@@ -1092,7 +1080,7 @@ async fn audit_orders(
              FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id \
          ORDER BY customer_order.id",
     )
-    .fetch(&mut **transaction);
+    .fetch_as::<(String, String, String, String, Option<String>)>(&mut *transaction);
     while let Some((id, shop, order_status, reservation_status, attempt_status)) =
         orders.try_next().await?
     {
@@ -1100,11 +1088,12 @@ async fn audit_orders(
         let agrees = match (
             OrderStatus::parse(&order_status),
             ReservationStatus::parse(&reservation_status),
-            attempt_status.as_deref().map(AttemptStatus::parse).transpose(),
+            attempt_status
+                .as_deref()
+                .map(AttemptStatus::parse)
+                .transpose(),
         ) {
-            (Ok(order), Ok(reservation), Ok(payment)) => {
-                order.agrees_with(reservation, payment)
-            }
+            (Ok(order), Ok(reservation), Ok(payment)) => order.agrees_with(reservation, payment),
             // A status no table knows is a hand edit: a difference.
             _ => false,
         };
@@ -1128,16 +1117,16 @@ async fn audit_orders(
 }
 
 /// Every return against what its order sold.
-async fn audit_returns(
-    transaction: &mut Tx,
+pub(crate) async fn audit_returns<C: Connection>(
+    transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {
     // Returned goods against what their order sold: a return puts back only units
     // that left stock (a confirmed reservation), at most as many as were sold. A
     // `return` row for anything else would make counters and ledger agree on stock
     // created from nothing.
-    let mut returns = sqlx::query_as::<_, (String, String, String, i64, i64)>(AUDIT_RETURNS)
-        .fetch(&mut **transaction);
+    let mut returns =
+        statement(AUDIT_RETURNS).fetch_as::<(String, String, String, i64, i64)>(&mut *transaction);
     while let Some((order, sku, warehouse, returned, sold)) = returns.try_next().await? {
         if returned > sold {
             findings.note(AuditDifference {
@@ -1155,26 +1144,27 @@ async fn audit_returns(
     Ok(())
 }
 
-impl BackendStore {
+impl<B: Backend> Units<B> {
     /// Applies every migration this binary knows and the database lacks, each in its
     /// own transaction, serialized across processes.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         let mut applied_now = Vec::new();
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS schema_migration (\
-             version BIGINT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-        )
-        .execute(self.write_pool())
-        .await?;
-        for (version, name, sql) in dialect::MIGRATIONS {
+        self.write_connection()
+            .await?
+            .execute_script(
+                "CREATE TABLE IF NOT EXISTS schema_migration (\
+                 version BIGINT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+            )
+            .await?;
+        for (version, name, sql) in <B::Connection as Dialect>::MIGRATIONS {
             let mut transaction = self.begin_write().await?;
-            if let Some(lock) = dialect::MIGRATION_LOCK {
-                sqlx::query(lock).execute(&mut *transaction).await?;
+            if let Some(lock) = <B::Connection as Dialect>::MIGRATION_LOCK {
+                statement(lock).execute(&mut *transaction).await?;
             }
             let applied: Option<String> =
-                sqlx::query_scalar("SELECT name FROM schema_migration WHERE version = $1")
+                statement("SELECT name FROM schema_migration WHERE version = $1")
                     .bind(version)
-                    .fetch_optional(&mut *transaction)
+                    .fetch_optional_scalar(&mut *transaction)
                     .await?;
             match applied {
                 Some(applied_name) if applied_name == *name => continue,
@@ -1185,8 +1175,8 @@ impl BackendStore {
                 }
                 None => {}
             }
-            sqlx::raw_sql(*sql).execute(&mut *transaction).await?;
-            sqlx::query(
+            transaction.execute_script(sql).await?;
+            statement(
                 "INSERT INTO schema_migration (version, name, applied_at) VALUES ($1, $2, $3)",
             )
             .bind(version)
@@ -1197,14 +1187,13 @@ impl BackendStore {
             transaction.commit().await?;
             applied_now.push(*version);
         }
-        let newest_known = dialect::MIGRATIONS
+        let newest_known = <B::Connection as Dialect>::MIGRATIONS
             .last()
             .map(|(version, _, _)| *version)
             .unwrap_or(0);
-        let newest_applied: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(version) FROM schema_migration")
-                .fetch_one(self.write_pool())
-                .await?;
+        let newest_applied: Option<i64> = statement("SELECT MAX(version) FROM schema_migration")
+            .fetch_one_scalar(&mut *self.write_connection().await?)
+            .await?;
         if newest_applied.unwrap_or(0) > newest_known {
             return Err(invariant(format!(
                 "the database has migration {} but this stockd knows only up to {newest_known}; run a newer stockd",
@@ -1216,28 +1205,30 @@ impl BackendStore {
 
     /// The database engine and its version, for release evidence.
     pub async fn database_version(&self) -> Result<String, StoreError> {
-        let version: String = sqlx::query_scalar(dialect::VERSION_QUERY)
-            .fetch_one(self.read_pool())
+        let version: String = statement(<B::Connection as Dialect>::VERSION_QUERY)
+            .fetch_one_scalar(&mut *self.read_connection().await?)
             .await?;
         Ok(version)
     }
 
     /// One round trip to the database: readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(self.read_pool()).await?;
+        statement("SELECT 1")
+            .execute(&mut *self.read_connection().await?)
+            .await?;
         Ok(())
     }
 
     pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let sku = load_sku(&mut transaction, code).await;
+        let sku = load_sku(&mut *transaction, code).await;
         transaction.rollback().await?;
         sku
     }
 
     pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
         let mut transaction = self.begin_read().await?;
-        let reservation = load_reservation(&mut transaction, id).await;
+        let reservation = load_reservation(&mut *transaction, id).await;
         transaction.rollback().await?;
         reservation
     }
@@ -1252,23 +1243,26 @@ impl BackendStore {
         now: Timestamp,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        complete_claim(&mut transaction, claim, response).await?;
+        complete_claim(&mut *transaction, claim, response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response.clone()))
     }
 
     /// The shops of these SKUs (the ones that exist), read on the writer: the engine
     /// caches them for good, so a stale replica must not answer.
-    pub async fn sku_shops(&self, codes: &[&SkuCode]) -> Result<HashMap<SkuCode, ShopCode>, StoreError> {
+    pub async fn sku_shops(
+        &self,
+        codes: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, ShopCode>, StoreError> {
         let mut shops = HashMap::with_capacity(codes.len());
         for code in codes {
-            let shop: Option<String> = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+            let shop: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
                 .bind(code.as_str())
-                .fetch_optional(self.write_pool())
+                .fetch_optional_scalar(&mut *self.write_connection().await?)
                 .await?;
             if let Some(shop) = shop {
                 shops.insert(
@@ -1285,11 +1279,11 @@ impl BackendStore {
         &self,
         key: &ScopedKey,
     ) -> Result<Option<(String, StoredResponse)>, StoreError> {
-        let row = sqlx::query(
+        let row = statement(
             "SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1",
         )
         .bind(key.as_str())
-        .fetch_optional(self.read_pool())
+        .fetch_optional_row(&mut *self.read_connection().await?)
         .await?;
         let Some(row) = row else { return Ok(None) };
         let status_code: i64 = row.try_get("status_code")?;
@@ -1313,15 +1307,12 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let shop = changes
-            .shop
-            .clone()
-            .unwrap_or_else(ShopCode::default_shop);
-        let inserted = sqlx::query(
+        let shop = changes.shop.clone().unwrap_or_else(ShopCode::default_shop);
+        let inserted = statement(
             "INSERT INTO sku (code, shop, title, price_minor, currency, low_stock_threshold, \
              per_user_limit, sale_status, version, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'ON_SHELF', 1, $8, $8) ON CONFLICT (code) DO NOTHING",
@@ -1336,11 +1327,11 @@ impl BackendStore {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        let created = inserted.rows_affected() == 1;
+        let created = inserted == 1;
         if !created {
-            let existing_shop: String = sqlx::query_scalar("SELECT shop FROM sku WHERE code = $1")
+            let existing_shop: String = statement("SELECT shop FROM sku WHERE code = $1")
                 .bind(code.as_str())
-                .fetch_one(&mut *transaction)
+                .fetch_one_scalar(&mut *transaction)
                 .await?;
             if let Some(wanted) = &changes.shop
                 && wanted.as_str() != existing_shop
@@ -1351,16 +1342,16 @@ impl BackendStore {
                         "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
                     ),
                 ));
-                complete_claim(&mut transaction, claim, &response).await?;
+                complete_claim(&mut *transaction, claim, &response).await?;
                 transaction.commit().await?;
                 return Ok(Idempotent::Executed(response));
             }
             if changes.per_user_limit.is_some() {
                 // A reservation reads the limit after locking these rows (like the sale
                 // status), so a new limit cannot slip past one that commits after it.
-                dialect::lock_stock_of_skus(&mut transaction, &[code]).await?;
+                transaction.lock_stock_of_skus(&[code]).await?;
             }
-            let updated = sqlx::query(
+            let updated = statement(
                 "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
                  currency = COALESCE($4, currency), \
                  low_stock_threshold = COALESCE($5, low_stock_threshold), \
@@ -1377,13 +1368,13 @@ impl BackendStore {
             .bind(now.unix_milliseconds())
             .execute(&mut *transaction)
             .await?;
-            expect_one_row(updated.rows_affected(), "updating a sku")?;
+            expect_one_row(updated, "updating a sku")?;
         }
-        let sku = load_sku(&mut transaction, code)
+        let sku = load_sku(&mut *transaction, code)
             .await?
             .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
         let response = renderer.sku_saved(&sku, created);
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1397,15 +1388,15 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let outcome = apply_movement(&mut transaction, movement, now).await?;
+        let outcome = apply_movement(&mut *transaction, movement, now).await?;
         let response = match outcome {
             Ok(record) => {
                 insert_ledger_row(
-                    &mut transaction,
+                    &mut *transaction,
                     LedgerEntry {
                         sku: &movement.sku,
                         warehouse: &movement.warehouse,
@@ -1422,7 +1413,7 @@ impl BackendStore {
             }
             Err(rejection) => renderer.rejected(&rejection),
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1486,7 +1477,7 @@ impl BackendStore {
             !matches!(slot, BatchSlot::Claimed)
                 || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
         });
-        if bulk::WHOLE_BATCH_FAST_PATH && fast_path_fits {
+        if <B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH && fast_path_fits {
             let claimed: Vec<&ReserveRequest> = requests
                 .iter()
                 .zip(&slots)
@@ -1508,9 +1499,10 @@ impl BackendStore {
                 .collect();
             let totals =
                 totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
-            let whole =
-                bulk::reserve_whole_batch(self.write_pool(), &totals, &accepted, &records, now)
-                    .await?;
+            let whole = self
+                .backend
+                .reserve_whole_batch(&totals, &accepted, &records, now)
+                .await?;
             if whole == WholeBatch::Applied {
                 turn.pass();
                 return Ok(BatchApplied {
@@ -1533,7 +1525,7 @@ impl BackendStore {
         turn.wait().await;
         let mut transaction = self.begin_write().await?;
         let keys: Vec<&str> = first_of_key.keys().copied().collect();
-        let existing = bulk::existing_records(&mut transaction, &keys).await?;
+        let existing = transaction.existing_records(&keys).await?;
         for (index, request) in requests.iter().enumerate() {
             if let (BatchSlot::Claimed, Some((fingerprint, response))) =
                 (&slots[index], existing.get(request.claim.key.as_str()))
@@ -1562,12 +1554,12 @@ impl BackendStore {
             .collect();
         wanted_rows.sort();
         wanted_rows.dedup();
-        let locked = bulk::lock_stock_rows(&mut transaction, &wanted_rows).await;
+        let locked = transaction.lock_stock_rows(&wanted_rows).await;
         turn.pass();
         let (available, skus) = locked?;
-        let skus = with_unlisted_skus(&mut transaction, &wanted_rows, skus).await?;
+        let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
         let tallies = lock_tallies(
-            &mut transaction,
+            &mut *transaction,
             claimed.iter().map(|index| &requests[*index]),
             &skus,
             self.limits().open_holds_max,
@@ -1600,9 +1592,11 @@ impl BackendStore {
                 Ok(shop) => {
                     let request = &requests[*index];
                     if !matches!(request.shop, ShopScope::Verified(_)) {
-                        responses[*index] = Some(renderer.reservation_created(
-                            &new_reservation(request, Some(shop), now),
-                        ));
+                        responses[*index] = Some(renderer.reservation_created(&new_reservation(
+                            request,
+                            Some(shop),
+                            now,
+                        )));
                     }
                     accepted.push((request, shop));
                 }
@@ -1617,8 +1611,9 @@ impl BackendStore {
                     .map(|response| (&requests[*index].claim, response))
             })
             .collect();
-        let written =
-            bulk::write_batch(&mut transaction, &plan.totals, &accepted, &records, now).await?;
+        let written = transaction
+            .write_batch(&plan.totals, &accepted, &records, now)
+            .await?;
         if written.rows_taken != plan.totals.len() as u64 {
             return Err(invariant(format!(
                 "reserving batch totals changed {} of {} locked rows",
@@ -1635,7 +1630,7 @@ impl BackendStore {
             )));
         }
         add_to_tallies(
-            &mut transaction,
+            &mut *transaction,
             &plan.holds_added,
             &plan.purchases_added,
             self.limits().open_holds_max,
@@ -1659,13 +1654,13 @@ impl BackendStore {
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
-        if let Some(answer) = claim_or_answer(&mut transaction, claim, now).await? {
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
             transaction.rollback().await?;
             return Ok(answer);
         }
         let reason = ReleaseReason::Requested;
         let outcome = settle_reservations(
-            &mut transaction,
+            &mut *transaction,
             &[Move { id, action, reason }],
             Mover::Client,
             now,
@@ -1675,7 +1670,7 @@ impl BackendStore {
         let response = match outcome {
             Ok(()) => {
                 let reservation =
-                    load_reservation(&mut transaction, id)
+                    load_reservation(&mut *transaction, id)
                         .await?
                         .ok_or_else(|| {
                             invariant("a reservation vanished inside its own transaction")
@@ -1684,7 +1679,7 @@ impl BackendStore {
             }
             Err(rejection) => renderer.rejected(&rejection),
         };
-        complete_claim(&mut transaction, claim, &response).await?;
+        complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
     }
@@ -1697,10 +1692,10 @@ impl BackendStore {
         limit: i64,
     ) -> Result<ExpiryOutcome, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let ids: Vec<String> = sqlx::query_scalar(dialect::CLAIM_EXPIRED_RESERVATIONS)
+        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS)
             .bind(now.unix_milliseconds())
             .bind(limit)
-            .fetch_all(&mut *transaction)
+            .fetch_all_scalar(&mut *transaction)
             .await?;
         let ids = ids
             .iter()
@@ -1715,7 +1710,7 @@ impl BackendStore {
             })
             .collect();
         // Claimed rows are locked and `RESERVED` and held by no order: each moves.
-        let outcomes = settle_reservations(&mut transaction, &moves, Mover::Client, now).await?;
+        let outcomes = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await?;
         if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
             return Err(invariant(format!(
                 "a claimed expired reservation could not be released: {}",
@@ -1734,7 +1729,7 @@ impl BackendStore {
         limit: i64,
     ) -> Result<u64, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let deleted = sqlx::query(
+        let deleted = statement(
             "DELETE FROM idempotency_record WHERE key IN (\
              SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
         )
@@ -1743,7 +1738,7 @@ impl BackendStore {
         .execute(&mut *transaction)
         .await?;
         transaction.commit().await?;
-        Ok(deleted.rows_affected())
+        Ok(deleted)
     }
 
     /// Open holds and the expiry backlog, for the metrics endpoint (once per scrape).
@@ -1754,10 +1749,9 @@ impl BackendStore {
         &self,
         now: Timestamp,
     ) -> Result<ReservationGauges, StoreError> {
-        let reserved: i64 =
-            sqlx::query_scalar("SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED'")
-                .fetch_one(self.read_pool())
-                .await?;
+        let reserved: i64 = statement("SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED'")
+            .fetch_one_scalar(&mut *self.read_connection().await?)
+            .await?;
         Ok(ReservationGauges {
             reserved,
             expired_backlog: self.expiry_backlog(now).await?,
@@ -1767,13 +1761,13 @@ impl BackendStore {
     /// `RESERVED` reservations already past their expiry: read from the partial index
     /// the expiry worker uses, so it stays cheap however many reservations exist.
     pub async fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(
+        statement(
             "SELECT COUNT(*) FROM reservation \
              WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL",
         )
         .bind(now.unix_milliseconds())
-        .fetch_one(self.read_pool())
-        .await?)
+        .fetch_one_scalar(&mut *self.read_connection().await?)
+        .await
     }
 
     /// Replays the ledger and compares it with the counters and the reservations, on
@@ -1781,15 +1775,15 @@ impl BackendStore {
     pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
         let mut transaction = self.begin_snapshot().await?;
         let mut findings = Findings::default();
-        let stock_rows_checked = audit_stock_rows(&mut transaction, &mut findings).await?;
-        audit_missing_stock_rows(&mut transaction, &mut findings).await?;
+        let stock_rows_checked = audit_stock_rows(&mut *transaction, &mut findings).await?;
+        audit_missing_stock_rows(&mut *transaction, &mut findings).await?;
         let reservation_lines_checked =
-            audit_reservation_lines(&mut transaction, &mut findings).await?;
-        audit_orphan_ledger_rows(&mut transaction, &mut findings).await?;
-        let orders_checked = audit_orders(&mut transaction, &mut findings).await?;
-        audit_returns(&mut transaction, &mut findings).await?;
-        let ledger_rows_checked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM stock_ledger")
-            .fetch_one(&mut *transaction)
+            audit_reservation_lines(&mut *transaction, &mut findings).await?;
+        audit_orphan_ledger_rows(&mut *transaction, &mut findings).await?;
+        let orders_checked = audit_orders(&mut *transaction, &mut findings).await?;
+        audit_returns(&mut *transaction, &mut findings).await?;
+        let ledger_rows_checked: i64 = statement("SELECT COUNT(*) FROM stock_ledger")
+            .fetch_one_scalar(&mut *transaction)
             .await?;
         transaction.rollback().await?;
         Ok(AuditReport {
@@ -1807,7 +1801,7 @@ impl BackendStore {
     /// after a refused request to prove nothing changed; operators can diff two dumps.
     pub async fn contents(&self) -> Result<String, StoreError> {
         let mut text = String::new();
-        for (table, statement) in [
+        for (table, query) in [
             (
                 "sku",
                 "SELECT code, shop, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, \
@@ -1893,15 +1887,17 @@ impl BackendStore {
         ] {
             text.push_str(table);
             text.push('\n');
-            let rows = sqlx::query(statement).fetch_all(self.read_pool()).await?;
+            let rows = statement(query)
+                .fetch_all_rows(&mut *self.read_connection().await?)
+                .await?;
             for row in &rows {
                 let mut cells = Vec::new();
-                for index in 0..row.len() {
-                    let cell = match row.try_get::<i64, _>(index) {
-                        Ok(number) => number.to_string(),
-                        Err(_) => row.try_get::<String, _>(index)?,
-                    };
-                    cells.push(cell);
+                for cell in &row.cells {
+                    cells.push(match cell {
+                        Cell::Integer(number) => number.to_string(),
+                        Cell::Text(text) => text.clone(),
+                        Cell::Null => "NULL".to_owned(),
+                    });
                 }
                 text.push_str(&cells.join("|"));
                 text.push('\n');
@@ -1913,14 +1909,14 @@ impl BackendStore {
 
 /// Applies one movement's counter change. `Err` is a business refusal, stored as the
 /// response; nothing has been written when it is returned.
-async fn apply_movement(
-    transaction: &mut Tx,
+pub(crate) async fn apply_movement<C: Connection>(
+    transaction: &mut C,
     movement: &StockMovement,
     now: Timestamp,
 ) -> Result<Result<MovementRecord, Rejection>, StoreError> {
-    let sku_exists: Option<String> = sqlx::query_scalar("SELECT code FROM sku WHERE code = $1")
+    let sku_exists: Option<String> = statement("SELECT code FROM sku WHERE code = $1")
         .bind(movement.sku.as_str())
-        .fetch_optional(&mut **transaction)
+        .fetch_optional_scalar(&mut *transaction)
         .await?;
     if sku_exists.is_none() {
         return Ok(Err(Rejection::new(
@@ -1930,7 +1926,7 @@ async fn apply_movement(
     }
     let delta = movement.quantity.available_delta();
     let counters: Option<(i64, i64)> = if delta > 0 {
-        sqlx::query_as(
+        statement(
             "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
              VALUES ($1, $2, $3, 0, 1, $4) \
              ON CONFLICT (sku, warehouse) DO UPDATE SET available = stock.available + excluded.available, \
@@ -1943,10 +1939,10 @@ async fn apply_movement(
         .bind(delta)
         .bind(now.unix_milliseconds())
         .bind(STOCK_ON_HAND_MAX)
-        .fetch_optional(&mut **transaction)
+        .fetch_optional_as(&mut *transaction)
         .await?
     } else {
-        sqlx::query_as(
+        statement(
             "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
              WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0 \
              RETURNING available, reserved",
@@ -1955,7 +1951,7 @@ async fn apply_movement(
         .bind(movement.warehouse.as_str())
         .bind(delta)
         .bind(now.unix_milliseconds())
-        .fetch_optional(&mut **transaction)
+        .fetch_optional_as(&mut *transaction)
         .await?
     };
     let Some((available, reserved)) = counters else {
@@ -1992,8 +1988,8 @@ async fn apply_movement(
 
 /// Moves the reservation an order holds out of `RESERVED` and settles it (see
 /// [`settle_reservations`]). `Err` is a business refusal; nothing was written.
-async fn settle_order_reservation(
-    transaction: &mut Tx,
+pub(crate) async fn settle_order_reservation<C: Connection>(
+    transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,
     action: ReservationAction,
@@ -2013,10 +2009,9 @@ async fn settle_order_reservation(
 }
 
 /// The wall clock, only for bookkeeping columns no rule reads (`applied_at`).
-fn wall_clock_milliseconds() -> i64 {
+pub(crate) fn wall_clock_milliseconds() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
-

@@ -4,171 +4,35 @@
 //! workers claim distinct rows, and every connection carries a `lock_timeout` so a lock
 //! wait is bounded. Commits are durable (`synchronous_commit` is left at `on`).
 
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres};
+use domain::{ShopCode, SkuCode, Timestamp};
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgConnection, PgPool, Postgres, Row as _, TypeInfo, ValueRef};
 
-use crate::StoreConfig;
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
+use crate::{StoreConfig, StoreLimits};
 
-type Db = Postgres;
-type BackendStore = PostgresStore;
-
+/// The PostgreSQL database: one pool, shared by every unit of work.
 #[derive(Debug, Clone)]
-pub struct PostgresStore {
+pub struct PostgresBackend {
     pool: PgPool,
-    limits: crate::StoreLimits,
+    limits: StoreLimits,
 }
 
-mod dialect {
-    pub const SELECT_RESERVATION_FOR_UPDATE: &str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
-    /// Tallies are locked after the stock rows, in key order, by every writer.
-    pub const SELECT_SHOPPER_HOLD_FOR_UPDATE: &str =
-        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
-    pub const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &str = "SELECT quantity FROM shopper_purchase \
-         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
-    /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
-    pub const CLAIM_EXPIRED_RESERVATIONS: &str = "SELECT id FROM reservation \
-         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
-         ORDER BY expires_at, id LIMIT $2 \
-         FOR UPDATE SKIP LOCKED";
-    /// The audit's join of every reservation line with its ledger rows.
-    pub const AUDIT_RESERVATION_LINES: &str = "SELECT reservation.id, reservation.status, \
-         line.sku, line.warehouse, line.quantity, \
-         COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
-         COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
-         FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
-         LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
-         AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
-         GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
-         ORDER BY reservation.id, line.sku, line.warehouse";
-    pub const VERSION_QUERY: &str = "SELECT version()";
-    /// Serializes migrations of one schema across processes; released at commit.
-    pub const MIGRATION_LOCK: Option<&str> =
-        Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
-    /// Serializes shelf batches of one shop across processes, until the commit: two
-    /// overlapping batches never interleave.
-    pub async fn lock_shop(
-        transaction: &mut super::Tx,
-        shop: &domain::ShopCode,
-    ) -> Result<(), crate::StoreError> {
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('stockd_shelf:' || $1))")
-            .bind(shop.as_str())
-            .execute(&mut **transaction)
-            .await?;
-        Ok(())
-    }
-
-    /// Locks every stock row of these SKUs in the order reservations lock them, so a
-    /// sale-status change and a reservation of the same SKU serialize.
-    pub async fn lock_stock_of_skus(
-        transaction: &mut super::Tx,
-        skus: &[&domain::SkuCode],
-    ) -> Result<(), crate::StoreError> {
-        let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
-        sqlx::query(
-            "SELECT 1 FROM stock WHERE sku = ANY($1) \
-             ORDER BY sku COLLATE \"C\", warehouse COLLATE \"C\" FOR UPDATE",
-        )
-        .bind(codes)
-        .persistent(false)
-        .execute(&mut **transaction)
-        .await?;
-        Ok(())
-    }
-
-    /// `SKIP LOCKED`: a schedule another process is applying is left to it.
-    pub const CLAIM_DUE_SCHEDULES: &str = "SELECT id, sku, operation, remark FROM shelf_schedule \
-         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-
-    pub const SELECT_ORDER_FOR_UPDATE: &str =
-        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
-    pub const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &str =
-        "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
-    /// Orders past their hold that still hold their stock: unpaid, or declined.
-    pub const CLAIM_EXPIRED_ORDERS: &str = "SELECT customer_order.id FROM customer_order \
-         JOIN reservation ON reservation.id = customer_order.reservation_id \
-         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
-         AND reservation.status = 'RESERVED' \
-         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE OF customer_order SKIP LOCKED";
-    pub const CLAIM_ATTEMPTS_TO_RECONCILE: &str = "SELECT id FROM payment_attempt \
-         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-    pub const CLAIM_REFUNDS: &str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
-         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-    pub const MIGRATIONS: &[(i64, &str, &str)] = &[
-        (
-            1,
-            "reservation_core",
-            include_str!("../migrations/postgres/0001_reservation_core.sql"),
-        ),
-        (
-            2,
-            "ledger_reference_index",
-            include_str!("../migrations/postgres/0002_ledger_reference_index.sql"),
-        ),
-        (
-            3,
-            "reservation_line_key",
-            include_str!("../migrations/postgres/0003_reservation_line_key.sql"),
-        ),
-        (
-            4,
-            "catalog",
-            include_str!("../migrations/postgres/0004_catalog.sql"),
-        ),
-        (
-            5,
-            "orders",
-            include_str!("../migrations/postgres/0005_orders.sql"),
-        ),
-        (
-            6,
-            "reservation_batch_functions",
-            include_str!("../migrations/postgres/0006_reservation_batch_functions.sql"),
-        ),
-        (
-            7,
-            "reservation_batch_plans",
-            include_str!("../migrations/postgres/0007_reservation_batch_plans.sql"),
-        ),
-        (
-            8,
-            "reservation_batch_index_plans",
-            include_str!("../migrations/postgres/0008_reservation_batch_index_plans.sql"),
-        ),
-        (
-            9,
-            "trust",
-            include_str!("../migrations/postgres/0009_trust.sql"),
-        ),
-        (
-            10,
-            "refusals",
-            include_str!("../migrations/postgres/0010_refusals.sql"),
-        ),
-        (
-            11,
-            "payment_attempts",
-            include_str!("../migrations/postgres/0011_payment_attempts.sql"),
-        ),
-        (
-            12,
-            "refund_per_attempt",
-            include_str!("../migrations/postgres/0012_refund_per_attempt.sql"),
-        ),
-        (
-            13,
-            "attempt_request_key",
-            include_str!("../migrations/postgres/0013_attempt_request_key.sql"),
-        ),
-    ];
-}
-
-impl PostgresStore {
-    pub async fn connect(config: &StoreConfig) -> Result<PostgresStore, crate::StoreError> {
+impl PostgresBackend {
+    pub async fn connect(config: &StoreConfig) -> Result<PostgresBackend, StoreError> {
         let mut options = PgConnectOptions::from_str(&config.database_url)
-            .map_err(|error| crate::StoreError::Unavailable(error.to_string()))?;
+            .map_err(|error| StoreError::Unavailable(error.to_string()))?;
         let lock_timeout = format!("{}ms", config.lock_timeout_milliseconds);
         let statement_timeout = format!("{}ms", config.statement_timeout_milliseconds);
         options = options.options([
@@ -184,50 +48,310 @@ impl PostgresStore {
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
             .connect_with(options)
             .await?;
-        Ok(PostgresStore {
+        Ok(PostgresBackend {
             pool,
             limits: config.limits,
         })
     }
+}
 
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, Postgres>, crate::StoreError> {
+impl Backend for PostgresBackend {
+    type Connection = PgConnection;
+    type Transaction = sqlx::Transaction<'static, Postgres>;
+    type Pooled = PoolConnection<Postgres>;
+
+    const NAME: &'static str = "postgres";
+
+    async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
         Ok(self.pool.begin().await?)
     }
 
-    async fn begin_read(&self) -> Result<sqlx::Transaction<'static, Postgres>, crate::StoreError> {
+    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
         Ok(self.pool.begin().await?)
     }
 
     /// The audit compares several tables, so it reads them from one snapshot.
-    async fn begin_snapshot(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, Postgres>, crate::StoreError> {
+    async fn begin_snapshot(&self) -> Result<Self::Transaction, StoreError> {
         Ok(self
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?)
     }
 
-    fn read_pool(&self) -> &PgPool {
-        &self.pool
+    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
+        Ok(self.pool.acquire().await?)
     }
 
-    fn write_pool(&self) -> &PgPool {
-        &self.pool
+    async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
+        Ok(self.pool.acquire().await?)
     }
 
-    fn limits(&self) -> &crate::StoreLimits {
+    fn limits(&self) -> &StoreLimits {
         &self.limits
     }
 
-    pub async fn close(&self) {
+    async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn reserve_whole_batch(
+        &self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<WholeBatch, StoreError> {
+        bulk::reserve_whole_batch(&self.pool, totals, accepted, records, now).await
     }
 }
 
-include!("shared.rs");
-include!("shared_catalog.rs");
-include!("shared_orders.rs");
+impl Finish for sqlx::Transaction<'static, Postgres> {
+    async fn commit(self) -> Result<(), StoreError> {
+        Ok(sqlx::Transaction::commit(self).await?)
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        Ok(sqlx::Transaction::rollback(self).await?)
+    }
+}
+
+/// A statement as an sqlx query: PostgreSQL's own `$1`, `$2`, … placeholders, and
+/// every value typed (an integer NULL is an `int8` NULL).
+fn query_of(statement: Statement<'_>) -> sqlx::query::Query<'static, Postgres, PgArguments> {
+    let mut query = sqlx::query(text_of(statement.text));
+    for value in statement.values {
+        query = match value {
+            Value::Integer(value) => query.bind(value),
+            Value::Text(value) => query.bind(value.map(|text| text.into_owned())),
+        };
+    }
+    query
+}
+
+/// PostgreSQL types every column: integers of any width, text of any kind.
+fn cell(row: &PgRow, position: usize) -> Result<Cell, StoreError> {
+    let value = row.try_get_raw(position)?;
+    if value.is_null() {
+        return Ok(Cell::Null);
+    }
+    let kind = value.type_info().name().to_owned();
+    match kind.as_str() {
+        "INT8" => Ok(Cell::Integer(row.try_get::<i64, _>(position)?)),
+        "INT4" => Ok(Cell::Integer(i64::from(row.try_get::<i32, _>(position)?))),
+        "INT2" => Ok(Cell::Integer(i64::from(row.try_get::<i16, _>(position)?))),
+        "BOOL" => Ok(Cell::Integer(i64::from(row.try_get::<bool, _>(position)?))),
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => Ok(Cell::Text(row.try_get(position)?)),
+        other => Err(StoreError::Database(format!("a column of type {other}"))),
+    }
+}
+
+impl Connection for PgConnection {
+    async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
+        Ok(query_of(statement)
+            .execute(&mut *self)
+            .await?
+            .rows_affected())
+    }
+
+    async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
+        rows_of(query_of(statement).fetch_all(&mut *self).await?, cell)
+    }
+
+    async fn fetch_optional<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> Result<Option<Row>, StoreError> {
+        let found = query_of(statement).fetch_optional(&mut *self).await?;
+        Ok(rows_of(found.into_iter().collect(), cell)?.pop())
+    }
+
+    fn fetch_stream<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> BoxStream<'a, Result<Row, StoreError>> {
+        let rows = query_of(statement)
+            .fetch(self)
+            .map_err(StoreError::from)
+            .boxed();
+        stream_of(rows, cell)
+    }
+
+    async fn execute_script(&mut self, script: &'static str) -> Result<(), StoreError> {
+        sqlx::raw_sql(script).execute(&mut *self).await?;
+        Ok(())
+    }
+}
+
+/// Row locks (`FOR UPDATE`) order concurrent writers and `SKIP LOCKED` lets several
+/// workers claim distinct rows; a reservation batch's rows travel as arrays.
+impl Dialect for PgConnection {
+    const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
+    /// Tallies are locked after the stock rows, in key order, by every writer.
+    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
+        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
+    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str = "SELECT quantity FROM shopper_purchase \
+         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
+    /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         ORDER BY expires_at, id LIMIT $2 \
+         FOR UPDATE SKIP LOCKED";
+    /// The audit's join of every reservation line with its ledger rows.
+    const AUDIT_RESERVATION_LINES: &'static str = "SELECT reservation.id, reservation.status, \
+         line.sku, line.warehouse, line.quantity, \
+         COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
+         COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
+         FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
+         LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
+         AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
+         GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
+         ORDER BY reservation.id, line.sku, line.warehouse";
+    const VERSION_QUERY: &'static str = "SELECT version()";
+    /// Serializes migrations of one schema across processes; released at commit.
+    const MIGRATION_LOCK: Option<&'static str> =
+        Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
+    /// `SKIP LOCKED`: a schedule another process is applying is left to it.
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+
+    const SELECT_ORDER_FOR_UPDATE: &'static str =
+        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
+    const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
+        "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
+    /// Orders past their hold that still hold their stock: unpaid, or declined.
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
+         AND reservation.status = 'RESERVED' \
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE OF customer_order SKIP LOCKED";
+    const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
+         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
+         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const MIGRATIONS: &'static [Migration] = &[
+        (
+            1,
+            "reservation_core",
+            include_str!("../../migrations/postgres/0001_reservation_core.sql"),
+        ),
+        (
+            2,
+            "ledger_reference_index",
+            include_str!("../../migrations/postgres/0002_ledger_reference_index.sql"),
+        ),
+        (
+            3,
+            "reservation_line_key",
+            include_str!("../../migrations/postgres/0003_reservation_line_key.sql"),
+        ),
+        (
+            4,
+            "catalog",
+            include_str!("../../migrations/postgres/0004_catalog.sql"),
+        ),
+        (
+            5,
+            "orders",
+            include_str!("../../migrations/postgres/0005_orders.sql"),
+        ),
+        (
+            6,
+            "reservation_batch_functions",
+            include_str!("../../migrations/postgres/0006_reservation_batch_functions.sql"),
+        ),
+        (
+            7,
+            "reservation_batch_plans",
+            include_str!("../../migrations/postgres/0007_reservation_batch_plans.sql"),
+        ),
+        (
+            8,
+            "reservation_batch_index_plans",
+            include_str!("../../migrations/postgres/0008_reservation_batch_index_plans.sql"),
+        ),
+        (
+            9,
+            "trust",
+            include_str!("../../migrations/postgres/0009_trust.sql"),
+        ),
+        (
+            10,
+            "refusals",
+            include_str!("../../migrations/postgres/0010_refusals.sql"),
+        ),
+        (
+            11,
+            "payment_attempts",
+            include_str!("../../migrations/postgres/0011_payment_attempts.sql"),
+        ),
+        (
+            12,
+            "refund_per_attempt",
+            include_str!("../../migrations/postgres/0012_refund_per_attempt.sql"),
+        ),
+        (
+            13,
+            "attempt_request_key",
+            include_str!("../../migrations/postgres/0013_attempt_request_key.sql"),
+        ),
+    ];
+    /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
+    /// transaction (begin, key lookup, lock, write, commit) on the hot row.
+    const WHOLE_BATCH_FAST_PATH: bool = true;
+
+    /// Serializes shelf batches of one shop across processes, until the commit: two
+    /// overlapping batches never interleave.
+    async fn lock_shop(&mut self, shop: &ShopCode) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('stockd_shelf:' || $1))")
+            .bind(shop.as_str())
+            .execute(&mut *self)
+            .await?;
+        Ok(())
+    }
+
+    /// Locks every stock row of these SKUs in the order reservations lock them, so a
+    /// sale-status change and a reservation of the same SKU serialize.
+    async fn lock_stock_of_skus(&mut self, skus: &[&SkuCode]) -> Result<(), StoreError> {
+        let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
+        sqlx::query(
+            "SELECT 1 FROM stock WHERE sku = ANY($1) \
+             ORDER BY sku COLLATE \"C\", warehouse COLLATE \"C\" FOR UPDATE",
+        )
+        .bind(codes)
+        .persistent(false)
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
+    async fn existing_records(&mut self, keys: &[&str]) -> Result<FoundRecords, StoreError> {
+        bulk::existing_records(self, keys).await
+    }
+
+    async fn lock_stock_rows(
+        &mut self,
+        wanted: &[StockKey],
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>), StoreError> {
+        bulk::lock_stock_rows(self, wanted).await
+    }
+
+    async fn sku_facts(
+        &mut self,
+        skus: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+        bulk::sku_facts(self, skus).await
+    }
+
+    async fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        bulk::write_batch(self, totals, accepted, records, now).await
+    }
+}
 
 /// The reservation batch's bulk statements: each passes its rows as arrays read with
 /// `UNNEST`, so a batch of any size costs the same few round trips.
@@ -253,7 +377,9 @@ mod bulk {
     use sqlx::error::BoxDynError;
     use sqlx::postgres::PgArguments;
 
-    use super::{Tx, corrupt};
+    use crate::units::shared::{corrupt, decode_sku_facts};
+
+    type Tx = sqlx::PgConnection;
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
     use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
@@ -268,7 +394,7 @@ mod bulk {
         )
         .bind(keys)
         .persistent(false)
-        .fetch_all(&mut **transaction)
+        .fetch_all(&mut *transaction)
         .await?;
         let mut records = HashMap::with_capacity(found.len());
         for row in &found {
@@ -323,7 +449,7 @@ mod bulk {
             sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(statement)
                 .bind(skus)
                 .bind(warehouses)
-                .fetch_all(&mut **transaction)
+                .fetch_all(&mut *transaction)
                 .await?;
         let mut available = BTreeMap::new();
         let mut facts = HashMap::new();
@@ -333,7 +459,7 @@ mod bulk {
                 WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
             facts.insert(
                 sku.clone(),
-                super::decode_sku_facts(&status, &shop, per_user_limit)?,
+                decode_sku_facts(&status, &shop, per_user_limit)?,
             );
             available.insert((sku, warehouse), count);
         }
@@ -353,13 +479,13 @@ mod bulk {
         )
         .bind(codes)
         .persistent(false)
-        .fetch_all(&mut **transaction)
+        .fetch_all(&mut *transaction)
         .await?;
         let mut facts = HashMap::with_capacity(found.len());
         for (code, status, shop, per_user_limit) in found {
             facts.insert(
                 SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                super::decode_sku_facts(&status, &shop, per_user_limit)?,
+                decode_sku_facts(&status, &shop, per_user_limit)?,
             );
         }
         Ok(facts)
@@ -511,7 +637,7 @@ mod bulk {
              $11, $12, $13, $14, $15, $16, $17, $18, $19) AS written",
             arguments,
         )
-        .fetch_one(&mut **transaction)
+        .fetch_one(&mut *transaction)
         .await
         .map_err(|error| {
             if is_unique_violation(&error) {
@@ -539,10 +665,6 @@ mod bulk {
         const UNIQUE_VIOLATION: &str = "23505";
         matches!(error, sqlx::Error::Database(database) if database.code().as_deref() == Some(UNIQUE_VIOLATION))
     }
-
-    /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
-    /// transaction (begin, key lookup, lock, write, commit) on the hot row.
-    pub const WHOLE_BATCH_FAST_PATH: bool = true;
 
     /// SQLSTATEs raised by `stockd_reserve_whole_batch` (migration 0006). Since
     /// migration 0007 a key committed by another process meanwhile surfaces as a

@@ -1,0 +1,163 @@
+//! What a backend must provide: the one named place where SQLite, PostgreSQL and
+//! MySQL/MariaDB differ. Units of work (`crate::units`) are written once against these
+//! traits; each backend implements them in `crate::backends::<name>`.
+//!
+//! - [`Backend`]: pools, how a transaction begins (SQLite's `BEGIN IMMEDIATE`,
+//!   PostgreSQL's snapshot for the audit), and the whole-batch fast path, which
+//!   runs outside any transaction.
+//! - [`Dialect`]: the statements whose text differs (row locks, `SKIP LOCKED`,
+//!   migrations, the engine's version), the locks some backends need and others get
+//!   for free (a shop's shelf batches, a SKU's stock rows), and how a reservation
+//!   batch's rows travel to the database (JSON on SQLite, arrays on PostgreSQL).
+//! - [`crate::sql::Connection`]: running a statement in the dialect (binding values,
+//!   spelling placeholders, classifying errors).
+//!
+//! Adding a fourth backend is adding a module under `backends/` that implements these
+//! three traits, its migrations under `migrations/<name>/`, and a variant of
+//! [`crate::Store`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::ops::DerefMut;
+
+use domain::{ShopCode, SkuCode, Timestamp};
+
+use crate::StoreLimits;
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::sql::Connection;
+
+/// One migration: its version, its name (checked against the database's record) and
+/// its SQL script.
+pub type Migration = (i64, &'static str, &'static str);
+
+/// An idempotency record found by key: its request fingerprint and, once its unit of
+/// work committed, its stored response.
+pub type FoundRecords = HashMap<String, (String, Option<StoredResponse>)>;
+
+/// Locked stock rows' available counts, and the facts of their SKUs.
+pub type LockedStock = (BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>);
+
+/// The statements and locks that differ between databases, implemented by each
+/// backend's connection type.
+pub trait Dialect {
+    /// A reservation's row, locked until the commit where the database has row locks.
+    const SELECT_RESERVATION_FOR_UPDATE: &'static str;
+    /// A shopper's open-holds tally, locked.
+    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str;
+    /// A shopper's purchases of one SKU, locked.
+    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str;
+    /// Open reservations past their hold, skipping those another worker holds.
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str;
+    /// The audit's join of every reservation line with its ledger rows.
+    const AUDIT_RESERVATION_LINES: &'static str;
+    /// Pending schedules that are due, skipping those another worker holds.
+    const CLAIM_DUE_SCHEDULES: &'static str;
+    /// An order's row, locked.
+    const SELECT_ORDER_FOR_UPDATE: &'static str;
+    /// A payment attempt's status, locked.
+    const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str;
+    /// Orders past their hold that still hold stock, skipping locked ones.
+    const CLAIM_EXPIRED_ORDERS: &'static str;
+    /// Payment attempts whose outcome is due to be asked about, skipping locked ones.
+    const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str;
+    /// Refunds due to be issued, skipping locked ones.
+    const CLAIM_REFUNDS: &'static str;
+    /// The engine's name and version.
+    const VERSION_QUERY: &'static str;
+    /// Taken at the start of each migration's transaction, when the database needs a
+    /// lock to serialize migrations across processes.
+    const MIGRATION_LOCK: Option<&'static str>;
+    /// The backend's migrations, in order.
+    const MIGRATIONS: &'static [Migration];
+    /// Whether a batch of reservations that all fit is written by one statement
+    /// outside any transaction ([`Backend::reserve_whole_batch`]).
+    const WHOLE_BATCH_FAST_PATH: bool;
+
+    /// Serializes shelf batches of one shop until the commit.
+    fn lock_shop(&mut self, shop: &ShopCode)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Locks every stock row of these SKUs in the global (sku, warehouse) order.
+    fn lock_stock_of_skus(
+        &mut self,
+        skus: &[&SkuCode],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The idempotency records of these keys.
+    fn existing_records(
+        &mut self,
+        keys: &[&str],
+    ) -> impl Future<Output = Result<FoundRecords, StoreError>> + Send;
+
+    /// Locks these stock rows in the global order; answers their available counts and
+    /// their SKUs' facts. A row that does not exist is absent from the answer.
+    fn lock_stock_rows(
+        &mut self,
+        wanted: &[StockKey],
+    ) -> impl Future<Output = Result<LockedStock, StoreError>> + Send;
+
+    /// The facts (sale status, shop, per-user limit) of these SKUs.
+    fn sku_facts(
+        &mut self,
+        skus: &[&SkuCode],
+    ) -> impl Future<Output = Result<HashMap<SkuCode, SkuFacts>, StoreError>> + Send;
+
+    /// Writes a decided reservation batch: the stock rows' conditional updates, the
+    /// reservations with their lines and ledger rows, and the idempotency records.
+    fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<BatchWritten, StoreError>> + Send;
+}
+
+/// A transaction's end: every backend's transaction commits or rolls back through
+/// this, so a unit of work never sees the driver's error type.
+pub trait Finish: Sized + Send {
+    fn commit(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn rollback(self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// A database reached through pools: where transactions and connections come from.
+pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// The driver's connection, which runs statements in the backend's dialect.
+    type Connection: Connection;
+    /// A transaction; dereferences to its connection.
+    type Transaction: DerefMut<Target = Self::Connection> + Finish;
+    /// A connection taken from a pool outside any transaction.
+    type Pooled: DerefMut<Target = Self::Connection> + Send;
+
+    /// The name `Store::backend_name` reports.
+    const NAME: &'static str;
+
+    /// A transaction that will write: holds the write lock from its first statement
+    /// where the database has a single writer.
+    fn begin_write(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+    /// A transaction that only reads.
+    fn begin_read(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+    /// A read-only transaction whose reads all see one snapshot (the audit's).
+    fn begin_snapshot(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+    /// A connection for display reads.
+    fn read_connection(&self) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
+    /// A connection of the writer, for reads that decide and statements outside a
+    /// transaction (migrations' bookkeeping).
+    fn write_connection(&self) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
+    fn limits(&self) -> &StoreLimits;
+    fn close(&self) -> impl Future<Output = ()> + Send;
+
+    /// The whole-batch fast path (see [`Dialect::WHOLE_BATCH_FAST_PATH`]): looks up the
+    /// keys, locks the rows and, when every request fits, writes and commits the batch
+    /// in one round trip. Anything else writes nothing and answers
+    /// [`WholeBatch::NotApplied`].
+    fn reserve_whole_batch(
+        &self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send;
+}

@@ -1,0 +1,7 @@
+//! One module per database stockd speaks. Each implements the traits of
+//! `crate::backend` for its sqlx types, and holds everything that differs between
+//! databases: connecting, beginning transactions, the statements whose text differs,
+//! row locks, how a reservation batch's rows travel, and its migrations' list.
+
+pub mod postgres;
+pub mod sqlite;

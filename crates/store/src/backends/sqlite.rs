@@ -1,0 +1,547 @@
+//! The embedded default: one SQLite file in WAL mode with `synchronous=FULL`.
+//!
+//! SQLite allows one writer at a time. Rather than let connections race for the write
+//! lock (and spin in SQLite's busy handler), all writes go through a pool of exactly one
+//! connection, so writers queue fairly inside the process, and every write transaction
+//! starts with `BEGIN IMMEDIATE` so it holds the lock from its first statement. Reads
+//! use a separate pool and see WAL snapshots without blocking the writer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use serde_json::json;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
+
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
+use crate::units::shared::{corrupt, decode_sku_facts};
+use crate::{StoreConfig, StoreLimits};
+
+/// The SQLite database: a pool of one writer and a pool of readers.
+#[derive(Debug, Clone)]
+pub struct SqliteBackend {
+    write: SqlitePool,
+    read: SqlitePool,
+    limits: StoreLimits,
+}
+
+impl SqliteBackend {
+    pub async fn connect(config: &StoreConfig) -> Result<SqliteBackend, StoreError> {
+        let options = SqliteConnectOptions::from_str(&config.database_url)
+            .map_err(|error| StoreError::Unavailable(error.to_string()))?;
+        if let Some(parent) = Path::new(options.get_filename()).parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent).map_err(|error| {
+                StoreError::Unavailable(format!(
+                    "cannot create directory {}: {error}",
+                    parent.display()
+                ))
+            })?;
+        }
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_millis(config.lock_timeout_milliseconds));
+        let acquire_timeout = Duration::from_millis(config.acquire_timeout_milliseconds);
+        let write = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(acquire_timeout)
+            .connect_with(options.clone())
+            .await?;
+        let read = SqlitePoolOptions::new()
+            .max_connections(config.pool_size.max(1))
+            .acquire_timeout(acquire_timeout)
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(SqliteBackend {
+            write,
+            read,
+            limits: config.limits,
+        })
+    }
+}
+
+impl Backend for SqliteBackend {
+    type Connection = SqliteConnection;
+    type Transaction = sqlx::Transaction<'static, Sqlite>;
+    type Pooled = PoolConnection<Sqlite>;
+
+    const NAME: &'static str = "sqlite";
+
+    async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
+        self.write
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(StoreError::from)
+    }
+
+    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
+        self.read.begin().await.map_err(StoreError::from)
+    }
+
+    /// A deferred read transaction sees one WAL snapshot from its first read on.
+    async fn begin_snapshot(&self) -> Result<Self::Transaction, StoreError> {
+        self.begin_read().await
+    }
+
+    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
+        self.read.acquire().await.map_err(StoreError::from)
+    }
+
+    async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
+        self.write.acquire().await.map_err(StoreError::from)
+    }
+
+    fn limits(&self) -> &StoreLimits {
+        &self.limits
+    }
+
+    async fn close(&self) {
+        self.write.close().await;
+        self.read.close().await;
+    }
+
+    /// SQLite runs in the process: a batch transaction has no round trips to save, so
+    /// there is no whole-batch fast path ([`Dialect::WHOLE_BATCH_FAST_PATH`] is off and
+    /// this is never called); writes nothing.
+    async fn reserve_whole_batch(
+        &self,
+        _totals: &BTreeMap<StockKey, i64>,
+        _accepted: &[(&ReserveRequest, &ShopCode)],
+        _records: &[(&IdempotencyClaim, &StoredResponse)],
+        _now: Timestamp,
+    ) -> Result<WholeBatch, StoreError> {
+        Ok(WholeBatch::NotApplied)
+    }
+}
+
+impl Finish for sqlx::Transaction<'static, Sqlite> {
+    async fn commit(self) -> Result<(), StoreError> {
+        sqlx::Transaction::commit(self)
+            .await
+            .map_err(StoreError::from)
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        sqlx::Transaction::rollback(self)
+            .await
+            .map_err(StoreError::from)
+    }
+}
+
+/// A statement as an sqlx query: SQLite binds `$1`, `$2`, … by number, as written.
+fn query_of(statement: Statement<'_>) -> sqlx::query::Query<'static, Sqlite, SqliteArguments> {
+    let mut query = sqlx::query(text_of(statement.text));
+    for value in statement.values {
+        query = match value {
+            Value::Integer(value) => query.bind(value),
+            Value::Text(value) => query.bind(value.map(|text| text.into_owned())),
+        };
+    }
+    query
+}
+
+/// SQLite is dynamically typed: each value says what it holds.
+fn cell(row: &SqliteRow, position: usize) -> Result<Cell, StoreError> {
+    let value = row.try_get_raw(position)?;
+    if value.is_null() {
+        return Ok(Cell::Null);
+    }
+    let kind = value.type_info().name().to_owned();
+    match kind.as_str() {
+        "INTEGER" | "BOOLEAN" => Ok(Cell::Integer(row.try_get(position)?)),
+        "TEXT" => Ok(Cell::Text(row.try_get(position)?)),
+        other => Err(StoreError::Database(format!("a column of type {other}"))),
+    }
+}
+
+impl Connection for SqliteConnection {
+    async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
+        let result = query_of(statement).execute(&mut *self).await?;
+        Ok(result.rows_affected())
+    }
+
+    async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
+        let found = query_of(statement).fetch_all(&mut *self).await?;
+        rows_of(found, cell)
+    }
+
+    async fn fetch_optional<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> Result<Option<Row>, StoreError> {
+        let found = query_of(statement).fetch_optional(&mut *self).await?;
+        Ok(rows_of(found.into_iter().collect(), cell)?.pop())
+    }
+
+    fn fetch_stream<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> BoxStream<'a, Result<Row, StoreError>> {
+        let rows = query_of(statement)
+            .fetch(self)
+            .map_err(StoreError::from)
+            .boxed();
+        stream_of(rows, cell)
+    }
+
+    async fn execute_script(&mut self, script: &'static str) -> Result<(), StoreError> {
+        sqlx::raw_sql(script).execute(&mut *self).await?;
+        Ok(())
+    }
+}
+
+fn rows(values: Vec<serde_json::Value>) -> String {
+    serde_json::Value::Array(values).to_string()
+}
+
+/// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
+/// no row locks to take, and the reads of a write transaction are current until the
+/// commit. A reservation batch's rows travel as one JSON parameter read with
+/// `json_each`, so a batch of any size costs the same few statements (every statement
+/// is a round trip to sqlx's SQLite worker thread).
+impl Dialect for SqliteConnection {
+    const SELECT_RESERVATION_FOR_UPDATE: &'static str =
+        "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
+    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
+        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2";
+    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str =
+        "SELECT quantity FROM shopper_purchase WHERE shop = $1 AND user_id = $2 AND sku = $3";
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         ORDER BY expires_at, id LIMIT $2";
+    /// `INDEXED BY`: without statistics SQLite's planner has picked other plans for
+    /// this join (once the (sku, warehouse) index, which made the audit quadratic on a
+    /// hot SKU), so the one index that fits is named.
+    const AUDIT_RESERVATION_LINES: &'static str = "SELECT reservation.id, reservation.status, \
+         line.sku, line.warehouse, line.quantity, \
+         COALESCE(CAST(SUM(ledger.available_delta) AS BIGINT), 0), \
+         COALESCE(CAST(SUM(ledger.reserved_delta) AS BIGINT), 0) \
+         FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
+         LEFT JOIN stock_ledger ledger INDEXED BY stock_ledger_reference ON ledger.reference = reservation.id \
+         AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
+         GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
+         ORDER BY reservation.id, line.sku, line.warehouse";
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2";
+    const SELECT_ORDER_FOR_UPDATE: &'static str =
+        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1";
+    const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
+        "SELECT status FROM payment_attempt WHERE id = $1";
+    /// Orders past their hold that still hold their stock: unpaid, or declined.
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
+         AND reservation.status = 'RESERVED' \
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2";
+    const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
+         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2";
+    const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
+         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2";
+    const VERSION_QUERY: &'static str = "SELECT 'SQLite ' || sqlite_version()";
+    /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.
+    const MIGRATION_LOCK: Option<&'static str> = None;
+    const MIGRATIONS: &'static [Migration] = &[
+        (
+            1,
+            "reservation_core",
+            include_str!("../../migrations/sqlite/0001_reservation_core.sql"),
+        ),
+        (
+            2,
+            "ledger_reference_index",
+            include_str!("../../migrations/sqlite/0002_ledger_reference_index.sql"),
+        ),
+        (
+            3,
+            "reservation_line_key",
+            include_str!("../../migrations/sqlite/0003_reservation_line_key.sql"),
+        ),
+        (
+            4,
+            "catalog",
+            include_str!("../../migrations/sqlite/0004_catalog.sql"),
+        ),
+        (
+            5,
+            "orders",
+            include_str!("../../migrations/sqlite/0005_orders.sql"),
+        ),
+        (
+            6,
+            "trust",
+            include_str!("../../migrations/sqlite/0006_trust.sql"),
+        ),
+        (
+            7,
+            "refusals",
+            include_str!("../../migrations/sqlite/0007_refusals.sql"),
+        ),
+        (
+            8,
+            "payment_attempts",
+            include_str!("../../migrations/sqlite/0008_payment_attempts.sql"),
+        ),
+        (
+            9,
+            "refund_per_attempt",
+            include_str!("../../migrations/sqlite/0009_refund_per_attempt.sql"),
+        ),
+        (
+            10,
+            "attempt_request_key",
+            include_str!("../../migrations/sqlite/0010_attempt_request_key.sql"),
+        ),
+    ];
+    /// SQLite runs in the process: see [`Backend::reserve_whole_batch`].
+    const WHOLE_BATCH_FAST_PATH: bool = false;
+
+    /// SQLite's single writer already serializes every shelf batch.
+    async fn lock_shop(&mut self, _shop: &ShopCode) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// `BEGIN IMMEDIATE` already holds the write lock: nothing more to lock.
+    async fn lock_stock_of_skus(&mut self, _skus: &[&SkuCode]) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn existing_records(&mut self, keys: &[&str]) -> Result<FoundRecords, StoreError> {
+        let found = sqlx::query(
+            "SELECT key, fingerprint, status_code, body FROM idempotency_record \
+             WHERE key IN (SELECT value FROM json_each($1))",
+        )
+        .bind(serde_json::to_string(keys).map_err(|error| corrupt("keys", error))?)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut records = HashMap::with_capacity(found.len());
+        for row in &found {
+            let status_code: i64 = row.try_get("status_code")?;
+            let response = if status_code == 0 {
+                None
+            } else {
+                let status =
+                    u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+                Some(StoredResponse {
+                    status,
+                    body: row.try_get("body")?,
+                })
+            };
+            records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
+        }
+        Ok(records)
+    }
+
+    /// SQLite has no row locks: `BEGIN IMMEDIATE` already holds the database's write
+    /// lock, so these reads are current until the commit.
+    async fn lock_stock_rows(
+        &mut self,
+        wanted: &[StockKey],
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>), StoreError> {
+        if wanted.is_empty() {
+            return Ok((BTreeMap::new(), HashMap::new()));
+        }
+        let parameter = rows(
+            wanted
+                .iter()
+                .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
+                .collect(),
+        );
+        let found = sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(
+            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
+             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
+             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+        )
+        .bind(parameter)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut available = BTreeMap::new();
+        let mut skus = HashMap::new();
+        for (sku, warehouse, count, status, shop, per_user_limit) in found {
+            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+            let warehouse =
+                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            skus.insert(
+                sku.clone(),
+                decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
+            available.insert((sku, warehouse), count);
+        }
+        Ok((available, skus))
+    }
+
+    async fn sku_facts(
+        &mut self,
+        skus: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+        if skus.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
+        let found = sqlx::query_as::<_, (String, String, String, Option<i64>)>(
+            "SELECT code, sale_status, shop, per_user_limit FROM sku \
+             WHERE code IN (SELECT value FROM json_each($1))",
+        )
+        .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
+        .fetch_all(&mut *self)
+        .await?;
+        let mut facts = HashMap::with_capacity(found.len());
+        for (code, status, shop, per_user_limit) in found {
+            facts.insert(
+                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+                decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
+        }
+        Ok(facts)
+    }
+
+    /// Writes a decided batch: one statement per table, rows passed as JSON.
+    async fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let mut written = BatchWritten {
+            rows_taken: 0,
+            records_stored: 0,
+        };
+        if !totals.is_empty() {
+            let parameter = rows(
+                totals
+                    .iter()
+                    .map(|((sku, warehouse), total)| {
+                        json!([sku.as_str(), warehouse.as_str(), total])
+                    })
+                    .collect(),
+            );
+            written.rows_taken = sqlx::query(
+                "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
+                 version = version + 1, updated_at = $2 \
+                 FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
+                 WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total",
+            )
+            .bind(parameter)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *self)
+            .await?
+            .rows_affected();
+        }
+        if !accepted.is_empty() {
+            insert_reservations(self, accepted, now).await?;
+        }
+        if !records.is_empty() {
+            let parameter = rows(
+                records
+                    .iter()
+                    .map(|(claim, response)| {
+                        json!([
+                            claim.key.as_str(),
+                            claim.fingerprint,
+                            response.status,
+                            response.body
+                        ])
+                    })
+                    .collect(),
+            );
+            written.records_stored = sqlx::query(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($1) WHERE true \
+                 ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(parameter)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *self)
+            .await?
+            .rows_affected();
+        }
+        Ok(written)
+    }
+}
+
+async fn insert_reservations(
+    connection: &mut SqliteConnection,
+    accepted: &[(&ReserveRequest, &ShopCode)],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let reservations = rows(
+        accepted
+            .iter()
+            .map(|(request, shop)| {
+                json!([
+                    request.id.as_str(),
+                    request.expires_at.unix_milliseconds(),
+                    request.claim.key.as_str(),
+                    shop.as_str(),
+                    request.user.as_ref().map(|user| user.as_str())
+                ])
+            })
+            .collect(),
+    );
+    let mut lines = Vec::new();
+    let mut ledger = Vec::new();
+    for (request, _) in accepted {
+        for (line_number, line) in request.lines.iter().enumerate() {
+            let quantity = line.quantity.get();
+            lines.push(json!([
+                request.id.as_str(),
+                line_number,
+                line.sku.as_str(),
+                line.warehouse.as_str(),
+                quantity
+            ]));
+            ledger.push(json!([
+                line.sku.as_str(),
+                line.warehouse.as_str(),
+                quantity,
+                request.id.as_str(),
+                request.claim.key.as_str()
+            ]));
+        }
+    }
+    sqlx::query(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         shop, user_id) \
+         SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4 \
+         FROM json_each($1)",
+    )
+    .bind(reservations)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query(
+        "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each($1)",
+    )
+    .bind(rows(lines))
+    .execute(&mut *connection)
+    .await?;
+    sqlx::query(
+        "INSERT INTO stock_ledger \
+         (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         SELECT value ->> 0, value ->> 1, 'reserve', -(value ->> 2), value ->> 2, value ->> 3, value ->> 4, $2 \
+         FROM json_each($1)",
+    )
+    .bind(rows(ledger))
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
+}
