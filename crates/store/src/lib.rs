@@ -259,10 +259,23 @@ mod tests {
     }
 
     /// The units of work shared by both backends, as compiled into them.
-    const SHARED_SOURCES: [&str; 3] = [
-        include_str!("units/shared.rs"),
-        include_str!("units/shared_catalog.rs"),
-        include_str!("units/shared_orders.rs"),
+    const SHARED_SOURCES: [&str; 16] = [
+        include_str!("units/audit.rs"),
+        include_str!("units/batch.rs"),
+        include_str!("units/carts.rs"),
+        include_str!("units/catalog.rs"),
+        include_str!("units/credentials.rs"),
+        include_str!("units/decode.rs"),
+        include_str!("units/idempotency.rs"),
+        include_str!("units/migrations.rs"),
+        include_str!("units/orders.rs"),
+        include_str!("units/payments.rs"),
+        include_str!("units/refunds.rs"),
+        include_str!("units/reservations.rs"),
+        include_str!("units/schedules.rs"),
+        include_str!("units/shelf.rs"),
+        include_str!("units/stock.rs"),
+        include_str!("units/tallies.rs"),
     ];
 
     /// Every reservation status change goes through `ReservationStatus::transition`:

@@ -377,7 +377,7 @@ mod bulk {
     use sqlx::error::BoxDynError;
     use sqlx::postgres::PgArguments;
 
-    use crate::units::shared::{corrupt, decode_sku_facts};
+    use crate::units::decode::{corrupt, decode_sku_facts};
 
     type Tx = sqlx::PgConnection;
     use crate::error::StoreError;

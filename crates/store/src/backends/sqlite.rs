@@ -27,7 +27,7 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
-use crate::units::shared::{corrupt, decode_sku_facts};
+use crate::units::decode::{corrupt, decode_sku_facts};
 use crate::{StoreConfig, StoreLimits};
 
 /// The SQLite database: a pool of one writer and a pool of readers.

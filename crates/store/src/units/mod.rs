@@ -5,9 +5,22 @@
 //! rows and stores its answer under its idempotency key, all committed together. No
 //! unit of work calls anything but the database.
 
-pub(crate) mod shared;
-mod shared_catalog;
-mod shared_orders;
+pub(crate) mod audit;
+pub(crate) mod batch;
+pub(crate) mod carts;
+pub(crate) mod catalog;
+pub(crate) mod credentials;
+pub(crate) mod decode;
+pub(crate) mod idempotency;
+pub(crate) mod migrations;
+pub(crate) mod orders;
+pub(crate) mod payments;
+pub(crate) mod refunds;
+pub(crate) mod reservations;
+pub(crate) mod schedules;
+pub(crate) mod shelf;
+pub(crate) mod stock;
+pub(crate) mod tallies;
 
 use crate::backend::Backend;
 use crate::error::StoreError;

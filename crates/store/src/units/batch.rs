@@ -1,0 +1,304 @@
+//! The reservation batch: the combiner's group commit. Claims every key, locks the
+//! stock rows in the global order, decides which requests fit (`domain::plan`) and
+//! writes the accepted ones through the backend's batch writer.
+
+use super::Units;
+use super::decode::invariant;
+use super::idempotency::resolve_existing;
+use super::reservations::new_reservation;
+use super::tallies::{add_to_tallies, lock_tallies};
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::model::{
+    BatchApplied, BatchPath, IdempotencyClaim, Idempotent, LockTurn, ReserveRequest,
+    ResponseRenderer, ShopScope, StoredResponse,
+};
+use crate::plan::{
+    PlanRequest, SkuFacts, StockKey, WholeBatch, plan_batch, totals_if_all_accepted,
+};
+use crate::sql::Connection;
+use domain::{ShopCode, SkuCode, Timestamp};
+use std::collections::HashMap;
+
+/// Where a request of a reservation batch stands.
+pub(crate) enum BatchSlot {
+    /// Answered without deciding: a replayed or reused key.
+    Decided(Idempotent),
+    /// The same key and body as the earlier request at this index: its answer.
+    SameAs(usize),
+    /// The first request of its key: decided by this batch.
+    Claimed,
+}
+
+/// One outcome per request, in order, from the slots and the claimed requests' responses.
+/// A repeated key gets its first request's outcome: the same replay or refusal, or, when
+/// the first one ran now, a replay of its response.
+pub(crate) fn batch_outcomes(
+    slots: Vec<BatchSlot>,
+    responses: &[Option<StoredResponse>],
+) -> Result<Vec<Idempotent>, StoreError> {
+    let mut outcomes: Vec<Idempotent> = Vec::with_capacity(slots.len());
+    for (index, slot) in slots.into_iter().enumerate() {
+        let outcome = match slot {
+            BatchSlot::Decided(outcome) => outcome,
+            BatchSlot::Claimed => responses[index]
+                .clone()
+                .map(Idempotent::Executed)
+                .ok_or_else(|| invariant("a claimed request has no response"))?,
+            BatchSlot::SameAs(first) => match outcomes.get(first) {
+                Some(Idempotent::Executed(response)) => Idempotent::Replayed(response.clone()),
+                Some(earlier) => earlier.clone(),
+                None => return Err(invariant("a repeated key before its first request")),
+            },
+        };
+        outcomes.push(outcome);
+    }
+    Ok(outcomes)
+}
+
+/// `skus` completed with the SKUs of `wanted` that have no stock row yet (or none in
+/// that warehouse): they still need their facts, to tell `not_found` from
+/// `insufficient_stock`.
+pub(crate) async fn with_unlisted_skus<C: Connection>(
+    transaction: &mut C,
+    wanted: &[StockKey],
+    mut skus: HashMap<SkuCode, SkuFacts>,
+) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+    let mut unlisted: Vec<&SkuCode> = wanted
+        .iter()
+        .map(|(sku, _)| sku)
+        .filter(|sku| !skus.contains_key(*sku))
+        .collect();
+    unlisted.dedup();
+    if !unlisted.is_empty() {
+        skus.extend(transaction.sku_facts(&unlisted).await?);
+    }
+    Ok(skus)
+}
+
+impl<B: Backend> Units<B> {
+    /// Reserves stock for a batch of independent requests in one transaction. Each
+    /// request succeeds or is refused on its own, in order; the returned outcomes line
+    /// up with `requests`. A database error fails the whole batch, which then changed
+    /// nothing and may be retried.
+    ///
+    /// The batch costs a fixed number of statements whatever its size: each step is one
+    /// bulk statement (`bulk` in each dialect), which is what lets the engine's combiner
+    /// fold hundreds of requests into one transaction and one commit. `turn` orders the
+    /// row-lock step after the previous batch of the same queue (see [`LockTurn`]).
+    pub async fn reserve_batch(
+        &self,
+        requests: &[ReserveRequest],
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+        turn: &mut LockTurn,
+    ) -> Result<BatchApplied, StoreError> {
+        // 1. A key repeated inside the batch is answered with its first request's
+        //    response (or refused as reused when its fingerprint differs); only the
+        //    first request of each key is decided.
+        let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
+        let mut slots = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let key = request.claim.key.as_str();
+            match first_of_key.get(key) {
+                Some(first) if requests[*first].claim.fingerprint == request.claim.fingerprint => {
+                    slots.push(BatchSlot::SameAs(*first));
+                }
+                Some(_) => slots.push(BatchSlot::Decided(Idempotent::KeyReused)),
+                None => {
+                    first_of_key.insert(key, index);
+                    slots.push(BatchSlot::Claimed);
+                }
+            }
+        }
+
+        // Render the success answers before taking any lock: almost every request gets
+        // one, and rendering under a row lock would lengthen every batch's hold.
+        let mut responses: Vec<Option<StoredResponse>> = requests
+            .iter()
+            .zip(&slots)
+            .map(|(request, slot)| {
+                matches!(slot, BatchSlot::Claimed)
+                    .then(|| renderer.reservation_created(&new_reservation(request, None, now)))
+            })
+            .collect();
+
+        // 2. The fast path (PostgreSQL): one round trip that writes and commits the
+        //    whole batch when every request fits, which is nearly always on a hot SKU
+        //    with stock left. It writes nothing otherwise, and the batch is decided
+        //    below. It does not wait for the turn: it takes the row last and holds it
+        //    only for the update and the commit. (With more than one batch in flight,
+        //    a later batch may so take the last units before an earlier one: both
+        //    batches' requests are in flight at once, and each gets an answer
+        //    consistent with the row.) A request that names a shopper (limits to
+        //    check) or whose SKUs' shop is not verified yet is decided below.
+        let fast_path_fits = requests.iter().zip(&slots).all(|(request, slot)| {
+            !matches!(slot, BatchSlot::Claimed)
+                || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
+        });
+        if <B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH && fast_path_fits {
+            let claimed: Vec<&ReserveRequest> = requests
+                .iter()
+                .zip(&slots)
+                .filter_map(|(request, slot)| matches!(slot, BatchSlot::Claimed).then_some(request))
+                .collect();
+            let accepted: Vec<(&ReserveRequest, &ShopCode)> = claimed
+                .iter()
+                .filter_map(|request| match &request.shop {
+                    ShopScope::Verified(shop) => Some((*request, shop)),
+                    _ => None,
+                })
+                .collect();
+            let records: Vec<(&IdempotencyClaim, &StoredResponse)> = requests
+                .iter()
+                .zip(&responses)
+                .filter_map(|(request, response)| {
+                    response.as_ref().map(|response| (&request.claim, response))
+                })
+                .collect();
+            let totals =
+                totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
+            let whole = self
+                .backend
+                .reserve_whole_batch(&totals, &accepted, &records, now)
+                .await?;
+            if whole == WholeBatch::Applied {
+                turn.pass();
+                return Ok(BatchApplied {
+                    outcomes: batch_outcomes(slots, &responses)?,
+                    path: BatchPath::OneRoundTrip,
+                });
+            }
+        }
+
+        // 3. The batch transaction. A key with a committed record is replayed (or
+        //    refused as reused when its fingerprint differs). The new keys' records
+        //    are inserted with their responses below, in this transaction; a key
+        //    another process commits meanwhile makes that insert come up short
+        //    (SQLite) or fail with a unique violation (PostgreSQL), and the batch is
+        //    rolled back and retried (then it replays).
+        //
+        //    The turn is taken before the transaction begins: on SQLite the one write
+        //    connection is the lock, and a batch that took it while waiting for the
+        //    previous batch's turn would deadlock with that batch.
+        turn.wait().await;
+        let mut transaction = self.begin_write().await?;
+        let keys: Vec<&str> = first_of_key.keys().copied().collect();
+        let existing = transaction.existing_records(&keys).await?;
+        for (index, request) in requests.iter().enumerate() {
+            if let (BatchSlot::Claimed, Some((fingerprint, response))) =
+                (&slots[index], existing.get(request.claim.key.as_str()))
+            {
+                slots[index] = BatchSlot::Decided(resolve_existing(
+                    &request.claim,
+                    fingerprint,
+                    response.clone(),
+                )?);
+            }
+        }
+        let claimed: Vec<usize> = slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, slot)| matches!(slot, BatchSlot::Claimed).then_some(index))
+            .collect();
+
+        // 4. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
+        //    reading their SKUs' sale status, shop and per-user limit with them. A shelf
+        //    change (or a new limit) locks the same rows first, so it cannot slip
+        //    between this read and the commit. Then the shoppers' tallies, in key order.
+        let mut wanted_rows: Vec<StockKey> = claimed
+            .iter()
+            .flat_map(|index| requests[*index].lines.iter())
+            .map(|line| (line.sku.clone(), line.warehouse.clone()))
+            .collect();
+        wanted_rows.sort();
+        wanted_rows.dedup();
+        let locked = transaction.lock_stock_rows(&wanted_rows).await;
+        turn.pass();
+        let (available, skus) = locked?;
+        let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
+        let tallies = lock_tallies(
+            &mut *transaction,
+            claimed.iter().map(|index| &requests[*index]),
+            &skus,
+            self.limits().open_holds_max,
+        )
+        .await?;
+
+        // 5. Decide every claimed request in memory, in arrival order.
+        let plan = plan_batch(
+            claimed.iter().map(|index| {
+                let request = &requests[*index];
+                PlanRequest {
+                    lines: &request.lines,
+                    shop: &request.shop,
+                    user: request.user.as_ref(),
+                }
+            }),
+            &skus,
+            &available,
+            &tallies,
+        );
+
+        // 6. Write the whole batch: each row's total taken with one conditional update
+        //    (the rows are locked, so every condition holds; it stays as the oversell
+        //    boundary anyway), the accepted reservations with their lines and ledger
+        //    rows, the shoppers' tallies, and the idempotency records with their
+        //    responses.
+        let mut accepted = Vec::new();
+        for (index, decided) in claimed.iter().zip(&plan.decisions) {
+            match decided {
+                Ok(shop) => {
+                    let request = &requests[*index];
+                    if !matches!(request.shop, ShopScope::Verified(_)) {
+                        responses[*index] = Some(renderer.reservation_created(&new_reservation(
+                            request,
+                            Some(shop),
+                            now,
+                        )));
+                    }
+                    accepted.push((request, shop));
+                }
+                Err(rejection) => responses[*index] = Some(renderer.rejected(rejection)),
+            }
+        }
+        let records: Vec<(&IdempotencyClaim, &StoredResponse)> = claimed
+            .iter()
+            .filter_map(|index| {
+                responses[*index]
+                    .as_ref()
+                    .map(|response| (&requests[*index].claim, response))
+            })
+            .collect();
+        let written = transaction
+            .write_batch(&plan.totals, &accepted, &records, now)
+            .await?;
+        if written.rows_taken != plan.totals.len() as u64 {
+            return Err(invariant(format!(
+                "reserving batch totals changed {} of {} locked rows",
+                written.rows_taken,
+                plan.totals.len()
+            )));
+        }
+        if written.records_stored != records.len() as u64 {
+            // Another process committed one of these keys since step 3.
+            return Err(StoreError::Retryable(format!(
+                "stored {} of {} idempotency records: a key was committed concurrently",
+                written.records_stored,
+                records.len()
+            )));
+        }
+        add_to_tallies(
+            &mut *transaction,
+            &plan.holds_added,
+            &plan.purchases_added,
+            self.limits().open_holds_max,
+        )
+        .await?;
+        transaction.commit().await?;
+        Ok(BatchApplied {
+            outcomes: batch_outcomes(slots, &responses)?,
+            path: BatchPath::Transaction,
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! Carts: setting a line, reading a cart with what stands in each line's way, and
+//! removing the lines an order took.
+
+use super::Units;
+use super::decode::{corrupt, parse_stored};
+use super::idempotency::{claim_or_answer, complete_claim};
+use crate::backend::{Backend, Finish};
+use crate::catalog::{Cart, CartLine, CartSku};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::sql::{Connection, statement};
+use domain::{Currency, ErrorCode, PriceMinor, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
+
+pub(crate) async fn load_cart<C: Connection>(
+    connection: &mut C,
+    shop: Option<&ShopCode>,
+    user: &UserId,
+) -> Result<Cart, StoreError> {
+    let rows = statement(
+        "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
+         COALESCE(stock.available, 0) AS available \
+         FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
+         LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
+         WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) ORDER BY cart_item.sku",
+    )
+    .bind(user.as_str())
+    .bind(shop.map(ShopCode::as_str))
+    .fetch_all_rows(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let sku: String = row.try_get("sku")?;
+        let status: Option<String> = row.try_get("sale_status")?;
+        let current = match status {
+            None => None,
+            Some(status) => {
+                let price: Option<i64> = row.try_get("price_minor")?;
+                let currency: Option<String> = row.try_get("currency")?;
+                Some(CartSku {
+                    title: row.try_get("title")?,
+                    price: price
+                        .map(PriceMinor::new)
+                        .transpose()
+                        .map_err(|error| corrupt("price", error))?,
+                    currency: currency
+                        .as_deref()
+                        .map(|text| parse_stored("currency", text, Currency::parse))
+                        .transpose()?,
+                    sale_status: parse_stored("sale status", &status, SaleStatus::parse)?,
+                    available: row.try_get("available")?,
+                })
+            }
+        };
+        lines.push(CartLine {
+            sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+            quantity: row.try_get("quantity")?,
+            current,
+        });
+    }
+    Ok(Cart {
+        user: user.clone(),
+        lines,
+    })
+}
+
+impl<B: Backend> Units<B> {
+    /// Sets (or, with `None`, removes) a cart line and answers with the whole cart (the
+    /// lines of `shop`: a shopper's lines of other shops are theirs).
+    #[allow(clippy::too_many_arguments)] // one unit of work's inputs; grouping them would name nothing
+    pub async fn set_cart_item(
+        &self,
+        claim: &IdempotencyClaim,
+        shop: &ShopCode,
+        user: &UserId,
+        sku: &SkuCode,
+        quantity: Option<i64>,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let owner: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
+            .bind(sku.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+        let refusal = match (quantity, owner) {
+            (_, Some(owner)) if owner != shop.as_str() => Some(Rejection::new(
+                ErrorCode::Forbidden,
+                format!("sku '{sku}' belongs to another shop"),
+            )),
+            (Some(_), None) => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("sku '{sku}' does not exist"),
+            )),
+            (Some(quantity), Some(_)) => {
+                let lines: i64 = statement(
+                    "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku <> $3",
+                )
+                .bind(user.as_str())
+                .bind(shop.as_str())
+                .bind(sku.as_str())
+                .fetch_one_scalar(&mut *transaction)
+                .await?;
+                if lines >= domain::limits::CART_LINES_MAX as i64 {
+                    Some(Rejection::new(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "a cart holds at most {} lines",
+                            domain::limits::CART_LINES_MAX
+                        ),
+                    ))
+                } else {
+                    statement(
+                        "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
+                         VALUES ($1, $2, $3, $4, $5, $5) \
+                         ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
+                    )
+                    .bind(user.as_str())
+                    .bind(sku.as_str())
+                    .bind(shop.as_str())
+                    .bind(quantity)
+                    .bind(now.unix_milliseconds())
+                    .execute(&mut *transaction)
+                    .await?;
+                    None
+                }
+            }
+            (None, _) => {
+                statement("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND shop = $3")
+                    .bind(user.as_str())
+                    .bind(sku.as_str())
+                    .bind(shop.as_str())
+                    .execute(&mut *transaction)
+                    .await?;
+                None
+            }
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user).await?),
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.
+    pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let cart = load_cart(&mut *transaction, shop, user).await;
+        transaction.rollback().await?;
+        cart
+    }
+
+    /// Removes the lines a checkout ordered, unless their quantity changed meanwhile.
+    pub async fn remove_ordered_cart_items(
+        &self,
+        user: &UserId,
+        ordered: &[(SkuCode, i64)],
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        for (sku, quantity) in ordered {
+            statement("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND quantity = $3")
+                .bind(user.as_str())
+                .bind(sku.as_str())
+                .bind(quantity)
+                .execute(&mut *transaction)
+                .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,200 @@
+//! Products and their SKUs (seed 003): creating and updating a product.
+
+use super::Units;
+use super::decode::{invariant, parse_stored};
+use super::idempotency::{claim_or_answer, complete_claim};
+use super::stock::load_sku;
+use crate::backend::{Backend, Finish};
+use crate::catalog::{NewProduct, ProductChanges};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::sql::{Connection, statement};
+use domain::{
+    CategoryCode, ErrorCode, ImageUrl, Product, ProductId, ShopCode, SkuCode, SupplierCode,
+    Timestamp, Title,
+};
+
+pub(crate) async fn load_product<C: Connection>(
+    connection: &mut C,
+    id: &ProductId,
+) -> Result<Option<Product>, StoreError> {
+    let Some(row) = statement(
+        "SELECT title, image_url, category, supplier, shop, version, deleted_at, created_at, updated_at \
+         FROM product WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional_row(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let codes: Vec<String> = statement("SELECT code FROM sku WHERE product_id = $1 ORDER BY code")
+        .bind(id.as_str())
+        .fetch_all_scalar(&mut *connection)
+        .await?;
+    let mut skus = Vec::with_capacity(codes.len());
+    for code in codes {
+        let code = parse_stored("sku code", &code, SkuCode::parse)?;
+        if let Some(sku) = load_sku(&mut *connection, &code).await? {
+            skus.push(sku);
+        }
+    }
+    let image_url: Option<String> = row.try_get("image_url")?;
+    let category: String = row.try_get("category")?;
+    let supplier: String = row.try_get("supplier")?;
+    let shop: String = row.try_get("shop")?;
+    let deleted_at: Option<i64> = row.try_get("deleted_at")?;
+    Ok(Some(Product {
+        id: id.clone(),
+        title: row.try_get("title")?,
+        image_url: image_url
+            .as_deref()
+            .map(|url| parse_stored("image url", url, ImageUrl::parse))
+            .transpose()?,
+        category: parse_stored("category", &category, CategoryCode::parse)?,
+        supplier: parse_stored("supplier", &supplier, SupplierCode::parse)?,
+        shop: parse_stored("shop", &shop, ShopCode::parse)?,
+        version: row.try_get("version")?,
+        deleted_at: deleted_at.map(Timestamp::from_unix_milliseconds),
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        skus,
+    }))
+}
+
+/// Inserts a product and its SKUs (`PENDING_REVIEW`). `Err` when a SKU code is
+/// taken; the caller rolls its savepoint back.
+pub(crate) async fn insert_product<C: Connection>(
+    connection: &mut C,
+    product: &NewProduct,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    statement(
+        "INSERT INTO product (id, title, image_url, category, supplier, shop, version, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, 1, $7, $7)",
+    )
+    .bind(product.id.as_str())
+    .bind(product.title.as_str())
+    .bind(product.image_url.as_ref().map(ImageUrl::as_str))
+    .bind(product.category.as_str())
+    .bind(product.supplier.as_str())
+    .bind(product.shop.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    for sku in &product.skus {
+        let inserted = statement(
+            "INSERT INTO sku (code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
+             per_user_limit, sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, 'PENDING_REVIEW', 1, $9, $9) ON CONFLICT (code) DO NOTHING",
+        )
+        .bind(sku.code.as_str())
+        .bind(product.id.as_str())
+        .bind(product.shop.as_str())
+        .bind(product.title.as_str())
+        .bind(&sku.spec)
+        .bind(sku.price.get())
+        .bind(sku.currency.as_str())
+        .bind(sku.per_user_limit)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *connection)
+        .await?;
+        if inserted != 1 {
+            return Ok(Err(Rejection::new(
+                ErrorCode::AlreadyExists,
+                format!("sku '{}' already exists", sku.code),
+            )));
+        }
+    }
+    Ok(Ok(()))
+}
+
+impl<B: Backend> Units<B> {
+    pub async fn create_product(
+        &self,
+        claim: &IdempotencyClaim,
+        product: &NewProduct,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        // The product's rows go in under a savepoint: when a SKU code is taken, they
+        // are rolled back and only the stored refusal remains.
+        statement("SAVEPOINT product_rows")
+            .execute(&mut *transaction)
+            .await?;
+        let response = match insert_product(&mut *transaction, product, now).await? {
+            Ok(()) => {
+                statement("RELEASE SAVEPOINT product_rows")
+                    .execute(&mut *transaction)
+                    .await?;
+                let created = load_product(&mut *transaction, &product.id)
+                    .await?
+                    .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+                renderer.product_saved(&created, true)
+            }
+            Err(rejection) => {
+                statement("ROLLBACK TO SAVEPOINT product_rows")
+                    .execute(&mut *transaction)
+                    .await?;
+                renderer.rejected(&rejection)
+            }
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn update_product(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ProductId,
+        changes: &ProductChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let updated = statement(
+            "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
+             category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
+             version = version + 1, updated_at = $6 WHERE id = $1 AND deleted_at IS NULL",
+        )
+        .bind(id.as_str())
+        .bind(changes.title.as_ref().map(Title::as_str))
+        .bind(changes.image_url.as_ref().map(ImageUrl::as_str))
+        .bind(changes.category.as_ref().map(CategoryCode::as_str))
+        .bind(changes.supplier.as_ref().map(SupplierCode::as_str))
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let response = if updated == 1 {
+            let product = load_product(&mut *transaction, id)
+                .await?
+                .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+            renderer.product_saved(&product, false)
+        } else {
+            renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("product '{id}' does not exist or was deleted"),
+            ))
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let product = load_product(&mut *transaction, id).await;
+        transaction.rollback().await?;
+        product
+    }
+}

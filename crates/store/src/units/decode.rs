@@ -1,0 +1,66 @@
+//! Reading stored values back: parsing what a row holds into domain types, and the
+//! errors that say a stored value or an expected row was not what the store wrote.
+
+use crate::error::StoreError;
+use crate::plan::SkuFacts;
+use domain::{SaleStatus, ShopCode};
+
+pub(crate) fn invariant(message: impl Into<String>) -> StoreError {
+    StoreError::Invariant(message.into())
+}
+
+pub(crate) fn corrupt(what: &str, error: impl std::fmt::Display) -> StoreError {
+    StoreError::Invariant(format!("stored {what} does not parse: {error}"))
+}
+
+pub(crate) fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), StoreError> {
+    if rows_affected == 1 {
+        Ok(())
+    } else {
+        Err(invariant(format!(
+            "{what}: expected 1 row, changed {rows_affected}"
+        )))
+    }
+}
+
+/// A SKU's facts as the reserving transaction reads them with its stock rows.
+pub(crate) fn decode_sku_facts(
+    status: &str,
+    shop: &str,
+    per_user_limit: Option<i64>,
+) -> Result<SkuFacts, StoreError> {
+    Ok(SkuFacts {
+        sale_status: SaleStatus::parse(status).map_err(|error| corrupt("sale status", error))?,
+        shop: ShopCode::parse(shop).map_err(|error| corrupt("shop", error))?,
+        per_user_limit,
+    })
+}
+
+/// The wall clock, only for bookkeeping columns no rule reads (`applied_at`).
+pub(crate) fn wall_clock_milliseconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[allow(unused_imports)]
+/// 64 bits for an id minted inside a unit of work, derived from what the id is for
+/// (FNV-1a): an order has at most one late-success reservation and one refund, so
+/// the (time, order) pair never repeats.
+pub(crate) fn derived_random(seed: &str, purpose: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in seed.bytes().chain(purpose.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+pub(crate) fn parse_stored<T>(
+    what: &str,
+    text: &str,
+    parse: impl Fn(&str) -> Result<T, domain::ParseError>,
+) -> Result<T, StoreError> {
+    parse(text).map_err(|error| corrupt(what, error))
+}

@@ -1,0 +1,179 @@
+//! Idempotency keys: claiming a key at the start of a unit of work, answering a
+//! repeat with the first answer, storing the answer with the effect, and purging old
+//! records.
+
+use super::Units;
+use super::decode::{corrupt, expect_one_row, invariant};
+use crate::backend::{Backend, Finish};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, ScopedKey, StoredResponse};
+use crate::sql::{Connection, statement};
+use domain::Timestamp;
+
+/// What a key's claim found.
+pub(crate) enum Claim {
+    /// This transaction now holds the key.
+    Taken,
+    /// The key has a committed record (or, within one batch, an earlier request's claim).
+    Existing {
+        fingerprint: String,
+        response: Option<StoredResponse>,
+    },
+}
+
+/// Claims an idempotency key inside `transaction`. On PostgreSQL a concurrent
+/// uncommitted claim of the same key makes this wait (bounded by `lock_timeout`), which
+/// is reported as [`StoreError::KeyInFlight`].
+pub(crate) async fn claim_key<C: Connection>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<Claim, StoreError> {
+    let inserted = statement(
+        "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+         VALUES ($1, $2, 0, '', $3) ON CONFLICT (key) DO NOTHING",
+    )
+    .bind(claim.key.as_str())
+    .bind(&claim.fingerprint)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await
+    .map_err(|error| match error {
+        StoreError::LockTimeout(_) => StoreError::KeyInFlight,
+        other => other,
+    })?;
+    if inserted == 1 {
+        return Ok(Claim::Taken);
+    }
+    let row =
+        statement("SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1")
+            .bind(claim.key.as_str())
+            .fetch_one_row(&mut *transaction)
+            .await?;
+    let status_code: i64 = row.try_get("status_code")?;
+    let response = if status_code == 0 {
+        None
+    } else {
+        let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+        Some(StoredResponse {
+            status,
+            body: row.try_get("body")?,
+        })
+    };
+    Ok(Claim::Existing {
+        fingerprint: row.try_get("fingerprint")?,
+        response,
+    })
+}
+
+/// The answer for a key that already has a committed record.
+pub(crate) fn resolve_existing(
+    claim: &IdempotencyClaim,
+    fingerprint: &str,
+    response: Option<StoredResponse>,
+) -> Result<Idempotent, StoreError> {
+    if fingerprint != claim.fingerprint {
+        return Ok(Idempotent::KeyReused);
+    }
+    response
+        .map(Idempotent::Replayed)
+        .ok_or_else(|| invariant("an idempotency claim without a response was visible"))
+}
+
+/// Claims `claim`'s key in this transaction, the opening of every keyed unit of work.
+/// `Some` is the answer a retry gets (the stored response, or "key reused"): the
+/// caller rolls back and returns it, having changed nothing.
+pub(crate) async fn claim_or_answer<C: Connection>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<Option<Idempotent>, StoreError> {
+    match claim_key(transaction, claim, now).await? {
+        Claim::Taken => Ok(None),
+        Claim::Existing {
+            fingerprint,
+            response,
+        } => resolve_existing(claim, &fingerprint, response).map(Some),
+    }
+}
+
+/// Stores the response for a key claimed by this transaction.
+pub(crate) async fn complete_claim<C: Connection>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
+    let updated = statement(
+        "UPDATE idempotency_record SET status_code = $2, body = $3 \
+         WHERE key = $1 AND status_code = 0",
+    )
+    .bind(claim.key.as_str())
+    .bind(i64::from(response.status))
+    .bind(&response.body)
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "completing an idempotency claim")
+}
+
+impl<B: Backend> Units<B> {
+    /// Stores `response` under `claim`'s key on its own (for answers reached across
+    /// several transactions, like a payment's). A key that already has a record keeps
+    /// it, and that one is the answer.
+    pub async fn store_response(
+        &self,
+        claim: &IdempotencyClaim,
+        response: &StoredResponse,
+        now: Timestamp,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        complete_claim(&mut *transaction, claim, response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response.clone()))
+    }
+
+    /// The committed record of `key`, if any: `(fingerprint, response)`.
+    pub async fn idempotency_record(
+        &self,
+        key: &ScopedKey,
+    ) -> Result<Option<(String, StoredResponse)>, StoreError> {
+        let row = statement(
+            "SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1",
+        )
+        .bind(key.as_str())
+        .fetch_optional_row(&mut *self.read_connection().await?)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let status_code: i64 = row.try_get("status_code")?;
+        let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+        Ok(Some((
+            row.try_get("fingerprint")?,
+            StoredResponse {
+                status,
+                body: row.try_get("body")?,
+            },
+        )))
+    }
+
+    /// Deletes up to `limit` idempotency records created before `created_before`.
+    pub async fn purge_idempotency_records(
+        &self,
+        created_before: Timestamp,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let deleted = statement(
+            "DELETE FROM idempotency_record WHERE key IN (\
+             SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
+        )
+        .bind(created_before.unix_milliseconds())
+        .bind(limit)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(deleted)
+    }
+}

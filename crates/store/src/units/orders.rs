@@ -1,0 +1,911 @@
+//! Orders (seed 000): creating one with its hold, reading it, cancelling, expiring and
+//! returning it. Locks are taken order first, then its reservation, then stock rows
+//! in (sku, warehouse) order.
+
+use super::Units;
+use super::batch::with_unlisted_skus;
+use super::decode::{expect_one_row, invariant, parse_stored};
+use super::idempotency::{claim_or_answer, complete_claim};
+use super::payments::paying_attempt;
+use super::refunds::insert_refund;
+use super::reservations::{
+    Move, Mover, load_reservation, settle_order_reservation, settle_reservations,
+};
+use super::stock::{LedgerEntry, insert_ledger_row};
+use super::tallies::{add_to_tallies, read_tallies};
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer};
+use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
+use crate::plan::{PlanRequest, PurchaseKey, StockKey, plan_batch};
+use crate::sql::{Connection, statement};
+use domain::{
+    AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId,
+    ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, SkuCode, Timestamp,
+    UserId as OrderUserId, WarehouseCode,
+};
+
+/// Moves an order through the transition table with a conditional update on its
+/// current status, and records the change in its history.
+pub(crate) async fn move_order<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+    from: OrderStatus,
+    to: OrderStatus,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    from.transition(to)
+        .map_err(|illegal| invariant(illegal.to_string()))?;
+    let updated = statement(
+        "UPDATE customer_order SET status = $2, version = version + 1, updated_at = $3 WHERE id = $1 AND status = $4",
+    )
+    .bind(order.as_str())
+    .bind(to.as_str())
+    .bind(now.unix_milliseconds())
+    .bind(from.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "changing a locked order's status")?;
+    insert_history(transaction, order, Some(from), to, reason, now).await
+}
+
+pub(crate) async fn insert_history<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+    from: Option<OrderStatus>,
+    to: OrderStatus,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    statement(
+        "INSERT INTO order_history (order_id, from_status, to_status, reason, created_at) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(order.as_str())
+    .bind(from.map(OrderStatus::as_str))
+    .bind(to.as_str())
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
+/// Releases the reservation a locked order holds and moves the order out (to `EXPIRED`
+/// or `CANCELLED`): one step of the order's own flow, so no one else can be moving it.
+pub(crate) async fn release_order<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+    reservation: &ReservationId,
+    from: OrderStatus,
+    to: OrderStatus,
+    why: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let reason = match to {
+        OrderStatus::Expired => ReleaseReason::Expired,
+        _ => ReleaseReason::Requested,
+    };
+    let Ok(()) = settle_order_reservation(
+        transaction,
+        order,
+        reservation,
+        ReservationAction::Release,
+        reason,
+        now,
+    )
+    .await?
+    else {
+        return Err(invariant(format!(
+            "order {order}: its reservation could not be released"
+        )));
+    };
+    move_order(transaction, order, from, to, why, now).await
+}
+
+/// The locked order's status, reservation and hold end.
+pub(crate) async fn lock_order<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+) -> Result<Option<(OrderStatus, ReservationId, Timestamp)>, StoreError> {
+    let row = statement(C::SELECT_ORDER_FOR_UPDATE)
+        .bind(order.as_str())
+        .fetch_optional_as::<(String, String, i64)>(&mut *transaction)
+        .await?;
+    row.map(|(status, reservation, expires_at)| {
+        Ok((
+            parse_stored("order status", &status, OrderStatus::parse)?,
+            parse_stored("reservation id", &reservation, ReservationId::parse)?,
+            Timestamp::from_unix_milliseconds(expires_at),
+        ))
+    })
+    .transpose()
+}
+
+/// The status of a reservation its locked order holds (the order's lock guards it).
+pub(crate) async fn reservation_status<C: Connection>(
+    transaction: &mut C,
+    reservation: &ReservationId,
+) -> Result<ReservationStatus, StoreError> {
+    let status: String = statement("SELECT status FROM reservation WHERE id = $1")
+        .bind(reservation.as_str())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+    parse_stored("reservation status", &status, ReservationStatus::parse)
+}
+
+pub(crate) async fn order_lines<C: Connection>(
+    connection: &mut C,
+    order: &OrderId,
+) -> Result<Vec<OrderLine>, StoreError> {
+    let rows = statement(
+        "SELECT sku, warehouse, quantity, unit_price_minor FROM order_line WHERE order_id = $1 ORDER BY line_number",
+    )
+    .bind(order.as_str())
+    .fetch_all_as::<(String, String, i64, i64)>(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(rows.len());
+    for (sku, warehouse, quantity, unit_price_minor) in rows {
+        lines.push(OrderLine {
+            sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+            warehouse: parse_stored("warehouse", &warehouse, WarehouseCode::parse)?,
+            quantity,
+            unit_price_minor,
+        });
+    }
+    Ok(lines)
+}
+
+/// An after-sale return's effect: every line of the order back to available stock, in
+/// (sku, warehouse) order, each with its `return` ledger row.
+pub(crate) async fn put_goods_back<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+    claim: &IdempotencyClaim,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let mut lines = order_lines(transaction, order).await?;
+    lines.sort_by(|left, right| (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse)));
+    for line in &lines {
+        let updated = statement(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2",
+        )
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        expect_one_row(updated, "returning an order's goods")?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "return",
+                available_delta: line.quantity,
+                reserved_delta: 0,
+                reference: order.as_str(),
+                idempotency_key: Some(claim.key.as_str()),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// An order's prices: each line's unit price, in line order, their one currency and
+/// the total.
+pub(crate) struct Prices {
+    pub(crate) unit_prices: Vec<i64>,
+    pub(crate) currency: String,
+    pub(crate) amount_minor: i64,
+}
+
+/// Prices an order's lines from their SKUs; refused when a SKU has no price, the
+/// currencies differ, the total does not fit in 64 bits or is 0.
+pub(crate) async fn price_order<C: Connection>(
+    transaction: &mut C,
+    order: &NewOrder,
+) -> Result<Result<Prices, Rejection>, StoreError> {
+    let mut prices = Vec::with_capacity(order.lines.len());
+    for line in &order.lines {
+        let price = statement("SELECT price_minor, currency FROM sku WHERE code = $1")
+            .bind(line.sku.as_str())
+            .fetch_one_as::<(Option<i64>, Option<String>)>(&mut *transaction)
+            .await?;
+        match price {
+            (Some(price), Some(currency)) => prices.push((price, currency)),
+            _ => {
+                return Ok(Err(Rejection::new(
+                    ErrorCode::InvalidArgument,
+                    format!("sku '{}' has no price and cannot be ordered", line.sku),
+                )));
+            }
+        }
+    }
+    if prices.windows(2).any(|pair| pair[0].1 != pair[1].1) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "an order's SKUs must share one currency",
+        )));
+    }
+    let amount = order
+        .lines
+        .iter()
+        .zip(&prices)
+        .try_fold(0_i64, |sum, (line, (price, _))| {
+            line.quantity.get().checked_mul(*price)?.checked_add(sum)
+        });
+    let Some(amount_minor) = amount else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "the order's total does not fit in a 64-bit amount of minor units",
+        )));
+    };
+    if amount_minor == 0 {
+        // Nothing to charge: the gateway would refuse it, and the stock would wait for
+        // a payment that cannot happen.
+        return Ok(Err(Rejection::new(
+            ErrorCode::InvalidArgument,
+            "the order's total is 0: there is nothing to pay",
+        )));
+    }
+    let currency = prices[0].1.clone();
+    Ok(Ok(Prices {
+        unit_prices: prices.into_iter().map(|(price, _)| price).collect(),
+        currency,
+        amount_minor,
+    }))
+}
+
+/// Writes a decided order: the stock taken, the order-held reservation with its lines
+/// and ledger rows, the order with its lines and first history entry.
+pub(crate) async fn write_order<C: Connection>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+    order: &NewOrder,
+    shop: &ShopCode,
+    plan: &crate::plan::BatchPlan,
+    prices: &Prices,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let hold = OrderHold {
+        id: &order.reservation_id,
+        order: &order.id,
+        shopper: (shop, &order.user),
+        expires_at: order.expires_at,
+        request_key: Some(claim.key.as_str()),
+        ledger_key: claim.key.as_str(),
+        lines: &order.lines,
+        totals: &plan.totals,
+    };
+    write_order_hold(transaction, &hold, now).await?;
+    statement(
+        "INSERT INTO customer_order (id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, \
+         version, idempotency_key, created_at, updated_at) \
+         VALUES ($1, $2, $3, 'PENDING_PAYMENT', $4, $5, $6, $7, 1, $8, $9, $9)",
+    )
+    .bind(order.id.as_str())
+    .bind(shop.as_str())
+    .bind(order.user.as_str())
+    .bind(prices.amount_minor)
+    .bind(&prices.currency)
+    .bind(order.reservation_id.as_str())
+    .bind(order.expires_at.unix_milliseconds())
+    .bind(claim.key.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    for (line_number, (line, price)) in order.lines.iter().zip(&prices.unit_prices).enumerate() {
+        statement(
+            "INSERT INTO order_line (order_id, line_number, sku, warehouse, quantity, unit_price_minor) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(order.id.as_str())
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .bind(price)
+        .execute(&mut *transaction)
+        .await?;
+    }
+    insert_history(
+        transaction,
+        &order.id,
+        None,
+        OrderStatus::PendingPayment,
+        "created",
+        now,
+    )
+    .await
+}
+
+/// An order-held reservation to write.
+pub(crate) struct OrderHold<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) order: &'a OrderId,
+    pub(crate) shopper: (&'a ShopCode, &'a OrderUserId),
+    pub(crate) expires_at: Timestamp,
+    /// The key stored on the reservation: the order's request (none for a late success).
+    pub(crate) request_key: Option<&'a str>,
+    /// The key its ledger rows name: the request's, or the late payment's id.
+    pub(crate) ledger_key: &'a str,
+    pub(crate) lines: &'a [ReservationLine],
+    /// Units each stock row gives up, in (sku, warehouse) order.
+    pub(crate) totals: &'a std::collections::BTreeMap<StockKey, i64>,
+}
+
+/// The one writer of an order-held reservation (a new order, a cart's checkout, a late
+/// success): the stock taken row by row in (sku, warehouse) order, each conditional
+/// update's row count checked; the reservation `RESERVED`; its lines with their
+/// `reserve` ledger rows.
+pub(crate) async fn write_order_hold<C: Connection>(
+    transaction: &mut C,
+    hold: &OrderHold<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    for ((sku, warehouse), total) in hold.totals {
+        let updated = statement(
+            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+        )
+        .bind(sku.as_str())
+        .bind(warehouse.as_str())
+        .bind(total)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        expect_one_row(updated, "taking an order's stock")?;
+    }
+    statement(
+        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
+    )
+    .bind(hold.id.as_str())
+    .bind(hold.expires_at.unix_milliseconds())
+    .bind(hold.request_key)
+    .bind(now.unix_milliseconds())
+    .bind(hold.order.as_str())
+    .bind(hold.shopper.0.as_str())
+    .bind(hold.shopper.1.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    for (line_number, line) in hold.lines.iter().enumerate() {
+        statement(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(hold.id.as_str())
+        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(line.quantity.get())
+        .execute(&mut *transaction)
+        .await?;
+        insert_ledger_row(
+            transaction,
+            LedgerEntry {
+                sku: &line.sku,
+                warehouse: &line.warehouse,
+                kind: "reserve",
+                available_delta: -line.quantity.get(),
+                reserved_delta: line.quantity.get(),
+                reference: hold.id.as_str(),
+                idempotency_key: Some(hold.ledger_key),
+            },
+            now,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// An order's payment attempts, oldest first.
+pub(crate) async fn order_attempts<C: Connection>(
+    connection: &mut C,
+    id: &OrderId,
+) -> Result<Vec<PaymentAttempt>, StoreError> {
+    let attempt_rows = statement(
+        "SELECT id, status, gateway_key, gateway_payment_id, payment_method, failure_reason, amount_minor, currency, \
+         created_at, updated_at FROM payment_attempt WHERE order_id = $1 ORDER BY attempt_number",
+    )
+    .bind(id.as_str())
+    .fetch_all_as::<(String, String, String, Option<String>, String, Option<String>, i64, String, i64, i64)>(&mut *connection)
+    .await?;
+    let mut attempts = Vec::with_capacity(attempt_rows.len());
+    for (
+        attempt,
+        status,
+        gateway_key,
+        gateway_payment_id,
+        payment_method,
+        failure_reason,
+        amount,
+        currency,
+        created,
+        updated,
+    ) in attempt_rows
+    {
+        attempts.push(PaymentAttempt {
+            id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
+            status: parse_stored("attempt status", &status, AttemptStatus::parse)?,
+            gateway_key,
+            gateway_payment_id,
+            payment_method,
+            failure_reason,
+            amount_minor: amount,
+            currency,
+            created_at: Timestamp::from_unix_milliseconds(created),
+            updated_at: Timestamp::from_unix_milliseconds(updated),
+        });
+    }
+    Ok(attempts)
+}
+
+/// An order's refunds, oldest first.
+pub(crate) async fn order_refunds<C: Connection>(
+    connection: &mut C,
+    id: &OrderId,
+) -> Result<Vec<RefundRecord>, StoreError> {
+    let refund_rows = statement(
+        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
+         FROM refund WHERE order_id = $1 ORDER BY created_at, id",
+    )
+    .bind(id.as_str())
+    .fetch_all_as::<(String, String, String, i64, String, Option<String>, String, Option<String>)>(&mut *connection)
+    .await?;
+    let mut refunds = Vec::with_capacity(refund_rows.len());
+    for (
+        refund,
+        attempt,
+        status,
+        amount_minor,
+        currency,
+        gateway_refund_id,
+        reason,
+        failure_reason,
+    ) in refund_rows
+    {
+        refunds.push(RefundRecord {
+            id: parse_stored("refund id", &refund, RefundId::parse)?,
+            attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
+            status,
+            amount_minor,
+            currency,
+            gateway_refund_id,
+            reason,
+            failure_reason,
+        });
+    }
+    Ok(refunds)
+}
+
+/// The statuses an order went through, oldest first.
+pub(crate) async fn order_history<C: Connection>(
+    connection: &mut C,
+    id: &OrderId,
+) -> Result<Vec<OrderHistoryEntry>, StoreError> {
+    let history_rows = statement(
+        "SELECT from_status, to_status, reason, created_at FROM order_history WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id.as_str())
+    .fetch_all_as::<(Option<String>, String, String, i64)>(&mut *connection)
+    .await?;
+    let mut history = Vec::with_capacity(history_rows.len());
+    for (from, to, reason, at) in history_rows {
+        history.push(OrderHistoryEntry {
+            from: from
+                .as_deref()
+                .map(|from| parse_stored("order status", from, OrderStatus::parse))
+                .transpose()?,
+            to: parse_stored("order status", &to, OrderStatus::parse)?,
+            reason,
+            at: Timestamp::from_unix_milliseconds(at),
+        });
+    }
+    Ok(history)
+}
+
+pub(crate) async fn load_order<C: Connection>(
+    connection: &mut C,
+    id: &OrderId,
+) -> Result<Option<Order>, StoreError> {
+    let row = statement(
+        "SELECT shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version, created_at, updated_at \
+         FROM customer_order WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional_as::<(String, String, String, i64, String, String, i64, i64, i64, i64)>(&mut *connection)
+    .await?;
+    let Some((
+        shop,
+        user,
+        status,
+        amount_minor,
+        currency,
+        reservation,
+        expires_at,
+        version,
+        created_at,
+        updated_at,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let reservation = parse_stored("reservation id", &reservation, ReservationId::parse)?;
+    let reservation = load_reservation(&mut *connection, &reservation)
+        .await?
+        .ok_or_else(|| invariant(format!("order {id} has no reservation")))?;
+    let lines = order_lines(&mut *connection, id).await?;
+    let attempts = order_attempts(&mut *connection, id).await?;
+    let refunds = order_refunds(&mut *connection, id).await?;
+    let returned: Option<String> =
+        statement("SELECT order_id FROM order_return WHERE order_id = $1")
+            .bind(id.as_str())
+            .fetch_optional_scalar(&mut *connection)
+            .await?;
+    let history = order_history(&mut *connection, id).await?;
+    Ok(Some(Order {
+        id: id.clone(),
+        shop: parse_stored("shop", &shop, ShopCode::parse)?,
+        user: parse_stored("user id", &user, OrderUserId::parse)?,
+        status: parse_stored("order status", &status, OrderStatus::parse)?,
+        amount_minor,
+        currency: parse_stored("currency", &currency, Currency::parse)?,
+        expires_at: Timestamp::from_unix_milliseconds(expires_at),
+        version,
+        created_at: Timestamp::from_unix_milliseconds(created_at),
+        updated_at: Timestamp::from_unix_milliseconds(updated_at),
+        lines,
+        reservation,
+        attempts,
+        refunds,
+        returned: returned.is_some(),
+        history,
+    }))
+}
+
+impl<B: Backend> Units<B> {
+    /// An order and its reservation, in one transaction: all lines reserved or none,
+    /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
+    /// counted. The reservation is held by the order: only its flow moves it.
+    pub async fn create_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &NewOrder,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let mut wanted: Vec<StockKey> = order
+            .lines
+            .iter()
+            .map(|line| (line.sku.clone(), line.warehouse.clone()))
+            .collect();
+        wanted.sort();
+        let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
+        let skus = with_unlisted_skus(&mut *transaction, &wanted, skus).await?;
+        let shopper = order
+            .lines
+            .first()
+            .and_then(|line| skus.get(&line.sku))
+            .map(|facts| (facts.shop.clone(), order.user.clone()));
+        let limited: Vec<PurchaseKey> = match &shopper {
+            Some((shop, user)) => order
+                .lines
+                .iter()
+                .filter(|line| {
+                    skus.get(&line.sku)
+                        .is_some_and(|facts| facts.per_user_limit.is_some())
+                })
+                .map(|line| (shop.clone(), user.clone(), line.sku.clone()))
+                .collect(),
+            None => Vec::new(),
+        };
+        let tallies = read_tallies(
+            &mut *transaction,
+            shopper.into_iter().collect(),
+            limited,
+            self.limits().open_holds_max,
+        )
+        .await?;
+        let plan = plan_batch(
+            [PlanRequest {
+                lines: &order.lines,
+                shop: &order.shop,
+                user: Some(&order.user),
+            }],
+            &skus,
+            &available,
+            &tallies,
+        );
+        let decided = plan.decisions[0].clone();
+        let priced = match decided {
+            Ok(shop) => price_order(&mut *transaction, order)
+                .await?
+                .map(|prices| (shop, prices)),
+            Err(rejection) => Err(rejection),
+        };
+        let response = match priced {
+            Err(rejection) => renderer.rejected(&rejection),
+            Ok((shop, prices)) => {
+                write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
+                add_to_tallies(
+                    &mut *transaction,
+                    &plan.holds_added,
+                    &plan.purchases_added,
+                    self.limits().open_holds_max,
+                )
+                .await?;
+                let created = load_order(&mut *transaction, &order.id)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                match &order.skipped {
+                    Some(skipped) => renderer.checked_out(&created, skipped),
+                    None => renderer.order(&created, true),
+                }
+            }
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// The shop an order belongs to (fixed at creation).
+    pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
+        let shop: Option<String> = statement("SELECT shop FROM customer_order WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional_scalar(&mut *self.write_connection().await?)
+            .await?;
+        shop.map(|shop| parse_stored("shop", &shop, ShopCode::parse))
+            .transpose()
+    }
+
+    pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let order = load_order(&mut *transaction, id).await;
+        transaction.rollback().await?;
+        order
+    }
+
+    /// Expires up to `limit` orders still waiting for payment past their hold (unpaid,
+    /// or declined and not paid again): their stock goes back. Orders with a payment in
+    /// flight are left to reconciliation.
+    pub async fn expire_orders(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<OrderId>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all_scalar(&mut *transaction)
+            .await?;
+        // The claim locked the orders; their reservations and stock rows are then
+        // settled together, in the one global lock order (reservation ids, then
+        // (sku, warehouse)), never order by order.
+        let mut expiring: Vec<(OrderId, OrderStatus, ReservationId)> =
+            Vec::with_capacity(ids.len());
+        for id in ids {
+            let order = parse_stored("order id", &id, OrderId::parse)?;
+            let Some((status, reservation, _)) = lock_order(&mut *transaction, &order).await?
+            else {
+                continue;
+            };
+            if status.accepts_a_payment_attempt() {
+                expiring.push((order, status, reservation));
+            }
+        }
+        let moves: Vec<Move<'_>> = expiring
+            .iter()
+            .map(|(_, _, reservation)| Move {
+                id: reservation,
+                action: ReservationAction::Release,
+                reason: ReleaseReason::Expired,
+            })
+            .collect();
+        let outcomes =
+            settle_reservations(&mut *transaction, &moves, Mover::HoldingOrders, now).await?;
+        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
+            return Err(invariant(format!(
+                "an expired order's reservation could not be released: {}",
+                refused.detail
+            )));
+        }
+        let mut expired = Vec::with_capacity(expiring.len());
+        for (order, status, _) in expiring {
+            move_order(
+                &mut *transaction,
+                &order,
+                status,
+                OrderStatus::Expired,
+                "hold ended unpaid",
+                now,
+            )
+            .await?;
+            expired.push(order);
+        }
+        transaction.commit().await?;
+        Ok(expired)
+    }
+
+    /// `POST /v1/orders/{id}/cancel`: an unpaid order gives its stock back; a paid one
+    /// goes to `REFUND_PENDING` with a refund to issue. A payment in flight must be
+    /// resolved first.
+    pub async fn cancel_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        may_cancel_paid: bool,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        // The order before the key, as every unit of work on an order takes them.
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let holds_stock = match &locked {
+            Some((_, reservation, _)) => {
+                reservation_status(&mut *transaction, reservation).await?
+                    == ReservationStatus::Reserved
+            }
+            None => false,
+        };
+        let refusal = match locked {
+            None => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            // Unpaid, or declined with its hold kept.
+            Some((status, reservation, _)) if status.accepts_a_payment_attempt() && holds_stock => {
+                release_order(
+                    &mut *transaction,
+                    order,
+                    &reservation,
+                    status,
+                    OrderStatus::Cancelled,
+                    "cancelled",
+                    now,
+                )
+                .await?;
+                None
+            }
+            Some((OrderStatus::Paid, _, _)) if !may_cancel_paid => Some(Rejection::new(
+                ErrorCode::Forbidden,
+                "the order is paid: cancelling it (and refunding) is a staff decision",
+            )),
+            Some((OrderStatus::Paid, _, _)) => {
+                move_order(
+                    &mut *transaction,
+                    order,
+                    OrderStatus::Paid,
+                    OrderStatus::RefundPending,
+                    "cancelled after payment: refund",
+                    now,
+                )
+                .await?;
+                let Some(paid_by) = paying_attempt(&mut *transaction, order).await? else {
+                    return Err(invariant(format!(
+                        "paid order {order} has no succeeded attempt"
+                    )));
+                };
+                insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await?;
+                None
+            }
+            // Not a transition the table allows: the payment's outcome decides first.
+            Some((OrderStatus::PaymentProcessing, _, _)) => Some(Rejection::new(
+                ErrorCode::IllegalTransition,
+                "a payment is in flight; the order can be cancelled once its outcome is known",
+            )),
+            Some((status, _, _)) => Some(Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!("an order cannot be cancelled from {}", status.as_str()),
+            )),
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => {
+                let loaded = load_order(&mut *transaction, order)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&loaded, false)
+            }
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// After-sale return: the order's goods go back to available stock, with `return`
+    /// ledger rows, once (`order_return` guards it), and only when they left stock: the
+    /// order's reservation is confirmed. The SKUs' sale status is not
+    /// touched: a returned unit of an off-shelf SKU stays off the shelf.
+    pub async fn return_order(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        // The order before the key, as every unit of work on an order takes them.
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let refusal = match locked {
+            None => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            Some((status, _, _))
+                if !matches!(
+                    status,
+                    OrderStatus::Paid | OrderStatus::RefundPending | OrderStatus::Refunded
+                ) =>
+            {
+                Some(Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!(
+                        "only a paid order's goods can come back (order is {})",
+                        status.as_str()
+                    ),
+                ))
+            }
+            Some((_, reservation, _))
+                if reservation_status(&mut *transaction, &reservation).await?
+                    != ReservationStatus::Confirmed =>
+            {
+                // A late success that found no stock (or no sale) refunds an order whose
+                // reservation was released: those goods never left stock.
+                Some(Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!(
+                        "order '{order}' never took its goods out of stock (its payment came after they were given back): nothing to return"
+                    ),
+                ))
+            }
+            Some(_) => {
+                let guarded = statement("INSERT INTO order_return (order_id, created_at) VALUES ($1, $2) ON CONFLICT (order_id) DO NOTHING")
+                    .bind(order.as_str())
+                    .bind(now.unix_milliseconds())
+                    .execute(&mut *transaction)
+                    .await?;
+                if guarded == 0 {
+                    Some(Rejection::new(
+                        ErrorCode::IllegalTransition,
+                        format!("order '{order}' was returned already"),
+                    ))
+                } else {
+                    put_goods_back(&mut *transaction, order, claim, now).await?;
+                    None
+                }
+            }
+        };
+        let response = match refusal {
+            Some(rejection) => renderer.rejected(&rejection),
+            None => {
+                let loaded = load_order(&mut *transaction, order)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                renderer.order(&loaded, false)
+            }
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+}

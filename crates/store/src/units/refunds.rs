@@ -1,0 +1,154 @@
+//! Refunds: written with the change that owes them, claimed by the refund worker,
+//! settled or failed from the gateway's answer.
+
+use super::Units;
+use super::decode::{derived_random, invariant, parse_stored};
+use super::orders::{lock_order, move_order};
+use super::payments::retry_delay;
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::orders::RefundToIssue;
+use crate::sql::{Connection, statement};
+use domain::{AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, Timestamp};
+
+/// A refund of what `attempt` charged, to be issued by the refund worker with its own
+/// gateway key. One per attempt.
+pub(crate) async fn insert_refund<C: Connection>(
+    transaction: &mut C,
+    attempt: &PaymentAttemptId,
+    now: Timestamp,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let id = RefundId::generate(now, derived_random(attempt.as_str(), "refund"));
+    statement(
+        "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
+         next_try_at, created_at, updated_at) \
+         SELECT $1, order_id, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM payment_attempt WHERE id = $5 \
+         ON CONFLICT (attempt_id) DO NOTHING",
+    )
+    .bind(id.as_str())
+    .bind(format!("stockd-refund-{attempt}"))
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .bind(attempt.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
+impl<B: Backend> Units<B> {
+    /// Pending refunds due for a try, leased like attempts.
+    pub async fn claim_refunds(
+        &self,
+        now: Timestamp,
+        limit: i64,
+        lease_milliseconds: i64,
+    ) -> Result<Vec<RefundToIssue>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let rows = statement(<B::Connection as Dialect>::CLAIM_REFUNDS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all_as::<(String, String, String, String, i64, String, i64)>(&mut *transaction)
+            .await?;
+        let mut refunds = Vec::with_capacity(rows.len());
+        for (id, order, attempt, gateway_key, amount_minor, currency, tries) in rows {
+            statement("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
+                .bind(&id)
+                .bind(
+                    now.unix_milliseconds()
+                        .saturating_add(retry_delay(lease_milliseconds, tries)),
+                )
+                .execute(&mut *transaction)
+                .await?;
+            let payment: Option<String> =
+                statement("SELECT gateway_payment_id FROM payment_attempt WHERE id = $1")
+                    .bind(&attempt)
+                    .fetch_optional_scalar(&mut *transaction)
+                    .await?
+                    .flatten();
+            let Some(gateway_payment_id) = payment else {
+                continue;
+            };
+            refunds.push(RefundToIssue {
+                refund_id: parse_stored("refund id", &id, RefundId::parse)?,
+                order_id: parse_stored("order id", &order, OrderId::parse)?,
+                gateway_key,
+                gateway_payment_id,
+                amount_minor,
+                currency,
+            });
+        }
+        transaction.commit().await?;
+        Ok(refunds)
+    }
+
+    /// Records a refund the gateway confirmed. The refund of the attempt that paid the
+    /// order makes it `REFUNDED`; the refund of a second charge leaves the order as it
+    /// is. Idempotent.
+    pub async fn settle_refund(
+        &self,
+        refund: &RefundId,
+        gateway_refund_id: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let found: Option<(String, String)> = statement(
+            "SELECT refund.order_id, payment_attempt.status FROM refund \
+             JOIN payment_attempt ON payment_attempt.id = refund.attempt_id WHERE refund.id = $1",
+        )
+        .bind(refund.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
+        let Some((order, attempt_status)) = found else {
+            return Err(invariant(format!("refund {refund} vanished")));
+        };
+        let order = parse_stored("order id", &order, OrderId::parse)?;
+        // The order first: the lock order of every order transaction.
+        let locked = lock_order(&mut *transaction, &order).await?;
+        let updated = statement(
+            "UPDATE refund SET status = 'SUCCEEDED', gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        )
+        .bind(refund.as_str())
+        .bind(gateway_refund_id)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        if updated == 1
+            && attempt_status == AttemptStatus::Succeeded.as_str()
+            && let Some((OrderStatus::RefundPending, _, _)) = locked
+        {
+            move_order(
+                &mut *transaction,
+                &order,
+                OrderStatus::RefundPending,
+                OrderStatus::Refunded,
+                "refund confirmed",
+                now,
+            )
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    /// Records a refund the gateway refused outright: `FAILED` with its reason, never
+    /// claimed again. The order stays `REFUND_PENDING` for a person to resolve.
+    pub async fn fail_refund(
+        &self,
+        refund: &RefundId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        statement(
+            "UPDATE refund SET status = 'FAILED', failure_reason = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        )
+        .bind(refund.as_str())
+        .bind(reason)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,462 @@
+//! Reservations: reading one, moving it out of `RESERVED` through the transition
+//! table (confirm, release, expiry), and the expiry worker's step.
+
+use super::Units;
+use super::decode::{corrupt, expect_one_row, invariant};
+use super::idempotency::{claim_or_answer, complete_claim};
+use super::stock::settle_line;
+use super::tallies::give_back_tallies;
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::model::{
+    ExpiryOutcome, IdempotencyClaim, Idempotent, Rejection, ReservationAction, ReservationGauges,
+    ReserveRequest, ResponseRenderer, ShopScope,
+};
+use crate::plan::ShopperKey;
+use crate::sql::{Connection, Row, statement};
+use domain::{
+    ErrorCode, OrderId, Quantity, ReleaseReason, Reservation, ReservationId, ReservationLine,
+    ReservationStatus, ShopCode, SkuCode, Timestamp, UserId, WarehouseCode,
+};
+
+pub(crate) async fn load_reservation<C: Connection>(
+    connection: &mut C,
+    id: &ReservationId,
+) -> Result<Option<Reservation>, StoreError> {
+    let Some(row) = statement(
+        "SELECT status, release_reason, expires_at, created_at, updated_at, shop, user_id, order_id \
+         FROM reservation WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional_row(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let line_rows = statement(
+        "SELECT sku, warehouse, quantity FROM reservation_line \
+         WHERE reservation_id = $1 ORDER BY line_number",
+    )
+    .bind(id.as_str())
+    .fetch_all_rows(&mut *connection)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for line_row in &line_rows {
+        lines.push(decode_line(line_row)?);
+    }
+    let status: String = row.try_get("status")?;
+    let release_reason: Option<String> = row.try_get("release_reason")?;
+    let shop: Option<String> = row.try_get("shop")?;
+    let user: Option<String> = row.try_get("user_id")?;
+    let order_id: Option<String> = row.try_get("order_id")?;
+    Ok(Some(Reservation {
+        id: id.clone(),
+        shop: shop
+            .as_deref()
+            .map(ShopCode::parse)
+            .transpose()
+            .map_err(|error| corrupt("shop", error))?,
+        user: user
+            .as_deref()
+            .map(UserId::parse)
+            .transpose()
+            .map_err(|error| corrupt("user id", error))?,
+        order_id: order_id
+            .as_deref()
+            .map(OrderId::parse)
+            .transpose()
+            .map_err(|error| corrupt("order id", error))?,
+        status: ReservationStatus::parse(&status).map_err(|error| corrupt("status", error))?,
+        release_reason: release_reason
+            .as_deref()
+            .map(ReleaseReason::parse)
+            .transpose()
+            .map_err(|error| corrupt("release reason", error))?,
+        expires_at: Timestamp::from_unix_milliseconds(row.try_get("expires_at")?),
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        lines,
+    }))
+}
+
+pub(crate) fn decode_line(row: &Row) -> Result<ReservationLine, StoreError> {
+    let sku: String = row.try_get("sku")?;
+    let warehouse: String = row.try_get("warehouse")?;
+    Ok(ReservationLine {
+        sku: SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?,
+        warehouse: WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?,
+        quantity: Quantity::new(row.try_get("quantity")?)
+            .map_err(|error| corrupt("quantity", error))?,
+    })
+}
+
+/// The reservation a request creates, as its answer shows it.
+pub(crate) fn new_reservation(
+    request: &ReserveRequest,
+    shop: Option<&ShopCode>,
+    now: Timestamp,
+) -> Reservation {
+    let shop = shop.or(match &request.shop {
+        ShopScope::Verified(shop) | ShopScope::Required(shop) => Some(shop),
+        ShopScope::Any => None,
+    });
+    Reservation {
+        id: request.id.clone(),
+        shop: shop.cloned(),
+        user: request.user.clone(),
+        order_id: None,
+        status: ReservationStatus::Reserved,
+        release_reason: None,
+        expires_at: request.expires_at,
+        created_at: now,
+        updated_at: now,
+        lines: request.lines.clone(),
+    }
+}
+
+/// Who moves a reservation out of `RESERVED`. A reservation held by an order is moved
+/// only by that order's flow (DESIGN.md, trust model).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mover<'a> {
+    /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds.
+    Client,
+    /// The flow of this order: pay, cancel, expiry, refund.
+    Order(&'a OrderId),
+    /// The flows of the orders holding the reservations, whose rows the caller locked
+    /// (the order-expiry batch).
+    HoldingOrders,
+}
+
+/// One reservation to move out of `RESERVED`.
+pub(crate) struct Move<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) action: ReservationAction,
+    /// Why, when it is released.
+    pub(crate) reason: ReleaseReason,
+}
+
+/// A reservation moved, with what must be settled for it.
+pub(crate) struct Moved<'a> {
+    pub(crate) id: &'a ReservationId,
+    pub(crate) action: ReservationAction,
+    pub(crate) shopper: Option<ShopperKey>,
+    pub(crate) lines: Vec<ReservationLine>,
+}
+
+/// Moves each reservation out of `RESERVED` through the transition table (locking the
+/// reservation rows in id order), then settles all their lines in the one global
+/// (sku, warehouse) order, then gives the shoppers' tallies back: an open hold per
+/// reservation, and on release the units. Only the caller that moves a reservation out
+/// of `RESERVED` touches its stock, so a release that runs twice returns it once.
+///
+/// One outcome per move, in order; `Err` is a business refusal, and nothing was
+/// written for that reservation.
+pub(crate) async fn settle_reservations<C: Connection>(
+    transaction: &mut C,
+    moves: &[Move<'_>],
+    mover: Mover<'_>,
+    now: Timestamp,
+) -> Result<Vec<Result<(), Rejection>>, StoreError> {
+    let mut in_lock_order: Vec<usize> = (0..moves.len()).collect();
+    in_lock_order.sort_by(|left, right| moves[*left].id.cmp(moves[*right].id));
+    let mut outcomes: Vec<Result<(), Rejection>> = vec![Ok(()); moves.len()];
+    let mut moved: Vec<Moved<'_>> = Vec::with_capacity(moves.len());
+    for index in in_lock_order {
+        let step = &moves[index];
+        match move_reservation(transaction, step, mover, now).await? {
+            Ok(done) => moved.push(done),
+            Err(rejection) => outcomes[index] = Err(rejection),
+        }
+    }
+    let mut settlements: Vec<(&ReservationLine, ReservationAction, &ReservationId)> = moved
+        .iter()
+        .flat_map(|done| {
+            done.lines
+                .iter()
+                .map(move |line| (line, done.action, done.id))
+        })
+        .collect();
+    settlements.sort_by(|(left, _, _), (right, _, _)| {
+        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+    });
+    for (line, action, id) in settlements {
+        settle_line(transaction, line, action, id, now).await?;
+    }
+    give_back_tallies(transaction, &moved).await?;
+    Ok(outcomes)
+}
+
+/// Whether `mover` may move reservation `id`, held by `order_id`: a client never moves
+/// an order's reservation; an order flow moves only its own.
+pub(crate) fn mover_may_move(
+    mover: Mover<'_>,
+    id: &ReservationId,
+    order_id: Option<&str>,
+) -> Result<Result<(), Rejection>, StoreError> {
+    match (mover, order_id) {
+        (Mover::Client, Some(order)) => Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!(
+                "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
+            ),
+        ))),
+        (Mover::Order(order), held_by) if held_by != Some(order.as_str()) => Err(invariant(
+            format!("order {order} tried to move reservation {id}, held by {held_by:?}"),
+        )),
+        (Mover::HoldingOrders, None) => Err(invariant(format!(
+            "an order flow tried to move reservation {id}, held by no order"
+        ))),
+        _ => Ok(Ok(())),
+    }
+}
+
+/// The status a locked reservation moves from and to, through the transition table;
+/// refused when the table has no such step, or when a client confirms a hold past its
+/// end.
+pub(crate) fn decide_move(
+    step: &Move<'_>,
+    mover: Mover<'_>,
+    status: &str,
+    expires_at: i64,
+    now: Timestamp,
+) -> Result<Result<(ReservationStatus, ReservationStatus), Rejection>, StoreError> {
+    let id = step.id;
+    let current = ReservationStatus::parse(status).map_err(|error| corrupt("status", error))?;
+    let target = match step.action {
+        ReservationAction::Confirm => ReservationStatus::Confirmed,
+        ReservationAction::Release => ReservationStatus::Released,
+    };
+    if let Err(illegal) = current.transition(target) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("reservation '{id}': {illegal}"),
+        )));
+    }
+    // The clock in this transaction decides, not the sweep: a plain hold past its end
+    // is never sold, even while the sweep has not released it yet. (An order's hold
+    // is the order's business: a payment in flight settles it either way.)
+    let expires_at = Timestamp::from_unix_milliseconds(expires_at);
+    if matches!(mover, Mover::Client)
+        && step.action == ReservationAction::Confirm
+        && expires_at <= now
+    {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("reservation '{id}' expired at {expires_at}: it can no longer be confirmed"),
+        )));
+    }
+    Ok(Ok((current, target)))
+}
+
+/// A reservation's lines.
+pub(crate) async fn reservation_lines_of<C: Connection>(
+    transaction: &mut C,
+    id: &ReservationId,
+) -> Result<Vec<ReservationLine>, StoreError> {
+    let line_rows = statement(
+        "SELECT sku, warehouse, quantity FROM reservation_line WHERE reservation_id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_all_rows(&mut *transaction)
+    .await?;
+    let mut lines = Vec::with_capacity(line_rows.len());
+    for row in &line_rows {
+        lines.push(decode_line(row)?);
+    }
+    Ok(lines)
+}
+
+/// The status half of [`settle_reservations`] for one reservation.
+pub(crate) async fn move_reservation<'a, C: Connection>(
+    transaction: &mut C,
+    step: &Move<'a>,
+    mover: Mover<'_>,
+    now: Timestamp,
+) -> Result<Result<Moved<'a>, Rejection>, StoreError> {
+    let id = step.id;
+    /// A locked reservation's status, holder order, shop, shopper and hold end.
+    type LockedReservation = (String, Option<String>, Option<String>, Option<String>, i64);
+    let row: Option<LockedReservation> = statement(C::SELECT_RESERVATION_FOR_UPDATE)
+        .bind(id.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
+    let Some((status, order_id, shop, user, expires_at)) = row else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("reservation '{id}' does not exist"),
+        )));
+    };
+    if let Err(refused) = mover_may_move(mover, id, order_id.as_deref())? {
+        return Ok(Err(refused));
+    }
+    let (current, target) = match decide_move(step, mover, &status, expires_at, now)? {
+        Ok(decided) => decided,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    let reason = (target == ReservationStatus::Released).then_some(step.reason.as_str());
+    let updated = statement(
+        "UPDATE reservation SET status = $2, release_reason = $3, updated_at = $4 \
+         WHERE id = $1 AND status = $5",
+    )
+    .bind(id.as_str())
+    .bind(target.as_str())
+    .bind(reason)
+    .bind(now.unix_milliseconds())
+    .bind(current.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "changing a locked reservation's status")?;
+    let lines = reservation_lines_of(transaction, id).await?;
+    let shopper = match (shop, user) {
+        (Some(shop), Some(user)) => Some((
+            ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
+            UserId::parse(&user).map_err(|error| corrupt("user id", error))?,
+        )),
+        _ => None,
+    };
+    Ok(Ok(Moved {
+        id,
+        action: step.action,
+        shopper,
+        lines,
+    }))
+}
+
+/// Moves the reservation an order holds out of `RESERVED` and settles it (see
+/// [`settle_reservations`]). `Err` is a business refusal; nothing was written.
+pub(crate) async fn settle_order_reservation<C: Connection>(
+    transaction: &mut C,
+    order: &OrderId,
+    reservation: &ReservationId,
+    action: ReservationAction,
+    reason: ReleaseReason,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    let step = Move {
+        id: reservation,
+        action,
+        reason,
+    };
+    Ok(
+        settle_reservations(transaction, &[step], Mover::Order(order), now)
+            .await?
+            .remove(0),
+    )
+}
+
+impl<B: Backend> Units<B> {
+    pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let reservation = load_reservation(&mut *transaction, id).await;
+        transaction.rollback().await?;
+        reservation
+    }
+
+    /// Confirms (consumes) or releases (returns) a reservation's stock. Only the
+    /// transaction that moves the reservation out of `RESERVED` touches stock.
+    pub async fn change_reservation(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ReservationId,
+        action: ReservationAction,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let reason = ReleaseReason::Requested;
+        let outcome = settle_reservations(
+            &mut *transaction,
+            &[Move { id, action, reason }],
+            Mover::Client,
+            now,
+        )
+        .await?
+        .remove(0);
+        let response = match outcome {
+            Ok(()) => {
+                let reservation =
+                    load_reservation(&mut *transaction, id)
+                        .await?
+                        .ok_or_else(|| {
+                            invariant("a reservation vanished inside its own transaction")
+                        })?;
+                renderer.reservation_changed(&reservation)
+            }
+            Err(rejection) => renderer.rejected(&rejection),
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Releases up to `limit` reservations whose hold ended at or before `now`. Several
+    /// processes may run this at once: each reservation is claimed by exactly one.
+    pub async fn expire_batch(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<ExpiryOutcome, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .fetch_all_scalar(&mut *transaction)
+            .await?;
+        let ids = ids
+            .iter()
+            .map(|id| ReservationId::parse(id).map_err(|error| corrupt("reservation id", error)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let moves: Vec<Move<'_>> = ids
+            .iter()
+            .map(|id| Move {
+                id,
+                action: ReservationAction::Release,
+                reason: ReleaseReason::Expired,
+            })
+            .collect();
+        // Claimed rows are locked and `RESERVED` and held by no order: each moves.
+        let outcomes = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await?;
+        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
+            return Err(invariant(format!(
+                "a claimed expired reservation could not be released: {}",
+                refused.detail
+            )));
+        }
+        let released = ids;
+        transaction.commit().await?;
+        Ok(ExpiryOutcome { released })
+    }
+
+    /// Open holds and the expiry backlog, for the metrics endpoint (once per scrape).
+    /// Both are counted through the partial index on `RESERVED` rows, so a scrape
+    /// costs as much as there are open holds. Confirmed and released reservations are
+    /// never deleted: counting them would scan a table that only grows, at every scrape.
+    pub async fn reservation_gauges(
+        &self,
+        now: Timestamp,
+    ) -> Result<ReservationGauges, StoreError> {
+        let reserved: i64 = statement("SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED'")
+            .fetch_one_scalar(&mut *self.read_connection().await?)
+            .await?;
+        Ok(ReservationGauges {
+            reserved,
+            expired_backlog: self.expiry_backlog(now).await?,
+        })
+    }
+
+    /// `RESERVED` reservations already past their expiry: read from the partial index
+    /// the expiry worker uses, so it stays cheap however many reservations exist.
+    pub async fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError> {
+        statement(
+            "SELECT COUNT(*) FROM reservation \
+             WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL",
+        )
+        .bind(now.unix_milliseconds())
+        .fetch_one_scalar(&mut *self.read_connection().await?)
+        .await
+    }
+}

@@ -1,0 +1,422 @@
+//! Shelf status (seed 003): resolving an operation's targets, deciding and applying a
+//! sale-status change under the stock rows' locks, and the shelf log.
+
+use super::Units;
+use super::decode::parse_stored;
+use super::idempotency::{claim_or_answer, complete_claim};
+use crate::backend::{Backend, Finish};
+use crate::catalog::{
+    Actor, ShelfChange, ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfTarget, TargetSelector,
+};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
+use crate::sql::{Connection, built_statement, statement};
+use domain::{
+    Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus, ShelfDecision,
+    ShelfLogEntry, ShopCode, SkuCode, Timestamp, decide_shelf_change, operation_label,
+};
+use std::collections::BTreeSet;
+
+#[allow(unused_imports)]
+/// SKUs a shelf operation's lookup reads at most (a category or supplier query's LIMIT,
+/// where product lookups stop): one more than an operation may change
+/// (`domain::limits::SHELF_TARGETS_MAX`), so an operation naming too many is seen.
+pub(crate) const SHELF_TARGETS_READ_MAX: i64 = domain::limits::SHELF_TARGETS_MAX as i64 + 1;
+
+/// A SKU's sale state as a shelf change needs it.
+pub(crate) struct ShelfState {
+    pub(crate) status: SaleStatus,
+    pub(crate) version: i64,
+    pub(crate) completeness: Completeness,
+}
+
+pub(crate) async fn load_shelf_state<C: Connection>(
+    connection: &mut C,
+    sku: &SkuCode,
+) -> Result<Option<ShelfState>, StoreError> {
+    let row = statement(
+        "SELECT sku.sale_status, sku.version, sku.title AS sku_title, sku.price_minor, sku.product_id, \
+         product.title AS product_title, product.image_url FROM sku \
+         LEFT JOIN product ON product.id = sku.product_id WHERE sku.code = $1",
+    )
+    .bind(sku.as_str())
+    .fetch_optional_row(&mut *connection)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let status: String = row.try_get("sale_status")?;
+    let product_id: Option<String> = row.try_get("product_id")?;
+    let price: Option<i64> = row.try_get("price_minor")?;
+    let completeness = match product_id {
+        // A product needs its title, image and price before its SKUs go on sale.
+        Some(_) => {
+            let title: Option<String> = row.try_get("product_title")?;
+            let image_url: Option<String> = row.try_get("image_url")?;
+            Completeness {
+                has_title: title.is_some_and(|title| !title.trim().is_empty()),
+                has_image: image_url.is_some_and(|url| !url.is_empty()),
+                has_price: price.is_some(),
+            }
+        }
+        // A SKU created on its own (`PUT /v1/skus`) has no product and no image.
+        None => {
+            let title: String = row.try_get("sku_title")?;
+            Completeness {
+                has_title: !title.trim().is_empty(),
+                has_image: true,
+                has_price: price.is_some(),
+            }
+        }
+    };
+    Ok(Some(ShelfState {
+        status: parse_stored("sale status", &status, SaleStatus::parse)?,
+        version: row.try_get("version")?,
+        completeness,
+    }))
+}
+
+pub(crate) struct LogLine<'a> {
+    pub(crate) target: &'a ShelfTarget,
+    pub(crate) actor: &'a Actor,
+    pub(crate) from: SaleStatus,
+    pub(crate) to: SaleStatus,
+    pub(crate) operation: &'a str,
+    pub(crate) repeated: bool,
+    pub(crate) remark: &'a str,
+}
+
+pub(crate) async fn insert_shelf_log<C: Connection>(
+    transaction: &mut C,
+    line: LogLine<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    statement(
+        "INSERT INTO shelf_log (product_id, sku, operator_id, operator_type, from_status, to_status, \
+         operation, repeated, remark, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(line.target.product_id.as_ref().map(ProductId::as_str))
+    .bind(line.target.sku.as_str())
+    .bind(line.actor.operator.as_str())
+    .bind(line.actor.operator_type.as_str())
+    .bind(line.from.as_str())
+    .bind(line.to.as_str())
+    .bind(line.operation)
+    .bind(i64::from(line.repeated))
+    .bind(line.remark)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
+/// What a shelf change does to one locked target: changed (logged), repeated (logged),
+/// or refused (unknown SKU, stale version, a step the table lacks, an incomplete
+/// product).
+pub(crate) async fn shelf_outcome<C: Connection>(
+    transaction: &mut C,
+    change: &ShelfChange,
+    target: &ShelfTarget,
+    operation: &str,
+    now: Timestamp,
+) -> Result<ShelfOutcome, StoreError> {
+    let refused =
+        |code: ErrorCode, reason: String, missing: Vec<&'static str>| ShelfOutcome::Refused {
+            code,
+            reason,
+            missing,
+        };
+    let Some(state) = load_shelf_state(transaction, &target.sku).await? else {
+        return Ok(refused(
+            ErrorCode::NotFound,
+            format!("sku '{}' does not exist", target.sku),
+            Vec::new(),
+        ));
+    };
+    if let Some(expected) = change.expected_versions.get(&target.sku)
+        && *expected != state.version
+    {
+        return Ok(refused(
+            ErrorCode::VersionConflict,
+            format!(
+                "sku '{}' is at version {}, not {expected}: it changed since it was read",
+                target.sku, state.version
+            ),
+            Vec::new(),
+        ));
+    }
+    let outcome = match decide_shelf_change(state.status, change.operation, state.completeness) {
+        ShelfDecision::Change { from, to } => {
+            let updated = statement(
+                "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
+                 WHERE code = $1 AND sale_status = $4 AND version = $5",
+            )
+            .bind(target.sku.as_str())
+            .bind(to.as_str())
+            .bind(now.unix_milliseconds())
+            .bind(from.as_str())
+            .bind(state.version)
+            .execute(&mut *transaction)
+            .await?;
+            if updated != 1 {
+                return Ok(refused(
+                    ErrorCode::VersionConflict,
+                    format!("sku '{}' changed concurrently", target.sku),
+                    Vec::new(),
+                ));
+            }
+            let line = LogLine {
+                target,
+                actor: &change.actor,
+                from,
+                to,
+                operation,
+                repeated: false,
+                remark: &change.remark,
+            };
+            insert_shelf_log(transaction, line, now).await?;
+            ShelfOutcome::Changed {
+                from,
+                to,
+                version: state.version + 1,
+            }
+        }
+        ShelfDecision::Repeat(status) => {
+            let line = LogLine {
+                target,
+                actor: &change.actor,
+                from: status,
+                to: status,
+                operation,
+                repeated: true,
+                remark: &change.remark,
+            };
+            insert_shelf_log(transaction, line, now).await?;
+            ShelfOutcome::Repeated { status }
+        }
+        illegal @ ShelfDecision::Illegal { .. } => {
+            return Ok(refused(
+                ErrorCode::IllegalTransition,
+                format!("sku '{}': {illegal}", target.sku),
+                Vec::new(),
+            ));
+        }
+        incomplete @ ShelfDecision::Incomplete(_) => {
+            let ShelfDecision::Incomplete(missing) = &incomplete else {
+                unreachable!()
+            };
+            return Ok(refused(
+                ErrorCode::IllegalTransition,
+                format!("sku '{}': {incomplete}", target.sku),
+                missing.clone(),
+            ));
+        }
+    };
+    Ok(outcome)
+}
+
+/// Applies one shelf operation to its targets inside `transaction`: locks the shops
+/// (so batches of one shop never interleave) and the targets' stock rows, then
+/// decides each target through the transition table and writes the change and its
+/// log line.
+pub(crate) async fn apply_shelf_change<C: Connection>(
+    transaction: &mut C,
+    change: &ShelfChange,
+    now: Timestamp,
+) -> Result<Vec<ShelfResult>, StoreError> {
+    let shops: BTreeSet<&ShopCode> = change
+        .targets
+        .iter()
+        .filter_map(|target| target.shop.as_ref())
+        .collect();
+    for shop in shops {
+        transaction.lock_shop(shop).await?;
+    }
+    let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
+    targets.sort();
+    targets.dedup_by(|left, right| left.sku == right.sku);
+    let skus: Vec<&SkuCode> = targets.iter().map(|target| &target.sku).collect();
+    transaction.lock_stock_of_skus(&skus).await?;
+
+    let operation = operation_label(change.operation, change.scheduled);
+    let mut results = Vec::with_capacity(targets.len());
+    let mut touched_products: BTreeSet<&ProductId> = BTreeSet::new();
+    for target in targets {
+        let outcome = shelf_outcome(transaction, change, target, operation, now).await?;
+        if let (ShelfOutcome::Changed { .. }, Some(product)) = (&outcome, &target.product_id) {
+            touched_products.insert(product);
+        }
+        results.push(ShelfResult {
+            sku: target.sku.clone(),
+            product_id: target.product_id.clone(),
+            outcome,
+        });
+    }
+    for product in touched_products {
+        // A product is deleted once every one of its SKUs is.
+        statement(
+            "UPDATE product SET version = version + 1, updated_at = $2, \
+             deleted_at = CASE WHEN deleted_at IS NULL AND NOT EXISTS ( \
+                 SELECT 1 FROM sku WHERE sku.product_id = product.id AND sku.sale_status <> 'DELETED') \
+                 THEN $2 ELSE deleted_at END \
+             WHERE id = $1",
+        )
+        .bind(product.as_str())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+    }
+    Ok(results)
+}
+
+/// A SKU as a shelf operation's target, with its product and shop as stored.
+pub(crate) fn shelf_target(
+    sku: SkuCode,
+    product_id: Option<&str>,
+    shop: Option<&str>,
+) -> Result<ShelfTarget, StoreError> {
+    Ok(ShelfTarget {
+        sku,
+        product_id: product_id
+            .map(|id| parse_stored("product id", id, ProductId::parse))
+            .transpose()?,
+        shop: shop
+            .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+            .transpose()?,
+    })
+}
+
+impl<B: Backend> Units<B> {
+    /// The SKUs a shelf operation names, with their products and shops. Products,
+    /// categories and suppliers may hold many SKUs: each lookup stops about one past
+    /// what an operation may change, enough for the caller to refuse it without
+    /// loading them all.
+    pub async fn resolve_shelf_targets(
+        &self,
+        selector: &TargetSelector,
+    ) -> Result<Vec<ShelfTarget>, StoreError> {
+        let mut found: BTreeSet<(String, Option<String>, Option<String>)> = BTreeSet::new();
+        let select = "SELECT sku.code, sku.product_id, sku.shop FROM sku \
+                      LEFT JOIN product ON product.id = sku.product_id";
+        for product in &selector.product_ids {
+            let rows = built_statement(format!("{select} WHERE sku.product_id = $1"))
+                .bind(product.as_str())
+                .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                    &mut *self.read_connection().await?,
+                )
+                .await?;
+            found.extend(rows);
+            // A thousand products of a hundred SKUs each would be read whole before
+            // the refusal; past the limit the rest cannot change the answer.
+            if found.len() as i64 >= SHELF_TARGETS_READ_MAX {
+                break;
+            }
+        }
+        for sku in &selector.skus {
+            let rows = built_statement(format!("{select} WHERE sku.code = $1"))
+                .bind(sku.as_str())
+                .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                    &mut *self.read_connection().await?,
+                )
+                .await?;
+            found.extend(rows);
+        }
+        if let Some(category) = &selector.category {
+            let rows = built_statement(format!(
+                "{select} WHERE product.category = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+            ))
+            .bind(category.as_str())
+            .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .bind(SHELF_TARGETS_READ_MAX)
+            .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                &mut *self.read_connection().await?,
+            )
+            .await?;
+            found.extend(rows);
+        }
+        if let Some(supplier) = &selector.supplier {
+            let rows = built_statement(format!(
+                "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+            ))
+            .bind(supplier.as_str())
+            .bind(selector.shop.as_ref().map(ShopCode::as_str))
+            .bind(SHELF_TARGETS_READ_MAX)
+            .fetch_all_as::<(String, Option<String>, Option<String>)>(
+                &mut *self.read_connection().await?,
+            )
+            .await?;
+            found.extend(rows);
+        }
+        let mut targets = Vec::with_capacity(found.len());
+        for (sku, product, shop) in found {
+            let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
+            targets.push(shelf_target(sku, product.as_deref(), shop.as_deref())?);
+        }
+        Ok(targets)
+    }
+
+    /// Applies a shelf operation now, under its idempotency key.
+    pub async fn change_shelf(
+        &self,
+        claim: &IdempotencyClaim,
+        change: &ShelfChange,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let results = apply_shelf_change(&mut *transaction, change, now).await?;
+        let response = renderer.shelf_results(&results);
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
+        let rows = statement(
+            "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
+             to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
+             LEFT JOIN sku ON sku.code = shelf_log.sku \
+             WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
+             AND ($3 IS NULL OR sku.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
+             AND ($5 IS NULL OR shelf_log.id > $5) \
+             ORDER BY shelf_log.id LIMIT $6",
+        )
+        .bind(query.product_id.as_ref().map(ProductId::as_str))
+        .bind(query.sku.as_ref().map(SkuCode::as_str))
+        .bind(query.shop.as_ref().map(ShopCode::as_str))
+        .bind(query.since.map(Timestamp::unix_milliseconds))
+        .bind(query.after_id)
+        .bind(query.limit)
+        .fetch_all_rows(&mut *self.read_connection().await?)
+        .await?;
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let product_id: Option<String> = row.try_get("product_id")?;
+            let sku: String = row.try_get("sku")?;
+            let operator_id: String = row.try_get("operator_id")?;
+            let operator_type: String = row.try_get("operator_type")?;
+            let from: String = row.try_get("from_status")?;
+            let to: String = row.try_get("to_status")?;
+            let repeated: i64 = row.try_get("repeated")?;
+            entries.push(ShelfLogEntry {
+                id: row.try_get("id")?,
+                product_id: product_id
+                    .as_deref()
+                    .map(|id| parse_stored("product id", id, ProductId::parse))
+                    .transpose()?,
+                sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+                operator_id: parse_stored("operator id", &operator_id, OperatorId::parse)?,
+                operator_type: parse_stored("operator type", &operator_type, OperatorType::parse)?,
+                from_status: parse_stored("status", &from, SaleStatus::parse)?,
+                to_status: parse_stored("status", &to, SaleStatus::parse)?,
+                operation: row.try_get("operation")?,
+                repeated: repeated == 1,
+                remark: row.try_get("remark")?,
+                created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+            });
+        }
+        Ok(entries)
+    }
+}

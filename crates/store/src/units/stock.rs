@@ -1,0 +1,408 @@
+//! SKUs and their stock counters: the standalone SKU upsert, receiving and adjusting
+//! stock (each a ledgered movement), and moving a reservation line's units between
+//! `available` and `reserved`.
+
+use super::Units;
+use super::decode::{corrupt, expect_one_row, invariant};
+use super::idempotency::{claim_or_answer, complete_claim};
+use crate::backend::{Backend, Dialect, Finish};
+use crate::error::StoreError;
+use crate::model::{
+    IdempotencyClaim, Idempotent, MovementRecord, Rejection, ReservationAction, ResponseRenderer,
+    SkuChanges, StockMovement,
+};
+use crate::sql::{Connection, Row, statement};
+use domain::{
+    Currency, ErrorCode, PriceMinor, ProductId, ReservationId, ReservationLine, SaleStatus,
+    ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
+};
+use std::collections::HashMap;
+
+/// The largest `available + reserved` a row may reach; see `domain::limits`.
+pub(crate) const STOCK_ON_HAND_MAX: i64 = domain::limits::STOCK_ON_HAND_MAX;
+
+/// One append-only ledger row: a change of a (sku, warehouse) row's counters and what
+/// caused it.
+pub(crate) struct LedgerEntry<'a> {
+    pub(crate) sku: &'a SkuCode,
+    pub(crate) warehouse: &'a WarehouseCode,
+    pub(crate) kind: &'static str,
+    pub(crate) available_delta: i64,
+    pub(crate) reserved_delta: i64,
+    /// The reservation or movement id that caused the change.
+    pub(crate) reference: &'a str,
+    pub(crate) idempotency_key: Option<&'a str>,
+}
+
+pub(crate) async fn insert_ledger_row<C: Connection>(
+    transaction: &mut C,
+    entry: LedgerEntry<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    statement(
+        "INSERT INTO stock_ledger \
+         (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(entry.sku.as_str())
+    .bind(entry.warehouse.as_str())
+    .bind(entry.kind)
+    .bind(entry.available_delta)
+    .bind(entry.reserved_delta)
+    .bind(entry.reference)
+    .bind(entry.idempotency_key)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
+pub(crate) fn decode_sku_row(row: &Row, stock: Vec<StockLevel>) -> Result<Sku, StoreError> {
+    let code: String = row.try_get("code")?;
+    let shop: String = row.try_get("shop")?;
+    let product_id: Option<String> = row.try_get("product_id")?;
+    let price: Option<i64> = row.try_get("price_minor")?;
+    let currency: Option<String> = row.try_get("currency")?;
+    let sale_status: String = row.try_get("sale_status")?;
+    Ok(Sku {
+        code: SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+        product_id: product_id
+            .as_deref()
+            .map(ProductId::parse)
+            .transpose()
+            .map_err(|error| corrupt("product id", error))?,
+        shop: ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
+        title: row.try_get("title")?,
+        spec: row.try_get("spec")?,
+        price: price
+            .map(PriceMinor::new)
+            .transpose()
+            .map_err(|error| corrupt("price", error))?,
+        currency: currency
+            .as_deref()
+            .map(Currency::parse)
+            .transpose()
+            .map_err(|error| corrupt("currency", error))?,
+        low_stock_threshold: row.try_get("low_stock_threshold")?,
+        per_user_limit: row.try_get("per_user_limit")?,
+        sale_status: SaleStatus::parse(&sale_status)
+            .map_err(|error| corrupt("sale status", error))?,
+        version: row.try_get("version")?,
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+        stock,
+    })
+}
+
+pub(crate) async fn load_sku<C: Connection>(
+    connection: &mut C,
+    code: &SkuCode,
+) -> Result<Option<Sku>, StoreError> {
+    let Some(row) = statement(
+        "SELECT code, product_id, shop, title, spec, price_minor, currency, low_stock_threshold, \
+         per_user_limit, sale_status, version, created_at, updated_at FROM sku WHERE code = $1",
+    )
+    .bind(code.as_str())
+    .fetch_optional_row(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let stock_rows = statement(
+        "SELECT warehouse, available, reserved FROM stock WHERE sku = $1 ORDER BY warehouse",
+    )
+    .bind(code.as_str())
+    .fetch_all_rows(&mut *connection)
+    .await?;
+    let mut stock = Vec::with_capacity(stock_rows.len());
+    for stock_row in &stock_rows {
+        let warehouse: String = stock_row.try_get("warehouse")?;
+        stock.push(StockLevel {
+            warehouse: WarehouseCode::parse(&warehouse)
+                .map_err(|error| corrupt("warehouse", error))?,
+            available: stock_row.try_get("available")?,
+            reserved: stock_row.try_get("reserved")?,
+        });
+    }
+    decode_sku_row(&row, stock).map(Some)
+}
+
+/// Moves `quantity` units of a line between `available` and `reserved` (release) or out
+/// of `reserved` (confirm), guarded so a counter can never go below zero.
+pub(crate) async fn settle_line<C: Connection>(
+    transaction: &mut C,
+    line: &ReservationLine,
+    action: ReservationAction,
+    reservation: &ReservationId,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let quantity = line.quantity.get();
+    let (text, kind, available_delta) = match action {
+        ReservationAction::Confirm => (
+            "UPDATE stock SET reserved = reserved - $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND reserved >= $3",
+            "confirm",
+            0,
+        ),
+        ReservationAction::Release => (
+            "UPDATE stock SET available = available + $3, reserved = reserved - $3, \
+             version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND reserved >= $3",
+            "release",
+            quantity,
+        ),
+    };
+    let updated = statement(text)
+        .bind(line.sku.as_str())
+        .bind(line.warehouse.as_str())
+        .bind(quantity)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+    expect_one_row(updated, "settling a reservation line")?;
+    insert_ledger_row(
+        transaction,
+        LedgerEntry {
+            sku: &line.sku,
+            warehouse: &line.warehouse,
+            kind,
+            available_delta,
+            reserved_delta: -quantity,
+            reference: reservation.as_str(),
+            idempotency_key: None,
+        },
+        now,
+    )
+    .await
+}
+
+/// Applies one movement's counter change. `Err` is a business refusal, stored as the
+/// response; nothing has been written when it is returned.
+pub(crate) async fn apply_movement<C: Connection>(
+    transaction: &mut C,
+    movement: &StockMovement,
+    now: Timestamp,
+) -> Result<Result<MovementRecord, Rejection>, StoreError> {
+    let sku_exists: Option<String> = statement("SELECT code FROM sku WHERE code = $1")
+        .bind(movement.sku.as_str())
+        .fetch_optional_scalar(&mut *transaction)
+        .await?;
+    if sku_exists.is_none() {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!("sku '{}' does not exist", movement.sku),
+        )));
+    }
+    let delta = movement.quantity.available_delta();
+    let counters: Option<(i64, i64)> = if delta > 0 {
+        statement(
+            "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+             VALUES ($1, $2, $3, 0, 1, $4) \
+             ON CONFLICT (sku, warehouse) DO UPDATE SET available = stock.available + excluded.available, \
+             version = stock.version + 1, updated_at = excluded.updated_at \
+             WHERE stock.available + stock.reserved + excluded.available <= $5 \
+             RETURNING available, reserved",
+        )
+        .bind(movement.sku.as_str())
+        .bind(movement.warehouse.as_str())
+        .bind(delta)
+        .bind(now.unix_milliseconds())
+        .bind(STOCK_ON_HAND_MAX)
+        .fetch_optional_as(&mut *transaction)
+        .await?
+    } else {
+        statement(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0 \
+             RETURNING available, reserved",
+        )
+        .bind(movement.sku.as_str())
+        .bind(movement.warehouse.as_str())
+        .bind(delta)
+        .bind(now.unix_milliseconds())
+        .fetch_optional_as(&mut *transaction)
+        .await?
+    };
+    let Some((available, reserved)) = counters else {
+        let rejection = if delta > 0 {
+            Rejection::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "receiving {delta} would put more than {STOCK_ON_HAND_MAX} units on hand for sku '{}' in warehouse '{}'",
+                    movement.sku, movement.warehouse
+                ),
+            )
+        } else {
+            Rejection::new(
+                ErrorCode::InsufficientStock,
+                format!(
+                    "cannot remove {} units of sku '{}' from warehouse '{}': not that many available",
+                    -delta, movement.sku, movement.warehouse
+                ),
+            )
+        };
+        return Ok(Err(rejection));
+    };
+    Ok(Ok(MovementRecord {
+        id: movement.id.clone(),
+        kind: movement.quantity.kind(),
+        sku: movement.sku.clone(),
+        warehouse: movement.warehouse.clone(),
+        available_delta: delta,
+        available,
+        reserved,
+        created_at: now,
+    }))
+}
+
+impl<B: Backend> Units<B> {
+    pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
+        let mut transaction = self.begin_read().await?;
+        let sku = load_sku(&mut *transaction, code).await;
+        transaction.rollback().await?;
+        sku
+    }
+
+    /// The shops of these SKUs (the ones that exist), read on the writer: the engine
+    /// caches them for good, so a stale replica must not answer.
+    pub async fn sku_shops(
+        &self,
+        codes: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, ShopCode>, StoreError> {
+        let mut shops = HashMap::with_capacity(codes.len());
+        for code in codes {
+            let shop: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_optional_scalar(&mut *self.write_connection().await?)
+                .await?;
+            if let Some(shop) = shop {
+                shops.insert(
+                    (*code).clone(),
+                    ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
+                );
+            }
+        }
+        Ok(shops)
+    }
+
+    /// Creates a SKU or updates the given fields of an existing one.
+    pub async fn upsert_sku(
+        &self,
+        claim: &IdempotencyClaim,
+        code: &SkuCode,
+        changes: &SkuChanges,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let shop = changes.shop.clone().unwrap_or_else(ShopCode::default_shop);
+        let inserted = statement(
+            "INSERT INTO sku (code, shop, title, price_minor, currency, low_stock_threshold, \
+             per_user_limit, sale_status, version, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'ON_SHELF', 1, $8, $8) ON CONFLICT (code) DO NOTHING",
+        )
+        .bind(code.as_str())
+        .bind(shop.as_str())
+        .bind(changes.title.as_deref().unwrap_or(""))
+        .bind(changes.price.map(PriceMinor::get))
+        .bind(changes.currency.as_ref().map(Currency::as_str))
+        .bind(changes.low_stock_threshold.unwrap_or(0))
+        .bind(changes.per_user_limit.flatten())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let created = inserted == 1;
+        if !created {
+            let existing_shop: String = statement("SELECT shop FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_one_scalar(&mut *transaction)
+                .await?;
+            if let Some(wanted) = &changes.shop
+                && wanted.as_str() != existing_shop
+            {
+                let response = renderer.rejected(&Rejection::new(
+                    ErrorCode::AlreadyExists,
+                    format!(
+                        "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
+                    ),
+                ));
+                complete_claim(&mut *transaction, claim, &response).await?;
+                transaction.commit().await?;
+                return Ok(Idempotent::Executed(response));
+            }
+            if changes.per_user_limit.is_some() {
+                // A reservation reads the limit after locking these rows (like the sale
+                // status), so a new limit cannot slip past one that commits after it.
+                transaction.lock_stock_of_skus(&[code]).await?;
+            }
+            let updated = statement(
+                "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
+                 currency = COALESCE($4, currency), \
+                 low_stock_threshold = COALESCE($5, low_stock_threshold), \
+                 per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
+                 version = version + 1, updated_at = $8 WHERE code = $1",
+            )
+            .bind(code.as_str())
+            .bind(changes.title.as_deref())
+            .bind(changes.price.map(PriceMinor::get))
+            .bind(changes.currency.as_ref().map(Currency::as_str))
+            .bind(changes.low_stock_threshold)
+            .bind(i64::from(changes.per_user_limit.is_some()))
+            .bind(changes.per_user_limit.flatten())
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+            expect_one_row(updated, "updating a sku")?;
+        }
+        let sku = load_sku(&mut *transaction, code)
+            .await?
+            .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
+        let response = renderer.sku_saved(&sku, created);
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Receives or adjusts stock in one warehouse, with its ledger row.
+    pub async fn record_movement(
+        &self,
+        claim: &IdempotencyClaim,
+        movement: &StockMovement,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let outcome = apply_movement(&mut *transaction, movement, now).await?;
+        let response = match outcome {
+            Ok(record) => {
+                insert_ledger_row(
+                    &mut *transaction,
+                    LedgerEntry {
+                        sku: &movement.sku,
+                        warehouse: &movement.warehouse,
+                        kind: movement.quantity.kind().as_str(),
+                        available_delta: record.available_delta,
+                        reserved_delta: 0,
+                        reference: movement.id.as_str(),
+                        idempotency_key: Some(claim.key.as_str()),
+                    },
+                    now,
+                )
+                .await?;
+                renderer.movement_recorded(&record)
+            }
+            Err(rejection) => renderer.rejected(&rejection),
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+}

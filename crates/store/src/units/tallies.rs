@@ -1,0 +1,188 @@
+//! Per-shopper tallies (open holds, purchases of a SKU): locked after the stock rows,
+//! in key order, by every writer that changes them.
+
+use super::decode::expect_one_row;
+use super::reservations::Moved;
+use super::stock::STOCK_ON_HAND_MAX;
+use crate::error::StoreError;
+use crate::model::{ReservationAction, ReserveRequest};
+use crate::plan::{PurchaseKey, ShopperKey, SkuFacts, Tallies};
+use crate::sql::{Connection, statement};
+use domain::{ShopCode, SkuCode, UserId};
+use std::collections::HashMap;
+
+/// Locks and reads the tallies of the shoppers that `requests` name (open holds, and
+/// units of SKUs with a per-user limit), in key order. Reservations without a user
+/// read nothing.
+pub(crate) async fn lock_tallies<'a, C: Connection>(
+    transaction: &mut C,
+    requests: impl Iterator<Item = &'a ReserveRequest>,
+    skus: &HashMap<SkuCode, SkuFacts>,
+    open_holds_max: i64,
+) -> Result<Tallies, StoreError> {
+    let mut shoppers: Vec<ShopperKey> = Vec::new();
+    let mut purchases: Vec<PurchaseKey> = Vec::new();
+    for request in requests {
+        let Some(user) = &request.user else { continue };
+        // The shop the request will be decided in: its first SKU's (a request of
+        // several shops is refused anyway).
+        let Some(shop) = request
+            .lines
+            .first()
+            .and_then(|line| skus.get(&line.sku))
+            .map(|facts| facts.shop.clone())
+        else {
+            continue;
+        };
+        for line in &request.lines {
+            if skus
+                .get(&line.sku)
+                .is_some_and(|facts| facts.per_user_limit.is_some())
+            {
+                purchases.push((shop.clone(), user.clone(), line.sku.clone()));
+            }
+        }
+        shoppers.push((shop, user.clone()));
+    }
+    read_tallies(transaction, shoppers, purchases, open_holds_max).await
+}
+
+/// The tallies of these shoppers, locked (PostgreSQL) in key order.
+pub(crate) async fn read_tallies<C: Connection>(
+    transaction: &mut C,
+    mut shoppers: Vec<ShopperKey>,
+    mut purchases: Vec<PurchaseKey>,
+    open_holds_max: i64,
+) -> Result<Tallies, StoreError> {
+    shoppers.sort();
+    shoppers.dedup();
+    purchases.sort();
+    purchases.dedup();
+    let mut tallies = Tallies {
+        open_holds_max,
+        ..Tallies::default()
+    };
+    for (shop, user) in shoppers {
+        let holds: Option<i64> = statement(C::SELECT_SHOPPER_HOLD_FOR_UPDATE)
+            .bind(shop.as_str())
+            .bind(user.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+        tallies.open_holds.insert((shop, user), holds.unwrap_or(0));
+    }
+    for (shop, user, sku) in purchases {
+        let quantity: Option<i64> = statement(C::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
+            .bind(shop.as_str())
+            .bind(user.as_str())
+            .bind(sku.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+        tallies
+            .purchased
+            .insert((shop, user, sku), quantity.unwrap_or(0));
+    }
+    Ok(tallies)
+}
+
+/// Adds a decided batch's holds and units to the shoppers' tallies. Each write is
+/// conditional on the bound (the open-hold bound, the SKU's per-user limit), so the
+/// database refuses what the decision should never have allowed: a tally another
+/// process moved since it was read makes the batch retry, and then decide again.
+pub(crate) async fn add_to_tallies<C: Connection>(
+    transaction: &mut C,
+    holds_added: &std::collections::BTreeMap<ShopperKey, i64>,
+    purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
+    open_holds_max: i64,
+) -> Result<(), StoreError> {
+    for ((shop, user), added) in holds_added {
+        let written = statement(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
+             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+             WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(added)
+        .bind(open_holds_max)
+        .execute(&mut *transaction)
+        .await?;
+        if written != 1 {
+            return Err(StoreError::Retryable(format!(
+                "the open holds of user '{user}' changed since they were read"
+            )));
+        }
+    }
+    for ((shop, user, sku), added) in purchases_added {
+        let written = statement(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
+             AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+             WHERE shopper_purchase.quantity + excluded.quantity <= \
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), $5)",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(sku.as_str())
+        .bind(added)
+        .bind(STOCK_ON_HAND_MAX)
+        .execute(&mut *transaction)
+        .await?;
+        if written != 1 {
+            return Err(StoreError::Retryable(format!(
+                "what user '{user}' holds of sku '{sku}' changed since it was read"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Gives back what the moved reservations counted against their shoppers, in key
+/// order: one open hold each, and on release their units.
+pub(crate) async fn give_back_tallies<C: Connection>(
+    transaction: &mut C,
+    moved: &[Moved<'_>],
+) -> Result<(), StoreError> {
+    let mut holds: std::collections::BTreeMap<&ShopperKey, i64> = Default::default();
+    let mut units: std::collections::BTreeMap<(&ShopCode, &UserId, &SkuCode), i64> =
+        Default::default();
+    for done in moved {
+        let Some(shopper) = &done.shopper else {
+            continue;
+        };
+        *holds.entry(shopper).or_insert(0) += 1;
+        if done.action == ReservationAction::Release {
+            for line in &done.lines {
+                *units
+                    .entry((&shopper.0, &shopper.1, &line.sku))
+                    .or_insert(0) += line.quantity.get();
+            }
+        }
+    }
+    for ((shop, user), count) in holds {
+        let updated = statement(
+            "UPDATE shopper_hold SET open_holds = open_holds - $3 \
+             WHERE shop = $1 AND user_id = $2 AND open_holds >= $3",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(count)
+        .execute(&mut *transaction)
+        .await?;
+        expect_one_row(updated, "giving back a shopper's open hold")?;
+    }
+    for ((shop, user, sku), quantity) in units {
+        let updated = statement(
+            "UPDATE shopper_purchase SET quantity = quantity - $4 \
+             WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity >= $4",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(sku.as_str())
+        .bind(quantity)
+        .execute(&mut *transaction)
+        .await?;
+        expect_one_row(updated, "giving back a shopper's units")?;
+    }
+    Ok(())
+}
