@@ -3,8 +3,10 @@
 //! manual clock, and typed request helpers.
 //!
 //! PostgreSQL tests read `STOCKD_TEST_POSTGRES_URL` (default
-//! `postgres://postgres@127.0.0.1:5432/postgres`). When no server answers they print a
-//! loud notice and pass as skipped — except under `CI=true`, where that is a failure.
+//! `postgres://postgres@127.0.0.1:5432/postgres`), MySQL/MariaDB tests
+//! `STOCKD_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306`; each test gets a
+//! database of its own there). When no server answers they print a loud notice and pass
+//! as skipped — except under `CI=true`, where that is a failure.
 
 pub mod http;
 pub mod payments;
@@ -24,6 +26,7 @@ use store::{Store, StoreConfig};
 use tower::ServiceExt;
 
 pub const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+pub const DEFAULT_MYSQL_URL: &str = "mysql://root@127.0.0.1:3306";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 /// 2026-01-01T00:00:00Z: every test starts its manual clock here.
 pub const START: Timestamp = Timestamp::from_unix_milliseconds(1_767_225_600_000);
@@ -32,10 +35,16 @@ pub const START: Timestamp = Timestamp::from_unix_milliseconds(1_767_225_600_000
 pub enum Backend {
     Sqlite,
     Postgres,
+    Mysql,
 }
 
 pub fn postgres_url() -> String {
     std::env::var("STOCKD_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
+}
+
+/// The MySQL server's URL, without a database.
+pub fn mysql_url() -> String {
+    std::env::var("STOCKD_TEST_MYSQL_URL").unwrap_or_else(|_| DEFAULT_MYSQL_URL.to_owned())
 }
 
 fn running_in_ci() -> bool {
@@ -46,34 +55,45 @@ impl Backend {
     /// Whether this backend can run here. SQLite always can. For PostgreSQL, a missing
     /// server skips the test with a notice, or fails it under `CI=true`.
     pub async fn available(self) -> bool {
-        if self == Backend::Sqlite {
+        let (name, url, variable, reached) = match self {
+            Backend::Sqlite => return true,
+            Backend::Postgres => {
+                let url = postgres_url();
+                let reached = match sqlx::PgConnection::connect(&url).await {
+                    Ok(connection) => connection.close().await.map_err(|error| error.to_string()),
+                    Err(error) => Err(error.to_string()),
+                };
+                ("PostgreSQL", url, "STOCKD_TEST_POSTGRES_URL", reached)
+            }
+            Backend::Mysql => {
+                let url = mysql_url();
+                let reached = match sqlx::MySqlConnection::connect(&url).await {
+                    Ok(connection) => connection.close().await.map_err(|error| error.to_string()),
+                    Err(error) => Err(error.to_string()),
+                };
+                ("MySQL", url, "STOCKD_TEST_MYSQL_URL", reached)
+            }
+        };
+        let Err(error) = reached else {
             return true;
+        };
+        let notice = format!(
+            "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
+             !! SKIPPED: {name} test, no server at {url}: {error}\n\
+             !! Start {name} or set {variable}.\n\
+             !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+        );
+        if running_in_ci() {
+            panic!("{notice}CI=true: a skipped {name} test is a failure");
         }
-        let url = postgres_url();
-        match sqlx::PgConnection::connect(&url).await {
-            Ok(connection) => {
-                let _ = connection.close().await;
-                true
-            }
-            Err(error) => {
-                let notice = format!(
-                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-                     !! SKIPPED: PostgreSQL test, no server at {url}: {error}\n\
-                     !! Start PostgreSQL or set STOCKD_TEST_POSTGRES_URL.\n\
-                     !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-                );
-                if running_in_ci() {
-                    panic!("{notice}CI=true: a skipped PostgreSQL test is a failure");
-                }
-                eprintln!("{notice}");
-                false
-            }
-        }
+        eprintln!("{notice}");
+        false
     }
 }
 
-/// Declares each listed `async fn name(backend: Backend)` as a test on SQLite and on
-/// PostgreSQL, with the same test names in `sqlite::` and `postgres::`.
+/// Declares each listed `async fn name(backend: Backend)` as a test on SQLite, on
+/// PostgreSQL and on MySQL, with the same test names in `sqlite::`, `postgres::` and
+/// `mysql::`.
 #[macro_export]
 macro_rules! mirrored_tests {
     ($($name:ident),* $(,)?) => {
@@ -95,12 +115,22 @@ macro_rules! mirrored_tests {
                 }
             )*
         }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    if $crate::Backend::Mysql.available().await {
+                        super::$name($crate::Backend::Mysql).await
+                    }
+                }
+            )*
+        }
     };
 }
 
 /// [`mirrored_tests`] for tests that read counters of the process-wide metrics
-/// recorder: each runs in a process of its own (`sqlite_alone::` and
-/// `postgres_alone::`), so what tests running beside it count cannot leak into its
+/// recorder: each runs in a process of its own (`sqlite_alone::`, `postgres_alone::`
+/// and `mysql_alone::`), so what tests running beside it count cannot leak into its
 /// figures, under `cargo test` as under cargo-nextest.
 #[macro_export]
 macro_rules! mirrored_tests_alone {
@@ -123,6 +153,20 @@ macro_rules! mirrored_tests_alone {
                         $crate::block_on(async {
                             if $crate::Backend::Postgres.available().await {
                                 super::$name($crate::Backend::Postgres).await
+                            }
+                        })
+                    });
+                }
+            )*
+        }
+        mod mysql_alone {
+            $(
+                #[test]
+                fn $name() {
+                    $crate::run_alone(module_path!(), stringify!($name), || {
+                        $crate::block_on(async {
+                            if $crate::Backend::Mysql.available().await {
+                                super::$name($crate::Backend::Mysql).await
                             }
                         })
                     });
@@ -235,12 +279,37 @@ impl TestDatabase {
                     limits: store::StoreLimits::default(),
                 }
             }
+            Backend::Mysql => {
+                let server = mysql_url();
+                let database = format!("stockd_test_{}", random_suffix());
+                let mut connection = sqlx::MySqlConnection::connect(&server)
+                    .await
+                    .expect("MySQL reachable");
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                )))
+                .execute(&mut connection)
+                .await
+                .expect("create test database");
+                let _ = connection.close().await;
+                TestDatabase {
+                    backend,
+                    lock_timeout_milliseconds: 2_000,
+                    url: format!("{}/{database}", server.trim_end_matches('/')),
+                    schema: Some(database),
+                    sqlite_directory: None,
+                    service_token: tokio::sync::OnceCell::new(),
+                    limits: store::StoreLimits::default(),
+                }
+            }
         }
     }
 
     pub fn store_config(&self) -> StoreConfig {
         let mut config = StoreConfig::new(&self.url);
-        config.postgres_schema = self.schema.clone();
+        if self.backend == Backend::Postgres {
+            config.postgres_schema = self.schema.clone();
+        }
         config.pool_size = 8;
         config.lock_timeout_milliseconds = self.lock_timeout_milliseconds;
         config.limits = self.limits;
@@ -264,6 +333,7 @@ impl TestDatabase {
 pub enum RawConnection {
     Sqlite(sqlx::SqliteConnection),
     Postgres(sqlx::PgConnection),
+    Mysql(sqlx::MySqlConnection),
 }
 
 impl RawConnection {
@@ -277,6 +347,12 @@ impl RawConnection {
                 .map(|result| result.rows_affected())
                 .map_err(|error| error.to_string()),
             RawConnection::Postgres(connection) => sqlx::query(statement)
+                .execute(connection)
+                .await
+                .map(|result| result.rows_affected())
+                .map_err(|error| error.to_string()),
+            // The text protocol: `BEGIN` and other statements MySQL cannot prepare.
+            RawConnection::Mysql(connection) => sqlx::raw_sql(statement)
                 .execute(connection)
                 .await
                 .map(|result| result.rows_affected())
@@ -307,6 +383,11 @@ impl TestDatabase {
                     .expect("set search_path");
                 RawConnection::Postgres(connection)
             }
+            Backend::Mysql => RawConnection::Mysql(
+                sqlx::MySqlConnection::connect(&self.url)
+                    .await
+                    .expect("raw MySQL connection"),
+            ),
         }
     }
 
@@ -314,6 +395,9 @@ impl TestDatabase {
     /// SQLite writers queue inside the process, where there is nothing to observe:
     /// returns at once.
     pub async fn wait_until_blocked_by(&self, holder: &mut RawConnection) {
+        if let RawConnection::Mysql(holder) = holder {
+            return self.wait_until_blocked_by_mysql(holder).await;
+        }
         let RawConnection::Postgres(holder) = holder else {
             return;
         };
@@ -338,6 +422,41 @@ impl TestDatabase {
         observer.close().await;
     }
 
+    /// [`TestDatabase::wait_until_blocked_by`] on MySQL/MariaDB: a session of this test's
+    /// database other than the holder and the observer is running a statement (the
+    /// only statement that can run long in a test is one waiting for a lock). InnoDB's
+    /// lock tables (`INNODB_TRX`, `INNODB_LOCK_WAITS`) missed waits here; the session
+    /// list does not.
+    async fn wait_until_blocked_by_mysql(&self, holder: &mut sqlx::MySqlConnection) {
+        let holder_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *holder)
+            .await
+            .expect("the holder's connection id");
+        let database = self.schema.clone().expect("MySQL tests use a database");
+        let mut observer = sqlx::MySqlConnection::connect(&self.url)
+            .await
+            .expect("observer connection");
+        let observer = &mut observer;
+        let database = &database;
+        for _ in 0..12_000 {
+            let running: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE DB = ? AND ID NOT IN (?, CONNECTION_ID()) AND COMMAND IN ('Query', 'Execute') \
+                 AND TIME_MS > 50",
+            )
+            .bind(database.as_str())
+            .bind(holder_id)
+            .fetch_one(&mut *observer)
+            .await
+            .expect("observe running statements");
+            if running > 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        panic!("gave up waiting until another session waits for the held lock");
+    }
+
     /// Holds the write lock on `sku`'s stock row in the default warehouse (SQLite: the
     /// whole database's write lock) until the returned connection runs `ROLLBACK`.
     pub async fn hold_stock_row_lock(&self, sku: &str) -> RawConnection {
@@ -349,7 +468,7 @@ impl TestDatabase {
                     .await
                     .expect("take the write lock");
             }
-            Backend::Postgres => {
+            Backend::Postgres | Backend::Mysql => {
                 connection.execute("BEGIN").await.expect("begin");
                 let statement = format!(
                     "SELECT available FROM stock WHERE sku = '{sku}' AND warehouse = 'default' FOR UPDATE"
@@ -370,7 +489,11 @@ impl Drop for TestDatabase {
             let _ = std::fs::remove_dir_all(directory);
         }
         if let Some(schema) = self.schema.take() {
-            let url = self.url.clone();
+            let url = match self.backend {
+                Backend::Mysql => mysql_url(),
+                _ => self.url.clone(),
+            };
+            let backend = self.backend;
             // Drop runs inside the test's runtime, which cannot block on itself: clean
             // up from a thread with its own small runtime.
             let cleanup = std::thread::spawn(move || {
@@ -381,6 +504,16 @@ impl Drop for TestDatabase {
                     return;
                 };
                 runtime.block_on(async move {
+                    if backend == Backend::Mysql {
+                        if let Ok(mut connection) = sqlx::MySqlConnection::connect(&url).await {
+                            let statement = format!("DROP DATABASE IF EXISTS {schema}");
+                            let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+                                .execute(&mut connection)
+                                .await;
+                            let _ = connection.close().await;
+                        }
+                        return;
+                    }
                     if let Ok(mut connection) = sqlx::PgConnection::connect(&url).await {
                         let statement = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
                         let _ = sqlx::query(sqlx::AssertSqlSafe(statement))

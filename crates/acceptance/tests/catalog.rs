@@ -415,15 +415,18 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
     // (the API caps a product's SKUs far below the shelf limit).
     let limit = domain::limits::SHELF_TARGETS_MAX;
     let mut connection = app.database.raw_connection().await;
-    connection
-        .execute(&format!(
-            "WITH RECURSIVE number (value) AS \
-             (SELECT 1 UNION ALL SELECT value + 1 FROM number WHERE value < {limit}) \
-             INSERT INTO sku (code, title, sale_status, created_at, updated_at, product_id) \
-             SELECT 'BULK-' || value, 'Bulk', 'ON_SHELF', 0, 0, '{product}' FROM number"
-        ))
-        .await
-        .unwrap();
+    let numbers = format!(
+        "WITH RECURSIVE number (n) AS \
+         (SELECT 1 UNION ALL SELECT n + 1 FROM number WHERE n < {limit})"
+    );
+    let insert = "INSERT INTO sku (code, title, sale_status, created_at, updated_at, product_id)";
+    let rows = format!("SELECT 'BULK-' || n, 'Bulk', 'ON_SHELF', 0, 0, '{product}' FROM number");
+    // MySQL puts the common table expression after the INSERT, the others before it.
+    let statement = match backend {
+        Backend::Mysql => format!("{insert} {numbers} {rows}"),
+        Backend::Sqlite | Backend::Postgres => format!("{numbers} {insert} {rows}"),
+    };
+    connection.execute(&statement).await.unwrap();
     let before = app.contents().await;
 
     for selector in [

@@ -173,7 +173,7 @@ async fn a_batch_that_fits_whole_is_written_in_one_round_trip_on_postgresql(back
 
     let expected_path = match backend {
         Backend::Postgres => store::BatchPath::OneRoundTrip,
-        Backend::Sqlite => store::BatchPath::Transaction,
+        Backend::Sqlite | Backend::Mysql => store::BatchPath::Transaction,
     };
     assert_eq!(applied.path, expected_path);
     let summary: Vec<_> = applied.outcomes.iter().map(status_and_code).collect();

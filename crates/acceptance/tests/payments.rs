@@ -1641,6 +1641,14 @@ async fn refuse_answers_for_crash_keys(app: &TestApp) {
             "CREATE TRIGGER refuse_crash_answer BEFORE INSERT OR UPDATE ON idempotency_record \
              FOR EACH ROW EXECUTE FUNCTION refuse_crash_answer()",
         ],
+        Backend::Mysql => &[
+            "CREATE TRIGGER refuse_crash_answer BEFORE INSERT ON idempotency_record FOR EACH ROW \
+             BEGIN IF NEW.key LIKE '%crash-answer%' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected crash'; END IF; END",
+            "CREATE TRIGGER refuse_crash_answer_update BEFORE UPDATE ON idempotency_record FOR EACH ROW \
+             BEGIN IF NEW.key LIKE '%crash-answer%' THEN \
+             SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected crash'; END IF; END",
+        ],
     };
     for statement in statements {
         assert_eq!(connection.execute(statement).await, Ok(0), "{statement}");
@@ -1675,7 +1683,7 @@ async fn a_pay_answer_is_kept_with_its_effect_or_not_at_all(backend: Backend) {
         let drop = format!(
             "DROP TRIGGER IF EXISTS {trigger}{}",
             match app.backend() {
-                Backend::Sqlite => String::new(),
+                Backend::Sqlite | Backend::Mysql => String::new(),
                 Backend::Postgres => " ON idempotency_record".to_owned(),
             }
         );

@@ -295,18 +295,23 @@ impl System {
     }
 }
 
-/// The state machine test on one backend.
-struct On<const POSTGRES: bool>;
+/// The backends, as numbers a const generic can carry.
+const SQLITE: u8 = 0;
+const POSTGRES: u8 = 1;
+const MYSQL: u8 = 2;
 
-impl<const POSTGRES: bool> StateMachineTest for On<POSTGRES> {
+/// The state machine test on one backend.
+struct On<const BACKEND: u8>;
+
+impl<const BACKEND: u8> StateMachineTest for On<BACKEND> {
     type SystemUnderTest = Option<System>;
     type Reference = Books;
 
     fn init_test(_model: &Model) -> Option<System> {
-        let backend = if POSTGRES {
-            Backend::Postgres
-        } else {
-            Backend::Sqlite
+        let backend = match BACKEND {
+            POSTGRES => Backend::Postgres,
+            MYSQL => Backend::Mysql,
+            _ => Backend::Sqlite,
         };
         let available = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -346,8 +351,11 @@ proptest_state_machine::prop_state_machine! {
     #![proptest_config(config())]
 
     #[test]
-    fn random_sequences_keep_the_books_true_on_sqlite(sequential 1..STEPS_MAX => On<false>);
+    fn random_sequences_keep_the_books_true_on_sqlite(sequential 1..STEPS_MAX => On<SQLITE>);
 
     #[test]
-    fn random_sequences_keep_the_books_true_on_postgresql(sequential 1..STEPS_MAX => On<true>);
+    fn random_sequences_keep_the_books_true_on_postgresql(sequential 1..STEPS_MAX => On<POSTGRES>);
+
+    #[test]
+    fn random_sequences_keep_the_books_true_on_mysql(sequential 1..STEPS_MAX => On<MYSQL>);
 }

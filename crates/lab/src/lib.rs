@@ -24,8 +24,8 @@ pub struct BenchCommand {
     /// A running stockd; `None` starts one in this process on a fresh database.
     pub url: Option<String>,
     pub admin_token: Option<domain::Secret>,
-    /// For the in-process server: `postgres://…` (a fresh schema), or `None` for a
-    /// temporary SQLite file.
+    /// For the in-process server: `postgres://…` (a fresh schema), `mysql://…` (a fresh
+    /// database), or `None` for a temporary SQLite file.
     pub database_url: Option<String>,
     /// Database connections of the in-process server.
     pub pool_size: u32,
@@ -47,11 +47,11 @@ pub async fn bench(command: BenchCommand) -> Result<Report, String> {
             Target::remote(url, token).await?
         }
         None => {
-            let postgres = command
+            let server = command
                 .database_url
                 .as_deref()
-                .filter(|url| url.starts_with("postgres"));
-            Target::in_process(postgres, command.pool_size, command.engine_config.clone()).await?
+                .filter(|url| url.starts_with("postgres") || url.starts_with("mysql://"));
+            Target::in_process(server, command.pool_size, command.engine_config.clone()).await?
         }
     };
     let database = target.database_version.clone().unwrap_or_else(|| {

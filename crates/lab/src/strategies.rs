@@ -120,7 +120,7 @@ fn is_lock_error(error: &sqlx::Error) -> bool {
 /// Generates the four strategies for one backend. Each takes a pooled connection for
 /// one request and returns what happened.
 macro_rules! strategies_for {
-    ($module:ident, $database:ty, $begin_write:literal, $for_update:literal) => {
+    ($module:ident, $database:ty, $begin_write:literal, $for_update:literal, $placeholder:literal) => {
         mod $module {
             use super::*;
 
@@ -131,12 +131,12 @@ macro_rules! strategies_for {
                     "DROP TABLE IF EXISTS lab_deduction; DROP TABLE IF EXISTS lab_inventory; \
                      CREATE TABLE lab_inventory (sku_id BIGINT PRIMARY KEY, available BIGINT NOT NULL \
                      CHECK (available >= 0), version BIGINT NOT NULL); \
-                     CREATE TABLE lab_deduction (request_id TEXT PRIMARY KEY, sku_id BIGINT NOT NULL, \
-                     quantity BIGINT NOT NULL, status TEXT NOT NULL);",
+                     CREATE TABLE lab_deduction (request_id VARCHAR(64) PRIMARY KEY, sku_id BIGINT NOT NULL, \
+                     quantity BIGINT NOT NULL, status VARCHAR(16) NOT NULL);",
                 )
                 .execute(pool)
                 .await?;
-                sqlx::query("INSERT INTO lab_inventory (sku_id, available, version) VALUES (1, $1, 0)")
+                sqlx::query(concat!("INSERT INTO lab_inventory (sku_id, available, version) VALUES (1, ", $placeholder, ", 0)"))
                     .bind(stock)
                     .execute(pool)
                     .await?;
@@ -157,9 +157,11 @@ macro_rules! strategies_for {
                 executor: impl sqlx::Executor<'_, Database = $database>,
                 request_id: &str,
             ) -> Result<(), sqlx::Error> {
-                sqlx::query(
-                    "INSERT INTO lab_deduction (request_id, sku_id, quantity, status) VALUES ($1, 1, 1, 'SUCCESS')",
-                )
+                sqlx::query(concat!(
+                    "INSERT INTO lab_deduction (request_id, sku_id, quantity, status) VALUES (",
+                    $placeholder,
+                    ", 1, 1, 'SUCCESS')"
+                ))
                 .bind(request_id)
                 .execute(executor)
                 .await?;
@@ -185,7 +187,7 @@ macro_rules! strategies_for {
                             return Ok(Outcome::Insufficient);
                         }
                         // The bug: write the value computed from a stale read.
-                        sqlx::query("UPDATE lab_inventory SET available = $1 WHERE sku_id = 1")
+                        sqlx::query(concat!("UPDATE lab_inventory SET available = ", $placeholder, " WHERE sku_id = 1"))
                             .bind(available - 1)
                             .execute(&mut *connection)
                             .await?;
@@ -243,10 +245,12 @@ macro_rules! strategies_for {
                                 return Ok(Outcome::Insufficient);
                             }
                             let mut transaction = pool.begin_with($begin_write).await?;
-                            let updated = sqlx::query(
+                            let updated = sqlx::query(concat!(
                                 "UPDATE lab_inventory SET available = available - 1, version = version + 1 \
-                                 WHERE sku_id = 1 AND version = $1 AND available >= 1",
-                            )
+                                 WHERE sku_id = 1 AND version = ",
+                                $placeholder,
+                                " AND available >= 1"
+                            ))
                             .bind(version)
                             .execute(&mut *transaction)
                             .await?;
@@ -266,8 +270,15 @@ macro_rules! strategies_for {
     };
 }
 
-strategies_for!(sqlite_strategies, sqlx::Sqlite, "BEGIN IMMEDIATE", "");
-strategies_for!(postgres_strategies, sqlx::Postgres, "BEGIN", " FOR UPDATE");
+strategies_for!(sqlite_strategies, sqlx::Sqlite, "BEGIN IMMEDIATE", "", "$1");
+strategies_for!(
+    postgres_strategies,
+    sqlx::Postgres,
+    "BEGIN",
+    " FOR UPDATE",
+    "$1"
+);
+strategies_for!(mysql_strategies, sqlx::MySql, "BEGIN", " FOR UPDATE", "?");
 
 /// The database the lab runs against: its own tables in a scratch file or schema.
 pub enum LabDatabase {
@@ -280,13 +291,44 @@ pub enum LabDatabase {
         url: String,
         schema: String,
     },
+    Mysql {
+        pool: sqlx::MySqlPool,
+        url: String,
+        database: String,
+    },
 }
 
 impl LabDatabase {
-    /// `postgres://…` gets a fresh schema on that server; anything else a scratch
-    /// SQLite file in WAL mode.
+    /// `postgres://…` gets a fresh schema on that server, `mysql://…` a fresh database
+    /// (its sessions at the server's default isolation, `REPEATABLE READ`); anything
+    /// else a scratch SQLite file in WAL mode.
     pub async fn open(database_url: &str) -> Result<LabDatabase, String> {
         let suffix = format!("{:016x}", rand::random::<u64>());
+        if database_url.starts_with("mysql://") {
+            let database = format!("stockd_lab_{suffix}");
+            let url = crate::target::create_mysql_database(database_url, &database).await?;
+            let options = <sqlx::mysql::MySqlConnectOptions as std::str::FromStr>::from_str(&url)
+                .map_err(|error| error.to_string())?;
+            let pool = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(CONNECTIONS)
+                .acquire_timeout(Duration::from_secs(60))
+                .after_connect(|connection, _| {
+                    Box::pin(async move {
+                        sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 5")
+                            .execute(connection)
+                            .await?;
+                        Ok(())
+                    })
+                })
+                .connect_with(options)
+                .await
+                .map_err(|error| error.to_string())?;
+            return Ok(LabDatabase::Mysql {
+                pool,
+                url: database_url.to_owned(),
+                database,
+            });
+        }
         if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
             let schema = format!("stockd_lab_{suffix}");
             let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(database_url)
@@ -334,6 +376,7 @@ impl LabDatabase {
         match self {
             LabDatabase::Sqlite { .. } => "sqlite",
             LabDatabase::Postgres { .. } => "postgres",
+            LabDatabase::Mysql { .. } => "mysql",
         }
     }
 
@@ -342,6 +385,14 @@ impl LabDatabase {
             LabDatabase::Sqlite { pool, directory } => {
                 pool.close().await;
                 let _ = std::fs::remove_dir_all(directory);
+            }
+            LabDatabase::Mysql {
+                pool,
+                url,
+                database,
+            } => {
+                pool.close().await;
+                crate::target::drop_mysql_database(&url, &database).await;
             }
             LabDatabase::Postgres { pool, url, schema } => {
                 pool.close().await;
@@ -361,6 +412,7 @@ impl LabDatabase {
         match self {
             LabDatabase::Sqlite { pool, .. } => sqlite_strategies::prepare(pool, stock).await,
             LabDatabase::Postgres { pool, .. } => postgres_strategies::prepare(pool, stock).await,
+            LabDatabase::Mysql { pool, .. } => mysql_strategies::prepare(pool, stock).await,
         }
         .map_err(|error| error.to_string())
     }
@@ -369,6 +421,7 @@ impl LabDatabase {
         match self {
             LabDatabase::Sqlite { pool, .. } => sqlite_strategies::totals(pool).await,
             LabDatabase::Postgres { pool, .. } => postgres_strategies::totals(pool).await,
+            LabDatabase::Mysql { pool, .. } => mysql_strategies::totals(pool).await,
         }
         .map_err(|error| error.to_string())
     }
@@ -386,6 +439,9 @@ impl LabDatabase {
             }
             LabDatabase::Postgres { pool, .. } => {
                 postgres_strategies::deduct(strategy, pool, request_id, think_time, counters).await
+            }
+            LabDatabase::Mysql { pool, .. } => {
+                mysql_strategies::deduct(strategy, pool, request_id, think_time, counters).await
             }
         }
     }

@@ -34,6 +34,40 @@ struct InProcess {
 enum Scratch {
     SqliteDirectory(PathBuf),
     PostgresSchema { url: String, schema: String },
+    MysqlDatabase { url: String, database: String },
+}
+
+/// Creates a scratch database on the MySQL server at `url`; answers the URL of it.
+pub(crate) async fn create_mysql_database(url: &str, database: &str) -> Result<String, String> {
+    let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(url)
+        .await
+        .map_err(|error| format!("cannot reach MySQL: {error}"))?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut connection)
+    .await
+    .map_err(|error| format!("cannot create database {database}: {error}"))?;
+    let _ = sqlx::Connection::close(connection).await;
+    let server = url.split('?').next().unwrap_or(url);
+    let server = match server.find("://").map(|start| start + 3) {
+        Some(host_start) => match server[host_start..].find('/') {
+            Some(path_start) => &server[..host_start + path_start],
+            None => server,
+        },
+        None => server,
+    };
+    Ok(format!("{server}/{database}"))
+}
+
+/// Drops a scratch database on the MySQL server at `url`.
+pub(crate) async fn drop_mysql_database(url: &str, database: &str) {
+    if let Ok(mut connection) = <sqlx::MySqlConnection as sqlx::Connection>::connect(url).await {
+        let statement = format!("DROP DATABASE IF EXISTS {database}");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut connection)
+            .await;
+    }
 }
 
 fn random_suffix() -> String {
@@ -146,14 +180,26 @@ impl Target {
         })
     }
 
-    /// Starts stockd in this process on a fresh database: a temporary SQLite file, or a
-    /// new schema on the PostgreSQL server at `postgres_url`.
+    /// Starts stockd in this process on a fresh database: a temporary SQLite file, a
+    /// new schema on the PostgreSQL server at `server_url` (`postgres://…`), or a new
+    /// database on the MySQL server there (`mysql://…`).
     pub async fn in_process(
-        postgres_url: Option<&str>,
+        server_url: Option<&str>,
         pool_size: u32,
         engine_config: EngineConfig,
     ) -> Result<Target, String> {
-        let (config, scratch) = match postgres_url {
+        let (config, scratch) = match server_url {
+            Some(url) if url.starts_with("mysql://") => {
+                let database = format!("stockd_bench_{}", random_suffix());
+                let database_url = create_mysql_database(url, &database).await?;
+                (
+                    StoreConfig::new(database_url),
+                    Scratch::MysqlDatabase {
+                        url: url.to_owned(),
+                        database,
+                    },
+                )
+            }
             Some(url) => {
                 let schema = format!("stockd_bench_{}", random_suffix());
                 let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(url)
@@ -261,6 +307,7 @@ async fn stop_in_process(in_process: InProcess) {
         Scratch::SqliteDirectory(directory) => {
             let _ = std::fs::remove_dir_all(directory);
         }
+        Scratch::MysqlDatabase { url, database } => drop_mysql_database(&url, &database).await,
         Scratch::PostgresSchema { url, schema } => {
             if let Ok(mut connection) =
                 <sqlx::PgConnection as sqlx::Connection>::connect(&url).await

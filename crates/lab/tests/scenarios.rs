@@ -2,7 +2,7 @@
 //! real HTTP on both backends. Each one fails if the report would show an oversell, a
 //! duplicate effect, an unexplained failure or an unclean audit.
 
-use acceptance::{Backend, mirrored_tests, postgres_url};
+use acceptance::{Backend, mirrored_tests, mysql_url, postgres_url};
 use lab::report::Class;
 use lab::{BenchOptions, Plan, Report, Scenario, Target};
 
@@ -17,6 +17,7 @@ async fn run(backend: Backend, scenario: Scenario, options: BenchOptions) -> Rep
     let postgres = match backend {
         Backend::Sqlite => None,
         Backend::Postgres => Some(postgres_url()),
+        Backend::Mysql => Some(mysql_url()),
     };
     let target = Target::in_process(postgres.as_deref(), 8, engine::EngineConfig::default())
         .await

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use acceptance::{Backend, mirrored_tests, postgres_url};
+use acceptance::{Backend, mirrored_tests, mysql_url, postgres_url};
 use lab::strategies::{LAST_UNIT, LIMITED, LabDatabase, Strategy, run};
 
 mirrored_tests!(
@@ -23,6 +23,7 @@ async fn database(backend: Backend) -> Arc<LabDatabase> {
     let url = match backend {
         Backend::Sqlite => "sqlite".to_owned(),
         Backend::Postgres => postgres_url(),
+        Backend::Mysql => mysql_url(),
     };
     Arc::new(LabDatabase::open(&url).await.unwrap())
 }

@@ -359,6 +359,31 @@ async fn postgres_a_killed_server_loses_no_acknowledged_reservation() {
         .unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_killed_server_loses_no_acknowledged_reservation() {
+    if !acceptance::Backend::Mysql.available().await {
+        return;
+    }
+    let server = acceptance::mysql_url();
+    let database = format!("stockd_kill_{:016x}", rand::random::<u64>());
+    let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    let url = format!("{}/{database}", server.trim_end_matches('/'));
+    a_killed_server_loses_no_acknowledged_reservation(&[("STOCKD_DATABASE_URL", url.as_str())])
+        .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+}
+
 /// Creates `TEA` (price 350) with `quantity` units and an order for one; returns the
 /// order id.
 async fn order_one_tea(address: SocketAddr, bearer: &str, quantity: i64) -> String {

@@ -26,7 +26,7 @@ use crate::StoreLimits;
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
-use crate::sql::Connection;
+use crate::sql::{Connection, statement};
 
 /// One migration: its version, its name (checked against the database's record) and
 /// its SQL script.
@@ -40,8 +40,10 @@ pub type FoundRecords = HashMap<String, (String, Option<StoredResponse>)>;
 pub type LockedStock = (BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>);
 
 /// The statements and locks that differ between databases, implemented by each
-/// backend's connection type.
-pub trait Dialect {
+/// backend's connection type. Where a default is given it is the statement SQLite and
+/// PostgreSQL share (`ON CONFLICT … DO UPDATE … WHERE`, `UPDATE … RETURNING`); MySQL
+/// and MariaDB, which have neither, write their own.
+pub trait Dialect: Connection {
     /// A reservation's row, locked until the commit where the database has row locks.
     const SELECT_RESERVATION_FOR_UPDATE: &'static str;
     /// A shopper's open-holds tally, locked.
@@ -71,9 +73,146 @@ pub trait Dialect {
     const MIGRATION_LOCK: Option<&'static str>;
     /// The backend's migrations, in order.
     const MIGRATIONS: &'static [Migration];
+    /// Deletes up to `$2` idempotency records created before `$1`, oldest first.
+    const PURGE_IDEMPOTENCY_RECORDS: &'static str = "DELETE FROM idempotency_record WHERE key IN (\
+         SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
     /// Whether a batch of reservations that all fit is written by one statement
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;
+
+    /// Adds `added` open holds to a shopper's tally (creating it) unless that would pass
+    /// `open_holds_max`. Answers the rows written: 1, or 0 when refused.
+    fn add_open_holds(
+        &mut self,
+        shop: &str,
+        user: &str,
+        added: i64,
+        open_holds_max: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            statement(
+                "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
+                 ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+                 WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
+            )
+            .bind(shop)
+            .bind(user)
+            .bind(added)
+            .bind(open_holds_max)
+            .execute(self)
+                .await
+        }
+    }
+
+    /// Adds `added` units to what a shopper bought of a SKU (creating the row) unless
+    /// that would pass the SKU's per-user limit (or `quantity_max` without one).
+    /// Answers the rows written: 1, or 0 when refused.
+    fn add_purchase(
+        &mut self,
+        shop: &str,
+        user: &str,
+        sku: &str,
+        added: i64,
+        quantity_max: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            statement(
+                "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+                 SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
+                 AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+                 ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+                 WHERE shopper_purchase.quantity + excluded.quantity <= \
+                 COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), $5)",
+            )
+            .bind(shop)
+            .bind(user)
+            .bind(sku)
+            .bind(added)
+            .bind(quantity_max)
+            .execute(self)
+                .await
+        }
+    }
+
+    /// Adds `received` (> 0) units to a stock row's `available` (creating the row)
+    /// unless its on-hand count would pass `on_hand_max`. Answers the row's
+    /// (available, reserved) after the change, or `None` when refused.
+    fn receive_stock(
+        &mut self,
+        sku: &str,
+        warehouse: &str,
+        received: i64,
+        now: Timestamp,
+        on_hand_max: i64,
+    ) -> impl Future<Output = Result<Option<(i64, i64)>, StoreError>> + Send {
+        async move {
+            statement(
+                "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+                 VALUES ($1, $2, $3, 0, 1, $4) \
+                 ON CONFLICT (sku, warehouse) DO UPDATE SET available = stock.available + excluded.available, \
+                 version = stock.version + 1, updated_at = excluded.updated_at \
+                 WHERE stock.available + stock.reserved + excluded.available <= $5 \
+                 RETURNING available, reserved",
+            )
+            .bind(sku)
+            .bind(warehouse)
+            .bind(received)
+            .bind(now.unix_milliseconds())
+            .bind(on_hand_max)
+            .fetch_optional_as(self)
+                .await
+        }
+    }
+
+    /// Adds `delta` (< 0) to a stock row's `available` unless it would go below zero.
+    /// Answers the row's (available, reserved) after the change, or `None` when
+    /// refused or when the row does not exist.
+    fn adjust_stock(
+        &mut self,
+        sku: &str,
+        warehouse: &str,
+        delta: i64,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<(i64, i64)>, StoreError>> + Send {
+        async move {
+            statement(
+                "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+                 WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0 \
+                 RETURNING available, reserved",
+            )
+            .bind(sku)
+            .bind(warehouse)
+            .bind(delta)
+            .bind(now.unix_milliseconds())
+            .fetch_optional_as(self)
+                .await
+        }
+    }
+
+    /// Sets a cart line's quantity, creating the line.
+    fn put_cart_item(
+        &mut self,
+        user: &str,
+        sku: &str,
+        shop: &str,
+        quantity: i64,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            statement(
+                "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $5) \
+                 ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
+            )
+            .bind(user)
+            .bind(sku)
+            .bind(shop)
+            .bind(quantity)
+            .bind(now.unix_milliseconds())
+            .execute(self)
+                .await
+        }
+    }
 
     /// Serializes shelf batches of one shop until the commit.
     fn lock_shop(&mut self, shop: &ShopCode)
@@ -125,7 +264,7 @@ pub trait Finish: Sized + Send {
 /// A database reached through pools: where transactions and connections come from.
 pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The driver's connection, which runs statements in the backend's dialect.
-    type Connection: Connection;
+    type Connection: Dialect;
     /// A transaction; dereferences to its connection.
     type Transaction: DerefMut<Target = Self::Connection> + Finish;
     /// A connection taken from a pool outside any transaction.

@@ -40,20 +40,6 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// PostgreSQL SQLSTATEs that mean "run the transaction again".
-const POSTGRES_SERIALIZATION_FAILURE: &str = "40001";
-const POSTGRES_DEADLOCK_DETECTED: &str = "40P01";
-const POSTGRES_LOCK_NOT_AVAILABLE: &str = "55P03";
-const POSTGRES_QUERY_CANCELED: &str = "57014";
-/// SQLite result codes. A plain `SQLITE_BUSY` (or `SQLITE_BUSY_TIMEOUT`) arrives only
-/// after the busy handler waited the whole `busy_timeout` for another process's write
-/// lock: that is a lock timeout, reported like PostgreSQL's `55P03`. The other busy
-/// and locked variants (recovery, snapshot, shared-cache locks) are transient
-/// conflicts worth another attempt.
-const SQLITE_BUSY: i64 = 5;
-const SQLITE_BUSY_TIMEOUT: i64 = 773;
-const SQLITE_LOCKED: i64 = 6;
-
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> StoreError {
         classify(&error)
@@ -61,33 +47,27 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// Sorts a database error into the kinds callers act on. Classification is by error
-/// code, never by message text or constraint name.
+/// code, never by message text or constraint name; each backend's codes are read in
+/// its own module (`classify_database` there).
 pub fn classify(error: &sqlx::Error) -> StoreError {
+    use crate::backends::{mysql, postgres, sqlite};
     match error {
         sqlx::Error::Database(database_error) => {
-            let message = database_error.message().to_owned();
-            let code = database_error
-                .code()
-                .map(|code| code.into_owned())
-                .unwrap_or_default();
-            match code.as_str() {
-                POSTGRES_SERIALIZATION_FAILURE | POSTGRES_DEADLOCK_DETECTED => {
-                    return StoreError::Retryable(message);
-                }
-                POSTGRES_LOCK_NOT_AVAILABLE => return StoreError::LockTimeout(message),
-                POSTGRES_QUERY_CANCELED => return StoreError::Unavailable(message),
-                _ => {}
+            if let Some(error) =
+                database_error.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            {
+                postgres::classify_database(error)
+            } else if let Some(error) =
+                database_error.try_downcast_ref::<sqlx::sqlite::SqliteError>()
+            {
+                sqlite::classify_database(error)
+            } else if let Some(error) =
+                database_error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            {
+                mysql::classify_database(error)
+            } else {
+                StoreError::Database(database_error.message().to_owned())
             }
-            if let Ok(extended_code) = code.parse::<i64>() {
-                if extended_code == SQLITE_BUSY || extended_code == SQLITE_BUSY_TIMEOUT {
-                    return StoreError::LockTimeout(message);
-                }
-                let primary_code = extended_code & 0xFF;
-                if primary_code == SQLITE_BUSY || primary_code == SQLITE_LOCKED {
-                    return StoreError::Retryable(message);
-                }
-            }
-            StoreError::Database(format!("{message} (code {code})"))
         }
         sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed

@@ -1,4 +1,5 @@
-//! The store: one method per atomic unit of work, on SQLite and PostgreSQL.
+//! The store: one method per atomic unit of work, on SQLite, PostgreSQL and
+//! MySQL/MariaDB.
 //!
 //! Every method that changes stock runs one short transaction that touches stock rows
 //! in (sku, warehouse) order, checks the affected-row count of every conditional
@@ -19,6 +20,7 @@ pub mod plan;
 pub mod sql;
 pub mod units;
 
+use backends::mysql::MysqlBackend;
 use backends::postgres::PostgresBackend;
 use backends::sqlite::SqliteBackend;
 use units::Units;
@@ -110,6 +112,11 @@ impl StoreConfig {
         domain::redact_url(&self.database_url)
     }
 
+    /// MySQL or MariaDB (`mysql://` or `mariadb://`).
+    pub fn is_mysql(&self) -> bool {
+        self.database_url.starts_with("mysql://") || self.database_url.starts_with("mariadb://")
+    }
+
     pub fn is_postgres(&self) -> bool {
         self.database_url.starts_with("postgres://")
             || self.database_url.starts_with("postgresql://")
@@ -121,6 +128,7 @@ impl StoreConfig {
 pub enum Store {
     Sqlite(Units<SqliteBackend>),
     Postgres(Units<PostgresBackend>),
+    Mysql(Units<MysqlBackend>),
 }
 
 macro_rules! dispatch {
@@ -128,6 +136,7 @@ macro_rules! dispatch {
         match $store {
             Store::Sqlite($backend) => $call,
             Store::Postgres($backend) => $call,
+            Store::Mysql($backend) => $call,
         }
     };
 }
@@ -139,13 +148,17 @@ impl Store {
             Ok(Store::Postgres(Units::new(
                 PostgresBackend::connect(config).await?,
             )))
+        } else if config.is_mysql() {
+            Ok(Store::Mysql(Units::new(
+                MysqlBackend::connect(config).await?,
+            )))
         } else if config.database_url.starts_with("sqlite:") {
             Ok(Store::Sqlite(Units::new(
                 SqliteBackend::connect(config).await?,
             )))
         } else {
             Err(StoreError::Unavailable(format!(
-                "database URL must start with sqlite: or postgres:// (got '{}')",
+                "database URL must start with sqlite:, postgres:// or mysql:// (got '{}')",
                 config.database_url.chars().take(40).collect::<String>()
             )))
         }
@@ -156,6 +169,7 @@ impl Store {
         match self {
             Store::Sqlite(_) => SqliteBackend::NAME,
             Store::Postgres(_) => PostgresBackend::NAME,
+            Store::Mysql(_) => MysqlBackend::NAME,
         }
     }
 
@@ -181,6 +195,7 @@ macro_rules! forward {
                     match self {
                         Store::Sqlite(store) => store.$name($($argument),*).await,
                         Store::Postgres(store) => store.$name($($argument),*).await,
+                        Store::Mysql(store) => store.$name($($argument),*).await,
                     }
                 }
             )*

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::backend::Dialect;
 use crate::error::StoreError;
 
 /// SQL text: a literal in the source (the common case, passed to the driver without a
@@ -359,7 +358,7 @@ tuple_from_row!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L, 12
 /// A database connection of one backend: runs statements in its dialect. Implemented by
 /// each backend for its sqlx connection type (a transaction or a pooled connection
 /// dereferences to it), in that backend's module.
-pub trait Connection: Dialect + Send {
+pub trait Connection: Send + Sized {
     fn execute<'a>(
         &'a mut self,
         statement: Statement<'a>,

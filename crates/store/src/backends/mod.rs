@@ -3,5 +3,6 @@
 //! databases: connecting, beginning transactions, the statements whose text differs,
 //! row locks, how a reservation batch's rows travel, and its migrations' list.
 
+pub mod mysql;
 pub mod postgres;
 pub mod sqlite;

@@ -115,6 +115,25 @@ impl Finish for sqlx::Transaction<'static, Postgres> {
     }
 }
 
+/// SQLSTATEs that mean "run the transaction again".
+const SERIALIZATION_FAILURE: &str = "40001";
+const DEADLOCK_DETECTED: &str = "40P01";
+/// `lock_timeout` passed.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// `statement_timeout` passed (or the statement was cancelled).
+const QUERY_CANCELED: &str = "57014";
+
+/// PostgreSQL's errors by SQLSTATE.
+pub(crate) fn classify_database(error: &sqlx::postgres::PgDatabaseError) -> StoreError {
+    let message = error.message().to_owned();
+    match error.code() {
+        SERIALIZATION_FAILURE | DEADLOCK_DETECTED => StoreError::Retryable(message),
+        LOCK_NOT_AVAILABLE => StoreError::LockTimeout(message),
+        QUERY_CANCELED => StoreError::Unavailable(message),
+        code => StoreError::Database(format!("{message} (code {code})")),
+    }
+}
+
 /// A statement as an sqlx query: PostgreSQL's own `$1`, `$2`, … placeholders, and
 /// every value typed (an integer NULL is an `int8` NULL).
 fn query_of(statement: Statement<'_>) -> sqlx::query::Query<'static, Postgres, PgArguments> {
@@ -377,7 +396,7 @@ mod bulk {
     use sqlx::error::BoxDynError;
     use sqlx::postgres::PgArguments;
 
-    use crate::units::decode::{corrupt, decode_sku_facts};
+    use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
 
     type Tx = sqlx::PgConnection;
     use crate::error::StoreError;
@@ -398,17 +417,7 @@ mod bulk {
         .await?;
         let mut records = HashMap::with_capacity(found.len());
         for row in &found {
-            let status_code: i64 = row.try_get("status_code")?;
-            let response = if status_code == 0 {
-                None
-            } else {
-                let status =
-                    u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
-                Some(StoredResponse {
-                    status,
-                    body: row.try_get("body")?,
-                })
-            };
+            let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
             records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
         }
         Ok(records)

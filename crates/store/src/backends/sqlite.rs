@@ -27,7 +27,7 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
-use crate::units::decode::{corrupt, decode_sku_facts};
+use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
 use crate::{StoreConfig, StoreLimits};
 
 /// The SQLite database: a pool of one writer and a pool of readers.
@@ -143,6 +143,33 @@ impl Finish for sqlx::Transaction<'static, Sqlite> {
             .await
             .map_err(StoreError::from)
     }
+}
+
+/// SQLite result codes. A plain `SQLITE_BUSY` (or `SQLITE_BUSY_TIMEOUT`) arrives only
+/// after the busy handler waited the whole `busy_timeout` for another process's write
+/// lock: that is a lock timeout, reported like PostgreSQL's `55P03`. The other busy
+/// and locked variants (recovery, snapshot, shared-cache locks) are transient
+/// conflicts worth another attempt.
+const SQLITE_BUSY: i64 = 5;
+const SQLITE_BUSY_TIMEOUT: i64 = 773;
+const SQLITE_LOCKED: i64 = 6;
+
+/// SQLite's errors by (extended) result code.
+pub(crate) fn classify_database(error: &sqlx::sqlite::SqliteError) -> StoreError {
+    use sqlx::error::DatabaseError;
+    let message = error.message().to_owned();
+    let code = error
+        .code()
+        .and_then(|code| code.parse::<i64>().ok())
+        .unwrap_or_default();
+    if code == SQLITE_BUSY || code == SQLITE_BUSY_TIMEOUT {
+        return StoreError::LockTimeout(message);
+    }
+    let primary_code = code & 0xFF;
+    if primary_code == SQLITE_BUSY || primary_code == SQLITE_LOCKED {
+        return StoreError::Retryable(message);
+    }
+    StoreError::Database(format!("{message} (code {code})"))
 }
 
 /// A statement as an sqlx query: SQLite binds `$1`, `$2`, … by number, as written.
@@ -332,17 +359,7 @@ impl Dialect for SqliteConnection {
         .await?;
         let mut records = HashMap::with_capacity(found.len());
         for row in &found {
-            let status_code: i64 = row.try_get("status_code")?;
-            let response = if status_code == 0 {
-                None
-            } else {
-                let status =
-                    u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
-                Some(StoredResponse {
-                    status,
-                    body: row.try_get("body")?,
-                })
-            };
+            let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
             records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
         }
         Ok(records)

@@ -2,10 +2,10 @@
 //! and the orders, on one snapshot; and the full dump tests compare databases with.
 
 use super::Units;
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport};
-use crate::sql::{Cell, Connection, statement};
+use crate::sql::{Cell, statement};
 use domain::{AttemptStatus, OrderStatus, ReservationStatus, Timestamp};
 use futures_util::TryStreamExt;
 
@@ -67,7 +67,7 @@ impl Findings {
 
 /// Every stock row's counters against its ledger and its open reservations; returns
 /// the rows checked.
-pub(crate) async fn audit_stock_rows<C: Connection>(
+pub(crate) async fn audit_stock_rows<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
@@ -105,7 +105,7 @@ pub(crate) async fn audit_stock_rows<C: Connection>(
 }
 
 /// Stock rows that ledger rows or open reservations name but that do not exist.
-pub(crate) async fn audit_missing_stock_rows<C: Connection>(
+pub(crate) async fn audit_missing_stock_rows<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {
@@ -128,7 +128,7 @@ pub(crate) async fn audit_missing_stock_rows<C: Connection>(
 }
 
 /// Every reservation line against its ledger rows; returns the lines checked.
-pub(crate) async fn audit_reservation_lines<C: Connection>(
+pub(crate) async fn audit_reservation_lines<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
@@ -185,7 +185,7 @@ pub(crate) async fn audit_reservation_lines<C: Connection>(
 }
 
 /// Ledger rows of reservation kinds that reference no reservation line.
-pub(crate) async fn audit_orphan_ledger_rows<C: Connection>(
+pub(crate) async fn audit_orphan_ledger_rows<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {
@@ -214,7 +214,7 @@ pub(crate) async fn audit_orphan_ledger_rows<C: Connection>(
 }
 
 /// Every order against its reservation and its payments; returns the orders checked.
-pub(crate) async fn audit_orders<C: Connection>(
+pub(crate) async fn audit_orders<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
@@ -269,7 +269,7 @@ pub(crate) async fn audit_orders<C: Connection>(
 }
 
 /// Every return against what its order sold.
-pub(crate) async fn audit_returns<C: Connection>(
+pub(crate) async fn audit_returns<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<(), StoreError> {

@@ -16,7 +16,6 @@ use crate::model::{
 use crate::plan::{
     PlanRequest, SkuFacts, StockKey, WholeBatch, plan_batch, totals_if_all_accepted,
 };
-use crate::sql::Connection;
 use domain::{ShopCode, SkuCode, Timestamp};
 use std::collections::HashMap;
 
@@ -59,7 +58,7 @@ pub(crate) fn batch_outcomes(
 /// `skus` completed with the SKUs of `wanted` that have no stock row yet (or none in
 /// that warehouse): they still need their facts, to tell `not_found` from
 /// `insufficient_stock`.
-pub(crate) async fn with_unlisted_skus<C: Connection>(
+pub(crate) async fn with_unlisted_skus<C: Dialect>(
     transaction: &mut C,
     wanted: &[StockKey],
     mut skus: HashMap<SkuCode, SkuFacts>,

@@ -4,14 +4,14 @@
 use super::Units;
 use super::decode::{corrupt, parse_stored};
 use super::idempotency::{claim_or_answer, complete_claim};
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{Cart, CartLine, CartSku};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{Currency, ErrorCode, PriceMinor, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
 
-pub(crate) async fn load_cart<C: Connection>(
+pub(crate) async fn load_cart<C: Dialect>(
     connection: &mut C,
     shop: Option<&ShopCode>,
     user: &UserId,
@@ -113,18 +113,9 @@ impl<B: Backend> Units<B> {
                         ),
                     ))
                 } else {
-                    statement(
-                        "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
-                         VALUES ($1, $2, $3, $4, $5, $5) \
-                         ON CONFLICT (user_id, sku) DO UPDATE SET quantity = excluded.quantity, updated_at = excluded.updated_at",
-                    )
-                    .bind(user.as_str())
-                    .bind(sku.as_str())
-                    .bind(shop.as_str())
-                    .bind(quantity)
-                    .bind(now.unix_milliseconds())
-                    .execute(&mut *transaction)
-                    .await?;
+                    transaction
+                        .put_cart_item(user.as_str(), sku.as_str(), shop.as_str(), quantity, now)
+                        .await?;
                     None
                 }
             }

@@ -4,17 +4,17 @@ use super::Units;
 use super::decode::{invariant, parse_stored};
 use super::idempotency::{claim_or_answer, complete_claim};
 use super::stock::load_sku;
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{NewProduct, ProductChanges};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{
     CategoryCode, ErrorCode, ImageUrl, Product, ProductId, ShopCode, SkuCode, SupplierCode,
     Timestamp, Title,
 };
 
-pub(crate) async fn load_product<C: Connection>(
+pub(crate) async fn load_product<C: Dialect>(
     connection: &mut C,
     id: &ProductId,
 ) -> Result<Option<Product>, StoreError> {
@@ -64,7 +64,7 @@ pub(crate) async fn load_product<C: Connection>(
 
 /// Inserts a product and its SKUs (`PENDING_REVIEW`). `Err` when a SKU code is
 /// taken; the caller rolls its savepoint back.
-pub(crate) async fn insert_product<C: Connection>(
+pub(crate) async fn insert_product<C: Dialect>(
     connection: &mut C,
     product: &NewProduct,
     now: Timestamp,

@@ -4,15 +4,15 @@
 use super::Units;
 use super::decode::{invariant, parse_stored};
 use super::idempotency::{claim_or_answer, complete_claim};
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{CredentialKind, NewCredential, ServiceKey};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{ErrorCode, OperatorId, Principal, ServiceKeyId, ShopCode, Timestamp};
 
 /// Inserts a credential; `false` when its (kind, id) is taken.
-pub(crate) async fn insert_credential<C: Connection>(
+pub(crate) async fn insert_credential<C: Dialect>(
     transaction: &mut C,
     credential: &NewCredential,
     now: Timestamp,
@@ -44,7 +44,7 @@ pub(crate) fn decode_service_key(
     })
 }
 
-pub(crate) async fn load_service_key<C: Connection>(
+pub(crate) async fn load_service_key<C: Dialect>(
     connection: &mut C,
     key: &ServiceKeyId,
 ) -> Result<Option<ServiceKey>, StoreError> {

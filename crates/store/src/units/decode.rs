@@ -2,6 +2,7 @@
 //! errors that say a stored value or an expected row was not what the store wrote.
 
 use crate::error::StoreError;
+use crate::model::StoredResponse;
 use crate::plan::SkuFacts;
 use domain::{SaleStatus, ShopCode};
 
@@ -63,4 +64,17 @@ pub(crate) fn parse_stored<T>(
     parse: impl Fn(&str) -> Result<T, domain::ParseError>,
 ) -> Result<T, StoreError> {
     parse(text).map_err(|error| corrupt(what, error))
+}
+
+/// A stored idempotency record's response: none while its unit of work has not
+/// committed (status 0), else the status and body it answered.
+pub(crate) fn stored_response(
+    status_code: i64,
+    body: String,
+) -> Result<Option<StoredResponse>, StoreError> {
+    if status_code == 0 {
+        return Ok(None);
+    }
+    let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
+    Ok(Some(StoredResponse { status, body }))
 }

@@ -3,11 +3,11 @@
 //! records.
 
 use super::Units;
-use super::decode::{corrupt, expect_one_row, invariant};
-use crate::backend::{Backend, Finish};
+use super::decode::{corrupt, expect_one_row, invariant, stored_response};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ScopedKey, StoredResponse};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::Timestamp;
 
 /// What a key's claim found.
@@ -24,7 +24,7 @@ pub(crate) enum Claim {
 /// Claims an idempotency key inside `transaction`. On PostgreSQL a concurrent
 /// uncommitted claim of the same key makes this wait (bounded by `lock_timeout`), which
 /// is reported as [`StoreError::KeyInFlight`].
-pub(crate) async fn claim_key<C: Connection>(
+pub(crate) async fn claim_key<C: Dialect>(
     transaction: &mut C,
     claim: &IdempotencyClaim,
     now: Timestamp,
@@ -50,16 +50,7 @@ pub(crate) async fn claim_key<C: Connection>(
             .bind(claim.key.as_str())
             .fetch_one_row(&mut *transaction)
             .await?;
-    let status_code: i64 = row.try_get("status_code")?;
-    let response = if status_code == 0 {
-        None
-    } else {
-        let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
-        Some(StoredResponse {
-            status,
-            body: row.try_get("body")?,
-        })
-    };
+    let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
     Ok(Claim::Existing {
         fingerprint: row.try_get("fingerprint")?,
         response,
@@ -83,7 +74,7 @@ pub(crate) fn resolve_existing(
 /// Claims `claim`'s key in this transaction, the opening of every keyed unit of work.
 /// `Some` is the answer a retry gets (the stored response, or "key reused"): the
 /// caller rolls back and returns it, having changed nothing.
-pub(crate) async fn claim_or_answer<C: Connection>(
+pub(crate) async fn claim_or_answer<C: Dialect>(
     transaction: &mut C,
     claim: &IdempotencyClaim,
     now: Timestamp,
@@ -98,7 +89,7 @@ pub(crate) async fn claim_or_answer<C: Connection>(
 }
 
 /// Stores the response for a key claimed by this transaction.
-pub(crate) async fn complete_claim<C: Connection>(
+pub(crate) async fn complete_claim<C: Dialect>(
     transaction: &mut C,
     claim: &IdempotencyClaim,
     response: &StoredResponse,
@@ -165,14 +156,11 @@ impl<B: Backend> Units<B> {
         limit: i64,
     ) -> Result<u64, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let deleted = statement(
-            "DELETE FROM idempotency_record WHERE key IN (\
-             SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
-        )
-        .bind(created_before.unix_milliseconds())
-        .bind(limit)
-        .execute(&mut *transaction)
-        .await?;
+        let deleted = statement(<B::Connection as Dialect>::PURGE_IDEMPOTENCY_RECORDS)
+            .bind(created_before.unix_milliseconds())
+            .bind(limit)
+            .execute(&mut *transaction)
+            .await?;
         transaction.commit().await?;
         Ok(deleted)
     }

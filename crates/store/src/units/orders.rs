@@ -18,7 +18,7 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer};
 use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
 use crate::plan::{PlanRequest, PurchaseKey, StockKey, plan_batch};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{
     AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId,
     ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, SkuCode, Timestamp,
@@ -27,7 +27,7 @@ use domain::{
 
 /// Moves an order through the transition table with a conditional update on its
 /// current status, and records the change in its history.
-pub(crate) async fn move_order<C: Connection>(
+pub(crate) async fn move_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
@@ -50,7 +50,7 @@ pub(crate) async fn move_order<C: Connection>(
     insert_history(transaction, order, Some(from), to, reason, now).await
 }
 
-pub(crate) async fn insert_history<C: Connection>(
+pub(crate) async fn insert_history<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     from: Option<OrderStatus>,
@@ -73,7 +73,7 @@ pub(crate) async fn insert_history<C: Connection>(
 
 /// Releases the reservation a locked order holds and moves the order out (to `EXPIRED`
 /// or `CANCELLED`): one step of the order's own flow, so no one else can be moving it.
-pub(crate) async fn release_order<C: Connection>(
+pub(crate) async fn release_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,
@@ -104,7 +104,7 @@ pub(crate) async fn release_order<C: Connection>(
 }
 
 /// The locked order's status, reservation and hold end.
-pub(crate) async fn lock_order<C: Connection>(
+pub(crate) async fn lock_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
 ) -> Result<Option<(OrderStatus, ReservationId, Timestamp)>, StoreError> {
@@ -123,7 +123,7 @@ pub(crate) async fn lock_order<C: Connection>(
 }
 
 /// The status of a reservation its locked order holds (the order's lock guards it).
-pub(crate) async fn reservation_status<C: Connection>(
+pub(crate) async fn reservation_status<C: Dialect>(
     transaction: &mut C,
     reservation: &ReservationId,
 ) -> Result<ReservationStatus, StoreError> {
@@ -134,7 +134,7 @@ pub(crate) async fn reservation_status<C: Connection>(
     parse_stored("reservation status", &status, ReservationStatus::parse)
 }
 
-pub(crate) async fn order_lines<C: Connection>(
+pub(crate) async fn order_lines<C: Dialect>(
     connection: &mut C,
     order: &OrderId,
 ) -> Result<Vec<OrderLine>, StoreError> {
@@ -158,7 +158,7 @@ pub(crate) async fn order_lines<C: Connection>(
 
 /// An after-sale return's effect: every line of the order back to available stock, in
 /// (sku, warehouse) order, each with its `return` ledger row.
-pub(crate) async fn put_goods_back<C: Connection>(
+pub(crate) async fn put_goods_back<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     claim: &IdempotencyClaim,
@@ -206,7 +206,7 @@ pub(crate) struct Prices {
 
 /// Prices an order's lines from their SKUs; refused when a SKU has no price, the
 /// currencies differ, the total does not fit in 64 bits or is 0.
-pub(crate) async fn price_order<C: Connection>(
+pub(crate) async fn price_order<C: Dialect>(
     transaction: &mut C,
     order: &NewOrder,
 ) -> Result<Result<Prices, Rejection>, StoreError> {
@@ -263,7 +263,7 @@ pub(crate) async fn price_order<C: Connection>(
 
 /// Writes a decided order: the stock taken, the order-held reservation with its lines
 /// and ledger rows, the order with its lines and first history entry.
-pub(crate) async fn write_order<C: Connection>(
+pub(crate) async fn write_order<C: Dialect>(
     transaction: &mut C,
     claim: &IdempotencyClaim,
     order: &NewOrder,
@@ -343,7 +343,7 @@ pub(crate) struct OrderHold<'a> {
 /// success): the stock taken row by row in (sku, warehouse) order, each conditional
 /// update's row count checked; the reservation `RESERVED`; its lines with their
 /// `reserve` ledger rows.
-pub(crate) async fn write_order_hold<C: Connection>(
+pub(crate) async fn write_order_hold<C: Dialect>(
     transaction: &mut C,
     hold: &OrderHold<'_>,
     now: Timestamp,
@@ -405,7 +405,7 @@ pub(crate) async fn write_order_hold<C: Connection>(
 }
 
 /// An order's payment attempts, oldest first.
-pub(crate) async fn order_attempts<C: Connection>(
+pub(crate) async fn order_attempts<C: Dialect>(
     connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<PaymentAttempt>, StoreError> {
@@ -447,7 +447,7 @@ pub(crate) async fn order_attempts<C: Connection>(
 }
 
 /// An order's refunds, oldest first.
-pub(crate) async fn order_refunds<C: Connection>(
+pub(crate) async fn order_refunds<C: Dialect>(
     connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<RefundRecord>, StoreError> {
@@ -485,7 +485,7 @@ pub(crate) async fn order_refunds<C: Connection>(
 }
 
 /// The statuses an order went through, oldest first.
-pub(crate) async fn order_history<C: Connection>(
+pub(crate) async fn order_history<C: Dialect>(
     connection: &mut C,
     id: &OrderId,
 ) -> Result<Vec<OrderHistoryEntry>, StoreError> {
@@ -510,7 +510,7 @@ pub(crate) async fn order_history<C: Connection>(
     Ok(history)
 }
 
-pub(crate) async fn load_order<C: Connection>(
+pub(crate) async fn load_order<C: Dialect>(
     connection: &mut C,
     id: &OrderId,
 ) -> Result<Option<Order>, StoreError> {

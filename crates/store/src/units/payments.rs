@@ -20,7 +20,7 @@ use crate::model::{
 };
 use crate::orders::{AttemptToCall, BeginPayment, GatewayOutcome, PaymentGauges};
 use crate::plan::{PlanRequest, PurchaseKey, ShopperKey, StockKey, plan_batch};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{
     AttemptStatus, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, Quantity, ReleaseReason,
     ReservationId, ReservationLine, ReservationStatus, ShopCode, Timestamp, UserId as OrderUserId,
@@ -29,7 +29,7 @@ use domain::{
 /// A success arrived for an order that gave its stock back: take the stock again
 /// (reserved and confirmed at once) when every line still fits, and the order is
 /// `PAID`; otherwise it goes `REFUND_PENDING` with a refund to issue.
-pub(crate) async fn settle_late_success<C: Connection>(
+pub(crate) async fn settle_late_success<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     attempt: &PaymentAttemptId,
@@ -72,7 +72,7 @@ pub(crate) struct LateSale {
     pub(crate) plan: crate::plan::BatchPlan,
 }
 
-pub(crate) async fn plan_late_sale<C: Connection>(
+pub(crate) async fn plan_late_sale<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
 ) -> Result<LateSale, StoreError> {
@@ -135,7 +135,7 @@ pub(crate) async fn plan_late_sale<C: Connection>(
 
 /// Takes a paid order's stock again (its late success fitted): a new reservation,
 /// reserved and confirmed through the transition table, and the order `PAID`.
-pub(crate) async fn take_stock_again<C: Connection>(
+pub(crate) async fn take_stock_again<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
@@ -202,7 +202,7 @@ pub(crate) async fn take_stock_again<C: Connection>(
 }
 
 /// The attempt that paid an order, if one did.
-pub(crate) async fn paying_attempt<C: Connection>(
+pub(crate) async fn paying_attempt<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
 ) -> Result<Option<PaymentAttemptId>, StoreError> {
@@ -218,7 +218,7 @@ pub(crate) async fn paying_attempt<C: Connection>(
 /// Applies what the gateway said to a locked attempt and its order. Idempotent: an
 /// attempt already settled the same way changes nothing, and a failure reported
 /// after a success changes nothing either.
-pub(crate) async fn settle_attempt<C: Connection>(
+pub(crate) async fn settle_attempt<C: Dialect>(
     transaction: &mut C,
     attempt: &PaymentAttemptId,
     outcome: &GatewayOutcome,
@@ -293,7 +293,7 @@ pub(crate) struct Settling<'a> {
     pub(crate) now: Timestamp,
 }
 
-pub(crate) async fn set_attempt_status<C: Connection>(
+pub(crate) async fn set_attempt_status<C: Dialect>(
     transaction: &mut C,
     attempt: &PaymentAttemptId,
     status: AttemptStatus,
@@ -317,7 +317,7 @@ pub(crate) async fn set_attempt_status<C: Connection>(
 
 /// The gateway says the attempt succeeded: the order is paid (or, when its stock was
 /// given back, takes it again or is refunded); a second charge is refunded.
-pub(crate) async fn apply_success<C: Connection>(
+pub(crate) async fn apply_success<C: Dialect>(
     transaction: &mut C,
     settling: &Settling<'_>,
     payment_id: &str,
@@ -418,7 +418,7 @@ pub(crate) async fn apply_success<C: Connection>(
 /// The gateway says the attempt failed (declined, refused) or was abandoned when the
 /// hold ended: a decline keeps the hold for another card, an abandonment gives the
 /// stock back.
-pub(crate) async fn apply_failure<C: Connection>(
+pub(crate) async fn apply_failure<C: Dialect>(
     transaction: &mut C,
     settling: &Settling<'_>,
     outcome: &GatewayOutcome,
@@ -488,7 +488,7 @@ pub(crate) struct NewAttempt<'a> {
 
 /// Starts attempt n+1 of a locked order that may be paid: its own number and gateway
 /// key, `PROCESSING`, and the order `PAYMENT_PROCESSING`.
-pub(crate) async fn start_attempt<C: Connection>(
+pub(crate) async fn start_attempt<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     from: OrderStatus,
@@ -538,7 +538,7 @@ pub(crate) async fn start_attempt<C: Connection>(
 
 /// The answer to `pay` for a locked order no attempt can start on: missing, its hold
 /// ended (expired now, its stock given back), its payment settled, or not payable.
-pub(crate) async fn answer_without_paying<C: Connection>(
+pub(crate) async fn answer_without_paying<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     locked: Option<(OrderStatus, ReservationId, Timestamp)>,
@@ -592,7 +592,7 @@ pub(crate) async fn answer_without_paying<C: Connection>(
     Ok(response)
 }
 
-pub(crate) async fn attempt_to_call<C: Connection>(
+pub(crate) async fn attempt_to_call<C: Dialect>(
     connection: &mut C,
     attempt: &PaymentAttemptId,
 ) -> Result<AttemptToCall, StoreError> {
@@ -902,7 +902,8 @@ impl<B: Backend> Units<B> {
         .fetch_one_as(&mut *self.read_connection().await?)
         .await?;
         let (refunds, refunds_failed): (i64, i64) = statement(
-            "SELECT COUNT(*) FILTER (WHERE status = 'PENDING'), COUNT(*) FILTER (WHERE status = 'FAILED') FROM refund",
+            "SELECT COALESCE(SUM(CASE WHEN status = 'PENDING' THEN 1 ELSE 0 END), 0), \
+             COALESCE(SUM(CASE WHEN status = 'FAILED' THEN 1 ELSE 0 END), 0) FROM refund",
         )
         .fetch_one_as(&mut *self.read_connection().await?)
         .await?;

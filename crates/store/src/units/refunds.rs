@@ -8,12 +8,12 @@ use super::payments::retry_delay;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::orders::RefundToIssue;
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, Timestamp};
 
 /// A refund of what `attempt` charged, to be issued by the refund worker with its own
 /// gateway key. One per attempt.
-pub(crate) async fn insert_refund<C: Connection>(
+pub(crate) async fn insert_refund<C: Dialect>(
     transaction: &mut C,
     attempt: &PaymentAttemptId,
     now: Timestamp,

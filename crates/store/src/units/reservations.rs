@@ -13,13 +13,13 @@ use crate::model::{
     ReserveRequest, ResponseRenderer, ShopScope,
 };
 use crate::plan::ShopperKey;
-use crate::sql::{Connection, Row, statement};
+use crate::sql::{Row, statement};
 use domain::{
     ErrorCode, OrderId, Quantity, ReleaseReason, Reservation, ReservationId, ReservationLine,
     ReservationStatus, ShopCode, SkuCode, Timestamp, UserId, WarehouseCode,
 };
 
-pub(crate) async fn load_reservation<C: Connection>(
+pub(crate) async fn load_reservation<C: Dialect>(
     connection: &mut C,
     id: &ReservationId,
 ) -> Result<Option<Reservation>, StoreError> {
@@ -151,7 +151,7 @@ pub(crate) struct Moved<'a> {
 ///
 /// One outcome per move, in order; `Err` is a business refusal, and nothing was
 /// written for that reservation.
-pub(crate) async fn settle_reservations<C: Connection>(
+pub(crate) async fn settle_reservations<C: Dialect>(
     transaction: &mut C,
     moves: &[Move<'_>],
     mover: Mover<'_>,
@@ -249,7 +249,7 @@ pub(crate) fn decide_move(
 }
 
 /// A reservation's lines.
-pub(crate) async fn reservation_lines_of<C: Connection>(
+pub(crate) async fn reservation_lines_of<C: Dialect>(
     transaction: &mut C,
     id: &ReservationId,
 ) -> Result<Vec<ReservationLine>, StoreError> {
@@ -267,7 +267,7 @@ pub(crate) async fn reservation_lines_of<C: Connection>(
 }
 
 /// The status half of [`settle_reservations`] for one reservation.
-pub(crate) async fn move_reservation<'a, C: Connection>(
+pub(crate) async fn move_reservation<'a, C: Dialect>(
     transaction: &mut C,
     step: &Move<'a>,
     mover: Mover<'_>,
@@ -324,7 +324,7 @@ pub(crate) async fn move_reservation<'a, C: Connection>(
 
 /// Moves the reservation an order holds out of `RESERVED` and settles it (see
 /// [`settle_reservations`]). `Err` is a business refusal; nothing was written.
-pub(crate) async fn settle_order_reservation<C: Connection>(
+pub(crate) async fn settle_order_reservation<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,

@@ -5,13 +5,13 @@ use super::Units;
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, complete_claim};
 use super::shelf::{LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, shelf_target};
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
     Actor, AppliedSchedule, ShelfChange, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget,
 };
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{
     SaleStatus, ScheduleId, ShelfOperation, ShopCode, SkuCode, Timestamp, operation_label,
 };
@@ -24,7 +24,7 @@ pub(crate) type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, Shel
 /// then every stock row, in the order a shelf change takes them — before the first
 /// change: applied one by one, the batch would take a shop's lock after another SKU's
 /// stock rows and could deadlock against a shelf batch or a reservation.
-pub(crate) async fn claim_due_schedules<C: Connection>(
+pub(crate) async fn claim_due_schedules<C: Dialect>(
     transaction: &mut C,
     now: Timestamp,
     limit: i64,

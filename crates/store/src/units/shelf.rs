@@ -4,13 +4,13 @@
 use super::Units;
 use super::decode::parse_stored;
 use super::idempotency::{claim_or_answer, complete_claim};
-use crate::backend::{Backend, Finish};
+use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
     Actor, ShelfChange, ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfTarget, TargetSelector,
 };
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
-use crate::sql::{Connection, built_statement, statement};
+use crate::sql::{built_statement, statement};
 use domain::{
     Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus, ShelfDecision,
     ShelfLogEntry, ShopCode, SkuCode, Timestamp, decide_shelf_change, operation_label,
@@ -30,7 +30,7 @@ pub(crate) struct ShelfState {
     pub(crate) completeness: Completeness,
 }
 
-pub(crate) async fn load_shelf_state<C: Connection>(
+pub(crate) async fn load_shelf_state<C: Dialect>(
     connection: &mut C,
     sku: &SkuCode,
 ) -> Result<Option<ShelfState>, StoreError> {
@@ -84,7 +84,7 @@ pub(crate) struct LogLine<'a> {
     pub(crate) remark: &'a str,
 }
 
-pub(crate) async fn insert_shelf_log<C: Connection>(
+pub(crate) async fn insert_shelf_log<C: Dialect>(
     transaction: &mut C,
     line: LogLine<'_>,
     now: Timestamp,
@@ -111,7 +111,7 @@ pub(crate) async fn insert_shelf_log<C: Connection>(
 /// What a shelf change does to one locked target: changed (logged), repeated (logged),
 /// or refused (unknown SKU, stale version, a step the table lacks, an incomplete
 /// product).
-pub(crate) async fn shelf_outcome<C: Connection>(
+pub(crate) async fn shelf_outcome<C: Dialect>(
     transaction: &mut C,
     change: &ShelfChange,
     target: &ShelfTarget,
@@ -217,7 +217,7 @@ pub(crate) async fn shelf_outcome<C: Connection>(
 /// (so batches of one shop never interleave) and the targets' stock rows, then
 /// decides each target through the transition table and writes the change and its
 /// log line.
-pub(crate) async fn apply_shelf_change<C: Connection>(
+pub(crate) async fn apply_shelf_change<C: Dialect>(
     transaction: &mut C,
     change: &ShelfChange,
     now: Timestamp,

@@ -11,7 +11,7 @@ use crate::model::{
     IdempotencyClaim, Idempotent, MovementRecord, Rejection, ReservationAction, ResponseRenderer,
     SkuChanges, StockMovement,
 };
-use crate::sql::{Connection, Row, statement};
+use crate::sql::{Row, statement};
 use domain::{
     Currency, ErrorCode, PriceMinor, ProductId, ReservationId, ReservationLine, SaleStatus,
     ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
@@ -34,7 +34,7 @@ pub(crate) struct LedgerEntry<'a> {
     pub(crate) idempotency_key: Option<&'a str>,
 }
 
-pub(crate) async fn insert_ledger_row<C: Connection>(
+pub(crate) async fn insert_ledger_row<C: Dialect>(
     transaction: &mut C,
     entry: LedgerEntry<'_>,
     now: Timestamp,
@@ -94,7 +94,7 @@ pub(crate) fn decode_sku_row(row: &Row, stock: Vec<StockLevel>) -> Result<Sku, S
     })
 }
 
-pub(crate) async fn load_sku<C: Connection>(
+pub(crate) async fn load_sku<C: Dialect>(
     connection: &mut C,
     code: &SkuCode,
 ) -> Result<Option<Sku>, StoreError> {
@@ -129,7 +129,7 @@ pub(crate) async fn load_sku<C: Connection>(
 
 /// Moves `quantity` units of a line between `available` and `reserved` (release) or out
 /// of `reserved` (confirm), guarded so a counter can never go below zero.
-pub(crate) async fn settle_line<C: Connection>(
+pub(crate) async fn settle_line<C: Dialect>(
     transaction: &mut C,
     line: &ReservationLine,
     action: ReservationAction,
@@ -178,7 +178,7 @@ pub(crate) async fn settle_line<C: Connection>(
 
 /// Applies one movement's counter change. `Err` is a business refusal, stored as the
 /// response; nothing has been written when it is returned.
-pub(crate) async fn apply_movement<C: Connection>(
+pub(crate) async fn apply_movement<C: Dialect>(
     transaction: &mut C,
     movement: &StockMovement,
     now: Timestamp,
@@ -194,34 +194,25 @@ pub(crate) async fn apply_movement<C: Connection>(
         )));
     }
     let delta = movement.quantity.available_delta();
-    let counters: Option<(i64, i64)> = if delta > 0 {
-        statement(
-            "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
-             VALUES ($1, $2, $3, 0, 1, $4) \
-             ON CONFLICT (sku, warehouse) DO UPDATE SET available = stock.available + excluded.available, \
-             version = stock.version + 1, updated_at = excluded.updated_at \
-             WHERE stock.available + stock.reserved + excluded.available <= $5 \
-             RETURNING available, reserved",
-        )
-        .bind(movement.sku.as_str())
-        .bind(movement.warehouse.as_str())
-        .bind(delta)
-        .bind(now.unix_milliseconds())
-        .bind(STOCK_ON_HAND_MAX)
-        .fetch_optional_as(&mut *transaction)
-        .await?
+    let counters = if delta > 0 {
+        transaction
+            .receive_stock(
+                movement.sku.as_str(),
+                movement.warehouse.as_str(),
+                delta,
+                now,
+                STOCK_ON_HAND_MAX,
+            )
+            .await?
     } else {
-        statement(
-            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
-             WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0 \
-             RETURNING available, reserved",
-        )
-        .bind(movement.sku.as_str())
-        .bind(movement.warehouse.as_str())
-        .bind(delta)
-        .bind(now.unix_milliseconds())
-        .fetch_optional_as(&mut *transaction)
-        .await?
+        transaction
+            .adjust_stock(
+                movement.sku.as_str(),
+                movement.warehouse.as_str(),
+                delta,
+                now,
+            )
+            .await?
     };
     let Some((available, reserved)) = counters else {
         let rejection = if delta > 0 {

@@ -4,17 +4,18 @@
 use super::decode::expect_one_row;
 use super::reservations::Moved;
 use super::stock::STOCK_ON_HAND_MAX;
+use crate::backend::Dialect;
 use crate::error::StoreError;
 use crate::model::{ReservationAction, ReserveRequest};
 use crate::plan::{PurchaseKey, ShopperKey, SkuFacts, Tallies};
-use crate::sql::{Connection, statement};
+use crate::sql::statement;
 use domain::{ShopCode, SkuCode, UserId};
 use std::collections::HashMap;
 
 /// Locks and reads the tallies of the shoppers that `requests` name (open holds, and
 /// units of SKUs with a per-user limit), in key order. Reservations without a user
 /// read nothing.
-pub(crate) async fn lock_tallies<'a, C: Connection>(
+pub(crate) async fn lock_tallies<'a, C: Dialect>(
     transaction: &mut C,
     requests: impl Iterator<Item = &'a ReserveRequest>,
     skus: &HashMap<SkuCode, SkuFacts>,
@@ -48,7 +49,7 @@ pub(crate) async fn lock_tallies<'a, C: Connection>(
 }
 
 /// The tallies of these shoppers, locked (PostgreSQL) in key order.
-pub(crate) async fn read_tallies<C: Connection>(
+pub(crate) async fn read_tallies<C: Dialect>(
     transaction: &mut C,
     mut shoppers: Vec<ShopperKey>,
     mut purchases: Vec<PurchaseKey>,
@@ -88,24 +89,16 @@ pub(crate) async fn read_tallies<C: Connection>(
 /// conditional on the bound (the open-hold bound, the SKU's per-user limit), so the
 /// database refuses what the decision should never have allowed: a tally another
 /// process moved since it was read makes the batch retry, and then decide again.
-pub(crate) async fn add_to_tallies<C: Connection>(
+pub(crate) async fn add_to_tallies<C: Dialect>(
     transaction: &mut C,
     holds_added: &std::collections::BTreeMap<ShopperKey, i64>,
     purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
     open_holds_max: i64,
 ) -> Result<(), StoreError> {
     for ((shop, user), added) in holds_added {
-        let written = statement(
-            "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
-             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
-             WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
-        )
-        .bind(shop.as_str())
-        .bind(user.as_str())
-        .bind(added)
-        .bind(open_holds_max)
-        .execute(&mut *transaction)
-        .await?;
+        let written = transaction
+            .add_open_holds(shop.as_str(), user.as_str(), *added, open_holds_max)
+            .await?;
         if written != 1 {
             return Err(StoreError::Retryable(format!(
                 "the open holds of user '{user}' changed since they were read"
@@ -113,21 +106,15 @@ pub(crate) async fn add_to_tallies<C: Connection>(
         }
     }
     for ((shop, user, sku), added) in purchases_added {
-        let written = statement(
-            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
-             AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
-             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
-             WHERE shopper_purchase.quantity + excluded.quantity <= \
-             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), $5)",
-        )
-        .bind(shop.as_str())
-        .bind(user.as_str())
-        .bind(sku.as_str())
-        .bind(added)
-        .bind(STOCK_ON_HAND_MAX)
-        .execute(&mut *transaction)
-        .await?;
+        let written = transaction
+            .add_purchase(
+                shop.as_str(),
+                user.as_str(),
+                sku.as_str(),
+                *added,
+                STOCK_ON_HAND_MAX,
+            )
+            .await?;
         if written != 1 {
             return Err(StoreError::Retryable(format!(
                 "what user '{user}' holds of sku '{sku}' changed since it was read"
@@ -139,7 +126,7 @@ pub(crate) async fn add_to_tallies<C: Connection>(
 
 /// Gives back what the moved reservations counted against their shoppers, in key
 /// order: one open hold each, and on release their units.
-pub(crate) async fn give_back_tallies<C: Connection>(
+pub(crate) async fn give_back_tallies<C: Dialect>(
     transaction: &mut C,
     moved: &[Moved<'_>],
 ) -> Result<(), StoreError> {

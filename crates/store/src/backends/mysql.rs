@@ -1,0 +1,913 @@
+//! MySQL 8 and MariaDB ≥ 10.6: the shops' usual database (seed 003 measures on MySQL).
+//!
+//! What this backend does differently, all in this file:
+//!
+//! - **Placeholders.** The units of work write `$1`, `$2`, …; MySQL binds `?` by
+//!   position. [`translate`] rewrites each statement once (cached by its text) and
+//!   binds the values in the order the `?`s appear, repeating a value a statement
+//!   names twice. It also spells what MySQL spells otherwise: `CAST(… AS SIGNED)` for
+//!   `CAST(… AS BIGINT)`, and the column `key` (a reserved word) quoted.
+//! - **Upserts.** `INSERT … ON CONFLICT (…) DO NOTHING` runs as a plain `INSERT` whose
+//!   duplicate-key error (1062, which rolls back the statement, not the transaction)
+//!   means "nothing written". The guarded upserts (`ON CONFLICT … DO UPDATE … WHERE`),
+//!   which MySQL cannot express with a trustworthy row count, are a conditional
+//!   `UPDATE` and then an `INSERT` ([`Dialect`] methods below).
+//! - **Row counts.** sqlx sets `CLIENT_FOUND_ROWS`: an `UPDATE` reports the rows it
+//!   matched, not the rows it changed. Every conditional update of the units of work
+//!   changes a column (`version = version + 1`, a counter by a non-zero amount), so
+//!   matched and changed agree and the affected-row checks hold.
+//! - **No `UPDATE … RETURNING`** (MariaDB has it for `INSERT` and `DELETE` only): a
+//!   stock change reads its counters back with a `SELECT` under the row lock it holds.
+//! - **Isolation.** Every session runs `READ COMMITTED`, as PostgreSQL does by default:
+//!   each statement sees what committed before it, and InnoDB takes no gap locks. The
+//!   audit reads one consistent snapshot (`REPEATABLE READ`, `WITH CONSISTENT SNAPSHOT`).
+//! - **Locks and timeouts.** `innodb_lock_wait_timeout` is set per session from the
+//!   store's lock bound (whole seconds, rounded up); `max_statement_time` (MariaDB) or
+//!   `max_execution_time` (MySQL) from the statement bound. Deadlock 1213 (which rolls
+//!   back the whole transaction) is retried as a whole unit of work, like PostgreSQL's
+//!   40P01; lock wait timeout 1205 is a lock timeout, like 55P03. Workers claim rows
+//!   with `FOR UPDATE SKIP LOCKED`. A shop's shelf batches serialize on a row of
+//!   `shelf_batch_lock` (MySQL has no transaction-scoped advisory lock).
+//! - **Batches** travel as multi-row `VALUES` lists, a few statements per batch; there
+//!   is no whole-batch fast path (no stored procedure).
+//! - **Migrations** are not serialized across processes (DDL commits by itself on
+//!   MySQL): run `stockd migrate` once before starting several instances.
+//!
+//! Durability is the server's: run it with `innodb_flush_log_at_trx_commit=1` and, with
+//! a binary log, `sync_binlog=1` (docs/OPERATIONS.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
+use futures_util::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::pool::PoolConnection;
+use sqlx::{MySql, MySqlConnection, MySqlPool, Row as _, TypeInfo, ValueRef};
+
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, LockedStock, Migration};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::sql::{
+    Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
+};
+use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
+use crate::{StoreConfig, StoreLimits};
+
+/// Rows one multi-row `INSERT` of a batch carries at most, so a statement's
+/// placeholders stay far below MySQL's limit of 65,535.
+const BATCH_INSERT_ROWS_MAX: usize = 500;
+
+/// The MySQL or MariaDB database: one pool, shared by every unit of work.
+#[derive(Debug, Clone)]
+pub struct MysqlBackend {
+    pool: MySqlPool,
+    limits: StoreLimits,
+}
+
+/// The session settings every connection starts with.
+fn session_settings(config: &StoreConfig, mariadb: bool) -> Vec<String> {
+    let lock_wait_seconds = config.lock_timeout_milliseconds.div_ceil(1_000).max(1);
+    let statement_bound = if mariadb {
+        format!(
+            "SET SESSION max_statement_time = {}",
+            config.statement_timeout_milliseconds as f64 / 1_000.0
+        )
+    } else {
+        format!(
+            "SET SESSION max_execution_time = {}",
+            config.statement_timeout_milliseconds
+        )
+    };
+    vec![
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
+        format!("SET SESSION innodb_lock_wait_timeout = {lock_wait_seconds}"),
+        statement_bound,
+    ]
+}
+
+impl MysqlBackend {
+    pub async fn connect(config: &StoreConfig) -> Result<MysqlBackend, StoreError> {
+        let options = MySqlConnectOptions::from_str(&config.database_url)
+            .map_err(|error| StoreError::Unavailable(error.to_string()))?
+            .charset("utf8mb4")
+            .collation("utf8mb4_bin");
+        // One connection first, to learn which server this is (the statement bound
+        // has a different name on MariaDB and on MySQL).
+        let mut probe = sqlx::ConnectOptions::connect(&options).await?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut probe)
+            .await?;
+        let _ = sqlx::Connection::close(probe).await;
+        let settings = Arc::new(session_settings(config, version.contains("MariaDB")));
+        let pool = MySqlPoolOptions::new()
+            .max_connections(config.pool_size.max(1))
+            .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
+            .after_connect(move |connection, _| {
+                let settings = Arc::clone(&settings);
+                Box::pin(async move {
+                    for setting in settings.iter() {
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(setting.clone()))
+                            .execute(&mut *connection)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(MysqlBackend {
+            pool,
+            limits: config.limits,
+        })
+    }
+}
+
+impl Backend for MysqlBackend {
+    type Connection = MySqlConnection;
+    type Transaction = sqlx::Transaction<'static, MySql>;
+    type Pooled = PoolConnection<MySql>;
+
+    const NAME: &'static str = "mysql";
+
+    async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// The audit compares several tables, so it reads them from one snapshot. `SET
+    /// TRANSACTION` applies to the next transaction of the session only.
+    async fn begin_snapshot(&self) -> Result<Self::Transaction, StoreError> {
+        Ok(self
+            .pool
+            .begin_with(
+                "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ; \
+                 START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+            )
+            .await?)
+    }
+
+    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
+        Ok(self.pool.acquire().await?)
+    }
+
+    fn limits(&self) -> &StoreLimits {
+        &self.limits
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// No whole-batch fast path ([`Dialect::WHOLE_BATCH_FAST_PATH`] is off): never
+    /// called; writes nothing.
+    async fn reserve_whole_batch(
+        &self,
+        _totals: &BTreeMap<StockKey, i64>,
+        _accepted: &[(&ReserveRequest, &ShopCode)],
+        _records: &[(&IdempotencyClaim, &StoredResponse)],
+        _now: Timestamp,
+    ) -> Result<WholeBatch, StoreError> {
+        Ok(WholeBatch::NotApplied)
+    }
+}
+
+impl Finish for sqlx::Transaction<'static, MySql> {
+    async fn commit(self) -> Result<(), StoreError> {
+        Ok(sqlx::Transaction::commit(self).await?)
+    }
+
+    async fn rollback(self) -> Result<(), StoreError> {
+        Ok(sqlx::Transaction::rollback(self).await?)
+    }
+}
+
+/// Deadlock: InnoDB rolled the whole transaction back.
+const ER_LOCK_DEADLOCK: u16 = 1213;
+/// `innodb_lock_wait_timeout` passed.
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// A locking read found a row changed since the snapshot (MariaDB's snapshot check).
+const ER_CHECKREAD: u16 = 1020;
+/// `max_statement_time` (MariaDB) or `max_execution_time` (MySQL) passed.
+const ER_STATEMENT_TIMEOUT: u16 = 1969;
+const ER_QUERY_TIMEOUT: u16 = 3024;
+const ER_TOO_MANY_CONNECTIONS: u16 = 1040;
+/// A unique key refused a row.
+const ER_DUP_ENTRY: u16 = 1062;
+
+/// MySQL's errors by error number.
+pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> StoreError {
+    let message = error.message().to_owned();
+    match error.number() {
+        ER_LOCK_DEADLOCK | ER_CHECKREAD => StoreError::Retryable(message),
+        ER_LOCK_WAIT_TIMEOUT => StoreError::LockTimeout(message),
+        ER_STATEMENT_TIMEOUT | ER_QUERY_TIMEOUT | ER_TOO_MANY_CONNECTIONS => {
+            StoreError::Unavailable(message)
+        }
+        number => StoreError::Database(format!("{message} (error {number})")),
+    }
+}
+
+fn is_duplicate_key(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(database)
+        if database
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .is_some_and(|error| error.number() == ER_DUP_ENTRY))
+}
+
+/// A statement in MySQL's spelling.
+#[derive(Debug)]
+struct Translated {
+    text: Arc<str>,
+    /// For each `?` in order, the index of the value it binds.
+    order: Vec<usize>,
+    /// The statement was an `INSERT … ON CONFLICT … DO NOTHING`: a duplicate key means
+    /// nothing was written.
+    duplicate_means_nothing: bool,
+}
+
+/// Rewrites a statement written for PostgreSQL's placeholders into MySQL's spelling.
+fn translate(text: &str) -> Result<Translated, StoreError> {
+    let (body, duplicate_means_nothing) = match text.find("ON CONFLICT") {
+        None => (text, false),
+        Some(start) if text.trim_end().ends_with("DO NOTHING") => (&text[..start], true),
+        Some(_) => {
+            return Err(StoreError::Database(format!(
+                "an upsert without a MySQL spelling: {text}"
+            )));
+        }
+    };
+    let body = body.replace(" AS BIGINT)", " AS SIGNED)");
+    let mut out = String::with_capacity(body.len() + 8);
+    let mut order = Vec::new();
+    let characters: Vec<char> = body.chars().collect();
+    let mut position = 0;
+    let mut in_literal = false;
+    while position < characters.len() {
+        let character = characters[position];
+        if in_literal {
+            out.push(character);
+            if character == '\'' {
+                in_literal = false;
+            }
+            position += 1;
+        } else if character == '\'' {
+            in_literal = true;
+            out.push(character);
+            position += 1;
+        } else if character == '$'
+            && characters
+                .get(position + 1)
+                .is_some_and(char::is_ascii_digit)
+        {
+            let start = position + 1;
+            let mut end = start;
+            while characters.get(end).is_some_and(char::is_ascii_digit) {
+                end += 1;
+            }
+            let number: String = characters[start..end].iter().collect();
+            let number: usize = number
+                .parse()
+                .map_err(|_| StoreError::Database(format!("placeholder ${number}")))?;
+            if number == 0 {
+                return Err(StoreError::Database("placeholder $0".into()));
+            }
+            order.push(number - 1);
+            out.push('?');
+            position = end;
+        } else if character.is_ascii_alphanumeric() || character == '_' {
+            let start = position;
+            while characters
+                .get(position)
+                .is_some_and(|next| next.is_ascii_alphanumeric() || *next == '_')
+            {
+                position += 1;
+            }
+            let word: String = characters[start..position].iter().collect();
+            let qualified = start > 0 && characters[start - 1] == '.';
+            if word == "key" && !qualified {
+                out.push_str("`key`");
+            } else {
+                out.push_str(&word);
+            }
+        } else {
+            out.push(character);
+            position += 1;
+        }
+    }
+    Ok(Translated {
+        text: Arc::from(out),
+        order,
+        duplicate_means_nothing,
+    })
+}
+
+/// Literal statements already translated, by their text's address and length.
+type TranslationCache = Mutex<HashMap<(usize, usize), Arc<Translated>>>;
+
+/// Each literal statement is translated once; its text's address names it.
+fn translated(text: &Text) -> Result<Arc<Translated>, StoreError> {
+    static CACHE: OnceLock<TranslationCache> = OnceLock::new();
+    match text {
+        Text::Built(text) => Ok(Arc::new(translate(text)?)),
+        Text::Static(text) => {
+            let name = (text.as_ptr() as usize, text.len());
+            let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+            if let Some(found) = cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .get(&name)
+            {
+                return Ok(Arc::clone(found));
+            }
+            let fresh = Arc::new(translate(text)?);
+            cache
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(name, Arc::clone(&fresh));
+            Ok(fresh)
+        }
+    }
+}
+
+/// An sqlx query in MySQL's spelling, and whether a duplicate key means "nothing
+/// written" for it.
+type MysqlQuery = (sqlx::query::Query<'static, MySql, MySqlArguments>, bool);
+
+/// A statement as an sqlx query, with its values bound in `?` order.
+fn query_of(statement: Statement<'_>) -> Result<MysqlQuery, StoreError> {
+    let translated = translated(&statement.text)?;
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&translated.text)));
+    for index in &translated.order {
+        let value = statement.values.get(*index).ok_or_else(|| {
+            StoreError::Database(format!("no value for placeholder ${}", index + 1))
+        })?;
+        query = match value {
+            Value::Integer(value) => query.bind(*value),
+            Value::Text(value) => query.bind(value.as_ref().map(|text| text.to_string())),
+        };
+    }
+    Ok((query, translated.duplicate_means_nothing))
+}
+
+/// MySQL reports each column's type; sums arrive as `DECIMAL`, read as their text.
+fn cell(row: &MySqlRow, position: usize) -> Result<Cell, StoreError> {
+    let value = row.try_get_raw(position)?;
+    if value.is_null() {
+        return Ok(Cell::Null);
+    }
+    let kind = value.type_info().name().to_owned();
+    match kind.as_str() {
+        "BIGINT" | "INT" | "MEDIUMINT" | "SMALLINT" | "TINYINT" | "BOOLEAN" => {
+            Ok(Cell::Integer(row.try_get::<i64, _>(position)?))
+        }
+        "BIGINT UNSIGNED" | "INT UNSIGNED" | "MEDIUMINT UNSIGNED" | "SMALLINT UNSIGNED"
+        | "TINYINT UNSIGNED" => {
+            let value: u64 = row.try_get(position)?;
+            Ok(Cell::Integer(i64::try_from(value).map_err(|error| {
+                StoreError::Database(format!("an unsigned column out of range: {error}"))
+            })?))
+        }
+        "DECIMAL" => {
+            let text: String = row.try_get_unchecked(position)?;
+            let whole = text.split('.').next().unwrap_or_default();
+            Ok(Cell::Integer(whole.parse().map_err(|error| {
+                StoreError::Database(format!("a decimal column holds {text}: {error}"))
+            })?))
+        }
+        "NULL" => Ok(Cell::Null),
+        // Text columns with a binary collation (utf8mb4_bin) carry the BINARY flag, so
+        // their type names say VARBINARY or BLOB; sqlx reads them as text by collation.
+        _ => Ok(Cell::Text(row.try_get(position)?)),
+    }
+}
+
+impl Connection for MySqlConnection {
+    async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
+        let (query, duplicate_means_nothing) = query_of(statement)?;
+        match query.execute(&mut *self).await {
+            Ok(result) => Ok(result.rows_affected()),
+            Err(error) if duplicate_means_nothing && is_duplicate_key(&error) => Ok(0),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
+        let (query, _) = query_of(statement)?;
+        rows_of(query.fetch_all(&mut *self).await?, cell)
+    }
+
+    async fn fetch_optional<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> Result<Option<Row>, StoreError> {
+        let (query, _) = query_of(statement)?;
+        let found = query.fetch_optional(&mut *self).await?;
+        Ok(rows_of(found.into_iter().collect(), cell)?.pop())
+    }
+
+    fn fetch_stream<'a>(
+        &'a mut self,
+        statement: Statement<'a>,
+    ) -> BoxStream<'a, Result<Row, StoreError>> {
+        match query_of(statement) {
+            Ok((query, _)) => {
+                let rows = query.fetch(self).map_err(StoreError::from).boxed();
+                stream_of(rows, cell)
+            }
+            Err(error) => futures_util::stream::once(async move { Err(error) }).boxed(),
+        }
+    }
+
+    async fn execute_script(&mut self, script: &'static str) -> Result<(), StoreError> {
+        sqlx::raw_sql(script).execute(&mut *self).await?;
+        Ok(())
+    }
+}
+
+/// `$1, $2, …, $count`.
+fn list_of_placeholders(count: usize) -> String {
+    (1..=count)
+        .map(|number| format!("${number}"))
+        .collect::<Vec<String>>()
+        .join(", ")
+}
+
+/// Row locks (`FOR UPDATE`) order concurrent writers and `SKIP LOCKED` lets several
+/// workers claim distinct rows (see the module's header for everything else).
+impl Dialect for MySqlConnection {
+    const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
+    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
+        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
+    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str = "SELECT quantity FROM shopper_purchase \
+         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+         WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         ORDER BY expires_at, id LIMIT $2 \
+         FOR UPDATE SKIP LOCKED";
+    const AUDIT_RESERVATION_LINES: &'static str = "SELECT reservation.id, reservation.status, \
+         line.sku, line.warehouse, line.quantity, \
+         COALESCE(CAST(SUM(ledger.available_delta) AS SIGNED), 0), \
+         COALESCE(CAST(SUM(ledger.reserved_delta) AS SIGNED), 0) \
+         FROM reservation JOIN reservation_line line ON line.reservation_id = reservation.id \
+         LEFT JOIN stock_ledger ledger ON ledger.reference = reservation.id \
+         AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
+         GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
+         ORDER BY reservation.id, line.sku, line.warehouse";
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+         WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const SELECT_ORDER_FOR_UPDATE: &'static str =
+        "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
+    const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
+        "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
+    /// Orders past their hold that still hold their stock: unpaid, or declined. MariaDB
+    /// has no `FOR UPDATE OF`: the joined reservation rows are locked too.
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
+         AND reservation.status = 'RESERVED' \
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
+         WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
+         WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const VERSION_QUERY: &'static str = "SELECT VERSION()";
+    /// See the module's header: DDL commits by itself, so a lock held by a migration's
+    /// transaction would not serialize it.
+    const MIGRATION_LOCK: Option<&'static str> = None;
+    const MIGRATIONS: &'static [Migration] = &[(
+        1,
+        "schema",
+        include_str!("../../migrations/mysql/0001_schema.sql"),
+    )];
+    /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
+    const PURGE_IDEMPOTENCY_RECORDS: &'static str =
+        "DELETE FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2";
+    const WHOLE_BATCH_FAST_PATH: bool = false;
+
+    async fn add_open_holds(
+        &mut self,
+        shop: &str,
+        user: &str,
+        added: i64,
+        open_holds_max: i64,
+    ) -> Result<u64, StoreError> {
+        let updated = statement(
+            "UPDATE shopper_hold SET open_holds = open_holds + $3 \
+             WHERE shop = $1 AND user_id = $2 AND open_holds + $3 <= $4",
+        )
+        .bind(shop)
+        .bind(user)
+        .bind(added)
+        .bind(open_holds_max)
+        .execute(&mut *self)
+        .await?;
+        if updated == 1 || added > open_holds_max {
+            return Ok(updated);
+        }
+        // No row, or a row the guard refused: the insert finds out (a duplicate key
+        // writes nothing).
+        statement(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
+             ON CONFLICT (shop, user_id) DO NOTHING",
+        )
+        .bind(shop)
+        .bind(user)
+        .bind(added)
+        .execute(&mut *self)
+        .await
+    }
+
+    async fn add_purchase(
+        &mut self,
+        shop: &str,
+        user: &str,
+        sku: &str,
+        added: i64,
+        quantity_max: i64,
+    ) -> Result<u64, StoreError> {
+        let updated = statement(
+            "UPDATE shopper_purchase SET quantity = quantity + $4 \
+             WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity + $4 <= \
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), $5)",
+        )
+        .bind(shop)
+        .bind(user)
+        .bind(sku)
+        .bind(added)
+        .bind(quantity_max)
+        .execute(&mut *self)
+        .await?;
+        if updated == 1 {
+            return Ok(updated);
+        }
+        statement(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
+             AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+             ON CONFLICT (shop, user_id, sku) DO NOTHING",
+        )
+        .bind(shop)
+        .bind(user)
+        .bind(sku)
+        .bind(added)
+        .execute(&mut *self)
+        .await
+    }
+
+    async fn receive_stock(
+        &mut self,
+        sku: &str,
+        warehouse: &str,
+        received: i64,
+        now: Timestamp,
+        on_hand_max: i64,
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        let updated = statement(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND available + reserved + $3 <= $5",
+        )
+        .bind(sku)
+        .bind(warehouse)
+        .bind(received)
+        .bind(now.unix_milliseconds())
+        .bind(on_hand_max)
+        .execute(&mut *self)
+        .await?;
+        if updated == 0 {
+            if received > on_hand_max {
+                return Ok(None);
+            }
+            let inserted = statement(
+                "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+                 VALUES ($1, $2, $3, 0, 1, $4) ON CONFLICT (sku, warehouse) DO NOTHING",
+            )
+            .bind(sku)
+            .bind(warehouse)
+            .bind(received)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *self)
+            .await?;
+            if inserted == 0 {
+                return Ok(None);
+            }
+        }
+        counters_of(self, sku, warehouse).await.map(Some)
+    }
+
+    async fn adjust_stock(
+        &mut self,
+        sku: &str,
+        warehouse: &str,
+        delta: i64,
+        now: Timestamp,
+    ) -> Result<Option<(i64, i64)>, StoreError> {
+        let updated = statement(
+            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+             WHERE sku = $1 AND warehouse = $2 AND available + $3 >= 0",
+        )
+        .bind(sku)
+        .bind(warehouse)
+        .bind(delta)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *self)
+        .await?;
+        if updated == 0 {
+            return Ok(None);
+        }
+        counters_of(self, sku, warehouse).await.map(Some)
+    }
+
+    async fn put_cart_item(
+        &mut self,
+        user: &str,
+        sku: &str,
+        shop: &str,
+        quantity: i64,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        statement(
+            "INSERT INTO cart_item (user_id, sku, shop, quantity, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $5) \
+             ON DUPLICATE KEY UPDATE quantity = VALUES(quantity), updated_at = VALUES(updated_at)",
+        )
+        .bind(user)
+        .bind(sku)
+        .bind(shop)
+        .bind(quantity)
+        .bind(now.unix_milliseconds())
+        .execute(self)
+        .await
+    }
+
+    /// The shop's row of `shelf_batch_lock`, created on first use, stays locked until
+    /// the commit: the update always changes it, so the lock is exclusive.
+    async fn lock_shop(&mut self, shop: &ShopCode) -> Result<(), StoreError> {
+        statement(
+            "INSERT INTO shelf_batch_lock (shop, batches) VALUES ($1, 1) \
+             ON DUPLICATE KEY UPDATE batches = batches + 1",
+        )
+        .bind(shop.as_str())
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
+    /// Locks every stock row of these SKUs in primary-key order, which is the global
+    /// (sku, warehouse) byte order under `utf8mb4_bin`.
+    async fn lock_stock_of_skus(&mut self, skus: &[&SkuCode]) -> Result<(), StoreError> {
+        if skus.is_empty() {
+            return Ok(());
+        }
+        let mut locking = built_statement(format!(
+            "SELECT 1 FROM stock WHERE sku IN ({}) ORDER BY sku, warehouse FOR UPDATE",
+            list_of_placeholders(skus.len())
+        ));
+        for sku in skus {
+            locking = locking.bind(sku.as_str());
+        }
+        locking.fetch_all_rows(self).await?;
+        Ok(())
+    }
+
+    async fn existing_records(&mut self, keys: &[&str]) -> Result<FoundRecords, StoreError> {
+        let mut records = HashMap::with_capacity(keys.len());
+        if keys.is_empty() {
+            return Ok(records);
+        }
+        let mut lookup = built_statement(format!(
+            "SELECT key, fingerprint, status_code, body FROM idempotency_record WHERE key IN ({})",
+            list_of_placeholders(keys.len())
+        ));
+        for key in keys {
+            lookup = lookup.bind(*key);
+        }
+        for row in lookup.fetch_all_rows(self).await? {
+            let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
+            records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
+        }
+        Ok(records)
+    }
+
+    /// Locks the rows (and their SKUs' rows, read at their newest version once the
+    /// locks are granted) in primary-key order.
+    async fn lock_stock_rows(&mut self, wanted: &[StockKey]) -> Result<LockedStock, StoreError> {
+        if wanted.is_empty() {
+            return Ok((BTreeMap::new(), HashMap::new()));
+        }
+        let mut locking = built_statement(format!(
+            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
+             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
+             WHERE (stock.sku, stock.warehouse) IN ({}) \
+             ORDER BY stock.sku, stock.warehouse FOR UPDATE",
+            rows_from_template(wanted.len(), "(?, ?)")
+        ));
+        for (sku, warehouse) in wanted {
+            locking = locking.bind(sku.as_str()).bind(warehouse.as_str());
+        }
+        let found: Vec<(String, String, i64, String, String, Option<i64>)> =
+            locking.fetch_all_as(self).await?;
+        let mut available = BTreeMap::new();
+        let mut facts = HashMap::new();
+        for (sku, warehouse, count, status, shop, per_user_limit) in found {
+            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+            let warehouse =
+                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            facts.insert(
+                sku.clone(),
+                decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
+            available.insert((sku, warehouse), count);
+        }
+        Ok((available, facts))
+    }
+
+    async fn sku_facts(
+        &mut self,
+        skus: &[&SkuCode],
+    ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+        if skus.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let mut lookup = built_statement(format!(
+            "SELECT code, sale_status, shop, per_user_limit FROM sku WHERE code IN ({})",
+            list_of_placeholders(skus.len())
+        ));
+        for sku in skus {
+            lookup = lookup.bind(sku.as_str());
+        }
+        let found: Vec<(String, String, String, Option<i64>)> = lookup.fetch_all_as(self).await?;
+        let mut facts = HashMap::with_capacity(found.len());
+        for (code, status, shop, per_user_limit) in found {
+            facts.insert(
+                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+                decode_sku_facts(&status, &shop, per_user_limit)?,
+            );
+        }
+        Ok(facts)
+    }
+
+    /// One conditional update per stock row, then the reservations, their lines and
+    /// ledger rows and the idempotency records as multi-row inserts. Records go in key
+    /// order, so two processes inserting overlapping keys wait instead of deadlocking.
+    async fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        accepted: &[(&ReserveRequest, &ShopCode)],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let mut written = BatchWritten {
+            rows_taken: 0,
+            records_stored: 0,
+        };
+        for ((sku, warehouse), total) in totals {
+            written.rows_taken += statement(
+                "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
+                 version = version + 1, updated_at = $4 \
+                 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
+            )
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .bind(*total)
+            .bind(now.unix_milliseconds())
+            .execute(&mut *self)
+            .await?;
+        }
+        insert_reservations(self, accepted, now).await?;
+        let mut sorted: Vec<&(&IdempotencyClaim, &StoredResponse)> = records.iter().collect();
+        sorted.sort_by(|left, right| left.0.key.as_str().cmp(right.0.key.as_str()));
+        for chunk in sorted.chunks(BATCH_INSERT_ROWS_MAX) {
+            let mut insert = built_statement(format!(
+                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+                 VALUES {} ON CONFLICT (key) DO NOTHING",
+                rows_from_template(chunk.len(), "(?, ?, ?, ?, ?)")
+            ));
+            for (claim, response) in chunk {
+                insert = insert
+                    .bind(claim.key.as_str())
+                    .bind(claim.fingerprint.as_str())
+                    .bind(i64::from(response.status))
+                    .bind(response.body.as_str())
+                    .bind(now.unix_milliseconds());
+            }
+            written.records_stored += insert.execute(&mut *self).await?;
+        }
+        Ok(written)
+    }
+}
+
+/// A stock row's counters, read under the lock the caller's update holds.
+async fn counters_of(
+    connection: &mut MySqlConnection,
+    sku: &str,
+    warehouse: &str,
+) -> Result<(i64, i64), StoreError> {
+    statement("SELECT available, reserved FROM stock WHERE sku = $1 AND warehouse = $2")
+        .bind(sku)
+        .bind(warehouse)
+        .fetch_one_as(connection)
+        .await
+}
+
+/// `rows` copies of `template`, each `?` of it numbered on from the one before:
+/// `rows_from_template(2, "(?, 'x', ?)")` is `($1, 'x', $2), ($3, 'x', $4)`.
+fn rows_from_template(rows: usize, template: &str) -> String {
+    let mut number = 0;
+    (0..rows)
+        .map(|_| {
+            template
+                .split('?')
+                .enumerate()
+                .map(|(index, piece)| {
+                    if index == 0 {
+                        piece.to_owned()
+                    } else {
+                        number += 1;
+                        format!("${number}{piece}")
+                    }
+                })
+                .collect::<String>()
+        })
+        .collect::<Vec<String>>()
+        .join(", ")
+}
+
+/// The accepted requests' reservations, lines and ledger rows, as multi-row inserts.
+async fn insert_reservations(
+    connection: &mut MySqlConnection,
+    accepted: &[(&ReserveRequest, &ShopCode)],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    for chunk in accepted.chunks(BATCH_INSERT_ROWS_MAX) {
+        let mut insert = built_statement(format!(
+            "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, \
+             created_at, updated_at, shop, user_id) VALUES {}",
+            rows_from_template(chunk.len(), "(?, 'RESERVED', NULL, ?, ?, ?, ?, ?, ?)")
+        ));
+        for (request, shop) in chunk {
+            insert = insert
+                .bind(request.id.as_str())
+                .bind(request.expires_at.unix_milliseconds())
+                .bind(request.claim.key.as_str())
+                .bind(now.unix_milliseconds())
+                .bind(now.unix_milliseconds())
+                .bind(shop.as_str())
+                .bind(request.user.as_ref().map(|user| user.as_str()));
+        }
+        insert.execute(&mut *connection).await?;
+    }
+    let lines: Vec<(&ReserveRequest, usize, &domain::ReservationLine)> = accepted
+        .iter()
+        .flat_map(|(request, _)| {
+            request
+                .lines
+                .iter()
+                .enumerate()
+                .map(move |(number, line)| (*request, number, line))
+        })
+        .collect();
+    for chunk in lines.chunks(BATCH_INSERT_ROWS_MAX) {
+        let mut insert = built_statement(format!(
+            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+             VALUES {}",
+            rows_from_template(chunk.len(), "(?, ?, ?, ?, ?)")
+        ));
+        let mut ledger = built_statement(format!(
+            "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, \
+             reference, idempotency_key, created_at) VALUES {}",
+            rows_from_template(chunk.len(), "(?, ?, 'reserve', ?, ?, ?, ?, ?)")
+        ));
+        for (request, number, line) in chunk {
+            let quantity = line.quantity.get();
+            insert = insert
+                .bind(request.id.as_str())
+                .bind(i64::try_from(*number).unwrap_or(i64::MAX))
+                .bind(line.sku.as_str())
+                .bind(line.warehouse.as_str())
+                .bind(quantity);
+            ledger = ledger
+                .bind(line.sku.as_str())
+                .bind(line.warehouse.as_str())
+                .bind(-quantity)
+                .bind(quantity)
+                .bind(request.id.as_str())
+                .bind(request.claim.key.as_str())
+                .bind(now.unix_milliseconds());
+        }
+        insert.execute(&mut *connection).await?;
+        ledger.execute(&mut *connection).await?;
+    }
+    Ok(())
+}
