@@ -248,7 +248,17 @@ fn translate(text: &str) -> Result<Translated, StoreError> {
             )));
         }
     };
-    let body = body.replace(" AS BIGINT)", " AS SIGNED)");
+    let (text, order) = placeholders_and_words(&body.replace(" AS BIGINT)", " AS SIGNED)"))?;
+    Ok(Translated {
+        text: Arc::from(text),
+        order,
+        duplicate_means_nothing,
+    })
+}
+
+/// `$N` to `?` (with the value index each `?` binds) and `key` to `` `key` ``, outside
+/// string literals.
+fn placeholders_and_words(body: &str) -> Result<(String, Vec<usize>), StoreError> {
     let mut out = String::with_capacity(body.len() + 8);
     let mut order = Vec::new();
     let characters: Vec<char> = body.chars().collect();
@@ -306,11 +316,7 @@ fn translate(text: &str) -> Result<Translated, StoreError> {
             position += 1;
         }
     }
-    Ok(Translated {
-        text: Arc::from(out),
-        order,
-        duplicate_means_nothing,
-    })
+    Ok((out, order))
 }
 
 /// Literal statements already translated, by their text's address and length.
@@ -910,4 +916,77 @@ async fn insert_reservations(
         ledger.execute(&mut *connection).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_question_marks_bound_in_the_order_they_appear() {
+        let translated = translate(
+            "UPDATE stock SET reserved = reserved - $3 WHERE sku = $1 AND reserved >= $3",
+        )
+        .unwrap();
+        assert_eq!(
+            &*translated.text,
+            "UPDATE stock SET reserved = reserved - ? WHERE sku = ? AND reserved >= ?"
+        );
+        assert_eq!(translated.order, vec![2, 0, 2]);
+        assert!(!translated.duplicate_means_nothing);
+    }
+
+    #[test]
+    fn the_key_column_is_quoted_but_not_inside_literals_or_other_words() {
+        let translated = translate(
+            "SELECT key, idempotency_key, record.key FROM idempotency_record WHERE key = '$1 key' AND key = $1",
+        )
+        .unwrap();
+        assert_eq!(
+            &*translated.text,
+            "SELECT `key`, idempotency_key, record.key FROM idempotency_record WHERE `key` = '$1 key' AND `key` = ?"
+        );
+        assert_eq!(translated.order, vec![0]);
+    }
+
+    #[test]
+    fn insert_or_nothing_becomes_a_plain_insert_whose_duplicate_means_nothing() {
+        let translated = translate(
+            "INSERT INTO order_return (order_id, created_at) VALUES ($1, $2) ON CONFLICT (order_id) DO NOTHING",
+        )
+        .unwrap();
+        assert_eq!(
+            translated.text.trim_end(),
+            "INSERT INTO order_return (order_id, created_at) VALUES (?, ?)"
+        );
+        assert!(translated.duplicate_means_nothing);
+    }
+
+    #[test]
+    fn casts_to_bigint_are_spelled_signed() {
+        let translated = translate("SELECT CAST(SUM(quantity) AS BIGINT) FROM stock").unwrap();
+        assert_eq!(
+            &*translated.text,
+            "SELECT CAST(SUM(quantity) AS SIGNED) FROM stock"
+        );
+    }
+
+    #[test]
+    fn an_upsert_that_updates_has_no_translation_and_is_refused() {
+        let refused = translate(
+            "INSERT INTO cart_item (user_id) VALUES ($1) ON CONFLICT (user_id) DO UPDATE SET quantity = 1",
+        );
+        assert!(
+            matches!(refused, Err(StoreError::Database(_))),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn rows_from_a_template_number_their_placeholders_on() {
+        assert_eq!(
+            rows_from_template(2, "(?, 'x', ?)"),
+            "($1, 'x', $2), ($3, 'x', $4)"
+        );
+    }
 }

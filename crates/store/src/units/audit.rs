@@ -296,6 +296,93 @@ pub(crate) async fn audit_returns<C: Dialect>(
     Ok(())
 }
 
+/// The tables `contents` dumps, each with the query that lists its rows in a fixed
+/// order (NULLs spelled as values, so every cell is text or an integer).
+const CONTENTS_QUERIES: &[(&str, &str)] = &[
+    (
+        "sku",
+        "SELECT code, shop, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, \
+         COALESCE(per_user_limit, -1), sale_status, version FROM sku ORDER BY code",
+    ),
+    (
+        "stock",
+        "SELECT sku, warehouse, available, reserved, version FROM stock ORDER BY sku, warehouse",
+    ),
+    (
+        "reservation",
+        "SELECT id, status, COALESCE(release_reason, ''), expires_at, COALESCE(shop, ''), \
+         COALESCE(user_id, ''), COALESCE(order_id, '') FROM reservation ORDER BY id",
+    ),
+    (
+        "reservation_line",
+        "SELECT reservation_id, line_number, sku, warehouse, quantity FROM reservation_line ORDER BY reservation_id, line_number",
+    ),
+    (
+        "customer_order",
+        "SELECT id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version FROM customer_order ORDER BY id",
+    ),
+    (
+        "order_line",
+        "SELECT order_id, line_number, sku, warehouse, quantity, unit_price_minor FROM order_line ORDER BY order_id, line_number",
+    ),
+    (
+        "order_history",
+        "SELECT order_id, COALESCE(from_status, ''), to_status, reason FROM order_history ORDER BY id",
+    ),
+    (
+        "payment_attempt",
+        "SELECT id, order_id, gateway_key, status, COALESCE(gateway_payment_id, ''), amount_minor FROM payment_attempt ORDER BY id",
+    ),
+    (
+        "webhook_event",
+        "SELECT event_id, event_type, COALESCE(gateway_payment_id, ''), outcome FROM webhook_event ORDER BY event_id",
+    ),
+    (
+        "refund",
+        "SELECT id, order_id, status, amount_minor, COALESCE(gateway_refund_id, '') FROM refund ORDER BY id",
+    ),
+    (
+        "order_return",
+        "SELECT order_id FROM order_return ORDER BY order_id",
+    ),
+    (
+        "product",
+        "SELECT id, title, COALESCE(image_url, ''), category, supplier, shop, version, COALESCE(deleted_at, -1) FROM product ORDER BY id",
+    ),
+    (
+        "shelf_log",
+        "SELECT id, COALESCE(product_id, ''), sku, operator_id, operator_type, from_status, to_status, operation, repeated, remark FROM shelf_log ORDER BY id",
+    ),
+    (
+        "shelf_schedule",
+        "SELECT id, sku, operation, due_at, status, operator_id, COALESCE(shop, ''), remark, outcome FROM shelf_schedule ORDER BY id",
+    ),
+    (
+        "credential",
+        "SELECT kind, id, name, COALESCE(shop, ''), secret_hash, COALESCE(revoked_at, -1) FROM credential ORDER BY kind, id",
+    ),
+    (
+        "cart_item",
+        "SELECT shop, user_id, sku, quantity FROM cart_item ORDER BY user_id, sku",
+    ),
+    (
+        "shopper_hold",
+        "SELECT shop, user_id, open_holds FROM shopper_hold ORDER BY shop, user_id",
+    ),
+    (
+        "shopper_purchase",
+        "SELECT shop, user_id, sku, quantity FROM shopper_purchase ORDER BY shop, user_id, sku",
+    ),
+    (
+        "stock_ledger",
+        "SELECT id, sku, warehouse, kind, available_delta, reserved_delta, reference FROM stock_ledger ORDER BY id",
+    ),
+    (
+        "idempotency_record",
+        "SELECT key, fingerprint, status_code, body FROM idempotency_record ORDER BY key",
+    ),
+];
+
 impl<B: Backend> Units<B> {
     /// Replays the ledger and compares it with the counters and the reservations, on
     /// one consistent snapshot.
@@ -328,90 +415,7 @@ impl<B: Backend> Units<B> {
     /// after a refused request to prove nothing changed; operators can diff two dumps.
     pub async fn contents(&self) -> Result<String, StoreError> {
         let mut text = String::new();
-        for (table, query) in [
-            (
-                "sku",
-                "SELECT code, shop, title, COALESCE(price_minor, -1), COALESCE(currency, ''), low_stock_threshold, \
-                 COALESCE(per_user_limit, -1), sale_status, version FROM sku ORDER BY code",
-            ),
-            (
-                "stock",
-                "SELECT sku, warehouse, available, reserved, version FROM stock ORDER BY sku, warehouse",
-            ),
-            (
-                "reservation",
-                "SELECT id, status, COALESCE(release_reason, ''), expires_at, COALESCE(shop, ''), \
-                 COALESCE(user_id, ''), COALESCE(order_id, '') FROM reservation ORDER BY id",
-            ),
-            (
-                "reservation_line",
-                "SELECT reservation_id, line_number, sku, warehouse, quantity FROM reservation_line ORDER BY reservation_id, line_number",
-            ),
-            (
-                "customer_order",
-                "SELECT id, shop, user_id, status, amount_minor, currency, reservation_id, expires_at, version FROM customer_order ORDER BY id",
-            ),
-            (
-                "order_line",
-                "SELECT order_id, line_number, sku, warehouse, quantity, unit_price_minor FROM order_line ORDER BY order_id, line_number",
-            ),
-            (
-                "order_history",
-                "SELECT order_id, COALESCE(from_status, ''), to_status, reason FROM order_history ORDER BY id",
-            ),
-            (
-                "payment_attempt",
-                "SELECT id, order_id, gateway_key, status, COALESCE(gateway_payment_id, ''), amount_minor FROM payment_attempt ORDER BY id",
-            ),
-            (
-                "webhook_event",
-                "SELECT event_id, event_type, COALESCE(gateway_payment_id, ''), outcome FROM webhook_event ORDER BY event_id",
-            ),
-            (
-                "refund",
-                "SELECT id, order_id, status, amount_minor, COALESCE(gateway_refund_id, '') FROM refund ORDER BY id",
-            ),
-            (
-                "order_return",
-                "SELECT order_id FROM order_return ORDER BY order_id",
-            ),
-            (
-                "product",
-                "SELECT id, title, COALESCE(image_url, ''), category, supplier, shop, version, COALESCE(deleted_at, -1) FROM product ORDER BY id",
-            ),
-            (
-                "shelf_log",
-                "SELECT id, COALESCE(product_id, ''), sku, operator_id, operator_type, from_status, to_status, operation, repeated, remark FROM shelf_log ORDER BY id",
-            ),
-            (
-                "shelf_schedule",
-                "SELECT id, sku, operation, due_at, status, operator_id, COALESCE(shop, ''), remark, outcome FROM shelf_schedule ORDER BY id",
-            ),
-            (
-                "credential",
-                "SELECT kind, id, name, COALESCE(shop, ''), secret_hash, COALESCE(revoked_at, -1) FROM credential ORDER BY kind, id",
-            ),
-            (
-                "cart_item",
-                "SELECT shop, user_id, sku, quantity FROM cart_item ORDER BY user_id, sku",
-            ),
-            (
-                "shopper_hold",
-                "SELECT shop, user_id, open_holds FROM shopper_hold ORDER BY shop, user_id",
-            ),
-            (
-                "shopper_purchase",
-                "SELECT shop, user_id, sku, quantity FROM shopper_purchase ORDER BY shop, user_id, sku",
-            ),
-            (
-                "stock_ledger",
-                "SELECT id, sku, warehouse, kind, available_delta, reserved_delta, reference FROM stock_ledger ORDER BY id",
-            ),
-            (
-                "idempotency_record",
-                "SELECT key, fingerprint, status_code, body FROM idempotency_record ORDER BY key",
-            ),
-        ] {
+        for (table, query) in CONTENTS_QUERIES.iter().copied() {
             text.push_str(table);
             text.push('\n');
             let rows = statement(query)

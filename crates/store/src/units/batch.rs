@@ -10,14 +10,15 @@ use super::tallies::{add_to_tallies, lock_tallies};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
-    BatchApplied, BatchPath, IdempotencyClaim, Idempotent, LockTurn, ReserveRequest,
+    BatchApplied, BatchPath, IdempotencyClaim, Idempotent, LockTurn, Rejection, ReserveRequest,
     ResponseRenderer, ShopScope, StoredResponse,
 };
 use crate::plan::{
-    PlanRequest, SkuFacts, StockKey, WholeBatch, plan_batch, totals_if_all_accepted,
+    BatchWritten, PlanRequest, SkuFacts, StockKey, Tallies, WholeBatch, plan_batch,
+    totals_if_all_accepted,
 };
 use domain::{ShopCode, SkuCode, Timestamp};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Where a request of a reservation batch stands.
 pub(crate) enum BatchSlot {
@@ -75,6 +76,104 @@ pub(crate) async fn with_unlisted_skus<C: Dialect>(
     Ok(skus)
 }
 
+/// Step 1 of a batch: the first request of each key, and each request's slot.
+pub(crate) fn slots_by_key(requests: &[ReserveRequest]) -> (HashMap<&str, usize>, Vec<BatchSlot>) {
+    let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
+    let mut slots = Vec::with_capacity(requests.len());
+    for (index, request) in requests.iter().enumerate() {
+        let key = request.claim.key.as_str();
+        match first_of_key.get(key) {
+            Some(first) if requests[*first].claim.fingerprint == request.claim.fingerprint => {
+                slots.push(BatchSlot::SameAs(*first));
+            }
+            Some(_) => slots.push(BatchSlot::Decided(Idempotent::KeyReused)),
+            None => {
+                first_of_key.insert(key, index);
+                slots.push(BatchSlot::Claimed);
+            }
+        }
+    }
+    (first_of_key, slots)
+}
+
+/// Decides the claimed requests whose keys already have a committed record: replayed,
+/// or refused as reused when the fingerprint differs.
+pub(crate) async fn replay_committed_keys<C: Dialect>(
+    transaction: &mut C,
+    requests: &[ReserveRequest],
+    first_of_key: &HashMap<&str, usize>,
+    slots: &mut [BatchSlot],
+) -> Result<(), StoreError> {
+    let keys: Vec<&str> = first_of_key.keys().copied().collect();
+    let existing = transaction.existing_records(&keys).await?;
+    for (index, request) in requests.iter().enumerate() {
+        if let (BatchSlot::Claimed, Some((fingerprint, response))) =
+            (&slots[index], existing.get(request.claim.key.as_str()))
+        {
+            slots[index] = BatchSlot::Decided(resolve_existing(
+                &request.claim,
+                fingerprint,
+                response.clone(),
+            )?);
+        }
+    }
+    Ok(())
+}
+
+/// Renders each claimed request's answer from its decision (a success whose shop was
+/// verified only now is rendered again with it); answers the accepted requests with
+/// their shops.
+pub(crate) fn answer_decided<'a>(
+    requests: &'a [ReserveRequest],
+    claimed: &[usize],
+    decisions: &'a [Result<ShopCode, Rejection>],
+    responses: &mut [Option<StoredResponse>],
+    renderer: &dyn ResponseRenderer,
+    now: Timestamp,
+) -> Vec<(&'a ReserveRequest, &'a ShopCode)> {
+    let mut accepted = Vec::new();
+    for (index, decided) in claimed.iter().zip(decisions) {
+        match decided {
+            Ok(shop) => {
+                let request = &requests[*index];
+                if !matches!(request.shop, ShopScope::Verified(_)) {
+                    responses[*index] = Some(renderer.reservation_created(&new_reservation(
+                        request,
+                        Some(shop),
+                        now,
+                    )));
+                }
+                accepted.push((request, shop));
+            }
+            Err(rejection) => responses[*index] = Some(renderer.rejected(rejection)),
+        }
+    }
+    accepted
+}
+
+/// A written batch changed every locked row it planned to, and stored every record:
+/// fewer rows is an invariant broken under the locks; fewer records, a key another
+/// process committed since the lookup (the batch runs again and replays it).
+pub(crate) fn check_written(
+    written: &BatchWritten,
+    rows_planned: usize,
+    records_planned: usize,
+) -> Result<(), StoreError> {
+    if written.rows_taken != rows_planned as u64 {
+        return Err(invariant(format!(
+            "reserving batch totals changed {} of {rows_planned} locked rows",
+            written.rows_taken
+        )));
+    }
+    if written.records_stored != records_planned as u64 {
+        return Err(StoreError::Retryable(format!(
+            "stored {} of {records_planned} idempotency records: a key was committed concurrently",
+            written.records_stored
+        )));
+    }
+    Ok(())
+}
+
 impl<B: Backend> Units<B> {
     /// Reserves stock for a batch of independent requests in one transaction. Each
     /// request succeeds or is refused on its own, in order; the returned outcomes line
@@ -95,21 +194,7 @@ impl<B: Backend> Units<B> {
         // 1. A key repeated inside the batch is answered with its first request's
         //    response (or refused as reused when its fingerprint differs); only the
         //    first request of each key is decided.
-        let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
-        let mut slots = Vec::with_capacity(requests.len());
-        for (index, request) in requests.iter().enumerate() {
-            let key = request.claim.key.as_str();
-            match first_of_key.get(key) {
-                Some(first) if requests[*first].claim.fingerprint == request.claim.fingerprint => {
-                    slots.push(BatchSlot::SameAs(*first));
-                }
-                Some(_) => slots.push(BatchSlot::Decided(Idempotent::KeyReused)),
-                None => {
-                    first_of_key.insert(key, index);
-                    slots.push(BatchSlot::Claimed);
-                }
-            }
-        }
+        let (first_of_key, mut slots) = slots_by_key(requests);
 
         // Render the success answers before taking any lock: almost every request gets
         // one, and rendering under a row lock would lengthen every batch's hold.
@@ -122,109 +207,41 @@ impl<B: Backend> Units<B> {
             })
             .collect();
 
-        // 2. The fast path (PostgreSQL): one round trip that writes and commits the
-        //    whole batch when every request fits, which is nearly always on a hot SKU
-        //    with stock left. It writes nothing otherwise, and the batch is decided
-        //    below. It does not wait for the turn: it takes the row last and holds it
-        //    only for the update and the commit. (With more than one batch in flight,
-        //    a later batch may so take the last units before an earlier one: both
-        //    batches' requests are in flight at once, and each gets an answer
-        //    consistent with the row.) A request that names a shopper (limits to
-        //    check) or whose SKUs' shop is not verified yet is decided below.
-        let fast_path_fits = requests.iter().zip(&slots).all(|(request, slot)| {
-            !matches!(slot, BatchSlot::Claimed)
-                || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
-        });
-        if <B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH && fast_path_fits {
-            let claimed: Vec<&ReserveRequest> = requests
-                .iter()
-                .zip(&slots)
-                .filter_map(|(request, slot)| matches!(slot, BatchSlot::Claimed).then_some(request))
-                .collect();
-            let accepted: Vec<(&ReserveRequest, &ShopCode)> = claimed
-                .iter()
-                .filter_map(|request| match &request.shop {
-                    ShopScope::Verified(shop) => Some((*request, shop)),
-                    _ => None,
-                })
-                .collect();
-            let records: Vec<(&IdempotencyClaim, &StoredResponse)> = requests
-                .iter()
-                .zip(&responses)
-                .filter_map(|(request, response)| {
-                    response.as_ref().map(|response| (&request.claim, response))
-                })
-                .collect();
-            let totals =
-                totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
-            let whole = self
-                .backend
-                .reserve_whole_batch(&totals, &accepted, &records, now)
-                .await?;
-            if whole == WholeBatch::Applied {
-                turn.pass();
-                return Ok(BatchApplied {
-                    outcomes: batch_outcomes(slots, &responses)?,
-                    path: BatchPath::OneRoundTrip,
-                });
-            }
+        // 2. The fast path (PostgreSQL), when the backend has one.
+        if self
+            .try_whole_batch(requests, &slots, &responses, now)
+            .await?
+        {
+            turn.pass();
+            return Ok(BatchApplied {
+                outcomes: batch_outcomes(slots, &responses)?,
+                path: BatchPath::OneRoundTrip,
+            });
         }
 
         // 3. The batch transaction. A key with a committed record is replayed (or
         //    refused as reused when its fingerprint differs). The new keys' records
         //    are inserted with their responses below, in this transaction; a key
         //    another process commits meanwhile makes that insert come up short
-        //    (SQLite) or fail with a unique violation (PostgreSQL), and the batch is
-        //    rolled back and retried (then it replays).
+        //    (SQLite, MySQL) or fail with a unique violation (PostgreSQL), and the
+        //    batch is rolled back and retried (then it replays).
         //
         //    The turn is taken before the transaction begins: on SQLite the one write
         //    connection is the lock, and a batch that took it while waiting for the
         //    previous batch's turn would deadlock with that batch.
         turn.wait().await;
         let mut transaction = self.begin_write().await?;
-        let keys: Vec<&str> = first_of_key.keys().copied().collect();
-        let existing = transaction.existing_records(&keys).await?;
-        for (index, request) in requests.iter().enumerate() {
-            if let (BatchSlot::Claimed, Some((fingerprint, response))) =
-                (&slots[index], existing.get(request.claim.key.as_str()))
-            {
-                slots[index] = BatchSlot::Decided(resolve_existing(
-                    &request.claim,
-                    fingerprint,
-                    response.clone(),
-                )?);
-            }
-        }
+        replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots).await?;
         let claimed: Vec<usize> = slots
             .iter()
             .enumerate()
             .filter_map(|(index, slot)| matches!(slot, BatchSlot::Claimed).then_some(index))
             .collect();
 
-        // 4. Lock the stock rows the claimed requests touch, in (sku, warehouse) order,
-        //    reading their SKUs' sale status, shop and per-user limit with them. A shelf
-        //    change (or a new limit) locks the same rows first, so it cannot slip
-        //    between this read and the commit. Then the shoppers' tallies, in key order.
-        let mut wanted_rows: Vec<StockKey> = claimed
-            .iter()
-            .flat_map(|index| requests[*index].lines.iter())
-            .map(|line| (line.sku.clone(), line.warehouse.clone()))
-            .collect();
-        wanted_rows.sort();
-        wanted_rows.dedup();
-        let locked = transaction.lock_stock_rows(&wanted_rows).await;
-        turn.pass();
-        let (available, skus) = locked?;
-        let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
-        let tallies = lock_tallies(
-            &mut *transaction,
-            claimed.iter().map(|index| &requests[*index]),
-            &skus,
-            self.limits().open_holds_max,
-        )
-        .await?;
-
-        // 5. Decide every claimed request in memory, in arrival order.
+        // 4. Lock the rows, 5. decide every claimed request in memory, in arrival order.
+        let (available, skus, tallies) = self
+            .lock_batch_rows(&mut *transaction, requests, &claimed, turn)
+            .await?;
         let plan = plan_batch(
             claimed.iter().map(|index| {
                 let request = &requests[*index];
@@ -244,23 +261,14 @@ impl<B: Backend> Units<B> {
         //    boundary anyway), the accepted reservations with their lines and ledger
         //    rows, the shoppers' tallies, and the idempotency records with their
         //    responses.
-        let mut accepted = Vec::new();
-        for (index, decided) in claimed.iter().zip(&plan.decisions) {
-            match decided {
-                Ok(shop) => {
-                    let request = &requests[*index];
-                    if !matches!(request.shop, ShopScope::Verified(_)) {
-                        responses[*index] = Some(renderer.reservation_created(&new_reservation(
-                            request,
-                            Some(shop),
-                            now,
-                        )));
-                    }
-                    accepted.push((request, shop));
-                }
-                Err(rejection) => responses[*index] = Some(renderer.rejected(rejection)),
-            }
-        }
+        let accepted = answer_decided(
+            requests,
+            &claimed,
+            &plan.decisions,
+            &mut responses,
+            renderer,
+            now,
+        );
         let records: Vec<(&IdempotencyClaim, &StoredResponse)> = claimed
             .iter()
             .filter_map(|index| {
@@ -272,21 +280,7 @@ impl<B: Backend> Units<B> {
         let written = transaction
             .write_batch(&plan.totals, &accepted, &records, now)
             .await?;
-        if written.rows_taken != plan.totals.len() as u64 {
-            return Err(invariant(format!(
-                "reserving batch totals changed {} of {} locked rows",
-                written.rows_taken,
-                plan.totals.len()
-            )));
-        }
-        if written.records_stored != records.len() as u64 {
-            // Another process committed one of these keys since step 3.
-            return Err(StoreError::Retryable(format!(
-                "stored {} of {} idempotency records: a key was committed concurrently",
-                written.records_stored,
-                records.len()
-            )));
-        }
+        check_written(&written, plan.totals.len(), records.len())?;
         add_to_tallies(
             &mut *transaction,
             &plan.holds_added,
@@ -299,5 +293,88 @@ impl<B: Backend> Units<B> {
             outcomes: batch_outcomes(slots, &responses)?,
             path: BatchPath::Transaction,
         })
+    }
+
+    /// The fast path: one round trip that writes and commits the whole batch when
+    /// every request fits, which is nearly always on a hot SKU with stock left. It
+    /// writes nothing otherwise (answers `false`), and the batch is decided in a
+    /// transaction. It does not wait for the turn: it takes the row last and holds it
+    /// only for the update and the commit. (With more than one batch in flight, a later
+    /// batch may so take the last units before an earlier one: both batches' requests
+    /// are in flight at once, and each gets an answer consistent with the row.) A
+    /// request that names a shopper (limits to check) or whose SKUs' shop is not
+    /// verified yet is decided in the transaction.
+    async fn try_whole_batch(
+        &self,
+        requests: &[ReserveRequest],
+        slots: &[BatchSlot],
+        responses: &[Option<StoredResponse>],
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let fast_path_fits = requests.iter().zip(slots).all(|(request, slot)| {
+            !matches!(slot, BatchSlot::Claimed)
+                || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
+        });
+        if !<B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH || !fast_path_fits {
+            return Ok(false);
+        }
+        let claimed: Vec<&ReserveRequest> = requests
+            .iter()
+            .zip(slots)
+            .filter_map(|(request, slot)| matches!(slot, BatchSlot::Claimed).then_some(request))
+            .collect();
+        let accepted: Vec<(&ReserveRequest, &ShopCode)> = claimed
+            .iter()
+            .filter_map(|request| match &request.shop {
+                ShopScope::Verified(shop) => Some((*request, shop)),
+                _ => None,
+            })
+            .collect();
+        let records: Vec<(&IdempotencyClaim, &StoredResponse)> = requests
+            .iter()
+            .zip(responses)
+            .filter_map(|(request, response)| {
+                response.as_ref().map(|response| (&request.claim, response))
+            })
+            .collect();
+        let totals = totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
+        let whole = self
+            .backend
+            .reserve_whole_batch(&totals, &accepted, &records, now)
+            .await?;
+        Ok(whole == WholeBatch::Applied)
+    }
+
+    /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
+    /// reading their SKUs' sale status, shop and per-user limit with them, and passes
+    /// the turn. A shelf change (or a new limit) locks the same rows first, so it
+    /// cannot slip between this read and the commit. Then the shoppers' tallies, in key
+    /// order.
+    async fn lock_batch_rows(
+        &self,
+        transaction: &mut B::Connection,
+        requests: &[ReserveRequest],
+        claimed: &[usize],
+        turn: &mut LockTurn,
+    ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>, Tallies), StoreError> {
+        let mut wanted_rows: Vec<StockKey> = claimed
+            .iter()
+            .flat_map(|index| requests[*index].lines.iter())
+            .map(|line| (line.sku.clone(), line.warehouse.clone()))
+            .collect();
+        wanted_rows.sort();
+        wanted_rows.dedup();
+        let locked = transaction.lock_stock_rows(&wanted_rows).await;
+        turn.pass();
+        let (available, skus) = locked?;
+        let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
+        let tallies = lock_tallies(
+            &mut *transaction,
+            claimed.iter().map(|index| &requests[*index]),
+            &skus,
+            self.limits().open_holds_max,
+        )
+        .await?;
+        Ok((available, skus, tallies))
     }
 }

@@ -1,0 +1,5 @@
+SET @sku = FLOOR(1 + RAND() * 10000);
+BEGIN;
+INSERT INTO inventory_deduction_record (request_id, order_id, sku_id, quantity, status, created_at, updated_at) VALUES (UUID(), UUID(), @sku, 1, 'SUCCESS', NOW(), NOW());
+UPDATE inventory SET available_quantity = available_quantity - 1, version = version + 1, updated_at = NOW() WHERE sku_id = @sku AND available_quantity >= 1;
+COMMIT
