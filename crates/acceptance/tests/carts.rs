@@ -10,6 +10,7 @@ mirrored_tests!(
     a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold,
     a_checkout_retry_replays_even_after_the_cart_was_emptied,
     malformed_cart_requests_are_refused_and_change_nothing,
+    every_path_that_creates_reservations_leaves_the_same_rows,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -249,4 +250,127 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
         );
         assert_eq!(app.contents().await, before, "{label}");
     }
+}
+
+/// The rows `contents` lists under `table` whose column `column` is `value`.
+fn rows_where(contents: &str, table: &str, column: usize, value: &str) -> Vec<Vec<String>> {
+    let mut in_table = false;
+    let mut rows = Vec::new();
+    for line in contents.lines() {
+        if !line.contains('|') {
+            in_table = line == table;
+            continue;
+        }
+        let cells: Vec<String> = line.split('|').map(str::to_owned).collect();
+        if in_table && cells.get(column).map(String::as_str) == Some(value) {
+            rows.push(cells);
+        }
+    }
+    rows
+}
+
+/// What a path wrote for one reservation, without what differs by design: the ids, the
+/// order that holds it and its expiry (inputs of the writer, not its doing).
+fn written_rows(contents: &str, reservation: &str) -> Vec<Vec<String>> {
+    let mut written = Vec::new();
+    for mut row in rows_where(contents, "reservation", 0, reservation) {
+        // id, status, release_reason, expires_at, shop, user_id, order_id
+        row[0] = "<reservation>".into();
+        row[3] = "<expiry>".into();
+        row[6] = if row[6].is_empty() { "" } else { "<order>" }.into();
+        written.push(row);
+    }
+    for mut row in rows_where(contents, "reservation_line", 0, reservation) {
+        row[0] = "<reservation>".into();
+        written.push(row);
+    }
+    for mut row in rows_where(contents, "stock_ledger", 6, reservation) {
+        // id, sku, warehouse, kind, available_delta, reserved_delta, reference
+        row[0] = "<ledger id>".into();
+        row[6] = "<reservation>".into();
+        written.push(row);
+    }
+    written
+}
+
+/// Issue 14: one reservation writer per backend. The same two lines reserved four ways
+/// (a reservation without a shopper — on PostgreSQL the one-round-trip path —, one
+/// naming a shopper — the batch transaction everywhere —, an order, a checkout) leave
+/// the same reservation, line and ledger rows.
+async fn every_path_that_creates_reservations_leaves_the_same_rows(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let app = shop_with_stock(&app).await;
+    app.receive("C-SCARCE", 3).await;
+    let lines = json!([{"sku": "C-PLENTY", "quantity": 2}, {"sku": "C-SCARCE", "quantity": 1}]);
+    let mut reservations = Vec::new();
+    for (key, body) in [
+        ("writer-plain", json!({"lines": lines})),
+        (
+            "writer-shopper",
+            json!({"lines": lines, "user_id": "alice"}),
+        ),
+    ] {
+        let reserved = app
+            .send(Call::post("/v1/reservations").key(key).json(&body))
+            .await;
+        assert_eq!(reserved.status, 201, "{reserved:?}");
+        reservations.push(
+            reserved.json()["reservation_id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    let ordered = app
+        .send(
+            Call::post("/v1/orders")
+                .key("writer-order")
+                .json(&json!({"user_id": "alice", "lines": lines})),
+        )
+        .await;
+    assert_eq!(ordered.status, 201, "{ordered:?}");
+    reservations.push(
+        ordered.json()["reservation"]["reservation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    );
+    assert_eq!(put_item(&app, "alice", "C-PLENTY", 2).await.status, 200);
+    assert_eq!(put_item(&app, "alice", "C-SCARCE", 1).await.status, 200);
+    let checkout = app
+        .send(Call::post("/v1/carts/alice/checkout").key("writer-checkout"))
+        .await;
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    reservations.push(
+        checkout.json()["reservation"]["reservation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    );
+
+    let contents = app.contents().await;
+    let written: Vec<Vec<Vec<String>>> = reservations
+        .iter()
+        .map(|reservation| written_rows(&contents, reservation))
+        .collect();
+    assert_eq!(
+        written[0].len(),
+        5,
+        "one reservation, two lines, two ledger rows"
+    );
+    let mut without_shopper = written[1].clone();
+    without_shopper[0][5] = String::new();
+    assert_eq!(
+        written[0], without_shopper,
+        "the plain and the shopper's reservation"
+    );
+    assert_eq!(written[1][0][5], "alice");
+    let mut held = written[1].clone();
+    held[0][6] = "<order>".into();
+    assert_eq!(
+        written[2], held,
+        "an order's reservation is the shopper's, held by the order"
+    );
+    assert_eq!(written[3], held, "a checkout's reservation is an order's");
+    app.assert_audit_clean().await;
 }

@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::ops::DerefMut;
 
-use domain::{ShopCode, SkuCode, Timestamp};
+use domain::{OrderId, ReservationId, ReservationLine, ShopCode, SkuCode, Timestamp};
 
 use crate::StoreLimits;
 use crate::error::StoreError;
@@ -35,6 +35,45 @@ pub type Migration = (i64, &'static str, &'static str);
 /// An idempotency record found by key: its request fingerprint and, once its unit of
 /// work committed, its stored response.
 pub type FoundRecords = HashMap<String, (String, Option<StoredResponse>)>;
+
+/// A reservation to write. Every path that creates reservations (the batch
+/// transaction, the whole-batch fast path, orders, checkouts, late successes) describes
+/// its reservations so and hands them to the backend's one writer
+/// ([`Dialect::write_reservations`], or [`Dialect::write_batch`] built on the same
+/// statements), so they all leave the same rows.
+#[derive(Debug, Clone, Copy)]
+pub struct NewReservation<'a> {
+    pub id: &'a ReservationId,
+    pub expires_at: Timestamp,
+    /// The key stored on the reservation: its request's (a late success has none).
+    pub request_key: Option<&'a str>,
+    /// The key its `reserve` ledger rows name: the request's, or a late payment's id.
+    pub ledger_key: &'a str,
+    pub shop: &'a ShopCode,
+    pub user: Option<&'a str>,
+    /// The order that holds it, when an order does.
+    pub order: Option<&'a OrderId>,
+    pub lines: &'a [ReservationLine],
+}
+
+impl<'a> NewReservation<'a> {
+    /// The accepted requests of a reservation batch (no order holds them).
+    pub fn of_batch(accepted: &[(&'a ReserveRequest, &'a ShopCode)]) -> Vec<NewReservation<'a>> {
+        accepted
+            .iter()
+            .map(|(request, shop)| NewReservation {
+                id: &request.id,
+                expires_at: request.expires_at,
+                request_key: Some(request.claim.key.as_str()),
+                ledger_key: request.claim.key.as_str(),
+                shop,
+                user: request.user.as_ref().map(|user| user.as_str()),
+                order: None,
+                lines: &request.lines,
+            })
+            .collect()
+    }
+}
 
 /// Locked stock rows' available counts, and the facts of their SKUs.
 pub type LockedStock = (BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>);
@@ -243,12 +282,22 @@ pub trait Dialect: Connection {
         skus: &[&SkuCode],
     ) -> impl Future<Output = Result<HashMap<SkuCode, SkuFacts>, StoreError>> + Send;
 
-    /// Writes a decided reservation batch: the stock rows' conditional updates, the
-    /// reservations with their lines and ledger rows, and the idempotency records.
+    /// The one writer of reservations: takes each stock row's total with a conditional
+    /// update (answering how many rows it took), and inserts the reservations
+    /// (`RESERVED`) with their lines and `reserve` ledger rows.
+    fn write_reservations(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Writes a decided reservation batch: what [`Dialect::write_reservations`] writes,
+    /// and the idempotency records.
     fn write_batch(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> impl Future<Output = Result<BatchWritten, StoreError>> + Send;
@@ -295,7 +344,7 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     fn reserve_whole_batch(
         &self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send;

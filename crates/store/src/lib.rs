@@ -322,12 +322,37 @@ mod tests {
             sources[decider..decider_end].contains("current.transition(target)"),
             "decide_move goes through the transition table"
         );
-        for insert in sources.split("INSERT INTO reservation (").skip(1) {
-            let values = insert.split("VALUES").nth(1).unwrap_or_default();
-            let values = &values[..values.find(')').unwrap_or(values.len())];
+        assert!(
+            !sources.contains("INSERT INTO reservation"),
+            "units of work write reservations only through Dialect::write_reservations"
+        );
+        // Each backend has one writer of reservation rows, and it writes them RESERVED.
+        for (backend, source) in [
+            ("sqlite", include_str!("backends/sqlite.rs")),
+            ("mysql", include_str!("backends/mysql.rs")),
+            (
+                "postgres",
+                include_str!("../migrations/postgres/0014_reservation_orders.sql"),
+            ),
+        ] {
+            for table in [
+                "INSERT INTO reservation (",
+                "INSERT INTO reservation_line (",
+            ] {
+                assert_eq!(
+                    source.matches(table).count()
+                        + source.matches(&table.replace(" (", "\n")).count(),
+                    1,
+                    "{backend}: one writer of {table}"
+                );
+            }
+            let insert = source
+                .split("INSERT INTO reservation")
+                .nth(1)
+                .expect("the reservation insert");
             assert!(
-                values.contains("'RESERVED'"),
-                "a reservation inserted with another status: {values}"
+                insert[..insert.find(';').unwrap_or(insert.len())].contains("'RESERVED'"),
+                "{backend}: a reservation inserted with another status"
             );
         }
         assert_eq!(

@@ -48,9 +48,11 @@ use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions, MySqlRo
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Row as _, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, Finish, FoundRecords, LockedStock, Migration};
+use crate::backend::{
+    Backend, Dialect, Finish, FoundRecords, LockedStock, Migration, NewReservation,
+};
 use crate::error::StoreError;
-use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 use crate::sql::{
     Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
@@ -175,7 +177,7 @@ impl Backend for MysqlBackend {
     async fn reserve_whole_batch(
         &self,
         _totals: &BTreeMap<StockKey, i64>,
-        _accepted: &[(&ReserveRequest, &ShopCode)],
+        _reservations: &[NewReservation<'_>],
         _records: &[(&IdempotencyClaim, &StoredResponse)],
         _now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
@@ -765,21 +767,16 @@ impl Dialect for MySqlConnection {
     }
 
     /// One conditional update per stock row, then the reservations, their lines and
-    /// ledger rows and the idempotency records as multi-row inserts. Records go in key
-    /// order, so two processes inserting overlapping keys wait instead of deadlocking.
-    async fn write_batch(
+    /// ledger rows as multi-row inserts.
+    async fn write_reservations(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
-        records: &[(&IdempotencyClaim, &StoredResponse)],
+        reservations: &[NewReservation<'_>],
         now: Timestamp,
-    ) -> Result<BatchWritten, StoreError> {
-        let mut written = BatchWritten {
-            rows_taken: 0,
-            records_stored: 0,
-        };
+    ) -> Result<u64, StoreError> {
+        let mut rows_taken = 0;
         for ((sku, warehouse), total) in totals {
-            written.rows_taken += statement(
+            rows_taken += statement(
                 "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
                  version = version + 1, updated_at = $4 \
                  WHERE sku = $1 AND warehouse = $2 AND available >= $3",
@@ -791,7 +788,24 @@ impl Dialect for MySqlConnection {
             .execute(&mut *self)
             .await?;
         }
-        insert_reservations(self, accepted, now).await?;
+        insert_reservations(self, reservations, now).await?;
+        Ok(rows_taken)
+    }
+
+    /// The reservations' rows, then the idempotency records as multi-row inserts, in
+    /// key order, so two processes inserting overlapping keys wait instead of
+    /// deadlocking.
+    async fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let mut written = BatchWritten {
+            rows_taken: self.write_reservations(totals, reservations, now).await?,
+            records_stored: 0,
+        };
         let mut sorted: Vec<&(&IdempotencyClaim, &StoredResponse)> = records.iter().collect();
         sorted.sort_by(|left, right| left.0.key.as_str().cmp(right.0.key.as_str()));
         for chunk in sorted.chunks(BATCH_INSERT_ROWS_MAX) {
@@ -853,35 +867,36 @@ fn rows_from_template(rows: usize, template: &str) -> String {
 /// The accepted requests' reservations, lines and ledger rows, as multi-row inserts.
 async fn insert_reservations(
     connection: &mut MySqlConnection,
-    accepted: &[(&ReserveRequest, &ShopCode)],
+    reservations: &[NewReservation<'_>],
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    for chunk in accepted.chunks(BATCH_INSERT_ROWS_MAX) {
+    for chunk in reservations.chunks(BATCH_INSERT_ROWS_MAX) {
         let mut insert = built_statement(format!(
             "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, \
-             created_at, updated_at, shop, user_id) VALUES {}",
-            rows_from_template(chunk.len(), "(?, 'RESERVED', NULL, ?, ?, ?, ?, ?, ?)")
+             created_at, updated_at, shop, user_id, order_id) VALUES {}",
+            rows_from_template(chunk.len(), "(?, 'RESERVED', NULL, ?, ?, ?, ?, ?, ?, ?)")
         ));
-        for (request, shop) in chunk {
+        for reservation in chunk {
             insert = insert
-                .bind(request.id.as_str())
-                .bind(request.expires_at.unix_milliseconds())
-                .bind(request.claim.key.as_str())
+                .bind(reservation.id.as_str())
+                .bind(reservation.expires_at.unix_milliseconds())
+                .bind(reservation.request_key)
                 .bind(now.unix_milliseconds())
                 .bind(now.unix_milliseconds())
-                .bind(shop.as_str())
-                .bind(request.user.as_ref().map(|user| user.as_str()));
+                .bind(reservation.shop.as_str())
+                .bind(reservation.user)
+                .bind(reservation.order.map(|order| order.as_str()));
         }
         insert.execute(&mut *connection).await?;
     }
-    let lines: Vec<(&ReserveRequest, usize, &domain::ReservationLine)> = accepted
+    let lines: Vec<(&NewReservation<'_>, usize, &domain::ReservationLine)> = reservations
         .iter()
-        .flat_map(|(request, _)| {
-            request
+        .flat_map(|reservation| {
+            reservation
                 .lines
                 .iter()
                 .enumerate()
-                .map(move |(number, line)| (*request, number, line))
+                .map(move |(number, line)| (reservation, number, line))
         })
         .collect();
     for chunk in lines.chunks(BATCH_INSERT_ROWS_MAX) {
@@ -895,10 +910,10 @@ async fn insert_reservations(
              reference, idempotency_key, created_at) VALUES {}",
             rows_from_template(chunk.len(), "(?, ?, 'reserve', ?, ?, ?, ?, ?)")
         ));
-        for (request, number, line) in chunk {
+        for (reservation, number, line) in chunk {
             let quantity = line.quantity.get();
             insert = insert
-                .bind(request.id.as_str())
+                .bind(reservation.id.as_str())
                 .bind(i64::try_from(*number).unwrap_or(i64::MAX))
                 .bind(line.sku.as_str())
                 .bind(line.warehouse.as_str())
@@ -908,8 +923,8 @@ async fn insert_reservations(
                 .bind(line.warehouse.as_str())
                 .bind(-quantity)
                 .bind(quantity)
-                .bind(request.id.as_str())
-                .bind(request.claim.key.as_str())
+                .bind(reservation.id.as_str())
+                .bind(reservation.ledger_key)
                 .bind(now.unix_milliseconds());
         }
         insert.execute(&mut *connection).await?;

@@ -15,9 +15,9 @@ use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row as _, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration};
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration, NewReservation};
 use crate::error::StoreError;
-use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
 use crate::{StoreConfig, StoreLimits};
@@ -97,11 +97,11 @@ impl Backend for PostgresBackend {
     async fn reserve_whole_batch(
         &self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
-        bulk::reserve_whole_batch(&self.pool, totals, accepted, records, now).await
+        bulk::reserve_whole_batch(&self.pool, totals, reservations, records, now).await
     }
 }
 
@@ -313,6 +313,11 @@ impl Dialect for PgConnection {
             "attempt_request_key",
             include_str!("../../migrations/postgres/0013_attempt_request_key.sql"),
         ),
+        (
+            14,
+            "reservation_orders",
+            include_str!("../../migrations/postgres/0014_reservation_orders.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
@@ -361,14 +366,25 @@ impl Dialect for PgConnection {
         bulk::sku_facts(self, skus).await
     }
 
+    /// The same statement as [`Dialect::write_batch`], without records.
+    async fn write_reservations(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let written = bulk::write_batch(self, totals, reservations, &[], now).await?;
+        Ok(written.rows_taken)
+    }
+
     async fn write_batch(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        bulk::write_batch(self, totals, accepted, records, now).await
+        bulk::write_batch(self, totals, reservations, records, now).await
     }
 }
 
@@ -389,7 +405,7 @@ impl Dialect for PgConnection {
 mod bulk {
     use std::collections::{BTreeMap, HashMap};
 
-    use domain::{SaleStatus, ShopCode, SkuCode, Timestamp, WarehouseCode};
+    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
     use sqlx::Row;
 
     use sqlx::Arguments;
@@ -399,8 +415,9 @@ mod bulk {
     use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
 
     type Tx = sqlx::PgConnection;
+    use crate::backend::NewReservation;
     use crate::error::StoreError;
-    use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+    use crate::model::{IdempotencyClaim, StoredResponse};
     use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 
     pub async fn existing_records(
@@ -508,9 +525,10 @@ mod bulk {
         total_quantities: Vec<i64>,
         reservation_ids: Vec<String>,
         reservation_expiries: Vec<i64>,
-        reservation_keys: Vec<String>,
+        reservation_keys: Vec<Option<String>>,
         reservation_shops: Vec<String>,
         reservation_users: Vec<Option<String>>,
+        reservation_orders: Vec<Option<String>>,
         line_reservations: Vec<String>,
         line_numbers: Vec<i64>,
         line_skus: Vec<String>,
@@ -528,18 +546,19 @@ mod bulk {
         /// overlapping keys wait for each other instead of deadlocking.
         fn new(
             totals: &BTreeMap<StockKey, i64>,
-            accepted: &[(&ReserveRequest, &ShopCode)],
+            reservations: &[NewReservation<'_>],
             records: &[(&IdempotencyClaim, &StoredResponse)],
         ) -> BatchColumns {
             let mut columns = BatchColumns {
                 total_skus: Vec::with_capacity(totals.len()),
                 total_warehouses: Vec::with_capacity(totals.len()),
                 total_quantities: Vec::with_capacity(totals.len()),
-                reservation_ids: Vec::with_capacity(accepted.len()),
-                reservation_expiries: Vec::with_capacity(accepted.len()),
-                reservation_keys: Vec::with_capacity(accepted.len()),
-                reservation_shops: Vec::with_capacity(accepted.len()),
-                reservation_users: Vec::with_capacity(accepted.len()),
+                reservation_ids: Vec::with_capacity(reservations.len()),
+                reservation_expiries: Vec::with_capacity(reservations.len()),
+                reservation_keys: Vec::with_capacity(reservations.len()),
+                reservation_shops: Vec::with_capacity(reservations.len()),
+                reservation_users: Vec::with_capacity(reservations.len()),
+                reservation_orders: Vec::with_capacity(reservations.len()),
                 line_reservations: Vec::new(),
                 line_numbers: Vec::new(),
                 line_skus: Vec::new(),
@@ -556,22 +575,29 @@ mod bulk {
                 columns.total_warehouses.push(warehouse.as_str().to_owned());
                 columns.total_quantities.push(*quantity);
             }
-            for (request, shop) in accepted {
-                columns.reservation_ids.push(request.id.as_str().to_owned());
-                columns.reservation_shops.push(shop.as_str().to_owned());
+            for reservation in reservations {
+                columns
+                    .reservation_ids
+                    .push(reservation.id.as_str().to_owned());
+                columns
+                    .reservation_shops
+                    .push(reservation.shop.as_str().to_owned());
                 columns
                     .reservation_users
-                    .push(request.user.as_ref().map(|user| user.as_str().to_owned()));
+                    .push(reservation.user.map(str::to_owned));
+                columns
+                    .reservation_orders
+                    .push(reservation.order.map(|order| order.as_str().to_owned()));
                 columns
                     .reservation_expiries
-                    .push(request.expires_at.unix_milliseconds());
+                    .push(reservation.expires_at.unix_milliseconds());
                 columns
                     .reservation_keys
-                    .push(request.claim.key.as_str().to_owned());
-                for (line_number, line) in request.lines.iter().enumerate() {
+                    .push(reservation.request_key.map(str::to_owned));
+                for (line_number, line) in reservation.lines.iter().enumerate() {
                     columns
                         .line_reservations
-                        .push(request.id.as_str().to_owned());
+                        .push(reservation.id.as_str().to_owned());
                     columns
                         .line_numbers
                         .push(i64::try_from(line_number).unwrap_or(i64::MAX));
@@ -580,9 +606,7 @@ mod bulk {
                         .line_warehouses
                         .push(line.warehouse.as_str().to_owned());
                     columns.line_quantities.push(line.quantity.get());
-                    columns
-                        .line_keys
-                        .push(request.claim.key.as_str().to_owned());
+                    columns.line_keys.push(reservation.ledger_key.to_owned());
                 }
             }
             let mut sorted_records: Vec<&(&IdempotencyClaim, &StoredResponse)> =
@@ -598,11 +622,14 @@ mod bulk {
         }
 
         /// The functions' arguments: `leading` ones first, then the columns in the
-        /// functions' parameter order.
+        /// functions' parameter order; the reservations' orders last when the function
+        /// takes them (`stockd_write_reservation_batch`, migration 0014).
         fn into_arguments(
             self,
             leading: impl FnOnce(&mut PgArguments) -> Result<(), BoxDynError>,
+            with_orders: bool,
         ) -> Result<PgArguments, StoreError> {
+            let orders = self.reservation_orders;
             let mut arguments = PgArguments::default();
             let added = leading(&mut arguments)
                 .and_then(|()| arguments.add(self.total_skus))
@@ -622,28 +649,37 @@ mod bulk {
                 .and_then(|()| arguments.add(self.record_keys))
                 .and_then(|()| arguments.add(self.record_fingerprints))
                 .and_then(|()| arguments.add(self.record_statuses))
-                .and_then(|()| arguments.add(self.record_bodies));
+                .and_then(|()| arguments.add(self.record_bodies))
+                .and_then(|()| {
+                    if with_orders {
+                        arguments.add(orders)
+                    } else {
+                        Ok(())
+                    }
+                });
             added.map_err(|error| corrupt("batch arguments", error))?;
             Ok(arguments)
         }
     }
 
-    /// Writes a decided batch in one statement (one round trip): the conditional
-    /// updates of the stock rows, the reservations, their lines and ledger rows, and
-    /// the idempotency records (`stockd_write_reservation_batch`, migration 0006).
+    /// Writes reservations, and a batch's idempotency records, in one statement (one
+    /// round trip): the conditional updates of the stock rows, the reservations, their
+    /// lines and ledger rows, and the records (`stockd_write_reservation_batch`, which
+    /// writes the rows through `stockd_insert_reservation_rows`, the one writer the
+    /// whole-batch fast path uses too; migrations 0006 and 0014).
     pub async fn write_batch(
         transaction: &mut Tx,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        let arguments = BatchColumns::new(totals, accepted, records)
-            .into_arguments(|arguments| arguments.add(now.unix_milliseconds()))?;
+        let arguments = BatchColumns::new(totals, reservations, records)
+            .into_arguments(|arguments| arguments.add(now.unix_milliseconds()), true)?;
         let (rows_taken, records_stored): (i64, i64) = sqlx::query_as_with(
             "SELECT written.rows_taken, written.records_stored \
              FROM stockd_write_reservation_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-             $11, $12, $13, $14, $15, $16, $17, $18, $19) AS written",
+             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) AS written",
             arguments,
         )
         .fetch_one(&mut *transaction)
@@ -692,7 +728,7 @@ mod bulk {
     pub async fn reserve_whole_batch(
         pool: &sqlx::PgPool,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
+        reservations: &[NewReservation<'_>],
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
@@ -702,11 +738,13 @@ mod bulk {
             .map(|status| status.as_str().to_owned())
             .collect();
         let now = now.unix_milliseconds();
-        let arguments =
-            BatchColumns::new(totals, accepted, records).into_arguments(|arguments| {
+        let arguments = BatchColumns::new(totals, reservations, records).into_arguments(
+            |arguments| {
                 arguments.add(sellable)?;
                 arguments.add(now)
-            })?;
+            },
+            false,
+        )?;
         let answer: Result<String, sqlx::Error> = sqlx::query_scalar_with(
             "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
              $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",

@@ -22,9 +22,9 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration};
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration, NewReservation};
 use crate::error::StoreError;
-use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
+use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
 use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
 use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
@@ -123,7 +123,7 @@ impl Backend for SqliteBackend {
     async fn reserve_whole_batch(
         &self,
         _totals: &BTreeMap<StockKey, i64>,
-        _accepted: &[(&ReserveRequest, &ShopCode)],
+        _reservations: &[NewReservation<'_>],
         _records: &[(&IdempotencyClaim, &StoredResponse)],
         _now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
@@ -428,18 +428,15 @@ impl Dialect for SqliteConnection {
         Ok(facts)
     }
 
-    /// Writes a decided batch: one statement per table, rows passed as JSON.
-    async fn write_batch(
+    /// The stock rows' updates and the reservations' rows, one statement per table,
+    /// rows passed as JSON.
+    async fn write_reservations(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
-        accepted: &[(&ReserveRequest, &ShopCode)],
-        records: &[(&IdempotencyClaim, &StoredResponse)],
+        reservations: &[NewReservation<'_>],
         now: Timestamp,
-    ) -> Result<BatchWritten, StoreError> {
-        let mut written = BatchWritten {
-            rows_taken: 0,
-            records_stored: 0,
-        };
+    ) -> Result<u64, StoreError> {
+        let mut rows_taken = 0;
         if !totals.is_empty() {
             let parameter = rows(
                 totals
@@ -449,7 +446,7 @@ impl Dialect for SqliteConnection {
                     })
                     .collect(),
             );
-            written.rows_taken = sqlx::query(
+            rows_taken = sqlx::query(
                 "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
                  version = version + 1, updated_at = $2 \
                  FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
@@ -461,9 +458,25 @@ impl Dialect for SqliteConnection {
             .await?
             .rows_affected();
         }
-        if !accepted.is_empty() {
-            insert_reservations(self, accepted, now).await?;
+        if !reservations.is_empty() {
+            insert_reservations(self, reservations, now).await?;
         }
+        Ok(rows_taken)
+    }
+
+    /// Writes a decided batch: the reservations' rows, then the records, one
+    /// statement per table, rows passed as JSON.
+    async fn write_batch(
+        &mut self,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<BatchWritten, StoreError> {
+        let mut written = BatchWritten {
+            rows_taken: self.write_reservations(totals, reservations, now).await?,
+            records_stored: 0,
+        };
         if !records.is_empty() {
             let parameter = rows(
                 records
@@ -495,30 +508,31 @@ impl Dialect for SqliteConnection {
 
 async fn insert_reservations(
     connection: &mut SqliteConnection,
-    accepted: &[(&ReserveRequest, &ShopCode)],
+    reservations: &[NewReservation<'_>],
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let reservations = rows(
-        accepted
+    let rows_of_reservations = rows(
+        reservations
             .iter()
-            .map(|(request, shop)| {
+            .map(|reservation| {
                 json!([
-                    request.id.as_str(),
-                    request.expires_at.unix_milliseconds(),
-                    request.claim.key.as_str(),
-                    shop.as_str(),
-                    request.user.as_ref().map(|user| user.as_str())
+                    reservation.id.as_str(),
+                    reservation.expires_at.unix_milliseconds(),
+                    reservation.request_key,
+                    reservation.shop.as_str(),
+                    reservation.user,
+                    reservation.order.map(|order| order.as_str())
                 ])
             })
             .collect(),
     );
     let mut lines = Vec::new();
     let mut ledger = Vec::new();
-    for (request, _) in accepted {
-        for (line_number, line) in request.lines.iter().enumerate() {
+    for reservation in reservations {
+        for (line_number, line) in reservation.lines.iter().enumerate() {
             let quantity = line.quantity.get();
             lines.push(json!([
-                request.id.as_str(),
+                reservation.id.as_str(),
                 line_number,
                 line.sku.as_str(),
                 line.warehouse.as_str(),
@@ -528,18 +542,18 @@ async fn insert_reservations(
                 line.sku.as_str(),
                 line.warehouse.as_str(),
                 quantity,
-                request.id.as_str(),
-                request.claim.key.as_str()
+                reservation.id.as_str(),
+                reservation.ledger_key
             ]));
         }
     }
     sqlx::query(
         "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         shop, user_id) \
-         SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4 \
+         shop, user_id, order_id) \
+         SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
          FROM json_each($1)",
     )
-    .bind(reservations)
+    .bind(rows_of_reservations)
     .bind(now.unix_milliseconds())
     .execute(&mut *connection)
     .await?;

@@ -7,7 +7,7 @@ use super::decode::invariant;
 use super::idempotency::resolve_existing;
 use super::reservations::new_reservation;
 use super::tallies::{add_to_tallies, lock_tallies};
-use crate::backend::{Backend, Dialect, Finish};
+use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
 use crate::model::{
     BatchApplied, BatchPath, IdempotencyClaim, Idempotent, LockTurn, Rejection, ReserveRequest,
@@ -278,7 +278,12 @@ impl<B: Backend> Units<B> {
             })
             .collect();
         let written = transaction
-            .write_batch(&plan.totals, &accepted, &records, now)
+            .write_batch(
+                &plan.totals,
+                &NewReservation::of_batch(&accepted),
+                &records,
+                now,
+            )
             .await?;
         check_written(&written, plan.totals.len(), records.len())?;
         add_to_tallies(
@@ -340,7 +345,7 @@ impl<B: Backend> Units<B> {
         let totals = totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
         let whole = self
             .backend
-            .reserve_whole_batch(&totals, &accepted, &records, now)
+            .reserve_whole_batch(&totals, &NewReservation::of_batch(&accepted), &records, now)
             .await?;
         Ok(whole == WholeBatch::Applied)
     }

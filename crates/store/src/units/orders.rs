@@ -13,7 +13,7 @@ use super::reservations::{
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, read_tallies};
-use crate::backend::{Backend, Dialect, Finish};
+use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer};
 use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
@@ -339,67 +339,32 @@ pub(crate) struct OrderHold<'a> {
     pub(crate) totals: &'a std::collections::BTreeMap<StockKey, i64>,
 }
 
-/// The one writer of an order-held reservation (a new order, a cart's checkout, a late
-/// success): the stock taken row by row in (sku, warehouse) order, each conditional
-/// update's row count checked; the reservation `RESERVED`; its lines with their
-/// `reserve` ledger rows.
+/// An order-held reservation (a new order, a cart's checkout, a late success), written
+/// by the backend's one reservation writer; every locked row's conditional update must
+/// have taken its units.
 pub(crate) async fn write_order_hold<C: Dialect>(
     transaction: &mut C,
     hold: &OrderHold<'_>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    for ((sku, warehouse), total) in hold.totals {
-        let updated = statement(
-            "UPDATE stock SET available = available - $3, reserved = reserved + $3, \
-             version = version + 1, updated_at = $4 WHERE sku = $1 AND warehouse = $2 AND available >= $3",
-        )
-        .bind(sku.as_str())
-        .bind(warehouse.as_str())
-        .bind(total)
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
+    let reservation = NewReservation {
+        id: hold.id,
+        expires_at: hold.expires_at,
+        request_key: hold.request_key,
+        ledger_key: hold.ledger_key,
+        shop: hold.shopper.0,
+        user: Some(hold.shopper.1.as_str()),
+        order: Some(hold.order),
+        lines: hold.lines,
+    };
+    let taken = transaction
+        .write_reservations(hold.totals, &[reservation], now)
         .await?;
-        expect_one_row(updated, "taking an order's stock")?;
-    }
-    statement(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         order_id, shop, user_id) VALUES ($1, 'RESERVED', NULL, $2, $3, $4, $4, $5, $6, $7)",
-    )
-    .bind(hold.id.as_str())
-    .bind(hold.expires_at.unix_milliseconds())
-    .bind(hold.request_key)
-    .bind(now.unix_milliseconds())
-    .bind(hold.order.as_str())
-    .bind(hold.shopper.0.as_str())
-    .bind(hold.shopper.1.as_str())
-    .execute(&mut *transaction)
-    .await?;
-    for (line_number, line) in hold.lines.iter().enumerate() {
-        statement(
-            "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(hold.id.as_str())
-        .bind(i64::try_from(line_number).unwrap_or(i64::MAX))
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity.get())
-        .execute(&mut *transaction)
-        .await?;
-        insert_ledger_row(
-            transaction,
-            LedgerEntry {
-                sku: &line.sku,
-                warehouse: &line.warehouse,
-                kind: "reserve",
-                available_delta: -line.quantity.get(),
-                reserved_delta: line.quantity.get(),
-                reference: hold.id.as_str(),
-                idempotency_key: Some(hold.ledger_key),
-            },
-            now,
-        )
-        .await?;
+    if taken != hold.totals.len() as u64 {
+        return Err(invariant(format!(
+            "taking an order's stock changed {taken} of {} locked rows",
+            hold.totals.len()
+        )));
     }
     Ok(())
 }
