@@ -340,12 +340,62 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The whole-batch fast path (see [`Dialect::WHOLE_BATCH_FAST_PATH`]): looks up the
     /// keys, locks the rows and, when every request fits, writes and commits the batch
     /// in one round trip. Anything else writes nothing and answers
-    /// [`WholeBatch::NotApplied`].
+    /// [`WholeBatch::NotApplied`], as a backend without the fast path always does
+    /// (the default; it is never called there).
     fn reserve_whole_batch(
         &self,
-        totals: &BTreeMap<StockKey, i64>,
-        reservations: &[NewReservation<'_>],
-        records: &[(&IdempotencyClaim, &StoredResponse)],
-        now: Timestamp,
-    ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send;
+        _totals: &BTreeMap<StockKey, i64>,
+        _reservations: &[NewReservation<'_>],
+        _records: &[(&IdempotencyClaim, &StoredResponse)],
+        _now: Timestamp,
+    ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send {
+        async { Ok(WholeBatch::NotApplied) }
+    }
 }
+
+/// Implements [`Finish`] for an sqlx database's transactions.
+macro_rules! finish_through_sqlx {
+    ($database:ty) => {
+        impl $crate::backend::Finish for sqlx::Transaction<'static, $database> {
+            async fn commit(self) -> Result<(), $crate::error::StoreError> {
+                Ok(sqlx::Transaction::commit(self).await?)
+            }
+
+            async fn rollback(self) -> Result<(), $crate::error::StoreError> {
+                Ok(sqlx::Transaction::rollback(self).await?)
+            }
+        }
+    };
+}
+pub(crate) use finish_through_sqlx;
+
+/// The [`Backend`] methods of a backend that keeps one pool (`self.pool`) for every unit
+/// of work and its bounds in `self.limits`: written inside its `impl Backend`.
+macro_rules! one_pool_backend_methods {
+    () => {
+        async fn begin_write(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
+            Ok(self.pool.begin().await?)
+        }
+
+        async fn begin_read(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
+            Ok(self.pool.begin().await?)
+        }
+
+        async fn read_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
+            Ok(self.pool.acquire().await?)
+        }
+
+        async fn write_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
+            Ok(self.pool.acquire().await?)
+        }
+
+        fn limits(&self) -> &$crate::StoreLimits {
+            &self.limits
+        }
+
+        async fn close(&self) {
+            self.pool.close().await;
+        }
+    };
+}
+pub(crate) use one_pool_backend_methods;

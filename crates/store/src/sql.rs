@@ -447,3 +447,63 @@ pub(crate) fn text_of(text: Text) -> sqlx::SqlStr {
         Text::Built(text) => sqlx::AssertSqlSafe(text).into_sql_str(),
     }
 }
+
+/// Implements [`Connection`] for an sqlx connection type whose driver takes the
+/// statements as written: `$query_of` turns a [`Statement`] into the driver's query,
+/// `$cell` reads one column of the driver's row. (MySQL, which rewrites statements and
+/// reads duplicate keys as "nothing written", has its own implementation.)
+macro_rules! connection_as_written {
+    ($connection:ty, $query_of:path, $cell:path) => {
+        impl $crate::sql::Connection for $connection {
+            async fn execute<'a>(
+                &'a mut self,
+                statement: $crate::sql::Statement<'a>,
+            ) -> Result<u64, $crate::error::StoreError> {
+                Ok($query_of(statement)
+                    .execute(&mut *self)
+                    .await?
+                    .rows_affected())
+            }
+
+            async fn fetch_all<'a>(
+                &'a mut self,
+                statement: $crate::sql::Statement<'a>,
+            ) -> Result<Vec<$crate::sql::Row>, $crate::error::StoreError> {
+                let found = $query_of(statement).fetch_all(&mut *self).await?;
+                $crate::sql::rows_of(found, $cell)
+            }
+
+            async fn fetch_optional<'a>(
+                &'a mut self,
+                statement: $crate::sql::Statement<'a>,
+            ) -> Result<Option<$crate::sql::Row>, $crate::error::StoreError> {
+                let found = $query_of(statement).fetch_optional(&mut *self).await?;
+                Ok($crate::sql::rows_of(found.into_iter().collect(), $cell)?.pop())
+            }
+
+            fn fetch_stream<'a>(
+                &'a mut self,
+                statement: $crate::sql::Statement<'a>,
+            ) -> futures_util::stream::BoxStream<
+                'a,
+                Result<$crate::sql::Row, $crate::error::StoreError>,
+            > {
+                use futures_util::{StreamExt, TryStreamExt};
+                let rows = $query_of(statement)
+                    .fetch(self)
+                    .map_err($crate::error::StoreError::from)
+                    .boxed();
+                $crate::sql::stream_of(rows, $cell)
+            }
+
+            async fn execute_script(
+                &mut self,
+                script: &'static str,
+            ) -> Result<(), $crate::error::StoreError> {
+                sqlx::raw_sql(script).execute(&mut *self).await?;
+                Ok(())
+            }
+        }
+    };
+}
+pub(crate) use connection_as_written;

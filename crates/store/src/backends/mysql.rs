@@ -41,23 +41,23 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
+use domain::{ShopCode, SkuCode, Timestamp};
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Row as _, TypeInfo, ValueRef};
 
-use crate::backend::{
-    Backend, Dialect, Finish, FoundRecords, LockedStock, Migration, NewReservation,
-};
+use crate::backend::{Backend, Dialect, FoundRecords, LockedStock, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::plan::{BatchWritten, SkuFacts, StockKey};
 use crate::sql::{
     Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
 };
-use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
+use crate::units::decode::{
+    LockedStockRow, SkuFactsRow, locked_stock_of, sku_facts_of, stored_response,
+};
 use crate::{StoreConfig, StoreLimits};
 
 /// Rows one multi-row `INSERT` of a batch carries at most, so a statement's
@@ -134,15 +134,9 @@ impl Backend for MysqlBackend {
     type Transaction = sqlx::Transaction<'static, MySql>;
     type Pooled = PoolConnection<MySql>;
 
+    crate::backend::one_pool_backend_methods!();
+
     const NAME: &'static str = "mysql";
-
-    async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
-        Ok(self.pool.begin().await?)
-    }
 
     /// The audit compares several tables, so it reads them from one snapshot. `SET
     /// TRANSACTION` applies to the next transaction of the session only.
@@ -155,45 +149,9 @@ impl Backend for MysqlBackend {
             )
             .await?)
     }
-
-    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    fn limits(&self) -> &StoreLimits {
-        &self.limits
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-
-    /// No whole-batch fast path ([`Dialect::WHOLE_BATCH_FAST_PATH`] is off): never
-    /// called; writes nothing.
-    async fn reserve_whole_batch(
-        &self,
-        _totals: &BTreeMap<StockKey, i64>,
-        _reservations: &[NewReservation<'_>],
-        _records: &[(&IdempotencyClaim, &StoredResponse)],
-        _now: Timestamp,
-    ) -> Result<WholeBatch, StoreError> {
-        Ok(WholeBatch::NotApplied)
-    }
 }
 
-impl Finish for sqlx::Transaction<'static, MySql> {
-    async fn commit(self) -> Result<(), StoreError> {
-        Ok(sqlx::Transaction::commit(self).await?)
-    }
-
-    async fn rollback(self) -> Result<(), StoreError> {
-        Ok(sqlx::Transaction::rollback(self).await?)
-    }
-}
+crate::backend::finish_through_sqlx!(MySql);
 
 /// Deadlock: InnoDB rolled the whole transaction back.
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -724,21 +682,8 @@ impl Dialect for MySqlConnection {
         for (sku, warehouse) in wanted {
             locking = locking.bind(sku.as_str()).bind(warehouse.as_str());
         }
-        let found: Vec<(String, String, i64, String, String, Option<i64>)> =
-            locking.fetch_all_as(self).await?;
-        let mut available = BTreeMap::new();
-        let mut facts = HashMap::new();
-        for (sku, warehouse, count, status, shop, per_user_limit) in found {
-            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
-            let warehouse =
-                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            facts.insert(
-                sku.clone(),
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-            available.insert((sku, warehouse), count);
-        }
-        Ok((available, facts))
+        let found: Vec<LockedStockRow> = locking.fetch_all_as(self).await?;
+        locked_stock_of(found)
     }
 
     async fn sku_facts(
@@ -755,15 +700,8 @@ impl Dialect for MySqlConnection {
         for sku in skus {
             lookup = lookup.bind(sku.as_str());
         }
-        let found: Vec<(String, String, String, Option<i64>)> = lookup.fetch_all_as(self).await?;
-        let mut facts = HashMap::with_capacity(found.len());
-        for (code, status, shop, per_user_limit) in found {
-            facts.insert(
-                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-        }
-        Ok(facts)
+        let found: Vec<SkuFactsRow> = lookup.fetch_all_as(self).await?;
+        sku_facts_of(found)
     }
 
     /// One conditional update per stock row, then the reservations, their lines and

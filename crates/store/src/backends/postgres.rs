@@ -9,17 +9,15 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use domain::{ShopCode, SkuCode, Timestamp};
-use futures_util::stream::BoxStream;
-use futures_util::{StreamExt, TryStreamExt};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row as _, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration, NewReservation};
+use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
-use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
+use crate::sql::{Cell, Statement, Value, text_of};
 use crate::{StoreConfig, StoreLimits};
 
 /// The PostgreSQL database: one pool, shared by every unit of work.
@@ -60,15 +58,9 @@ impl Backend for PostgresBackend {
     type Transaction = sqlx::Transaction<'static, Postgres>;
     type Pooled = PoolConnection<Postgres>;
 
+    crate::backend::one_pool_backend_methods!();
+
     const NAME: &'static str = "postgres";
-
-    async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
-        Ok(self.pool.begin().await?)
-    }
 
     /// The audit compares several tables, so it reads them from one snapshot.
     async fn begin_snapshot(&self) -> Result<Self::Transaction, StoreError> {
@@ -76,22 +68,6 @@ impl Backend for PostgresBackend {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?)
-    }
-
-    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
-        Ok(self.pool.acquire().await?)
-    }
-
-    fn limits(&self) -> &StoreLimits {
-        &self.limits
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 
     async fn reserve_whole_batch(
@@ -105,15 +81,7 @@ impl Backend for PostgresBackend {
     }
 }
 
-impl Finish for sqlx::Transaction<'static, Postgres> {
-    async fn commit(self) -> Result<(), StoreError> {
-        Ok(sqlx::Transaction::commit(self).await?)
-    }
-
-    async fn rollback(self) -> Result<(), StoreError> {
-        Ok(sqlx::Transaction::rollback(self).await?)
-    }
-}
+crate::backend::finish_through_sqlx!(Postgres);
 
 /// SQLSTATEs that mean "run the transaction again".
 const SERIALIZATION_FAILURE: &str = "40001";
@@ -164,42 +132,7 @@ fn cell(row: &PgRow, position: usize) -> Result<Cell, StoreError> {
     }
 }
 
-impl Connection for PgConnection {
-    async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
-        Ok(query_of(statement)
-            .execute(&mut *self)
-            .await?
-            .rows_affected())
-    }
-
-    async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
-        rows_of(query_of(statement).fetch_all(&mut *self).await?, cell)
-    }
-
-    async fn fetch_optional<'a>(
-        &'a mut self,
-        statement: Statement<'a>,
-    ) -> Result<Option<Row>, StoreError> {
-        let found = query_of(statement).fetch_optional(&mut *self).await?;
-        Ok(rows_of(found.into_iter().collect(), cell)?.pop())
-    }
-
-    fn fetch_stream<'a>(
-        &'a mut self,
-        statement: Statement<'a>,
-    ) -> BoxStream<'a, Result<Row, StoreError>> {
-        let rows = query_of(statement)
-            .fetch(self)
-            .map_err(StoreError::from)
-            .boxed();
-        stream_of(rows, cell)
-    }
-
-    async fn execute_script(&mut self, script: &'static str) -> Result<(), StoreError> {
-        sqlx::raw_sql(script).execute(&mut *self).await?;
-        Ok(())
-    }
-}
+crate::sql::connection_as_written!(PgConnection, query_of, cell);
 
 /// Row locks (`FOR UPDATE`) order concurrent writers and `SKIP LOCKED` lets several
 /// workers claim distinct rows; a reservation batch's rows travel as arrays.
@@ -405,14 +338,16 @@ impl Dialect for PgConnection {
 mod bulk {
     use std::collections::{BTreeMap, HashMap};
 
-    use domain::{SaleStatus, SkuCode, Timestamp, WarehouseCode};
+    use domain::{SaleStatus, SkuCode, Timestamp};
     use sqlx::Row;
 
     use sqlx::Arguments;
     use sqlx::error::BoxDynError;
     use sqlx::postgres::PgArguments;
 
-    use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
+    use crate::units::decode::{
+        LockedStockRow, SkuFactsRow, corrupt, locked_stock_of, sku_facts_of, stored_response,
+    };
 
     type Tx = sqlx::PgConnection;
     use crate::backend::NewReservation;
@@ -471,25 +406,12 @@ mod bulk {
              ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
              JOIN sku ON sku.code = stock.sku \
              ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock FOR SHARE OF sku";
-        let found =
-            sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(statement)
-                .bind(skus)
-                .bind(warehouses)
-                .fetch_all(&mut *transaction)
-                .await?;
-        let mut available = BTreeMap::new();
-        let mut facts = HashMap::new();
-        for (sku, warehouse, count, status, shop, per_user_limit) in found {
-            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
-            let warehouse =
-                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            facts.insert(
-                sku.clone(),
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-            available.insert((sku, warehouse), count);
-        }
-        Ok((available, facts))
+        let found = sqlx::query_as::<_, LockedStockRow>(statement)
+            .bind(skus)
+            .bind(warehouses)
+            .fetch_all(&mut *transaction)
+            .await?;
+        locked_stock_of(found)
     }
 
     pub async fn sku_facts(
@@ -500,21 +422,14 @@ mod bulk {
             return Ok(HashMap::new());
         }
         let codes: Vec<String> = skus.iter().map(|sku| sku.as_str().to_owned()).collect();
-        let found = sqlx::query_as::<_, (String, String, String, Option<i64>)>(
+        let found = sqlx::query_as::<_, SkuFactsRow>(
             "SELECT code, sale_status, shop, per_user_limit FROM sku WHERE code = ANY($1)",
         )
         .bind(codes)
         .persistent(false)
         .fetch_all(&mut *transaction)
         .await?;
-        let mut facts = HashMap::with_capacity(found.len());
-        for (code, status, shop, per_user_limit) in found {
-            facts.insert(
-                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-        }
-        Ok(facts)
+        sku_facts_of(found)
     }
 
     /// A batch's rows as the columns the server-side functions take (migration 0006):

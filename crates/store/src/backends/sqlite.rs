@@ -11,9 +11,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
-use futures_util::stream::BoxStream;
-use futures_util::{StreamExt, TryStreamExt};
+use domain::{ShopCode, SkuCode, Timestamp};
 use serde_json::json;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
@@ -22,12 +20,14 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, Finish, FoundRecords, Migration, NewReservation};
+use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
-use crate::sql::{Cell, Connection, Row, Statement, Value, rows_of, stream_of, text_of};
-use crate::units::decode::{corrupt, decode_sku_facts, stored_response};
+use crate::plan::{BatchWritten, SkuFacts, StockKey};
+use crate::sql::{Cell, Statement, Value, text_of};
+use crate::units::decode::{
+    LockedStockRow, SkuFactsRow, corrupt, locked_stock_of, sku_facts_of, stored_response,
+};
 use crate::{StoreConfig, StoreLimits};
 
 /// The SQLite database: a pool of one writer and a pool of readers.
@@ -116,34 +116,9 @@ impl Backend for SqliteBackend {
         self.write.close().await;
         self.read.close().await;
     }
-
-    /// SQLite runs in the process: a batch transaction has no round trips to save, so
-    /// there is no whole-batch fast path ([`Dialect::WHOLE_BATCH_FAST_PATH`] is off and
-    /// this is never called); writes nothing.
-    async fn reserve_whole_batch(
-        &self,
-        _totals: &BTreeMap<StockKey, i64>,
-        _reservations: &[NewReservation<'_>],
-        _records: &[(&IdempotencyClaim, &StoredResponse)],
-        _now: Timestamp,
-    ) -> Result<WholeBatch, StoreError> {
-        Ok(WholeBatch::NotApplied)
-    }
 }
 
-impl Finish for sqlx::Transaction<'static, Sqlite> {
-    async fn commit(self) -> Result<(), StoreError> {
-        sqlx::Transaction::commit(self)
-            .await
-            .map_err(StoreError::from)
-    }
-
-    async fn rollback(self) -> Result<(), StoreError> {
-        sqlx::Transaction::rollback(self)
-            .await
-            .map_err(StoreError::from)
-    }
-}
+crate::backend::finish_through_sqlx!(Sqlite);
 
 /// SQLite result codes. A plain `SQLITE_BUSY` (or `SQLITE_BUSY_TIMEOUT`) arrives only
 /// after the busy handler waited the whole `busy_timeout` for another process's write
@@ -198,41 +173,7 @@ fn cell(row: &SqliteRow, position: usize) -> Result<Cell, StoreError> {
     }
 }
 
-impl Connection for SqliteConnection {
-    async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
-        let result = query_of(statement).execute(&mut *self).await?;
-        Ok(result.rows_affected())
-    }
-
-    async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
-        let found = query_of(statement).fetch_all(&mut *self).await?;
-        rows_of(found, cell)
-    }
-
-    async fn fetch_optional<'a>(
-        &'a mut self,
-        statement: Statement<'a>,
-    ) -> Result<Option<Row>, StoreError> {
-        let found = query_of(statement).fetch_optional(&mut *self).await?;
-        Ok(rows_of(found.into_iter().collect(), cell)?.pop())
-    }
-
-    fn fetch_stream<'a>(
-        &'a mut self,
-        statement: Statement<'a>,
-    ) -> BoxStream<'a, Result<Row, StoreError>> {
-        let rows = query_of(statement)
-            .fetch(self)
-            .map_err(StoreError::from)
-            .boxed();
-        stream_of(rows, cell)
-    }
-
-    async fn execute_script(&mut self, script: &'static str) -> Result<(), StoreError> {
-        sqlx::raw_sql(script).execute(&mut *self).await?;
-        Ok(())
-    }
-}
+crate::sql::connection_as_written!(SqliteConnection, query_of, cell);
 
 fn rows(values: Vec<serde_json::Value>) -> String {
     serde_json::Value::Array(values).to_string()
@@ -380,7 +321,7 @@ impl Dialect for SqliteConnection {
                 .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
                 .collect(),
         );
-        let found = sqlx::query_as::<_, (String, String, i64, String, String, Option<i64>)>(
+        let found = sqlx::query_as::<_, LockedStockRow>(
             "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
              sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
              WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
@@ -388,19 +329,7 @@ impl Dialect for SqliteConnection {
         .bind(parameter)
         .fetch_all(&mut *self)
         .await?;
-        let mut available = BTreeMap::new();
-        let mut skus = HashMap::new();
-        for (sku, warehouse, count, status, shop, per_user_limit) in found {
-            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
-            let warehouse =
-                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            skus.insert(
-                sku.clone(),
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-            available.insert((sku, warehouse), count);
-        }
-        Ok((available, skus))
+        locked_stock_of(found)
     }
 
     async fn sku_facts(
@@ -411,21 +340,14 @@ impl Dialect for SqliteConnection {
             return Ok(HashMap::new());
         }
         let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
-        let found = sqlx::query_as::<_, (String, String, String, Option<i64>)>(
+        let found = sqlx::query_as::<_, SkuFactsRow>(
             "SELECT code, sale_status, shop, per_user_limit FROM sku \
              WHERE code IN (SELECT value FROM json_each($1))",
         )
         .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
         .fetch_all(&mut *self)
         .await?;
-        let mut facts = HashMap::with_capacity(found.len());
-        for (code, status, shop, per_user_limit) in found {
-            facts.insert(
-                SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
-                decode_sku_facts(&status, &shop, per_user_limit)?,
-            );
-        }
-        Ok(facts)
+        sku_facts_of(found)
     }
 
     /// The stock rows' updates and the reservations' rows, one statement per table,

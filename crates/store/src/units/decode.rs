@@ -1,10 +1,13 @@
 //! Reading stored values back: parsing what a row holds into domain types, and the
 //! errors that say a stored value or an expected row was not what the store wrote.
 
+use std::collections::{BTreeMap, HashMap};
+
+use crate::backend::LockedStock;
 use crate::error::StoreError;
 use crate::model::StoredResponse;
 use crate::plan::SkuFacts;
-use domain::{SaleStatus, ShopCode};
+use domain::{SaleStatus, ShopCode, SkuCode, WarehouseCode};
 
 pub(crate) fn invariant(message: impl Into<String>) -> StoreError {
     StoreError::Invariant(message.into())
@@ -77,4 +80,42 @@ pub(crate) fn stored_response(
     }
     let status = u16::try_from(status_code).map_err(|error| corrupt("status code", error))?;
     Ok(Some(StoredResponse { status, body }))
+}
+
+/// A locked stock row as the backends read it: sku, warehouse, available, and its SKU's
+/// sale status, shop and per-user limit.
+pub(crate) type LockedStockRow = (String, String, i64, String, String, Option<i64>);
+
+/// A SKU's facts as the backends read them: code, sale status, shop, per-user limit.
+pub(crate) type SkuFactsRow = (String, String, String, Option<i64>);
+
+/// The locked rows' available counts and their SKUs' facts.
+pub(crate) fn locked_stock_of(found: Vec<LockedStockRow>) -> Result<LockedStock, StoreError> {
+    let mut available = BTreeMap::new();
+    let mut facts = HashMap::new();
+    for (sku, warehouse, count, status, shop, per_user_limit) in found {
+        let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+        let warehouse =
+            WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+        facts.insert(
+            sku.clone(),
+            decode_sku_facts(&status, &shop, per_user_limit)?,
+        );
+        available.insert((sku, warehouse), count);
+    }
+    Ok((available, facts))
+}
+
+/// The SKUs' facts, by code.
+pub(crate) fn sku_facts_of(
+    found: Vec<SkuFactsRow>,
+) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+    let mut facts = HashMap::with_capacity(found.len());
+    for (code, status, shop, per_user_limit) in found {
+        facts.insert(
+            SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
+            decode_sku_facts(&status, &shop, per_user_limit)?,
+        );
+    }
+    Ok(facts)
 }
