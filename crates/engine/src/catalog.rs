@@ -448,37 +448,7 @@ impl Engine {
                 "the cart of '{user}' is empty"
             )));
         }
-        let mut lines = Vec::new();
-        let mut skipped = Vec::new();
-        for line in &cart.lines {
-            match line.problem() {
-                Some(problem) => skipped.push(SkippedLine {
-                    sku: line.sku.clone(),
-                    quantity: line.quantity,
-                    problem,
-                }),
-                None => lines.push(ReservationLine {
-                    sku: line.sku.clone(),
-                    warehouse: WarehouseCode::default_warehouse(),
-                    quantity: Quantity::new(line.quantity)
-                        .map_err(|error| EngineError::Internal(error.0))?,
-                }),
-            }
-        }
-        if lines.is_empty() {
-            let first = skipped[0].problem;
-            let reasons: Vec<String> = skipped
-                .iter()
-                .map(|line| format!("{} ({})", line.sku, line.problem.as_str()))
-                .collect();
-            return Err(EngineError::Refused {
-                code: first.code(),
-                detail: format!(
-                    "no line of the cart can be ordered now: {}",
-                    reasons.join(", ")
-                ),
-            });
-        }
+        let (lines, skipped) = orderable_lines(&cart)?;
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
         let shop = self
             .scope_of_skus(principal, Action::UseCarts, &skus)
@@ -494,20 +464,11 @@ impl Engine {
             .iter()
             .map(|line| (line.sku.clone(), line.quantity.get()))
             .collect();
-        let now = self.now();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
             TtlSeconds::get,
         );
-        let order = NewOrder {
-            id: OrderId::generate(now, rand::random()),
-            shop,
-            user: user.clone(),
-            reservation_id: ReservationId::generate(now, rand::random()),
-            lines,
-            expires_at: now.plus_seconds(ttl_seconds),
-            skipped: Some(skipped),
-        };
+        let order = checkout_order(self.now(), shop, user, lines, skipped, ttl_seconds);
         let renderer = self.inner.renderer.as_ref();
         let reply = self
             .idempotent("checkout", claim, || {
@@ -531,5 +492,63 @@ impl Engine {
             }
         }
         Ok(reply)
+    }
+}
+
+/// A cart's lines split into what can be ordered now and what cannot (with why); a
+/// cart with nothing to order is refused with the first line's problem.
+fn orderable_lines(cart: &Cart) -> Result<(Vec<ReservationLine>, Vec<SkippedLine>), EngineError> {
+    let mut lines = Vec::new();
+    let mut skipped = Vec::new();
+    for line in &cart.lines {
+        match line.problem() {
+            Some(problem) => skipped.push(SkippedLine {
+                sku: line.sku.clone(),
+                quantity: line.quantity,
+                problem,
+            }),
+            None => lines.push(ReservationLine {
+                sku: line.sku.clone(),
+                warehouse: WarehouseCode::default_warehouse(),
+                quantity: Quantity::new(line.quantity)
+                    .map_err(|error| EngineError::Internal(error.0))?,
+            }),
+        }
+    }
+    if lines.is_empty() {
+        let first = skipped[0].problem;
+        let reasons: Vec<String> = skipped
+            .iter()
+            .map(|line| format!("{} ({})", line.sku, line.problem.as_str()))
+            .collect();
+        return Err(EngineError::Refused {
+            code: first.code(),
+            detail: format!(
+                "no line of the cart can be ordered now: {}",
+                reasons.join(", ")
+            ),
+        });
+    }
+    Ok((lines, skipped))
+}
+
+/// The order a checkout places: the orderable lines, held for `ttl_seconds`, with the
+/// lines it skipped for the answer.
+fn checkout_order(
+    now: Timestamp,
+    shop: store::ShopScope,
+    user: &UserId,
+    lines: Vec<ReservationLine>,
+    skipped: Vec<SkippedLine>,
+    ttl_seconds: i64,
+) -> NewOrder {
+    NewOrder {
+        id: OrderId::generate(now, rand::random()),
+        shop,
+        user: user.clone(),
+        reservation_id: ReservationId::generate(now, rand::random()),
+        lines,
+        expires_at: now.plus_seconds(ttl_seconds),
+        skipped: Some(skipped),
     }
 }

@@ -103,6 +103,97 @@ fn parsed<T>(
     parse(text).map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))
 }
 
+/// A demo product's opening stock, received; its SKUs noted in the summary.
+async fn receive_demo_stock(
+    engine: &Engine,
+    product: &DemoProduct,
+    summary: &mut DemoSummary,
+) -> Result<(), EngineError> {
+    let admin = Principal::Admin;
+    for (code, _, _, units) in product.skus {
+        summary.skus.push((*code).to_owned());
+        if *units > 0 {
+            let quantity = Quantity::new(*units).map_err(|error| EngineError::Internal(error.0))?;
+            engine
+                .record_movement(
+                    &admin,
+                    &claim(format!("demo-receive-{code}"))?,
+                    parsed(SkuCode::parse, code)?,
+                    None,
+                    MovementQuantity::Receive(quantity),
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// One demo product: created, its stock received, and put on the shelf when it is
+/// complete. Answers its id.
+async fn load_demo_product(
+    engine: &Engine,
+    shop: &ShopCode,
+    product: &DemoProduct,
+    summary: &mut DemoSummary,
+) -> Result<String, EngineError> {
+    let admin = Principal::Admin;
+    let mut skus = Vec::new();
+    for (code, price, spec, _) in product.skus {
+        skus.push(DraftSku {
+            code: parsed(SkuCode::parse, code)?,
+            price: PriceMinor::new(*price).map_err(|error| EngineError::Internal(error.0))?,
+            currency: parsed(Currency::parse, "CNY")?,
+            spec: (*spec).to_owned(),
+            per_user_limit: None,
+        });
+    }
+    let draft = ProductDraft {
+        title: parsed(Title::parse, product.title)?,
+        image_url: product
+            .image
+            .map(|url| parsed(ImageUrl::parse, url))
+            .transpose()?,
+        category: parsed(CategoryCode::parse, product.category)?,
+        supplier: parsed(SupplierCode::parse, product.supplier)?,
+        shop: shop.clone(),
+        skus,
+    };
+    let reply = engine
+        .create_product(
+            &admin,
+            &claim(format!("demo-product-{}", product.key))?,
+            draft,
+        )
+        .await?;
+    let body: serde_json::Value = serde_json::from_str(&reply.response.body)
+        .map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))?;
+    let product_id = body["product_id"]
+        .as_str()
+        .ok_or_else(|| EngineError::Internal(format!("demo catalog: {}", reply.response.body)))?
+        .to_owned();
+    receive_demo_stock(engine, product, summary).await?;
+    if product.on_shelf {
+        let request = ShelfRequest {
+            operation: ShelfOperation::On,
+            scheduled_at: None,
+            selector: TargetSelector {
+                product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
+                ..TargetSelector::default()
+            },
+            expected_versions: HashMap::new(),
+            remark: "demo catalog".into(),
+        };
+        engine
+            .shelf(
+                &admin,
+                &claim(format!("demo-shelf-{}", product.key))?,
+                request,
+            )
+            .await?;
+    }
+    Ok(product_id)
+}
+
 /// Loads the demo catalog: five products in shop `demo-market` (one left pending
 /// review: it has no image), their stock (eggs at zero: temporarily out of stock),
 /// an operator `demo-operator` of that shop and a service key `demo-checkout` for its
@@ -112,75 +203,7 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
     let mut summary = DemoSummary::default();
     let shop = parsed(ShopCode::parse, SHOP)?;
     for product in CATALOG {
-        let mut skus = Vec::new();
-        for (code, price, spec, _) in product.skus {
-            skus.push(DraftSku {
-                code: parsed(SkuCode::parse, code)?,
-                price: PriceMinor::new(*price).map_err(|error| EngineError::Internal(error.0))?,
-                currency: parsed(Currency::parse, "CNY")?,
-                spec: (*spec).to_owned(),
-                per_user_limit: None,
-            });
-        }
-        let draft = ProductDraft {
-            title: parsed(Title::parse, product.title)?,
-            image_url: product
-                .image
-                .map(|url| parsed(ImageUrl::parse, url))
-                .transpose()?,
-            category: parsed(CategoryCode::parse, product.category)?,
-            supplier: parsed(SupplierCode::parse, product.supplier)?,
-            shop: shop.clone(),
-            skus,
-        };
-        let reply = engine
-            .create_product(
-                &admin,
-                &claim(format!("demo-product-{}", product.key))?,
-                draft,
-            )
-            .await?;
-        let body: serde_json::Value = serde_json::from_str(&reply.response.body)
-            .map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))?;
-        let product_id = body["product_id"]
-            .as_str()
-            .ok_or_else(|| EngineError::Internal(format!("demo catalog: {}", reply.response.body)))?
-            .to_owned();
-        for (code, _, _, units) in product.skus {
-            summary.skus.push((*code).to_owned());
-            if *units > 0 {
-                let quantity =
-                    Quantity::new(*units).map_err(|error| EngineError::Internal(error.0))?;
-                engine
-                    .record_movement(
-                        &admin,
-                        &claim(format!("demo-receive-{code}"))?,
-                        parsed(SkuCode::parse, code)?,
-                        None,
-                        MovementQuantity::Receive(quantity),
-                    )
-                    .await?;
-            }
-        }
-        if product.on_shelf {
-            let request = ShelfRequest {
-                operation: ShelfOperation::On,
-                scheduled_at: None,
-                selector: TargetSelector {
-                    product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
-                    ..TargetSelector::default()
-                },
-                expected_versions: HashMap::new(),
-                remark: "demo catalog".into(),
-            };
-            engine
-                .shelf(
-                    &admin,
-                    &claim(format!("demo-shelf-{}", product.key))?,
-                    request,
-                )
-                .await?;
-        }
+        let product_id = load_demo_product(engine, &shop, product, &mut summary).await?;
         summary.product_ids.push(product_id);
     }
     let operator = parsed(OperatorId::parse, "demo-operator")?;

@@ -322,18 +322,7 @@ impl Engine {
             .as_ref()
             .and_then(|intent| intent.metadata.get("attempt_id"))
             .and_then(|id| PaymentAttemptId::parse(id).ok());
-        let claimed = match (event.kind.as_str(), &intent) {
-            ("payment_intent.succeeded", Some(intent)) => Some(GatewayOutcome::Succeeded {
-                payment_id: intent.id.clone(),
-            }),
-            ("payment_intent.payment_failed" | "payment_intent.canceled", Some(intent)) => {
-                Some(GatewayOutcome::Failed {
-                    payment_id: Some(intent.id.clone()),
-                    reason: failure_reason(intent),
-                })
-            }
-            _ => None,
-        };
+        let claimed = claimed_outcome(&event.kind, intent.as_ref());
         let outcome = match (claimed, &intent) {
             (Some(claimed), Some(intent)) => {
                 self.verified_outcome(payments, intent, attempt.as_ref(), claimed)
@@ -672,5 +661,23 @@ impl Engine {
             .payment_gauges(self.now())
             .await
             .map_err(|error| log_store_error("payment_gauges", error))
+    }
+}
+
+/// What a webhook event claims about its payment (verified with the gateway before it
+/// is applied); `None` for an event that settles nothing.
+fn claimed_outcome(kind: &str, intent: Option<&PaymentIntent>) -> Option<GatewayOutcome> {
+    let intent = intent?;
+    match kind {
+        "payment_intent.succeeded" => Some(GatewayOutcome::Succeeded {
+            payment_id: intent.id.clone(),
+        }),
+        "payment_intent.payment_failed" | "payment_intent.canceled" => {
+            Some(GatewayOutcome::Failed {
+                payment_id: Some(intent.id.clone()),
+                reason: failure_reason(intent),
+            })
+        }
+        _ => None,
     }
 }

@@ -491,38 +491,7 @@ mod bulk {
                 columns.total_quantities.push(*quantity);
             }
             for reservation in reservations {
-                columns
-                    .reservation_ids
-                    .push(reservation.id.as_str().to_owned());
-                columns
-                    .reservation_shops
-                    .push(reservation.shop.as_str().to_owned());
-                columns
-                    .reservation_users
-                    .push(reservation.user.map(str::to_owned));
-                columns
-                    .reservation_orders
-                    .push(reservation.order.map(|order| order.as_str().to_owned()));
-                columns
-                    .reservation_expiries
-                    .push(reservation.expires_at.unix_milliseconds());
-                columns
-                    .reservation_keys
-                    .push(reservation.request_key.map(str::to_owned));
-                for (line_number, line) in reservation.lines.iter().enumerate() {
-                    columns
-                        .line_reservations
-                        .push(reservation.id.as_str().to_owned());
-                    columns
-                        .line_numbers
-                        .push(i64::try_from(line_number).unwrap_or(i64::MAX));
-                    columns.line_skus.push(line.sku.as_str().to_owned());
-                    columns
-                        .line_warehouses
-                        .push(line.warehouse.as_str().to_owned());
-                    columns.line_quantities.push(line.quantity.get());
-                    columns.line_keys.push(reservation.ledger_key.to_owned());
-                }
+                columns.push_reservation(reservation);
             }
             let mut sorted_records: Vec<&(&IdempotencyClaim, &StoredResponse)> =
                 records.iter().collect();
@@ -534,6 +503,33 @@ mod bulk {
                 columns.record_bodies.push(response.body.clone());
             }
             columns
+        }
+
+        /// One reservation's columns, and its lines'.
+        fn push_reservation(&mut self, reservation: &NewReservation<'_>) {
+            self.reservation_ids
+                .push(reservation.id.as_str().to_owned());
+            self.reservation_shops
+                .push(reservation.shop.as_str().to_owned());
+            self.reservation_users
+                .push(reservation.user.map(str::to_owned));
+            self.reservation_orders
+                .push(reservation.order.map(|order| order.as_str().to_owned()));
+            self.reservation_expiries
+                .push(reservation.expires_at.unix_milliseconds());
+            self.reservation_keys
+                .push(reservation.request_key.map(str::to_owned));
+            for (line_number, line) in reservation.lines.iter().enumerate() {
+                self.line_reservations
+                    .push(reservation.id.as_str().to_owned());
+                self.line_numbers
+                    .push(i64::try_from(line_number).unwrap_or(i64::MAX));
+                self.line_skus.push(line.sku.as_str().to_owned());
+                self.line_warehouses
+                    .push(line.warehouse.as_str().to_owned());
+                self.line_quantities.push(line.quantity.get());
+                self.line_keys.push(reservation.ledger_key.to_owned());
+            }
         }
 
         /// The functions' arguments: `leading` ones first, then the columns in the

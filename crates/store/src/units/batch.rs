@@ -181,9 +181,16 @@ impl<B: Backend> Units<B> {
     /// nothing and may be retried.
     ///
     /// The batch costs a fixed number of statements whatever its size: each step is one
-    /// bulk statement (`bulk` in each dialect), which is what lets the engine's combiner
-    /// fold hundreds of requests into one transaction and one commit. `turn` orders the
-    /// row-lock step after the previous batch of the same queue (see [`LockTurn`]).
+    /// bulk statement (the backend's `Dialect` batch methods), which is what lets the
+    /// engine's combiner fold hundreds of requests into one transaction and one commit.
+    /// `turn` orders the row-lock step after the previous batch of the same queue (see
+    /// [`LockTurn`]).
+    ///
+    /// Longer than 70 lines on purpose: each step is a function of its own, and what
+    /// stays here, with a comment per step, is their order — rendering before any lock,
+    /// the fast path before the turn, the turn around the row locks, one transaction
+    /// from the key lookup to the commit — which is the protocol, and reads (and is
+    /// reviewed) as one sequence.
     pub async fn reserve_batch(
         &self,
         requests: &[ReserveRequest],

@@ -15,9 +15,11 @@ use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, read_tallies};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
-use crate::model::{IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer};
+use crate::model::{
+    IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, StoredResponse,
+};
 use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
-use crate::plan::{PlanRequest, PurchaseKey, StockKey, plan_batch};
+use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
 use crate::sql::statement;
 use domain::{
     AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId,
@@ -534,6 +536,48 @@ pub(crate) async fn load_order<C: Dialect>(
     }))
 }
 
+/// A paid order cancelled by staff: `REFUND_PENDING`, with a refund of the attempt that
+/// paid it for the refund worker to issue.
+pub(crate) async fn cancel_paid_order<C: Dialect>(
+    transaction: &mut C,
+    order: &OrderId,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    move_order(
+        &mut *transaction,
+        order,
+        OrderStatus::Paid,
+        OrderStatus::RefundPending,
+        "cancelled after payment: refund",
+        now,
+    )
+    .await?;
+    let Some(paid_by) = paying_attempt(&mut *transaction, order).await? else {
+        return Err(invariant(format!(
+            "paid order {order} has no succeeded attempt"
+        )));
+    };
+    insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await
+}
+
+/// A change's answer about an order: its refusal, or the order as the change left it.
+pub(crate) async fn order_answer<C: Dialect>(
+    transaction: &mut C,
+    order: &OrderId,
+    refusal: Option<Rejection>,
+    renderer: &dyn ResponseRenderer,
+) -> Result<StoredResponse, StoreError> {
+    Ok(match refusal {
+        Some(rejection) => renderer.rejected(&rejection),
+        None => {
+            let loaded = load_order(&mut *transaction, order)
+                .await?
+                .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+            renderer.order(&loaded, false)
+        }
+    })
+}
+
 impl<B: Backend> Units<B> {
     /// An order and its reservation, in one transaction: all lines reserved or none,
     /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
@@ -550,6 +594,46 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
+        let plan = self.plan_order(&mut *transaction, order).await?;
+        let decided = plan.decisions[0].clone();
+        let priced = match decided {
+            Ok(shop) => price_order(&mut *transaction, order)
+                .await?
+                .map(|prices| (shop, prices)),
+            Err(rejection) => Err(rejection),
+        };
+        let response = match priced {
+            Err(rejection) => renderer.rejected(&rejection),
+            Ok((shop, prices)) => {
+                write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
+                add_to_tallies(
+                    &mut *transaction,
+                    &plan.holds_added,
+                    &plan.purchases_added,
+                    self.limits().open_holds_max,
+                )
+                .await?;
+                let created = load_order(&mut *transaction, &order.id)
+                    .await?
+                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
+                match &order.skipped {
+                    Some(skipped) => renderer.checked_out(&created, skipped),
+                    None => renderer.order(&created, true),
+                }
+            }
+        };
+        complete_claim(&mut *transaction, claim, &response).await?;
+        transaction.commit().await?;
+        Ok(Idempotent::Executed(response))
+    }
+
+    /// Locks an order's stock rows (in the global order) and its shopper's tallies, and
+    /// decides it like a reservation batch of one.
+    async fn plan_order(
+        &self,
+        transaction: &mut B::Connection,
+        order: &NewOrder,
+    ) -> Result<BatchPlan, StoreError> {
         let mut wanted: Vec<StockKey> = order
             .lines
             .iter()
@@ -582,7 +666,7 @@ impl<B: Backend> Units<B> {
             self.limits().open_holds_max,
         )
         .await?;
-        let plan = plan_batch(
+        Ok(plan_batch(
             [PlanRequest {
                 lines: &order.lines,
                 shop: &order.shop,
@@ -591,37 +675,7 @@ impl<B: Backend> Units<B> {
             &skus,
             &available,
             &tallies,
-        );
-        let decided = plan.decisions[0].clone();
-        let priced = match decided {
-            Ok(shop) => price_order(&mut *transaction, order)
-                .await?
-                .map(|prices| (shop, prices)),
-            Err(rejection) => Err(rejection),
-        };
-        let response = match priced {
-            Err(rejection) => renderer.rejected(&rejection),
-            Ok((shop, prices)) => {
-                write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
-                add_to_tallies(
-                    &mut *transaction,
-                    &plan.holds_added,
-                    &plan.purchases_added,
-                    self.limits().open_holds_max,
-                )
-                .await?;
-                let created = load_order(&mut *transaction, &order.id)
-                    .await?
-                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
-                match &order.skipped {
-                    Some(skipped) => renderer.checked_out(&created, skipped),
-                    None => renderer.order(&created, true),
-                }
-            }
-        };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        ))
     }
 
     /// The shop an order belongs to (fixed at creation).
@@ -752,21 +806,7 @@ impl<B: Backend> Units<B> {
                 "the order is paid: cancelling it (and refunding) is a staff decision",
             )),
             Some((OrderStatus::Paid, _, _)) => {
-                move_order(
-                    &mut *transaction,
-                    order,
-                    OrderStatus::Paid,
-                    OrderStatus::RefundPending,
-                    "cancelled after payment: refund",
-                    now,
-                )
-                .await?;
-                let Some(paid_by) = paying_attempt(&mut *transaction, order).await? else {
-                    return Err(invariant(format!(
-                        "paid order {order} has no succeeded attempt"
-                    )));
-                };
-                insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await?;
+                cancel_paid_order(&mut *transaction, order, now).await?;
                 None
             }
             // Not a transition the table allows: the payment's outcome decides first.
@@ -779,15 +819,7 @@ impl<B: Backend> Units<B> {
                 format!("an order cannot be cancelled from {}", status.as_str()),
             )),
         };
-        let response = match refusal {
-            Some(rejection) => renderer.rejected(&rejection),
-            None => {
-                let loaded = load_order(&mut *transaction, order)
-                    .await?
-                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
-                renderer.order(&loaded, false)
-            }
-        };
+        let response = order_answer(&mut *transaction, order, refusal, renderer).await?;
         complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))
@@ -860,15 +892,7 @@ impl<B: Backend> Units<B> {
                 }
             }
         };
-        let response = match refusal {
-            Some(rejection) => renderer.rejected(&rejection),
-            None => {
-                let loaded = load_order(&mut *transaction, order)
-                    .await?
-                    .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
-                renderer.order(&loaded, false)
-            }
-        };
+        let response = order_answer(&mut *transaction, order, refusal, renderer).await?;
         complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(Idempotent::Executed(response))

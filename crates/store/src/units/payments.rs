@@ -315,6 +315,80 @@ pub(crate) async fn set_attempt_status<C: Dialect>(
     expect_one_row(updated, "settling a locked payment attempt")
 }
 
+/// A success for an order another attempt paid already: a second charge, recorded as
+/// a failed attempt and refunded, so the order keeps one charge.
+pub(crate) async fn refund_second_charge<C: Dialect>(
+    transaction: &mut C,
+    settling: &Settling<'_>,
+    paid_by: &str,
+    payment_id: &str,
+) -> Result<(), StoreError> {
+    let Settling {
+        attempt,
+        order,
+        now,
+        ..
+    } = *settling;
+    let reason =
+        format!("charged ({payment_id}) after attempt {paid_by} had paid the order: refunded");
+    tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
+    set_attempt_status(
+        transaction,
+        attempt,
+        AttemptStatus::Failed,
+        Some(payment_id),
+        Some(&reason),
+        now,
+    )
+    .await?;
+    insert_refund(
+        transaction,
+        attempt,
+        now,
+        "a second payment for an order paid already",
+    )
+    .await
+}
+
+/// A success for an order that still holds its stock: the reservation confirmed, the
+/// order `PAID`.
+pub(crate) async fn pay_holding_order<C: Dialect>(
+    transaction: &mut C,
+    settling: &Settling<'_>,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let Settling {
+        order,
+        order_status,
+        reservation,
+        now,
+        ..
+    } = *settling;
+    let Ok(()) = settle_order_reservation(
+        transaction,
+        order,
+        reservation,
+        ReservationAction::Confirm,
+        ReleaseReason::Requested,
+        now,
+    )
+    .await?
+    else {
+        return Err(invariant(format!(
+            "order {order}: its reservation could not be confirmed"
+        )));
+    };
+    move_order(
+        transaction,
+        order,
+        order_status,
+        OrderStatus::Paid,
+        reason,
+        now,
+    )
+    .await
+}
+
 /// The gateway says the attempt succeeded: the order is paid (or, when its stock was
 /// given back, takes it again or is refunded); a second charge is refunded.
 pub(crate) async fn apply_success<C: Dialect>(
@@ -341,25 +415,7 @@ pub(crate) async fn apply_success<C: Dialect>(
     .fetch_optional_scalar(&mut *transaction)
     .await?;
     if let Some(paid_by) = paid_by {
-        let reason =
-            format!("charged ({payment_id}) after attempt {paid_by} had paid the order: refunded");
-        tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
-        set_attempt_status(
-            transaction,
-            attempt,
-            AttemptStatus::Failed,
-            Some(payment_id),
-            Some(&reason),
-            now,
-        )
-        .await?;
-        insert_refund(
-            transaction,
-            attempt,
-            now,
-            "a second payment for an order paid already",
-        )
-        .await?;
+        refund_second_charge(transaction, settling, &paid_by, payment_id).await?;
         return Ok(Some(order_status));
     }
     set_attempt_status(
@@ -380,29 +436,7 @@ pub(crate) async fn apply_success<C: Dialect>(
             | OrderStatus::PaymentFailed,
             ReservationStatus::Reserved,
         ) => {
-            let Ok(()) = settle_order_reservation(
-                transaction,
-                order,
-                reservation,
-                ReservationAction::Confirm,
-                ReleaseReason::Requested,
-                now,
-            )
-            .await?
-            else {
-                return Err(invariant(format!(
-                    "order {order}: its reservation could not be confirmed"
-                )));
-            };
-            move_order(
-                transaction,
-                order,
-                order_status,
-                OrderStatus::Paid,
-                &reason,
-                now,
-            )
-            .await?;
+            pay_holding_order(transaction, settling, &reason).await?;
             Ok(Some(OrderStatus::Paid))
         }
         (
@@ -640,6 +674,29 @@ pub(crate) fn retry_delay(lease_milliseconds: i64, tries_before: i64) -> i64 {
 /// The longest wait between two tries of one refund or one attempt: an hour.
 pub(crate) const RETRY_MILLISECONDS_MAX: i64 = 3_600_000;
 
+/// What decides whether a pay request may start an attempt: whether the order still
+/// holds its stock (a declined order keeps its hold and may be paid again with another
+/// card; one declined before that was possible gave its stock back), and whether this
+/// request started an attempt already (its retry learns that attempt's outcome; it
+/// never starts another).
+pub(crate) async fn payment_facts<C: Dialect>(
+    transaction: &mut C,
+    order: &OrderId,
+    reservation: &ReservationId,
+    claim: &IdempotencyClaim,
+) -> Result<(bool, bool), StoreError> {
+    let holds_stock =
+        reservation_status(&mut *transaction, reservation).await? == ReservationStatus::Reserved;
+    let started: Option<i64> = statement(
+        "SELECT attempt_number FROM payment_attempt WHERE order_id = $1 AND request_key = $2 LIMIT 1",
+    )
+    .bind(order.as_str())
+    .bind(claim.key.as_str())
+    .fetch_optional_scalar(&mut *transaction)
+    .await?;
+    Ok((holds_stock, started.is_some()))
+}
+
 impl<B: Backend> Units<B> {
     /// Starts paying an order: `PENDING_PAYMENT → PAYMENT_PROCESSING` with a new
     /// attempt, committed before the gateway is called. An order already processing
@@ -658,29 +715,11 @@ impl<B: Backend> Units<B> {
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
         let locked = lock_order(&mut *transaction, order).await?;
-        // A declined order keeps its hold and may be paid again with another card; an
-        // order declined before that was possible gave its stock back.
-        let holds_stock = match &locked {
+        let (holds_stock, started_by_this_request) = match &locked {
             Some((_, reservation, _)) => {
-                reservation_status(&mut *transaction, reservation).await?
-                    == ReservationStatus::Reserved
+                payment_facts(&mut *transaction, order, reservation, claim).await?
             }
-            None => false,
-        };
-        // A retry of the request that started an attempt learns that attempt's
-        // outcome; it never starts another.
-        let started_by_this_request = match &locked {
-            Some(_) => {
-                let started: Option<i64> = statement(
-                    "SELECT attempt_number FROM payment_attempt WHERE order_id = $1 AND request_key = $2 LIMIT 1",
-                )
-                .bind(order.as_str())
-                .bind(claim.key.as_str())
-                .fetch_optional_scalar(&mut *transaction)
-                .await?;
-                started.is_some()
-            }
-            None => false,
+            None => (false, false),
         };
         if let Some((status, _, expires_at)) = &locked
             && status.accepts_a_payment_attempt()

@@ -108,6 +108,76 @@ pub(crate) async fn insert_shelf_log<C: Dialect>(
     Ok(())
 }
 
+/// A sale-status change decided for one target.
+#[derive(Clone, Copy)]
+pub(crate) struct ShelfStep<'a> {
+    pub(crate) change: &'a ShelfChange,
+    pub(crate) target: &'a ShelfTarget,
+    pub(crate) operation: &'a str,
+    pub(crate) from: SaleStatus,
+    pub(crate) to: SaleStatus,
+}
+
+/// Writes a decided sale-status change: a conditional update on (status, version) and
+/// its shelf-log line. A SKU that changed since it was read is refused.
+pub(crate) async fn change_sale_status<C: Dialect>(
+    transaction: &mut C,
+    step: ShelfStep<'_>,
+    version: i64,
+    now: Timestamp,
+) -> Result<ShelfOutcome, StoreError> {
+    let updated = statement(
+        "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
+         WHERE code = $1 AND sale_status = $4 AND version = $5",
+    )
+    .bind(step.target.sku.as_str())
+    .bind(step.to.as_str())
+    .bind(now.unix_milliseconds())
+    .bind(step.from.as_str())
+    .bind(version)
+    .execute(&mut *transaction)
+    .await?;
+    if updated != 1 {
+        return Ok(ShelfOutcome::Refused {
+            code: ErrorCode::VersionConflict,
+            reason: format!("sku '{}' changed concurrently", step.target.sku),
+            missing: Vec::new(),
+        });
+    }
+    let line = LogLine {
+        target: step.target,
+        actor: &step.change.actor,
+        from: step.from,
+        to: step.to,
+        operation: step.operation,
+        repeated: false,
+        remark: &step.change.remark,
+    };
+    insert_shelf_log(transaction, line, now).await?;
+    Ok(ShelfOutcome::Changed {
+        from: step.from,
+        to: step.to,
+        version: version + 1,
+    })
+}
+
+/// The refusal of a change whose operator read the SKU at another version.
+pub(crate) fn version_conflict(
+    change: &ShelfChange,
+    target: &ShelfTarget,
+    version: i64,
+) -> Option<ShelfOutcome> {
+    let expected = change.expected_versions.get(&target.sku)?;
+    (*expected != version).then(|| ShelfOutcome::Refused {
+        code: ErrorCode::VersionConflict,
+        reason: format!(
+            "sku '{}' is at version {version}, not {expected}: it changed since it was read",
+            target.sku
+        ),
+        missing: Vec::new(),
+    })
+}
+
 /// What a shelf change does to one locked target: changed (logged), repeated (logged),
 /// or refused (unknown SKU, stale version, a step the table lacks, an incomplete
 /// product).
@@ -131,53 +201,19 @@ pub(crate) async fn shelf_outcome<C: Dialect>(
             Vec::new(),
         ));
     };
-    if let Some(expected) = change.expected_versions.get(&target.sku)
-        && *expected != state.version
-    {
-        return Ok(refused(
-            ErrorCode::VersionConflict,
-            format!(
-                "sku '{}' is at version {}, not {expected}: it changed since it was read",
-                target.sku, state.version
-            ),
-            Vec::new(),
-        ));
+    if let Some(conflict) = version_conflict(change, target, state.version) {
+        return Ok(conflict);
     }
     let outcome = match decide_shelf_change(state.status, change.operation, state.completeness) {
         ShelfDecision::Change { from, to } => {
-            let updated = statement(
-                "UPDATE sku SET sale_status = $2, version = version + 1, updated_at = $3 \
-                 WHERE code = $1 AND sale_status = $4 AND version = $5",
-            )
-            .bind(target.sku.as_str())
-            .bind(to.as_str())
-            .bind(now.unix_milliseconds())
-            .bind(from.as_str())
-            .bind(state.version)
-            .execute(&mut *transaction)
-            .await?;
-            if updated != 1 {
-                return Ok(refused(
-                    ErrorCode::VersionConflict,
-                    format!("sku '{}' changed concurrently", target.sku),
-                    Vec::new(),
-                ));
-            }
-            let line = LogLine {
+            let step = ShelfStep {
+                change,
                 target,
-                actor: &change.actor,
-                from,
-                to,
                 operation,
-                repeated: false,
-                remark: &change.remark,
-            };
-            insert_shelf_log(transaction, line, now).await?;
-            ShelfOutcome::Changed {
                 from,
                 to,
-                version: state.version + 1,
-            }
+            };
+            change_sale_status(transaction, step, state.version, now).await?
         }
         ShelfDecision::Repeat(status) => {
             let line = LogLine {

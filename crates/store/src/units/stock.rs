@@ -246,6 +246,54 @@ pub(crate) async fn apply_movement<C: Dialect>(
     }))
 }
 
+/// Changes an existing SKU's fields. A change naming another shop is refused (a SKU's
+/// shop never changes); a new per-user limit first locks the SKU's stock rows, which a
+/// reservation locks before it reads the limit (like the sale status), so a new limit
+/// cannot slip past a reservation that commits after it.
+pub(crate) async fn update_existing_sku<C: Dialect>(
+    transaction: &mut C,
+    code: &SkuCode,
+    changes: &SkuChanges,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    let existing_shop: String = statement("SELECT shop FROM sku WHERE code = $1")
+        .bind(code.as_str())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+    if let Some(wanted) = &changes.shop
+        && wanted.as_str() != existing_shop
+    {
+        return Ok(Err(Rejection::new(
+            ErrorCode::AlreadyExists,
+            format!(
+                "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
+            ),
+        )));
+    }
+    if changes.per_user_limit.is_some() {
+        transaction.lock_stock_of_skus(&[code]).await?;
+    }
+    let updated = statement(
+        "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
+         currency = COALESCE($4, currency), \
+         low_stock_threshold = COALESCE($5, low_stock_threshold), \
+         per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
+         version = version + 1, updated_at = $8 WHERE code = $1",
+    )
+    .bind(code.as_str())
+    .bind(changes.title.as_deref())
+    .bind(changes.price.map(PriceMinor::get))
+    .bind(changes.currency.as_ref().map(Currency::as_str))
+    .bind(changes.low_stock_threshold)
+    .bind(i64::from(changes.per_user_limit.is_some()))
+    .bind(changes.per_user_limit.flatten())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "updating a sku")?;
+    Ok(Ok(()))
+}
+
 impl<B: Backend> Units<B> {
     pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
         let mut transaction = self.begin_read().await?;
@@ -307,47 +355,14 @@ impl<B: Backend> Units<B> {
         .execute(&mut *transaction)
         .await?;
         let created = inserted == 1;
-        if !created {
-            let existing_shop: String = statement("SELECT shop FROM sku WHERE code = $1")
-                .bind(code.as_str())
-                .fetch_one_scalar(&mut *transaction)
-                .await?;
-            if let Some(wanted) = &changes.shop
-                && wanted.as_str() != existing_shop
-            {
-                let response = renderer.rejected(&Rejection::new(
-                    ErrorCode::AlreadyExists,
-                    format!(
-                        "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
-                    ),
-                ));
-                complete_claim(&mut *transaction, claim, &response).await?;
-                transaction.commit().await?;
-                return Ok(Idempotent::Executed(response));
-            }
-            if changes.per_user_limit.is_some() {
-                // A reservation reads the limit after locking these rows (like the sale
-                // status), so a new limit cannot slip past one that commits after it.
-                transaction.lock_stock_of_skus(&[code]).await?;
-            }
-            let updated = statement(
-                "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
-                 currency = COALESCE($4, currency), \
-                 low_stock_threshold = COALESCE($5, low_stock_threshold), \
-                 per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
-                 version = version + 1, updated_at = $8 WHERE code = $1",
-            )
-            .bind(code.as_str())
-            .bind(changes.title.as_deref())
-            .bind(changes.price.map(PriceMinor::get))
-            .bind(changes.currency.as_ref().map(Currency::as_str))
-            .bind(changes.low_stock_threshold)
-            .bind(i64::from(changes.per_user_limit.is_some()))
-            .bind(changes.per_user_limit.flatten())
-            .bind(now.unix_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
-            expect_one_row(updated, "updating a sku")?;
+        if !created
+            && let Err(rejection) =
+                update_existing_sku(&mut *transaction, code, changes, now).await?
+        {
+            let response = renderer.rejected(&rejection);
+            complete_claim(&mut *transaction, claim, &response).await?;
+            transaction.commit().await?;
+            return Ok(Idempotent::Executed(response));
         }
         let sku = load_sku(&mut *transaction, code)
             .await?
