@@ -3,7 +3,7 @@
 
 use super::Units;
 use super::decode::{corrupt, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{Cart, CartLine, CartSku};
 use crate::error::StoreError;
@@ -133,9 +133,7 @@ impl<B: Backend> Units<B> {
             Some(rejection) => renderer.rejected(&rejection),
             None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user).await?),
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.

@@ -2,7 +2,7 @@
 
 use super::Units;
 use super::decode::{invariant, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::stock::load_sku;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{NewProduct, ProductChanges};
@@ -144,9 +144,7 @@ impl<B: Backend> Units<B> {
                 renderer.rejected(&rejection)
             }
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     pub async fn update_product(
@@ -186,9 +184,7 @@ impl<B: Backend> Units<B> {
                 format!("product '{id}' does not exist or was deleted"),
             ))
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {

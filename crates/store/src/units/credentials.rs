@@ -3,7 +3,7 @@
 
 use super::Units;
 use super::decode::{invariant, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{CredentialKind, NewCredential, ServiceKey};
 use crate::error::StoreError;
@@ -87,9 +87,7 @@ impl<B: Backend> Units<B> {
                 format!("operator '{operator}' already exists"),
             ))
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// A new service key of a shop; only the hash of its secret is stored.
@@ -117,9 +115,7 @@ impl<B: Backend> Units<B> {
             return Err(invariant("a freshly minted service key id was taken"));
         }
         let response = renderer.service_key_created(key, None);
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Revokes a service key: from now on its secret authenticates nobody.
@@ -149,9 +145,7 @@ impl<B: Backend> Units<B> {
                 format!("service key '{key}' does not exist"),
             )),
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Service keys, newest first (of one shop when given).

@@ -106,6 +106,22 @@ pub(crate) async fn complete_claim<C: Dialect>(
     expect_one_row(updated, "completing an idempotency claim")
 }
 
+/// Stores a unit of work's answer under its key and commits it with the unit's effect:
+/// the closing counterpart of [`claim_or_answer`].
+pub(crate) async fn commit_with_answer<T, C>(
+    mut transaction: T,
+    claim: &IdempotencyClaim,
+    response: StoredResponse,
+) -> Result<Idempotent, StoreError>
+where
+    T: std::ops::DerefMut<Target = C> + Finish,
+    C: Dialect,
+{
+    complete_claim(&mut *transaction, claim, &response).await?;
+    transaction.commit().await?;
+    Ok(Idempotent::Executed(response))
+}
+
 impl<B: Backend> Units<B> {
     /// Stores `response` under `claim`'s key on its own (for answers reached across
     /// several transactions, like a payment's). A key that already has a record keeps

@@ -5,7 +5,7 @@
 use super::Units;
 use super::batch::with_unlisted_skus;
 use super::decode::{expect_one_row, invariant, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
@@ -622,9 +622,7 @@ impl<B: Backend> Units<B> {
                 }
             }
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Locks an order's stock rows (in the global order) and its shopper's tallies, and
@@ -820,9 +818,7 @@ impl<B: Backend> Units<B> {
             )),
         };
         let response = order_answer(&mut *transaction, order, refusal, renderer).await?;
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// After-sale return: the order's goods go back to available stock, with `return`
@@ -893,8 +889,6 @@ impl<B: Backend> Units<B> {
             }
         };
         let response = order_answer(&mut *transaction, order, refusal, renderer).await?;
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 }

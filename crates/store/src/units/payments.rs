@@ -4,7 +4,7 @@
 
 use super::Units;
 use super::decode::{corrupt, derived_random, expect_one_row, invariant, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer, complete_claim};
 use super::orders::{
     OrderHold, load_order, lock_order, move_order, order_lines, release_order, reservation_status,
     write_order_hold,
@@ -811,9 +811,7 @@ impl<B: Backend> Units<B> {
             .await?
             .ok_or_else(|| invariant("an order vanished inside its own transaction"))?;
         let response = renderer.order(&settled, false);
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Applies a verified webhook event exactly once (by event id) in one transaction.

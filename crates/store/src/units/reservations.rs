@@ -3,7 +3,7 @@
 
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::stock::settle_line;
 use super::tallies::give_back_tallies;
 use crate::backend::{Backend, Dialect, Finish};
@@ -388,9 +388,7 @@ impl<B: Backend> Units<B> {
             }
             Err(rejection) => renderer.rejected(&rejection),
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Releases up to `limit` reservations whose hold ended at or before `now`. Several

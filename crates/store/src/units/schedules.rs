@@ -3,7 +3,7 @@
 
 use super::Units;
 use super::decode::{expect_one_row, invariant, parse_stored};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::shelf::{LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, shelf_target};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
@@ -108,9 +108,7 @@ impl<B: Backend> Units<B> {
             });
         }
         let response = renderer.shelf_results(&results);
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// The earliest pending schedule, for the worker's timer.

@@ -3,7 +3,7 @@
 
 use super::Units;
 use super::decode::parse_stored;
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
     Actor, ShelfChange, ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfTarget, TargetSelector,
@@ -12,8 +12,9 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
 use crate::sql::{built_statement, statement};
 use domain::{
-    Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus, ShelfDecision,
-    ShelfLogEntry, ShopCode, SkuCode, Timestamp, decide_shelf_change, operation_label,
+    CategoryCode, Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus,
+    ShelfDecision, ShelfLogEntry, ShopCode, SkuCode, SupplierCode, Timestamp, decide_shelf_change,
+    operation_label,
 };
 use std::collections::BTreeSet;
 
@@ -355,24 +356,22 @@ impl<B: Backend> Units<B> {
                 .await?;
             found.extend(rows);
         }
-        if let Some(category) = &selector.category {
+        // Products by category or by supplier, the same query on either column.
+        for (column, value) in [
+            (
+                "category",
+                selector.category.as_ref().map(CategoryCode::as_str),
+            ),
+            (
+                "supplier",
+                selector.supplier.as_ref().map(SupplierCode::as_str),
+            ),
+        ] {
+            let Some(value) = value else { continue };
             let rows = built_statement(format!(
-                "{select} WHERE product.category = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+                "{select} WHERE product.{column} = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
             ))
-            .bind(category.as_str())
-            .bind(selector.shop.as_ref().map(ShopCode::as_str))
-            .bind(SHELF_TARGETS_READ_MAX)
-            .fetch_all_as::<(String, Option<String>, Option<String>)>(
-                &mut *self.read_connection().await?,
-            )
-            .await?;
-            found.extend(rows);
-        }
-        if let Some(supplier) = &selector.supplier {
-            let rows = built_statement(format!(
-                "{select} WHERE product.supplier = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
-            ))
-            .bind(supplier.as_str())
+            .bind(value)
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
             .bind(SHELF_TARGETS_READ_MAX)
             .fetch_all_as::<(String, Option<String>, Option<String>)>(
@@ -404,9 +403,7 @@ impl<B: Backend> Units<B> {
         }
         let results = apply_shelf_change(&mut *transaction, change, now).await?;
         let response = renderer.shelf_results(&results);
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {

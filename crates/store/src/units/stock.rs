@@ -4,7 +4,7 @@
 
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant};
-use super::idempotency::{claim_or_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
@@ -360,17 +360,13 @@ impl<B: Backend> Units<B> {
                 update_existing_sku(&mut *transaction, code, changes, now).await?
         {
             let response = renderer.rejected(&rejection);
-            complete_claim(&mut *transaction, claim, &response).await?;
-            transaction.commit().await?;
-            return Ok(Idempotent::Executed(response));
+            return commit_with_answer(transaction, claim, response).await;
         }
         let sku = load_sku(&mut *transaction, code)
             .await?
             .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
         let response = renderer.sku_saved(&sku, created);
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Receives or adjusts stock in one warehouse, with its ledger row.
@@ -407,8 +403,6 @@ impl<B: Backend> Units<B> {
             }
             Err(rejection) => renderer.rejected(&rejection),
         };
-        complete_claim(&mut *transaction, claim, &response).await?;
-        transaction.commit().await?;
-        Ok(Idempotent::Executed(response))
+        commit_with_answer(transaction, claim, response).await
     }
 }
