@@ -1190,3 +1190,45 @@ pub async fn send_concurrently(app: &TestApp, calls: Vec<Call>) -> Vec<TestRespo
     }
     responses
 }
+
+/// The rows `contents` lists under `table` whose column `column` is `value`.
+pub fn rows_where(contents: &str, table: &str, column: usize, value: &str) -> Vec<Vec<String>> {
+    let mut in_table = false;
+    let mut rows = Vec::new();
+    for line in contents.lines() {
+        if !line.contains('|') {
+            in_table = line == table;
+            continue;
+        }
+        let cells: Vec<String> = line.split('|').map(str::to_owned).collect();
+        if in_table && cells.get(column).map(String::as_str) == Some(value) {
+            rows.push(cells);
+        }
+    }
+    rows
+}
+
+/// What a path wrote for one reservation (its row, lines and ledger rows, from
+/// `TestApp::contents`), without what differs by design: the ids, the order that holds
+/// it and its expiry (inputs of the writer, not its doing).
+pub fn reservation_rows(contents: &str, reservation: &str) -> Vec<Vec<String>> {
+    let mut written = Vec::new();
+    for mut row in rows_where(contents, "reservation", 0, reservation) {
+        // id, status, release_reason, expires_at, shop, user_id, order_id
+        row[0] = "<reservation>".into();
+        row[3] = "<expiry>".into();
+        row[6] = if row[6].is_empty() { "" } else { "<order>" }.into();
+        written.push(row);
+    }
+    for mut row in rows_where(contents, "reservation_line", 0, reservation) {
+        row[0] = "<reservation>".into();
+        written.push(row);
+    }
+    for mut row in rows_where(contents, "stock_ledger", 6, reservation) {
+        // id, sku, warehouse, kind, available_delta, reserved_delta, reference
+        row[0] = "<ledger id>".into();
+        row[6] = "<reservation>".into();
+        written.push(row);
+    }
+    written
+}

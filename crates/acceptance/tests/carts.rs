@@ -252,47 +252,6 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
     }
 }
 
-/// The rows `contents` lists under `table` whose column `column` is `value`.
-fn rows_where(contents: &str, table: &str, column: usize, value: &str) -> Vec<Vec<String>> {
-    let mut in_table = false;
-    let mut rows = Vec::new();
-    for line in contents.lines() {
-        if !line.contains('|') {
-            in_table = line == table;
-            continue;
-        }
-        let cells: Vec<String> = line.split('|').map(str::to_owned).collect();
-        if in_table && cells.get(column).map(String::as_str) == Some(value) {
-            rows.push(cells);
-        }
-    }
-    rows
-}
-
-/// What a path wrote for one reservation, without what differs by design: the ids, the
-/// order that holds it and its expiry (inputs of the writer, not its doing).
-fn written_rows(contents: &str, reservation: &str) -> Vec<Vec<String>> {
-    let mut written = Vec::new();
-    for mut row in rows_where(contents, "reservation", 0, reservation) {
-        // id, status, release_reason, expires_at, shop, user_id, order_id
-        row[0] = "<reservation>".into();
-        row[3] = "<expiry>".into();
-        row[6] = if row[6].is_empty() { "" } else { "<order>" }.into();
-        written.push(row);
-    }
-    for mut row in rows_where(contents, "reservation_line", 0, reservation) {
-        row[0] = "<reservation>".into();
-        written.push(row);
-    }
-    for mut row in rows_where(contents, "stock_ledger", 6, reservation) {
-        // id, sku, warehouse, kind, available_delta, reserved_delta, reference
-        row[0] = "<ledger id>".into();
-        row[6] = "<reservation>".into();
-        written.push(row);
-    }
-    written
-}
-
 /// Issue 14: one reservation writer per backend. The same two lines reserved four ways
 /// (a reservation without a shopper — on PostgreSQL the one-round-trip path —, one
 /// naming a shopper — the batch transaction everywhere —, an order, a checkout) leave
@@ -351,7 +310,7 @@ async fn every_path_that_creates_reservations_leaves_the_same_rows(backend: Back
     let contents = app.contents().await;
     let written: Vec<Vec<Vec<String>>> = reservations
         .iter()
-        .map(|reservation| written_rows(&contents, reservation))
+        .map(|reservation| acceptance::reservation_rows(&contents, reservation))
         .collect();
     assert_eq!(
         written[0].len(),

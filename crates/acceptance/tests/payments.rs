@@ -14,6 +14,7 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
     a_successful_payment_marks_the_order_paid_and_confirms_its_stock,
@@ -586,6 +587,41 @@ async fn a_success_after_the_hold_ended_takes_the_stock_again_when_it_is_there(b
         ["PENDING_PAYMENT", "PAYMENT_PROCESSING", "EXPIRED", "PAID"]
     );
     assert_eq!(gateway.sandbox.stats().refunds, 0);
+}
+
+/// Issue 14: one reservation writer per backend. A late success writes the order's new
+/// reservation through the writer every path uses: once paid, its rows are those of an
+/// order paid in time (the same lines, `CONFIRMED`, a `reserve` and a `confirm` ledger
+/// row per line).
+async fn a_late_success_leaves_the_rows_a_paid_order_leaves(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (late, intent) = order_abandoned_while_awaiting_action(&app, &gateway, 2).await;
+    assert_eq!(gateway.force_success(&intent).await, 200);
+    app.wait_for_order_status(&late, "PAID").await;
+    let in_time = app.order_of("user-1", &[(SKU, 2)]).await;
+    let paid = app.pay(&in_time, &key("pay-in-time"), "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    let contents = app.contents().await;
+    let mut rows = Vec::new();
+    for order in [&late, &in_time] {
+        let view = app.order(order).await;
+        let reservation = view["reservation"]["reservation_id"]
+            .as_str()
+            .expect("the order's reservation")
+            .to_owned();
+        rows.push(acceptance::reservation_rows(&contents, &reservation));
+    }
+    assert_eq!(
+        rows[0].len(),
+        4,
+        "a reservation, a line, two ledger rows: {rows:?}"
+    );
+    assert_eq!(rows[0][0][1], "CONFIRMED");
+    assert_eq!(
+        rows[0], rows[1],
+        "the late success's rows and the paid order's"
+    );
+    app.assert_audit_clean().await;
 }
 
 async fn a_success_after_the_hold_ended_is_refunded_when_the_stock_is_gone(backend: Backend) {
