@@ -2,14 +2,14 @@
 //! removing the lines an order took.
 
 use super::Units;
-use super::decode::{corrupt, parse_stored};
+use super::decode::{parse_stored, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{Cart, CartLine, CartSku};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::sql::statement;
-use domain::{Currency, ErrorCode, PriceMinor, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
+use domain::{ErrorCode, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
 
 pub(crate) async fn load_cart<C: Dialect>(
     connection: &mut C,
@@ -34,18 +34,11 @@ pub(crate) async fn load_cart<C: Dialect>(
         let current = match status {
             None => None,
             Some(status) => {
-                let price: Option<i64> = row.try_get("price_minor")?;
-                let currency: Option<String> = row.try_get("currency")?;
+                let (price, currency) = price_of(row)?;
                 Some(CartSku {
                     title: row.try_get("title")?,
-                    price: price
-                        .map(PriceMinor::new)
-                        .transpose()
-                        .map_err(|error| corrupt("price", error))?,
-                    currency: currency
-                        .as_deref()
-                        .map(|text| parse_stored("currency", text, Currency::parse))
-                        .transpose()?,
+                    price,
+                    currency,
                     sale_status: parse_stored("sale status", &status, SaleStatus::parse)?,
                     available: row.try_get("available")?,
                 })

@@ -7,7 +7,8 @@ use crate::backend::LockedStock;
 use crate::error::StoreError;
 use crate::model::StoredResponse;
 use crate::plan::SkuFacts;
-use domain::{SaleStatus, ShopCode, SkuCode, WarehouseCode};
+use crate::sql::Row;
+use domain::{Currency, PriceMinor, SaleStatus, ShopCode, SkuCode, WarehouseCode};
 
 pub(crate) fn invariant(message: impl Into<String>) -> StoreError {
     StoreError::Invariant(message.into())
@@ -118,4 +119,20 @@ pub(crate) fn sku_facts_of(
         );
     }
     Ok(facts)
+}
+
+/// A SKU's stored price and currency (`price_minor`, `currency`; either may be unset).
+pub(crate) fn price_of(row: &Row) -> Result<(Option<PriceMinor>, Option<Currency>), StoreError> {
+    let price: Option<i64> = row.try_get("price_minor")?;
+    let currency: Option<String> = row.try_get("currency")?;
+    Ok((
+        price
+            .map(PriceMinor::new)
+            .transpose()
+            .map_err(|error| corrupt("price", error))?,
+        currency
+            .as_deref()
+            .map(|text| parse_stored("currency", text, Currency::parse))
+            .transpose()?,
+    ))
 }

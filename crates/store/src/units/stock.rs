@@ -3,7 +3,7 @@
 //! `available` and `reserved`.
 
 use super::Units;
-use super::decode::{corrupt, expect_one_row, invariant};
+use super::decode::{corrupt, expect_one_row, invariant, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
@@ -61,8 +61,7 @@ pub(crate) fn decode_sku_row(row: &Row, stock: Vec<StockLevel>) -> Result<Sku, S
     let code: String = row.try_get("code")?;
     let shop: String = row.try_get("shop")?;
     let product_id: Option<String> = row.try_get("product_id")?;
-    let price: Option<i64> = row.try_get("price_minor")?;
-    let currency: Option<String> = row.try_get("currency")?;
+    let (price, currency) = price_of(row)?;
     let sale_status: String = row.try_get("sale_status")?;
     Ok(Sku {
         code: SkuCode::parse(&code).map_err(|error| corrupt("sku code", error))?,
@@ -74,15 +73,8 @@ pub(crate) fn decode_sku_row(row: &Row, stock: Vec<StockLevel>) -> Result<Sku, S
         shop: ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,
         title: row.try_get("title")?,
         spec: row.try_get("spec")?,
-        price: price
-            .map(PriceMinor::new)
-            .transpose()
-            .map_err(|error| corrupt("price", error))?,
-        currency: currency
-            .as_deref()
-            .map(Currency::parse)
-            .transpose()
-            .map_err(|error| corrupt("currency", error))?,
+        price,
+        currency,
         low_stock_threshold: row.try_get("low_stock_threshold")?,
         per_user_limit: row.try_get("per_user_limit")?,
         sale_status: SaleStatus::parse(&sale_status)
