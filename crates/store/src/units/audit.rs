@@ -1,5 +1,8 @@
 //! The audit: replays the ledger and compares it with the counters, the reservations
 //! and the orders, on one snapshot; and the full dump tests compare databases with.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use crate::backend::{Backend, Dialect, Finish};

@@ -1,6 +1,9 @@
 //! The reservation batch: the combiner's group commit. Claims every key, locks the
 //! stock rows in the global order, decides which requests fit (`domain::plan`) and
 //! writes the accepted ones through the backend's batch writer.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::invariant;

@@ -1,5 +1,8 @@
 //! Carts: setting a line, reading a cart with what stands in each line's way, and
 //! removing the lines an order took.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{parse_stored, price_of};

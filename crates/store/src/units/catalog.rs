@@ -1,4 +1,7 @@
 //! Products and their SKUs (seed 003): creating and updating a product.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{invariant, parse_stored};

@@ -1,5 +1,8 @@
 //! Credentials: operators, service keys (secret stored as a hash) and the admin
 //! secret; looking a principal up by the hash of its secret.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{invariant, parse_stored};

@@ -1,5 +1,8 @@
 //! Reading stored values back: parsing what a row holds into domain types, and the
 //! errors that say a stored value or an expected row was not what the store wrote.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use std::collections::{BTreeMap, HashMap};
 

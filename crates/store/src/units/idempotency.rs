@@ -1,6 +1,9 @@
 //! Idempotency keys: claiming a key at the start of a unit of work, answering a
 //! repeat with the first answer, storing the answer with the effect, and purging old
 //! records.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant, stored_response};

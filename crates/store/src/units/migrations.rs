@@ -1,5 +1,9 @@
 //! Migrations (the backend's list, each in its own transaction, serialized across
-//! processes), the engine's version and the readiness ping.
+//! processes where the backend can: `Dialect::MIGRATION_LOCK`), the engine's version
+//! and the readiness ping.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{invariant, wall_clock_milliseconds};

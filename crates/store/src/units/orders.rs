@@ -1,6 +1,9 @@
 //! Orders (seed 000): creating one with its hold, reading it, cancelling, expiring and
 //! returning it. Locks are taken order first, then its reservation, then stock rows
 //! in (sku, warehouse) order.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::batch::with_unlisted_skus;

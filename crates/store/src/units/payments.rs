@@ -1,6 +1,9 @@
 //! Payment attempts: beginning one (committed before the gateway is called),
 //! settling it from the gateway's answer, a webhook or reconciliation, and the late
 //! success that arrives after the hold ended. No unit of work calls the gateway.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{corrupt, derived_random, expect_one_row, invariant, parse_stored};

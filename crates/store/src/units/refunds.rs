@@ -1,5 +1,8 @@
 //! Refunds: written with the change that owes them, claimed by the refund worker,
 //! settled or failed from the gateway's answer.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{derived_random, invariant, parse_stored};

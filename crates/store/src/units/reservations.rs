@@ -1,5 +1,8 @@
 //! Reservations: reading one, moving it out of `RESERVED` through the transition
 //! table (confirm, release, expiry), and the expiry worker's step.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant};

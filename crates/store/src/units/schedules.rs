@@ -1,5 +1,8 @@
 //! Scheduled shelf changes: storing a schedule and the worker's step that applies
 //! the due ones.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{expect_one_row, invariant, parse_stored};

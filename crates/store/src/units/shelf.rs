@@ -1,5 +1,8 @@
 //! Shelf status (seed 003): resolving an operation's targets, deciding and applying a
 //! sale-status change under the stock rows' locks, and the shelf log.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::parse_stored;

@@ -1,6 +1,9 @@
 //! SKUs and their stock counters: the standalone SKU upsert, receiving and adjusting
 //! stock (each a ledgered movement), and moving a reservation line's units between
 //! `available` and `reserved`.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant, price_of};

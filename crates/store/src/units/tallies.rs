@@ -1,5 +1,8 @@
 //! Per-shopper tallies (open holds, purchases of a SKU): locked after the stock rows,
 //! in key order, by every writer that changes them.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::decode::expect_one_row;
 use super::reservations::Moved;
