@@ -25,15 +25,6 @@ pub enum Text {
     Built(String),
 }
 
-impl Text {
-    pub fn as_str(&self) -> &str {
-        match self {
-            Text::Static(text) => text,
-            Text::Built(text) => text,
-        }
-    }
-}
-
 /// A value bound to a placeholder. A NULL keeps its type: PostgreSQL types every
 /// parameter, and an untyped NULL would not fit an integer column.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,14 +273,6 @@ impl Row {
                 self.cells[position]
             ))
         })
-    }
-
-    pub fn len(&self) -> usize {
-        self.cells.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cells.is_empty()
     }
 }
 

@@ -109,7 +109,7 @@ fn query_of(statement: Statement<'_>) -> sqlx::query::Query<'static, Postgres, P
     for value in statement.values {
         query = match value {
             Value::Integer(value) => query.bind(value),
-            Value::Text(value) => query.bind(value.map(|text| text.into_owned())),
+            Value::Text(value) => query.bind(value),
         };
     }
     query

@@ -36,10 +36,6 @@ impl<B: Backend> Units<B> {
         Units { backend }
     }
 
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     async fn begin_write(&self) -> Result<B::Transaction, StoreError> {
         self.backend.begin_write().await
     }
