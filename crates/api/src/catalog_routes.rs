@@ -18,6 +18,7 @@ use crate::catalog_wire::{
     ProductBody, ShelfLogEntryBody, ShelfOperationRequest, ShelfOperationWire, ShopperProductBody,
     UpdateProductRequest,
 };
+use crate::consistency::{DisplayRead, displayed_response};
 use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
@@ -117,10 +118,12 @@ pub async fn delete_product(
 /// What a shopper sees; a deleted product is gone for them.
 pub async fn shopper_product(
     State(state): State<AppState>,
+    DisplayRead(reader): DisplayRead,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_product_id(&id)?;
-    let product = state.engine.product(&id).await?;
+    let displayed = state.engine.display_product(&reader, &id).await?;
+    let product = &displayed.value;
     if product.deleted_at.is_some()
         || product
             .skus
@@ -132,7 +135,10 @@ pub async fn shopper_product(
             format!("product '{id}' does not exist"),
         ));
     }
-    Ok(Json(ShopperProductBody::new(&product)).into_response())
+    Ok(displayed_response(
+        &displayed,
+        ShopperProductBody::new(product),
+    ))
 }
 
 pub async fn staff_product(
@@ -192,6 +198,7 @@ pub async fn shelf(
 pub async fn shelf_log(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    DisplayRead(reader): DisplayRead,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
@@ -231,10 +238,14 @@ pub async fn shelf_log(
             }
         }
     }
-    let entries = state.engine.shelf_log(&caller, query).await?;
-    let next_after = entries.last().map(|entry| entry.id);
-    let bodies: Vec<ShelfLogEntryBody<'_>> = entries.iter().map(ShelfLogEntryBody::new).collect();
-    Ok(Json(serde_json::json!({"entries": bodies, "next_after": next_after})).into_response())
+    let entries = state.engine.shelf_log(&caller, query, &reader).await?;
+    let next_after = entries.value.last().map(|entry| entry.id);
+    let bodies: Vec<ShelfLogEntryBody<'_>> =
+        entries.value.iter().map(ShelfLogEntryBody::new).collect();
+    Ok(displayed_response(
+        &entries,
+        serde_json::json!({"entries": bodies, "next_after": next_after}),
+    ))
 }
 
 pub async fn create_operator(
@@ -291,11 +302,12 @@ pub async fn delete_cart_item(
 pub async fn get_cart(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    DisplayRead(reader): DisplayRead,
     Path(user): Path<String>,
 ) -> Result<Response, ApiError> {
     let user = parse_user(&user)?;
-    let cart = state.engine.cart(&caller, &user).await?;
-    Ok(Json(CartBody::new(&cart)).into_response())
+    let cart = state.engine.display_cart(&caller, &user, &reader).await?;
+    Ok(displayed_response(&cart, CartBody::new(&cart.value)))
 }
 
 pub async fn checkout(

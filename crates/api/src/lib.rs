@@ -3,6 +3,7 @@
 
 pub mod catalog_routes;
 pub mod catalog_wire;
+pub mod consistency;
 pub mod extract;
 pub mod http;
 pub mod metrics;
@@ -112,6 +113,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/carts/{user}/checkout", post(catalog_routes::checkout))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            consistency::stamp_writes,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             http::bound_request_duration,

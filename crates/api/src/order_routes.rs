@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use domain::{OrderId, ReservationLine, WarehouseCode};
 
 use crate::AppState;
+use crate::consistency::{DisplayRead, displayed_response};
 use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::order_wire::{CreateOrderRequest, OrderBody, PayRequest};
 use crate::problem::ApiError;
@@ -47,11 +48,12 @@ pub async fn create_order(
 pub async fn get_order(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    DisplayRead(reader): DisplayRead,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_order_id(&id)?;
-    let order = state.engine.order_for(&caller, &id).await?;
-    Ok(Json(OrderBody::new(&order)).into_response())
+    let order = state.engine.order_for(&caller, &id, &reader).await?;
+    Ok(displayed_response(&order, OrderBody::new(&order.value)))
 }
 
 pub async fn pay(

@@ -11,6 +11,7 @@ use engine::Reply;
 use store::{MovementQuantity, ReservationAction, SkuChanges};
 
 use crate::AppState;
+use crate::consistency::{DisplayRead, displayed_response};
 use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
 use crate::wire::{
@@ -86,11 +87,12 @@ pub async fn save_sku(
 pub async fn get_sku(
     State(state): State<AppState>,
     Caller(caller): Caller,
+    DisplayRead(reader): DisplayRead,
     Path(sku): Path<String>,
 ) -> Result<Response, ApiError> {
     let code = parse_sku(&sku)?;
-    let sku = state.engine.sku(&caller, &code).await?;
-    Ok(Json(SkuBody::new(&sku)).into_response())
+    let sku = state.engine.sku(&caller, &code, &reader).await?;
+    Ok(displayed_response(&sku, SkuBody::new(&sku.value)))
 }
 
 pub async fn record_movement(

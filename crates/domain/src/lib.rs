@@ -18,6 +18,7 @@ pub mod order;
 pub mod plan;
 pub mod principal;
 pub mod quantity;
+pub mod replication;
 pub mod reservation;
 pub mod sale_status;
 pub mod secret;
@@ -42,6 +43,7 @@ pub use order::{
 };
 pub use principal::{Action, Denied, Principal, Role, authorize};
 pub use quantity::{AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds};
+pub use replication::{ConsistencyToken, Fallback, LagSample, Rotation, ServedBy};
 pub use reservation::{
     IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
 };

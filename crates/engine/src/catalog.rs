@@ -10,8 +10,9 @@ use domain::{
     SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode, authorize,
 };
 use store::{
-    Actor, AppliedSchedule, Cart, IdempotencyClaim, NewOrder, NewProduct, NewSku, ProductChanges,
-    ShelfChange, ShelfLogQuery, ShelfScheduling, ShelfTarget, SkippedLine, TargetSelector,
+    Actor, AppliedSchedule, Cart, Displayed, IdempotencyClaim, NewOrder, NewProduct, NewSku,
+    ProductChanges, ReadHandle, ShelfChange, ShelfLogQuery, ShelfScheduling, ShelfTarget,
+    SkippedLine, TargetSelector,
 };
 
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
@@ -117,6 +118,23 @@ impl Engine {
             .product(id)
             .await
             .map_err(|error| log_store_error("get_product", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("product '{id}' does not exist")))
+    }
+
+    /// The shopper's product view, a display read.
+    pub async fn display_product(
+        &self,
+        reader: &ReadHandle,
+        id: &ProductId,
+    ) -> Result<Displayed<Product>, EngineError> {
+        let product = self
+            .inner
+            .store
+            .display_product(reader, id, self.now())
+            .await
+            .map_err(|error| log_store_error("get_product", error))?;
+        crate::counted_display(product)
+            .found()
             .ok_or_else(|| EngineError::NotFound(format!("product '{id}' does not exist")))
     }
 
@@ -361,20 +379,22 @@ impl Engine {
         self.inner.schedules_changed.notified().await;
     }
 
-    /// `GET /v1/admin/shelf-log`: an operator sees only its shop.
+    /// `GET /v1/admin/shelf-log`: an operator sees only its shop. A display read.
     pub async fn shelf_log(
         &self,
         principal: &Principal,
         mut query: ShelfLogQuery,
-    ) -> Result<Vec<ShelfLogEntry>, EngineError> {
+        reader: &ReadHandle,
+    ) -> Result<Displayed<Vec<ShelfLogEntry>>, EngineError> {
         authorize(principal, Action::ViewStaffData, None).map_err(forbidden)?;
         if let Some(shop) = principal.shop() {
             query.shop = Some(shop.clone());
         }
         self.inner
             .store
-            .shelf_log(&query)
+            .display_shelf_log(reader, &query, self.now())
             .await
+            .map(crate::counted_display)
             .map_err(|error| log_store_error("shelf_log", error))
     }
 
@@ -423,6 +443,22 @@ impl Engine {
             .store
             .cart(principal.shop(), user)
             .await
+            .map_err(|error| log_store_error("cart", error))
+    }
+
+    /// `GET /v1/carts/{user}`: the cart as a page shows it, a display read.
+    pub async fn display_cart(
+        &self,
+        principal: &Principal,
+        user: &UserId,
+        reader: &ReadHandle,
+    ) -> Result<Displayed<Cart>, EngineError> {
+        authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
+        self.inner
+            .store
+            .display_cart(reader, principal.shop(), user, self.now())
+            .await
+            .map(crate::counted_display)
             .map_err(|error| log_store_error("cart", error))
     }
 

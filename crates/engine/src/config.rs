@@ -59,6 +59,9 @@ pub struct EngineConfig {
     /// or revoked) before asking the database again: the bound within which a key
     /// revoked on another instance stops working here.
     pub credential_cache_milliseconds: i64,
+    /// Pause between samples of the replicas' lag (each sample can move a replica
+    /// into or out of the read rotation).
+    pub replica_sample_interval_milliseconds: u64,
 }
 
 impl Default for EngineConfig {
@@ -89,6 +92,7 @@ impl Default for EngineConfig {
             combiner_queue_depth_max: 4096,
             combiner_batches_in_flight: 0,
             credential_cache_milliseconds: 2_000,
+            replica_sample_interval_milliseconds: 500,
         }
     }
 }

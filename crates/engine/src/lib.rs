@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use domain::{
-    Action, Principal, ReservationId, ReservationLine, Sku, SkuCode, Timestamp, TtlSeconds, UserId,
-    WarehouseCode, authorize, check_lines,
+    Action, ConsistencyToken, Principal, ReservationId, ReservationLine, Sku, SkuCode, Timestamp,
+    TtlSeconds, UserId, WarehouseCode, authorize, check_lines,
 };
 use store::{
-    AuditReport, IdempotencyClaim, Idempotent, MovementQuantity, ReservationAction,
-    ReservationGauges, ReserveRequest, ResponseRenderer, SkuChanges, StockMovement, Store,
-    StoreError, StoredResponse,
+    AuditReport, Displayed, IdempotencyClaim, Idempotent, MovementQuantity, ReadHandle,
+    ReplicaHealth, ReservationAction, ReservationGauges, ReserveRequest, ResponseRenderer,
+    SkuChanges, StockMovement, Store, StoreError, StoredResponse,
 };
 use tokio::sync::Semaphore;
 
@@ -362,16 +362,24 @@ impl Engine {
         .await
     }
 
-    pub async fn sku(&self, principal: &Principal, code: &SkuCode) -> Result<Sku, EngineError> {
+    /// `GET /v1/skus/{sku}`, a display read.
+    pub async fn sku(
+        &self,
+        principal: &Principal,
+        code: &SkuCode,
+        reader: &ReadHandle,
+    ) -> Result<Displayed<Sku>, EngineError> {
         authorize(principal, Action::ViewStock, None).map_err(forbidden)?;
         let sku = self
             .inner
             .store
-            .sku(code)
+            .display_sku(reader, code, self.now())
             .await
-            .map_err(|error| log_store_error("get_sku", error))?
+            .map_err(|error| log_store_error("get_sku", error))?;
+        let sku = counted_display(sku)
+            .found()
             .ok_or_else(|| EngineError::NotFound(format!("sku '{code}' does not exist")))?;
-        authorize(principal, Action::ViewStock, Some(&sku.shop)).map_err(forbidden)?;
+        authorize(principal, Action::ViewStock, Some(&sku.value.shop)).map_err(forbidden)?;
         Ok(sku)
     }
 
@@ -459,6 +467,43 @@ impl Engine {
         })
     }
 
+    /// The writer's position after every commit finished so far: the
+    /// `Stockd-Consistency-Token` of a write's answer. `None` when it cannot be read
+    /// (the writer is unreachable): the answer then goes without a token, and a page
+    /// that sends none is served by whoever is in the rotation.
+    pub async fn consistency_token(&self) -> Option<ConsistencyToken> {
+        match self.inner.store.consistency_token().await {
+            Ok(token) => Some(token),
+            Err(error) => {
+                metrics::counter!("stockd_consistency_token_failures_total").increment(1);
+                tracing::debug!(%error, "no consistency token for this answer");
+                None
+            }
+        }
+    }
+
+    /// One step of the replica monitor: samples every replica's lag, moves replicas
+    /// into or out of the read rotation and exports the figures per replica.
+    pub async fn replica_monitor_step(&self) -> Vec<ReplicaHealth> {
+        let health = self.inner.store.sample_replicas().await;
+        for replica in &health {
+            let name = replica.name.clone();
+            metrics::gauge!("stockd_replica_lag_seconds", "replica" => name.clone())
+                .set(replica.lag_seconds.unwrap_or(f64::NAN));
+            metrics::gauge!("stockd_replica_lag_bytes", "replica" => name.clone())
+                .set(replica.lag_bytes.map_or(f64::NAN, |bytes| bytes as f64));
+            metrics::gauge!("stockd_replica_lag_seconds_peak", "replica" => name.clone())
+                .set(replica.lag_seconds_peak);
+            metrics::gauge!("stockd_replica_in_rotation", "replica" => name.clone())
+                .set(if replica.in_rotation { 1.0 } else { 0.0 });
+            if replica.rotation_changed {
+                metrics::counter!("stockd_replica_rotation_changes_total", "replica" => name)
+                    .increment(1);
+            }
+        }
+        health
+    }
+
     /// One step of the idempotency purge: deletes one batch of records older than the
     /// retention. Returns how many were deleted.
     pub async fn purge_step(&self) -> Result<u64, EngineError> {
@@ -537,6 +582,17 @@ fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
         _ => tracing::warn!(operation, %error, "store refused"),
     }
     EngineError::from(error)
+}
+
+/// Counts a display read by who served it and why it did not go to a replica.
+pub(crate) fn counted_display<T>(displayed: Displayed<T>) -> Displayed<T> {
+    metrics::counter!(
+        "stockd_display_reads_total",
+        "served_by" => displayed.served_by.as_str(),
+        "fallback" => displayed.fallback.map_or("none", domain::Fallback::as_str),
+    )
+    .increment(1);
+    displayed
 }
 
 #[cfg(test)]

@@ -14,7 +14,10 @@ use gateway::protocol::Event;
 use gateway::{
     CallOutcome, CreatePaymentIntent, GatewayClient, PaymentIntent, PaymentIntentStatus,
 };
-use store::{AttemptToCall, BeginPayment, GatewayOutcome, IdempotencyClaim, NewOrder, Order};
+use store::{
+    AttemptToCall, BeginPayment, Displayed, GatewayOutcome, IdempotencyClaim, NewOrder, Order,
+    ReadHandle,
+};
 
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
@@ -160,25 +163,25 @@ impl Engine {
         .await
     }
 
-    /// `GET /v1/orders/{id}`.
+    /// `GET /v1/orders/{id}`, a display read.
     pub async fn order_for(
         &self,
         principal: &Principal,
         id: &OrderId,
-    ) -> Result<Order, EngineError> {
+        reader: &ReadHandle,
+    ) -> Result<Displayed<Order>, EngineError> {
         authorize(principal, Action::ViewOrders, None).map_err(forbidden)?;
-        let order = self.order(id).await?;
-        authorize(principal, Action::ViewOrders, Some(&order.shop)).map_err(forbidden)?;
-        Ok(order)
-    }
-
-    pub(crate) async fn order(&self, id: &OrderId) -> Result<Order, EngineError> {
-        self.inner
+        let order = self
+            .inner
             .store
-            .order(id)
+            .display_order(reader, id, self.now())
             .await
-            .map_err(|error| log_store_error("get_order", error))?
-            .ok_or_else(|| EngineError::NotFound(format!("order '{id}' does not exist")))
+            .map_err(|error| log_store_error("get_order", error))?;
+        let order = crate::counted_display(order)
+            .found()
+            .ok_or_else(|| EngineError::NotFound(format!("order '{id}' does not exist")))?;
+        authorize(principal, Action::ViewOrders, Some(&order.value.shop)).map_err(forbidden)?;
+        Ok(order)
     }
 
     /// Checks that `principal` may take one of `actions` on the order (its shop never

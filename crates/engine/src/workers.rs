@@ -16,6 +16,22 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(schedule_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(order_expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(payment_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(replica_monitor_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Samples the replicas' lag; a store without replicas makes each step a no-op.
+async fn replica_monitor_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().replica_sample_interval_milliseconds);
+    // Replicas are configured at start only: without any there is nothing to watch.
+    if !engine.store().has_replicas() {
+        return;
+    }
+    loop {
+        engine.replica_monitor_step().await;
+        if !pause_unless_shut_down(&shutdown, interval).await {
+            break;
+        }
+    }
 }
 
 /// Expires unpaid orders past their hold, giving their stock back. A loop of its own:

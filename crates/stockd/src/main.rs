@@ -158,6 +158,15 @@ struct DatabaseArguments {
     /// Connections in the database pool.
     #[arg(long, env = "STOCKD_DATABASE_POOL_SIZE", default_value_t = 16)]
     database_pool_size: u32,
+    /// PostgreSQL replicas for display reads only, comma-separated (the product view,
+    /// SKU and order views, carts, the shelf log); everything that decides reads the
+    /// writer. A cluster's read port (HAProxy) works as one URL.
+    #[arg(long, env = "STOCKD_REPLICA_URLS", value_delimiter = ',')]
+    replica_urls: Vec<String>,
+    /// A replica further behind than this leaves the read rotation (and returns once
+    /// it stays below half of it).
+    #[arg(long, env = "STOCKD_REPLICA_LAG_SECONDS_MAX", default_value_t = store::replicas::REPLICA_LAG_SECONDS_MAX_DEFAULT, value_parser = parse_lag_seconds)]
+    replica_lag_seconds_max: f64,
     /// Longest wait for a row lock before answering lock_timeout.
     #[arg(
         long,
@@ -424,7 +433,22 @@ fn store_config(arguments: &DatabaseArguments) -> StoreConfig {
     config.pool_size = arguments.database_pool_size;
     config.lock_timeout_milliseconds = arguments.lock_timeout_milliseconds;
     config.postgres_schema = arguments.database_schema.clone();
+    config.replicas.urls = arguments
+        .replica_urls
+        .iter()
+        .map(|url| url.trim().to_owned())
+        .filter(|url| !url.is_empty())
+        .collect();
+    config.replicas.lag_seconds_max = arguments.replica_lag_seconds_max;
     config
+}
+
+/// A lag bound: a positive number of seconds, at most a day.
+fn parse_lag_seconds(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0 && *seconds <= 86_400.0)
+        .ok_or_else(|| format!("expected seconds above 0 and at most 86400, got '{text}'"))
 }
 
 fn init_logging(arguments: &DatabaseArguments) {

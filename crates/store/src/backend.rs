@@ -20,12 +20,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::ops::DerefMut;
 
-use domain::{OrderId, ReservationId, ReservationLine, ShopCode, SkuCode, Timestamp};
+use domain::{
+    ConsistencyToken, OrderId, ReservationId, ReservationLine, ShopCode, SkuCode, Timestamp,
+};
 
 use crate::StoreLimits;
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::replicas::{ReadHandle, ReplicaHealth, Served};
 use crate::sql::{Connection, statement};
 
 /// One migration: its version, its name (checked against the database's record) and
@@ -325,15 +328,62 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// A transaction that will write: holds the write lock from its first statement
     /// where the database has a single writer.
     fn begin_write(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
-    /// A transaction that only reads.
-    fn begin_read(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+    /// A transaction on the writer that only reads: for reads that decide.
+    fn begin_writer_read(
+        &self,
+    ) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
     /// A read-only transaction whose reads all see one snapshot (the audit's).
     fn begin_snapshot(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
-    /// A connection for display reads.
-    fn read_connection(&self) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
-    /// A connection of the writer, for reads that decide and statements outside a
-    /// transaction (migrations' bookkeeping).
+    /// A connection that reads the writer's data outside any transaction, for reads
+    /// that decide (SQLite: its read pool, on the same file).
+    fn writer_read_connection(
+        &self,
+    ) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
+    /// A connection of the writer, for statements outside a transaction (migrations'
+    /// bookkeeping).
     fn write_connection(&self) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
+
+    /// A transaction for a display read: on a replica in the rotation that can serve
+    /// `reader` (replayed past its token), otherwise on the writer — the default, for
+    /// backends stockd does not replicate. The only way to a replica.
+    fn begin_display(
+        &self,
+        reader: &ReadHandle,
+    ) -> impl Future<Output = Result<(Self::Transaction, Served), StoreError>> + Send {
+        let _ = reader;
+        async {
+            Ok((
+                self.begin_writer_read().await?,
+                Served::primary(Some(domain::Fallback::NoReplicaInRotation)),
+            ))
+        }
+    }
+
+    /// A display read on the replica that `served` names failed: it leaves the
+    /// rotation (the read is then run again on the writer).
+    fn display_failed(&self, served: &Served, error: &StoreError) {
+        let _ = (served, error);
+    }
+
+    /// A position at or past every commit finished before the call (the
+    /// `Stockd-Consistency-Token` of a write's answer). Backends without replicas
+    /// answer the origin, which every reader has passed.
+    fn consistency_token(
+        &self,
+    ) -> impl Future<Output = Result<ConsistencyToken, StoreError>> + Send {
+        async { Ok(ConsistencyToken::ORIGIN) }
+    }
+
+    /// Whether display reads may go to replicas at all.
+    fn has_replicas(&self) -> bool {
+        false
+    }
+
+    /// One step of the replica monitor: samples every replica's lag and updates the
+    /// rotation. Nothing without replicas.
+    fn sample_replicas(&self) -> impl Future<Output = Vec<ReplicaHealth>> + Send {
+        async { Vec::new() }
+    }
     fn limits(&self) -> &StoreLimits;
     fn close(&self) -> impl Future<Output = ()> + Send;
 
@@ -371,17 +421,18 @@ pub(crate) use finish_through_sqlx;
 
 /// The [`Backend`] methods of a backend that keeps one pool (`self.pool`) for every unit
 /// of work and its bounds in `self.limits`: written inside its `impl Backend`.
+/// `$also` names fields whose own `close` runs after the pool's (a backend's replicas).
 macro_rules! one_pool_backend_methods {
-    () => {
+    ($($also:ident),*) => {
         async fn begin_write(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
             Ok(self.pool.begin().await?)
         }
 
-        async fn begin_read(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
+        async fn begin_writer_read(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
             Ok(self.pool.begin().await?)
         }
 
-        async fn read_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
+        async fn writer_read_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
             Ok(self.pool.acquire().await?)
         }
 
@@ -395,6 +446,7 @@ macro_rules! one_pool_backend_methods {
 
         async fn close(&self) {
             self.pool.close().await;
+            $(self.$also.close().await;)*
         }
     };
 }

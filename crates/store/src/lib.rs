@@ -17,6 +17,7 @@ pub mod error;
 pub mod model;
 pub mod orders;
 pub mod plan;
+pub mod replicas;
 pub mod sql;
 pub mod units;
 
@@ -26,15 +27,16 @@ use backends::sqlite::SqliteBackend;
 use units::Units;
 
 use domain::{
-    OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal, Product, ProductId, RefundId,
-    Reservation, ReservationId, ServiceKeyId, ShelfLogEntry, ShopCode, Sku, SkuCode, Timestamp,
-    UserId,
+    ConsistencyToken, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal, Product,
+    ProductId, RefundId, Reservation, ReservationId, ServiceKeyId, ShelfLogEntry, ShopCode, Sku,
+    SkuCode, Timestamp, UserId,
 };
 
 pub use catalog::*;
 pub use error::StoreError;
 pub use model::*;
 pub use orders::*;
+pub use replicas::{Displayed, ReadHandle, ReplicaConfig, ReplicaHealth};
 
 /// How to reach the database and how long to wait for it.
 #[derive(Clone)]
@@ -54,6 +56,8 @@ pub struct StoreConfig {
     pub postgres_schema: Option<String>,
     /// Bounds the units of work enforce.
     pub limits: StoreLimits,
+    /// Replicas for display reads (PostgreSQL only).
+    pub replicas: ReplicaConfig,
 }
 
 /// Bounds on what one shopper may hold, enforced inside the reserving transaction.
@@ -90,6 +94,16 @@ impl std::fmt::Debug for StoreConfig {
             )
             .field("postgres_schema", &self.postgres_schema)
             .field("limits", &self.limits)
+            .field(
+                "replica_urls",
+                &self
+                    .replicas
+                    .urls
+                    .iter()
+                    .map(|url| domain::redact_url(url))
+                    .collect::<Vec<_>>(),
+            )
+            .field("replica_lag_seconds_max", &self.replicas.lag_seconds_max)
             .finish()
     }
 }
@@ -104,6 +118,7 @@ impl StoreConfig {
             acquire_timeout_milliseconds: 5_000,
             postgres_schema: None,
             limits: StoreLimits::default(),
+            replicas: ReplicaConfig::default(),
         }
     }
 
@@ -144,6 +159,11 @@ macro_rules! dispatch {
 impl Store {
     /// Connects without migrating. `serve` and `migrate` call [`Store::migrate`] next.
     pub async fn connect(config: &StoreConfig) -> Result<Store, StoreError> {
+        if !config.replicas.urls.is_empty() && !config.is_postgres() {
+            return Err(StoreError::Unavailable(
+                "STOCKD_REPLICA_URLS is supported with PostgreSQL only".into(),
+            ));
+        }
         if config.is_postgres() {
             Ok(Store::Postgres(Units::new(
                 PostgresBackend::connect(config).await?,
@@ -175,6 +195,11 @@ impl Store {
 
     pub async fn close(&self) {
         dispatch!(self, store => store.close().await)
+    }
+
+    /// Whether display reads may go to replicas (`STOCKD_REPLICA_URLS` was given).
+    pub fn has_replicas(&self) -> bool {
+        dispatch!(self, store => store.has_replicas())
     }
 }
 
@@ -208,7 +233,18 @@ forward! {
     fn migrate(&self) -> Result<Vec<i64>, StoreError>;
     fn database_version(&self) -> Result<String, StoreError>;
     fn ping(&self) -> Result<(), StoreError>;
+    /// The writer's view of a SKU (for decisions and tests); pages use `display_sku`.
     fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError>;
+    fn display_sku(&self, reader: &ReadHandle, code: &SkuCode, now: Timestamp) -> Result<Displayed<Option<Sku>>, StoreError>;
+    fn display_product(&self, reader: &ReadHandle, id: &ProductId, now: Timestamp) -> Result<Displayed<Option<Product>>, StoreError>;
+    fn display_cart(&self, reader: &ReadHandle, shop: Option<&ShopCode>, user: &UserId, now: Timestamp) -> Result<Displayed<Cart>, StoreError>;
+    fn display_order(&self, reader: &ReadHandle, id: &OrderId, now: Timestamp) -> Result<Displayed<Option<Order>>, StoreError>;
+    fn display_shelf_log(&self, reader: &ReadHandle, query: &ShelfLogQuery, now: Timestamp) -> Result<Displayed<Vec<ShelfLogEntry>>, StoreError>;
+    /// The writer's position after every commit finished so far: a write answer's
+    /// `Stockd-Consistency-Token`.
+    fn consistency_token(&self) -> Result<ConsistencyToken, StoreError>;
+    /// One step of the replica monitor (nothing without replicas).
+    fn sample_replicas(&self) -> Vec<ReplicaHealth>;
     fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError>;
     /// The shops of these SKUs (the ones that exist). A SKU's shop never changes.
     fn sku_shops(&self, codes: &[&SkuCode]) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError>;
@@ -232,7 +268,6 @@ forward! {
     fn schedule_shelf(&self, claim: &IdempotencyClaim, scheduling: &ShelfScheduling, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError>;
     fn apply_due_schedules(&self, now: Timestamp, limit: i64) -> Result<Vec<AppliedSchedule>, StoreError>;
-    fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError>;
     fn create_operator(&self, claim: &IdempotencyClaim, operator: &OperatorId, shop: &ShopCode, token_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn create_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKey, secret_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn revoke_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKeyId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
@@ -292,6 +327,45 @@ mod tests {
         include_str!("units/stock.rs"),
         include_str!("units/tallies.rs"),
     ];
+
+    /// A replica is reached only through a display read's handle: the only units of
+    /// work that take one are the `display_*` reads of the contract's list, and no
+    /// other unit of work opens a display transaction.
+    #[test]
+    fn only_display_reads_can_reach_a_replica() {
+        let sources = SHARED_SOURCES.concat();
+        let mut display_units = Vec::new();
+        for (position, _) in sources.match_indices("displayed!(") {
+            let before = &sources[..position];
+            let function = before.rfind("pub async fn ").expect("inside a function");
+            let name: String = before[function + "pub async fn ".len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            display_units.push(name);
+        }
+        display_units.sort();
+        assert_eq!(
+            display_units,
+            [
+                "display_cart",
+                "display_order",
+                "display_product",
+                "display_shelf_log",
+                "display_sku"
+            ]
+        );
+        assert_eq!(
+            sources.matches("begin_display(").count(),
+            0,
+            "units of work open display transactions only through displayed!"
+        );
+        assert_eq!(
+            sources.matches("reader: &ReadHandle").count(),
+            display_units.len(),
+            "only the display reads take a read handle"
+        );
+    }
 
     /// Every reservation status change goes through `ReservationStatus::transition`:
     /// one `UPDATE reservation SET status` (in `move_reservation`, which checks the

@@ -5,4 +5,5 @@
 
 pub mod mysql;
 pub mod postgres;
+pub(crate) mod replicas;
 pub mod sqlite;

@@ -6,49 +6,67 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use domain::{ShopCode, SkuCode, Timestamp};
+use domain::{ConsistencyToken, Fallback, ShopCode, SkuCode, Timestamp};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row as _, TypeInfo, ValueRef};
 
 use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
+use crate::backends::replicas::{ReplicaSet, WriterPosition};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::replicas::{ReadHandle, ReplicaHealth, Served};
 use crate::sql::{Cell, Statement, Value, text_of};
 use crate::{StoreConfig, StoreLimits};
 
-/// The PostgreSQL database: one pool, shared by every unit of work.
+/// The PostgreSQL database: one pool for the writer, shared by every unit of work, and
+/// a pool per replica for display reads.
 #[derive(Debug, Clone)]
 pub struct PostgresBackend {
     pool: PgPool,
     limits: StoreLimits,
+    replicas: Arc<ReplicaSet>,
+    position: WriterPosition,
+}
+
+/// The options every connection carries, writer's and replicas' alike.
+fn connect_options(url: &str, config: &StoreConfig) -> Result<PgConnectOptions, StoreError> {
+    let mut options = PgConnectOptions::from_str(url)
+        .map_err(|error| StoreError::Unavailable(domain::redact_urls_in(&error.to_string())))?;
+    let lock_timeout = format!("{}ms", config.lock_timeout_milliseconds);
+    let statement_timeout = format!("{}ms", config.statement_timeout_milliseconds);
+    options = options.options([
+        ("lock_timeout", lock_timeout.as_str()),
+        ("statement_timeout", statement_timeout.as_str()),
+        ("synchronous_commit", "on"),
+    ]);
+    if let Some(schema) = &config.postgres_schema {
+        options = options.options([("search_path", schema.as_str())]);
+    }
+    Ok(options)
 }
 
 impl PostgresBackend {
     pub async fn connect(config: &StoreConfig) -> Result<PostgresBackend, StoreError> {
-        let mut options = PgConnectOptions::from_str(&config.database_url)
-            .map_err(|error| StoreError::Unavailable(error.to_string()))?;
-        let lock_timeout = format!("{}ms", config.lock_timeout_milliseconds);
-        let statement_timeout = format!("{}ms", config.statement_timeout_milliseconds);
-        options = options.options([
-            ("lock_timeout", lock_timeout.as_str()),
-            ("statement_timeout", statement_timeout.as_str()),
-            ("synchronous_commit", "on"),
-        ]);
-        if let Some(schema) = &config.postgres_schema {
-            options = options.options([("search_path", schema.as_str())]);
-        }
+        // The writer's sessions are named, so a drill can tell which node stockd writes to.
+        let options = connect_options(&config.database_url, config)?.application_name("stockd");
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
             .connect_with(options)
             .await?;
+        let replicas = ReplicaSet::connect(&config.replicas, config.pool_size, |url| {
+            connect_options(url, config)
+        })?;
         Ok(PostgresBackend {
             pool,
             limits: config.limits,
+            replicas: Arc::new(replicas),
+            position: WriterPosition::new(),
         })
     }
 }
@@ -58,7 +76,7 @@ impl Backend for PostgresBackend {
     type Transaction = sqlx::Transaction<'static, Postgres>;
     type Pooled = PoolConnection<Postgres>;
 
-    crate::backend::one_pool_backend_methods!();
+    crate::backend::one_pool_backend_methods!(replicas);
 
     const NAME: &'static str = "postgres";
 
@@ -68,6 +86,41 @@ impl Backend for PostgresBackend {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?)
+    }
+
+    async fn begin_display(
+        &self,
+        reader: &ReadHandle,
+    ) -> Result<(Self::Transaction, Served), StoreError> {
+        let fallback = match self.replicas.pick() {
+            None => Fallback::NoReplicaInRotation,
+            Some(index) => match self.replicas.begin_on(index, reader.token()).await {
+                Ok(served) => return Ok(served),
+                Err(fallback) => fallback,
+            },
+        };
+        Ok((self.pool.begin().await?, Served::primary(Some(fallback))))
+    }
+
+    fn display_failed(&self, served: &Served, error: &StoreError) {
+        if let Some(index) = served.replica {
+            self.replicas.failed(index, error);
+        }
+    }
+
+    async fn consistency_token(&self) -> Result<ConsistencyToken, StoreError> {
+        self.position.after_commit(&self.pool).await
+    }
+
+    fn has_replicas(&self) -> bool {
+        !self.replicas.is_empty()
+    }
+
+    async fn sample_replicas(&self) -> Vec<ReplicaHealth> {
+        if self.replicas.is_empty() {
+            return Vec::new();
+        }
+        self.replicas.sample(&self.pool).await
     }
 
     async fn reserve_whole_batch(

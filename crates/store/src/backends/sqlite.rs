@@ -91,16 +91,17 @@ impl Backend for SqliteBackend {
             .map_err(StoreError::from)
     }
 
-    async fn begin_read(&self) -> Result<Self::Transaction, StoreError> {
+    /// The read pool reads the same file as the writer: nothing there is stale.
+    async fn begin_writer_read(&self) -> Result<Self::Transaction, StoreError> {
         self.read.begin().await.map_err(StoreError::from)
     }
 
     /// A deferred read transaction sees one WAL snapshot from its first read on.
     async fn begin_snapshot(&self) -> Result<Self::Transaction, StoreError> {
-        self.begin_read().await
+        self.begin_writer_read().await
     }
 
-    async fn read_connection(&self) -> Result<Self::Pooled, StoreError> {
+    async fn writer_read_connection(&self) -> Result<Self::Pooled, StoreError> {
         self.read.acquire().await.map_err(StoreError::from)
     }
 

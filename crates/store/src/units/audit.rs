@@ -422,7 +422,7 @@ impl<B: Backend> Units<B> {
             text.push_str(table);
             text.push('\n');
             let rows = statement(query)
-                .fetch_all_rows(&mut *self.read_connection().await?)
+                .fetch_all_rows(&mut *self.writer_read_connection().await?)
                 .await?;
             for row in &rows {
                 let mut cells = Vec::new();

@@ -4,13 +4,14 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::Units;
 use super::decode::{parse_stored, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{Cart, CartLine, CartSku};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
 use domain::{ErrorCode, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
 
@@ -134,10 +135,27 @@ impl<B: Backend> Units<B> {
 
     /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.
     pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
-        let mut transaction = self.begin_read().await?;
+        let mut transaction = self.begin_writer_read().await?;
         let cart = load_cart(&mut *transaction, shop, user).await;
         transaction.rollback().await?;
         cart
+    }
+
+    /// A shopper's cart as a page shows it, a display read (a checkout reads the
+    /// writer's).
+    pub async fn display_cart(
+        &self,
+        reader: &ReadHandle,
+        shop: Option<&ShopCode>,
+        user: &UserId,
+        now: Timestamp,
+    ) -> Result<Displayed<Cart>, StoreError> {
+        displayed!(self, reader, now, |transaction| load_cart(
+            &mut *transaction,
+            shop,
+            user
+        )
+        .await)
     }
 
     /// Removes the lines a checkout ordered, unless their quantity changed meanwhile.

@@ -3,14 +3,15 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::Units;
 use super::decode::{invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::stock::load_sku;
+use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{NewProduct, ProductChanges};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
 use domain::{
     CategoryCode, ErrorCode, ImageUrl, Product, ProductId, ShopCode, SkuCode, SupplierCode,
@@ -191,9 +192,23 @@ impl<B: Backend> Units<B> {
     }
 
     pub async fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError> {
-        let mut transaction = self.begin_read().await?;
+        let mut transaction = self.begin_writer_read().await?;
         let product = load_product(&mut *transaction, id).await;
         transaction.rollback().await?;
         product
+    }
+
+    /// The shopper's product view, a display read.
+    pub async fn display_product(
+        &self,
+        reader: &ReadHandle,
+        id: &ProductId,
+        now: Timestamp,
+    ) -> Result<Displayed<Option<Product>>, StoreError> {
+        displayed!(self, reader, now, |transaction| load_product(
+            &mut *transaction,
+            id
+        )
+        .await)
     }
 }

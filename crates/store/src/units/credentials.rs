@@ -163,7 +163,7 @@ impl<B: Backend> Units<B> {
         )
         .bind(shop.map(ShopCode::as_str))
         .bind(limit)
-        .fetch_all_as::<(String, String, Option<String>, i64, Option<i64>)>(&mut *self.read_connection().await?)
+        .fetch_all_as::<(String, String, Option<String>, i64, Option<i64>)>(&mut *self.writer_read_connection().await?)
         .await?;
         rows.into_iter().map(decode_service_key).collect()
     }

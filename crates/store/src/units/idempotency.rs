@@ -154,7 +154,7 @@ impl<B: Backend> Units<B> {
             "SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1",
         )
         .bind(key.as_str())
-        .fetch_optional_row(&mut *self.read_connection().await?)
+        .fetch_optional_row(&mut *self.writer_read_connection().await?)
         .await?;
         let Some(row) = row else { return Ok(None) };
         let status_code: i64 = row.try_get("status_code")?;

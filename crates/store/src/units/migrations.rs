@@ -73,7 +73,7 @@ impl<B: Backend> Units<B> {
     /// The database engine and its version, for release evidence.
     pub async fn database_version(&self) -> Result<String, StoreError> {
         let version: String = statement(<B::Connection as Dialect>::VERSION_QUERY)
-            .fetch_one_scalar(&mut *self.read_connection().await?)
+            .fetch_one_scalar(&mut *self.writer_read_connection().await?)
             .await?;
         Ok(version)
     }
@@ -81,7 +81,7 @@ impl<B: Backend> Units<B> {
     /// One round trip to the database: readiness.
     pub async fn ping(&self) -> Result<(), StoreError> {
         statement("SELECT 1")
-            .execute(&mut *self.read_connection().await?)
+            .execute(&mut *self.writer_read_connection().await?)
             .await?;
         Ok(())
     }

@@ -22,8 +22,11 @@ pub(crate) mod shelf;
 pub(crate) mod stock;
 pub(crate) mod tallies;
 
+use domain::{ConsistencyToken, Timestamp};
+
 use crate::backend::Backend;
 use crate::error::StoreError;
+use crate::replicas::{Displayed, ReadHandle, ReplicaHealth};
 
 /// The units of work of one backend; [`crate::Store`] holds one per backend it speaks.
 #[derive(Debug, Clone)]
@@ -40,20 +43,34 @@ impl<B: Backend> Units<B> {
         self.backend.begin_write().await
     }
 
-    async fn begin_read(&self) -> Result<B::Transaction, StoreError> {
-        self.backend.begin_read().await
+    async fn begin_writer_read(&self) -> Result<B::Transaction, StoreError> {
+        self.backend.begin_writer_read().await
     }
 
     async fn begin_snapshot(&self) -> Result<B::Transaction, StoreError> {
         self.backend.begin_snapshot().await
     }
 
-    async fn read_connection(&self) -> Result<B::Pooled, StoreError> {
-        self.backend.read_connection().await
+    async fn writer_read_connection(&self) -> Result<B::Pooled, StoreError> {
+        self.backend.writer_read_connection().await
     }
 
     async fn write_connection(&self) -> Result<B::Pooled, StoreError> {
         self.backend.write_connection().await
+    }
+
+    /// The writer's position after every commit finished so far.
+    pub async fn consistency_token(&self) -> Result<ConsistencyToken, StoreError> {
+        self.backend.consistency_token().await
+    }
+
+    pub fn has_replicas(&self) -> bool {
+        self.backend.has_replicas()
+    }
+
+    /// One step of the replica monitor.
+    pub async fn sample_replicas(&self) -> Vec<ReplicaHealth> {
+        self.backend.sample_replicas().await
     }
 
     fn limits(&self) -> &crate::StoreLimits {
@@ -62,5 +79,63 @@ impl<B: Backend> Units<B> {
 
     pub async fn close(&self) {
         self.backend.close().await
+    }
+}
+
+/// A display read: runs `$read` (an expression using the transaction `$transaction`)
+/// in a transaction from [`Backend::begin_display`], so on a replica when one can
+/// serve `$reader`; when the read fails there, the replica leaves the rotation and the
+/// read runs again on the writer. Answers a [`Displayed`] made at `$now`.
+macro_rules! displayed {
+    ($units:expr, $reader:expr, $now:expr, |$transaction:ident| $read:expr) => {{
+        let units = $units;
+        let (mut $transaction, served) = units.begin_display($reader).await?;
+        let first = $read;
+        let _ = $crate::backend::Finish::rollback($transaction).await;
+        match first {
+            Err(error) if served.by == domain::ServedBy::Replica => {
+                units.display_failed(&served, &error);
+                let mut $transaction = units.begin_writer_read_for_display().await?;
+                let again = $read;
+                let _ = $crate::backend::Finish::rollback($transaction).await;
+                let served =
+                    $crate::replicas::Served::primary(Some(domain::Fallback::ReplicaFailed));
+                again.map(|value| units.displayed(value, &served, $now))
+            }
+            result => result.map(|value| units.displayed(value, &served, $now)),
+        }
+    }};
+}
+pub(crate) use displayed;
+
+impl<B: Backend> Units<B> {
+    async fn begin_display(
+        &self,
+        reader: &ReadHandle,
+    ) -> Result<(B::Transaction, crate::replicas::Served), StoreError> {
+        self.backend.begin_display(reader).await
+    }
+
+    /// The writer, for a display read whose replica failed.
+    async fn begin_writer_read_for_display(&self) -> Result<B::Transaction, StoreError> {
+        self.backend.begin_writer_read().await
+    }
+
+    fn display_failed(&self, served: &crate::replicas::Served, error: &StoreError) {
+        self.backend.display_failed(served, error);
+    }
+
+    fn displayed<T>(
+        &self,
+        value: T,
+        served: &crate::replicas::Served,
+        now: Timestamp,
+    ) -> Displayed<T> {
+        Displayed {
+            value,
+            served_by: served.by,
+            fallback: served.fallback,
+            as_of: served.as_of(now),
+        }
     }
 }

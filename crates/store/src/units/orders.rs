@@ -5,7 +5,6 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::Units;
 use super::batch::with_unlisted_skus;
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
@@ -16,6 +15,7 @@ use super::reservations::{
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, read_tallies};
+use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
 use crate::model::{
@@ -23,6 +23,7 @@ use crate::model::{
 };
 use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
 use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
+use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
 use domain::{
     AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId,
@@ -690,10 +691,24 @@ impl<B: Backend> Units<B> {
     }
 
     pub async fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError> {
-        let mut transaction = self.begin_read().await?;
+        let mut transaction = self.begin_writer_read().await?;
         let order = load_order(&mut *transaction, id).await;
         transaction.rollback().await?;
         order
+    }
+
+    /// `GET /v1/orders/{id}`, a display read (payments and cancels read the writer's).
+    pub async fn display_order(
+        &self,
+        reader: &ReadHandle,
+        id: &OrderId,
+        now: Timestamp,
+    ) -> Result<Displayed<Option<Order>>, StoreError> {
+        displayed!(self, reader, now, |transaction| load_order(
+            &mut *transaction,
+            id
+        )
+        .await)
     }
 
     /// Expires up to `limit` orders still waiting for payment past their hold (unpaid,

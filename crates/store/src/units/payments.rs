@@ -939,13 +939,13 @@ impl<B: Backend> Units<B> {
         let (unresolved, oldest): (i64, Option<i64>) = statement(
             "SELECT COUNT(*), MIN(created_at) FROM payment_attempt WHERE status = 'PROCESSING'",
         )
-        .fetch_one_as(&mut *self.read_connection().await?)
+        .fetch_one_as(&mut *self.writer_read_connection().await?)
         .await?;
         let (refunds, refunds_failed): (i64, i64) = statement(
             "SELECT COALESCE(SUM(CASE WHEN status = 'PENDING' THEN 1 ELSE 0 END), 0), \
              COALESCE(SUM(CASE WHEN status = 'FAILED' THEN 1 ELSE 0 END), 0) FROM refund",
         )
-        .fetch_one_as(&mut *self.read_connection().await?)
+        .fetch_one_as(&mut *self.writer_read_connection().await?)
         .await?;
         Ok(PaymentGauges {
             attempts_unresolved: unresolved,

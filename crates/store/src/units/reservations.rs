@@ -349,7 +349,7 @@ pub(crate) async fn settle_order_reservation<C: Dialect>(
 
 impl<B: Backend> Units<B> {
     pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
-        let mut transaction = self.begin_read().await?;
+        let mut transaction = self.begin_writer_read().await?;
         let reservation = load_reservation(&mut *transaction, id).await;
         transaction.rollback().await?;
         reservation
@@ -441,7 +441,7 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
     ) -> Result<ReservationGauges, StoreError> {
         let reserved: i64 = statement("SELECT COUNT(*) FROM reservation WHERE status = 'RESERVED'")
-            .fetch_one_scalar(&mut *self.read_connection().await?)
+            .fetch_one_scalar(&mut *self.writer_read_connection().await?)
             .await?;
         Ok(ReservationGauges {
             reserved,
@@ -457,7 +457,7 @@ impl<B: Backend> Units<B> {
              WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL",
         )
         .bind(now.unix_milliseconds())
-        .fetch_one_scalar(&mut *self.read_connection().await?)
+        .fetch_one_scalar(&mut *self.writer_read_connection().await?)
         .await
     }
 }

@@ -118,7 +118,7 @@ impl<B: Backend> Units<B> {
     pub async fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError> {
         let due: Option<i64> =
             statement("SELECT MIN(due_at) FROM shelf_schedule WHERE status = 'PENDING'")
-                .fetch_one_scalar(&mut *self.read_connection().await?)
+                .fetch_one_scalar(&mut *self.writer_read_connection().await?)
                 .await?;
         Ok(due.map(Timestamp::from_unix_milliseconds))
     }

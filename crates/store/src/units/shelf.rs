@@ -4,15 +4,16 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::Units;
 use super::decode::parse_stored;
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
     Actor, ShelfChange, ShelfLogQuery, ShelfOutcome, ShelfResult, ShelfTarget, TargetSelector,
 };
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
+use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{built_statement, statement};
 use domain::{
     CategoryCode, Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus,
@@ -340,7 +341,7 @@ impl<B: Backend> Units<B> {
             let rows = built_statement(format!("{select} WHERE sku.product_id = $1"))
                 .bind(product.as_str())
                 .fetch_all_as::<(String, Option<String>, Option<String>)>(
-                    &mut *self.read_connection().await?,
+                    &mut *self.writer_read_connection().await?,
                 )
                 .await?;
             found.extend(rows);
@@ -354,7 +355,7 @@ impl<B: Backend> Units<B> {
             let rows = built_statement(format!("{select} WHERE sku.code = $1"))
                 .bind(sku.as_str())
                 .fetch_all_as::<(String, Option<String>, Option<String>)>(
-                    &mut *self.read_connection().await?,
+                    &mut *self.writer_read_connection().await?,
                 )
                 .await?;
             found.extend(rows);
@@ -378,7 +379,7 @@ impl<B: Backend> Units<B> {
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
             .bind(SHELF_TARGETS_READ_MAX)
             .fetch_all_as::<(String, Option<String>, Option<String>)>(
-                &mut *self.read_connection().await?,
+                &mut *self.writer_read_connection().await?,
             )
             .await?;
             found.extend(rows);
@@ -409,50 +410,68 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
-    pub async fn shelf_log(&self, query: &ShelfLogQuery) -> Result<Vec<ShelfLogEntry>, StoreError> {
-        let rows = statement(
-            "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
-             to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
-             LEFT JOIN sku ON sku.code = shelf_log.sku \
-             WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
-             AND ($3 IS NULL OR sku.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
-             AND ($5 IS NULL OR shelf_log.id > $5) \
-             ORDER BY shelf_log.id LIMIT $6",
+    /// The shelf log, a display read.
+    pub async fn display_shelf_log(
+        &self,
+        reader: &ReadHandle,
+        query: &ShelfLogQuery,
+        now: Timestamp,
+    ) -> Result<Displayed<Vec<ShelfLogEntry>>, StoreError> {
+        displayed!(self, reader, now, |transaction| load_shelf_log(
+            &mut *transaction,
+            query
         )
-        .bind(query.product_id.as_ref().map(ProductId::as_str))
-        .bind(query.sku.as_ref().map(SkuCode::as_str))
-        .bind(query.shop.as_ref().map(ShopCode::as_str))
-        .bind(query.since.map(Timestamp::unix_milliseconds))
-        .bind(query.after_id)
-        .bind(query.limit)
-        .fetch_all_rows(&mut *self.read_connection().await?)
-        .await?;
-        let mut entries = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let product_id: Option<String> = row.try_get("product_id")?;
-            let sku: String = row.try_get("sku")?;
-            let operator_id: String = row.try_get("operator_id")?;
-            let operator_type: String = row.try_get("operator_type")?;
-            let from: String = row.try_get("from_status")?;
-            let to: String = row.try_get("to_status")?;
-            let repeated: i64 = row.try_get("repeated")?;
-            entries.push(ShelfLogEntry {
-                id: row.try_get("id")?,
-                product_id: product_id
-                    .as_deref()
-                    .map(|id| parse_stored("product id", id, ProductId::parse))
-                    .transpose()?,
-                sku: parse_stored("sku code", &sku, SkuCode::parse)?,
-                operator_id: parse_stored("operator id", &operator_id, OperatorId::parse)?,
-                operator_type: parse_stored("operator type", &operator_type, OperatorType::parse)?,
-                from_status: parse_stored("status", &from, SaleStatus::parse)?,
-                to_status: parse_stored("status", &to, SaleStatus::parse)?,
-                operation: row.try_get("operation")?,
-                repeated: repeated == 1,
-                remark: row.try_get("remark")?,
-                created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
-            });
-        }
-        Ok(entries)
+        .await)
     }
+}
+
+/// The shelf log's entries that `query` selects, oldest first.
+async fn load_shelf_log<C: Dialect>(
+    connection: &mut C,
+    query: &ShelfLogQuery,
+) -> Result<Vec<ShelfLogEntry>, StoreError> {
+    let rows = statement(
+        "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
+         to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
+         LEFT JOIN sku ON sku.code = shelf_log.sku \
+         WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
+         AND ($3 IS NULL OR sku.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
+         AND ($5 IS NULL OR shelf_log.id > $5) \
+         ORDER BY shelf_log.id LIMIT $6",
+    )
+    .bind(query.product_id.as_ref().map(ProductId::as_str))
+    .bind(query.sku.as_ref().map(SkuCode::as_str))
+    .bind(query.shop.as_ref().map(ShopCode::as_str))
+    .bind(query.since.map(Timestamp::unix_milliseconds))
+    .bind(query.after_id)
+    .bind(query.limit)
+    .fetch_all_rows(connection)
+    .await?;
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let product_id: Option<String> = row.try_get("product_id")?;
+        let sku: String = row.try_get("sku")?;
+        let operator_id: String = row.try_get("operator_id")?;
+        let operator_type: String = row.try_get("operator_type")?;
+        let from: String = row.try_get("from_status")?;
+        let to: String = row.try_get("to_status")?;
+        let repeated: i64 = row.try_get("repeated")?;
+        entries.push(ShelfLogEntry {
+            id: row.try_get("id")?,
+            product_id: product_id
+                .as_deref()
+                .map(|id| parse_stored("product id", id, ProductId::parse))
+                .transpose()?,
+            sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+            operator_id: parse_stored("operator id", &operator_id, OperatorId::parse)?,
+            operator_type: parse_stored("operator type", &operator_type, OperatorType::parse)?,
+            from_status: parse_stored("status", &from, SaleStatus::parse)?,
+            to_status: parse_stored("status", &to, SaleStatus::parse)?,
+            operation: row.try_get("operation")?,
+            repeated: repeated == 1,
+            remark: row.try_get("remark")?,
+            created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        });
+    }
+    Ok(entries)
 }

@@ -5,15 +5,16 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
     IdempotencyClaim, Idempotent, MovementRecord, Rejection, ReservationAction, ResponseRenderer,
     SkuChanges, StockMovement,
 };
+use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{Row, statement};
 use domain::{
     Currency, ErrorCode, PriceMinor, ProductId, ReservationId, ReservationLine, SaleStatus,
@@ -291,10 +292,24 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
 
 impl<B: Backend> Units<B> {
     pub async fn sku(&self, code: &SkuCode) -> Result<Option<Sku>, StoreError> {
-        let mut transaction = self.begin_read().await?;
+        let mut transaction = self.begin_writer_read().await?;
         let sku = load_sku(&mut *transaction, code).await;
         transaction.rollback().await?;
         sku
+    }
+
+    /// `GET /v1/skus/{sku}`, a display read.
+    pub async fn display_sku(
+        &self,
+        reader: &ReadHandle,
+        code: &SkuCode,
+        now: Timestamp,
+    ) -> Result<Displayed<Option<Sku>>, StoreError> {
+        displayed!(self, reader, now, |transaction| load_sku(
+            &mut *transaction,
+            code
+        )
+        .await)
     }
 
     /// The shops of these SKUs (the ones that exist), read on the writer: the engine

@@ -1,0 +1,123 @@
+//! Read-your-writes across replicas (seed 002 §六.2): answers to writes carry the
+//! writer's position as `Stockd-Consistency-Token`; a display read that sends it back
+//! is served by a replica only when that replica has replayed past it. Display answers
+//! say who served them (`Stockd-Served-By`) and how fresh they are (`as_of`).
+
+use axum::Json;
+use axum::extract::{FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use domain::ConsistencyToken;
+use serde::Serialize;
+use store::{Displayed, ReadHandle};
+
+use crate::AppState;
+use crate::problem::ApiError;
+
+pub const CONSISTENCY_TOKEN_HEADER: &str = "stockd-consistency-token";
+pub const SERVED_BY_HEADER: &str = "stockd-served-by";
+
+/// A display read's handle: from the request's `Stockd-Consistency-Token`, if any.
+pub struct DisplayRead(pub ReadHandle);
+
+impl<S: Send + Sync> FromRequestParts<S> for DisplayRead {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let mut values = parts.headers.get_all(CONSISTENCY_TOKEN_HEADER).iter();
+        let token = match (values.next(), values.next()) {
+            (None, _) => None,
+            (Some(value), None) => {
+                let text = value.to_str().map_err(|_| {
+                    ApiError::invalid("Stockd-Consistency-Token must be visible ASCII")
+                })?;
+                Some(ConsistencyToken::parse(text).map_err(|error| ApiError::invalid(error.0))?)
+            }
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "at most one Stockd-Consistency-Token header may be sent",
+                ));
+            }
+        };
+        Ok(DisplayRead(ReadHandle::display(token)))
+    }
+}
+
+/// A display answer: `body` with `as_of` added, and `Stockd-Served-By`.
+pub fn displayed_response<T, B: Serialize>(displayed: &Displayed<T>, body: B) -> Response {
+    let mut value = serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
+    if let serde_json::Value::Object(fields) = &mut value {
+        fields.insert(
+            "as_of".into(),
+            serde_json::Value::String(displayed.as_of.to_string()),
+        );
+    }
+    let mut response = Json(value).into_response();
+    response.headers_mut().insert(
+        SERVED_BY_HEADER,
+        HeaderValue::from_static(displayed.served_by.as_str()),
+    );
+    response
+}
+
+/// Whether an answer to `method` is the result of a unit of work (a change, or a
+/// refusal stored under the key), whose writes a later read may need to see.
+fn reports_a_write(method: &Method, status: StatusCode) -> bool {
+    let mutating = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    let from_a_unit_of_work = status.is_success()
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::UNPROCESSABLE_ENTITY;
+    mutating && from_a_unit_of_work
+}
+
+/// Middleware: stamps the writer's position on every answer a write's unit of work
+/// gave. The position is read after the answer was made, so it is at or past the
+/// write's commit (and after a replay, past the original's).
+pub async fn stamp_writes(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let mut response = next.run(request).await;
+    if reports_a_write(&method, response.status())
+        && let Some(token) = state.engine.consistency_token().await
+        && let Ok(value) = HeaderValue::from_str(&token.to_string())
+    {
+        response
+            .headers_mut()
+            .insert(CONSISTENCY_TOKEN_HEADER, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_answers_of_units_of_work_carry_a_token() {
+        assert!(reports_a_write(&Method::POST, StatusCode::CREATED));
+        assert!(reports_a_write(&Method::PUT, StatusCode::OK));
+        assert!(reports_a_write(&Method::DELETE, StatusCode::OK));
+        assert!(reports_a_write(&Method::POST, StatusCode::CONFLICT));
+        assert!(reports_a_write(
+            &Method::PATCH,
+            StatusCode::UNPROCESSABLE_ENTITY
+        ));
+        // Refused before any unit of work ran: nothing to wait for, and no database
+        // round trip for an unauthenticated or rate-limited caller.
+        assert!(!reports_a_write(&Method::POST, StatusCode::UNAUTHORIZED));
+        assert!(!reports_a_write(
+            &Method::POST,
+            StatusCode::TOO_MANY_REQUESTS
+        ));
+        assert!(!reports_a_write(&Method::POST, StatusCode::BAD_REQUEST));
+        assert!(!reports_a_write(
+            &Method::POST,
+            StatusCode::SERVICE_UNAVAILABLE
+        ));
+        assert!(!reports_a_write(&Method::GET, StatusCode::OK));
+    }
+}

@@ -1,0 +1,333 @@
+//! PostgreSQL's replicas: which one serves a display read, how far behind each one is,
+//! and the writer's log position that answers to writes carry as consistency tokens.
+//!
+//! A replica is reached only through [`ReplicaSet::begin_on`], which the backend's
+//! `begin_display` calls with a display read's handle. The writer's health never
+//! depends on a replica: replica pools connect lazily, and a replica that fails is
+//! taken out of the rotation while reads go to the primary.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use domain::{ConsistencyToken, Fallback, LagSample, Rotation};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+use tokio::sync::watch;
+
+use crate::error::StoreError;
+use crate::replicas::{ReplicaConfig, ReplicaHealth, Served};
+
+/// Parses a PostgreSQL LSN as `pg_current_wal_lsn()::text` writes it.
+fn position(text: &str) -> Result<ConsistencyToken, StoreError> {
+    ConsistencyToken::parse(text)
+        .map_err(|error| StoreError::Database(format!("an unreadable log position: {error}")))
+}
+
+#[derive(Debug)]
+struct Member {
+    /// The URL without its password.
+    name: String,
+    pool: PgPool,
+    state: Mutex<MemberState>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct MemberState {
+    rotation: Rotation,
+    lag_seconds: Option<f64>,
+    lag_bytes: Option<u64>,
+    lag_seconds_peak: f64,
+}
+
+impl Member {
+    fn state(&self) -> MemberState {
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn update(&self, change: impl FnOnce(&mut MemberState)) -> MemberState {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        change(&mut state);
+        *state
+    }
+}
+
+/// The configured replicas, each with its own pool and rotation.
+#[derive(Debug)]
+pub(crate) struct ReplicaSet {
+    members: Vec<Member>,
+    next: AtomicUsize,
+    lag_seconds_max: f64,
+}
+
+impl ReplicaSet {
+    /// Pools for every replica URL, connected lazily: a replica that is down when stockd
+    /// starts delays nothing.
+    pub fn connect(
+        config: &ReplicaConfig,
+        pool_size: u32,
+        options_of: impl Fn(&str) -> Result<PgConnectOptions, StoreError>,
+    ) -> Result<ReplicaSet, StoreError> {
+        let mut members = Vec::with_capacity(config.urls.len());
+        for url in &config.urls {
+            let options = options_of(url)?
+                .application_name("stockd-replica")
+                .options([("default_transaction_read_only", "on")]);
+            let pool = PgPoolOptions::new()
+                .max_connections(pool_size.max(1))
+                .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
+                .connect_lazy_with(options);
+            members.push(Member {
+                name: domain::redact_url(url),
+                pool,
+                state: Mutex::new(MemberState::default()),
+            });
+        }
+        Ok(ReplicaSet {
+            members,
+            next: AtomicUsize::new(0),
+            lag_seconds_max: config.lag_seconds_max,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The next replica in the rotation, round robin.
+    pub fn pick(&self) -> Option<usize> {
+        let count = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|offset| (start + offset) % count.max(1))
+            .find(|&index| self.members[index].state().rotation.is_in())
+    }
+
+    /// A read-only transaction on replica `index`, when it can serve a read carrying
+    /// `token`; otherwise why not, and nothing is held.
+    pub async fn begin_on(
+        &self,
+        index: usize,
+        token: Option<ConsistencyToken>,
+    ) -> Result<(sqlx::Transaction<'static, Postgres>, Served), Fallback> {
+        let member = &self.members[index];
+        let mut transaction = match member.pool.begin().await {
+            Ok(transaction) => transaction,
+            Err(error) => {
+                self.failed(index, &StoreError::from(error));
+                return Err(Fallback::ReplicaFailed);
+            }
+        };
+        if let Some(token) = token {
+            // On the connection the read will use: behind a read port, each connection
+            // may reach another replica.
+            let replayed: Result<Option<String>, sqlx::Error> =
+                sqlx::query_scalar("SELECT pg_last_wal_replay_lsn()::text")
+                    .fetch_one(&mut *transaction)
+                    .await;
+            let verdict = match replayed {
+                Err(error) => {
+                    self.failed(index, &StoreError::from(error));
+                    Err(Fallback::ReplicaFailed)
+                }
+                Ok(None) => Err(Fallback::NotInRecovery),
+                Ok(Some(replayed)) => match position(&replayed) {
+                    Ok(replayed) if token.is_reached_by(replayed) => Ok(()),
+                    Ok(_) => Err(Fallback::BehindToken),
+                    Err(_) => Err(Fallback::ReplicaFailed),
+                },
+            };
+            if let Err(fallback) = verdict {
+                let _ = transaction.rollback().await;
+                return Err(fallback);
+            }
+        }
+        let lag_seconds = member.state().lag_seconds.unwrap_or(0.0);
+        Ok((transaction, Served::replica(index, lag_seconds)))
+    }
+
+    /// A read on replica `index` failed: it leaves the rotation until it samples well.
+    pub fn failed(&self, index: usize, error: &StoreError) {
+        let member = &self.members[index];
+        let before = member.state().rotation;
+        member.update(|state| state.rotation = state.rotation.after_failure());
+        if before.is_in() {
+            tracing::warn!(replica = %member.name, %error, "replica left the read rotation after a failed read");
+        }
+    }
+
+    /// Samples every replica's lag against the writer's position and moves each into
+    /// or out of the rotation. One step of the replica monitor.
+    pub async fn sample(&self, writer: &PgPool) -> Vec<ReplicaHealth> {
+        let writer_position: Option<ConsistencyToken> =
+            sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text")
+                .fetch_one(writer)
+                .await
+                .ok()
+                .and_then(|text| position(&text).ok());
+        let mut health = Vec::with_capacity(self.members.len());
+        for member in &self.members {
+            let sample = sample_member(member, writer_position).await;
+            let before = member.state().rotation;
+            let after = member.update(|state| {
+                state.rotation = state.rotation.after(sample, self.lag_seconds_max);
+                (state.lag_seconds, state.lag_bytes) = match sample {
+                    LagSample::Measured { seconds, bytes } => (Some(seconds), Some(bytes)),
+                    LagSample::Unhealthy => (None, None),
+                };
+                state.lag_seconds_peak =
+                    state.lag_seconds_peak.max(state.lag_seconds.unwrap_or(0.0));
+            });
+            let rotation_changed = before.is_in() != after.rotation.is_in();
+            if rotation_changed {
+                tracing::warn!(
+                    replica = %member.name,
+                    in_rotation = after.rotation.is_in(),
+                    lag_seconds = ?after.lag_seconds,
+                    lag_seconds_max = self.lag_seconds_max,
+                    "replica rotation changed"
+                );
+            }
+            health.push(ReplicaHealth {
+                name: member.name.clone(),
+                lag_seconds: after.lag_seconds,
+                lag_bytes: after.lag_bytes,
+                lag_seconds_peak: after.lag_seconds_peak,
+                in_rotation: after.rotation.is_in(),
+                rotation_changed,
+            });
+        }
+        health
+    }
+
+    pub async fn close(&self) {
+        for member in &self.members {
+            member.pool.close().await;
+        }
+    }
+}
+
+/// One replica's lag: bytes behind the writer's position, and seconds since the last
+/// transaction it replayed unless it has replayed everything the writer had.
+async fn sample_member(member: &Member, writer_position: Option<ConsistencyToken>) -> LagSample {
+    let row: Result<(bool, Option<String>, Option<i64>), sqlx::Error> = sqlx::query_as(
+        "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, \
+         (EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint",
+    )
+    .fetch_one(&member.pool)
+    .await;
+    let Ok((true, Some(replayed), replay_age_milliseconds)) = row else {
+        return LagSample::Unhealthy;
+    };
+    let Ok(replayed) = position(&replayed) else {
+        return LagSample::Unhealthy;
+    };
+    let bytes = writer_position
+        .map(|writer| writer.position().saturating_sub(replayed.position()))
+        .unwrap_or(0);
+    let caught_up = writer_position.is_some_and(|writer| writer.is_reached_by(replayed));
+    let seconds = if caught_up {
+        0.0
+    } else {
+        replay_age_milliseconds.unwrap_or(0).max(0) as f64 / 1000.0
+    };
+    LagSample::Measured { seconds, bytes }
+}
+
+/// The writer's log position after a commit, read once for every caller waiting at
+/// the same time: a caller needs a read that *starts* after its commit finished, so it
+/// waits for the next read to start (or starts it) rather than take one in flight.
+/// Under load this is one round trip per round trip, not one per answer.
+#[derive(Debug, Clone)]
+pub(crate) struct WriterPosition {
+    inner: Arc<PositionInner>,
+}
+
+#[derive(Debug)]
+struct PositionInner {
+    state: Mutex<PositionState>,
+    published: watch::Sender<Published>,
+}
+
+#[derive(Debug, Default)]
+struct PositionState {
+    /// The number of the last read started.
+    started: u64,
+    /// A read is running; `wanted` asks it to start another when it ends.
+    running: bool,
+    wanted: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Published {
+    read: u64,
+    position: Result<ConsistencyToken, StoreError>,
+}
+
+impl WriterPosition {
+    pub fn new() -> WriterPosition {
+        let (published, _) = watch::channel(Published {
+            read: 0,
+            position: Ok(ConsistencyToken::ORIGIN),
+        });
+        WriterPosition {
+            inner: Arc::new(PositionInner {
+                state: Mutex::new(PositionState::default()),
+                published,
+            }),
+        }
+    }
+
+    /// A position at or past every commit that finished before this call.
+    pub async fn after_commit(&self, writer: &PgPool) -> Result<ConsistencyToken, StoreError> {
+        let mut receiver = self.inner.published.subscribe();
+        let (needed, start) = {
+            let mut state = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            let needed = state.started + 1;
+            let start = !state.running;
+            if start {
+                state.running = true;
+                state.started = needed;
+            } else {
+                state.wanted = true;
+            }
+            (needed, start)
+        };
+        if start {
+            // A task of its own, so a caller that goes away never strands the others.
+            tokio::spawn(read_positions(self.inner.clone(), writer.clone(), needed));
+        }
+        let published = receiver
+            .wait_for(|published| published.read >= needed)
+            .await
+            .map_err(|_| StoreError::Unavailable("the writer position reader stopped".into()))?;
+        published.position.clone()
+    }
+}
+
+/// Reads the writer's position, then again while callers arrived during the read.
+async fn read_positions(inner: Arc<PositionInner>, writer: PgPool, mut read: u64) {
+    loop {
+        let position = sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&writer)
+            .await
+            .map_err(StoreError::from)
+            .and_then(|text| position(&text));
+        inner.published.send_replace(Published { read, position });
+        let mut state = inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.wanted {
+            state.wanted = false;
+            state.started += 1;
+            read = state.started;
+        } else {
+            state.running = false;
+            return;
+        }
+    }
+}
