@@ -20,6 +20,8 @@ pub struct WireRequest {
     /// The `Authorization` header's value (`Bearer …`), built once per credential.
     pub authorization: Option<HeaderValue>,
     pub content_type: Option<&'static str>,
+    /// `Stockd-Consistency-Token`, for display reads that must see a write.
+    pub consistency_token: Option<String>,
     pub body: Bytes,
 }
 
@@ -31,6 +33,7 @@ impl WireRequest {
             idempotency_key: None,
             authorization: None,
             content_type: None,
+            consistency_token: None,
             body: Bytes::new(),
         }
     }
@@ -42,12 +45,18 @@ impl WireRequest {
             idempotency_key: None,
             authorization: None,
             content_type: Some("application/json"),
+            consistency_token: None,
             body: Bytes::from(body.to_string()),
         }
     }
 
     pub fn key(mut self, key: impl Into<String>) -> WireRequest {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    pub fn consistency_token(mut self, token: impl Into<String>) -> WireRequest {
+        self.consistency_token = Some(token.into());
         self
     }
 
@@ -76,6 +85,10 @@ pub fn authorization(token: &str) -> Option<HeaderValue> {
 pub struct WireReply {
     pub status: u16,
     pub replayed: bool,
+    /// `Stockd-Consistency-Token` of a write's answer.
+    pub consistency_token: Option<String>,
+    /// `Stockd-Served-By` of a display answer.
+    pub served_by: Option<String>,
     pub body: Bytes,
 }
 
@@ -154,6 +167,9 @@ impl HttpConnection {
             if let Some(authorization) = &request.authorization {
                 builder = builder.header("authorization", authorization.clone());
             }
+            if let Some(token) = &request.consistency_token {
+                builder = builder.header("stockd-consistency-token", token);
+            }
             if let Some(content_type) = request.content_type {
                 builder = builder.header("content-type", content_type);
             }
@@ -167,6 +183,15 @@ impl HttpConnection {
                         .headers()
                         .get("idempotent-replayed")
                         .is_some_and(|value| value == "true");
+                    let header = |name: &str| {
+                        response
+                            .headers()
+                            .get(name)
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_owned)
+                    };
+                    let consistency_token = header("stockd-consistency-token");
+                    let served_by = header("stockd-served-by");
                     let body = response
                         .into_body()
                         .collect()
@@ -176,6 +201,8 @@ impl HttpConnection {
                     return Ok(WireReply {
                         status,
                         replayed,
+                        consistency_token,
+                        served_by,
                         body,
                     });
                 }

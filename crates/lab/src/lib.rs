@@ -3,6 +3,8 @@
 //! `stockd` binary for `stockd bench` and `stockd lab`, never into the server's crates.
 
 pub mod client;
+pub mod cluster;
+pub mod drill;
 pub mod evidence;
 pub mod report;
 pub mod runner;

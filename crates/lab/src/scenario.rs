@@ -383,6 +383,7 @@ fn raw(
         idempotency_key: key.map(str::to_owned),
         authorization: None,
         content_type,
+        consistency_token: None,
         body: Bytes::from(body.to_owned()),
     }
 }

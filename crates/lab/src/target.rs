@@ -9,6 +9,35 @@ use std::time::Duration;
 use engine::{Engine, EngineConfig, SystemClock};
 use store::{Store, StoreConfig};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How the lab starts a server in its own process.
+#[derive(Debug, Clone)]
+pub struct InProcessOptions {
+    pub pool_size: u32,
+    pub engine_config: EngineConfig,
+    /// Replicas for display reads (`STOCKD_REPLICA_URLS`).
+    pub replica_urls: Vec<String>,
+    pub replica_lag_seconds_max: Option<f64>,
+    /// Longest wait for a pooled connection. A benchmark queues far more requests than
+    /// connections and lets them wait their turn; a drill wants `unavailable` soon.
+    pub acquire_timeout_milliseconds: u64,
+    /// Run the background workers (expiry, payments, the replica monitor, …).
+    pub workers: bool,
+}
+
+impl Default for InProcessOptions {
+    fn default() -> InProcessOptions {
+        InProcessOptions {
+            pool_size: 16,
+            engine_config: EngineConfig::default(),
+            replica_urls: Vec::new(),
+            replica_lag_seconds_max: None,
+            acquire_timeout_milliseconds: 60_000,
+            workers: false,
+        }
+    }
+}
 
 /// A running stockd the lab can reach.
 pub struct Target {
@@ -87,6 +116,7 @@ struct Started {
 async fn serve_in_process(
     config: StoreConfig,
     engine_config: EngineConfig,
+    workers: bool,
     admin_token: domain::Secret,
     shutdown: CancellationToken,
     started: tokio::sync::oneshot::Sender<Result<Started, String>>,
@@ -110,6 +140,9 @@ async fn serve_in_process(
             engine_config,
         );
         engine.configure_admin_token(&admin_token);
+        if workers {
+            engine::workers::spawn_workers(&engine, &TaskTracker::new(), &shutdown);
+        }
         let router = api::app(api::AppState::new(
             engine,
             Some(api::metrics::install_recorder()),
@@ -188,6 +221,31 @@ impl Target {
         pool_size: u32,
         engine_config: EngineConfig,
     ) -> Result<Target, String> {
+        Target::in_process_with(
+            server_url,
+            InProcessOptions {
+                pool_size,
+                engine_config,
+                ..InProcessOptions::default()
+            },
+        )
+        .await
+    }
+
+    /// [`Target::in_process`] with every option: replicas, the pool's acquire bound and
+    /// the background workers (a drill needs the replica monitor).
+    pub async fn in_process_with(
+        server_url: Option<&str>,
+        options: InProcessOptions,
+    ) -> Result<Target, String> {
+        let InProcessOptions {
+            pool_size,
+            engine_config,
+            replica_urls,
+            replica_lag_seconds_max,
+            acquire_timeout_milliseconds,
+            workers,
+        } = options;
         let (config, scratch) = match server_url {
             Some(url) if url.starts_with("mysql://") => {
                 let database = format!("stockd_bench_{}", random_suffix());
@@ -233,9 +291,11 @@ impl Target {
         };
         let mut config = config;
         config.pool_size = pool_size;
-        // A benchmark queues far more requests than connections; let them wait their
-        // turn instead of failing on the default acquire bound.
-        config.acquire_timeout_milliseconds = 60_000;
+        config.acquire_timeout_milliseconds = acquire_timeout_milliseconds;
+        config.replicas.urls = replica_urls;
+        if let Some(seconds) = replica_lag_seconds_max {
+            config.replicas.lag_seconds_max = seconds;
+        }
         let admin_token = domain::Secret::new(random_suffix());
         let shutdown = CancellationToken::new();
         let (started_sender, started) = tokio::sync::oneshot::channel();
@@ -254,6 +314,7 @@ impl Target {
                         Ok(runtime) => runtime.block_on(serve_in_process(
                             config,
                             engine_config,
+                            workers,
                             admin_token,
                             shutdown,
                             started_sender,

@@ -38,11 +38,30 @@ enum Command {
     /// Drive a load scenario against stockd and judge the result; exit 0 only when
     /// nothing was oversold, duplicated or left unexplained.
     Bench(BenchArguments),
+    /// Inject a real fault, check what must hold, print a verdict; exit 0 only when
+    /// it held (failover, replica-lag: on deploy/local-cluster, started if down).
+    Drill(DrillArguments),
     /// Experiments straight against a database.
     Lab {
         #[command(subcommand)]
         experiment: LabCommand,
     },
+}
+
+#[derive(Args)]
+struct DrillArguments {
+    /// failover or replica-lag.
+    name: String,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// failover: clients sending reservations at once.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// failover: seconds of load before the leader is killed, and after the first
+    /// write the new leader acknowledged.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
 }
 
 #[derive(Subcommand)]
@@ -827,6 +846,35 @@ async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
     Ok(report.ok())
 }
 
+/// Runs one drill; true when everything it checks held.
+async fn drill(arguments: DrillArguments) -> Result<bool, String> {
+    let seconds = Duration::from_secs(arguments.seconds.max(1));
+    let report = match arguments.name.as_str() {
+        "failover" => {
+            lab::drill::failover(lab::drill::FailoverOptions {
+                clients: arguments.clients.clamp(1, 256),
+                before_kill: seconds,
+                after_recovery: seconds,
+            })
+            .await?
+        }
+        "replica-lag" => lab::drill::replica_lag(lab::drill::ReplicaLagOptions::default()).await?,
+        other => {
+            return Err(format!(
+                "unknown drill '{other}' (this build has: {})",
+                lab::drill::DRILLS.join(", ")
+            ));
+        }
+    };
+    print!("{}", report.render());
+    if let Some(path) = &arguments.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|error| error.to_string())?;
+        std::fs::write(path, text)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    Ok(report.held)
+}
+
 async fn bench(arguments: BenchArguments) -> Result<bool, String> {
     let command = lab::BenchCommand {
         scenario: lab::Scenario::parse(&arguments.scenario)?,
@@ -906,6 +954,7 @@ fn main() -> ExitCode {
             }
             Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,
             Command::Bench(arguments) => bench(arguments).await,
+            Command::Drill(arguments) => drill(arguments).await,
             Command::Lab {
                 experiment: LabCommand::Strategies(arguments),
             } => strategies(arguments).await,

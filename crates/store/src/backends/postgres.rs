@@ -144,13 +144,31 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// `statement_timeout` passed (or the statement was cancelled).
 const QUERY_CANCELED: &str = "57014";
 
-/// PostgreSQL's errors by SQLSTATE.
+/// The server is going away or not yet there: a restart, a crash, a failover.
+const ADMIN_SHUTDOWN: &str = "57P01";
+const CRASH_SHUTDOWN: &str = "57P02";
+const CANNOT_CONNECT_NOW: &str = "57P03";
+/// A write reached a node in recovery: the address still led to a demoted leader.
+const READ_ONLY_SQL_TRANSACTION: &str = "25006";
+const TOO_MANY_CONNECTIONS: &str = "53300";
+/// Class 08: the connection itself failed.
+const CONNECTION_EXCEPTION_CLASS: &str = "08";
+
+/// PostgreSQL's errors by SQLSTATE. Everything a failover can raise is `Unavailable`
+/// (503 with `Retry-After`): the outcome of that unit of work is unknown or nothing,
+/// and a retry with the same key finds the committed answer or runs anew.
 pub(crate) fn classify_database(error: &sqlx::postgres::PgDatabaseError) -> StoreError {
     let message = error.message().to_owned();
     match error.code() {
         SERIALIZATION_FAILURE | DEADLOCK_DETECTED => StoreError::Retryable(message),
         LOCK_NOT_AVAILABLE => StoreError::LockTimeout(message),
-        QUERY_CANCELED => StoreError::Unavailable(message),
+        QUERY_CANCELED
+        | ADMIN_SHUTDOWN
+        | CRASH_SHUTDOWN
+        | CANNOT_CONNECT_NOW
+        | READ_ONLY_SQL_TRANSACTION
+        | TOO_MANY_CONNECTIONS => StoreError::Unavailable(message),
+        code if code.starts_with(CONNECTION_EXCEPTION_CLASS) => StoreError::Unavailable(message),
         code => StoreError::Database(format!("{message} (code {code})")),
     }
 }
