@@ -608,6 +608,8 @@ pub struct Call {
     pub content_type: Option<String>,
     /// The payment gateway's webhook signature header (`Stripe-Signature`), if any.
     pub signature: Option<String>,
+    /// `Stockd-Consistency-Token`, for display reads.
+    pub consistency_token: Option<String>,
 }
 
 impl Call {
@@ -620,7 +622,13 @@ impl Call {
             body: None,
             content_type: None,
             signature: None,
+            consistency_token: None,
         }
+    }
+
+    pub fn consistency_token(mut self, token: impl Into<String>) -> Call {
+        self.consistency_token = Some(token.into());
+        self
     }
 
     pub fn get(path: impl Into<String>) -> Call {
@@ -862,6 +870,9 @@ impl TestApp {
         }
         if let Some(signature) = &call.signature {
             request = request.header("stripe-signature", signature);
+        }
+        if let Some(token) = &call.consistency_token {
+            request = request.header("stockd-consistency-token", token);
         }
         let request = request
             .body(call.body.map_or_else(Body::empty, Body::from))

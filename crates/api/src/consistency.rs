@@ -81,7 +81,10 @@ fn reports_a_write(method: &Method, status: StatusCode) -> bool {
 pub async fn stamp_writes(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let mut response = next.run(request).await;
-    if reports_a_write(&method, response.status())
+    // The combiner read the position once for its whole batch: nothing more to read.
+    let stamped = response.headers().contains_key(CONSISTENCY_TOKEN_HEADER);
+    if !stamped
+        && reports_a_write(&method, response.status())
         && let Some(token) = state.engine.consistency_token().await
         && let Ok(value) = HeaderValue::from_str(&token.to_string())
     {

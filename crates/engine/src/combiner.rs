@@ -17,6 +17,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Instant;
 
+use domain::ConsistencyToken;
 use store::{Idempotent, LockTurn, ReserveRequest, ResponseRenderer, Store, StoreError};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -36,7 +37,14 @@ pub enum Refusal {
 struct Job {
     request: ReserveRequest,
     enqueued: Instant,
-    reply: oneshot::Sender<Result<Idempotent, StoreError>>,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// A request's outcome, with the writer's position after its batch committed (the
+/// answer's consistency token: read once per batch, not once per request).
+pub(crate) struct Answer {
+    pub outcome: Result<Idempotent, StoreError>,
+    pub position: Option<ConsistencyToken>,
 }
 
 #[derive(Clone)]
@@ -100,10 +108,7 @@ impl Combiner {
     }
 
     /// Queues `request` and waits for its batch to commit.
-    pub async fn submit(
-        &self,
-        request: ReserveRequest,
-    ) -> Result<Result<Idempotent, StoreError>, Refusal> {
+    pub(crate) async fn submit(&self, request: ReserveRequest) -> Result<Answer, Refusal> {
         let shard = self.shard_of(&request);
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -169,10 +174,16 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
                 jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
             let outcomes = execute(&context, &requests, turn).await;
             drop(permit);
+            // After the commit, so at or past it; a batch that wrote nothing needs none.
+            let position = if outcomes.iter().any(Result::is_ok) {
+                context.store.consistency_token().await.ok()
+            } else {
+                None
+            };
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A caller that went away still had its effect stored; its retry
                 // replays it.
-                let _ = reply.send(outcome);
+                let _ = reply.send(Answer { outcome, position });
             }
         });
     }

@@ -257,6 +257,7 @@ impl Engine {
             return Ok(Reply {
                 response: renderer.operator_created(operator, shop, Some(&token)),
                 replayed: false,
+                consistency_token: None,
             });
         }
         Ok(reply)
@@ -297,6 +298,7 @@ impl Engine {
             return Ok(Reply {
                 response: renderer.service_key_created(&key, Some(&secret)),
                 replayed: false,
+                consistency_token: None,
             });
         }
         Ok(reply)

@@ -44,6 +44,9 @@ use retry::with_retries;
 pub struct Reply {
     pub response: StoredResponse,
     pub replayed: bool,
+    /// The writer's position after the commit, when the unit of work read it (the
+    /// combiner does, once per batch); otherwise the HTTP layer reads it.
+    pub consistency_token: Option<ConsistencyToken>,
 }
 
 /// How often a retry re-checks its original after waiting; bounds the loop when an
@@ -188,6 +191,7 @@ impl Engine {
             Idempotent::Executed(response) => Ok(Reply {
                 response,
                 replayed: false,
+                consistency_token: None,
             }),
             Idempotent::Replayed(response) => {
                 metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
@@ -195,6 +199,7 @@ impl Engine {
                 Ok(Reply {
                     response,
                     replayed: true,
+                    consistency_token: None,
                 })
             }
             Idempotent::KeyReused => Err(EngineError::IdempotencyKeyReused),
@@ -305,18 +310,27 @@ impl Engine {
             shop,
             user,
         };
-        self.idempotent("reserve", claim, || async {
-            match self.inner.combiner.submit(request).await {
-                Ok(outcome) => outcome.map_err(|error| log_store_error("reserve", error)),
-                Err(Refusal::QueueFull) => Err(EngineError::Overloaded(
-                    "too many reservations are queued; retry with the same key".into(),
-                )),
-                Err(Refusal::Stopped) => {
-                    Err(EngineError::Unavailable("stockd is shutting down".into()))
+        let position = std::sync::Mutex::new(None);
+        let mut reply = self
+            .idempotent("reserve", claim, || async {
+                match self.inner.combiner.submit(request).await {
+                    Ok(answer) => {
+                        *position.lock().unwrap_or_else(|p| p.into_inner()) = answer.position;
+                        answer
+                            .outcome
+                            .map_err(|error| log_store_error("reserve", error))
+                    }
+                    Err(Refusal::QueueFull) => Err(EngineError::Overloaded(
+                        "too many reservations are queued; retry with the same key".into(),
+                    )),
+                    Err(Refusal::Stopped) => {
+                        Err(EngineError::Unavailable("stockd is shutting down".into()))
+                    }
                 }
-            }
-        })
-        .await
+            })
+            .await?;
+        reply.consistency_token = position.into_inner().unwrap_or_else(|p| p.into_inner());
+        Ok(reply)
     }
 
     /// `POST /v1/reservations/{id}/confirm` and `/release`. A reservation held by an
@@ -561,6 +575,7 @@ impl Engine {
                 Ok(Some(Reply {
                     response,
                     replayed: true,
+                    consistency_token: None,
                 }))
             }
             Some(_) => Err(EngineError::IdempotencyKeyReused),

@@ -1,0 +1,149 @@
+//! Read-your-writes on every backend: answers to writes carry `Stockd-Consistency-Token`
+//! (on PostgreSQL the writer's WAL position, `0/0` on backends stockd does not
+//! replicate), display answers say who served them and how fresh they are, and a
+//! malformed token is refused. Replicas themselves are tested on the local cluster
+//! (`crates/lab/tests/cluster.rs`).
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests};
+use domain::ConsistencyToken;
+use serde_json::json;
+
+mirrored_tests!(
+    every_write_answer_carries_a_token_that_a_display_read_accepts,
+    a_reservation_answer_carries_the_position_its_batch_reached,
+    a_malformed_token_is_refused_and_changes_nothing,
+);
+
+fn key(purpose: &str) -> String {
+    format!("consistency-{purpose}-{}", rand::random::<u64>())
+}
+
+fn token_of(response: &acceptance::TestResponse) -> ConsistencyToken {
+    let text = response
+        .headers
+        .get("stockd-consistency-token")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_else(|| panic!("no Stockd-Consistency-Token: {response:?}"));
+    ConsistencyToken::parse(text).expect("a token stockd wrote parses")
+}
+
+async fn every_write_answer_carries_a_token_that_a_display_read_accepts(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let created = app
+        .send(
+            Call::put("/v1/skus/TOKEN-1")
+                .admin()
+                .key(key("sku"))
+                .json(&json!({"title": "TV"})),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let first = token_of(&created);
+    let received = app
+        .send(
+            Call::post("/v1/skus/TOKEN-1/stock-movements")
+                .admin()
+                .key(key("receive"))
+                .json(&json!({"kind": "receive", "quantity": 3})),
+        )
+        .await;
+    assert_eq!(received.status, 201, "{received:?}");
+    let second = token_of(&received);
+    assert!(
+        second >= first,
+        "positions only move forward: {first} then {second}"
+    );
+    if backend == Backend::Postgres {
+        assert!(
+            second > ConsistencyToken::ORIGIN,
+            "PostgreSQL names a real position"
+        );
+    }
+
+    let shown = app
+        .send(
+            Call::get("/v1/skus/TOKEN-1")
+                .admin()
+                .consistency_token(second.to_string()),
+        )
+        .await;
+    assert_eq!(shown.status, 200, "{shown:?}");
+    assert_eq!(shown.json()["available"], 3, "the read sees the write");
+    assert_eq!(
+        shown
+            .headers
+            .get("stockd-served-by")
+            .map(|v| v.to_str().unwrap()),
+        Some("primary"),
+        "without replicas the primary serves every display read"
+    );
+    let as_of = shown.json()["as_of"].as_str().map(str::to_owned);
+    assert!(
+        as_of.is_some_and(|as_of| domain::Timestamp::parse_rfc3339(&as_of).is_ok()),
+        "{}",
+        shown.body
+    );
+    assert!(
+        !shown.headers.contains_key("stockd-consistency-token"),
+        "a read is not a write"
+    );
+}
+
+async fn a_reservation_answer_carries_the_position_its_batch_reached(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TOKEN-2", 5).await;
+    let before = token_of(
+        &app.send(
+            Call::post("/v1/skus/TOKEN-2/stock-movements")
+                .admin()
+                .key(key("more"))
+                .json(&json!({"kind": "receive", "quantity": 1})),
+        )
+        .await,
+    );
+    let reservation_key = key("reserve");
+    let reserved = app.reserve(&reservation_key, &[("TOKEN-2", 2)]).await;
+    assert_eq!(reserved.status, 201, "{reserved:?}");
+    let after = token_of(&reserved);
+    assert!(after >= before, "{before} then {after}");
+    // A replay carries a token too (the position now, past the original's commit).
+    let replayed = app.reserve(&reservation_key, &[("TOKEN-2", 2)]).await;
+    assert_eq!(replayed.headers.get("idempotent-replayed").unwrap(), "true");
+    assert!(token_of(&replayed) >= after);
+    // A refusal stored under its key is a unit of work's answer as well.
+    let refused = app.reserve(&key("too-many"), &[("TOKEN-2", 50)]).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    token_of(&refused);
+}
+
+async fn a_malformed_token_is_refused_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TOKEN-3", 1).await;
+    let before = app.contents().await;
+    for token in [
+        "",
+        "x",
+        "1",
+        "1/",
+        "0x1/2",
+        "1/2/3",
+        "123456789/0",
+        "  0/1",
+        "%00",
+    ] {
+        let shown = app
+            .send(
+                Call::get("/v1/skus/TOKEN-3")
+                    .admin()
+                    .consistency_token(token),
+            )
+            .await;
+        assert_eq!(shown.status, 400, "{token:?}: {shown:?}");
+        assert_eq!(shown.json()["code"], "invalid_argument", "{token:?}");
+    }
+    assert_eq!(
+        app.contents().await,
+        before,
+        "a refused read changed nothing"
+    );
+}
