@@ -7,7 +7,7 @@
 #   PostgreSQL   15501 15502 15503   (nodes node1 node2 node3)
 #   Patroni REST 18001 18002 18003
 #   etcd         12379 (clients) 12380 (peers)
-# Data, logs and pid files live under $STOCKD_CLUSTER_DIR (default a directory under
+# Data and logs live under $STOCKD_CLUSTER_DIR (default a directory under
 # the system's temporary directory), which `down` removes.
 set -euo pipefail
 
@@ -47,8 +47,24 @@ port_open() {
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-pid_alive() { # pid file
-    [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
+
+# Processes are found by their command lines, which name this cluster's directory: a pid
+# file would hold the pid of `runuser`, not of Patroni, and PostgreSQL's children outlive
+# a killed postmaster.
+patroni_pattern() { # node (or "node" for all)
+    echo "patroni $CLUSTER_DIR/$1"
+}
+postgres_pattern() {
+    echo "$CLUSTER_DIR/node[0-9]/data"
+}
+etcd_pattern() {
+    echo "etcd --name stockd-etcd --data-dir $CLUSTER_DIR/etcd"
+}
+haproxy_pattern() {
+    echo "haproxy -D -f $CLUSTER_DIR/haproxy.cfg"
+}
+running() { # pattern
+    pgrep -f -- "$1" >/dev/null 2>&1
 }
 
 # Patroni's REST answer for a node, or nothing when it does not answer.
