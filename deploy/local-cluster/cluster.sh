@@ -67,17 +67,17 @@ running() { # pattern
     pgrep -f -- "$1" >/dev/null 2>&1
 }
 
-# Patroni's REST answer for a node, or nothing when it does not answer.
-node_rest() { # node path
-    curl -s --max-time 2 "http://127.0.0.1:$(node_rest_port "$1")$2" 2>/dev/null || true
+# Whether Patroni's REST API on `node` answers 200 to `path` (/primary, /replica).
+rest_ok() { # node path
+    curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
+        "http://127.0.0.1:$(node_rest_port "$1")$2" 2>/dev/null | grep -q 200
 }
 
 # The name of the node Patroni reports as leader, or nothing.
 leader_node() {
     local node
     for node in "${NODES[@]}"; do
-        if curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
-            "http://127.0.0.1:$(node_rest_port "$node")/primary" 2>/dev/null | grep -q 200; then
+        if rest_ok "$node" /primary; then
             echo "$node"
             return 0
         fi
@@ -89,8 +89,7 @@ leader_node() {
 replica_count() {
     local node count=0
     for node in "${NODES[@]}"; do
-        if curl -s -o /dev/null -w '%{http_code}' --max-time 2 \
-            "http://127.0.0.1:$(node_rest_port "$node")/replica" 2>/dev/null | grep -q 200; then
+        if rest_ok "$node" /replica; then
             count=$((count + 1))
         fi
     done

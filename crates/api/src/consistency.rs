@@ -86,13 +86,19 @@ pub async fn stamp_writes(State(state): State<AppState>, request: Request, next:
     if !stamped
         && reports_a_write(&method, response.status())
         && let Some(token) = state.engine.consistency_token().await
-        && let Ok(value) = HeaderValue::from_str(&token.to_string())
     {
+        stamp(&mut response, token);
+    }
+    response
+}
+
+/// Puts `token` on `response` as `Stockd-Consistency-Token`.
+pub fn stamp(response: &mut Response, token: ConsistencyToken) {
+    if let Ok(value) = HeaderValue::from_str(&token.to_string()) {
         response
             .headers_mut()
             .insert(CONSISTENCY_TOKEN_HEADER, value);
     }
-    response
 }
 
 #[cfg(test)]

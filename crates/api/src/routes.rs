@@ -43,12 +43,8 @@ pub fn reply_response(reply: Reply) -> Response {
     if let Some(code) = outcome {
         response.extensions_mut().insert(OutcomeCode(code));
     }
-    if let Some(token) = reply.consistency_token
-        && let Ok(value) = HeaderValue::from_str(&token.to_string())
-    {
-        response
-            .headers_mut()
-            .insert(crate::consistency::CONSISTENCY_TOKEN_HEADER, value);
+    if let Some(token) = reply.consistency_token {
+        crate::consistency::stamp(&mut response, token);
     }
     response
 }

@@ -29,7 +29,8 @@ pub fn node_url(node: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{}/postgres", node_port(node))
 }
 
-fn node_port(node: &str) -> u16 {
+/// The port of `node`'s PostgreSQL (never through HAProxy).
+pub fn node_port(node: &str) -> u16 {
     let index = NODES.iter().position(|name| *name == node).unwrap_or(0);
     NODE_PORT_BASE + 1 + index as u16
 }
@@ -130,20 +131,25 @@ impl LocalCluster {
         roles
     }
 
-    pub async fn leader(&self) -> Option<&'static str> {
-        self.roles()
-            .await
-            .into_iter()
-            .find(|(_, role)| *role == NodeRole::Primary)
-            .map(|(node, _)| node)
+    /// What `node` says it is now.
+    pub async fn role(&self, node: &str) -> NodeRole {
+        node_role(node).await
     }
 
-    /// A node other than `except` that is a replica.
+    pub async fn leader(&self) -> Option<&'static str> {
+        self.first_with_role(NodeRole::Primary).await
+    }
+
+    /// A node that is a replica now.
     pub async fn replica(&self) -> Option<&'static str> {
+        self.first_with_role(NodeRole::Replica).await
+    }
+
+    async fn first_with_role(&self, wanted: NodeRole) -> Option<&'static str> {
         self.roles()
             .await
             .into_iter()
-            .find(|(_, role)| *role == NodeRole::Replica)
+            .find(|(_, role)| *role == wanted)
             .map(|(node, _)| node)
     }
 

@@ -431,7 +431,7 @@ async fn failover_on(
         internal_errors == 0,
         format!("{internal_errors} answers were 500"),
     ));
-    checks.extend(points.checks);
+    checks.extend(points);
     let figures = json!({
         "requests": requests,
         "acknowledged": figures_of_load.acknowledged,
@@ -633,59 +633,43 @@ async fn workers_resume(drilled: &Drilled) -> Check {
     )
 }
 
-struct SeedPoints {
-    checks: Vec<Check>,
-}
-
 /// Seed 002 §十.4: the old leader no longer takes writes, the new one does, and stockd
 /// no longer talks to the old one (its writer sessions are named `stockd`).
-async fn seed_points(cluster: &LocalCluster, old: &str, new: &str) -> SeedPoints {
+async fn seed_points(cluster: &LocalCluster, old: &str, new: &str) -> Vec<Check> {
     // The old node comes back as a replica once Patroni has rewound it.
     let deadline = Instant::now() + LEADER_TIMEOUT;
     let mut old_role = NodeRole::Down;
     while Instant::now() < deadline {
-        old_role = cluster
-            .roles()
-            .await
-            .into_iter()
-            .find(|(node, _)| *node == old)
-            .map_or(NodeRole::Down, |(_, role)| role);
+        old_role = cluster.role(old).await;
         if old_role == NodeRole::Replica {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let new_role = cluster
-        .roles()
-        .await
-        .into_iter()
-        .find(|(node, _)| *node == new)
-        .map_or(NodeRole::Down, |(_, role)| role);
+    let new_role = cluster.role(new).await;
     let old_sessions = cluster::sessions_named(old, "stockd").await;
     let new_sessions = cluster::sessions_named(new, "stockd").await;
-    SeedPoints {
-        checks: vec![
-            check(
-                "the old leader no longer takes writes",
-                old_role != NodeRole::Primary,
-                format!("{old} is {old_role:?} (read-only in recovery, or down)"),
+    vec![
+        check(
+            "the old leader no longer takes writes",
+            old_role != NodeRole::Primary,
+            format!("{old} is {old_role:?} (read-only in recovery, or down)"),
+        ),
+        check(
+            "the new leader takes writes",
+            new_role == NodeRole::Primary,
+            format!("{new} is {new_role:?}"),
+        ),
+        check(
+            "stockd no longer talks to the old leader",
+            old_sessions.as_ref().is_ok_and(|count| *count == 0) || old_role == NodeRole::Down,
+            format!(
+                "stockd writer sessions on {old}: {}, on {new}: {}",
+                describe(&old_sessions),
+                describe(&new_sessions)
             ),
-            check(
-                "the new leader takes writes",
-                new_role == NodeRole::Primary,
-                format!("{new} is {new_role:?}"),
-            ),
-            check(
-                "stockd no longer talks to the old leader",
-                old_sessions.as_ref().is_ok_and(|count| *count == 0) || old_role == NodeRole::Down,
-                format!(
-                    "stockd writer sessions on {old}: {}, on {new}: {}",
-                    describe(&old_sessions),
-                    describe(&new_sessions)
-                ),
-            ),
-        ],
-    }
+        ),
+    ]
 }
 
 fn describe(count: &Result<i64, String>) -> String {

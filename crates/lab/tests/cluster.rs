@@ -156,12 +156,7 @@ async fn a_replica_that_disappears_leaves_reads_working() {
         .await
         .expect("a whole cluster");
     let replica = cluster.replica().await.expect("a replica");
-    let replica_port = cluster::node_url(replica)
-        .rsplit(':')
-        .next()
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|port| port.parse::<u16>().ok())
-        .expect("a port");
+    let replica_port = cluster::node_port(replica);
     let relay = Relay::to(([127, 0, 0, 1], replica_port).into()).await;
 
     // A scratch schema on the writer; the replica sees it once replayed.

@@ -155,9 +155,12 @@ impl ReplicaSet {
     /// A read on replica `index` failed: it leaves the rotation until it samples well.
     pub fn failed(&self, index: usize, error: &StoreError) {
         let member = &self.members[index];
-        let before = member.state().rotation;
-        member.update(|state| state.rotation = state.rotation.after_failure());
-        if before.is_in() {
+        let mut was_in = false;
+        member.update(|state| {
+            was_in = state.rotation.is_in();
+            state.rotation = state.rotation.after_failure();
+        });
+        if was_in {
             tracing::warn!(replica = %member.name, %error, "replica left the read rotation after a failed read");
         }
     }
@@ -174,8 +177,9 @@ impl ReplicaSet {
         let mut health = Vec::with_capacity(self.members.len());
         for member in &self.members {
             let sample = sample_member(member, writer_position).await;
-            let before = member.state().rotation;
+            let mut was_in = false;
             let after = member.update(|state| {
+                was_in = state.rotation.is_in();
                 state.rotation = state.rotation.after(sample, self.lag_seconds_max);
                 (state.lag_seconds, state.lag_bytes) = match sample {
                     LagSample::Measured { seconds, bytes } => (Some(seconds), Some(bytes)),
@@ -184,7 +188,7 @@ impl ReplicaSet {
                 state.lag_seconds_peak =
                     state.lag_seconds_peak.max(state.lag_seconds.unwrap_or(0.0));
             });
-            let rotation_changed = before.is_in() != after.rotation.is_in();
+            let rotation_changed = was_in != after.rotation.is_in();
             if rotation_changed {
                 tracing::warn!(
                     replica = %member.name,

@@ -95,7 +95,7 @@ macro_rules! displayed {
         match first {
             Err(error) if served.by == domain::ServedBy::Replica => {
                 units.display_failed(&served, &error);
-                let mut $transaction = units.begin_writer_read_for_display().await?;
+                let mut $transaction = units.begin_writer_read().await?;
                 let again = $read;
                 let _ = $crate::backend::Finish::rollback($transaction).await;
                 let served =
@@ -114,11 +114,6 @@ impl<B: Backend> Units<B> {
         reader: &ReadHandle,
     ) -> Result<(B::Transaction, crate::replicas::Served), StoreError> {
         self.backend.begin_display(reader).await
-    }
-
-    /// The writer, for a display read whose replica failed.
-    async fn begin_writer_read_for_display(&self) -> Result<B::Transaction, StoreError> {
-        self.backend.begin_writer_read().await
     }
 
     fn display_failed(&self, served: &crate::replicas::Served, error: &StoreError) {
