@@ -77,6 +77,7 @@ pub fn app(state: AppState) -> Router {
             post(routes::release_reservation),
         )
         .route("/v1/audit", get(routes::audit))
+        .route("/v1/events", get(routes::events))
         .route("/v1/orders", post(order_routes::create_order))
         .route("/v1/orders/{id}", get(order_routes::get_order))
         .route("/v1/orders/{id}/pay", post(order_routes::pay))

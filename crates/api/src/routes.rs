@@ -1,11 +1,15 @@
 //! Handlers: parse, call the engine, answer. No business rules live here.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use domain::{
-    ErrorCode, Quantity, ReservationId, ReservationLine, ServiceKeyId, SkuCode, WarehouseCode,
+    ErrorCode, FeedCursor, Quantity, ReservationId, ReservationLine, ServiceKeyId, ShopCode,
+    SkuCode, WarehouseCode,
 };
 use engine::Reply;
 use store::{MovementQuantity, ReservationAction, SkuChanges};
@@ -309,3 +313,57 @@ pub async fn method_not_allowed() -> ApiError {
     ApiError::invalid("method not allowed on this endpoint")
         .with_status(StatusCode::METHOD_NOT_ALLOWED)
 }
+
+/// `GET /v1/events?after=CURSOR&limit=N[&shop=S]`: the outbox's events in commit
+/// order, the caller's shop's (the admin's: every shop's, or the one it names). Pass
+/// `next_cursor` as `after` for the next page; an empty page keeps the cursor.
+pub async fn events(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let mut cursor = FeedCursor::START;
+    let mut limit = EVENTS_PAGE_SIZE_DEFAULT;
+    let mut shop = None;
+    for (name, value) in &parameters {
+        match name.as_str() {
+            "after" => {
+                cursor = FeedCursor::parse(value).map_err(|error| ApiError::invalid(error.0))?
+            }
+            "limit" => {
+                limit = value
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|limit| (1..=store::EVENTS_PER_STEP_MAX).contains(limit))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "limit must be 1 to {}",
+                            store::EVENTS_PER_STEP_MAX
+                        ))
+                    })?;
+            }
+            "shop" => {
+                shop = Some(ShopCode::parse(value).map_err(|error| ApiError::invalid(error.0))?);
+            }
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{other}'"
+                )));
+            }
+        }
+    }
+    let page = state
+        .engine
+        .events_page(&caller, shop.as_ref(), cursor, limit)
+        .await?;
+    let events: Vec<serde_json::Value> = page.events.iter().map(|event| event.body()).collect();
+    Ok(Json(serde_json::json!({
+        "events": events,
+        "next_cursor": page.next_cursor.to_string(),
+    }))
+    .into_response())
+}
+
+/// Events per feed page when the caller names no `limit`.
+const EVENTS_PAGE_SIZE_DEFAULT: i64 = 100;

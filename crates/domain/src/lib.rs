@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod code;
 pub mod decision;
 pub mod error;
+pub mod event;
 pub mod hex;
 pub mod id;
 pub mod limits;
@@ -32,6 +33,7 @@ pub use code::{
 };
 pub use decision::{Rejection, ShopScope};
 pub use error::{ErrorCode, ParseError};
+pub use event::{Aggregate, EventType, FeedCursor, event_id};
 pub use hex::lower_hex;
 pub use id::{
     IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,

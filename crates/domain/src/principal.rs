@@ -62,6 +62,8 @@ pub enum Action {
     PlaceOrder,
     /// Read and change carts, check them out.
     UseCarts,
+    /// Read the shop's events (the pull feed).
+    ReadEvents,
 }
 
 impl Action {
@@ -81,13 +83,14 @@ impl Action {
             Action::Reserve => "reserve stock",
             Action::PlaceOrder => "place and pay orders",
             Action::UseCarts => "use carts",
+            Action::ReadEvents => "read events",
         }
     }
 }
 
 /// Which roles may take each action. The admin may take every one; the table lists
 /// the others. Anything not listed is refused.
-pub const PERMISSIONS: [(Action, &[Role]); 14] = [
+pub const PERMISSIONS: [(Action, &[Role]); 15] = [
     (Action::ManageCredentials, &[Role::Admin]),
     (Action::DeleteCatalog, &[Role::Admin]),
     (Action::EditCatalog, &[Role::Admin, Role::Operator]),
@@ -108,6 +111,10 @@ pub const PERMISSIONS: [(Action, &[Role]); 14] = [
     (Action::Reserve, &[Role::Admin, Role::Service]),
     (Action::PlaceOrder, &[Role::Admin, Role::Service]),
     (Action::UseCarts, &[Role::Admin, Role::Service]),
+    (
+        Action::ReadEvents,
+        &[Role::Admin, Role::Operator, Role::Service],
+    ),
 ];
 
 /// Whether `role` may take `action` at all (in its own shop).

@@ -62,6 +62,19 @@ pub struct EngineConfig {
     /// Pause between samples of the replicas' lag (each sample can move a replica
     /// into or out of the read rotation).
     pub replica_sample_interval_milliseconds: u64,
+    /// Outbox events the sequencer numbers per step.
+    pub outbox_sequence_batch_size: i64,
+    /// Pause of the outbox worker when a step found less than a full batch: the
+    /// longest an event waits before the feed (and the relay) can see it.
+    pub outbox_interval_milliseconds: u64,
+    /// How long events stay in the outbox after every reader took them: the pull
+    /// feed's history.
+    pub outbox_retention_seconds: i64,
+    /// Events deleted per prune step, and the pause between prune steps.
+    pub outbox_prune_batch_size: i64,
+    pub outbox_prune_interval_milliseconds: u64,
+    /// Pause between refreshes of the outbox gauges.
+    pub outbox_gauge_interval_milliseconds: u64,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +106,12 @@ impl Default for EngineConfig {
             combiner_batches_in_flight: 0,
             credential_cache_milliseconds: 2_000,
             replica_sample_interval_milliseconds: 500,
+            outbox_sequence_batch_size: 500,
+            outbox_interval_milliseconds: 20,
+            outbox_retention_seconds: 3 * 24 * 3600,
+            outbox_prune_batch_size: 1_000,
+            outbox_prune_interval_milliseconds: 60_000,
+            outbox_gauge_interval_milliseconds: 1_000,
         }
     }
 }

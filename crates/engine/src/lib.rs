@@ -10,6 +10,7 @@ pub mod config;
 pub mod credentials;
 pub mod demo;
 pub mod error;
+pub mod events;
 pub mod in_flight;
 pub mod payments;
 pub mod retry;
@@ -35,6 +36,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 use combiner::{Combiner, Refusal};
 pub use config::EngineConfig;
 pub use error::EngineError;
+pub use events::EventsPage;
 pub use in_flight::InFlight;
 use in_flight::{Entry, wait_for_owner};
 use retry::with_retries;
@@ -73,6 +75,8 @@ struct Inner {
     schedules_changed: tokio::sync::Notify,
     credentials: credentials::Credentials,
     sku_shops: shops::SkuShops,
+    /// Whether this instance relays events to NATS (`Engine::attach_event_relay`).
+    event_relay: std::sync::atomic::AtomicBool,
 }
 
 /// What one expiry step did.
@@ -123,6 +127,7 @@ impl Engine {
                 payments: std::sync::OnceLock::new(),
                 credentials: credentials::Credentials::default(),
                 sku_shops: shops::SkuShops::default(),
+                event_relay: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }

@@ -17,6 +17,49 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(order_expiry_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(payment_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(replica_monitor_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(outbox_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Numbers committed outbox events (so the feed and the relay can see them), prunes
+/// the old ones and exports the backlog. Sequencers of several instances take turns
+/// on one database row; pruning and gauges run on their own slower clocks.
+async fn outbox_loop(engine: Engine, shutdown: CancellationToken) {
+    let config = engine.config();
+    let interval = Duration::from_millis(config.outbox_interval_milliseconds);
+    let prune_every = Duration::from_millis(config.outbox_prune_interval_milliseconds);
+    let gauges_every = Duration::from_millis(config.outbox_gauge_interval_milliseconds);
+    let batch_size = u64::try_from(config.outbox_sequence_batch_size).unwrap_or(0);
+    let mut next_prune = tokio::time::Instant::now() + prune_every;
+    let mut next_gauges = tokio::time::Instant::now();
+    loop {
+        let pause = match engine.sequence_step().await {
+            Ok(numbered) if numbered >= batch_size => Duration::ZERO,
+            Ok(_) => interval,
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "outbox").increment(1);
+                tracing::warn!(%error, "outbox sequencer step failed");
+                interval.max(Duration::from_millis(500))
+            }
+        };
+        let now = tokio::time::Instant::now();
+        if now >= next_prune {
+            next_prune = now + prune_every;
+            if let Err(error) = engine.outbox_prune_step().await {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "outbox_prune")
+                    .increment(1);
+                tracing::warn!(%error, "outbox prune step failed");
+            }
+        }
+        if now >= next_gauges {
+            next_gauges = now + gauges_every;
+            if let Err(error) = engine.outbox_gauges_step().await {
+                tracing::debug!(%error, "outbox gauges not read");
+            }
+        }
+        if !pause_unless_shut_down(&shutdown, pause).await {
+            break;
+        }
+    }
 }
 
 /// Samples the replicas' lag; a store without replicas makes each step a no-op.

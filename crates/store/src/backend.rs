@@ -118,9 +118,36 @@ pub trait Dialect: Connection {
     /// Deletes up to `$2` idempotency records created before `$1`, oldest first.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str = "DELETE FROM idempotency_record WHERE key IN (\
          SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
+    /// The sequencer's `outbox_relay` row (its last position), locked until the commit.
+    const SELECT_SEQUENCER_FOR_UPDATE: &'static str =
+        "SELECT through_position FROM outbox_relay WHERE name = 'sequencer' FOR UPDATE";
+    /// Deletes up to `$3` events numbered through `$1` that occurred before `$2`.
+    const PRUNE_OUTBOX: &'static str = "DELETE FROM outbox WHERE id IN (\
+         SELECT id FROM outbox WHERE position <= $1 AND occurred_at < $2 ORDER BY position LIMIT $3)";
     /// Whether a batch of reservations that all fit is written by one statement
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;
+
+    /// The next number in an aggregate's event count (`outbox_sequence`, migration
+    /// 0015), its row locked until the commit so the aggregate's events commit in
+    /// number order.
+    fn next_event_sequence(
+        &mut self,
+        aggregate: &str,
+        aggregate_id: &str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send {
+        async move {
+            statement(
+                "INSERT INTO outbox_sequence (aggregate, aggregate_id, last_sequence) VALUES ($1, $2, 1) \
+                 ON CONFLICT (aggregate, aggregate_id) DO UPDATE SET last_sequence = outbox_sequence.last_sequence + 1 \
+                 RETURNING last_sequence",
+            )
+            .bind(aggregate)
+            .bind(aggregate_id)
+            .fetch_one_scalar(&mut *self)
+            .await
+        }
+    }
 
     /// Adds `added` open holds to a shopper's tally (creating it) unless that would pass
     /// `open_holds_max`. Answers the rows written: 1, or 0 when refused.

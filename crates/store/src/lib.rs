@@ -27,9 +27,9 @@ use backends::sqlite::SqliteBackend;
 use units::Units;
 
 use domain::{
-    ConsistencyToken, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal, Product,
-    ProductId, RefundId, Reservation, ReservationId, ServiceKeyId, ShelfLogEntry, ShopCode, Sku,
-    SkuCode, Timestamp, UserId,
+    ConsistencyToken, FeedCursor, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal,
+    Product, ProductId, RefundId, Reservation, ReservationId, ServiceKeyId, ShelfLogEntry,
+    ShopCode, Sku, SkuCode, Timestamp, UserId,
 };
 
 pub use catalog::*;
@@ -37,6 +37,9 @@ pub use error::StoreError;
 pub use model::*;
 pub use orders::*;
 pub use replicas::{Displayed, ReadHandle, ReplicaConfig, ReplicaHealth};
+pub use units::outbox::{
+    EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, SEQUENCER,
+};
 
 /// How to reach the database and how long to wait for it.
 #[derive(Clone)]
@@ -294,6 +297,14 @@ forward! {
     fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn return_order(&self, claim: &IdempotencyClaim, order: &OrderId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError>;
+    /// One sequencer step: numbers committed outbox rows in the order they are found.
+    fn sequence_events(&self, limit: i64) -> Result<u64, StoreError>;
+    fn events_after(&self, cursor: FeedCursor, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<PublishedEvent>, StoreError>;
+    fn outbox_backlog(&self, relay: Option<&str>) -> Result<OutboxBacklog, StoreError>;
+    fn prune_events(&self, before: Timestamp, relay: Option<&str>, limit: i64) -> Result<u64, StoreError>;
+    fn claim_relay(&self, relay: &str, holder: &str, now: Timestamp, lease_until: Timestamp) -> Result<Option<i64>, StoreError>;
+    fn mark_relayed(&self, relay: &str, holder: &str, position: i64) -> Result<bool, StoreError>;
+    fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError>;
 }
 
 #[cfg(test)]
@@ -309,7 +320,7 @@ mod tests {
     }
 
     /// The units of work shared by both backends, as compiled into them.
-    const SHARED_SOURCES: [&str; 16] = [
+    const SHARED_SOURCES: [&str; 17] = [
         include_str!("units/audit.rs"),
         include_str!("units/batch.rs"),
         include_str!("units/carts.rs"),
@@ -319,6 +330,7 @@ mod tests {
         include_str!("units/idempotency.rs"),
         include_str!("units/migrations.rs"),
         include_str!("units/orders.rs"),
+        include_str!("units/outbox.rs"),
         include_str!("units/payments.rs"),
         include_str!("units/refunds.rs"),
         include_str!("units/reservations.rs"),

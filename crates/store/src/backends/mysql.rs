@@ -452,15 +452,49 @@ impl Dialect for MySqlConnection {
     /// See the module's header: DDL commits by itself, so a lock held by a migration's
     /// transaction would not serialize it.
     const MIGRATION_LOCK: Option<&'static str> = None;
-    const MIGRATIONS: &'static [Migration] = &[(
-        1,
-        "schema",
-        include_str!("../../migrations/mysql/0001_schema.sql"),
-    )];
+    const MIGRATIONS: &'static [Migration] = &[
+        (
+            1,
+            "schema",
+            include_str!("../../migrations/mysql/0001_schema.sql"),
+        ),
+        (
+            2,
+            "outbox",
+            include_str!("../../migrations/mysql/0002_outbox.sql"),
+        ),
+    ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =
         "DELETE FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2";
     const WHOLE_BATCH_FAST_PATH: bool = false;
+    /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
+    const PRUNE_OUTBOX: &'static str =
+        "DELETE FROM outbox WHERE position <= $1 AND occurred_at < $2 ORDER BY position LIMIT $3";
+
+    /// No `RETURNING` on an upsert: the counter is read back under the lock the
+    /// upsert took.
+    async fn next_event_sequence(
+        &mut self,
+        aggregate: &str,
+        aggregate_id: &str,
+    ) -> Result<i64, StoreError> {
+        statement(
+            "INSERT INTO outbox_sequence (aggregate, aggregate_id, last_sequence) VALUES ($1, $2, 1) \
+             ON DUPLICATE KEY UPDATE last_sequence = last_sequence + 1",
+        )
+        .bind(aggregate)
+        .bind(aggregate_id)
+        .execute(&mut *self)
+        .await?;
+        statement(
+            "SELECT last_sequence FROM outbox_sequence WHERE aggregate = $1 AND aggregate_id = $2",
+        )
+        .bind(aggregate)
+        .bind(aggregate_id)
+        .fetch_one_scalar(&mut *self)
+        .await
+    }
 
     async fn add_open_holds(
         &mut self,
@@ -868,7 +902,7 @@ async fn insert_reservations(
         insert.execute(&mut *connection).await?;
         ledger.execute(&mut *connection).await?;
     }
-    Ok(())
+    crate::units::outbox::append_reservations_created(connection, reservations, now).await
 }
 
 #[cfg(test)]

@@ -322,6 +322,11 @@ impl Dialect for PgConnection {
             "reservation_orders",
             include_str!("../../migrations/postgres/0014_reservation_orders.sql"),
         ),
+        (
+            15,
+            "outbox",
+            include_str!("../../migrations/postgres/0015_outbox.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.

@@ -277,7 +277,15 @@ impl Dialect for SqliteConnection {
             "attempt_request_key",
             include_str!("../../migrations/sqlite/0010_attempt_request_key.sql"),
         ),
+        (
+            11,
+            "outbox",
+            include_str!("../../migrations/sqlite/0011_outbox.sql"),
+        ),
     ];
+    /// SQLite's one writer serializes sequencers: no row lock to take.
+    const SELECT_SEQUENCER_FOR_UPDATE: &'static str =
+        "SELECT through_position FROM outbox_relay WHERE name = 'sequencer'";
     /// SQLite runs in the process: see [`Backend::reserve_whole_batch`].
     const WHOLE_BATCH_FAST_PATH: bool = false;
 
@@ -497,5 +505,5 @@ async fn insert_reservations(
     .bind(now.unix_milliseconds())
     .execute(&mut *connection)
     .await?;
-    Ok(())
+    crate::units::outbox::append_reservations_created(connection, reservations, now).await
 }

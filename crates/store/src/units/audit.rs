@@ -377,6 +377,15 @@ const CONTENTS_QUERIES: &[(&str, &str)] = &[
         "SELECT shop, user_id, sku, quantity FROM shopper_purchase ORDER BY shop, user_id, sku",
     ),
     (
+        "outbox",
+        "SELECT aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at FROM outbox \
+         ORDER BY aggregate, aggregate_id, sequence",
+    ),
+    (
+        "outbox_sequence",
+        "SELECT aggregate, aggregate_id, last_sequence FROM outbox_sequence ORDER BY aggregate, aggregate_id",
+    ),
+    (
         "stock_ledger",
         "SELECT id, sku, warehouse, kind, available_delta, reserved_delta, reference FROM stock_ledger ORDER BY id",
     ),

@@ -14,6 +14,7 @@ pub(crate) mod decode;
 pub(crate) mod idempotency;
 pub(crate) mod migrations;
 pub(crate) mod orders;
+pub mod outbox;
 pub(crate) mod payments;
 pub(crate) mod refunds;
 pub(crate) mod reservations;

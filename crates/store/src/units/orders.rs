@@ -8,6 +8,7 @@
 use super::batch::with_unlisted_skus;
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::{NewEvent, Sequence, append_event};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
@@ -26,13 +27,14 @@ use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
 use domain::{
-    AttemptStatus, Currency, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId,
-    ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, SkuCode, Timestamp,
-    UserId as OrderUserId, WarehouseCode,
+    AttemptStatus, Currency, ErrorCode, EventType, OrderId, OrderStatus, PaymentAttemptId,
+    RefundId, ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, SkuCode,
+    Timestamp, UserId as OrderUserId, WarehouseCode,
 };
+use serde_json::json;
 
 /// Moves an order through the transition table with a conditional update on its
-/// current status, and records the change in its history.
+/// current status, and records the change in its history and the outbox.
 pub(crate) async fn move_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
@@ -56,6 +58,8 @@ pub(crate) async fn move_order<C: Dialect>(
     insert_history(transaction, order, Some(from), to, reason, now).await
 }
 
+/// Records an order's status change (its creation: `from` is `None`) in its history
+/// and announces it (`order.status_changed`).
 pub(crate) async fn insert_history<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
@@ -74,7 +78,32 @@ pub(crate) async fn insert_history<C: Dialect>(
     .bind(now.unix_milliseconds())
     .execute(&mut *transaction)
     .await?;
-    Ok(())
+    // The order's row is locked (or new): its version counts its status changes, 1
+    // at creation, so it is the event's number in the order's sequence.
+    let (shop, user, version): (String, String, i64) =
+        statement("SELECT shop, user_id, version FROM customer_order WHERE id = $1")
+            .bind(order.as_str())
+            .fetch_one_as(&mut *transaction)
+            .await?;
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::OrderStatusChanged,
+            aggregate_id: order.as_str(),
+            shop: &shop,
+            sequence: Sequence::Known(version),
+            data: json!({
+                "order_id": order.as_str(),
+                "shop": shop,
+                "user_id": user,
+                "from": from.map(OrderStatus::as_str),
+                "to": to.as_str(),
+                "reason": reason,
+            }),
+        },
+        now,
+    )
+    .await
 }
 
 /// Releases the reservation a locked order holds and moves the order out (to `EXPIRED`

@@ -12,6 +12,7 @@ use super::orders::{
     OrderHold, load_order, lock_order, move_order, order_lines, release_order, reservation_status,
     write_order_hold,
 };
+use super::outbox::{NewEvent, Sequence, append_event};
 use super::refunds::insert_refund;
 use super::reservations::settle_order_reservation;
 use super::tallies::{add_to_tallies, read_tallies};
@@ -25,9 +26,11 @@ use crate::orders::{AttemptToCall, BeginPayment, GatewayOutcome, PaymentGauges};
 use crate::plan::{PlanRequest, PurchaseKey, ShopperKey, StockKey, plan_batch};
 use crate::sql::statement;
 use domain::{
-    AttemptStatus, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, Quantity, ReleaseReason,
-    ReservationId, ReservationLine, ReservationStatus, ShopCode, Timestamp, UserId as OrderUserId,
+    AttemptStatus, ErrorCode, EventType, OrderId, OrderStatus, PaymentAttemptId, Quantity,
+    ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, Timestamp,
+    UserId as OrderUserId,
 };
+use serde_json::json;
 
 /// A success arrived for an order that gave its stock back: take the stock again
 /// (reserved and confirmed at once) when every line still fits, and the order is
@@ -315,7 +318,38 @@ pub(crate) async fn set_attempt_status<C: Dialect>(
     .bind(now.unix_milliseconds())
     .execute(&mut *transaction)
     .await?;
-    expect_one_row(updated, "settling a locked payment attempt")
+    expect_one_row(updated, "settling a locked payment attempt")?;
+    if status == AttemptStatus::Processing {
+        return Ok(());
+    }
+    let (order, shop, amount_minor, currency): (String, String, i64, String) = statement(
+        "SELECT payment_attempt.order_id, customer_order.shop, payment_attempt.amount_minor, payment_attempt.currency \
+         FROM payment_attempt JOIN customer_order ON customer_order.id = payment_attempt.order_id \
+         WHERE payment_attempt.id = $1",
+    )
+    .bind(attempt.as_str())
+    .fetch_one_as(&mut *transaction)
+    .await?;
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::PaymentSettled,
+            aggregate_id: attempt.as_str(),
+            shop: &shop,
+            sequence: Sequence::Counted,
+            data: json!({
+                "attempt_id": attempt.as_str(),
+                "order_id": order,
+                "shop": shop,
+                "status": status.as_str(),
+                "amount_minor": amount_minor,
+                "currency": currency,
+                "failure_reason": reason,
+            }),
+        },
+        now,
+    )
+    .await
 }
 
 /// A success for an order another attempt paid already: a second charge, recorded as

@@ -7,6 +7,7 @@
 use super::Units;
 use super::decode::{corrupt, expect_one_row, invariant};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::{NewEvent, Sequence, append_event, lines_json};
 use super::stock::settle_line;
 use super::tallies::give_back_tallies;
 use crate::backend::{Backend, Dialect, Finish};
@@ -18,9 +19,10 @@ use crate::model::{
 use crate::plan::ShopperKey;
 use crate::sql::{Row, statement};
 use domain::{
-    ErrorCode, OrderId, Quantity, ReleaseReason, Reservation, ReservationId, ReservationLine,
-    ReservationStatus, ShopCode, SkuCode, Timestamp, UserId, WarehouseCode,
+    ErrorCode, EventType, OrderId, Quantity, ReleaseReason, Reservation, ReservationId,
+    ReservationLine, ReservationStatus, ShopCode, SkuCode, Timestamp, UserId, WarehouseCode,
 };
+use serde_json::json;
 
 pub(crate) async fn load_reservation<C: Dialect>(
     connection: &mut C,
@@ -310,6 +312,32 @@ pub(crate) async fn move_reservation<'a, C: Dialect>(
     .await?;
     expect_one_row(updated, "changing a locked reservation's status")?;
     let lines = reservation_lines_of(transaction, id).await?;
+    let event_type = match (target, step.reason) {
+        (ReservationStatus::Confirmed, _) => EventType::ReservationConfirmed,
+        (_, ReleaseReason::Expired) => EventType::ReservationExpired,
+        _ => EventType::ReservationReleased,
+    };
+    let event_shop = shop.as_deref().unwrap_or(ShopCode::DEFAULT);
+    append_event(
+        transaction,
+        NewEvent {
+            event_type,
+            aggregate_id: id.as_str(),
+            shop: event_shop,
+            // A reservation leaves `RESERVED` once (the transition table has no way
+            // back), so this is its second and last event.
+            sequence: Sequence::Known(2),
+            data: json!({
+                "reservation_id": id.as_str(),
+                "shop": event_shop,
+                "order_id": order_id.as_deref(),
+                "reason": reason,
+                "lines": lines_json(&lines),
+            }),
+        },
+        now,
+    )
+    .await?;
     let shopper = match (shop, user) {
         (Some(shop), Some(user)) => Some((
             ShopCode::parse(&shop).map_err(|error| corrupt("shop", error))?,

@@ -6,6 +6,7 @@
 
 use super::decode::parse_stored;
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::{NewEvent, Sequence, append_event};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
@@ -16,10 +17,11 @@ use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{built_statement, statement};
 use domain::{
-    CategoryCode, Completeness, ErrorCode, OperatorId, OperatorType, ProductId, SaleStatus,
-    ShelfDecision, ShelfLogEntry, ShopCode, SkuCode, SupplierCode, Timestamp, decide_shelf_change,
-    operation_label,
+    CategoryCode, Completeness, ErrorCode, EventType, OperatorId, OperatorType, ProductId,
+    SaleStatus, ShelfDecision, ShelfLogEntry, ShopCode, SkuCode, SupplierCode, Timestamp,
+    decide_shelf_change, operation_label,
 };
+use serde_json::json;
 use std::collections::BTreeSet;
 
 #[allow(unused_imports)]
@@ -159,6 +161,34 @@ pub(crate) async fn change_sale_status<C: Dialect>(
         remark: &step.change.remark,
     };
     insert_shelf_log(transaction, line, now).await?;
+    let shop = match &step.target.shop {
+        Some(shop) => shop.as_str().to_owned(),
+        None => {
+            statement("SELECT shop FROM sku WHERE code = $1")
+                .bind(step.target.sku.as_str())
+                .fetch_one_scalar(&mut *transaction)
+                .await?
+        }
+    };
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::SkuSaleStatusChanged,
+            aggregate_id: step.target.sku.as_str(),
+            shop: &shop,
+            sequence: Sequence::Counted,
+            data: json!({
+                "sku": step.target.sku.as_str(),
+                "shop": shop,
+                "product_id": step.target.product_id.as_ref().map(|product| product.as_str()),
+                "from": step.from.as_str(),
+                "to": step.to.as_str(),
+                "operation": step.operation,
+            }),
+        },
+        now,
+    )
+    .await?;
     Ok(ShelfOutcome::Changed {
         from: step.from,
         to: step.to,

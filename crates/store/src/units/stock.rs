@@ -7,6 +7,7 @@
 
 use super::decode::{corrupt, expect_one_row, invariant, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::{NewEvent, Sequence, append_event};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
@@ -17,9 +18,10 @@ use crate::model::{
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{Row, statement};
 use domain::{
-    Currency, ErrorCode, PriceMinor, ProductId, ReservationId, ReservationLine, SaleStatus,
-    ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
+    Currency, ErrorCode, EventType, PriceMinor, ProductId, ReservationId, ReservationLine,
+    SaleStatus, ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
 };
+use serde_json::json;
 use std::collections::HashMap;
 
 /// The largest `available + reserved` a row may reach; see `domain::limits`.
@@ -179,16 +181,16 @@ pub(crate) async fn apply_movement<C: Dialect>(
     movement: &StockMovement,
     now: Timestamp,
 ) -> Result<Result<MovementRecord, Rejection>, StoreError> {
-    let sku_exists: Option<String> = statement("SELECT code FROM sku WHERE code = $1")
+    let sku_shop: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
         .bind(movement.sku.as_str())
         .fetch_optional_scalar(&mut *transaction)
         .await?;
-    if sku_exists.is_none() {
+    let Some(shop) = sku_shop else {
         return Ok(Err(Rejection::new(
             ErrorCode::NotFound,
             format!("sku '{}' does not exist", movement.sku),
         )));
-    }
+    };
     let delta = movement.quantity.available_delta();
     let counters = if delta > 0 {
         transaction
@@ -230,6 +232,27 @@ pub(crate) async fn apply_movement<C: Dialect>(
         };
         return Ok(Err(rejection));
     };
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::StockMoved,
+            aggregate_id: movement.sku.as_str(),
+            shop: &shop,
+            sequence: Sequence::Counted,
+            data: json!({
+                "movement_id": movement.id.as_str(),
+                "sku": movement.sku.as_str(),
+                "shop": shop,
+                "warehouse": movement.warehouse.as_str(),
+                "kind": movement.quantity.kind().as_str(),
+                "available_delta": delta,
+                "available": available,
+                "reserved": reserved,
+            }),
+        },
+        now,
+    )
+    .await?;
     Ok(Ok(MovementRecord {
         id: movement.id.clone(),
         kind: movement.quantity.kind(),

@@ -1,0 +1,548 @@
+//! The transactional outbox and its pull feed (issue 16): every state change of the
+//! contract's list writes its event in its own transaction, numbered per aggregate;
+//! the sequencer numbers committed events in the order it finds them, so a reader of
+//! `GET /v1/events` never skips one whose transaction committed late; a refused or
+//! rolled-back change announces nothing; a shop sees only its own events.
+
+use std::collections::{BTreeMap, HashSet};
+
+use acceptance::payments::TestGateway;
+use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, test_engine_config};
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    every_new_reservation_announces_itself_once_numbered_one,
+    confirm_release_and_expiry_are_the_second_and_last_event_of_a_reservation,
+    an_order_announces_each_status_it_enters_numbered_by_its_version,
+    stock_movements_and_shelf_changes_are_numbered_per_sku,
+    a_refused_or_rolled_back_change_announces_nothing,
+    the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor,
+    an_event_whose_transaction_commits_late_is_not_skipped,
+    two_sequencers_number_every_event_exactly_once,
+    the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
+);
+
+/// Numbers everything committed so far (what the outbox worker does on its own).
+async fn sequence_all(app: &TestApp) {
+    for _ in 0..1_000 {
+        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
+            return;
+        }
+    }
+    panic!("the sequencer kept finding events");
+}
+
+/// Every event the admin's feed shows, after sequencing what committed.
+async fn all_events(app: &TestApp) -> Vec<Value> {
+    sequence_all(app).await;
+    let mut events = Vec::new();
+    let mut cursor = "0".to_owned();
+    for _ in 0..1_000 {
+        let page = app
+            .send(Call::get(format!("/v1/events?after={cursor}&limit=1000")).admin())
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+        let page = page.json();
+        let found = page["events"].as_array().expect("events").clone();
+        cursor = page["next_cursor"].as_str().expect("cursor").to_owned();
+        if found.is_empty() {
+            return events;
+        }
+        events.extend(found);
+    }
+    panic!("the feed never ended");
+}
+
+fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|event| event["type"] == event_type)
+        .collect()
+}
+
+fn reservation_id(response: &acceptance::TestResponse) -> String {
+    assert_eq!(response.status, 201, "{response:?}");
+    response.json()["reservation_id"]
+        .as_str()
+        .expect("reservation id")
+        .to_owned()
+}
+
+/// Each aggregate's events, in feed order, are numbered 1, 2, 3… without a gap.
+fn assert_gap_free_per_aggregate(events: &[Value]) {
+    let mut sequences: BTreeMap<(String, String), Vec<i64>> = BTreeMap::new();
+    for event in events {
+        let aggregate = event["aggregate"].as_str().unwrap().to_owned();
+        let id = event["aggregate_id"].as_str().unwrap().to_owned();
+        let sequence = event["sequence"].as_i64().unwrap();
+        assert_eq!(
+            event["id"],
+            format!("{aggregate}/{id}/{sequence}"),
+            "an event's id names its aggregate and number"
+        );
+        sequences.entry((aggregate, id)).or_default().push(sequence);
+    }
+    for (aggregate, numbers) in sequences {
+        let expected: Vec<i64> = (1..=numbers.len() as i64).collect();
+        assert_eq!(numbers, expected, "events of {aggregate:?} in feed order");
+    }
+}
+
+async fn every_new_reservation_announces_itself_once_numbered_one(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    let gateway = TestGateway::start(&app).await;
+    let mut created = HashSet::new();
+    for index in 0..5 {
+        created.insert(reservation_id(
+            &app.reserve(&format!("one-{index}"), &[("TEA", 1)]).await,
+        ));
+    }
+    // Concurrent requests travel in combined batches (on PostgreSQL, the one-statement
+    // fast path): each still announces itself once.
+    let calls: Vec<Call> = (0..20)
+        .map(|index| {
+            Call::post("/v1/reservations")
+                .key(format!("many-{index}"))
+                .json(&json!({"lines": [{"sku": "TEA", "quantity": 2}]}))
+        })
+        .collect();
+    for response in acceptance::send_concurrently(&app, calls).await {
+        created.insert(reservation_id(&response));
+    }
+    let order = app.order_of("user-1", &[("TEA", 3)]).await;
+    let order_reservation = app.order(&order).await["reservation"]["reservation_id"]
+        .as_str()
+        .expect("order's reservation")
+        .to_owned();
+    created.insert(order_reservation.clone());
+    drop(gateway);
+
+    let events = all_events(&app).await;
+
+    let announced = of_type(&events, "reservation.created");
+    assert_eq!(announced.len(), created.len(), "one event per reservation");
+    let ids: HashSet<String> = announced
+        .iter()
+        .map(|event| event["aggregate_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, created, "each reservation exactly once");
+    for event in &announced {
+        assert_eq!(event["aggregate"], "reservation");
+        assert_eq!(event["sequence"], 1);
+        assert_eq!(event["data"]["shop"], "default");
+        assert_eq!(event["data"]["reservation_id"], event["aggregate_id"]);
+        assert!(event["occurred_at"].is_string(), "{event}");
+        let lines = event["data"]["lines"].as_array().expect("lines");
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0]["sku"], "TEA");
+        assert_eq!(lines[0]["warehouse"], "default");
+    }
+    let order_event = announced
+        .iter()
+        .find(|event| event["aggregate_id"] == order_reservation.as_str())
+        .expect("the order's reservation");
+    assert_eq!(order_event["data"]["order_id"], order.as_str());
+    assert_eq!(order_event["data"]["lines"][0]["quantity"], 3);
+    assert_gap_free_per_aggregate(&events);
+    app.assert_audit_clean().await;
+}
+
+async fn confirm_release_and_expiry_are_the_second_and_last_event_of_a_reservation(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 10).await;
+    let confirmed = reservation_id(&app.reserve("confirmed", &[("TEA", 1)]).await);
+    let released = reservation_id(&app.reserve("released", &[("TEA", 2)]).await);
+    let expiring = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("expiring")
+                .json(&json!({"lines": [{"sku": "TEA", "quantity": 3}], "ttl_seconds": 60})),
+        )
+        .await;
+    let expiring = reservation_id(&expiring);
+    assert_eq!(app.confirm(&confirmed, "confirm").await.status, 200);
+    assert_eq!(app.release(&released, "release").await.status, 200);
+    // A second attempt is refused by the transition table: no second event.
+    assert_eq!(app.release(&released, "release-again").await.status, 409);
+    app.clock.advance_seconds(61);
+    app.engine.expire_step().await.expect("expiry step");
+
+    let events = all_events(&app).await;
+
+    let second = |id: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|event| event["aggregate_id"] == id && event["sequence"] != 1)
+            .collect()
+    };
+    let confirmed_events = second(&confirmed);
+    assert_eq!(confirmed_events.len(), 1);
+    assert_eq!(confirmed_events[0]["type"], "reservation.confirmed");
+    assert_eq!(confirmed_events[0]["sequence"], 2);
+    let released_events = second(&released);
+    assert_eq!(released_events.len(), 1);
+    assert_eq!(released_events[0]["type"], "reservation.released");
+    assert_eq!(released_events[0]["data"]["reason"], "requested");
+    assert_eq!(released_events[0]["data"]["lines"][0]["quantity"], 2);
+    let expired_events = second(&expiring);
+    assert_eq!(expired_events.len(), 1);
+    assert_eq!(expired_events[0]["type"], "reservation.expired");
+    assert_eq!(expired_events[0]["data"]["reason"], "expired");
+    assert_gap_free_per_aggregate(&events);
+}
+
+async fn an_order_announces_each_status_it_enters_numbered_by_its_version(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = TestGateway::start(&app).await;
+    app.stocked_sku("TEA", 10).await;
+    let order = app.order_of("user-1", &[("TEA", 2)]).await;
+    let paid = app.pay(&order, "pay-1", "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    drop(gateway);
+
+    let events = all_events(&app).await;
+
+    let order_events: Vec<&Value> = events
+        .iter()
+        .filter(|event| event["aggregate"] == "order")
+        .collect();
+    let statuses: Vec<(i64, Value, Value)> = order_events
+        .iter()
+        .map(|event| {
+            assert_eq!(event["type"], "order.status_changed");
+            assert_eq!(event["aggregate_id"], order.as_str());
+            (
+                event["sequence"].as_i64().unwrap(),
+                event["data"]["from"].clone(),
+                event["data"]["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![
+            (1, Value::Null, json!("PENDING_PAYMENT")),
+            (2, json!("PENDING_PAYMENT"), json!("PAYMENT_PROCESSING")),
+            (3, json!("PAYMENT_PROCESSING"), json!("PAID")),
+        ]
+    );
+    let settled = of_type(&events, "payment.settled");
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert_eq!(settled[0]["sequence"], 1);
+    assert_eq!(settled[0]["data"]["order_id"], order.as_str());
+    assert_eq!(settled[0]["data"]["status"], "SUCCEEDED");
+    assert_eq!(settled[0]["data"]["amount_minor"], 200);
+    let confirmed = of_type(&events, "reservation.confirmed");
+    assert_eq!(confirmed.len(), 1, "the order's stock was consumed");
+    assert_gap_free_per_aggregate(&events);
+}
+
+async fn stock_movements_and_shelf_changes_are_numbered_per_sku(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("default", &["MILK-1L"]))
+        .await;
+    app.receive("MILK-1L", 5).await;
+    let taken = app
+        .send(
+            Call::post("/v1/skus/MILK-1L/stock-movements")
+                .admin()
+                .key("adjust")
+                .json(&json!({"kind": "adjust", "quantity": -2})),
+        )
+        .await;
+    assert_eq!(taken.status, 201, "{taken:?}");
+    for (operation, key) in [("on", "shelf-on"), ("off", "shelf-off")] {
+        let response = app
+            .shelf(
+                None,
+                json!({"operation": operation, "product_ids": [product], "remark": key}),
+            )
+            .await;
+        assert_eq!(response.status, 200, "{response:?}");
+    }
+
+    let events = all_events(&app).await;
+
+    let moved = of_type(&events, "stock.moved");
+    let moves: Vec<(i64, Value, Value)> = moved
+        .iter()
+        .map(|event| {
+            assert_eq!(event["aggregate_id"], "MILK-1L");
+            (
+                event["sequence"].as_i64().unwrap(),
+                event["data"]["kind"].clone(),
+                event["data"]["available"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        moves,
+        vec![
+            (1, json!("receive"), json!(5)),
+            (2, json!("adjust"), json!(3)),
+        ]
+    );
+    let shelf = of_type(&events, "sku.sale_status_changed");
+    let changes: Vec<(i64, Value)> = shelf
+        .iter()
+        .map(|event| {
+            assert_eq!(event["data"]["product_id"], product.as_str());
+            (
+                event["sequence"].as_i64().unwrap(),
+                event["data"]["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(changes.len(), 2, "{shelf:?}");
+    assert_eq!(changes[0].0, 1);
+    assert_eq!(changes[1], (2, json!("OFF_SHELF")));
+    assert_gap_free_per_aggregate(&events);
+}
+
+async fn a_refused_or_rolled_back_change_announces_nothing(backend: Backend) {
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 100).await;
+    app.stocked_sku("TEA", 1).await;
+    let before = all_events(&app).await;
+
+    let refused = app.reserve("too-many", &[("TEA", 2)]).await;
+    assert_eq!(refused.status, 409, "{refused:?}");
+    // A unit of work that times out on a held lock rolls back whatever it wrote.
+    let mut lock = app.database.hold_stock_row_lock("TEA").await;
+    let timed_out = app.reserve("blocked", &[("TEA", 1)]).await;
+    assert_eq!(timed_out.code().as_deref(), Some("lock_timeout"));
+    lock.execute("ROLLBACK").await.unwrap();
+
+    assert_eq!(all_events(&app).await, before, "no event was written");
+    let retried = app.reserve("blocked", &[("TEA", 1)]).await;
+    assert_eq!(retried.status, 201);
+    assert_eq!(
+        of_type(&all_events(&app).await, "reservation.created").len(),
+        1,
+        "the retry that committed announced itself"
+    );
+}
+
+async fn the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 10).await;
+    for index in 0..4 {
+        reservation_id(&app.reserve(&format!("page-{index}"), &[("TEA", 1)]).await);
+    }
+    let everything = all_events(&app).await;
+    assert_eq!(everything.len(), 5, "one receive, four reservations");
+
+    let mut paged = Vec::new();
+    let mut cursor = "0".to_owned();
+    let mut pages = 0;
+    loop {
+        let page = app
+            .send(Call::get(format!("/v1/events?after={cursor}&limit=2")).admin())
+            .await
+            .json();
+        let events = page["events"].as_array().unwrap().clone();
+        let next = page["next_cursor"].as_str().unwrap().to_owned();
+        if events.is_empty() {
+            assert_eq!(next, cursor, "an empty page keeps the cursor");
+            break;
+        }
+        assert!(events.len() <= 2);
+        assert!(next.parse::<i64>().unwrap() > cursor.parse::<i64>().unwrap());
+        paged.extend(events);
+        cursor = next;
+        pages += 1;
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(paged, everything, "the pages are the whole feed, in order");
+    // A later event appears after the cursor a reader already holds.
+    reservation_id(&app.reserve("later", &[("TEA", 1)]).await);
+    sequence_all(&app).await;
+    let next = app
+        .send(Call::get(format!("/v1/events?after={cursor}")).admin())
+        .await
+        .json();
+    let events = next["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["type"], "reservation.created");
+}
+
+async fn an_event_whose_transaction_commits_late_is_not_skipped(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 10).await;
+    let mut cursor = feed_cursor_after_everything(&app).await;
+    // A unit of work that wrote its event (its id is taken) and has not committed.
+    let mut late = app.database.raw_connection().await;
+    let begin = if backend == Backend::Sqlite {
+        "BEGIN IMMEDIATE"
+    } else {
+        "BEGIN"
+    };
+    late.execute(begin).await.unwrap();
+    late.execute(
+        "INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
+         VALUES ('reservation', 'rsv_late', 1, 'reservation.created', 'default', '{\"lines\": []}', 0)",
+    )
+    .await
+    .unwrap();
+    if backend != Backend::Sqlite {
+        // Later events commit and are read first (SQLite's one writer makes every
+        // other writer wait for the open transaction instead, so nothing can commit
+        // after it there).
+        reservation_id(&app.reserve("after-the-late-one", &[("TEA", 1)]).await);
+        let page = events_after(&app, &cursor).await;
+        assert_eq!(page.0.len(), 1);
+        assert_eq!(page.0[0]["type"], "reservation.created");
+        assert_ne!(page.0[0]["aggregate_id"], "rsv_late");
+        cursor = page.1;
+    } else {
+        sequence_all(&app).await;
+        assert!(events_after(&app, &cursor).await.0.is_empty());
+    }
+
+    late.execute("COMMIT").await.unwrap();
+
+    let (events, _) = events_after(&app, &cursor).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["aggregate_id"], "rsv_late");
+}
+
+async fn feed_cursor_after_everything(app: &TestApp) -> String {
+    let (_, cursor) = events_after(app, "0").await;
+    cursor
+}
+
+/// The events after `cursor` once everything committed is numbered, and the next
+/// cursor.
+async fn events_after(app: &TestApp, cursor: &str) -> (Vec<Value>, String) {
+    sequence_all(app).await;
+    let page = app
+        .send(Call::get(format!("/v1/events?after={cursor}&limit=1000")).admin())
+        .await;
+    assert_eq!(page.status, 200, "{page:?}");
+    let page = page.json();
+    (
+        page["events"].as_array().unwrap().clone(),
+        page["next_cursor"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn two_sequencers_number_every_event_exactly_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+    app.stocked_sku("TEA", 1_000).await;
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sequencers: Vec<_> = [app.clone(), other.clone()]
+        .into_iter()
+        .map(|instance| {
+            let done = std::sync::Arc::clone(&done);
+            tokio::spawn(async move {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    instance
+                        .engine
+                        .sequence_step()
+                        .await
+                        .expect("sequencer step");
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    let calls: Vec<Call> = (0..60)
+        .map(|index| {
+            Call::post("/v1/reservations")
+                .key(format!("raced-{index}"))
+                .json(&json!({"lines": [{"sku": "TEA", "quantity": 1}]}))
+        })
+        .collect();
+    for response in acceptance::send_concurrently(&app, calls).await {
+        reservation_id(&response);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for sequencer in sequencers {
+        sequencer.await.expect("sequencer task");
+    }
+
+    let events = all_events(&other).await;
+
+    assert_eq!(of_type(&events, "reservation.created").len(), 60);
+    let ids: HashSet<&str> = events
+        .iter()
+        .map(|event| event["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), events.len(), "no event twice");
+    assert_gap_free_per_aggregate(&events);
+}
+
+async fn the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 10).await;
+    let other_sku = app
+        .send(
+            Call::put("/v1/skus/OTHER-TEA")
+                .admin()
+                .key("other-sku")
+                .json(&json!({"title": "Other", "price": 100, "currency": "CNY", "shop": "other"})),
+        )
+        .await;
+    assert_eq!(other_sku.status, 201, "{other_sku:?}");
+    app.receive("OTHER-TEA", 3).await;
+    sequence_all(&app).await;
+    let other_operator = app.create_operator("olga", "other").await;
+
+    let own = app.send(Call::get("/v1/events")).await;
+    assert_eq!(own.status, 200, "{own:?}");
+    let own_events = own.json()["events"].as_array().unwrap().clone();
+    assert!(!own_events.is_empty());
+    assert!(
+        own_events
+            .iter()
+            .all(|event| event["data"]["shop"] == "default"),
+        "{own_events:?}"
+    );
+    let theirs = app
+        .send(Call::get("/v1/events").bearer(&other_operator))
+        .await;
+    assert_eq!(theirs.status, 200, "{theirs:?}");
+    let their_events = theirs.json()["events"].as_array().unwrap().clone();
+    assert_eq!(their_events.len(), 1, "{their_events:?}");
+    assert_eq!(their_events[0]["aggregate_id"], "OTHER-TEA");
+    let admin_of_other = app
+        .send(Call::get("/v1/events?shop=other").admin())
+        .await
+        .json();
+    assert_eq!(admin_of_other["events"].as_array().unwrap().len(), 1);
+
+    let crossing = app.send(Call::get("/v1/events?shop=other")).await;
+    assert_eq!(crossing.status, 403, "{crossing:?}");
+    assert_eq!(crossing.code().as_deref(), Some("forbidden"));
+    let anonymous = app.send(Call::get("/v1/events").anonymous()).await;
+    assert_eq!(anonymous.status, 401);
+    for bad in [
+        "after=-1",
+        "after=abc",
+        "after=1.5",
+        "limit=0",
+        "limit=1001",
+        "limit=ten",
+        "shop=",
+        "colour=blue",
+    ] {
+        let response = app
+            .send(Call::get(format!("/v1/events?{bad}")).admin())
+            .await;
+        assert_eq!(response.status, 400, "{bad}: {response:?}");
+        assert_eq!(
+            response.code().as_deref(),
+            Some("invalid_argument"),
+            "{bad}"
+        );
+        assert!(
+            response
+                .content_type()
+                .starts_with("application/problem+json")
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! The outbox's readers: the sequencer step (numbers committed events in the order it
+//! finds them), its pruning, its gauges, and the pull feed. The NATS relay reads the
+//! same numbered events (`relay`).
+
+use domain::{Action, FeedCursor, Principal, ShopCode, authorize};
+use store::{OutboxBacklog, PublishedEvent};
+
+use crate::{Engine, EngineError, forbidden, log_store_error};
+
+/// One page of the pull feed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventsPage {
+    pub events: Vec<PublishedEvent>,
+    /// Where the next page starts: the last event's position, or the cursor asked
+    /// for when the page is empty (ask again later with the same one).
+    pub next_cursor: FeedCursor,
+}
+
+impl Engine {
+    /// Up to `limit` events after `cursor`, in commit order: the principal's shop's,
+    /// or for the admin every shop's (or the one it names).
+    pub async fn events_page(
+        &self,
+        principal: &Principal,
+        shop: Option<&ShopCode>,
+        cursor: FeedCursor,
+        limit: i64,
+    ) -> Result<EventsPage, EngineError> {
+        authorize(principal, Action::ReadEvents, shop).map_err(forbidden)?;
+        let shop = shop.or(principal.shop());
+        let events = self
+            .inner
+            .store
+            .events_after(cursor, shop, limit)
+            .await
+            .map_err(|error| log_store_error("events", error))?;
+        let next_cursor = events
+            .last()
+            .map_or(cursor, |last| FeedCursor::of_position(last.position));
+        Ok(EventsPage {
+            events,
+            next_cursor,
+        })
+    }
+
+    /// One sequencer step: numbers up to one batch of committed events. Answers how
+    /// many it numbered (a full batch means more may be waiting).
+    pub async fn sequence_step(&self) -> Result<u64, EngineError> {
+        let numbered = self
+            .retried("sequence_events", || {
+                self.inner
+                    .store
+                    .sequence_events(self.inner.config.outbox_sequence_batch_size)
+            })
+            .await?;
+        metrics::counter!("stockd_outbox_events_sequenced_total").increment(numbered);
+        Ok(numbered)
+    }
+
+    /// The reader whose acknowledgement lets an event go: the NATS relay when this
+    /// instance relays, otherwise the sequencer (the pull feed serves what it numbered).
+    pub(crate) fn outbox_reader(&self) -> Option<&'static str> {
+        self.inner
+            .event_relay
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(store::NATS_RELAY)
+    }
+
+    /// Declares that this instance relays events to NATS: pruning then waits for the
+    /// relay's acknowledgements, and the backlog gauges count what it has not sent.
+    pub fn attach_event_relay(&self) {
+        self.inner
+            .event_relay
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Deletes one batch of events older than the retention that every reader took.
+    pub async fn outbox_prune_step(&self) -> Result<u64, EngineError> {
+        let config = &self.inner.config;
+        let before = self.now().plus_seconds(-config.outbox_retention_seconds);
+        let pruned = self
+            .retried("prune_events", || {
+                self.inner.store.prune_events(
+                    before,
+                    self.outbox_reader(),
+                    config.outbox_prune_batch_size,
+                )
+            })
+            .await?;
+        metrics::counter!("stockd_outbox_events_pruned_total").increment(pruned);
+        Ok(pruned)
+    }
+
+    /// Exports what waits in the outbox: `stockd_outbox_pending` and
+    /// `stockd_outbox_oldest_pending_age_seconds`.
+    pub async fn outbox_gauges_step(&self) -> Result<OutboxBacklog, EngineError> {
+        let backlog = self
+            .inner
+            .store
+            .outbox_backlog(self.outbox_reader())
+            .await
+            .map_err(|error| log_store_error("outbox_backlog", error))?;
+        metrics::gauge!("stockd_outbox_pending").set(backlog.pending as f64);
+        let age_seconds = backlog.oldest_occurred_at.map_or(0.0, |oldest| {
+            (self.now().unix_milliseconds() - oldest.unix_milliseconds()).max(0) as f64 / 1000.0
+        });
+        metrics::gauge!("stockd_outbox_oldest_pending_age_seconds").set(age_seconds);
+        Ok(backlog)
+    }
+}

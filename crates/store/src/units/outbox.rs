@@ -1,0 +1,428 @@
+//! The transactional outbox (DESIGN.md principle 12; migrations `*_outbox.sql`).
+//!
+//! Every state change appends its event here in its own transaction
+//! ([`append_event`], and each backend's reservation writer for
+//! `reservation.created`). Nothing is published from a request handler: afterwards
+//! the sequencer ([`Units::sequence_events`]) numbers the rows it finds committed, in
+//! the order it finds them, and the pull feed and the NATS relay read by that number.
+//! Ids are assigned before a commit, so following them would skip a row whose
+//! transaction commits late; positions are handed out by one sequencer at a time
+//! (it locks its `outbox_relay` row), so what a reader can see of them is always a
+//! prefix. Serves every backend.
+
+use domain::{Aggregate, EventType, FeedCursor, ReservationLine, ShopCode, Timestamp, event_id};
+use serde_json::{Value, json};
+
+use super::Units;
+use super::decode::{corrupt, expect_one_row, invariant};
+use crate::backend::{Backend, Dialect, Finish, NewReservation};
+use crate::error::StoreError;
+use crate::sql::{Connection, Row, built_statement, statement};
+
+/// The relay names `outbox_relay` holds a row for.
+pub const SEQUENCER: &str = "sequencer";
+pub const NATS_RELAY: &str = "nats";
+
+/// Events per sequencer step, feed page and relay claim.
+pub const EVENTS_PER_STEP_MAX: i64 = 1_000;
+
+/// Where an event stands in its aggregate's numbering.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Sequence {
+    /// A number the aggregate's own row already counts under its lock (a reservation's
+    /// one move out of `RESERVED` is 2, after its `reservation.created`; an order's
+    /// event is its version after the change, 1 at creation).
+    Known(i64),
+    /// The next number of `outbox_sequence`'s counter, for aggregates without one of
+    /// their own (stock, SKUs, payment attempts).
+    Counted,
+}
+
+/// An event to append in the caller's transaction.
+#[derive(Debug, Clone)]
+pub(crate) struct NewEvent<'a> {
+    pub(crate) event_type: EventType,
+    pub(crate) aggregate_id: &'a str,
+    pub(crate) shop: &'a str,
+    pub(crate) sequence: Sequence,
+    pub(crate) data: Value,
+}
+
+/// Appends one event in the caller's transaction.
+pub(crate) async fn append_event<C: Dialect>(
+    transaction: &mut C,
+    event: NewEvent<'_>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let aggregate = event.event_type.aggregate();
+    let sequence = match event.sequence {
+        Sequence::Known(sequence) => sequence,
+        Sequence::Counted => {
+            transaction
+                .next_event_sequence(aggregate.as_str(), event.aggregate_id)
+                .await?
+        }
+    };
+    statement(
+        "INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(aggregate.as_str())
+    .bind(event.aggregate_id)
+    .bind(sequence)
+    .bind(event.event_type.as_str())
+    .bind(event.shop)
+    .bind(event.data.to_string())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
+/// The body of a new reservation's `reservation.created` event. PostgreSQL's
+/// `stockd_insert_reservation_rows` builds the same object in SQL (migration 0015).
+pub(crate) fn reservation_created(reservation: &NewReservation<'_>) -> Value {
+    json!({
+        "reservation_id": reservation.id.as_str(),
+        "shop": reservation.shop.as_str(),
+        "user_id": reservation.user,
+        "order_id": reservation.order.map(|order| order.as_str()),
+        "lines": lines_json(reservation.lines),
+    })
+}
+
+/// A reservation's lines as its events carry them.
+pub(crate) fn lines_json(lines: &[ReservationLine]) -> Value {
+    Value::Array(
+        lines
+            .iter()
+            .map(|line| {
+                json!({
+                    "sku": line.sku.as_str(),
+                    "warehouse": line.warehouse.as_str(),
+                    "quantity": line.quantity.get(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Appends the `reservation.created` events of new reservations with one multi-row
+/// insert (the SQLite and MySQL reservation writers; PostgreSQL's writes them in SQL).
+pub(crate) async fn append_reservations_created<C: Connection>(
+    connection: &mut C,
+    reservations: &[NewReservation<'_>],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    const COLUMNS: usize = 4;
+    for chunk in reservations.chunks(200) {
+        let mut text = String::from(
+            "INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) VALUES ",
+        );
+        for index in 0..chunk.len() {
+            let base = index * COLUMNS;
+            if index > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&format!(
+                "('reservation', ${}, 1, 'reservation.created', ${}, ${}, ${})",
+                base + 1,
+                base + 2,
+                base + 3,
+                base + 4
+            ));
+        }
+        let mut insert = built_statement(text);
+        for reservation in chunk {
+            insert = insert
+                .bind(reservation.id.as_str())
+                .bind(reservation.shop.as_str())
+                .bind(reservation_created(reservation).to_string())
+                .bind(now.unix_milliseconds());
+        }
+        insert.execute(&mut *connection).await?;
+    }
+    Ok(())
+}
+
+/// An event as the feed and the relay carry it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PublishedEvent {
+    /// Its commit-ordered position (the feed's cursor).
+    pub position: i64,
+    pub id: String,
+    pub event_type: EventType,
+    pub aggregate: Aggregate,
+    pub aggregate_id: String,
+    pub sequence: i64,
+    pub shop: String,
+    pub occurred_at: Timestamp,
+    pub data: Value,
+}
+
+impl PublishedEvent {
+    /// The JSON body of the contract: `{id, type, aggregate, aggregate_id, sequence,
+    /// occurred_at, data}`.
+    pub fn body(&self) -> Value {
+        json!({
+            "id": self.id,
+            "type": self.event_type.as_str(),
+            "aggregate": self.aggregate.as_str(),
+            "aggregate_id": self.aggregate_id,
+            "sequence": self.sequence,
+            "occurred_at": self.occurred_at,
+            "data": self.data,
+        })
+    }
+}
+
+fn decode_event(row: &Row) -> Result<PublishedEvent, StoreError> {
+    let aggregate: String = row.try_get("aggregate")?;
+    let aggregate = Aggregate::parse(&aggregate).map_err(|error| corrupt("aggregate", error))?;
+    let event_type: String = row.try_get("event_type")?;
+    let event_type = EventType::parse(&event_type).map_err(|error| corrupt("event type", error))?;
+    let aggregate_id: String = row.try_get("aggregate_id")?;
+    let sequence: i64 = row.try_get("sequence")?;
+    let payload: String = row.try_get("payload")?;
+    let data = serde_json::from_str(&payload).map_err(|error| corrupt("event payload", error))?;
+    Ok(PublishedEvent {
+        position: row.try_get("position")?,
+        id: event_id(aggregate, &aggregate_id, sequence),
+        event_type,
+        aggregate,
+        aggregate_id,
+        sequence,
+        shop: row.try_get("shop")?,
+        occurred_at: Timestamp::from_unix_milliseconds(row.try_get("occurred_at")?),
+        data,
+    })
+}
+
+/// What waits in the outbox for a reader: rows not yet numbered or (with a relay)
+/// not yet acknowledged, and how long the oldest has waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OutboxBacklog {
+    pub pending: i64,
+    pub oldest_occurred_at: Option<Timestamp>,
+}
+
+impl<B: Backend> Units<B> {
+    /// One sequencer step: numbers up to `limit` committed rows that have no position
+    /// yet, in write order, after the last position handed out. Answers how many it
+    /// numbered. Concurrent sequencers wait for each other on their `outbox_relay` row.
+    pub async fn sequence_events(&self, limit: i64) -> Result<u64, StoreError> {
+        let limit = limit.clamp(1, EVENTS_PER_STEP_MAX);
+        // A read first: an idle outbox costs no write transaction (SQLite's one
+        // writer is shared with the hot path).
+        let waiting: Option<i64> =
+            statement("SELECT id FROM outbox WHERE position IS NULL ORDER BY id LIMIT 1")
+                .fetch_optional_scalar(&mut *self.writer_read_connection().await?)
+                .await?;
+        if waiting.is_none() {
+            return Ok(0);
+        }
+        let mut transaction = self.begin_write().await?;
+        let last: i64 = statement(<B::Connection as Dialect>::SELECT_SEQUENCER_FOR_UPDATE)
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+        let ids: Vec<i64> =
+            statement("SELECT id FROM outbox WHERE position IS NULL ORDER BY id LIMIT $1")
+                .bind(limit)
+                .fetch_all_scalar(&mut *transaction)
+                .await?;
+        if ids.is_empty() {
+            transaction.rollback().await?;
+            return Ok(0);
+        }
+        // One statement for the step: `CASE id WHEN … THEN …` spells the same on every
+        // backend, and the ids are few (at most `EVENTS_PER_STEP_MAX`).
+        let mut text = String::from("UPDATE outbox SET position = CASE id");
+        for index in 0..ids.len() {
+            text.push_str(&format!(" WHEN ${} THEN ${}", 2 * index + 1, 2 * index + 2));
+        }
+        text.push_str(" END WHERE position IS NULL AND id IN (");
+        for index in 0..ids.len() {
+            if index > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&format!("${}", 2 * ids.len() + index + 1));
+        }
+        text.push(')');
+        let mut update = built_statement(text);
+        for (offset, id) in ids.iter().enumerate() {
+            let position = last + i64::try_from(offset).unwrap_or(i64::MAX) + 1;
+            update = update.bind(*id).bind(position);
+        }
+        for id in &ids {
+            update = update.bind(*id);
+        }
+        let numbered = update.execute(&mut *transaction).await?;
+        if numbered != ids.len() as u64 {
+            return Err(invariant(format!(
+                "the sequencer numbered {numbered} of {} rows it holds the lock for",
+                ids.len()
+            )));
+        }
+        let advanced = statement(
+            "UPDATE outbox_relay SET through_position = $1 WHERE name = 'sequencer' AND through_position = $2",
+        )
+        .bind(last + i64::try_from(ids.len()).unwrap_or(i64::MAX))
+        .bind(last)
+        .execute(&mut *transaction)
+        .await?;
+        expect_one_row(advanced, "advancing the sequencer")?;
+        transaction.commit().await?;
+        Ok(numbered)
+    }
+
+    /// Up to `limit` numbered events after `cursor`, in position order: all of them,
+    /// or one shop's.
+    pub async fn events_after(
+        &self,
+        cursor: FeedCursor,
+        shop: Option<&ShopCode>,
+        limit: i64,
+    ) -> Result<Vec<PublishedEvent>, StoreError> {
+        let limit = limit.clamp(1, EVENTS_PER_STEP_MAX);
+        let mut connection = self.writer_read_connection().await?;
+        let rows = match shop {
+            None => statement(
+                "SELECT position, aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at \
+                 FROM outbox WHERE position > $1 ORDER BY position LIMIT $2",
+            )
+            .bind(cursor.position())
+            .bind(limit),
+            Some(shop) => statement(
+                "SELECT position, aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at \
+                 FROM outbox WHERE shop = $3 AND position > $1 ORDER BY position LIMIT $2",
+            )
+            .bind(cursor.position())
+            .bind(limit)
+            .bind(shop.as_str()),
+        }
+        .fetch_all_rows(&mut *connection)
+        .await?;
+        rows.iter().map(decode_event).collect()
+    }
+
+    /// What a reader still has to take: with the relay named, rows after the position
+    /// it acknowledged (numbered or not); without, the rows not numbered yet.
+    pub async fn outbox_backlog(&self, relay: Option<&str>) -> Result<OutboxBacklog, StoreError> {
+        let mut connection = self.writer_read_connection().await?;
+        let row = match relay {
+            Some(relay) => statement(
+                "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox \
+                 WHERE position IS NULL OR position > \
+                 (SELECT through_position FROM outbox_relay WHERE name = $1)",
+            )
+            .bind(relay),
+            None => statement(
+                "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox WHERE position IS NULL",
+            ),
+        }
+        .fetch_optional_row(&mut *connection)
+        .await?;
+        let Some(row) = row else {
+            return Ok(OutboxBacklog::default());
+        };
+        let oldest: Option<i64> = row.try_get("oldest")?;
+        Ok(OutboxBacklog {
+            pending: row.try_get("pending")?,
+            oldest_occurred_at: oldest.map(Timestamp::from_unix_milliseconds),
+        })
+    }
+
+    /// Deletes up to `limit` events that occurred before `before` and that every
+    /// reader took: numbered, and (with the relay named) acknowledged by it.
+    pub async fn prune_events(
+        &self,
+        before: Timestamp,
+        relay: Option<&str>,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let through: i64 = statement("SELECT through_position FROM outbox_relay WHERE name = $1")
+            .bind(relay.unwrap_or(SEQUENCER))
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+        let deleted = statement(<B::Connection as Dialect>::PRUNE_OUTBOX)
+            .bind(through)
+            .bind(before.unix_milliseconds())
+            .bind(limit.clamp(1, EVENTS_PER_STEP_MAX))
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(deleted)
+    }
+
+    /// Takes or renews the relay's lease for `holder` until `lease_until`; answers the
+    /// position the relay acknowledged last, or `None` while another holder's lease
+    /// runs.
+    pub async fn claim_relay(
+        &self,
+        relay: &str,
+        holder: &str,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let claimed = statement(
+            "UPDATE outbox_relay SET holder = $2, lease_until = $3 \
+             WHERE name = $1 AND (holder = $2 OR holder IS NULL OR lease_until <= $4)",
+        )
+        .bind(relay)
+        .bind(holder)
+        .bind(lease_until.unix_milliseconds())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        if claimed == 0 {
+            transaction.rollback().await?;
+            return Ok(None);
+        }
+        let through: i64 = statement("SELECT through_position FROM outbox_relay WHERE name = $1")
+            .bind(relay)
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(Some(through))
+    }
+
+    /// Records that the relay's destination acknowledged every event through
+    /// `position`, if `holder` still holds the lease. Answers whether it did: a relay
+    /// whose lease was taken over leaves the record to its successor.
+    pub async fn mark_relayed(
+        &self,
+        relay: &str,
+        holder: &str,
+        position: i64,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let marked = statement(
+            "UPDATE outbox_relay SET through_position = $3 \
+             WHERE name = $1 AND holder = $2 AND through_position < $3",
+        )
+        .bind(relay)
+        .bind(holder)
+        .bind(position)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(marked == 1)
+    }
+
+    /// Gives the relay's lease up (a relay that stops cleanly), so another instance
+    /// need not wait for it to run out.
+    pub async fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        statement(
+            "UPDATE outbox_relay SET holder = NULL, lease_until = 0 WHERE name = $1 AND holder = $2",
+        )
+        .bind(relay)
+        .bind(holder)
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+}
