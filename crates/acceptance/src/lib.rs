@@ -9,6 +9,7 @@
 //! as skipped — except under `CI=true`, where that is a failure.
 
 pub mod http;
+pub mod nats;
 pub mod payments;
 
 use std::path::PathBuf;

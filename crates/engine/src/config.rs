@@ -75,6 +75,17 @@ pub struct EngineConfig {
     pub outbox_prune_interval_milliseconds: u64,
     /// Pause between refreshes of the outbox gauges.
     pub outbox_gauge_interval_milliseconds: u64,
+    /// Events the NATS relay publishes per step.
+    pub relay_batch_size: i64,
+    /// How long a relay's claim lasts unless renewed: the longest a stopped relay
+    /// keeps another instance from taking over. Longer than a step can take (a
+    /// batch's acknowledgements are each bounded by the NATS request timeout).
+    pub relay_lease_milliseconds: i64,
+    /// Pause of the relay when a step found less than a full batch (it also wakes
+    /// when this instance's sequencer numbers events).
+    pub relay_interval_milliseconds: u64,
+    /// Pause after a step that failed (NATS down): how often the relay tries again.
+    pub relay_retry_milliseconds: u64,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +123,10 @@ impl Default for EngineConfig {
             outbox_prune_batch_size: 1_000,
             outbox_prune_interval_milliseconds: 60_000,
             outbox_gauge_interval_milliseconds: 1_000,
+            relay_batch_size: 500,
+            relay_lease_milliseconds: 15_000,
+            relay_interval_milliseconds: 100,
+            relay_retry_milliseconds: 1_000,
         }
     }
 }

@@ -54,6 +54,9 @@ impl Engine {
             })
             .await?;
         metrics::counter!("stockd_outbox_events_sequenced_total").increment(numbered);
+        if numbered > 0 {
+            self.inner.events_numbered.notify_one();
+        }
         Ok(numbered)
     }
 
@@ -72,6 +75,11 @@ impl Engine {
         self.inner
             .event_relay
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Resolves when this process's sequencer has numbered events since the last call.
+    pub async fn events_numbered(&self) {
+        self.inner.events_numbered.notified().await;
     }
 
     /// Deletes one batch of events older than the retention that every reader took.

@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod in_flight;
 pub mod payments;
+pub mod relay;
 pub mod retry;
 pub mod shops;
 pub mod workers;
@@ -77,6 +78,9 @@ struct Inner {
     sku_shops: shops::SkuShops,
     /// Whether this instance relays events to NATS (`Engine::attach_event_relay`).
     event_relay: std::sync::atomic::AtomicBool,
+    /// Woken when this process's sequencer numbered events, so the relay publishes
+    /// them without waiting out its pause.
+    events_numbered: tokio::sync::Notify,
 }
 
 /// What one expiry step did.
@@ -128,6 +132,7 @@ impl Engine {
                 credentials: credentials::Credentials::default(),
                 sku_shops: shops::SkuShops::default(),
                 event_relay: std::sync::atomic::AtomicBool::new(false),
+                events_numbered: tokio::sync::Notify::new(),
             }),
         }
     }

@@ -195,6 +195,49 @@ async fn purge_loop(engine: Engine, shutdown: CancellationToken) {
     }
 }
 
+/// Starts the NATS relay of this instance on `tracker`: publishes numbered events
+/// whenever this instance holds the relay's lease, and gives the lease up on a clean
+/// stop.
+pub fn spawn_relay(
+    engine: &Engine,
+    relay: std::sync::Arc<crate::relay::EventRelay>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    engine.attach_event_relay();
+    tracker.spawn(relay_loop(engine.clone(), relay, shutdown.clone()));
+}
+
+async fn relay_loop(
+    engine: Engine,
+    relay: std::sync::Arc<crate::relay::EventRelay>,
+    shutdown: CancellationToken,
+) {
+    let config = engine.config();
+    let interval = Duration::from_millis(config.relay_interval_milliseconds);
+    let retry = Duration::from_millis(config.relay_retry_milliseconds);
+    loop {
+        let pause = match engine.relay_step(&relay).await {
+            Ok(step) if step.failure.is_some() => retry,
+            Ok(step) if step.more_waiting => Duration::ZERO,
+            Ok(_) => interval,
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "relay").increment(1);
+                tracing::warn!(%error, "relay step failed");
+                retry
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(pause) => {}
+            () = engine.events_numbered(), if pause < retry => {}
+        }
+    }
+    if let Err(error) = engine.release_relay(&relay).await {
+        tracing::warn!(%error, "relay lease not given up; another instance takes over when it ends");
+    }
+}
+
 /// Sleeps for `pause`; false when `shutdown` came first and the loop should end.
 async fn pause_unless_shut_down(shutdown: &CancellationToken, pause: Duration) -> bool {
     tokio::select! {

@@ -208,6 +208,11 @@ struct ServeArguments {
     /// Address to listen on.
     #[arg(long, env = "STOCKD_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
+    /// NATS with JetStream (`nats://host:port`): the outbox relay publishes every
+    /// event to stream STOCKD_EVENTS. Without it events are served by GET /v1/events
+    /// only. NATS being down delays events, never a sale.
+    #[arg(long, env = "STOCKD_NATS_URL")]
+    nats_url: Option<String>,
     /// Bearer token for admin calls; generated and printed when unset.
     #[arg(long, env = "STOCKD_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -584,6 +589,18 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
 
     let workers = TaskTracker::new();
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
+    if let Some(url) = arguments.nats_url.as_deref().filter(|url| !url.is_empty()) {
+        let bus = bus::Bus::connect(bus::BusConfig::new(url))
+            .await
+            .map_err(|error| format!("STOCKD_NATS_URL: {error}"))?;
+        let relay = Arc::new(engine::relay::EventRelay::for_this_process(bus));
+        tracing::info!(
+            nats = %domain::redact_url(url),
+            holder = relay.holder(),
+            "relaying events to NATS JetStream"
+        );
+        engine::workers::spawn_relay(&engine, relay, &workers, &shutdown);
+    }
     spawn_rate_limit_sweeper(state.http.clone(), &workers, &shutdown);
     let grace = Duration::from_secs(arguments.shutdown_grace_seconds);
     let finished = api::server::serve_until(

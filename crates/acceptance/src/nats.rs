@@ -1,0 +1,131 @@
+//! A NATS server with JetStream of a test's own: the machine's `nats-server` binary on
+//! a free loopback port, its store in a temporary directory, so a test can stop and
+//! start it (NATS down, NATS back) without disturbing any other test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use bus::{Bus, BusConfig};
+use serde_json::Value;
+
+/// Where Debian installs the server; `STOCKD_TEST_NATS_SERVER` names another.
+const NATS_SERVER_DEFAULT: &str = "/usr/sbin/nats-server";
+
+pub struct TestNats {
+    port: u16,
+    directory: PathBuf,
+    child: Option<Child>,
+}
+
+impl TestNats {
+    /// Starts a server and waits until it accepts connections.
+    pub async fn start() -> TestNats {
+        let port = free_port();
+        let directory = std::env::temp_dir().join(format!(
+            "stockd-test-nats-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&directory).expect("a directory for the NATS store");
+        let mut nats = TestNats {
+            port,
+            directory,
+            child: None,
+        };
+        nats.start_again().await;
+        nats
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (SIGKILL: as abrupt as a crash); its store stays.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let binary = std::env::var("STOCKD_TEST_NATS_SERVER")
+            .unwrap_or_else(|_| NATS_SERVER_DEFAULT.to_owned());
+        let child = Command::new(&binary)
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.directory)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {binary}: {error}"));
+        self.child = Some(child);
+        let address = format!("127.0.0.1:{}", self.port);
+        crate::wait_until_async("the NATS server accepts connections", || {
+            let address = address.clone();
+            async move { tokio::net::TcpStream::connect(address).await.is_ok() }
+        })
+        .await;
+    }
+
+    /// A connection as stockd makes it, with short timeouts for tests.
+    pub async fn bus(&self) -> Bus {
+        let mut config = BusConfig::new(self.url());
+        config.request_timeout = Duration::from_secs(2);
+        let bus = Bus::connect(config).await.expect("connect to NATS");
+        crate::wait_until("the bus is connected", || bus.is_connected()).await;
+        bus
+    }
+
+    /// Every message in stream `stream`, in stream order: (subject, `Nats-Msg-Id`,
+    /// body).
+    pub async fn stream_messages(&self, stream: &str) -> Vec<(String, String, Value)> {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to read the stream");
+        let context = jetstream::new(client);
+        let mut stream = context.get_stream(stream).await.expect("the stream exists");
+        let last = stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence;
+        let mut messages = Vec::new();
+        for sequence in 1..=last {
+            let Ok(message) = stream.get_raw_message(sequence).await else {
+                continue;
+            };
+            let id = message
+                .headers
+                .get("Nats-Msg-Id")
+                .map(|value| value.as_str().to_owned())
+                .unwrap_or_default();
+            let body = serde_json::from_slice(&message.payload).expect("a JSON body");
+            messages.push((message.subject.to_string(), id, body));
+        }
+        messages
+    }
+}
+
+impl Drop for TestNats {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.directory);
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}

@@ -1,0 +1,283 @@
+//! The outbox relay to NATS JetStream (issue 16), against a real `nats-server -js` of
+//! each test's own: every event reaches stream `STOCKD_EVENTS` once, in position
+//! order, with `Nats-Msg-Id` = its id; a relay dropped mid-publish loses nothing and
+//! repeats only ids JetStream drops; two relays on one database take turns; with NATS
+//! down events wait (and the gauges show them) while sales go on, and arrive in order
+//! when it is back; events are pruned only after every reader took them.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use acceptance::nats::TestNats;
+use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
+use bus::Outgoing;
+use engine::relay::{EventRelay, RelayStep};
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    every_event_reaches_the_stream_once_in_commit_order,
+    a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstream_drops,
+    two_relays_on_one_database_take_turns_and_publish_each_event_once,
+    events_wait_while_nats_is_down_and_arrive_in_order_when_it_is_back,
+    events_are_pruned_after_the_retention_only_once_the_relay_took_them,
+);
+
+async fn sequence_all(app: &TestApp) {
+    for _ in 0..1_000 {
+        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
+            return;
+        }
+    }
+    panic!("the sequencer kept finding events");
+}
+
+/// Relay steps until one publishes nothing; answers the steps' total.
+async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
+    sequence_all(app).await;
+    let mut total = RelayStep::default();
+    for _ in 0..1_000 {
+        let step = app.engine.relay_step(relay).await.expect("relay step");
+        assert!(step.failure.is_none(), "{step:?}");
+        total.published += step.published;
+        total.duplicates += step.duplicates;
+        if step.published == 0 {
+            return total;
+        }
+    }
+    panic!("the relay kept publishing");
+}
+
+/// The admin's whole feed.
+async fn feed(app: &TestApp) -> Vec<Value> {
+    sequence_all(app).await;
+    let page = app
+        .send(Call::get("/v1/events?limit=1000").admin())
+        .await
+        .json();
+    page["events"].as_array().expect("events").clone()
+}
+
+async fn reserve_many(app: &TestApp, prefix: &str, count: usize) {
+    let calls: Vec<Call> = (0..count)
+        .map(|index| {
+            Call::post("/v1/reservations")
+                .key(format!("{prefix}-{index}"))
+                .json(&json!({"lines": [{"sku": "TEA", "quantity": 1}]}))
+        })
+        .collect();
+    for response in send_concurrently(app, calls).await {
+        assert_eq!(response.status, 201, "{response:?}");
+    }
+}
+
+/// The stream holds exactly the feed's events, in the feed's order, each once, on its
+/// subject and with its id as `Nats-Msg-Id`.
+async fn assert_stream_is_the_feed(nats: &TestNats, app: &TestApp) {
+    let feed = feed(app).await;
+    let stream = nats.stream_messages("STOCKD_EVENTS").await;
+    let ids: HashSet<&str> = stream.iter().map(|(_, id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), stream.len(), "each event once on the stream");
+    assert_eq!(stream.len(), feed.len(), "every event, nothing else");
+    for ((subject, id, body), event) in stream.iter().zip(&feed) {
+        assert_eq!(body, event, "the stream's order is the feed's");
+        assert_eq!(id, event["id"].as_str().unwrap());
+        assert_eq!(
+            subject,
+            &format!("stockd.events.{}", event["type"].as_str().unwrap())
+        );
+        for field in [
+            "id",
+            "type",
+            "aggregate",
+            "aggregate_id",
+            "sequence",
+            "occurred_at",
+            "data",
+        ] {
+            assert!(body.get(field).is_some(), "{field} in {body}");
+        }
+    }
+}
+
+async fn every_event_reaches_the_stream_once_in_commit_order(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "first", 25).await;
+    let one = app.reserve("to-release", &[("TEA", 2)]).await.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(app.release(&one, "release").await.status, 200);
+
+    let step = relay_all(&app, &relay).await;
+
+    assert_eq!(step.published, 28, "receive, 26 reservations, one release");
+    assert_eq!(step.duplicates, 0);
+    assert_stream_is_the_feed(&nats, &app).await;
+    let backlog = app.engine.outbox_gauges_step().await.unwrap();
+    assert_eq!(backlog.pending, 0, "JetStream acknowledged everything");
+}
+
+async fn a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstream_drops(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "before", 20).await;
+    sequence_all(&app).await;
+    // A relay published the first ten events and died before recording them.
+    let bus = nats.bus().await;
+    bus.ensure_event_stream().await.unwrap();
+    let first_ten: Vec<Outgoing> = feed(&app).await[..10]
+        .iter()
+        .map(|event| Outgoing {
+            subject: format!("stockd.events.{}", event["type"].as_str().unwrap()),
+            message_id: event["id"].as_str().unwrap().to_owned(),
+            body: serde_json::to_vec(event).unwrap().into(),
+        })
+        .collect();
+    assert_eq!(bus.publish_in_order(&first_ten).await.acknowledged, 10);
+    // Another relay is dropped in the middle of a step (its task cancelled wherever
+    // it happens to be), holding the lease.
+    let dropped = Arc::new(EventRelay::new(nats.bus().await, "relay-dropped"));
+    let task = {
+        let engine = app.engine.clone();
+        let dropped = Arc::clone(&dropped);
+        tokio::spawn(async move { engine.relay_step(&dropped).await })
+    };
+    tokio::task::yield_now().await;
+    task.abort();
+    let _ = task.await;
+    reserve_many(&app, "after", 5).await;
+
+    // Its successor takes over once the lease ran out.
+    let successor = EventRelay::new(nats.bus().await, "relay-successor");
+    app.clock.advance_seconds(60);
+    let step = relay_all(&app, &successor).await;
+
+    assert!(step.duplicates >= 10, "the ten went out again: {step:?}");
+    assert_stream_is_the_feed(&nats, &app).await;
+}
+
+async fn two_relays_on_one_database_take_turns_and_publish_each_event_once(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+    app.stocked_sku("TEA", 200).await;
+    let relays: Vec<(TestApp, Arc<EventRelay>)> = vec![
+        (
+            app.clone(),
+            Arc::new(EventRelay::new(nats.bus().await, "relay-a")),
+        ),
+        (
+            other.clone(),
+            Arc::new(EventRelay::new(nats.bus().await, "relay-b")),
+        ),
+    ];
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tasks: Vec<_> = relays
+        .iter()
+        .map(|(instance, relay)| {
+            let (instance, relay, done) = (instance.clone(), Arc::clone(relay), Arc::clone(&done));
+            instance.engine.attach_event_relay();
+            tokio::spawn(async move {
+                let mut waited = 0;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    instance.engine.sequence_step().await.unwrap();
+                    let step = instance.engine.relay_step(&relay).await.unwrap();
+                    if step.waiting_for_lease {
+                        waited += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                waited
+            })
+        })
+        .collect();
+    reserve_many(&app, "raced", 60).await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.push(task.await.unwrap());
+    }
+
+    assert!(
+        waits.iter().any(|waited| *waited > 0),
+        "one relay waited for the other's lease: {waits:?}"
+    );
+    // Both stop cleanly (giving the lease up); one of them finishes what is left.
+    for (instance, relay) in &relays {
+        instance.engine.release_relay(relay).await.unwrap();
+    }
+    relay_all(&relays[1].0, &relays[1].1).await;
+    assert_stream_is_the_feed(&nats, &app).await;
+}
+
+async fn events_wait_while_nats_is_down_and_arrive_in_order_when_it_is_back(backend: Backend) {
+    let mut nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    app.stocked_sku("TEA", 100).await;
+    relay_all(&app, &relay).await;
+
+    nats.stop();
+    acceptance::wait_until("the relay saw NATS go", || !relay.bus().is_connected()).await;
+    reserve_many(&app, "while-down", 10).await;
+    sequence_all(&app).await;
+    let step = app.engine.relay_step(&relay).await.unwrap();
+    assert_eq!(step.published, 0);
+    assert!(step.failure.is_some(), "{step:?}");
+    app.clock.advance_seconds(30);
+    let backlog = app.engine.outbox_gauges_step().await.unwrap();
+    assert_eq!(backlog.pending, 10, "the events wait in the outbox");
+    assert!(backlog.oldest_occurred_at.is_some());
+    // Sales go on without NATS.
+    assert_eq!(
+        app.reserve("still-selling", &[("TEA", 1)]).await.status,
+        201
+    );
+
+    nats.start_again().await;
+    acceptance::wait_until("the relay reconnected", || relay.bus().is_connected()).await;
+    let step = relay_all(&app, &relay).await;
+
+    assert_eq!(step.published, 11);
+    assert_stream_is_the_feed(&nats, &app).await;
+    assert_eq!(app.engine.outbox_gauges_step().await.unwrap().pending, 0);
+}
+
+async fn events_are_pruned_after_the_retention_only_once_the_relay_took_them(backend: Backend) {
+    let mut nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "published", 4).await;
+    relay_all(&app, &relay).await;
+    nats.stop();
+    acceptance::wait_until("the relay saw NATS go", || !relay.bus().is_connected()).await;
+    reserve_many(&app, "unpublished", 3).await;
+    sequence_all(&app).await;
+
+    assert_eq!(
+        app.engine.outbox_prune_step().await.unwrap(),
+        0,
+        "within the retention"
+    );
+    app.clock.advance_seconds(4 * 24 * 3600);
+    let pruned = app.engine.outbox_prune_step().await.unwrap();
+
+    assert_eq!(pruned, 5, "the receive and the four published reservations");
+    let left = feed(&app).await;
+    assert_eq!(left.len(), 3, "the unpublished ones wait: {left:?}");
+    assert!(
+        left.iter()
+            .all(|event| event["type"] == "reservation.created")
+    );
+}

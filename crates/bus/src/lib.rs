@@ -1,0 +1,250 @@
+//! stockd's NATS JetStream side (DESIGN.md, "Events and caches"): the stream the
+//! outbox relay publishes events to, and the subjects of the queue intake. It knows
+//! NATS and the contract's names, nothing of the database: the engine decides what to
+//! publish and records what was acknowledged.
+//!
+//! Every call is bounded: a publish waits `publish_timeout` for its acknowledgement,
+//! and a connection that is down makes calls fail fast (the client reconnects in the
+//! background) instead of blocking the caller.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, message::PublishMessage, stream};
+use bytes::Bytes;
+
+pub use domain::event::{EVENT_STREAM, EVENT_SUBJECTS};
+
+/// Why a call to NATS did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BusError {
+    /// NATS could not be reached or did not answer in time: try again later.
+    Unavailable(String),
+    /// NATS answered with a refusal (a stream misconfigured, a message too large).
+    Refused(String),
+}
+
+impl std::fmt::Display for BusError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BusError::Unavailable(reason) => write!(formatter, "NATS unavailable: {reason}"),
+            BusError::Refused(reason) => write!(formatter, "NATS refused: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for BusError {}
+
+/// How to reach NATS.
+#[derive(Debug, Clone)]
+pub struct BusConfig {
+    /// `nats://host:port`.
+    pub url: String,
+    /// The client's name in the server's connection list.
+    pub client_name: String,
+    /// Longest wait for one publish's acknowledgement, or for a JetStream API call.
+    pub request_timeout: Duration,
+    /// How long JetStream remembers a message id to drop a second publish of it.
+    pub duplicate_window: Duration,
+    /// How long the event stream keeps events.
+    pub event_retention: Duration,
+}
+
+impl BusConfig {
+    pub fn new(url: impl Into<String>) -> BusConfig {
+        BusConfig {
+            url: url.into(),
+            client_name: "stockd".to_owned(),
+            request_timeout: Duration::from_secs(5),
+            duplicate_window: Duration::from_secs(120),
+            event_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// A message to publish with its id (`Nats-Msg-Id`).
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub subject: String,
+    pub message_id: String,
+    pub body: Bytes,
+}
+
+/// What one ordered publish achieved.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Leading messages JetStream acknowledged, in order: everything before the
+    /// first that failed.
+    pub acknowledged: usize,
+    /// Of those, how many JetStream had already stored under the same id (dropped).
+    pub duplicates: usize,
+    /// Why the rest were not acknowledged, when some were not.
+    pub failure: Option<BusError>,
+}
+
+/// A connection to NATS and its JetStream context.
+#[derive(Clone)]
+pub struct Bus {
+    client: async_nats::Client,
+    jetstream: jetstream::Context,
+    config: BusConfig,
+}
+
+impl std::fmt::Debug for Bus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Bus")
+            .field("url", &domain::redact_url(&self.config.url))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    /// Connects, or starts connecting: a server that is down at start is retried in
+    /// the background (and after any disconnection), and calls fail until it answers.
+    pub async fn connect(config: BusConfig) -> Result<Bus, BusError> {
+        let client = async_nats::ConnectOptions::new()
+            .name(&config.client_name)
+            .connection_timeout(config.request_timeout)
+            .request_timeout(Some(config.request_timeout))
+            .retry_on_initial_connect()
+            .connect(config.url.as_str())
+            .await
+            .map_err(|error| BusError::Unavailable(error.to_string()))?;
+        let mut jetstream = jetstream::new(client.clone());
+        jetstream.set_timeout(config.request_timeout);
+        Ok(Bus {
+            client,
+            jetstream,
+            config,
+        })
+    }
+
+    pub fn config(&self) -> &BusConfig {
+        &self.config
+    }
+
+    /// Whether the connection is up now.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.jetstream
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    /// Creates the event stream `STOCKD_EVENTS` (subjects `stockd.events.>`) when it
+    /// is missing; an existing one is left as its operator configured it.
+    pub async fn ensure_event_stream(&self) -> Result<(), BusError> {
+        self.ensure_stream(EVENT_STREAM, EVENT_SUBJECTS, self.config.event_retention)
+            .await
+    }
+
+    pub(crate) async fn ensure_stream(
+        &self,
+        name: &str,
+        subjects: &str,
+        max_age: Duration,
+    ) -> Result<(), BusError> {
+        self.unless_disconnected()?;
+        let created = self
+            .jetstream
+            .get_or_create_stream(stream::Config {
+                name: name.to_owned(),
+                subjects: vec![subjects.to_owned()],
+                storage: stream::StorageType::File,
+                duplicate_window: self.config.duplicate_window,
+                max_age,
+                ..stream::Config::default()
+            })
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(error) => Err(classify(error.to_string())),
+        }
+    }
+
+    /// Publishes `messages` in order, each with its id, pipelined on the one
+    /// connection (which keeps their order), and waits for the acknowledgements.
+    /// Counts the leading ones acknowledged: the caller records those and sends the
+    /// rest again later (JetStream drops a repeat of an id it has seen).
+    pub async fn publish_in_order(&self, messages: &[Outgoing]) -> Published {
+        if let Err(error) = self.unless_disconnected() {
+            return Published {
+                failure: Some(error),
+                ..Published::default()
+            };
+        }
+        let mut pending = Vec::with_capacity(messages.len());
+        let mut failure = None;
+        for message in messages {
+            let sent = self
+                .jetstream
+                .send_publish(
+                    message.subject.clone(),
+                    PublishMessage::build()
+                        .payload(message.body.clone())
+                        .message_id(message.message_id.as_str()),
+                )
+                .await;
+            match sent {
+                Ok(acknowledgement) => pending.push(acknowledgement),
+                Err(error) => {
+                    failure = Some(classify(error.to_string()));
+                    break;
+                }
+            }
+        }
+        let mut published = Published::default();
+        for acknowledgement in pending {
+            match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
+                Ok(Ok(acknowledged)) => {
+                    published.acknowledged += 1;
+                    if acknowledged.duplicate {
+                        published.duplicates += 1;
+                    }
+                }
+                Ok(Err(error)) => {
+                    failure = Some(classify(error.to_string()));
+                    break;
+                }
+                Err(_) => {
+                    failure = Some(BusError::Unavailable(format!(
+                        "no acknowledgement within {:?}",
+                        self.config.request_timeout
+                    )));
+                    break;
+                }
+            }
+        }
+        published.failure = if published.acknowledged == messages.len() {
+            None
+        } else {
+            failure.or_else(|| Some(BusError::Unavailable("not acknowledged".to_owned())))
+        };
+        published
+    }
+
+    /// Fails at once while the connection is down, rather than queue a message in the
+    /// client's buffer and wait out the timeout.
+    fn unless_disconnected(&self) -> Result<(), BusError> {
+        if self.is_connected() {
+            Ok(())
+        } else {
+            Err(BusError::Unavailable("not connected".to_owned()))
+        }
+    }
+}
+
+/// A NATS error's text to a kind: JetStream's API refusals name an error code;
+/// everything else (timeouts, no responders, a broken connection) is transient.
+fn classify(text: String) -> BusError {
+    if text.contains("err_code") || text.contains("maximum payload") {
+        BusError::Refused(text)
+    } else {
+        BusError::Unavailable(text)
+    }
+}

@@ -1,0 +1,173 @@
+//! The outbox relay: publishes the numbered events to NATS JetStream in position
+//! order, at least once, and records what JetStream acknowledged.
+//!
+//! One instance relays at a time: a step first takes or renews the relay's lease in
+//! the database (`outbox_relay`), so two instances never publish from the same claim
+//! at once; a relay that stops (crash, lost lease) is replaced when its lease runs
+//! out, and its successor starts again after the last acknowledged position. Events
+//! it had published but not recorded go out again with the same `Nats-Msg-Id` (the
+//! event id), which JetStream drops inside its duplicate window. NATS being down only
+//! makes steps fail: the events wait in the outbox, and the gauges show them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bus::{Bus, BusError, Outgoing};
+use domain::FeedCursor;
+
+use crate::{Engine, EngineError, log_store_error};
+
+/// This instance's side of the relay: its connection and its name in the lease.
+#[derive(Debug)]
+pub struct EventRelay {
+    bus: Bus,
+    holder: String,
+    stream_ready: AtomicBool,
+}
+
+impl EventRelay {
+    pub fn new(bus: Bus, holder: impl Into<String>) -> EventRelay {
+        EventRelay {
+            bus,
+            holder: holder.into(),
+            stream_ready: AtomicBool::new(false),
+        }
+    }
+
+    /// A relay named after this process and a random suffix (two instances on one
+    /// host hold different leases).
+    pub fn for_this_process(bus: Bus) -> EventRelay {
+        let holder = format!(
+            "stockd-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        EventRelay::new(bus, holder)
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+}
+
+/// What one relay step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayStep {
+    /// Events JetStream acknowledged (and the relay recorded).
+    pub published: usize,
+    /// Of those, how many JetStream already had (a republish after a lost record).
+    pub duplicates: usize,
+    /// Another instance holds the lease: this one published nothing.
+    pub waiting_for_lease: bool,
+    /// A full batch was taken: more may be waiting.
+    pub more_waiting: bool,
+    /// Why some events were not published (they wait for the next step).
+    pub failure: Option<BusError>,
+}
+
+impl Engine {
+    /// One relay step: takes or renews the lease, publishes up to one batch of the
+    /// events after the last acknowledged position, and records how far JetStream
+    /// acknowledged them.
+    pub async fn relay_step(&self, relay: &EventRelay) -> Result<RelayStep, EngineError> {
+        let config = &self.inner.config;
+        let now = self.now();
+        let lease_until = now.plus_milliseconds(config.relay_lease_milliseconds);
+        let claimed = self
+            .inner
+            .store
+            .claim_relay(store::NATS_RELAY, &relay.holder, now, lease_until)
+            .await
+            .map_err(|error| log_store_error("claim_relay", error))?;
+        let Some(through) = claimed else {
+            return Ok(RelayStep {
+                waiting_for_lease: true,
+                ..RelayStep::default()
+            });
+        };
+        if !relay.stream_ready.load(Ordering::Relaxed) {
+            if let Err(error) = relay.bus.ensure_event_stream().await {
+                return Ok(RelayStep {
+                    failure: Some(error),
+                    ..RelayStep::default()
+                });
+            }
+            relay.stream_ready.store(true, Ordering::Relaxed);
+        }
+        let events = self
+            .inner
+            .store
+            .events_after(
+                FeedCursor::of_position(through),
+                None,
+                config.relay_batch_size,
+            )
+            .await
+            .map_err(|error| log_store_error("relay_events", error))?;
+        if events.is_empty() {
+            return Ok(RelayStep::default());
+        }
+        let messages: Vec<Outgoing> = events
+            .iter()
+            .map(|event| Outgoing {
+                subject: event.event_type.subject(),
+                message_id: event.id.clone(),
+                body: serde_json::to_vec(&event.body()).unwrap_or_default().into(),
+            })
+            .collect();
+        let published = relay.bus.publish_in_order(&messages).await;
+        let mut step = RelayStep {
+            published: published.acknowledged,
+            duplicates: published.duplicates,
+            more_waiting: i64::try_from(events.len()).unwrap_or(i64::MAX)
+                >= config.relay_batch_size,
+            failure: published.failure.clone(),
+            ..RelayStep::default()
+        };
+        if published.acknowledged > 0 {
+            let acknowledged = &events[..published.acknowledged];
+            let last = acknowledged[acknowledged.len() - 1].position;
+            let recorded = self
+                .inner
+                .store
+                .mark_relayed(store::NATS_RELAY, &relay.holder, last)
+                .await
+                .map_err(|error| log_store_error("mark_relayed", error))?;
+            if !recorded {
+                // The lease went to another instance meanwhile: it publishes these
+                // again (JetStream drops the repeats) and records them itself.
+                tracing::warn!(holder = relay.holder, "relay lease lost during a publish");
+                step.published = 0;
+                step.more_waiting = false;
+            }
+            let now = self.now().unix_milliseconds();
+            for event in acknowledged {
+                metrics::histogram!("stockd_outbox_publish_delay_seconds")
+                    .record((now - event.occurred_at.unix_milliseconds()).max(0) as f64 / 1000.0);
+            }
+            metrics::counter!("stockd_outbox_events_published_total")
+                .increment(published.acknowledged as u64);
+            metrics::counter!("stockd_outbox_events_duplicate_total")
+                .increment(published.duplicates as u64);
+        }
+        if let Some(failure) = &step.failure {
+            step.more_waiting = false;
+            metrics::counter!("stockd_outbox_publish_failures_total").increment(1);
+            tracing::debug!(%failure, "relay step left events waiting");
+        }
+        Ok(step)
+    }
+
+    /// Gives the relay's lease up (a clean stop), so another instance takes over at
+    /// once instead of after the lease.
+    pub async fn release_relay(&self, relay: &EventRelay) -> Result<(), EngineError> {
+        self.inner
+            .store
+            .release_relay(store::NATS_RELAY, &relay.holder)
+            .await
+            .map_err(|error| log_store_error("release_relay", error))
+    }
+}
