@@ -87,6 +87,72 @@ impl TestNats {
         bus
     }
 
+    /// Publishes a reservation command (JetStream acknowledges it).
+    pub async fn publish_command(&self, body: &[u8], key: Option<&str>, message_id: &str) {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to publish");
+        let context = jetstream::new(client);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", message_id);
+        if let Some(key) = key {
+            headers.insert("Idempotency-Key", key);
+        }
+        context
+            .publish_with_headers(
+                bus::intake::RESERVE_COMMAND_SUBJECT,
+                headers,
+                body.to_vec().into(),
+            )
+            .await
+            .expect("publish the command")
+            .await
+            .expect("JetStream acknowledged the command");
+    }
+
+    /// Every message in stream `stream` with its headers, in stream order.
+    pub async fn stream_messages_with_headers(&self, stream: &str) -> Vec<StreamMessage> {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to read the stream");
+        let context = jetstream::new(client);
+        let Ok(mut stream) = context.get_stream(stream).await else {
+            return Vec::new();
+        };
+        let last = stream
+            .info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence;
+        let mut messages = Vec::new();
+        for sequence in 1..=last {
+            let Ok(message) = stream.get_raw_message(sequence).await else {
+                continue;
+            };
+            let headers = message
+                .headers
+                .iter()
+                .map(|(name, values)| {
+                    (
+                        name.to_string(),
+                        values
+                            .first()
+                            .map(|value| value.as_str().to_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let body = serde_json::from_slice(&message.payload).unwrap_or(Value::Null);
+            messages.push(StreamMessage {
+                subject: message.subject.to_string(),
+                headers,
+                body,
+            });
+        }
+        messages
+    }
+
     /// Every message in stream `stream`, in stream order: (subject, `Nats-Msg-Id`,
     /// body).
     pub async fn stream_messages(&self, stream: &str) -> Vec<(String, String, Value)> {
@@ -123,6 +189,14 @@ impl Drop for TestNats {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.directory);
     }
+}
+
+/// A message read back from a stream.
+#[derive(Debug, Clone)]
+pub struct StreamMessage {
+    pub subject: String,
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub body: Value,
 }
 
 fn free_port() -> u16 {

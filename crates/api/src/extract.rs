@@ -146,7 +146,7 @@ async fn parse_json_body<T: DeserializeOwned>(
     Ok((Some(value), fingerprint(&method, &path, &canonical_text)))
 }
 
-fn fingerprint(method: &str, path: &str, canonical_body: &str) -> String {
+pub(crate) fn fingerprint(method: &str, path: &str, canonical_body: &str) -> String {
     let mut hasher = Sha256::new();
     for part in [method, "\n", path, "\n", canonical_body] {
         hasher.update(part.as_bytes());

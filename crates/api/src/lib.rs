@@ -6,6 +6,7 @@ pub mod catalog_wire;
 pub mod consistency;
 pub mod extract;
 pub mod http;
+pub mod intake;
 pub mod metrics;
 pub mod order_routes;
 pub mod order_wire;

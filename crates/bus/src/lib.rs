@@ -12,6 +12,8 @@ use std::time::Duration;
 use async_nats::jetstream::{self, message::PublishMessage, stream};
 use bytes::Bytes;
 
+pub mod intake;
+
 pub use domain::event::{EVENT_STREAM, EVENT_SUBJECTS};
 
 /// Why a call to NATS did not complete.

@@ -118,6 +118,16 @@ minted_id!(
     "service key",
     "key_"
 );
+impl ServiceKeyId {
+    /// The principal of a shop's queue intake (commands from NATS): a service key id
+    /// no key is minted with (its time is 0), so no credential is it and its
+    /// idempotency keys are a space of their own.
+    pub fn queue_intake() -> ServiceKeyId {
+        ServiceKeyId::parse("key_0000000000000000000000000000")
+            .expect("the queue intake's id is well formed")
+    }
+}
+
 minted_id!(
     /// Names one payment attempt of an order; the gateway call's idempotency key
     /// derives from it.

@@ -209,8 +209,9 @@ struct ServeArguments {
     #[arg(long, env = "STOCKD_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
     /// NATS with JetStream (`nats://host:port`): the outbox relay publishes every
-    /// event to stream STOCKD_EVENTS. Without it events are served by GET /v1/events
-    /// only. NATS being down delays events, never a sale.
+    /// event to stream STOCKD_EVENTS, and reservation commands are taken from
+    /// stockd.commands.reserve. Without it events are served by GET /v1/events only.
+    /// NATS being down delays events, never a sale.
     #[arg(long, env = "STOCKD_NATS_URL")]
     nats_url: Option<String>,
     /// Bearer token for admin calls; generated and printed when unset.
@@ -588,6 +589,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     );
 
     let workers = TaskTracker::new();
+    let intake_state = state.clone();
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
     if let Some(url) = arguments.nats_url.as_deref().filter(|url| !url.is_empty()) {
         let bus = bus::Bus::connect(bus::BusConfig::new(url))
@@ -599,6 +601,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
             holder = relay.holder(),
             "relaying events to NATS JetStream"
         );
+        workers.spawn(api::intake::attach_and_run(
+            intake_state.clone(),
+            relay.bus().clone(),
+            api::intake::IntakeSettings::default(),
+            shutdown.clone(),
+        ));
         engine::workers::spawn_relay(&engine, relay, &workers, &shutdown);
     }
     spawn_rate_limit_sweeper(state.http.clone(), &workers, &shutdown);

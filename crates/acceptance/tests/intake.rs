@@ -1,0 +1,331 @@
+//! The queue intake (issue 16; seed 002 §十.3, §十二.4), against a real
+//! `nats-server -js` of each test's own: a reservation command delivered three times —
+//! one after another, at once, after a restart, or again after a crash before its
+//! acknowledgement — has one effect and three identical answers; a poison command is
+//! answered with an error and never delivered again; a command acts only inside its
+//! shop; the consumer hands out no more than its in-flight bound.
+
+use std::time::Duration;
+
+use acceptance::nats::{StreamMessage, TestNats};
+use acceptance::{Backend, TestApp, mirrored_tests};
+use api::intake::{Handled, IntakeSettings, ReserveIntake};
+use serde_json::json;
+
+mirrored_tests!(
+    a_command_delivered_three_times_has_one_effect_and_three_identical_answers,
+    three_deliveries_handled_at_once_have_one_effect,
+    a_command_delivered_again_after_a_restart_is_answered_from_its_first_answer,
+    a_command_whose_instance_died_before_the_ack_is_delivered_again_with_no_second_effect,
+    a_poison_command_is_answered_with_an_error_and_never_delivered_again,
+    a_command_acts_only_inside_its_shop,
+    the_consumer_hands_out_no_more_than_its_in_flight_bound,
+);
+
+fn settings() -> IntakeSettings {
+    IntakeSettings {
+        fetch_wait: Duration::from_millis(200),
+        retry_delay: Duration::from_millis(50),
+        ..IntakeSettings::default()
+    }
+}
+
+async fn intake(nats: &TestNats, settings: IntakeSettings) -> ReserveIntake {
+    ReserveIntake::attach(nats.bus().await, settings)
+        .await
+        .expect("attach the intake")
+}
+
+fn state(app: &TestApp) -> api::AppState {
+    api::AppState::new(app.engine.clone(), None, &api::http::HttpConfig::default())
+}
+
+fn command(sku: &str, quantity: i64) -> Vec<u8> {
+    json!({"shop": "default", "lines": [{"sku": sku, "quantity": quantity}]})
+        .to_string()
+        .into_bytes()
+}
+
+/// Steps until `count` commands were answered (retried ones come back).
+async fn answer(intake: &ReserveIntake, app: &TestApp, count: usize) -> Vec<Handled> {
+    let state = state(app);
+    let mut answered = Vec::new();
+    for _ in 0..200 {
+        for handled in intake.step(&state).await.expect("intake step") {
+            if handled != Handled::Retried {
+                answered.push(handled);
+            }
+        }
+        if answered.len() >= count {
+            return answered;
+        }
+    }
+    panic!("only {} of {count} commands were answered", answered.len());
+}
+
+async fn answers(nats: &TestNats) -> Vec<StreamMessage> {
+    nats.stream_messages_with_headers("STOCKD_RESULTS").await
+}
+
+/// `count` answers, all alike: the same status and body, under `key`.
+fn assert_identical_answers(answers: &[StreamMessage], key: &str, count: usize) {
+    assert_eq!(answers.len(), count, "{answers:?}");
+    for answer in answers {
+        assert_eq!(answer.subject, "stockd.results.reserve");
+        assert_eq!(
+            answer.headers.get("Idempotency-Key").map(String::as_str),
+            Some(key)
+        );
+        assert_eq!(
+            answer.headers.get("Stockd-Status"),
+            answers[0].headers.get("Stockd-Status")
+        );
+        assert_eq!(answer.body, answers[0].body, "identical answers");
+    }
+}
+
+async fn a_command_delivered_three_times_has_one_effect_and_three_identical_answers(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    let body = command("HOT", 3);
+
+    for delivery in 0..3 {
+        nats.publish_command(&body, Some("order-77"), &format!("message-{delivery}"))
+            .await;
+        answer(&intake, &app, 1).await;
+    }
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "order-77", 3);
+    assert_eq!(answers[0].headers["Stockd-Status"], "201");
+    assert_eq!(answers[0].headers["Idempotent-Replayed"], "false");
+    assert_eq!(answers[2].headers["Idempotent-Replayed"], "true");
+    assert_eq!(answers[0].body["status"], "RESERVED");
+    assert_eq!(app.counters("HOT").await, (7, 3), "one effect");
+    assert_eq!(app.ledger_rows("HOT", "reserve").await, 1);
+    app.assert_audit_clean().await;
+}
+
+async fn three_deliveries_handled_at_once_have_one_effect(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    let body = command("HOT", 2);
+    for delivery in 0..3 {
+        nats.publish_command(&body, Some("at-once"), &format!("message-{delivery}"))
+            .await;
+    }
+
+    let handled = answer(&intake, &app, 3).await;
+
+    assert_eq!(handled.len(), 3, "{handled:?}");
+    assert_identical_answers(&answers(&nats).await, "at-once", 3);
+    assert_eq!(app.counters("HOT").await, (8, 2), "one effect");
+    app.assert_audit_clean().await;
+}
+
+async fn a_command_delivered_again_after_a_restart_is_answered_from_its_first_answer(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let body = command("HOT", 4);
+    {
+        let intake = intake(&nats, settings()).await;
+        nats.publish_command(&body, Some("before-restart"), "message-1")
+            .await;
+        answer(&intake, &app, 1).await;
+    }
+
+    let app = app.restart().await;
+    let intake = intake(&nats, settings()).await;
+    nats.publish_command(&body, Some("before-restart"), "message-2")
+        .await;
+    let handled = answer(&intake, &app, 1).await;
+
+    assert_eq!(
+        handled,
+        vec![Handled::Answered {
+            status: 201,
+            replayed: true
+        }]
+    );
+    assert_identical_answers(&answers(&nats).await, "before-restart", 2);
+    assert_eq!(app.counters("HOT").await, (6, 4));
+}
+
+async fn a_command_whose_instance_died_before_the_ack_is_delivered_again_with_no_second_effect(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let mut short = settings();
+    short.consumer.ack_wait = Duration::from_secs(1);
+    let intake = intake(&nats, short).await;
+    let body = command("HOT", 1);
+    nats.publish_command(&body, Some("crash"), "message-1")
+        .await;
+    // An instance took the command and reserved, then died before it acknowledged
+    // (or answered): the effect is there, the command is still JetStream's.
+    let bus = nats.bus().await;
+    let consumer = bus
+        .reserve_consumer(&intake.settings().consumer)
+        .await
+        .unwrap();
+    let taken = consumer.fetch(1, Duration::from_secs(2)).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].delivered(), 1);
+    drop(taken);
+    let reserved = app
+        .send(
+            acceptance::Call::post("/v1/reservations")
+                .key("unrelated")
+                .json(&json!({"lines": [{"sku": "HOT", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(reserved.status, 201);
+
+    // Redelivered once the acknowledgement is overdue; handled once.
+    let handled = answer(&intake, &app, 1).await;
+
+    assert_eq!(
+        handled,
+        vec![Handled::Answered {
+            status: 201,
+            replayed: false
+        }]
+    );
+    assert_eq!(app.counters("HOT").await, (8, 2));
+    // And once more from the sender: the first answer again.
+    nats.publish_command(&body, Some("crash"), "message-2")
+        .await;
+    answer(&intake, &app, 1).await;
+    assert_identical_answers(&answers(&nats).await, "crash", 2);
+    assert_eq!(app.counters("HOT").await, (8, 2));
+}
+
+async fn a_poison_command_is_answered_with_an_error_and_never_delivered_again(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    let before = app.contents().await;
+    let poison: Vec<(Vec<u8>, Option<&str>)> = vec![
+        (b"not json at all".to_vec(), Some("poison-1")),
+        (command("HOT", 1), None),
+        (
+            json!({"lines": [{"sku": "HOT", "quantity": 1}]})
+                .to_string()
+                .into_bytes(),
+            Some("poison-3"),
+        ),
+        (
+            json!({"shop": "default", "lines": [{"sku": "HOT", "quantity": 0}]})
+                .to_string()
+                .into_bytes(),
+            Some("poison-4"),
+        ),
+        (
+            json!({"shop": "default", "lines": [{"sku": "HOT", "quantity": "3"}]})
+                .to_string()
+                .into_bytes(),
+            Some("poison-5"),
+        ),
+        (
+            json!({"shop": "default", "lines": [], "extra": true})
+                .to_string()
+                .into_bytes(),
+            Some("poison-6"),
+        ),
+        (command("HOT", 1), Some("")),
+    ];
+    for (index, (body, key)) in poison.iter().enumerate() {
+        nats.publish_command(body, *key, &format!("poison-message-{index}"))
+            .await;
+    }
+
+    let handled = answer(&intake, &app, poison.len()).await;
+
+    assert!(
+        handled.iter().all(|handled| *handled == Handled::Poison),
+        "{handled:?}"
+    );
+    let answers = answers(&nats).await;
+    assert_eq!(answers.len(), poison.len());
+    for answer in &answers {
+        assert_eq!(answer.headers["Stockd-Status"], "400");
+        assert_eq!(answer.body["code"], "invalid_argument", "{answer:?}");
+    }
+    assert!(
+        intake.step(&state(&app)).await.unwrap().is_empty(),
+        "nothing is delivered again"
+    );
+    assert_eq!(app.contents().await, before, "nothing changed");
+}
+
+async fn a_command_acts_only_inside_its_shop(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    let body = json!({"shop": "other", "lines": [{"sku": "HOT", "quantity": 1}]})
+        .to_string()
+        .into_bytes();
+    nats.publish_command(&body, Some("crossing"), "message-1")
+        .await;
+
+    let handled = answer(&intake, &app, 1).await;
+
+    assert_eq!(
+        handled,
+        vec![Handled::Answered {
+            status: 403,
+            replayed: false
+        }]
+    );
+    assert_eq!(answers(&nats).await[0].body["code"], "forbidden");
+    assert_eq!(app.counters("HOT").await, (10, 0));
+}
+
+async fn the_consumer_hands_out_no_more_than_its_in_flight_bound(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 100).await;
+    let mut bounded = settings();
+    bounded.consumer.in_flight_max = 5;
+    let intake = intake(&nats, bounded).await;
+    for index in 0..12 {
+        nats.publish_command(
+            &command("HOT", 1),
+            Some(&format!("bounded-{index}")),
+            &format!("m-{index}"),
+        )
+        .await;
+    }
+    let bus = nats.bus().await;
+    let consumer = bus
+        .reserve_consumer(&intake.settings().consumer)
+        .await
+        .unwrap();
+
+    let held = consumer
+        .fetch(12, Duration::from_millis(500))
+        .await
+        .unwrap();
+
+    assert_eq!(held.len(), 5, "no more than the bound unacknowledged");
+    for command in &held {
+        command.retry_after(Duration::ZERO).await.unwrap();
+    }
+    drop(held);
+    let handled = answer(&intake, &app, 12).await;
+    assert_eq!(handled.len(), 12);
+    assert_eq!(app.counters("HOT").await, (88, 12));
+}

@@ -1,0 +1,288 @@
+//! The queue intake (seed 002 §十二.4): reservation commands from JetStream subject
+//! `stockd.commands.reserve`, each processed exactly as `POST /v1/reservations` — the
+//! same parsing, the same combiner, the same idempotency records — and answered on
+//! `stockd.results.reserve` with the command's `Idempotency-Key`.
+//!
+//! A command's body is the HTTP request's plus `shop`; its principal is the shop's
+//! queue intake (a service principal with the reserved key id
+//! `ServiceKeyId::queue_intake`, which no credential has: who may publish commands
+//! is NATS's permissions' business). Delivered twice — a redelivery after a crash or
+//! a lost acknowledgement, or a sender that published again — it finds its first
+//! answer under its key and has no second effect. A command that cannot be parsed is
+//! answered `invalid_argument` and acknowledged, never retried; one that met a
+//! transient failure (`lock_timeout`, `unavailable`, the original still running) is
+//! not answered but delivered again after a pause. At most `in_flight_max` commands
+//! are handed out at once over every instance, and one step takes at most
+//! `batch_size_max` of them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bus::intake::{Answer, Command, IntakeConfig, ReserveConsumer};
+use bus::{Bus, BusError};
+use domain::{
+    ErrorCode, IdempotencyKey, Principal, ReservationLine, ServiceKeyId, ShopCode, WarehouseCode,
+};
+use engine::Reply;
+use store::{IdempotencyClaim, ScopedKey};
+
+use crate::AppState;
+use crate::extract::fingerprint;
+use crate::problem::{ApiError, problem_body_with_status};
+use crate::wire::CreateReservationRequest;
+
+/// The intake of one instance.
+pub struct ReserveIntake {
+    bus: Bus,
+    consumer: ReserveConsumer,
+    config: IntakeSettings,
+}
+
+/// How one instance takes commands.
+#[derive(Debug, Clone)]
+pub struct IntakeSettings {
+    pub consumer: IntakeConfig,
+    /// Commands one step fetches and processes together (concurrently, so their
+    /// reservations share the combiner's batches).
+    pub batch_size_max: usize,
+    /// How long a step waits for the first command.
+    pub fetch_wait: Duration,
+    /// Pause before a command that met a transient failure is delivered again.
+    pub retry_delay: Duration,
+}
+
+impl Default for IntakeSettings {
+    fn default() -> IntakeSettings {
+        IntakeSettings {
+            consumer: IntakeConfig::default(),
+            batch_size_max: 64,
+            fetch_wait: Duration::from_millis(500),
+            retry_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What became of one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Answered (with this status) and acknowledged.
+    Answered { status: u16, replayed: bool },
+    /// Could not be parsed: answered `invalid_argument` and acknowledged.
+    Poison,
+    /// A transient failure: not answered, delivered again later.
+    Retried,
+}
+
+impl ReserveIntake {
+    /// Creates the streams and the shared consumer when missing.
+    pub async fn attach(bus: Bus, config: IntakeSettings) -> Result<ReserveIntake, BusError> {
+        let consumer = bus.reserve_consumer(&config.consumer).await?;
+        Ok(ReserveIntake {
+            bus,
+            consumer,
+            config,
+        })
+    }
+
+    pub fn settings(&self) -> &IntakeSettings {
+        &self.config
+    }
+
+    /// One intake step: fetches up to a batch of commands and handles them together.
+    /// Answers what became of each, in delivery order.
+    pub async fn step(&self, state: &AppState) -> Result<Vec<Handled>, BusError> {
+        let commands = self
+            .consumer
+            .fetch(self.config.batch_size_max, self.config.fetch_wait)
+            .await?;
+        let handled = futures_util::future::join_all(
+            commands.iter().map(|command| self.handle(state, command)),
+        )
+        .await;
+        handled.into_iter().collect()
+    }
+
+    async fn handle(&self, state: &AppState, command: &Command) -> Result<Handled, BusError> {
+        let key = command.header("Idempotency-Key").map(str::to_owned);
+        let outcome = match parse_command(command.body(), key.as_deref()) {
+            Ok(parsed) => reserve(state, parsed).await,
+            Err(refused) => Err(refused),
+        };
+        let (status, body, replayed) = match outcome {
+            Ok(reply) => (reply.response.status, reply.response.body, reply.replayed),
+            Err(error) if is_transient(&error) => {
+                metrics::counter!("stockd_intake_commands_total", "outcome" => "retried")
+                    .increment(1);
+                command.retry_after(self.config.retry_delay).await?;
+                return Ok(Handled::Retried);
+            }
+            Err(error) => {
+                let poison = error.code == ErrorCode::InvalidArgument;
+                let body = problem_body_with_status(error.code, error.status, &error.detail);
+                if poison {
+                    self.answer(command, key.as_deref(), error.status.as_u16(), body, false)
+                        .await?;
+                    metrics::counter!("stockd_intake_commands_total", "outcome" => "poison")
+                        .increment(1);
+                    return Ok(Handled::Poison);
+                }
+                (error.status.as_u16(), body, false)
+            }
+        };
+        self.answer(command, key.as_deref(), status, body, replayed)
+            .await?;
+        let outcome = if replayed { "replayed" } else { "answered" };
+        metrics::counter!("stockd_intake_commands_total", "outcome" => outcome).increment(1);
+        Ok(Handled::Answered { status, replayed })
+    }
+
+    /// Publishes the answer, then acknowledges the command: a crash in between
+    /// delivers the command again, which finds its stored answer and sends it again.
+    async fn answer(
+        &self,
+        command: &Command,
+        key: Option<&str>,
+        status: u16,
+        body: String,
+        replayed: bool,
+    ) -> Result<(), BusError> {
+        self.bus
+            .publish_answer(&Answer {
+                idempotency_key: key,
+                status,
+                replayed,
+                command_sequence: command.stream_sequence(),
+                body: body.into_bytes().into(),
+            })
+            .await?;
+        command.acknowledge().await
+    }
+}
+
+/// A command, parsed as its HTTP request would be.
+struct ParsedCommand {
+    principal: Principal,
+    claim: IdempotencyClaim,
+    request: CreateReservationRequest,
+}
+
+fn parse_command(body: &[u8], key: Option<&str>) -> Result<ParsedCommand, ApiError> {
+    let key = key.ok_or_else(|| ApiError::invalid("a command needs an Idempotency-Key header"))?;
+    let key = IdempotencyKey::parse(key).map_err(|error| ApiError::invalid(error.0))?;
+    let mut document: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|error| ApiError::invalid(format!("command body is not valid JSON: {error}")))?;
+    let shop = document
+        .as_object_mut()
+        .and_then(|fields| fields.remove("shop"))
+        .ok_or_else(|| ApiError::invalid("a command names its shop"))?;
+    let shop = shop
+        .as_str()
+        .ok_or_else(|| ApiError::invalid("shop must be a string"))
+        .and_then(|shop| ShopCode::parse(shop).map_err(|error| ApiError::invalid(error.0)))?;
+    let request: CreateReservationRequest =
+        serde_path_to_error::deserialize(&document).map_err(|error| {
+            let path = error.path().to_string();
+            ApiError::invalid(format!("{path}: {}", error.into_inner()))
+        })?;
+    let principal = Principal::Service {
+        key: ServiceKeyId::queue_intake(),
+        shop,
+    };
+    // The same fingerprint as the HTTP request with this body.
+    let canonical = serde_json::to_string(&document).unwrap_or_default();
+    let claim = IdempotencyClaim {
+        key: ScopedKey::new(&principal, &key),
+        fingerprint: fingerprint("POST", "/v1/reservations", &canonical),
+    };
+    Ok(ParsedCommand {
+        principal,
+        claim,
+        request,
+    })
+}
+
+async fn reserve(state: &AppState, parsed: ParsedCommand) -> Result<Reply, ApiError> {
+    let lines = parsed
+        .request
+        .lines
+        .into_iter()
+        .map(|line| ReservationLine {
+            sku: line.sku,
+            warehouse: line
+                .warehouse
+                .unwrap_or_else(WarehouseCode::default_warehouse),
+            quantity: line.quantity,
+        })
+        .collect();
+    state
+        .engine
+        .reserve(
+            &parsed.principal,
+            &parsed.claim,
+            lines,
+            parsed.request.ttl_seconds,
+            parsed.request.user_id,
+        )
+        .await
+        .map_err(ApiError::from)
+}
+
+/// Failures after which the same command may well succeed: delivered again, not
+/// answered (a retry of a request with the same key over HTTP would run again too).
+fn is_transient(error: &ApiError) -> bool {
+    matches!(
+        error.code,
+        ErrorCode::LockTimeout
+            | ErrorCode::RetryExhausted
+            | ErrorCode::Unavailable
+            | ErrorCode::RequestInProgress
+            | ErrorCode::Internal
+    )
+}
+
+/// Attaches the intake once NATS answers (it may be down at start), then runs it
+/// until `shutdown`.
+pub async fn attach_and_run(
+    state: AppState,
+    bus: Bus,
+    settings: IntakeSettings,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let retry = settings.retry_delay;
+    let intake = loop {
+        match ReserveIntake::attach(bus.clone(), settings.clone()).await {
+            Ok(intake) => break intake,
+            Err(error) => {
+                tracing::debug!(%error, "intake not attached yet");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(retry) => {}
+                }
+            }
+        }
+    };
+    tracing::info!("taking reservation commands from stockd.commands.reserve");
+    run(state, Arc::new(intake), shutdown).await;
+}
+
+/// Runs the intake until `shutdown`: a step after another, pausing after a failure.
+pub async fn run(
+    state: AppState,
+    intake: Arc<ReserveIntake>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let pause = match intake.step(&state).await {
+            Ok(_) => Duration::ZERO,
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "intake").increment(1);
+                tracing::warn!(%error, "intake step failed");
+                intake.config.retry_delay
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(pause) => {}
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The queue intake's subjects (DESIGN.md, "Events and caches"): reservation commands
+//! on `stockd.commands.reserve` (stream `STOCKD_COMMANDS`, one durable pull consumer
+//! shared by every instance, explicit acks), answers on `stockd.results.reserve`
+//! (stream `STOCKD_RESULTS`), each with the command's `Idempotency-Key`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use crate::{Bus, BusError, classify};
+
+pub const COMMAND_STREAM: &str = "STOCKD_COMMANDS";
+pub const COMMAND_SUBJECTS: &str = "stockd.commands.>";
+pub const RESERVE_COMMAND_SUBJECT: &str = "stockd.commands.reserve";
+pub const RESULT_STREAM: &str = "STOCKD_RESULTS";
+pub const RESULT_SUBJECTS: &str = "stockd.results.>";
+pub const RESERVE_RESULT_SUBJECT: &str = "stockd.results.reserve";
+/// The durable consumer every instance pulls reservation commands from.
+pub const RESERVE_CONSUMER: &str = "stockd-reserve";
+
+/// How the intake consumes.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    /// Commands handed out and not yet acknowledged, over every instance: JetStream
+    /// stops delivering beyond it (backpressure).
+    pub in_flight_max: i64,
+    /// A command not acknowledged within this is delivered again (a crashed instance).
+    pub ack_wait: Duration,
+    /// Deliveries of one command at most: a command that keeps failing transiently
+    /// (the database down for longer than `max_deliver` × the retry pause) is dropped
+    /// by JetStream after these.
+    pub deliveries_max: i64,
+    /// How long commands and answers are kept in their streams.
+    pub retention: Duration,
+}
+
+impl Default for IntakeConfig {
+    fn default() -> IntakeConfig {
+        IntakeConfig {
+            in_flight_max: 256,
+            ack_wait: Duration::from_secs(30),
+            deliveries_max: 1_000,
+            retention: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// One delivered command.
+pub struct Command {
+    message: jetstream::Message,
+}
+
+impl Command {
+    pub fn body(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// A header's value, when present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(name))
+            .map(|value| value.as_str())
+    }
+
+    /// How many times JetStream delivered this command (1 the first time).
+    pub fn delivered(&self) -> i64 {
+        self.message.info().map(|info| info.delivered).unwrap_or(1)
+    }
+
+    /// The command's position in its stream.
+    pub fn stream_sequence(&self) -> u64 {
+        self.message
+            .info()
+            .map(|info| info.stream_sequence)
+            .unwrap_or(0)
+    }
+
+    /// Done with: JetStream forgets it.
+    pub async fn acknowledge(&self) -> Result<(), BusError> {
+        self.message
+            .ack_with(AckKind::Ack)
+            .await
+            .map_err(|error| BusError::Unavailable(error.to_string()))
+    }
+
+    /// Not done: deliver it again after `delay`.
+    pub async fn retry_after(&self, delay: Duration) -> Result<(), BusError> {
+        self.message
+            .ack_with(AckKind::Nak(Some(delay)))
+            .await
+            .map_err(|error| BusError::Unavailable(error.to_string()))
+    }
+}
+
+/// An answer to publish on the result subject.
+#[derive(Debug, Clone)]
+pub struct Answer<'a> {
+    pub idempotency_key: Option<&'a str>,
+    /// The HTTP status the same request would have had.
+    pub status: u16,
+    pub replayed: bool,
+    /// The command's stream sequence, so a sender without a key can match it.
+    pub command_sequence: u64,
+    pub body: Bytes,
+}
+
+impl Bus {
+    /// Creates the command and result streams and the shared consumer when missing;
+    /// answers the consumer.
+    pub async fn reserve_consumer(
+        &self,
+        config: &IntakeConfig,
+    ) -> Result<ReserveConsumer, BusError> {
+        self.ensure_stream(COMMAND_STREAM, COMMAND_SUBJECTS, config.retention)
+            .await?;
+        self.ensure_stream(RESULT_STREAM, RESULT_SUBJECTS, config.retention)
+            .await?;
+        let stream = self
+            .jetstream
+            .get_stream(COMMAND_STREAM)
+            .await
+            .map_err(|error| classify(error.to_string()))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                RESERVE_CONSUMER,
+                pull::Config {
+                    durable_name: Some(RESERVE_CONSUMER.to_owned()),
+                    filter_subject: RESERVE_COMMAND_SUBJECT.to_owned(),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    max_deliver: config.deliveries_max,
+                    max_ack_pending: config.in_flight_max,
+                    ..pull::Config::default()
+                },
+            )
+            .await
+            .map_err(|error| classify(error.to_string()))?;
+        Ok(ReserveConsumer { consumer })
+    }
+
+    /// Publishes an answer and waits for JetStream's acknowledgement.
+    pub async fn publish_answer(&self, answer: &Answer<'_>) -> Result<(), BusError> {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(key) = answer.idempotency_key {
+            headers.insert("Idempotency-Key", key);
+        }
+        headers.insert("Stockd-Status", answer.status.to_string().as_str());
+        headers.insert(
+            "Idempotent-Replayed",
+            if answer.replayed { "true" } else { "false" },
+        );
+        headers.insert(
+            "Stockd-Command-Sequence",
+            answer.command_sequence.to_string().as_str(),
+        );
+        let acknowledgement = self
+            .jetstream
+            .publish_with_headers(RESERVE_RESULT_SUBJECT, headers, answer.body.clone())
+            .await
+            .map_err(|error| classify(error.to_string()))?;
+        match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(classify(error.to_string())),
+            Err(_) => Err(BusError::Unavailable(
+                "no acknowledgement of the answer".into(),
+            )),
+        }
+    }
+}
+
+/// The shared durable consumer of reservation commands.
+pub struct ReserveConsumer {
+    consumer: jetstream::consumer::Consumer<pull::Config>,
+}
+
+impl ReserveConsumer {
+    /// Up to `count` commands, waiting at most `wait` for the first.
+    pub async fn fetch(&self, count: usize, wait: Duration) -> Result<Vec<Command>, BusError> {
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(count.max(1))
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|error| BusError::Unavailable(error.to_string()))?;
+        let mut commands = Vec::new();
+        while let Some(message) = batch.next().await {
+            match message {
+                Ok(message) => commands.push(Command { message }),
+                Err(error) => {
+                    if commands.is_empty() {
+                        return Err(BusError::Unavailable(error.to_string()));
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(commands)
+    }
+}
