@@ -11,6 +11,7 @@
 pub mod http;
 pub mod nats;
 pub mod payments;
+pub mod redis_server;
 
 use std::path::PathBuf;
 use std::sync::Arc;

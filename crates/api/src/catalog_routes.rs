@@ -6,11 +6,13 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use cache::{CacheKey, Lookup};
 use domain::limits::{REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX, SPEC_LENGTH_MAX};
 use domain::{ErrorCode, ProductId, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId};
 use engine::catalog::{DraftSku, ProductDraft, ShelfRequest};
-use store::{ProductChanges, ShelfLogQuery, TargetSelector};
+use store::{ProductChanges, ReadHandle, ShelfLogQuery, TargetSelector};
 
 use crate::AppState;
 use crate::catalog_wire::{
@@ -18,7 +20,7 @@ use crate::catalog_wire::{
     ProductBody, ShelfLogEntryBody, ShelfOperationRequest, ShelfOperationWire, ShopperProductBody,
     UpdateProductRequest,
 };
-use crate::consistency::{DisplayRead, displayed_response};
+use crate::consistency::{DisplayRead, displayed_json, displayed_response, served_response};
 use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
@@ -116,13 +118,84 @@ pub async fn delete_product(
 }
 
 /// What a shopper sees; a deleted product is gone for them.
+/// `GET /v1/products/{id}`, the shopper's view. With the display cache it is served
+/// from Redis (`Stockd-Served-By: cache`) and filled on a miss from a read at least as
+/// new as the writer when the miss was seen; a read that sends a consistency token
+/// (it wants its own writes) and any Redis failure read the database.
 pub async fn shopper_product(
     State(state): State<AppState>,
     DisplayRead(reader): DisplayRead,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_product_id(&id)?;
-    let displayed = state.engine.display_product(&reader, &id).await?;
+    let Some(cache) = state
+        .engine
+        .display_cache()
+        .filter(|_| reader.token().is_none())
+    else {
+        if state.engine.display_cache().is_some() {
+            metrics::counter!("stockd_cache_reads_total", "result" => "bypassed").increment(1);
+        }
+        return shopper_product_json(&state, &reader, &id).await;
+    };
+    let key = CacheKey::ProductView(id.as_str().to_owned());
+    let ticket = match cache.lookup(&key).await {
+        Ok(Lookup::Hit(body)) => {
+            metrics::counter!("stockd_cache_reads_total", "result" => "hit").increment(1);
+            let response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+            return Ok(served_response(response, "cache"));
+        }
+        Ok(Lookup::Miss(ticket)) => {
+            metrics::counter!("stockd_cache_reads_total", "result" => "miss").increment(1);
+            Some(ticket)
+        }
+        Err(error) => {
+            metrics::counter!("stockd_cache_errors_total", "operation" => "lookup").increment(1);
+            tracing::debug!(%error, "product view read from the database");
+            None
+        }
+    };
+    let Some(ticket) = ticket else {
+        return shopper_product_json(&state, &reader, &id).await;
+    };
+    // Read at least as new as the writer now: a replica behind the change that moved
+    // the generation must not fill the cache with what came before it.
+    let fresh = ReadHandle::display(state.engine.consistency_token().await);
+    let (displayed, value) = shopper_product_value(&state, &fresh, &id).await?;
+    let body = value.to_string();
+    match cache.fill(&ticket, &body).await {
+        Ok(stored) => {
+            let stored = if stored { "true" } else { "false" };
+            metrics::counter!("stockd_cache_fills_total", "stored" => stored).increment(1);
+        }
+        Err(error) => {
+            metrics::counter!("stockd_cache_errors_total", "operation" => "fill").increment(1);
+            tracing::debug!(%error, "product view not cached");
+        }
+    }
+    let response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    Ok(served_response(response, displayed.as_str()))
+}
+
+async fn shopper_product_json(
+    state: &AppState,
+    reader: &ReadHandle,
+    id: &ProductId,
+) -> Result<Response, ApiError> {
+    let (served_by, value) = shopper_product_value(state, reader, id).await?;
+    Ok(served_response(
+        Json(value).into_response(),
+        served_by.as_str(),
+    ))
+}
+
+/// The shopper's view as the database shows it, and who served the read.
+async fn shopper_product_value(
+    state: &AppState,
+    reader: &ReadHandle,
+    id: &ProductId,
+) -> Result<(domain::ServedBy, serde_json::Value), ApiError> {
+    let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
     if product.deleted_at.is_some()
         || product
@@ -135,9 +208,9 @@ pub async fn shopper_product(
             format!("product '{id}' does not exist"),
         ));
     }
-    Ok(displayed_response(
-        &displayed,
-        ShopperProductBody::new(product),
+    Ok((
+        displayed.served_by,
+        displayed_json(&displayed, ShopperProductBody::new(product)),
     ))
 }
 

@@ -47,6 +47,14 @@ impl<S: Send + Sync> FromRequestParts<S> for DisplayRead {
 
 /// A display answer: `body` with `as_of` added, and `Stockd-Served-By`.
 pub fn displayed_response<T, B: Serialize>(displayed: &Displayed<T>, body: B) -> Response {
+    served_response(
+        Json(displayed_json(displayed, body)).into_response(),
+        displayed.served_by.as_str(),
+    )
+}
+
+/// A display answer's body: `body` with `as_of` added.
+pub fn displayed_json<T, B: Serialize>(displayed: &Displayed<T>, body: B) -> serde_json::Value {
     let mut value = serde_json::to_value(body).unwrap_or(serde_json::Value::Null);
     if let serde_json::Value::Object(fields) = &mut value {
         fields.insert(
@@ -54,11 +62,14 @@ pub fn displayed_response<T, B: Serialize>(displayed: &Displayed<T>, body: B) ->
             serde_json::Value::String(displayed.as_of.to_string()),
         );
     }
-    let mut response = Json(value).into_response();
-    response.headers_mut().insert(
-        SERVED_BY_HEADER,
-        HeaderValue::from_static(displayed.served_by.as_str()),
-    );
+    value
+}
+
+/// `response` with `Stockd-Served-By: served_by` (`primary`, `replica` or `cache`).
+pub fn served_response(mut response: Response, served_by: &'static str) -> Response {
+    response
+        .headers_mut()
+        .insert(SERVED_BY_HEADER, HeaderValue::from_static(served_by));
     response
 }
 

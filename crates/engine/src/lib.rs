@@ -9,6 +9,7 @@ pub mod combiner;
 pub mod config;
 pub mod credentials;
 pub mod demo;
+pub mod display_cache;
 pub mod error;
 pub mod events;
 pub mod in_flight;
@@ -81,6 +82,8 @@ struct Inner {
     /// Woken when this process's sequencer numbered events, so the relay publishes
     /// them without waiting out its pause.
     events_numbered: tokio::sync::Notify,
+    /// The display cache, once attached (`STOCKD_REDIS_URL`).
+    display_cache: std::sync::OnceLock<Arc<cache::DisplayCache>>,
 }
 
 /// What one expiry step did.
@@ -133,6 +136,7 @@ impl Engine {
                 sku_shops: shops::SkuShops::default(),
                 event_relay: std::sync::atomic::AtomicBool::new(false),
                 events_numbered: tokio::sync::Notify::new(),
+                display_cache: std::sync::OnceLock::new(),
             }),
         }
     }

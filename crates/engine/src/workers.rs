@@ -238,6 +238,54 @@ async fn relay_loop(
     }
 }
 
+/// Starts the display cache's invalidator on `tracker`: it follows the outbox from
+/// the events numbered when it starts and drops what they make stale.
+pub fn spawn_cache_invalidator(
+    engine: &Engine,
+    cache: std::sync::Arc<cache::DisplayCache>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    engine.attach_display_cache(cache);
+    tracker.spawn(cache_invalidation_loop(engine.clone(), shutdown.clone()));
+}
+
+async fn cache_invalidation_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().outbox_interval_milliseconds);
+    let retry = Duration::from_millis(engine.config().relay_retry_milliseconds);
+    let mut cursor = loop {
+        match engine.latest_event_cursor().await {
+            Ok(cursor) => break cursor,
+            Err(_) => {
+                if !pause_unless_shut_down(&shutdown, retry).await {
+                    return;
+                }
+            }
+        }
+    };
+    loop {
+        let pause = match engine.cache_invalidation_step(cursor).await {
+            Ok(step) => {
+                cursor = step.cursor;
+                if step.events > 0 {
+                    Duration::ZERO
+                } else {
+                    interval
+                }
+            }
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "cache_invalidation")
+                    .increment(1);
+                tracing::debug!(%error, "cache invalidation step failed");
+                retry
+            }
+        };
+        if !pause_unless_shut_down(&shutdown, pause).await {
+            break;
+        }
+    }
+}
+
 /// Sleeps for `pause`; false when `shutdown` came first and the loop should end.
 async fn pause_unless_shut_down(shutdown: &CancellationToken, pause: Duration) -> bool {
     tokio::select! {

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the HTTP API and run the background workers.
-    Serve(ServeArguments),
+    Serve(Box<ServeArguments>),
     /// Apply database migrations and exit.
     Migrate(DatabaseArguments),
     /// Replay the ledger against counters and reservations; exit 0 only when clean.
@@ -214,6 +214,11 @@ struct ServeArguments {
     /// NATS being down delays events, never a sale.
     #[arg(long, env = "STOCKD_NATS_URL")]
     nats_url: Option<String>,
+    /// Redis (`redis://host:port`) for the display cache: the shopper's product view
+    /// is served from it, filled on a miss and dropped by the outbox's events; nothing
+    /// that decides a sale reads it. Redis down means database reads.
+    #[arg(long, env = "STOCKD_REDIS_URL")]
+    redis_url: Option<String>,
     /// Bearer token for admin calls; generated and printed when unset.
     #[arg(long, env = "STOCKD_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
@@ -591,6 +596,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     let workers = TaskTracker::new();
     let intake_state = state.clone();
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
+    if let Some(url) = arguments.redis_url.as_deref().filter(|url| !url.is_empty()) {
+        let cache = cache::DisplayCache::new(cache::CacheConfig::new(url))
+            .map_err(|error| error.to_string())?;
+        tracing::info!(redis = %domain::redact_url(url), "display cache in Redis");
+        engine::workers::spawn_cache_invalidator(&engine, Arc::new(cache), &workers, &shutdown);
+    }
     if let Some(url) = arguments.nats_url.as_deref().filter(|url| !url.is_empty()) {
         let bus = bus::Bus::connect(bus::BusConfig::new(url))
             .await
@@ -956,7 +967,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve(arguments) => {
                 init_logging(&arguments.database);
-                serve(arguments).await.map(|()| true)
+                serve(*arguments).await.map(|()| true)
             }
             Command::Migrate(arguments) => {
                 init_logging(&arguments);

@@ -305,6 +305,38 @@ impl<B: Backend> Units<B> {
         rows.iter().map(decode_event).collect()
     }
 
+    /// The last position handed out (0 before the first): where a reader that wants
+    /// only what happens from now on starts.
+    pub async fn latest_event_position(&self) -> Result<i64, StoreError> {
+        statement("SELECT through_position FROM outbox_relay WHERE name = 'sequencer'")
+            .fetch_one_scalar(&mut *self.writer_read_connection().await?)
+            .await
+    }
+
+    /// The products these SKUs belong to (standalone SKUs have none).
+    pub async fn products_of_skus(&self, skus: &[String]) -> Result<Vec<String>, StoreError> {
+        if skus.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut text = String::from(
+            "SELECT DISTINCT product_id FROM sku WHERE product_id IS NOT NULL AND code IN (",
+        );
+        for index in 0..skus.len() {
+            if index > 0 {
+                text.push_str(", ");
+            }
+            text.push_str(&format!("${}", index + 1));
+        }
+        text.push(')');
+        let mut query = built_statement(text);
+        for sku in skus {
+            query = query.bind(sku.as_str());
+        }
+        query
+            .fetch_all_scalar(&mut *self.writer_read_connection().await?)
+            .await
+    }
+
     /// What a reader still has to take: with the relay named, rows after the position
     /// it acknowledged (numbered or not); without, the rows not numbered yet.
     pub async fn outbox_backlog(&self, relay: Option<&str>) -> Result<OutboxBacklog, StoreError> {

@@ -1,0 +1,299 @@
+//! The display cache in Redis (issue 16; seed 003 §4.4, §5.1), against a
+//! `redis-server` of each test's own: the shopper's product view is served from the
+//! cache after a miss, dropped by the outbox's events (a shelf change, the last unit
+//! sold) and never refilled with what a reader saw before a change; a cart shows a
+//! SKU taken off the shelf at once; with Redis stopped the reads are still right; and
+//! nothing that decides a sale reads the cache.
+
+use acceptance::redis_server::TestRedis;
+use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, mirrored_tests_alone};
+use cache::{CacheKey, Lookup};
+use domain::FeedCursor;
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    the_product_view_is_served_from_the_cache_after_a_miss,
+    a_shelf_change_reaches_a_cart_at_once_and_the_product_view_with_its_event,
+    the_sale_of_the_last_unit_reaches_the_product_view_with_its_event,
+    a_fill_that_read_before_a_change_cannot_store_the_old_state,
+    a_read_that_sends_its_consistency_token_is_not_served_from_the_cache,
+    nothing_that_decides_a_sale_reads_the_cache,
+);
+
+// These read counters of the process-wide metrics recorder.
+mirrored_tests_alone!(with_redis_stopped_the_reads_are_right_and_the_errors_are_counted);
+
+/// A shop with a product on the shelf: (app, product id, invalidation cursor).
+async fn shop(backend: Backend, redis: &TestRedis, stock: i64) -> (TestApp, String, FeedCursor) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("default", &["MILK-1L"]))
+        .await;
+    app.receive("MILK-1L", stock).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    app.engine.attach_display_cache(redis.cache());
+    sequence_all(&app).await;
+    let cursor = app.engine.latest_event_cursor().await.unwrap();
+    (app, product, cursor)
+}
+
+async fn sequence_all(app: &TestApp) {
+    for _ in 0..1_000 {
+        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
+            return;
+        }
+    }
+    panic!("the sequencer kept finding events");
+}
+
+/// What the outbox worker and the invalidator do on their own: number the events and
+/// drop what they make stale.
+async fn propagate(app: &TestApp, cursor: &mut FeedCursor) {
+    sequence_all(app).await;
+    let step = app
+        .engine
+        .cache_invalidation_step(*cursor)
+        .await
+        .expect("invalidation step");
+    *cursor = step.cursor;
+}
+
+async fn view(app: &TestApp, product: &str) -> (String, Value) {
+    let response = app
+        .send(Call::get(format!("/v1/products/{product}")).anonymous())
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    let served_by = response
+        .headers
+        .get("stockd-served-by")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (served_by, response.json())
+}
+
+fn availability(view: &Value) -> String {
+    view["skus"][0]["availability"].as_str().unwrap().to_owned()
+}
+
+/// Reads the view (following the events between reads) until `wanted`, a bounded
+/// number of times.
+async fn view_until(app: &TestApp, product: &str, cursor: &mut FeedCursor, wanted: &str) {
+    for _ in 0..100 {
+        propagate(app, cursor).await;
+        if availability(&view(app, product).await.1) == wanted {
+            return;
+        }
+    }
+    panic!("the product view never showed {wanted}");
+}
+
+async fn the_product_view_is_served_from_the_cache_after_a_miss(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, _) = shop(backend, &redis, 5).await;
+
+    let (first_by, first) = view(&app, &product).await;
+    let (second_by, second) = view(&app, &product).await;
+
+    assert_eq!(first_by, "primary", "the miss reads the database");
+    assert_eq!(second_by, "cache");
+    assert_eq!(first, second, "the cache shows what the database showed");
+    assert_eq!(availability(&second), "on_sale");
+}
+
+async fn a_shelf_change_reaches_a_cart_at_once_and_the_product_view_with_its_event(
+    backend: Backend,
+) {
+    let redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 5).await;
+    let put = app
+        .send(
+            Call::put("/v1/carts/alice/items/MILK-1L")
+                .key("cart-1")
+                .json(&json!({"quantity": 1})),
+        )
+        .await;
+    assert_eq!(put.status, 200, "{put:?}");
+    assert_eq!(
+        view(&app, &product).await.1["skus"][0]["availability"],
+        "on_sale"
+    );
+    assert_eq!(view(&app, &product).await.0, "cache");
+
+    let off = app
+        .shelf(None, json!({"operation": "off", "product_ids": [product]}))
+        .await;
+    assert_eq!(off.status, 200);
+
+    // The cart reads the database: the change shows at once, before any event.
+    let cart = app.send(Call::get("/v1/carts/alice")).await.json();
+    assert_eq!(cart["lines"][0]["problem"], "off_shelf", "{cart}");
+    view_until(&app, &product, &mut cursor, "off_shelf").await;
+    assert_eq!(
+        view(&app, &product).await.0,
+        "cache",
+        "cached again, now off the shelf"
+    );
+}
+
+async fn the_sale_of_the_last_unit_reaches_the_product_view_with_its_event(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 1).await;
+    assert_eq!(availability(&view(&app, &product).await.1), "on_sale");
+    assert_eq!(view(&app, &product).await.0, "cache");
+
+    assert_eq!(app.reserve("last-one", &[("MILK-1L", 1)]).await.status, 201);
+
+    view_until(&app, &product, &mut cursor, "temporarily_out_of_stock").await;
+}
+
+async fn a_fill_that_read_before_a_change_cannot_store_the_old_state(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 5).await;
+    let cache = app.engine.display_cache().unwrap().clone();
+    let key = CacheKey::ProductView(product.clone());
+    // A reader misses and reads the database…
+    let Lookup::Miss(ticket) = cache.lookup(&key).await.unwrap() else {
+        panic!("nothing was cached yet");
+    };
+    let (_, before) = view_bypassing_the_cache(&app, &product).await;
+    assert_eq!(availability(&before), "on_sale");
+    // …the SKU goes off the shelf and its event drops the key…
+    app.shelf(None, json!({"operation": "off", "product_ids": [product]}))
+        .await;
+    propagate(&app, &mut cursor).await;
+
+    // …and the reader's late fill with what it read before is refused.
+    let stored = cache.fill(&ticket, &before.to_string()).await.unwrap();
+
+    assert!(!stored, "a fill that read before the change stores nothing");
+    let (served_by, now) = view(&app, &product).await;
+    assert_eq!(served_by, "primary", "still a miss");
+    assert_eq!(availability(&now), "off_shelf");
+    assert_eq!(availability(&view(&app, &product).await.1), "off_shelf");
+}
+
+/// The view as the database shows it (a consistency token bypasses the cache).
+async fn view_bypassing_the_cache(app: &TestApp, product: &str) -> (String, Value) {
+    let response = app
+        .send(
+            Call::get(format!("/v1/products/{product}"))
+                .anonymous()
+                .consistency_token("0/0"),
+        )
+        .await;
+    assert_eq!(response.status, 200, "{response:?}");
+    let served_by = response.headers["stockd-served-by"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    (served_by, response.json())
+}
+
+async fn a_read_that_sends_its_consistency_token_is_not_served_from_the_cache(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, _) = shop(backend, &redis, 5).await;
+    view(&app, &product).await;
+    assert_eq!(view(&app, &product).await.0, "cache");
+    let reserved = app.reserve("mine", &[("MILK-1L", 5)]).await;
+    let token = reserved.headers["stockd-consistency-token"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+
+    let response = app
+        .send(
+            Call::get(format!("/v1/products/{product}"))
+                .anonymous()
+                .consistency_token(token),
+        )
+        .await;
+
+    assert_eq!(response.headers["stockd-served-by"], "primary");
+    assert_eq!(
+        availability(&response.json()),
+        "temporarily_out_of_stock",
+        "the caller sees its own write at once"
+    );
+}
+
+async fn nothing_that_decides_a_sale_reads_the_cache(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, _) = shop(backend, &redis, 5).await;
+    app.shelf(None, json!({"operation": "off", "product_ids": [product]}))
+        .await;
+    // Someone writes a lie into the cache: the SKU on sale with plenty of stock.
+    let (_, mut lie) = view_bypassing_the_cache(&app, &product).await;
+    lie["skus"][0]["availability"] = json!("on_sale");
+    lie["skus"][0]["available"] = json!(1000);
+    redis
+        .set(
+            &format!("stockd:v1:product-view:{product}"),
+            &lie.to_string(),
+        )
+        .await;
+    assert_eq!(
+        availability(&view(&app, &product).await.1),
+        "on_sale",
+        "the cache shows"
+    );
+
+    let reserved = app.reserve("decided", &[("MILK-1L", 1)]).await;
+    let ordered = app
+        .send(
+            Call::post("/v1/orders")
+                .key("decided-order")
+                .json(&json!({"user_id": "u1", "lines": [{"sku": "MILK-1L", "quantity": 1}]})),
+        )
+        .await;
+
+    assert_eq!(
+        reserved.code().as_deref(),
+        Some("off_shelf"),
+        "{reserved:?}"
+    );
+    assert_eq!(ordered.code().as_deref(), Some("off_shelf"), "{ordered:?}");
+    assert_eq!(app.counters("MILK-1L").await, (5, 0));
+}
+
+async fn with_redis_stopped_the_reads_are_right_and_the_errors_are_counted(backend: Backend) {
+    let mut redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 5).await;
+    view(&app, &product).await;
+    assert_eq!(view(&app, &product).await.0, "cache");
+
+    redis.stop();
+    app.shelf(None, json!({"operation": "off", "product_ids": [product]}))
+        .await;
+    sequence_all(&app).await;
+    assert!(
+        app.engine.cache_invalidation_step(cursor).await.is_err(),
+        "the drop waits for Redis"
+    );
+
+    let (served_by, shown) = view(&app, &product).await;
+    assert_eq!(served_by, "primary", "Redis down: the database answers");
+    assert_eq!(availability(&shown), "off_shelf");
+    let metrics = app.send(Call::get("/metrics").admin()).await.body;
+    let errors: f64 = metrics
+        .lines()
+        .filter(|line| line.starts_with("stockd_cache_errors_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors >= 2.0, "{metrics}");
+
+    redis.start_again().await;
+    propagate(&app, &mut cursor).await;
+    let mut shown = String::new();
+    for _ in 0..100 {
+        let (_, value) = view(&app, &product).await;
+        shown = availability(&value);
+        if shown == "off_shelf" {
+            break;
+        }
+    }
+    assert_eq!(shown, "off_shelf", "Redis back: right again");
+}
