@@ -33,7 +33,11 @@ pub struct DrillReport {
 }
 
 impl DrillReport {
-    fn new(drill: &'static str, checks: Vec<Check>, figures: serde_json::Value) -> DrillReport {
+    pub(crate) fn new(
+        drill: &'static str,
+        checks: Vec<Check>,
+        figures: serde_json::Value,
+    ) -> DrillReport {
         DrillReport {
             drill,
             held: checks.iter().all(|check| check.held),
@@ -62,7 +66,7 @@ impl DrillReport {
     }
 }
 
-fn check(name: &str, held: bool, detail: impl Into<String>) -> Check {
+pub(crate) fn check(name: &str, held: bool, detail: impl Into<String>) -> Check {
     Check {
         name: name.to_owned(),
         held,
@@ -71,7 +75,7 @@ fn check(name: &str, held: bool, detail: impl Into<String>) -> Check {
 }
 
 /// The drills `stockd drill` knows.
-pub const DRILLS: [&str; 2] = ["failover", "replica-lag"];
+pub const DRILLS: [&str; 3] = ["failover", "replica-lag", "duplicate-delivery"];
 
 /// Settings of the failover drill.
 #[derive(Debug, Clone)]

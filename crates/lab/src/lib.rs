@@ -5,6 +5,7 @@
 pub mod client;
 pub mod cluster;
 pub mod drill;
+pub mod duplicate_drill;
 pub mod evidence;
 pub mod report;
 pub mod runner;

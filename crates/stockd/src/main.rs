@@ -50,7 +50,7 @@ enum Command {
 
 #[derive(Args)]
 struct DrillArguments {
-    /// failover or replica-lag.
+    /// failover, replica-lag or duplicate-delivery.
     name: String,
     /// Write the report as JSON to this file.
     #[arg(long)]
@@ -62,6 +62,10 @@ struct DrillArguments {
     /// write the new leader acknowledged.
     #[arg(long, default_value_t = 3)]
     seconds: u64,
+    /// duplicate-delivery: a NATS with JetStream to use (default: the drill starts
+    /// `nats-server -js` of its own).
+    #[arg(long)]
+    nats_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -895,6 +899,14 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
             .await?
         }
         "replica-lag" => lab::drill::replica_lag(lab::drill::ReplicaLagOptions::default()).await?,
+        "duplicate-delivery" => {
+            lab::duplicate_drill::duplicate_delivery(
+                lab::duplicate_drill::DuplicateDeliveryOptions {
+                    nats_url: arguments.nats_url.clone(),
+                },
+            )
+            .await?
+        }
         other => {
             return Err(format!(
                 "unknown drill '{other}' (this build has: {})",

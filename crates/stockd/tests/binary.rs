@@ -626,3 +626,32 @@ async fn the_generated_admin_token_survives_a_restart_until_it_is_rotated() {
     assert_eq!(sku(address, new_token).await, 200);
     assert!(terminate(&mut third).success());
 }
+
+/// `stockd drill duplicate-delivery` starts its own NATS and `stockd serve`, delivers
+/// one command and one webhook three times each, and exits 0 only when each had one
+/// effect, the answers were identical and the audit is clean.
+#[test]
+fn the_duplicate_delivery_drill_holds_and_writes_its_report() {
+    let directory = ScratchDirectory::new();
+    let report_path = directory.0.join("duplicate.json");
+    let output = stockd(&directory.0)
+        .args(["drill", "duplicate-delivery", "--json"])
+        .arg(&report_path)
+        .output()
+        .unwrap();
+
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(printed.contains("verdict: HELD"), "{printed}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
+    assert_eq!(report["drill"], "duplicate-delivery");
+    assert_eq!(report["held"], true);
+    assert_eq!(report["checks"].as_array().unwrap().len(), 5);
+    assert_eq!(report["figures"]["queue"]["answers"], 3);
+}
