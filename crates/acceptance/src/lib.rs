@@ -1018,6 +1018,17 @@ impl TestApp {
             .to_owned()
     }
 
+    /// Numbers every outbox event committed so far, as the outbox worker does on its
+    /// own (tests run no workers).
+    pub async fn sequence_all_events(&self) {
+        for _ in 0..1_000 {
+            if self.engine.sequence_step().await.expect("sequencer step") == 0 {
+                return;
+            }
+        }
+        panic!("the sequencer kept finding events");
+    }
+
     /// Counts ledger rows of `kind` for `sku`, straight from the database.
     pub async fn ledger_rows(&self, sku: &str, kind: &str) -> i64 {
         let contents = self.contents().await;

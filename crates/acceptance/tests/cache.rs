@@ -35,24 +35,15 @@ async fn shop(backend: Backend, redis: &TestRedis, stock: i64) -> (TestApp, Stri
         .await;
     assert_eq!(on.status, 200, "{on:?}");
     app.engine.attach_display_cache(redis.cache());
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     let cursor = app.engine.latest_event_cursor().await.unwrap();
     (app, product, cursor)
-}
-
-async fn sequence_all(app: &TestApp) {
-    for _ in 0..1_000 {
-        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
-            return;
-        }
-    }
-    panic!("the sequencer kept finding events");
 }
 
 /// What the outbox worker and the invalidator do on their own: number the events and
 /// drop what they make stale.
 async fn propagate(app: &TestApp, cursor: &mut FeedCursor) {
-    sequence_all(app).await;
+    app.sequence_all_events().await;
     let step = app
         .engine
         .cache_invalidation_step(*cursor)
@@ -268,7 +259,7 @@ async fn with_redis_stopped_the_reads_are_right_and_the_errors_are_counted(backe
     redis.stop();
     app.shelf(None, json!({"operation": "off", "product_ids": [product]}))
         .await;
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     assert!(
         app.engine.cache_invalidation_step(cursor).await.is_err(),
         "the drop waits for Redis"

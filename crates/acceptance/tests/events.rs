@@ -22,19 +22,9 @@ mirrored_tests!(
     the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
 );
 
-/// Numbers everything committed so far (what the outbox worker does on its own).
-async fn sequence_all(app: &TestApp) {
-    for _ in 0..1_000 {
-        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
-            return;
-        }
-    }
-    panic!("the sequencer kept finding events");
-}
-
 /// Every event the admin's feed shows, after sequencing what committed.
 async fn all_events(app: &TestApp) -> Vec<Value> {
-    sequence_all(app).await;
+    app.sequence_all_events().await;
     let mut events = Vec::new();
     let mut cursor = "0".to_owned();
     for _ in 0..1_000 {
@@ -359,7 +349,7 @@ async fn the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor(backe
     assert_eq!(paged, everything, "the pages are the whole feed, in order");
     // A later event appears after the cursor a reader already holds.
     reservation_id(&app.reserve("later", &[("TEA", 1)]).await);
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     let next = app
         .send(Call::get(format!("/v1/events?after={cursor}")).admin())
         .await
@@ -398,7 +388,7 @@ async fn an_event_whose_transaction_commits_late_is_not_skipped(backend: Backend
         assert_ne!(page.0[0]["aggregate_id"], "rsv_late");
         cursor = page.1;
     } else {
-        sequence_all(&app).await;
+        app.sequence_all_events().await;
         assert!(events_after(&app, &cursor).await.0.is_empty());
     }
 
@@ -417,7 +407,7 @@ async fn feed_cursor_after_everything(app: &TestApp) -> String {
 /// The events after `cursor` once everything committed is numbered, and the next
 /// cursor.
 async fn events_after(app: &TestApp, cursor: &str) -> (Vec<Value>, String) {
-    sequence_all(app).await;
+    app.sequence_all_events().await;
     let page = app
         .send(Call::get(format!("/v1/events?after={cursor}&limit=1000")).admin())
         .await;
@@ -489,7 +479,7 @@ async fn the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input(backend
         .await;
     assert_eq!(other_sku.status, 201, "{other_sku:?}");
     app.receive("OTHER-TEA", 3).await;
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     let other_operator = app.create_operator("olga", "other").await;
 
     let own = app.send(Call::get("/v1/events")).await;

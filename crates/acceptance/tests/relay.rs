@@ -22,18 +22,9 @@ mirrored_tests!(
     events_are_pruned_after_the_retention_only_once_the_relay_took_them,
 );
 
-async fn sequence_all(app: &TestApp) {
-    for _ in 0..1_000 {
-        if app.engine.sequence_step().await.expect("sequencer step") == 0 {
-            return;
-        }
-    }
-    panic!("the sequencer kept finding events");
-}
-
 /// Relay steps until one publishes nothing; answers the steps' total.
 async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
-    sequence_all(app).await;
+    app.sequence_all_events().await;
     let mut total = RelayStep::default();
     for _ in 0..1_000 {
         let step = app.engine.relay_step(relay).await.expect("relay step");
@@ -49,7 +40,7 @@ async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
 
 /// The admin's whole feed.
 async fn feed(app: &TestApp) -> Vec<Value> {
-    sequence_all(app).await;
+    app.sequence_all_events().await;
     let page = app
         .send(Call::get("/v1/events?limit=1000").admin())
         .await
@@ -129,7 +120,7 @@ async fn a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstrea
     app.engine.attach_event_relay();
     app.stocked_sku("TEA", 100).await;
     reserve_many(&app, "before", 20).await;
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     // A relay published the first ten events and died before recording them.
     let bus = nats.bus().await;
     bus.ensure_event_stream().await.unwrap();
@@ -229,7 +220,7 @@ async fn events_wait_while_nats_is_down_and_arrive_in_order_when_it_is_back(back
     nats.stop();
     acceptance::wait_until("the relay saw NATS go", || !relay.bus().is_connected()).await;
     reserve_many(&app, "while-down", 10).await;
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
     let step = app.engine.relay_step(&relay).await.unwrap();
     assert_eq!(step.published, 0);
     assert!(step.failure.is_some(), "{step:?}");
@@ -263,7 +254,7 @@ async fn events_are_pruned_after_the_retention_only_once_the_relay_took_them(bac
     nats.stop();
     acceptance::wait_until("the relay saw NATS go", || !relay.bus().is_connected()).await;
     reserve_many(&app, "unpublished", 3).await;
-    sequence_all(&app).await;
+    app.sequence_all_events().await;
 
     assert_eq!(
         app.engine.outbox_prune_step().await.unwrap(),

@@ -10,9 +10,10 @@ CREATE TABLE outbox (
     sequence BIGINT NOT NULL CHECK (sequence >= 1),
     event_type VARCHAR(64) NOT NULL,
     shop VARCHAR(64) NOT NULL,
-    payload TEXT NOT NULL,
+    payload TEXT,
     occurred_at BIGINT NOT NULL,
     position BIGINT CHECK (position >= 1),
+    CHECK (payload IS NOT NULL OR event_type = 'reservation.created'),
     UNIQUE KEY outbox_aggregate_sequence (aggregate, aggregate_id, sequence),
     UNIQUE KEY outbox_position (position),
     KEY outbox_shop_position (shop, position)

@@ -8,9 +8,10 @@ CREATE TABLE outbox (
     sequence     INTEGER NOT NULL CHECK (sequence >= 1),
     event_type   TEXT    NOT NULL,
     shop         TEXT    NOT NULL,
-    payload      TEXT    NOT NULL,
+    payload      TEXT,
     occurred_at  INTEGER NOT NULL,
     position     INTEGER CHECK (position >= 1),
+    CHECK (payload IS NOT NULL OR event_type = 'reservation.created'),
     UNIQUE (aggregate, aggregate_id, sequence)
 ) STRICT;
 

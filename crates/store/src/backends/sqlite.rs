@@ -484,7 +484,7 @@ async fn insert_reservations(
          SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
          FROM json_each($1)",
     )
-    .bind(rows_of_reservations)
+    .bind(rows_of_reservations.clone())
     .bind(now.unix_milliseconds())
     .execute(&mut *connection)
     .await?;
@@ -505,5 +505,16 @@ async fn insert_reservations(
     .bind(now.unix_milliseconds())
     .execute(&mut *connection)
     .await?;
-    crate::units::outbox::append_reservations_created(connection, reservations, now).await
+    // Their `reservation.created` event rows, from the same parameter (the body is
+    // read from these rows when the event is: `units::outbox`).
+    sqlx::query(
+        "INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
+         SELECT 'reservation', value ->> 0, 1, 'reservation.created', value ->> 3, NULL, $2 \
+         FROM json_each($1) ORDER BY key",
+    )
+    .bind(rows_of_reservations)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    Ok(())
 }
