@@ -65,7 +65,9 @@ pub async fn track(request: Request, next: Next) -> Response {
     );
     let method = request.method().as_str().to_owned();
     let started = Instant::now();
+    let in_progress = InProgress::start();
     let response = next.run(request).await;
+    drop(in_progress);
     let elapsed = started.elapsed().as_secs_f64();
     let status = response.status().as_u16().to_string();
     let code = response
@@ -97,11 +99,31 @@ pub async fn track(request: Request, next: Next) -> Response {
     response
 }
 
+/// Counts a request in `stockd_requests_in_progress` until dropped (also when the
+/// request is cancelled: a client that went away).
+struct InProgress;
+
+impl InProgress {
+    fn start() -> InProgress {
+        metrics::gauge!("stockd_requests_in_progress").increment(1.0);
+        InProgress
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        metrics::gauge!("stockd_requests_in_progress").decrement(1.0);
+    }
+}
+
 /// `GET /metrics`: the metrics token, the admin or an operator.
 pub async fn render(
     State(state): State<AppState>,
     _reader: crate::extract::MetricsReader,
 ) -> Response {
+    // First, before the gauges that need a connection: a scrape that waits for one
+    // would report the pool after the wait.
+    state.engine.pool_gauges();
     if let Ok(gauges) = state.engine.gauges().await {
         metrics::gauge!("stockd_reservations", "status" => "RESERVED").set(gauges.reserved as f64);
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);

@@ -86,6 +86,8 @@ pub struct EngineConfig {
     pub relay_interval_milliseconds: u64,
     /// Pause after a step that failed (NATS down): how often the relay tries again.
     pub relay_retry_milliseconds: u64,
+    /// Pause between checks for stock rows with a negative counter (a table scan).
+    pub negative_stock_interval_milliseconds: u64,
 }
 
 impl Default for EngineConfig {
@@ -127,6 +129,7 @@ impl Default for EngineConfig {
             relay_lease_milliseconds: 15_000,
             relay_interval_milliseconds: 100,
             relay_retry_milliseconds: 1_000,
+            negative_stock_interval_milliseconds: 60_000,
         }
     }
 }

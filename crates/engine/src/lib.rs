@@ -210,6 +210,8 @@ impl Engine {
             Idempotent::Replayed(response) => {
                 metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
                     .increment(1);
+                metrics::counter!("stockd_duplicate_requests_total", "operation" => operation)
+                    .increment(1);
                 Ok(Reply {
                     response,
                     replayed: true,
@@ -532,6 +534,33 @@ impl Engine {
         health
     }
 
+    /// The database gauges that need no query: the pools' connections, waiters and
+    /// acquire timeouts (read at every scrape).
+    pub fn pool_gauges(&self) {
+        let usage = self.inner.store.pool_usage();
+        metrics::gauge!("stockd_db_pool_connections", "state" => "active").set(usage.active as f64);
+        metrics::gauge!("stockd_db_pool_connections", "state" => "idle").set(usage.idle as f64);
+        metrics::gauge!("stockd_db_pool_waiting").set(usage.waiting as f64);
+        metrics::counter!("stockd_db_pool_acquire_timeouts_total").absolute(usage.acquire_timeouts);
+    }
+
+    /// One step of the stock check: `stockd_stock_rows_negative`, the stock rows with
+    /// a counter below zero (must stay 0). A scan of the stock table, so the worker
+    /// runs it once a minute, not at every scrape.
+    pub async fn negative_stock_step(&self) -> Result<i64, EngineError> {
+        let rows = self
+            .inner
+            .store
+            .negative_stock_rows()
+            .await
+            .map_err(|error| log_store_error("negative_stock_rows", error))?;
+        metrics::gauge!("stockd_stock_rows_negative").set(rows as f64);
+        if rows > 0 {
+            tracing::error!(rows, "stock rows with a negative counter");
+        }
+        Ok(rows)
+    }
+
     /// One step of the idempotency purge: deletes one batch of records older than the
     /// retention. Returns how many were deleted.
     pub async fn purge_step(&self) -> Result<u64, EngineError> {
@@ -585,6 +614,8 @@ impl Engine {
         match self.stored_outcome(operation, claim).await? {
             Some(Idempotent::Replayed(response)) => {
                 metrics::counter!("stockd_idempotent_replays_total", "operation" => operation)
+                    .increment(1);
+                metrics::counter!("stockd_duplicate_requests_total", "operation" => operation)
                     .increment(1);
                 Ok(Some(Reply {
                     response,

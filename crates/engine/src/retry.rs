@@ -8,8 +8,26 @@ use crate::config::EngineConfig;
 
 /// Runs `work` until it succeeds, fails with anything but [`StoreError::Retryable`],
 /// or has run `retry_attempts_max` times; pauses with capped, jittered exponential
-/// backoff in between. The last `Retryable` is returned when attempts run out.
+/// backoff in between. The last `Retryable` is returned when attempts run out. The
+/// whole unit of work, retries included, is timed as
+/// `stockd_store_operation_duration_seconds{operation}`.
 pub async fn with_retries<Output, Work, Attempt>(
+    config: &EngineConfig,
+    operation: &'static str,
+    work: Work,
+) -> Result<Output, StoreError>
+where
+    Work: Fn() -> Attempt,
+    Attempt: Future<Output = Result<Output, StoreError>>,
+{
+    let started = std::time::Instant::now();
+    let outcome = run_with_retries(config, operation, work).await;
+    metrics::histogram!("stockd_store_operation_duration_seconds", "operation" => operation)
+        .record(started.elapsed().as_secs_f64());
+    outcome
+}
+
+async fn run_with_retries<Output, Work, Attempt>(
     config: &EngineConfig,
     operation: &'static str,
     work: Work,

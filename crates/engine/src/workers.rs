@@ -18,6 +18,22 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(payment_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(replica_monitor_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(outbox_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(negative_stock_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Checks that no stock row went below zero (`stockd_stock_rows_negative`).
+async fn negative_stock_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().negative_stock_interval_milliseconds);
+    loop {
+        if let Err(error) = engine.negative_stock_step().await {
+            metrics::counter!("stockd_worker_errors_total", "worker" => "negative_stock")
+                .increment(1);
+            tracing::warn!(%error, "negative stock check failed");
+        }
+        if !pause_unless_shut_down(&shutdown, interval).await {
+            break;
+        }
+    }
 }
 
 /// Numbers committed outbox events (so the feed and the relay can see them), prunes

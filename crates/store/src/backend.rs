@@ -412,6 +412,8 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
         async { Vec::new() }
     }
     fn limits(&self) -> &StoreLimits;
+    /// What the pools are doing now.
+    fn pool_usage(&self) -> PoolUsage;
     fn close(&self) -> impl Future<Output = ()> + Send;
 
     /// The whole-batch fast path (see [`Dialect::WHOLE_BATCH_FAST_PATH`]): looks up the
@@ -427,6 +429,68 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
         _now: Timestamp,
     ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send {
         async { Ok(WholeBatch::NotApplied) }
+    }
+}
+
+/// What a backend's pools are doing, for the pool gauges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolUsage {
+    /// Connections lent out.
+    pub active: u64,
+    /// Connections open and free.
+    pub idle: u64,
+    /// Callers waiting for a connection (and its `BEGIN`) right now.
+    pub waiting: i64,
+    /// Waits that gave up (`acquire_timeout_milliseconds`) since the start.
+    pub acquire_timeouts: u64,
+}
+
+/// Counts who waits for a pooled connection, and the waits that timed out: sqlx's
+/// pools report their size and idle connections, not their queue.
+#[derive(Debug, Clone, Default)]
+pub struct PoolWatch {
+    waiting: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    acquire_timeouts: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl PoolWatch {
+    /// Runs `acquire` (a pool's `acquire` or `begin`) counted as a wait.
+    pub(crate) async fn acquiring<T>(
+        &self,
+        acquire: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, StoreError> {
+        use std::sync::atomic::Ordering;
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicI64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(&self.waiting);
+        let acquired = acquire.await;
+        drop(waiting);
+        if matches!(acquired, Err(sqlx::Error::PoolTimedOut)) {
+            self.acquire_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        acquired.map_err(StoreError::from)
+    }
+
+    /// The usage of `pools`, watched by this.
+    pub(crate) fn usage<D: sqlx::Database>(&self, pools: &[&sqlx::Pool<D>]) -> PoolUsage {
+        use std::sync::atomic::Ordering;
+        let mut usage = PoolUsage {
+            waiting: self.waiting.load(Ordering::Relaxed).max(0),
+            acquire_timeouts: self.acquire_timeouts.load(Ordering::Relaxed),
+            ..PoolUsage::default()
+        };
+        for pool in pools {
+            let size = u64::from(pool.size());
+            let idle = u64::try_from(pool.num_idle()).unwrap_or(u64::MAX);
+            usage.idle += idle.min(size);
+            usage.active += size.saturating_sub(idle);
+        }
+        usage
     }
 }
 
@@ -452,19 +516,23 @@ pub(crate) use finish_through_sqlx;
 macro_rules! one_pool_backend_methods {
     ($($also:ident),*) => {
         async fn begin_write(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
-            Ok(self.pool.begin().await?)
+            self.watch.acquiring(self.pool.begin()).await
         }
 
         async fn begin_writer_read(&self) -> Result<Self::Transaction, $crate::error::StoreError> {
-            Ok(self.pool.begin().await?)
+            self.watch.acquiring(self.pool.begin()).await
         }
 
         async fn writer_read_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
-            Ok(self.pool.acquire().await?)
+            self.watch.acquiring(self.pool.acquire()).await
         }
 
         async fn write_connection(&self) -> Result<Self::Pooled, $crate::error::StoreError> {
-            Ok(self.pool.acquire().await?)
+            self.watch.acquiring(self.pool.acquire()).await
+        }
+
+        fn pool_usage(&self) -> $crate::backend::PoolUsage {
+            self.watch.usage(&[&self.pool])
         }
 
         fn limits(&self) -> &$crate::StoreLimits {

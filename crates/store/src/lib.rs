@@ -32,6 +32,7 @@ use domain::{
     ShopCode, Sku, SkuCode, Timestamp, UserId,
 };
 
+pub use backend::PoolUsage;
 pub use catalog::*;
 pub use error::StoreError;
 pub use model::*;
@@ -204,6 +205,11 @@ impl Store {
     pub fn has_replicas(&self) -> bool {
         dispatch!(self, store => store.has_replicas())
     }
+
+    /// What the database pools are doing now (no database call).
+    pub fn pool_usage(&self) -> backend::PoolUsage {
+        dispatch!(self, store => store.pool_usage())
+    }
 }
 
 /// Every unit of work, forwarded to the backend the store was opened on. The list below
@@ -307,6 +313,9 @@ forward! {
     fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError>;
     fn latest_event_position(&self) -> Result<i64, StoreError>;
     fn products_of_skus(&self, skus: &[String]) -> Result<Vec<String>, StoreError>;
+    /// Stock rows with a negative counter (the CHECK constraints make it 0; a row
+    /// written around them would not be).
+    fn negative_stock_rows(&self) -> Result<i64, StoreError>;
 }
 
 #[cfg(test)]

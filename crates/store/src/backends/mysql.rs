@@ -69,6 +69,7 @@ const BATCH_INSERT_ROWS_MAX: usize = 500;
 pub struct MysqlBackend {
     pool: MySqlPool,
     limits: StoreLimits,
+    watch: crate::backend::PoolWatch,
 }
 
 /// The session settings every connection starts with.
@@ -123,6 +124,7 @@ impl MysqlBackend {
             .connect_with(options)
             .await?;
         Ok(MysqlBackend {
+            watch: crate::backend::PoolWatch::default(),
             pool,
             limits: config.limits,
         })

@@ -29,6 +29,7 @@ use crate::{StoreConfig, StoreLimits};
 pub struct PostgresBackend {
     pool: PgPool,
     limits: StoreLimits,
+    watch: crate::backend::PoolWatch,
     replicas: Arc<ReplicaSet>,
     position: WriterPosition,
 }
@@ -63,6 +64,7 @@ impl PostgresBackend {
             connect_options(url, config)
         })?;
         Ok(PostgresBackend {
+            watch: crate::backend::PoolWatch::default(),
             pool,
             limits: config.limits,
             replicas: Arc::new(replicas),

@@ -36,6 +36,7 @@ pub struct SqliteBackend {
     write: SqlitePool,
     read: SqlitePool,
     limits: StoreLimits,
+    watch: crate::backend::PoolWatch,
 }
 
 impl SqliteBackend {
@@ -70,6 +71,7 @@ impl SqliteBackend {
             .connect_with(options.read_only(true))
             .await?;
         Ok(SqliteBackend {
+            watch: crate::backend::PoolWatch::default(),
             write,
             read,
             limits: config.limits,
@@ -85,15 +87,14 @@ impl Backend for SqliteBackend {
     const NAME: &'static str = "sqlite";
 
     async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
-        self.write
-            .begin_with("BEGIN IMMEDIATE")
+        self.watch
+            .acquiring(self.write.begin_with("BEGIN IMMEDIATE"))
             .await
-            .map_err(StoreError::from)
     }
 
     /// The read pool reads the same file as the writer: nothing there is stale.
     async fn begin_writer_read(&self) -> Result<Self::Transaction, StoreError> {
-        self.read.begin().await.map_err(StoreError::from)
+        self.watch.acquiring(self.read.begin()).await
     }
 
     /// A deferred read transaction sees one WAL snapshot from its first read on.
@@ -102,11 +103,15 @@ impl Backend for SqliteBackend {
     }
 
     async fn writer_read_connection(&self) -> Result<Self::Pooled, StoreError> {
-        self.read.acquire().await.map_err(StoreError::from)
+        self.watch.acquiring(self.read.acquire()).await
     }
 
     async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
-        self.write.acquire().await.map_err(StoreError::from)
+        self.watch.acquiring(self.write.acquire()).await
+    }
+
+    fn pool_usage(&self) -> crate::backend::PoolUsage {
+        self.watch.usage(&[&self.write, &self.read])
     }
 
     fn limits(&self) -> &StoreLimits {

@@ -74,6 +74,16 @@ impl<B: Backend> Units<B> {
         self.backend.sample_replicas().await
     }
 
+    pub fn pool_usage(&self) -> crate::backend::PoolUsage {
+        self.backend.pool_usage()
+    }
+
+    pub async fn negative_stock_rows(&self) -> Result<i64, StoreError> {
+        crate::sql::statement("SELECT COUNT(*) FROM stock WHERE available < 0 OR reserved < 0")
+            .fetch_one_scalar(&mut *self.writer_read_connection().await?)
+            .await
+    }
+
     fn limits(&self) -> &crate::StoreLimits {
         self.backend.limits()
     }
