@@ -1029,6 +1029,27 @@ impl TestApp {
         panic!("the sequencer kept finding events");
     }
 
+    /// Every event the admin's feed shows, after numbering what committed.
+    pub async fn all_events(&self) -> Vec<Value> {
+        self.sequence_all_events().await;
+        let mut events = Vec::new();
+        let mut cursor = "0".to_owned();
+        for _ in 0..1_000 {
+            let page = self
+                .send(Call::get(format!("/v1/events?after={cursor}&limit=1000")).admin())
+                .await;
+            assert_eq!(page.status, 200, "{page:?}");
+            let page = page.json();
+            let found = page["events"].as_array().expect("events").clone();
+            cursor = page["next_cursor"].as_str().expect("cursor").to_owned();
+            if found.is_empty() {
+                return events;
+            }
+            events.extend(found);
+        }
+        panic!("the feed never ended");
+    }
+
     /// Counts ledger rows of `kind` for `sku`, straight from the database.
     pub async fn ledger_rows(&self, sku: &str, kind: &str) -> i64 {
         let contents = self.contents().await;
@@ -1071,6 +1092,22 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("gave up waiting until {what}");
+}
+
+/// A loopback port nothing listens on now (for a server a test starts itself).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
+}
+
+/// Waits until something accepts connections on this loopback port.
+pub async fn wait_until_listening(what: &str, port: u16) {
+    wait_until_async(what, || async move {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+    })
+    .await;
 }
 
 /// A product to create in tests.

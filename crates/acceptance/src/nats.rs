@@ -22,7 +22,7 @@ pub struct TestNats {
 impl TestNats {
     /// Starts a server and waits until it accepts connections.
     pub async fn start() -> TestNats {
-        let port = free_port();
+        let port = crate::free_port();
         let directory = std::env::temp_dir().join(format!(
             "stockd-test-nats-{}-{:016x}",
             std::process::id(),
@@ -70,12 +70,7 @@ impl TestNats {
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {binary}: {error}"));
         self.child = Some(child);
-        let address = format!("127.0.0.1:{}", self.port);
-        crate::wait_until_async("the NATS server accepts connections", || {
-            let address = address.clone();
-            async move { tokio::net::TcpStream::connect(address).await.is_ok() }
-        })
-        .await;
+        crate::wait_until_listening("the NATS server accepts connections", self.port).await;
     }
 
     /// A connection as stockd makes it, with short timeouts for tests.
@@ -156,31 +151,18 @@ impl TestNats {
     /// Every message in stream `stream`, in stream order: (subject, `Nats-Msg-Id`,
     /// body).
     pub async fn stream_messages(&self, stream: &str) -> Vec<(String, String, Value)> {
-        let client = async_nats::connect(self.url())
+        self.stream_messages_with_headers(stream)
             .await
-            .expect("connect to read the stream");
-        let context = jetstream::new(client);
-        let mut stream = context.get_stream(stream).await.expect("the stream exists");
-        let last = stream
-            .info()
-            .await
-            .expect("stream info")
-            .state
-            .last_sequence;
-        let mut messages = Vec::new();
-        for sequence in 1..=last {
-            let Ok(message) = stream.get_raw_message(sequence).await else {
-                continue;
-            };
-            let id = message
-                .headers
-                .get("Nats-Msg-Id")
-                .map(|value| value.as_str().to_owned())
-                .unwrap_or_default();
-            let body = serde_json::from_slice(&message.payload).expect("a JSON body");
-            messages.push((message.subject.to_string(), id, body));
-        }
-        messages
+            .into_iter()
+            .map(|message| {
+                let id = message
+                    .headers
+                    .get("Nats-Msg-Id")
+                    .cloned()
+                    .unwrap_or_default();
+                (message.subject, id, message.body)
+            })
+            .collect()
     }
 }
 
@@ -197,9 +179,4 @@ pub struct StreamMessage {
     pub subject: String,
     pub headers: std::collections::BTreeMap<String, String>,
     pub body: Value,
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address").port()
 }

@@ -16,9 +16,7 @@ pub struct TestRedis {
 
 impl TestRedis {
     pub async fn start() -> TestRedis {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        let port = listener.local_addr().expect("its address").port();
-        drop(listener);
+        let port = crate::free_port();
         let mut redis = TestRedis { port, child: None };
         redis.start_again().await;
         redis
@@ -55,12 +53,7 @@ impl TestRedis {
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {binary}: {error}"));
         self.child = Some(child);
-        let address = format!("127.0.0.1:{}", self.port);
-        crate::wait_until_async("the Redis server accepts connections", || {
-            let address = address.clone();
-            async move { tokio::net::TcpStream::connect(address).await.is_ok() }
-        })
-        .await;
+        crate::wait_until_listening("the Redis server accepts connections", self.port).await;
     }
 
     /// Sets a key directly (a test tampering with the cache).

@@ -22,27 +22,6 @@ mirrored_tests!(
     the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
 );
 
-/// Every event the admin's feed shows, after sequencing what committed.
-async fn all_events(app: &TestApp) -> Vec<Value> {
-    app.sequence_all_events().await;
-    let mut events = Vec::new();
-    let mut cursor = "0".to_owned();
-    for _ in 0..1_000 {
-        let page = app
-            .send(Call::get(format!("/v1/events?after={cursor}&limit=1000")).admin())
-            .await;
-        assert_eq!(page.status, 200, "{page:?}");
-        let page = page.json();
-        let found = page["events"].as_array().expect("events").clone();
-        cursor = page["next_cursor"].as_str().expect("cursor").to_owned();
-        if found.is_empty() {
-            return events;
-        }
-        events.extend(found);
-    }
-    panic!("the feed never ended");
-}
-
 fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
     events
         .iter()
@@ -108,7 +87,7 @@ async fn every_new_reservation_announces_itself_once_numbered_one(backend: Backe
     created.insert(order_reservation.clone());
     drop(gateway);
 
-    let events = all_events(&app).await;
+    let events = app.all_events().await;
 
     let announced = of_type(&events, "reservation.created");
     assert_eq!(announced.len(), created.len(), "one event per reservation");
@@ -160,7 +139,7 @@ async fn confirm_release_and_expiry_are_the_second_and_last_event_of_a_reservati
     app.clock.advance_seconds(61);
     app.engine.expire_step().await.expect("expiry step");
 
-    let events = all_events(&app).await;
+    let events = app.all_events().await;
 
     let second = |id: &str| -> Vec<&Value> {
         events
@@ -193,7 +172,7 @@ async fn an_order_announces_each_status_it_enters_numbered_by_its_version(backen
     assert_eq!(paid.status, 200, "{paid:?}");
     drop(gateway);
 
-    let events = all_events(&app).await;
+    let events = app.all_events().await;
 
     let order_events: Vec<&Value> = events
         .iter()
@@ -255,7 +234,7 @@ async fn stock_movements_and_shelf_changes_are_numbered_per_sku(backend: Backend
         assert_eq!(response.status, 200, "{response:?}");
     }
 
-    let events = all_events(&app).await;
+    let events = app.all_events().await;
 
     let moved = of_type(&events, "stock.moved");
     let moves: Vec<(i64, Value, Value)> = moved
@@ -296,7 +275,7 @@ async fn stock_movements_and_shelf_changes_are_numbered_per_sku(backend: Backend
 async fn a_refused_or_rolled_back_change_announces_nothing(backend: Backend) {
     let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 100).await;
     app.stocked_sku("TEA", 1).await;
-    let before = all_events(&app).await;
+    let before = app.all_events().await;
 
     let refused = app.reserve("too-many", &[("TEA", 2)]).await;
     assert_eq!(refused.status, 409, "{refused:?}");
@@ -306,11 +285,11 @@ async fn a_refused_or_rolled_back_change_announces_nothing(backend: Backend) {
     assert_eq!(timed_out.code().as_deref(), Some("lock_timeout"));
     lock.execute("ROLLBACK").await.unwrap();
 
-    assert_eq!(all_events(&app).await, before, "no event was written");
+    assert_eq!(app.all_events().await, before, "no event was written");
     let retried = app.reserve("blocked", &[("TEA", 1)]).await;
     assert_eq!(retried.status, 201);
     assert_eq!(
-        of_type(&all_events(&app).await, "reservation.created").len(),
+        of_type(&app.all_events().await, "reservation.created").len(),
         1,
         "the retry that committed announced itself"
     );
@@ -322,7 +301,7 @@ async fn the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor(backe
     for index in 0..4 {
         reservation_id(&app.reserve(&format!("page-{index}"), &[("TEA", 1)]).await);
     }
-    let everything = all_events(&app).await;
+    let everything = app.all_events().await;
     assert_eq!(everything.len(), 5, "one receive, four reservations");
 
     let mut paged = Vec::new();
@@ -455,7 +434,7 @@ async fn two_sequencers_number_every_event_exactly_once(backend: Backend) {
         sequencer.await.expect("sequencer task");
     }
 
-    let events = all_events(&other).await;
+    let events = other.all_events().await;
 
     assert_eq!(of_type(&events, "reservation.created").len(), 60);
     let ids: HashSet<&str> = events

@@ -12,7 +12,7 @@ use acceptance::nats::TestNats;
 use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
 use bus::Outgoing;
 use engine::relay::{EventRelay, RelayStep};
-use serde_json::{Value, json};
+use serde_json::json;
 
 mirrored_tests!(
     every_event_reaches_the_stream_once_in_commit_order,
@@ -38,16 +38,6 @@ async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
     panic!("the relay kept publishing");
 }
 
-/// The admin's whole feed.
-async fn feed(app: &TestApp) -> Vec<Value> {
-    app.sequence_all_events().await;
-    let page = app
-        .send(Call::get("/v1/events?limit=1000").admin())
-        .await
-        .json();
-    page["events"].as_array().expect("events").clone()
-}
-
 async fn reserve_many(app: &TestApp, prefix: &str, count: usize) {
     let calls: Vec<Call> = (0..count)
         .map(|index| {
@@ -64,7 +54,7 @@ async fn reserve_many(app: &TestApp, prefix: &str, count: usize) {
 /// The stream holds exactly the feed's events, in the feed's order, each once, on its
 /// subject and with its id as `Nats-Msg-Id`.
 async fn assert_stream_is_the_feed(nats: &TestNats, app: &TestApp) {
-    let feed = feed(app).await;
+    let feed = app.all_events().await;
     let stream = nats.stream_messages("STOCKD_EVENTS").await;
     let ids: HashSet<&str> = stream.iter().map(|(_, id, _)| id.as_str()).collect();
     assert_eq!(ids.len(), stream.len(), "each event once on the stream");
@@ -124,7 +114,7 @@ async fn a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstrea
     // A relay published the first ten events and died before recording them.
     let bus = nats.bus().await;
     bus.ensure_event_stream().await.unwrap();
-    let first_ten: Vec<Outgoing> = feed(&app).await[..10]
+    let first_ten: Vec<Outgoing> = app.all_events().await[..10]
         .iter()
         .map(|event| Outgoing {
             subject: format!("stockd.events.{}", event["type"].as_str().unwrap()),
@@ -265,7 +255,7 @@ async fn events_are_pruned_after_the_retention_only_once_the_relay_took_them(bac
     let pruned = app.engine.outbox_prune_step().await.unwrap();
 
     assert_eq!(pruned, 5, "the receive and the four published reservations");
-    let left = feed(&app).await;
+    let left = app.all_events().await;
     assert_eq!(left.len(), 3, "the unpublished ones wait: {left:?}");
     assert!(
         left.iter()

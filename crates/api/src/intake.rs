@@ -20,10 +20,7 @@ use std::time::Duration;
 
 use bus::intake::{Answer, Command, IntakeConfig, ReserveConsumer};
 use bus::{Bus, BusError};
-use domain::{
-    ErrorCode, IdempotencyKey, Principal, ReservationLine, ServiceKeyId, ShopCode, WarehouseCode,
-};
-use engine::Reply;
+use domain::{ErrorCode, IdempotencyKey, Principal, ServiceKeyId, ShopCode};
 use store::{IdempotencyClaim, ScopedKey};
 
 use crate::AppState;
@@ -105,7 +102,10 @@ impl ReserveIntake {
     async fn handle(&self, state: &AppState, command: &Command) -> Result<Handled, BusError> {
         let key = command.header("Idempotency-Key").map(str::to_owned);
         let outcome = match parse_command(command.body(), key.as_deref()) {
-            Ok(parsed) => reserve(state, parsed).await,
+            Ok(parsed) => {
+                crate::routes::reserve(state, &parsed.principal, &parsed.claim, parsed.request)
+                    .await
+            }
             Err(refused) => Err(refused),
         };
         let (status, body, replayed) = match outcome {
@@ -199,32 +199,6 @@ fn parse_command(body: &[u8], key: Option<&str>) -> Result<ParsedCommand, ApiErr
         claim,
         request,
     })
-}
-
-async fn reserve(state: &AppState, parsed: ParsedCommand) -> Result<Reply, ApiError> {
-    let lines = parsed
-        .request
-        .lines
-        .into_iter()
-        .map(|line| ReservationLine {
-            sku: line.sku,
-            warehouse: line
-                .warehouse
-                .unwrap_or_else(WarehouseCode::default_warehouse),
-            quantity: line.quantity,
-        })
-        .collect();
-    state
-        .engine
-        .reserve(
-            &parsed.principal,
-            &parsed.claim,
-            lines,
-            parsed.request.ttl_seconds,
-            parsed.request.user_id,
-        )
-        .await
-        .map_err(ApiError::from)
 }
 
 /// Failures after which the same command may well succeed: delivered again, not

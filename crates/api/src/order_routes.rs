@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use domain::{OrderId, ReservationLine, WarehouseCode};
+use domain::OrderId;
 
 use crate::AppState;
 use crate::consistency::{DisplayRead, displayed_response};
@@ -12,7 +12,7 @@ use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody}
 use crate::order_wire::{CreateOrderRequest, OrderBody, PayRequest};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
-use crate::wire::EmptyRequest;
+use crate::wire::{EmptyRequest, ReservationLineRequest};
 
 fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
     OrderId::parse(text).map_err(|error| ApiError::invalid(error.0))
@@ -29,13 +29,7 @@ pub async fn create_order(
     let lines = request
         .lines
         .into_iter()
-        .map(|line| ReservationLine {
-            sku: line.sku,
-            warehouse: line
-                .warehouse
-                .unwrap_or_else(WarehouseCode::default_warehouse),
-            quantity: line.quantity,
-        })
+        .map(ReservationLineRequest::into_line)
         .collect();
     Ok(reply_response(
         state

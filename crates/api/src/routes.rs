@@ -7,10 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use domain::{
-    ErrorCode, FeedCursor, Quantity, ReservationId, ReservationLine, ServiceKeyId, ShopCode,
-    SkuCode, WarehouseCode,
-};
+use domain::{ErrorCode, FeedCursor, Quantity, ReservationId, ServiceKeyId, ShopCode, SkuCode};
 use engine::Reply;
 use store::{MovementQuantity, ReservationAction, SkuChanges};
 
@@ -20,7 +17,8 @@ use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody}
 use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
 use crate::wire::{
     AuditBody, CreateReservationRequest, CreateServiceKeyRequest, EmptyRequest, MovementKindWire,
-    MovementRequest, ReservationBody, SaveSkuRequest, ServiceKeyBody, SkuBody, code_of_problem,
+    MovementRequest, ReservationBody, ReservationLineRequest, SaveSkuRequest, ServiceKeyBody,
+    SkuBody, code_of_problem,
 };
 
 /// Writes a stored (or freshly stored) response exactly as it was first sent.
@@ -134,24 +132,28 @@ pub async fn create_reservation(
     RequiredJsonBody(body): RequiredJsonBody<CreateReservationRequest>,
 ) -> Result<Response, ApiError> {
     let claim = body.claim(&caller, key);
-    let request = body.value;
+    Ok(reply_response(
+        reserve(&state, &caller, &claim, body.value).await?,
+    ))
+}
+
+/// A reservation request run by the engine: the HTTP route's, and the queue intake's
+/// (`crate::intake`), which must behave alike.
+pub(crate) async fn reserve(
+    state: &AppState,
+    caller: &domain::Principal,
+    claim: &store::IdempotencyClaim,
+    request: CreateReservationRequest,
+) -> Result<Reply, ApiError> {
     let lines = request
         .lines
         .into_iter()
-        .map(|line| ReservationLine {
-            sku: line.sku,
-            warehouse: line
-                .warehouse
-                .unwrap_or_else(WarehouseCode::default_warehouse),
-            quantity: line.quantity,
-        })
+        .map(ReservationLineRequest::into_line)
         .collect();
-    Ok(reply_response(
-        state
-            .engine
-            .reserve(&caller, &claim, lines, request.ttl_seconds, request.user_id)
-            .await?,
-    ))
+    Ok(state
+        .engine
+        .reserve(caller, claim, lines, request.ttl_seconds, request.user_id)
+        .await?)
 }
 
 pub async fn get_reservation(

@@ -63,6 +63,19 @@ pub struct ReservationLineRequest {
     pub warehouse: Option<WarehouseCode>,
 }
 
+impl ReservationLineRequest {
+    /// The line as the engine takes it: the default warehouse when none is named.
+    pub fn into_line(self) -> domain::ReservationLine {
+        domain::ReservationLine {
+            sku: self.sku,
+            warehouse: self
+                .warehouse
+                .unwrap_or_else(WarehouseCode::default_warehouse),
+            quantity: self.quantity,
+        }
+    }
+}
+
 /// `POST /v1/reservations`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -121,21 +121,9 @@ impl Bus {
         })
     }
 
-    pub fn config(&self) -> &BusConfig {
-        &self.config
-    }
-
     /// Whether the connection is up now.
     pub fn is_connected(&self) -> bool {
         self.client.connection_state() == async_nats::connection::State::Connected
-    }
-
-    pub fn jetstream(&self) -> &jetstream::Context {
-        &self.jetstream
-    }
-
-    pub fn client(&self) -> &async_nats::Client {
-        &self.client
     }
 
     /// Creates the event stream `STOCKD_EVENTS` (subjects `stockd.events.>`) when it

@@ -135,10 +135,6 @@ impl DisplayCache {
         })
     }
 
-    pub fn config(&self) -> &CacheConfig {
-        &self.config
-    }
-
     async fn connection(&self) -> Result<ConnectionManager, CacheError> {
         let timeout = self.config.timeout;
         let connection = self
