@@ -4,7 +4,7 @@
 //! provokes it. Each test runs in a process of its own (the metrics recorder is
 //! process-wide).
 
-use acceptance::{Backend, Call, TestApp, mirrored_tests_alone};
+use acceptance::{Backend, Call, TestApp, mirrored_tests_alone, test_engine_config};
 
 mirrored_tests_alone!(
     a_unit_of_work_is_timed_in_the_store_histogram,
@@ -133,7 +133,8 @@ async fn a_stock_row_written_below_zero_around_the_constraints_is_counted(backen
 }
 
 async fn requests_that_find_every_connection_taken_are_counted_as_waiting(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // A lock bound longer than the test: the waits end when the test releases the row.
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 30_000).await;
     app.stocked_sku("TEA", 5).await;
     let mut lock = app.database.hold_stock_row_lock("TEA").await;
     // Each movement is a unit of work of its own that holds a connection while it
@@ -153,11 +154,13 @@ async fn requests_that_find_every_connection_taken_are_counted_as_waiting(backen
         })
         .collect();
 
-    acceptance::wait_until_async("a request waits for a connection", || {
-        let app = app.clone();
-        async move { sample(&metrics(&app).await, "stockd_db_pool_waiting") >= 1.0 }
+    // Watched in memory: a scrape that started before the waiters queued would wait
+    // behind them for the connection its other gauges need.
+    acceptance::wait_until("a request waits for a connection", || {
+        app.store.pool_usage().waiting >= 1
     })
     .await;
+    assert!(sample(&metrics(&app).await, "stockd_db_pool_waiting") >= 1.0);
 
     lock.execute("ROLLBACK").await.unwrap();
     for movement in movements {

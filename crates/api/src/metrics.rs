@@ -2,7 +2,7 @@
 //! p99 can be computed), outcomes by error code, and gauges read at scrape time.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
@@ -116,6 +116,9 @@ impl Drop for InProgress {
     }
 }
 
+/// Longest a scrape waits for each gauge that reads the database.
+const GAUGE_QUERY_TIMEOUT_MILLISECONDS: u64 = 1_000;
+
 /// `GET /metrics`: the metrics token, the admin or an operator.
 pub async fn render(
     State(state): State<AppState>,
@@ -124,12 +127,16 @@ pub async fn render(
     // First, before the gauges that need a connection: a scrape that waits for one
     // would report the pool after the wait.
     state.engine.pool_gauges();
-    if let Ok(gauges) = state.engine.gauges().await {
+    // The gauges that need a database connection wait at most this long for it, so a
+    // scrape still answers (with the last values of those) while the pool is exhausted.
+    let bounded = Duration::from_millis(GAUGE_QUERY_TIMEOUT_MILLISECONDS);
+    if let Ok(Ok(gauges)) = tokio::time::timeout(bounded, state.engine.gauges()).await {
         metrics::gauge!("stockd_reservations", "status" => "RESERVED").set(gauges.reserved as f64);
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);
     }
     if state.engine.payments_attached()
-        && let Ok(payments) = state.engine.payment_gauges().await
+        && let Ok(Ok(payments)) =
+            tokio::time::timeout(bounded, state.engine.payment_gauges()).await
     {
         metrics::gauge!("stockd_payment_attempts_unresolved")
             .set(payments.attempts_unresolved as f64);
