@@ -135,8 +135,7 @@ pub async fn render(
         metrics::gauge!("stockd_expiry_backlog").set(gauges.expired_backlog as f64);
     }
     if state.engine.payments_attached()
-        && let Ok(Ok(payments)) =
-            tokio::time::timeout(bounded, state.engine.payment_gauges()).await
+        && let Ok(Ok(payments)) = tokio::time::timeout(bounded, state.engine.payment_gauges()).await
     {
         metrics::gauge!("stockd_payment_attempts_unresolved")
             .set(payments.attempts_unresolved as f64);
