@@ -242,6 +242,56 @@ fn random_suffix() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
+impl RawConnection {
+    /// The database's plan for `statement`, as text: SQLite's `EXPLAIN QUERY PLAN`
+    /// details, PostgreSQL's `EXPLAIN` lines, MySQL's `EXPLAIN` access type and key.
+    pub async fn plan_of(&mut self, statement: &str) -> String {
+        use sqlx::Row;
+        match self {
+            RawConnection::Sqlite(connection) => {
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "EXPLAIN QUERY PLAN {statement}"
+                )))
+                .fetch_all(connection)
+                .await
+                .expect("explain");
+                rows.iter()
+                    .map(|row| row.get::<String, _>("detail"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+            RawConnection::Postgres(connection) => {
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {statement}")))
+                    .fetch_all(connection)
+                    .await
+                    .expect("explain");
+                rows.iter()
+                    .map(|row| row.get::<String, _>(0))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+            RawConnection::Mysql(connection) => {
+                let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {statement}")))
+                    .fetch_all(connection)
+                    .await
+                    .expect("explain");
+                rows.iter()
+                    .map(|row| {
+                        let access: Option<String> = row.try_get("type").ok().flatten();
+                        let key: Option<String> = row.try_get("key").ok().flatten();
+                        format!(
+                            "type={} key={}",
+                            access.unwrap_or_default(),
+                            key.unwrap_or_default()
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        }
+    }
+}
+
 impl TestDatabase {
     pub async fn create(backend: Backend) -> TestDatabase {
         match backend {

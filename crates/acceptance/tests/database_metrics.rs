@@ -1,8 +1,8 @@
-//! The database metrics of seed 002 §九 that exist so far (issue 17, in part): time in
-//! the database per unit of work, duplicate requests, requests in progress, the pools'
-//! connections and waiters, and stock rows below zero — each moved by a test that
-//! provokes it. Each test runs in a process of its own (the metrics recorder is
-//! process-wide).
+//! The database metrics of seed 002 §九: time in the database per unit of work, lock
+//! waits, deadlocks, long transactions, stock scans, duplicate requests (and their hot
+//! SKUs), requests in progress, the pools' connections and waiters, and stock rows
+//! below zero — each moved by a test that provokes it. Each test runs in a process of
+//! its own (the metrics recorder is process-wide).
 
 use acceptance::{Backend, Call, TestApp, mirrored_tests_alone, test_engine_config};
 
@@ -13,6 +13,11 @@ mirrored_tests_alone!(
     the_pool_gauges_show_its_connections_and_no_waiter_when_idle,
     requests_that_find_every_connection_taken_are_counted_as_waiting,
     a_stock_row_written_below_zero_around_the_constraints_is_counted,
+    a_request_that_waits_for_a_held_row_counts_a_lock_wait_and_a_waiting_session,
+    a_forced_deadlock_is_counted_and_retried_and_never_reaches_the_caller,
+    a_transaction_held_open_past_the_bound_counts_as_long,
+    a_sequential_scan_of_the_stock_table_is_counted_or_the_plan_stays_on_the_key,
+    duplicates_on_one_sku_are_counted_under_that_sku,
 );
 
 async fn metrics(app: &TestApp) -> String {
@@ -171,4 +176,246 @@ async fn requests_that_find_every_connection_taken_are_counted_as_waiting(backen
         );
     }
     assert_eq!(sample(&metrics(&app).await, "stockd_db_pool_waiting"), 0.0);
+}
+
+/// Waits until `lock` blocks the request: on PostgreSQL and MySQL the database shows the
+/// waiting session; SQLite's writer waits for the file's lock inside stockd's begin,
+/// watched as a pool waiter.
+async fn wait_until_the_request_waits(app: &TestApp, lock: &mut acceptance::RawConnection) {
+    if app.database.backend == Backend::Sqlite {
+        acceptance::wait_until("the request waits for the write lock", || {
+            app.store.pool_usage().waiting >= 1
+        })
+        .await;
+    } else {
+        app.database.wait_until_blocked_by(lock).await;
+    }
+}
+
+async fn a_request_that_waits_for_a_held_row_counts_a_lock_wait_and_a_waiting_session(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let before = sample(
+        &metrics(&app).await,
+        "stockd_db_lock_waits_total{operation=\"reserve\"}",
+    );
+    let mut lock = app.database.hold_stock_row_lock("TEA").await;
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("waits", &[("TEA", 1)]).await })
+    };
+    wait_until_the_request_waits(&app, &mut lock).await;
+    let sampled = app.engine.database_activity_step().await.unwrap();
+    // Held well past the floor: an uncontended statement never takes this long.
+    tokio::time::sleep(store::observe::LOCK_WAIT_FLOOR * 5).await;
+
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(waiting.await.unwrap().status, 201);
+    let page = metrics(&app).await;
+    assert_eq!(
+        sample(&page, "stockd_db_lock_waits_total{operation=\"reserve\"}") - before,
+        1.0,
+        "{page}"
+    );
+    assert!(
+        sample(
+            &page,
+            "stockd_db_lock_wait_seconds_count{operation=\"reserve\"}"
+        ) >= 1.0
+    );
+    match backend {
+        // One process writes SQLite: its waiters are the pool's.
+        Backend::Sqlite => assert_eq!(sampled.sessions_waiting_on_locks, None),
+        Backend::Postgres | Backend::Mysql => {
+            assert!(sampled.sessions_waiting_on_locks >= Some(1), "{sampled:?}");
+            assert!(sample(&page, "stockd_db_sessions_waiting_on_locks") >= 1.0);
+        }
+    }
+}
+
+async fn a_forced_deadlock_is_counted_and_retried_and_never_reaches_the_caller(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("AAA", 5).await;
+    app.stocked_sku("BBB", 5).await;
+    if backend == Backend::Sqlite {
+        // One writer at a time: opposing orders queue behind each other, no cycle.
+        let (forward, backward) = tokio::join!(
+            app.create_order("forward", "ann", &[("AAA", 1), ("BBB", 1)]),
+            app.create_order("backward", "bob", &[("BBB", 1), ("AAA", 1)]),
+        );
+        assert_eq!((forward.status, backward.status), (201, 201));
+        assert_eq!(
+            sample(&metrics(&app).await, "stockd_db_deadlocks_total"),
+            0.0
+        );
+        return;
+    }
+    let mut raw = app.database.raw_connection().await;
+    if backend == Backend::Postgres {
+        // The order's session checks for a cycle after the default second; this one
+        // much later, so the database rolls the order back, not the test.
+        raw.execute("SET deadlock_timeout = '60s'").await.unwrap();
+    } else {
+        // InnoDB rolls back the lighter transaction: make the test's the heavier.
+        raw.execute("CREATE TABLE ballast (id INT PRIMARY KEY)")
+            .await
+            .unwrap();
+    }
+    raw.execute("BEGIN").await.unwrap();
+    if backend == Backend::Mysql {
+        let rows: Vec<String> = (1..=200).map(|id| format!("({id})")).collect();
+        raw.execute(&format!(
+            "INSERT INTO ballast (id) VALUES {}",
+            rows.join(",")
+        ))
+        .await
+        .unwrap();
+    }
+    raw.execute("UPDATE stock SET available = available WHERE sku = 'BBB'")
+        .await
+        .unwrap();
+    // The order locks AAA, then waits for BBB.
+    let order = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.create_order("opposed", "ann", &[("AAA", 1), ("BBB", 1)])
+                .await
+        })
+    };
+    app.database.wait_until_blocked_by(&mut raw).await;
+
+    // The cycle: the test's transaction now waits for the row the order holds.
+    let closing = raw
+        .execute("UPDATE stock SET available = available WHERE sku = 'AAA'")
+        .await;
+    assert!(
+        closing.is_ok(),
+        "the database rolled the test back: {closing:?}"
+    );
+    raw.execute("ROLLBACK").await.unwrap();
+
+    let answered = order.await.unwrap();
+    assert_eq!(answered.status, 201, "{answered:?}");
+    let page = metrics(&app).await;
+    assert_eq!(
+        sample(
+            &page,
+            "stockd_db_deadlocks_total{operation=\"create_order\"}"
+        ),
+        1.0,
+        "{page}"
+    );
+    for sku in ["AAA", "BBB"] {
+        let stock = app.sku(sku).await;
+        assert_eq!(
+            (stock["available"].as_i64(), stock["reserved"].as_i64()),
+            (Some(4), Some(1))
+        );
+    }
+}
+
+async fn a_transaction_held_open_past_the_bound_counts_as_long(backend: Backend) {
+    let config = engine::EngineConfig {
+        long_transaction_milliseconds: 1,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("TEA", 5).await;
+    let mut lock = app.database.hold_stock_row_lock("TEA").await;
+
+    if backend == Backend::Sqlite {
+        let sampled = app.engine.database_activity_step().await.unwrap();
+        assert_eq!(sampled.long_transactions, None, "SQLite shows no sessions");
+    } else {
+        acceptance::wait_until_async("the held transaction counts as long", || {
+            let app = app.clone();
+            async move {
+                let sampled = app.engine.database_activity_step().await.unwrap();
+                sampled.long_transactions >= Some(1)
+            }
+        })
+        .await;
+        assert!(sample(&metrics(&app).await, "stockd_db_long_transactions") >= 1.0);
+    }
+    lock.execute("ROLLBACK").await.unwrap();
+}
+
+async fn a_sequential_scan_of_the_stock_table_is_counted_or_the_plan_stays_on_the_key(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let sampled = app.engine.database_activity_step().await.unwrap();
+    let deduction = "UPDATE stock SET available = available - 1, reserved = reserved + 1 \
+                     WHERE sku = 'TEA' AND warehouse = 'default' AND available >= 1";
+    match backend {
+        Backend::Postgres => {
+            let before = sampled
+                .stock_sequential_scans
+                .expect("PostgreSQL counts scans");
+            let mut raw = app.database.raw_connection().await;
+            // A filter no index can answer; the session's end flushes its statistics.
+            raw.execute("SELECT * FROM stock WHERE available + 0 = 5")
+                .await
+                .unwrap();
+            drop(raw);
+            acceptance::wait_until_async("the scan is counted", || {
+                let app = app.clone();
+                async move {
+                    let sampled = app.engine.database_activity_step().await.unwrap();
+                    sampled.stock_sequential_scans > Some(before)
+                }
+            })
+            .await;
+            assert!(
+                sample(
+                    &metrics(&app).await,
+                    "stockd_db_stock_sequential_scans_total"
+                ) > before as f64
+            );
+        }
+        Backend::Sqlite | Backend::Mysql => {
+            // No per-table scan count here: the deduction's plan is checked instead.
+            assert_eq!(sampled.stock_sequential_scans, None);
+            let plan = app.database.raw_connection().await.plan_of(deduction).await;
+            if backend == Backend::Sqlite {
+                assert!(plan.contains("SEARCH stock USING"), "{plan}");
+            } else {
+                assert!(plan.contains("key=PRIMARY"), "{plan}");
+            }
+        }
+    }
+}
+
+async fn duplicates_on_one_sku_are_counted_under_that_sku(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 50).await;
+    app.stocked_sku("COLD", 50).await;
+    assert_eq!(app.reserve("hot", &[("HOT", 1)]).await.status, 201);
+    assert_eq!(app.reserve("cold", &[("COLD", 1)]).await.status, 201);
+
+    for _ in 0..3 {
+        assert!(app.reserve("hot", &[("HOT", 1)]).await.replayed());
+    }
+    assert!(app.reserve("cold", &[("COLD", 1)]).await.replayed());
+
+    let page = metrics(&app).await;
+    assert_eq!(
+        sample(
+            &page,
+            "stockd_hot_sku_duplicate_requests_total{sku=\"HOT\"}"
+        ),
+        3.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "stockd_hot_sku_duplicate_requests_total{sku=\"COLD\"}"
+        ),
+        1.0
+    );
+    assert!(page.contains("# TYPE stockd_hot_sku_duplicate_requests_total counter"));
 }

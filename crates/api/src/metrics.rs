@@ -145,10 +145,17 @@ pub async fn render(
         metrics::gauge!("stockd_refunds_failed").set(payments.refunds_failed as f64);
     }
     metrics::gauge!("stockd_requests_in_flight").set(state.engine.requests_in_flight() as f64);
-    let body = state
+    let mut body = state
         .metrics
         .as_ref()
         .map_or_else(String::new, PrometheusHandle::render);
+    // Rendered here rather than registered: only the current top SKUs are labels, so
+    // a SKU that cools down leaves the page instead of staying forever.
+    body.push_str(&engine::duplicates::render_hot_skus(
+        &state
+            .engine
+            .hot_duplicate_skus(engine::duplicates::HOT_SKUS_EXPORTED),
+    ));
     let mut response = body.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

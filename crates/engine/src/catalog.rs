@@ -506,15 +506,17 @@ impl Engine {
         );
         let order = checkout_order(self.now(), shop, user, lines, skipped, ttl_seconds);
         let renderer = self.inner.renderer.as_ref();
+        let skus = crate::retry::skus_of(&order.lines);
         let reply = self
             .idempotent("checkout", claim, || {
-                self.retried("checkout", || {
+                self.retried_on("checkout", &skus, || {
                     self.inner
                         .store
                         .create_order(claim, &order, self.now(), renderer)
                 })
             })
             .await?;
+        self.count_duplicate_skus(&reply, order.lines.iter().map(|line| &line.sku));
         if reply.response.status == 201 {
             // The ordered lines leave the cart (unless changed meanwhile). Best effort:
             // the order stands either way.

@@ -23,7 +23,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
-use crate::retry::with_retries;
+use crate::retry::{skus_of, with_retries_on};
 
 /// Why the combiner did not take a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,7 +198,12 @@ async fn execute(
     let renderer = context.renderer.as_ref();
     // The first attempt takes the turn; a retry (rare) locks without waiting.
     let turn = tokio::sync::Mutex::new(turn);
-    let batch = with_retries(&context.config, "reserve", || async {
+    let lines: Vec<_> = requests
+        .iter()
+        .flat_map(|request| request.lines.iter().cloned())
+        .collect();
+    let skus = skus_of(&lines);
+    let batch = with_retries_on(&context.config, "reserve", &skus, || async {
         let mut turn = turn.lock().await;
         context
             .store
@@ -221,7 +226,8 @@ async fn execute(
             let mut outcomes = Vec::with_capacity(requests.len());
             for request in requests {
                 let single = std::slice::from_ref(request);
-                let outcome = with_retries(&context.config, "reserve", || async {
+                let skus = skus_of(&request.lines);
+                let outcome = with_retries_on(&context.config, "reserve", &skus, || async {
                     let mut free = LockTurn::free();
                     context
                         .store

@@ -88,6 +88,12 @@ pub struct EngineConfig {
     pub relay_retry_milliseconds: u64,
     /// Pause between checks for stock rows with a negative counter (a table scan).
     pub negative_stock_interval_milliseconds: u64,
+    /// Pause between samples of the database's sessions (lock waiters, long
+    /// transactions, stock scans).
+    pub database_activity_interval_milliseconds: u64,
+    /// A transaction open longer than this counts in `stockd_db_long_transactions`:
+    /// stockd's own last milliseconds, so anything near this is someone else's.
+    pub long_transaction_milliseconds: i64,
 }
 
 impl Default for EngineConfig {
@@ -130,6 +136,8 @@ impl Default for EngineConfig {
             relay_interval_milliseconds: 100,
             relay_retry_milliseconds: 1_000,
             negative_stock_interval_milliseconds: 60_000,
+            database_activity_interval_milliseconds: 5_000,
+            long_transaction_milliseconds: 10_000,
         }
     }
 }

@@ -78,7 +78,7 @@ impl std::error::Error for EngineError {}
 impl From<StoreError> for EngineError {
     fn from(error: StoreError) -> EngineError {
         match error {
-            StoreError::Retryable(_) => EngineError::RetryExhausted,
+            StoreError::Retryable(_) | StoreError::Deadlock(_) => EngineError::RetryExhausted,
             StoreError::LockTimeout(_) => EngineError::LockTimeout,
             StoreError::KeyInFlight => EngineError::RequestInProgress,
             StoreError::Unavailable(message) => EngineError::Unavailable(message),

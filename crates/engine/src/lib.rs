@@ -10,6 +10,7 @@ pub mod config;
 pub mod credentials;
 pub mod demo;
 pub mod display_cache;
+pub mod duplicates;
 pub mod error;
 pub mod events;
 pub mod in_flight;
@@ -41,7 +42,7 @@ pub use error::EngineError;
 pub use events::EventsPage;
 pub use in_flight::InFlight;
 use in_flight::{Entry, wait_for_owner};
-use retry::with_retries;
+use retry::with_retries_on;
 
 /// The answer to a mutating request: the stored response, and whether it is a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +85,8 @@ struct Inner {
     events_numbered: tokio::sync::Notify,
     /// The display cache, once attached (`STOCKD_REDIS_URL`).
     display_cache: std::sync::OnceLock<Arc<cache::DisplayCache>>,
+    /// The SKUs of duplicate requests, for `stockd_hot_sku_duplicate_requests_total`.
+    duplicate_skus: duplicates::DuplicateTally,
 }
 
 /// What one expiry step did.
@@ -137,6 +140,7 @@ impl Engine {
                 event_relay: std::sync::atomic::AtomicBool::new(false),
                 events_numbered: tokio::sync::Notify::new(),
                 display_cache: std::sync::OnceLock::new(),
+                duplicate_skus: duplicates::DuplicateTally::default(),
             }),
         }
     }
@@ -171,7 +175,7 @@ impl Engine {
 
     /// Runs a mutating unit of work under its idempotency key: a retry of a request
     /// still running here waits for it, then replays its stored answer. `work` does
-    /// its own retrying (see [`with_retries`] and the combiner).
+    /// its own retrying (see [`retry::with_retries`] and the combiner).
     async fn idempotent<Work, Attempt>(
         &self,
         operation: &'static str,
@@ -232,7 +236,21 @@ impl Engine {
         Work: Fn() -> Attempt,
         Attempt: Future<Output = Result<Output, StoreError>>,
     {
-        with_retries(&self.inner.config, operation, work)
+        self.retried_on(operation, &[], work).await
+    }
+
+    /// [`Engine::retried`] for a unit of work on these SKUs (named when it deadlocks).
+    async fn retried_on<Output, Work, Attempt>(
+        &self,
+        operation: &'static str,
+        skus: &[&str],
+        work: Work,
+    ) -> Result<Output, EngineError>
+    where
+        Work: Fn() -> Attempt,
+        Attempt: Future<Output = Result<Output, StoreError>>,
+    {
+        with_retries_on(&self.inner.config, operation, skus, work)
             .await
             .map_err(|error| log_store_error(operation, error))
     }
@@ -326,6 +344,7 @@ impl Engine {
             shop,
             user,
         };
+        let requested: Vec<SkuCode> = request.lines.iter().map(|line| line.sku.clone()).collect();
         let position = std::sync::Mutex::new(None);
         let mut reply = self
             .idempotent("reserve", claim, || async {
@@ -346,7 +365,26 @@ impl Engine {
             })
             .await?;
         reply.consistency_token = position.into_inner().unwrap_or_else(|p| p.into_inner());
+        self.count_duplicate_skus(&reply, requested.iter());
         Ok(reply)
+    }
+
+    /// A replayed request on these SKUs counts for each in the hot-SKU tally.
+    pub(crate) fn count_duplicate_skus<'a>(
+        &self,
+        reply: &Reply,
+        skus: impl IntoIterator<Item = &'a SkuCode>,
+    ) {
+        if reply.replayed {
+            self.inner
+                .duplicate_skus
+                .record(skus.into_iter().map(SkuCode::as_str));
+        }
+    }
+
+    /// The most duplicated SKUs (at most `limit`), highest first, for `/metrics`.
+    pub fn hot_duplicate_skus(&self, limit: usize) -> Vec<(String, u64)> {
+        self.inner.duplicate_skus.top(limit)
     }
 
     /// `POST /v1/reservations/{id}/confirm` and `/release`. A reservation held by an
@@ -559,6 +597,29 @@ impl Engine {
             tracing::error!(rows, "stock rows with a negative counter");
         }
         Ok(rows)
+    }
+
+    /// One sample of the database's sessions: `stockd_db_sessions_waiting_on_locks`,
+    /// `stockd_db_long_transactions` and `stockd_db_stock_sequential_scans_total`, each
+    /// where the backend can tell.
+    pub async fn database_activity_step(&self) -> Result<store::DatabaseActivity, EngineError> {
+        let activity = self
+            .inner
+            .store
+            .database_activity(self.inner.config.long_transaction_milliseconds)
+            .await
+            .map_err(|error| log_store_error("database_activity", error))?;
+        if let Some(waiting) = activity.sessions_waiting_on_locks {
+            metrics::gauge!("stockd_db_sessions_waiting_on_locks").set(waiting as f64);
+        }
+        if let Some(long) = activity.long_transactions {
+            metrics::gauge!("stockd_db_long_transactions").set(long as f64);
+        }
+        if let Some(scans) = activity.stock_sequential_scans {
+            metrics::counter!("stockd_db_stock_sequential_scans_total")
+                .absolute(u64::try_from(scans).unwrap_or(0));
+        }
+        Ok(activity)
     }
 
     /// One step of the idempotency purge: deletes one batch of records older than the

@@ -153,14 +153,18 @@ impl Engine {
             skipped: None,
         };
         let renderer = self.inner.renderer.as_ref();
-        self.idempotent("create_order", claim, || {
-            self.retried("create_order", || {
-                self.inner
-                    .store
-                    .create_order(claim, &order, self.now(), renderer)
+        let skus = crate::retry::skus_of(&order.lines);
+        let reply = self
+            .idempotent("create_order", claim, || {
+                self.retried_on("create_order", &skus, || {
+                    self.inner
+                        .store
+                        .create_order(claim, &order, self.now(), renderer)
+                })
             })
-        })
-        .await
+            .await?;
+        self.count_duplicate_skus(&reply, order.lines.iter().map(|line| &line.sku));
+        Ok(reply)
     }
 
     /// `GET /v1/orders/{id}`, a display read.

@@ -19,6 +19,22 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(replica_monitor_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(outbox_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(negative_stock_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(database_activity_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Samples the database's sessions: lock waiters, long transactions, stock scans.
+async fn database_activity_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().database_activity_interval_milliseconds);
+    loop {
+        if let Err(error) = engine.database_activity_step().await {
+            metrics::counter!("stockd_worker_errors_total", "worker" => "database_activity")
+                .increment(1);
+            tracing::warn!(%error, "database activity sample failed");
+        }
+        if !pause_unless_shut_down(&shutdown, interval).await {
+            break;
+        }
+    }
 }
 
 /// Checks that no stock row went below zero (`stockd_stock_rows_negative`).

@@ -113,7 +113,9 @@ struct Counters {
 fn is_lock_error(error: &sqlx::Error) -> bool {
     matches!(
         store::error::classify(error),
-        store::StoreError::Retryable(_) | store::StoreError::LockTimeout(_)
+        store::StoreError::Retryable(_)
+            | store::StoreError::Deadlock(_)
+            | store::StoreError::LockTimeout(_)
     )
 }
 

@@ -240,6 +240,15 @@ struct ServeArguments {
         default_value_t = 1_000
     )]
     expiry_interval_milliseconds: u64,
+    /// A transaction of the database open longer than this counts in
+    /// stockd_db_long_transactions.
+    #[arg(
+        long,
+        env = "STOCKD_LONG_TRANSACTION_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(i64).range(1..=86_400)
+    )]
+    long_transaction_seconds: i64,
     /// How long idempotency records are kept.
     #[arg(
         long,
@@ -536,6 +545,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         expiry_interval_milliseconds: arguments.expiry_interval_milliseconds,
         idempotency_retention_seconds: arguments.idempotency_retention_seconds,
         credential_cache_milliseconds: arguments.limits.credential_cache_milliseconds,
+        long_transaction_milliseconds: arguments.long_transaction_seconds * 1_000,
         ..EngineConfig::default()
     });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {

@@ -110,6 +110,15 @@ pub trait Dialect: Connection {
     const CLAIM_REFUNDS: &'static str;
     /// The engine's name and version.
     const VERSION_QUERY: &'static str;
+    /// Sessions of this database waiting for a lock right now, where the database
+    /// shows them (`stockd_db_sessions_waiting_on_locks`).
+    const SESSIONS_WAITING_ON_LOCKS: Option<&'static str>;
+    /// Transactions of this database open longer than `$1` milliseconds, not counting
+    /// the asking session (`stockd_db_long_transactions`).
+    const LONG_TRANSACTIONS: Option<&'static str>;
+    /// Sequential scans of the stock table since the statistics were reset
+    /// (`stockd_db_stock_sequential_scans_total`).
+    const STOCK_SEQUENTIAL_SCANS: Option<&'static str>;
     /// Taken at the start of each migration's transaction, when the database needs a
     /// lock to serialize migrations across processes.
     const MIGRATION_LOCK: Option<&'static str>;
@@ -430,6 +439,16 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     ) -> impl Future<Output = Result<WholeBatch, StoreError>> + Send {
         async { Ok(WholeBatch::NotApplied) }
     }
+}
+
+/// What the database shows of its sessions, for the sampled lock and transaction
+/// gauges; `None` where the backend cannot tell (docs/OPERATIONS.md says what
+/// replaces each there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DatabaseActivity {
+    pub sessions_waiting_on_locks: Option<i64>,
+    pub long_transactions: Option<i64>,
+    pub stock_sequential_scans: Option<i64>,
 }
 
 /// What a backend's pools are doing, for the pool gauges.

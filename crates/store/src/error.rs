@@ -10,6 +10,10 @@ pub enum StoreError {
     /// Deadlock or serialization failure: the transaction was rolled back and the whole
     /// unit of work may run again.
     Retryable(String),
+    /// The database broke a deadlock by rolling this transaction back; retried like
+    /// [`StoreError::Retryable`] and counted on its own (`stockd_db_deadlocks_total`).
+    /// The message names the statement that was waiting.
+    Deadlock(String),
     /// A row lock was not granted within the configured bound.
     LockTimeout(String),
     /// Another transaction holds this idempotency key and has not committed yet.
@@ -27,6 +31,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::Retryable(message) => write!(formatter, "retryable conflict: {message}"),
+            StoreError::Deadlock(message) => write!(formatter, "deadlock: {message}"),
             StoreError::LockTimeout(message) => write!(formatter, "lock timeout: {message}"),
             StoreError::KeyInFlight => formatter.write_str("idempotency key is in flight"),
             StoreError::Unavailable(message) => {
@@ -39,6 +44,13 @@ impl fmt::Display for StoreError {
 }
 
 impl std::error::Error for StoreError {}
+
+impl StoreError {
+    /// Whether the whole unit of work may run again: nothing of it was applied.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Retryable(_) | StoreError::Deadlock(_))
+    }
+}
 
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> StoreError {

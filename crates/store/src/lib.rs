@@ -15,6 +15,7 @@ pub mod backends;
 pub mod catalog;
 pub mod error;
 pub mod model;
+pub mod observe;
 pub mod orders;
 pub mod plan;
 pub mod replicas;
@@ -32,7 +33,7 @@ use domain::{
     ShopCode, Sku, SkuCode, Timestamp, UserId,
 };
 
-pub use backend::PoolUsage;
+pub use backend::{DatabaseActivity, PoolUsage};
 pub use catalog::*;
 pub use error::StoreError;
 pub use model::*;
@@ -316,6 +317,8 @@ forward! {
     /// Stock rows with a negative counter (the CHECK constraints make it 0; a row
     /// written around them would not be).
     fn negative_stock_rows(&self) -> Result<i64, StoreError>;
+    /// The sampled session gauges: lock waiters, long transactions, stock scans.
+    fn database_activity(&self, long_transaction_milliseconds: i64) -> Result<DatabaseActivity, StoreError>;
 }
 
 #[cfg(test)]

@@ -94,6 +94,58 @@ pub struct Statement<'q> {
     pub values: Vec<Value<'q>>,
 }
 
+/// What the statement layer keeps of a statement while it runs: enough to time it as a
+/// lock wait and to name it in a deadlock's error, without copying its text.
+#[derive(Debug, Clone, Copy)]
+pub struct Described {
+    text: Option<&'static str>,
+    takes_row_locks: bool,
+}
+
+impl Described {
+    pub fn of(statement: &Statement<'_>) -> Described {
+        let (text, takes_row_locks) = match &statement.text {
+            Text::Static(text) => (Some(*text), crate::observe::takes_row_locks(text)),
+            Text::Built(text) => (None, crate::observe::takes_row_locks(text)),
+        };
+        Described {
+            text,
+            takes_row_locks,
+        }
+    }
+
+    /// A statement the backend runs through sqlx itself (arrays, functions), known to
+    /// take row locks.
+    pub fn locking(text: &'static str) -> Described {
+        Described {
+            text: Some(text),
+            takes_row_locks: true,
+        }
+    }
+
+    /// Runs the statement's future, timed as a lock wait when it takes row locks.
+    pub async fn run<Output>(self, statement: impl Future<Output = Output>) -> Output {
+        if !self.takes_row_locks {
+            return statement.await;
+        }
+        let started = std::time::Instant::now();
+        let output = statement.await;
+        crate::observe::record_lock_wait(started.elapsed());
+        output
+    }
+
+    /// The error of the statement, a deadlock naming the statement it broke.
+    pub fn explain(self, error: sqlx::Error) -> StoreError {
+        match StoreError::from(error) {
+            StoreError::Deadlock(message) => StoreError::Deadlock(format!(
+                "{message}; statement: {}",
+                self.text.unwrap_or("(built at run time)")
+            )),
+            other => other,
+        }
+    }
+}
+
 /// A statement from literal SQL text.
 pub fn statement<'q>(text: &'static str) -> Statement<'q> {
     Statement {
@@ -442,9 +494,11 @@ macro_rules! connection_as_written {
                 &'a mut self,
                 statement: $crate::sql::Statement<'a>,
             ) -> Result<u64, $crate::error::StoreError> {
-                Ok($query_of(statement)
-                    .execute(&mut *self)
-                    .await?
+                let described = $crate::sql::Described::of(&statement);
+                Ok(described
+                    .run($query_of(statement).execute(&mut *self))
+                    .await
+                    .map_err(|error| described.explain(error))?
                     .rows_affected())
             }
 
@@ -452,7 +506,11 @@ macro_rules! connection_as_written {
                 &'a mut self,
                 statement: $crate::sql::Statement<'a>,
             ) -> Result<Vec<$crate::sql::Row>, $crate::error::StoreError> {
-                let found = $query_of(statement).fetch_all(&mut *self).await?;
+                let described = $crate::sql::Described::of(&statement);
+                let found = described
+                    .run($query_of(statement).fetch_all(&mut *self))
+                    .await
+                    .map_err(|error| described.explain(error))?;
                 $crate::sql::rows_of(found, $cell)
             }
 
@@ -460,7 +518,11 @@ macro_rules! connection_as_written {
                 &'a mut self,
                 statement: $crate::sql::Statement<'a>,
             ) -> Result<Option<$crate::sql::Row>, $crate::error::StoreError> {
-                let found = $query_of(statement).fetch_optional(&mut *self).await?;
+                let described = $crate::sql::Described::of(&statement);
+                let found = described
+                    .run($query_of(statement).fetch_optional(&mut *self))
+                    .await
+                    .map_err(|error| described.explain(error))?;
                 Ok($crate::sql::rows_of(found.into_iter().collect(), $cell)?.pop())
             }
 

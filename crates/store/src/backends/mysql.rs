@@ -172,7 +172,8 @@ const ER_DUP_ENTRY: u16 = 1062;
 pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> StoreError {
     let message = error.message().to_owned();
     match error.number() {
-        ER_LOCK_DEADLOCK | ER_CHECKREAD => StoreError::Retryable(message),
+        ER_LOCK_DEADLOCK => StoreError::Deadlock(message),
+        ER_CHECKREAD => StoreError::Retryable(message),
         ER_LOCK_WAIT_TIMEOUT => StoreError::LockTimeout(message),
         ER_STATEMENT_TIMEOUT | ER_QUERY_TIMEOUT | ER_TOO_MANY_CONNECTIONS => {
             StoreError::Unavailable(message)
@@ -361,27 +362,39 @@ fn cell(row: &MySqlRow, position: usize) -> Result<Cell, StoreError> {
     }
 }
 
+use crate::sql::Described;
+
 impl Connection for MySqlConnection {
     async fn execute<'a>(&'a mut self, statement: Statement<'a>) -> Result<u64, StoreError> {
+        let described = Described::of(&statement);
         let (query, duplicate_means_nothing) = query_of(statement)?;
-        match query.execute(&mut *self).await {
+        match described.run(query.execute(&mut *self)).await {
             Ok(result) => Ok(result.rows_affected()),
             Err(error) if duplicate_means_nothing && is_duplicate_key(&error) => Ok(0),
-            Err(error) => Err(error.into()),
+            Err(error) => Err(described.explain(error)),
         }
     }
 
     async fn fetch_all<'a>(&'a mut self, statement: Statement<'a>) -> Result<Vec<Row>, StoreError> {
+        let described = Described::of(&statement);
         let (query, _) = query_of(statement)?;
-        rows_of(query.fetch_all(&mut *self).await?, cell)
+        let found = described
+            .run(query.fetch_all(&mut *self))
+            .await
+            .map_err(|error| described.explain(error))?;
+        rows_of(found, cell)
     }
 
     async fn fetch_optional<'a>(
         &'a mut self,
         statement: Statement<'a>,
     ) -> Result<Option<Row>, StoreError> {
+        let described = Described::of(&statement);
         let (query, _) = query_of(statement)?;
-        let found = query.fetch_optional(&mut *self).await?;
+        let found = described
+            .run(query.fetch_optional(&mut *self))
+            .await
+            .map_err(|error| described.explain(error))?;
         Ok(rows_of(found.into_iter().collect(), cell)?.pop())
     }
 
@@ -451,6 +464,17 @@ impl Dialect for MySqlConnection {
     const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const VERSION_QUERY: &'static str = "SELECT VERSION()";
+    /// InnoDB's transactions of the whole server (it has no per-database view).
+    const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> =
+        Some("SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'");
+    const LONG_TRANSACTIONS: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM information_schema.innodb_trx \
+         WHERE trx_mysql_thread_id <> CONNECTION_ID() \
+         AND trx_started < NOW(6) - INTERVAL ($1 * 1000) MICROSECOND",
+    );
+    /// Neither MySQL nor MariaDB counts scans per table without extra plugins
+    /// (MariaDB's `userstat`); the plan tests stand in (docs/OPERATIONS.md).
+    const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
     /// See the module's header: DDL commits by itself, so a lock held by a migration's
     /// transaction would not serialize it.
     const MIGRATION_LOCK: Option<&'static str> = None;

@@ -162,7 +162,12 @@ const CONNECTION_EXCEPTION_CLASS: &str = "08";
 pub(crate) fn classify_database(error: &sqlx::postgres::PgDatabaseError) -> StoreError {
     let message = error.message().to_owned();
     match error.code() {
-        SERIALIZATION_FAILURE | DEADLOCK_DETECTED => StoreError::Retryable(message),
+        SERIALIZATION_FAILURE => StoreError::Retryable(message),
+        // The detail names the processes and the locks of the cycle.
+        DEADLOCK_DETECTED => StoreError::Deadlock(match error.detail() {
+            Some(detail) => format!("{message} ({detail})"),
+            None => message,
+        }),
         LOCK_NOT_AVAILABLE => StoreError::LockTimeout(message),
         QUERY_CANCELED
         | ADMIN_SHUTDOWN
@@ -232,6 +237,23 @@ impl Dialect for PgConnection {
          GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
          ORDER BY reservation.id, line.sku, line.warehouse";
     const VERSION_QUERY: &'static str = "SELECT version()";
+    /// Every session of the database, stockd's or not: an operator's console holding
+    /// a row blocks sales just the same.
+    const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    );
+    /// Idle-in-transaction sessions included: they hold their locks the longest.
+    const LONG_TRANSACTIONS: Option<&'static str> = Some(
+        "SELECT COUNT(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         AND xact_start < clock_timestamp() - $1 * INTERVAL '1 millisecond'",
+    );
+    /// The statistics collector's count for this schema's stock table.
+    const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = Some(
+        "SELECT COALESCE(CAST(SUM(seq_scan) AS BIGINT), 0) FROM pg_stat_user_tables \
+         WHERE relname = 'stock' AND schemaname = current_schema()",
+    );
     /// Serializes migrations of one schema across processes; released at commit.
     const MIGRATION_LOCK: Option<&'static str> =
         Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
@@ -484,11 +506,16 @@ mod bulk {
              ON stock.sku = wanted.sku AND stock.warehouse = wanted.warehouse \
              JOIN sku ON sku.code = stock.sku \
              ORDER BY stock.sku COLLATE \"C\", stock.warehouse COLLATE \"C\" FOR UPDATE OF stock FOR SHARE OF sku";
-        let found = sqlx::query_as::<_, LockedStockRow>(statement)
-            .bind(skus)
-            .bind(warehouses)
-            .fetch_all(&mut *transaction)
-            .await?;
+        let described = crate::sql::Described::locking(statement);
+        let found = described
+            .run(
+                sqlx::query_as::<_, LockedStockRow>(statement)
+                    .bind(skus)
+                    .bind(warehouses)
+                    .fetch_all(&mut *transaction),
+            )
+            .await
+            .map_err(|error| described.explain(error))?;
         locked_stock_of(found)
     }
 
@@ -734,13 +761,12 @@ mod bulk {
             },
             false,
         )?;
-        let answer: Result<String, sqlx::Error> = sqlx::query_scalar_with(
-            "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
-            arguments,
-        )
-        .fetch_one(pool)
-        .await;
+        const WHOLE_BATCH: &str = "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)";
+        let described = crate::sql::Described::locking(WHOLE_BATCH);
+        let answer: Result<String, sqlx::Error> = described
+            .run(sqlx::query_scalar_with(WHOLE_BATCH, arguments).fetch_one(pool))
+            .await;
         match answer {
             Ok(answer) if answer == "applied" => Ok(WholeBatch::Applied),
             Ok(answer) if answer == "replay" || answer == "does_not_fit" => {
@@ -762,7 +788,7 @@ mod bulk {
             {
                 Err(StoreError::Invariant(error.message().to_owned()))
             }
-            Err(error) => match StoreError::from(error) {
+            Err(error) => match described.explain(error) {
                 // A stock row or a key held longer than `lock_timeout`: the batch
                 // transaction tells which, and answers accordingly.
                 StoreError::LockTimeout(_) => Ok(WholeBatch::NotApplied),

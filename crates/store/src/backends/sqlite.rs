@@ -86,10 +86,17 @@ impl Backend for SqliteBackend {
 
     const NAME: &'static str = "sqlite";
 
+    /// SQLite's one lock is the database's write lock, waited for here (the write
+    /// connection, then `BEGIN IMMEDIATE` against other processes): this wait is the
+    /// backend's lock wait.
     async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
-        self.watch
+        let started = std::time::Instant::now();
+        let begun = self
+            .watch
             .acquiring(self.write.begin_with("BEGIN IMMEDIATE"))
-            .await
+            .await;
+        crate::observe::record_lock_wait(started.elapsed());
+        begun
     }
 
     /// The read pool reads the same file as the writer: nothing there is stale.
@@ -229,6 +236,11 @@ impl Dialect for SqliteConnection {
     const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2";
     const VERSION_QUERY: &'static str = "SELECT 'SQLite ' || sqlite_version()";
+    /// SQLite has no sessions to look at: one process writes, and its waiters are the
+    /// pool's (`stockd_db_pool_waiting`, docs/OPERATIONS.md).
+    const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> = None;
+    const LONG_TRANSACTIONS: Option<&'static str> = None;
+    const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
     /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.
     const MIGRATION_LOCK: Option<&'static str> = None;
     const MIGRATIONS: &'static [Migration] = &[

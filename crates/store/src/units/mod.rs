@@ -84,6 +84,35 @@ impl<B: Backend> Units<B> {
             .await
     }
 
+    /// The sampled session gauges, from one connection, each query where the backend
+    /// has one.
+    pub async fn database_activity(
+        &self,
+        long_transaction_milliseconds: i64,
+    ) -> Result<crate::backend::DatabaseActivity, StoreError> {
+        use crate::backend::Dialect;
+        use crate::sql::statement;
+        let mut connection = self.writer_read_connection().await?;
+        let mut activity = crate::backend::DatabaseActivity::default();
+        if let Some(query) = <B::Connection as Dialect>::SESSIONS_WAITING_ON_LOCKS {
+            activity.sessions_waiting_on_locks =
+                Some(statement(query).fetch_one_scalar(&mut *connection).await?);
+        }
+        if let Some(query) = <B::Connection as Dialect>::LONG_TRANSACTIONS {
+            activity.long_transactions = Some(
+                statement(query)
+                    .bind(long_transaction_milliseconds)
+                    .fetch_one_scalar(&mut *connection)
+                    .await?,
+            );
+        }
+        if let Some(query) = <B::Connection as Dialect>::STOCK_SEQUENTIAL_SCANS {
+            activity.stock_sequential_scans =
+                Some(statement(query).fetch_one_scalar(&mut *connection).await?);
+        }
+        Ok(activity)
+    }
+
     fn limits(&self) -> &crate::StoreLimits {
         self.backend.limits()
     }
