@@ -94,6 +94,11 @@ pub struct EngineConfig {
     /// A transaction open longer than this counts in `stockd_db_long_transactions`:
     /// stockd's own last milliseconds, so anything near this is someone else's.
     pub long_transaction_milliseconds: i64,
+    /// Pause between rounds of the live auditor.
+    pub live_audit_interval_milliseconds: u64,
+    /// Ledger rows older than this join the live auditor's running sums: longer than
+    /// any stockd transaction lasts, so no row with a lower id can still commit.
+    pub live_audit_settle_milliseconds: i64,
 }
 
 impl Default for EngineConfig {
@@ -138,6 +143,8 @@ impl Default for EngineConfig {
             negative_stock_interval_milliseconds: 60_000,
             database_activity_interval_milliseconds: 5_000,
             long_transaction_milliseconds: 10_000,
+            live_audit_interval_milliseconds: 30_000,
+            live_audit_settle_milliseconds: 60_000,
         }
     }
 }

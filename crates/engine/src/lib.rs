@@ -87,6 +87,8 @@ struct Inner {
     display_cache: std::sync::OnceLock<Arc<cache::DisplayCache>>,
     /// The SKUs of duplicate requests, for `stockd_hot_sku_duplicate_requests_total`.
     duplicate_skus: duplicates::DuplicateTally,
+    /// When this process's previous live-audit round started.
+    live_audit_started: std::sync::Mutex<Option<Timestamp>>,
 }
 
 /// What one expiry step did.
@@ -141,6 +143,7 @@ impl Engine {
                 events_numbered: tokio::sync::Notify::new(),
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
+                live_audit_started: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -597,6 +600,51 @@ impl Engine {
             tracing::error!(rows, "stock rows with a negative counter");
         }
         Ok(rows)
+    }
+
+    /// One round of the live auditor: every stock row's counters against the ledger
+    /// (read from the checkpoint on) and its open holds, and the orders changed since
+    /// this process's previous round (every order in its first), against their
+    /// reservation and payments. Exports `stockd_audit_differences` and, when the round
+    /// ran, `stockd_audit_last_success_timestamp_seconds`.
+    pub async fn live_audit_step(&self) -> Result<store::LiveAuditRound, EngineError> {
+        let config = &self.inner.config;
+        let now = self.now();
+        let settle_before = now.plus_milliseconds(-config.live_audit_settle_milliseconds);
+        let previous = *self
+            .inner
+            .live_audit_started
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // An order whose change committed late carries an earlier `updated_at`: the
+        // window reaches back the settle age before the previous round.
+        let orders_since = previous.map_or(Timestamp::from_unix_milliseconds(0), |started| {
+            started.plus_milliseconds(-config.live_audit_settle_milliseconds)
+        });
+        let round = self
+            .inner
+            .store
+            .live_audit_round(now, settle_before, orders_since)
+            .await
+            .map_err(|error| log_store_error("live_audit", error))?;
+        *self
+            .inner
+            .live_audit_started
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(now);
+        metrics::gauge!("stockd_audit_differences").set(round.differences_total as f64);
+        metrics::gauge!("stockd_audit_last_success_timestamp_seconds")
+            .set(now.unix_milliseconds() as f64 / 1_000.0);
+        metrics::counter!("stockd_audit_ledger_rows_read_total")
+            .increment(u64::try_from(round.ledger_rows_read).unwrap_or(0));
+        if round.differences_total > 0 {
+            tracing::error!(
+                differences = round.differences_total,
+                first = ?round.differences.first(),
+                "the live audit found differences between ledger, counters, reservations and orders"
+            );
+        }
+        Ok(round)
     }
 
     /// One sample of the database's sessions: `stockd_db_sessions_waiting_on_locks`,

@@ -20,33 +20,52 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(outbox_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(negative_stock_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(database_activity_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(live_audit_loop(engine.clone(), shutdown.clone()));
+}
+
+/// The live auditor: the three-way check from its checkpoint, every interval.
+async fn live_audit_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(engine.config().live_audit_interval_milliseconds);
+    every(interval, &shutdown, "live_audit", || {
+        engine.live_audit_step()
+    })
+    .await;
 }
 
 /// Samples the database's sessions: lock waiters, long transactions, stock scans.
 async fn database_activity_loop(engine: Engine, shutdown: CancellationToken) {
     let interval = Duration::from_millis(engine.config().database_activity_interval_milliseconds);
-    loop {
-        if let Err(error) = engine.database_activity_step().await {
-            metrics::counter!("stockd_worker_errors_total", "worker" => "database_activity")
-                .increment(1);
-            tracing::warn!(%error, "database activity sample failed");
-        }
-        if !pause_unless_shut_down(&shutdown, interval).await {
-            break;
-        }
-    }
+    every(interval, &shutdown, "database_activity", || {
+        engine.database_activity_step()
+    })
+    .await;
 }
 
 /// Checks that no stock row went below zero (`stockd_stock_rows_negative`).
 async fn negative_stock_loop(engine: Engine, shutdown: CancellationToken) {
     let interval = Duration::from_millis(engine.config().negative_stock_interval_milliseconds);
+    every(interval, &shutdown, "negative_stock", || {
+        engine.negative_stock_step()
+    })
+    .await;
+}
+
+/// Runs `step` every `interval` until shut down; a failed step is counted in
+/// `stockd_worker_errors_total{worker}` and logged, and the next one runs on time.
+async fn every<Output, Step>(
+    interval: Duration,
+    shutdown: &CancellationToken,
+    worker: &'static str,
+    step: impl Fn() -> Step,
+) where
+    Step: std::future::Future<Output = Result<Output, crate::EngineError>>,
+{
     loop {
-        if let Err(error) = engine.negative_stock_step().await {
-            metrics::counter!("stockd_worker_errors_total", "worker" => "negative_stock")
-                .increment(1);
-            tracing::warn!(%error, "negative stock check failed");
+        if let Err(error) = step().await {
+            metrics::counter!("stockd_worker_errors_total", "worker" => worker).increment(1);
+            tracing::warn!(worker, %error, "worker step failed");
         }
-        if !pause_unless_shut_down(&shutdown, interval).await {
+        if !pause_unless_shut_down(shutdown, interval).await {
             break;
         }
     }

@@ -39,6 +39,7 @@ pub use error::StoreError;
 pub use model::*;
 pub use orders::*;
 pub use replicas::{Displayed, ReadHandle, ReplicaConfig, ReplicaHealth};
+pub use units::live_audit::LiveAuditRound;
 pub use units::outbox::{
     EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, SEQUENCER,
 };
@@ -269,6 +270,9 @@ forward! {
     fn reservation_gauges(&self, now: Timestamp) -> Result<ReservationGauges, StoreError>;
     fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError>;
     fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError>;
+    /// One round of the live auditor: the counters, open holds and recently changed
+    /// orders checked from the checkpoint on.
+    fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders_since: Timestamp) -> Result<LiveAuditRound, StoreError>;
     fn contents(&self) -> Result<String, StoreError>;
     fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
@@ -334,7 +338,7 @@ mod tests {
     }
 
     /// The units of work shared by both backends, as compiled into them.
-    const SHARED_SOURCES: [&str; 17] = [
+    const SHARED_SOURCES: [&str; 18] = [
         include_str!("units/audit.rs"),
         include_str!("units/batch.rs"),
         include_str!("units/carts.rs"),
@@ -342,6 +346,7 @@ mod tests {
         include_str!("units/credentials.rs"),
         include_str!("units/decode.rs"),
         include_str!("units/idempotency.rs"),
+        include_str!("units/live_audit.rs"),
         include_str!("units/migrations.rs"),
         include_str!("units/orders.rs"),
         include_str!("units/outbox.rs"),

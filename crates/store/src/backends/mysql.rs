@@ -489,6 +489,11 @@ impl Dialect for MySqlConnection {
             "outbox",
             include_str!("../../migrations/mysql/0002_outbox.sql"),
         ),
+        (
+            3,
+            "live_audit",
+            include_str!("../../migrations/mysql/0003_live_audit.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =

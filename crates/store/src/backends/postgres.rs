@@ -351,6 +351,11 @@ impl Dialect for PgConnection {
             "outbox",
             include_str!("../../migrations/postgres/0015_outbox.sql"),
         ),
+        (
+            16,
+            "live_audit",
+            include_str!("../../migrations/postgres/0016_live_audit.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.

@@ -299,6 +299,11 @@ impl Dialect for SqliteConnection {
             "outbox",
             include_str!("../../migrations/sqlite/0011_outbox.sql"),
         ),
+        (
+            12,
+            "live_audit",
+            include_str!("../../migrations/sqlite/0012_live_audit.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

@@ -216,26 +216,51 @@ pub(crate) async fn audit_orphan_ledger_rows<C: Dialect>(
     Ok(())
 }
 
+/// Orders with their reservation's status and what their payment attempts add up to:
+/// succeeded if one did, else running if one runs, else failed if any was made; the
+/// orders chosen by `$filter`.
+macro_rules! orders_with_their_holds {
+    ($filter:literal) => {
+        concat!(
+            "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
+             CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END \
+             FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
+             LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
+                 FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id ",
+            $filter,
+            " ORDER BY customer_order.id"
+        )
+    };
+}
+
 /// Every order against its reservation and its payments; returns the orders checked.
 pub(crate) async fn audit_orders<C: Dialect>(
     transaction: &mut C,
+    findings: &mut Findings,
+) -> Result<i64, StoreError> {
+    audit_orders_changed_since(transaction, None, findings).await
+}
+
+/// The orders changed at or after `since` (every order without it) against their
+/// reservation and payments; returns the orders checked.
+pub(crate) async fn audit_orders_changed_since<C: Dialect>(
+    transaction: &mut C,
+    since: Option<Timestamp>,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
     // Every order against its reservation and its payment: the third leg of the
     // three-way check. A paid order holds sold stock and a succeeded payment; an
     // order that gave its stock back holds a released reservation; and so on.
     let mut orders_checked = 0_i64;
-    let mut orders = statement(
-        // An order's payment is what its attempts add up to: succeeded if one did,
-        // else running if one runs, else failed if any was made.
-        "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
-         CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END \
-         FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
-         LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
-             FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id \
-         ORDER BY customer_order.id",
-    )
-    .fetch_as::<(String, String, String, String, Option<String>)>(&mut *transaction);
+    let query = match since {
+        None => statement(orders_with_their_holds!("")),
+        Some(since) => statement(orders_with_their_holds!(
+            "WHERE customer_order.updated_at >= $1"
+        ))
+        .bind(since.unix_milliseconds()),
+    };
+    let mut orders =
+        query.fetch_as::<(String, String, String, String, Option<String>)>(&mut *transaction);
     while let Some((id, shop, order_status, reservation_status, attempt_status)) =
         orders.try_next().await?
     {

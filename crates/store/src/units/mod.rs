@@ -12,6 +12,7 @@ pub(crate) mod catalog;
 pub(crate) mod credentials;
 pub(crate) mod decode;
 pub(crate) mod idempotency;
+pub mod live_audit;
 pub(crate) mod migrations;
 pub(crate) mod orders;
 pub mod outbox;

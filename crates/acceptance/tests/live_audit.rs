@@ -1,0 +1,138 @@
+//! The live auditor (issue 17): each round checks every stock row's counters against
+//! the ledger — read from its checkpoint on, not replayed — and its open holds, and
+//! the orders changed since the previous round; a row tampered with is found in the
+//! next round. Each test runs in a process of its own (the metrics are process-wide).
+
+use acceptance::{Backend, Call, TestApp, mirrored_tests_alone};
+
+mirrored_tests_alone!(
+    a_clean_shop_passes_the_live_audit_and_records_its_success,
+    a_counter_tampered_behind_the_ledger_is_found_in_the_next_round,
+    an_order_status_edited_by_hand_is_found_in_the_next_round,
+    each_round_reads_only_the_ledger_rows_after_its_checkpoint,
+);
+
+async fn metrics(app: &TestApp) -> String {
+    let page = app.send(Call::get("/metrics").admin()).await;
+    assert_eq!(page.status, 200);
+    page.body
+}
+
+/// The value of a metric without labels.
+fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find(|line| line.split(' ').next() == Some(name))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+async fn a_clean_shop_passes_the_live_audit_and_records_its_success(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    assert_eq!(app.reserve("held", &[("TEA", 2)]).await.status, 201);
+    app.order_of("ann", &[("TEA", 1)]).await;
+
+    let round = app.engine.live_audit_step().await.unwrap();
+
+    assert_eq!(round.differences_total, 0, "{:?}", round.differences);
+    assert_eq!(round.stock_rows_checked, 1);
+    assert!(round.orders_checked >= 1);
+    let page = metrics(&app).await;
+    assert_eq!(sample(&page, "stockd_audit_differences"), Some(0.0));
+    let succeeded = sample(&page, "stockd_audit_last_success_timestamp_seconds").unwrap();
+    assert_eq!(
+        succeeded,
+        app.engine.now().unix_milliseconds() as f64 / 1_000.0
+    );
+}
+
+async fn a_counter_tampered_behind_the_ledger_is_found_in_the_next_round(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    assert_eq!(app.reserve("held", &[("TEA", 2)]).await.status, 201);
+    assert_eq!(
+        app.engine
+            .live_audit_step()
+            .await
+            .unwrap()
+            .differences_total,
+        0
+    );
+    let mut raw = app.database.raw_connection().await;
+    raw.execute("UPDATE stock SET available = available + 1 WHERE sku = 'TEA'")
+        .await
+        .unwrap();
+
+    let round = app.engine.live_audit_step().await.unwrap();
+
+    assert_eq!(round.differences_total, 1, "{:?}", round.differences);
+    let found = &round.differences[0];
+    assert_eq!(found.check, "ledger_vs_available");
+    assert_eq!(found.sku.as_deref(), Some("TEA"));
+    assert_eq!((found.expected, found.actual), (3, 4));
+    assert_eq!(
+        sample(&metrics(&app).await, "stockd_audit_differences"),
+        Some(1.0)
+    );
+}
+
+async fn an_order_status_edited_by_hand_is_found_in_the_next_round(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let order = app.order_of("ann", &[("TEA", 1)]).await;
+    assert_eq!(
+        app.engine
+            .live_audit_step()
+            .await
+            .unwrap()
+            .differences_total,
+        0
+    );
+    // Paid without a payment: the edit also moves `updated_at`, as any write would.
+    let now = app.engine.now().unix_milliseconds();
+    let mut raw = app.database.raw_connection().await;
+    raw.execute(&format!(
+        "UPDATE customer_order SET status = 'PAID', updated_at = {now} WHERE id = '{order}'"
+    ))
+    .await
+    .unwrap();
+
+    let round = app.engine.live_audit_step().await.unwrap();
+
+    assert_eq!(round.differences_total, 1, "{:?}", round.differences);
+    assert_eq!(
+        round.differences[0].check,
+        "order_vs_reservation_and_payment"
+    );
+    assert!(
+        round.differences[0]
+            .reference
+            .as_deref()
+            .is_some_and(|reference| reference.starts_with(&order))
+    );
+}
+
+async fn each_round_reads_only_the_ledger_rows_after_its_checkpoint(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let settle = app.engine.config().live_audit_settle_milliseconds;
+    // One receive and two holds: three ledger rows.
+    app.stocked_sku("TEA", 5).await;
+    assert_eq!(app.reserve("first", &[("TEA", 1)]).await.status, 201);
+    assert_eq!(app.reserve("second", &[("TEA", 1)]).await.status, 201);
+
+    let young = app.engine.live_audit_step().await.unwrap();
+    app.clock.advance_milliseconds(settle + 1_000);
+    let settling = app.engine.live_audit_step().await.unwrap();
+    assert_eq!(app.reserve("third", &[("TEA", 1)]).await.status, 201);
+    let next = app.engine.live_audit_step().await.unwrap();
+
+    // Too young to settle: read, checked, not yet in the running sums.
+    assert_eq!((young.ledger_rows_read, young.advanced), (3, false));
+    assert_eq!((settling.ledger_rows_read, settling.advanced), (3, true));
+    // Only the new hold is read; the earlier rows come from the running sums.
+    assert_eq!((next.ledger_rows_read, next.advanced), (1, false));
+    for round in [&young, &settling, &next] {
+        assert_eq!(round.differences_total, 0, "{:?}", round.differences);
+    }
+    let sku = app.sku("TEA").await;
+    assert_eq!(sku["reserved"].as_i64(), Some(3));
+}

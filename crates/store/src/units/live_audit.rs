@@ -1,0 +1,212 @@
+//! The live auditor's round: the three-way check of seed 002, incrementally.
+//!
+//! Each round compares every stock row's counters with what its ledger rows add up to
+//! and its `reserved` counter with its open reservations, and the orders changed since
+//! the previous round with their reservation and payments — without replaying the
+//! ledger. `audit_running_sum` keeps each stock row's ledger sums through a checkpoint
+//! (`audit_progress.through_ledger_id`, migration 0016 / 0012 / 0003); a round reads
+//! only the ledger rows after it. Ledger ids are handed out before commit, so a row
+//! can commit after a higher one: the checkpoint advances only over rows older than
+//! the settle age, and the younger rows are summed afresh each round until they are
+//! older. The stock table and the open reservations are read whole each round: both
+//! are as large as the catalog and the live holds, not as the history.
+//!
+//! What the round does not repeat (reservation lines against their ledger rows,
+//! orphaned ledger rows, returns) is the full audit's (`stockd audit`,
+//! `GET /v1/audit`).
+
+use futures_util::TryStreamExt;
+
+use super::Units;
+use super::audit::{Findings, audit_orders_changed_since};
+use crate::backend::{Backend, Finish};
+use crate::error::StoreError;
+use crate::model::AuditDifference;
+use crate::sql::statement;
+use domain::Timestamp;
+
+/// Every stock row with its ledger sums (the running sums plus the rows after the
+/// checkpoint `$1`) and what its open reservations hold.
+const LIVE_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.available, stock.reserved, \
+     COALESCE(sums.available_sum, 0) + COALESCE(recent.available, 0), \
+     COALESCE(sums.reserved_sum, 0) + COALESCE(recent.reserved, 0), \
+     COALESCE(held.quantity, 0) \
+     FROM stock \
+     LEFT JOIN audit_running_sum sums ON sums.sku = stock.sku AND sums.warehouse = stock.warehouse \
+     LEFT JOIN (SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT) AS available, \
+         CAST(SUM(reserved_delta) AS BIGINT) AS reserved \
+         FROM stock_ledger WHERE id > $1 GROUP BY sku, warehouse) AS recent \
+     ON recent.sku = stock.sku AND recent.warehouse = stock.warehouse \
+     LEFT JOIN (SELECT line.sku, line.warehouse, CAST(SUM(line.quantity) AS BIGINT) AS quantity \
+         FROM reservation_line line JOIN reservation ON reservation.id = line.reservation_id \
+         WHERE reservation.status = 'RESERVED' GROUP BY line.sku, line.warehouse) AS held \
+     ON held.sku = stock.sku AND held.warehouse = stock.warehouse \
+     ORDER BY stock.sku, stock.warehouse";
+
+/// What one round found and how far it got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveAuditRound {
+    /// The checkpoint after the round (the last ledger id in the running sums).
+    pub through_ledger_id: i64,
+    /// Ledger rows after the previous checkpoint that this round read.
+    pub ledger_rows_read: i64,
+    pub stock_rows_checked: i64,
+    pub orders_checked: i64,
+    /// The first differences (bounded like the full audit's).
+    pub differences: Vec<AuditDifference>,
+    pub differences_total: i64,
+    /// Whether this round moved the checkpoint (another instance's round may have
+    /// moved it first; then the next round reads from there).
+    pub advanced: bool,
+}
+
+impl<B: Backend> Units<B> {
+    /// One round of the live audit. Ledger rows created before `settle_before` join
+    /// the running sums; the orders updated at or after `orders_since` are checked.
+    pub async fn live_audit_round(
+        &self,
+        now: Timestamp,
+        settle_before: Timestamp,
+        orders_since: Timestamp,
+    ) -> Result<LiveAuditRound, StoreError> {
+        // The comparisons, on one snapshot: counters and ledger rows of the same
+        // commits.
+        let mut transaction = self.begin_snapshot().await?;
+        let through: i64 =
+            statement("SELECT through_ledger_id FROM audit_progress WHERE name = 'live'")
+                .fetch_one_scalar(&mut *transaction)
+                .await?;
+        let ledger_rows_read: i64 = statement("SELECT COUNT(*) FROM stock_ledger WHERE id > $1")
+            .bind(through)
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+        let settled_through: i64 = statement(
+            "SELECT COALESCE(MAX(id), $1) FROM stock_ledger WHERE id > $1 AND created_at < $2",
+        )
+        .bind(through)
+        .bind(settle_before.unix_milliseconds())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+        let mut findings = Findings::default();
+        let mut stock_rows_checked = 0_i64;
+        let mut rows =
+            statement(LIVE_STOCK_ROWS)
+                .bind(through)
+                .fetch_as::<(String, String, i64, i64, i64, i64, i64)>(&mut *transaction);
+        while let Some((
+            sku,
+            warehouse,
+            available,
+            reserved,
+            ledger_available,
+            ledger_reserved,
+            open,
+        )) = rows.try_next().await?
+        {
+            stock_rows_checked += 1;
+            let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
+                check,
+                sku: Some(sku.clone()),
+                warehouse: Some(warehouse.clone()),
+                reference: None,
+                shop: None,
+                expected,
+                actual,
+            };
+            if ledger_available != available {
+                findings.note(at("ledger_vs_available", ledger_available, available));
+            }
+            if ledger_reserved != reserved {
+                findings.note(at("ledger_vs_reserved", ledger_reserved, reserved));
+            }
+            if open != reserved {
+                findings.note(at("open_reservations_vs_reserved", open, reserved));
+            }
+        }
+        drop(rows);
+        let orders_checked =
+            audit_orders_changed_since(&mut *transaction, Some(orders_since), &mut findings)
+                .await?;
+        let settled: Vec<(String, String, i64, i64)> = statement(
+            "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), CAST(SUM(reserved_delta) AS BIGINT) \
+             FROM stock_ledger WHERE id > $1 AND id <= $2 GROUP BY sku, warehouse ORDER BY sku, warehouse",
+        )
+        .bind(through)
+        .bind(settled_through)
+        .fetch_as(&mut *transaction)
+        .try_collect()
+        .await?;
+        transaction.rollback().await?;
+
+        // The checkpoint moves in a write transaction of its own, from the value the
+        // snapshot read: of two instances' rounds, the second changes nothing.
+        let advanced = if settled_through > through {
+            self.advance_live_audit(through, settled_through, &settled, now)
+                .await?
+        } else {
+            false
+        };
+        Ok(LiveAuditRound {
+            through_ledger_id: if advanced { settled_through } else { through },
+            ledger_rows_read,
+            stock_rows_checked,
+            orders_checked,
+            differences: findings.differences,
+            differences_total: findings.total,
+            advanced,
+        })
+    }
+
+    /// Adds the settled rows' sums to the running sums and moves the checkpoint from
+    /// `through` to `settled_through`, unless another round moved it meanwhile.
+    async fn advance_live_audit(
+        &self,
+        through: i64,
+        settled_through: i64,
+        settled: &[(String, String, i64, i64)],
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        // Locks the checkpoint row until the commit: rounds of several instances
+        // take turns here, so the update-then-insert below cannot race.
+        let moved = statement(
+            "UPDATE audit_progress SET through_ledger_id = $2, checked_at = $3 \
+             WHERE name = 'live' AND through_ledger_id = $1",
+        )
+        .bind(through)
+        .bind(settled_through)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        if moved != 1 {
+            transaction.rollback().await?;
+            return Ok(false);
+        }
+        for (sku, warehouse, available, reserved) in settled {
+            let updated = statement(
+                "UPDATE audit_running_sum SET available_sum = available_sum + $3, \
+                 reserved_sum = reserved_sum + $4 WHERE sku = $1 AND warehouse = $2",
+            )
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .bind(*available)
+            .bind(*reserved)
+            .execute(&mut *transaction)
+            .await?;
+            if updated == 0 {
+                statement(
+                    "INSERT INTO audit_running_sum (sku, warehouse, available_sum, reserved_sum) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(sku.as_str())
+                .bind(warehouse.as_str())
+                .bind(*available)
+                .bind(*reserved)
+                .execute(&mut *transaction)
+                .await?;
+            }
+        }
+        transaction.commit().await?;
+        Ok(true)
+    }
+}
