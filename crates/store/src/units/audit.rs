@@ -60,6 +60,36 @@ pub(crate) struct Findings {
 }
 
 impl Findings {
+    /// One stock row's counters (`available`, `reserved`) against what its ledger rows
+    /// add up to and against what its open reservations hold.
+    pub(crate) fn compare_stock_row(
+        &mut self,
+        sku: &str,
+        warehouse: &str,
+        (available, reserved): (i64, i64),
+        (ledger_available, ledger_reserved): (i64, i64),
+        open: i64,
+    ) {
+        let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
+            check,
+            sku: Some(sku.to_owned()),
+            warehouse: Some(warehouse.to_owned()),
+            reference: None,
+            shop: None,
+            expected,
+            actual,
+        };
+        if ledger_available != available {
+            self.note(at("ledger_vs_available", ledger_available, available));
+        }
+        if ledger_reserved != reserved {
+            self.note(at("ledger_vs_reserved", ledger_reserved, reserved));
+        }
+        if open != reserved {
+            self.note(at("open_reservations_vs_reserved", open, reserved));
+        }
+    }
+
     pub(crate) fn note(&mut self, difference: AuditDifference) {
         self.total += 1;
         if self.differences.len() < AUDIT_DIFFERENCES_REPORTED_MAX {
@@ -84,24 +114,13 @@ pub(crate) async fn audit_stock_rows<C: Dialect>(
         stock_rows.try_next().await?
     {
         stock_rows_checked += 1;
-        let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
-            check,
-            sku: Some(sku.clone()),
-            warehouse: Some(warehouse.clone()),
-            reference: None,
-            shop: None,
-            expected,
-            actual,
-        };
-        if ledger_available != available {
-            findings.note(at("ledger_vs_available", ledger_available, available));
-        }
-        if ledger_reserved != reserved {
-            findings.note(at("ledger_vs_reserved", ledger_reserved, reserved));
-        }
-        if open != reserved {
-            findings.note(at("open_reservations_vs_reserved", open, reserved));
-        }
+        findings.compare_stock_row(
+            &sku,
+            &warehouse,
+            (available, reserved),
+            (ledger_available, ledger_reserved),
+            open,
+        );
     }
     drop(stock_rows);
     Ok(stock_rows_checked)

@@ -104,24 +104,13 @@ impl<B: Backend> Units<B> {
         )) = rows.try_next().await?
         {
             stock_rows_checked += 1;
-            let at = |check: &'static str, expected: i64, actual: i64| AuditDifference {
-                check,
-                sku: Some(sku.clone()),
-                warehouse: Some(warehouse.clone()),
-                reference: None,
-                shop: None,
-                expected,
-                actual,
-            };
-            if ledger_available != available {
-                findings.note(at("ledger_vs_available", ledger_available, available));
-            }
-            if ledger_reserved != reserved {
-                findings.note(at("ledger_vs_reserved", ledger_reserved, reserved));
-            }
-            if open != reserved {
-                findings.note(at("open_reservations_vs_reserved", open, reserved));
-            }
+            findings.compare_stock_row(
+                &sku,
+                &warehouse,
+                (available, reserved),
+                (ledger_available, ledger_reserved),
+                open,
+            );
         }
         drop(rows);
         let orders_checked =
