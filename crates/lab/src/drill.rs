@@ -75,7 +75,14 @@ pub(crate) fn check(name: &str, held: bool, detail: impl Into<String>) -> Check 
 }
 
 /// The drills `stockd drill` knows.
-pub const DRILLS: [&str; 3] = ["failover", "replica-lag", "duplicate-delivery"];
+pub const DRILLS: [&str; 6] = [
+    "failover",
+    "replica-lag",
+    "duplicate-delivery",
+    "lock-timeout",
+    "deadlock",
+    "lost-response",
+];
 
 /// Settings of the failover drill.
 #[derive(Debug, Clone)]

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod drill;
 pub mod duplicate_drill;
 pub mod evidence;
+pub mod fault_drills;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -24,6 +24,8 @@ pub struct InProcessOptions {
     pub acquire_timeout_milliseconds: u64,
     /// Run the background workers (expiry, payments, the replica monitor, …).
     pub workers: bool,
+    /// Longest wait for a row lock before `lock_timeout`.
+    pub lock_timeout_milliseconds: u64,
 }
 
 impl Default for InProcessOptions {
@@ -35,6 +37,7 @@ impl Default for InProcessOptions {
             replica_lag_seconds_max: None,
             acquire_timeout_milliseconds: 60_000,
             workers: false,
+            lock_timeout_milliseconds: 2_000,
         }
     }
 }
@@ -48,6 +51,74 @@ pub struct Target {
     /// The database engine and version, when the lab started the server itself.
     pub database_version: Option<String>,
     in_process: Option<InProcess>,
+    /// The in-process server's database, for a drill's own connection to it.
+    database: Option<ScratchDatabase>,
+}
+
+/// Where an in-process server keeps its data.
+#[derive(Debug, Clone)]
+struct ScratchDatabase {
+    url: String,
+    postgres_schema: Option<String>,
+}
+
+/// A connection of the lab's own to an in-process server's database: a drill holds
+/// locks and takes rows in the wrong order with it, as another program would.
+pub enum RawDatabase {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+    Mysql(sqlx::MySqlConnection),
+}
+
+impl RawDatabase {
+    /// Runs one statement (MySQL: through the text protocol, so `BEGIN` works);
+    /// answers the affected rows or the database's error text.
+    pub async fn execute(&mut self, statement: &str) -> Result<u64, String> {
+        let text = sqlx::AssertSqlSafe(statement.to_owned());
+        match self {
+            RawDatabase::Sqlite(connection) => sqlx::query(text)
+                .execute(connection)
+                .await
+                .map(|done| done.rows_affected()),
+            RawDatabase::Postgres(connection) => sqlx::query(text)
+                .execute(connection)
+                .await
+                .map(|done| done.rows_affected()),
+            RawDatabase::Mysql(connection) => sqlx::raw_sql(text)
+                .execute(connection)
+                .await
+                .map(|done| done.rows_affected()),
+        }
+        .map_err(|error| error.to_string())
+    }
+
+    /// Whether `query` answers at least one row.
+    pub async fn fetch_exists(&mut self, query: &str) -> Result<bool, String> {
+        let text = sqlx::AssertSqlSafe(query.to_owned());
+        match self {
+            RawDatabase::Sqlite(connection) => sqlx::query(text)
+                .fetch_optional(connection)
+                .await
+                .map(|row| row.is_some()),
+            RawDatabase::Postgres(connection) => sqlx::query(text)
+                .fetch_optional(connection)
+                .await
+                .map(|row| row.is_some()),
+            RawDatabase::Mysql(connection) => sqlx::query(text)
+                .fetch_optional(connection)
+                .await
+                .map(|row| row.is_some()),
+        }
+        .map_err(|error| error.to_string())
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            RawDatabase::Sqlite(_) => "sqlite",
+            RawDatabase::Postgres(_) => "postgres",
+            RawDatabase::Mysql(_) => "mysql",
+        }
+    }
 }
 
 /// A server the lab started. It runs on a runtime and threads of its own, as a
@@ -210,6 +281,7 @@ impl Target {
             backend: None,
             database_version: None,
             in_process: None,
+            database: None,
         })
     }
 
@@ -245,6 +317,7 @@ impl Target {
             replica_lag_seconds_max,
             acquire_timeout_milliseconds,
             workers,
+            lock_timeout_milliseconds,
         } = options;
         let (config, scratch) = match server_url {
             Some(url) if url.starts_with("mysql://") => {
@@ -292,10 +365,15 @@ impl Target {
         let mut config = config;
         config.pool_size = pool_size;
         config.acquire_timeout_milliseconds = acquire_timeout_milliseconds;
+        config.lock_timeout_milliseconds = lock_timeout_milliseconds;
         config.replicas.urls = replica_urls;
         if let Some(seconds) = replica_lag_seconds_max {
             config.replicas.lag_seconds_max = seconds;
         }
+        let database = ScratchDatabase {
+            url: config.database_url.clone(),
+            postgres_schema: config.postgres_schema.clone(),
+        };
         let admin_token = domain::Secret::new(random_suffix());
         let shutdown = CancellationToken::new();
         let (started_sender, started) = tokio::sync::oneshot::channel();
@@ -349,7 +427,41 @@ impl Target {
             backend: Some(report.backend),
             database_version: Some(report.database_version),
             in_process: Some(in_process),
+            database: Some(database),
         })
+    }
+
+    /// A new connection to the in-process server's database (its schema on
+    /// PostgreSQL); `None` for a remote server.
+    pub async fn raw_database(&self) -> Result<RawDatabase, String> {
+        use sqlx::Connection;
+        let database = self
+            .database
+            .as_ref()
+            .ok_or("a remote server's database is not the lab's to touch")?;
+        let url = database.url.as_str();
+        if url.starts_with("mysql://") {
+            return sqlx::MySqlConnection::connect(url)
+                .await
+                .map(RawDatabase::Mysql)
+                .map_err(|error| error.to_string());
+        }
+        if url.starts_with("postgres") {
+            let mut connection = sqlx::PgConnection::connect(url)
+                .await
+                .map_err(|error| error.to_string())?;
+            if let Some(schema) = &database.postgres_schema {
+                sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path TO {schema}")))
+                    .execute(&mut connection)
+                    .await
+                    .map_err(|error| error.to_string())?;
+            }
+            return Ok(RawDatabase::Postgres(connection));
+        }
+        sqlx::SqliteConnection::connect(url)
+            .await
+            .map(RawDatabase::Sqlite)
+            .map_err(|error| error.to_string())
     }
 
     /// Stops an in-process server and removes its scratch database.

@@ -50,7 +50,8 @@ enum Command {
 
 #[derive(Args)]
 struct DrillArguments {
-    /// failover, replica-lag or duplicate-delivery.
+    /// failover, replica-lag, duplicate-delivery, lock-timeout, deadlock or
+    /// lost-response.
     name: String,
     /// Write the report as JSON to this file.
     #[arg(long)]
@@ -66,6 +67,11 @@ struct DrillArguments {
     /// `nats-server -js` of its own).
     #[arg(long)]
     nats_url: Option<String>,
+    /// lock-timeout, deadlock, lost-response: `postgres://…` (a scratch schema there)
+    /// or `mysql://…` (a scratch database there); default a temporary SQLite file
+    /// (deadlock needs one of the two).
+    #[arg(long)]
+    database_url: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -916,6 +922,16 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
                 },
             )
             .await?
+        }
+        "lock-timeout" | "deadlock" | "lost-response" => {
+            let options = lab::fault_drills::FaultDrillOptions {
+                database_url: arguments.database_url.clone(),
+            };
+            match arguments.name.as_str() {
+                "lock-timeout" => lab::fault_drills::lock_timeout(options).await?,
+                "deadlock" => lab::fault_drills::deadlock(options).await?,
+                _ => lab::fault_drills::lost_response(options).await?,
+            }
         }
         other => {
             return Err(format!(
