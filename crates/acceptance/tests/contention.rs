@@ -60,6 +60,7 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
         // The SKUs these tests reserve are standalone, of shop `default`.
         shop: ShopScope::Verified(ShopCode::default_shop()),
         user: None,
+        reference: domain::OrderReference::default(),
     }
 }
 

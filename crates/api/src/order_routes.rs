@@ -34,7 +34,17 @@ pub async fn create_order(
     Ok(reply_response(
         state
             .engine
-            .create_order(&caller, &claim, request.user_id, lines, request.ttl_seconds)
+            .create_order(
+                &caller,
+                &claim,
+                request.user_id,
+                lines,
+                request.ttl_seconds,
+                domain::OrderReference {
+                    order_ref: request.order_ref,
+                    source: request.source,
+                },
+            )
             .await?,
     ))
 }

@@ -13,6 +13,10 @@ pub struct CreateOrderRequest {
     pub user_id: UserId,
     pub lines: Vec<ReservationLineRequest>,
     pub ttl_seconds: Option<TtlSeconds>,
+    /// The shop's order number: used once per shop (`order_ref_reused` otherwise).
+    pub order_ref: Option<domain::OrderRef>,
+    /// The calling channel, recorded with the order.
+    pub source: Option<domain::RequestSource>,
 }
 
 /// The answer to a checkout: the order it created and the cart lines it left out.
@@ -113,6 +117,11 @@ pub struct OrderBody<'a> {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub lines: Vec<OrderLineBody<'a>>,
+    /// The shop's order number and the channel, when the request gave them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_ref: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a str>,
     pub reservation: ReservationBody<'a>,
     /// The latest payment attempt.
     pub payment: Option<PaymentBody<'a>>,
@@ -149,6 +158,18 @@ impl<'a> OrderBody<'a> {
                     unit_price: line.unit_price_minor,
                 })
                 .collect(),
+            order_ref: order
+                .reservation
+                .reference
+                .order_ref
+                .as_ref()
+                .map(domain::OrderRef::as_str),
+            source: order
+                .reservation
+                .reference
+                .source
+                .as_ref()
+                .map(domain::RequestSource::as_str),
             reservation: ReservationBody::new(&order.reservation),
             payment: order.attempt().map(PaymentBody::new),
             payment_attempts: order.attempts.iter().map(PaymentBody::new).collect(),

@@ -22,6 +22,7 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         | ErrorCode::VersionConflict
         | ErrorCode::AlreadyExists
         | ErrorCode::PurchaseLimitExceeded
+        | ErrorCode::OrderRefReused
         | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -62,6 +63,7 @@ fn title_for(code: ErrorCode) -> &'static str {
         ErrorCode::AlreadyExists => "Something with this name already exists",
         ErrorCode::RateLimited => "Too many requests from this credential; slow down",
         ErrorCode::PurchaseLimitExceeded => "This user already holds or bought the SKU's limit",
+        ErrorCode::OrderRefReused => "This order number was used by another request",
         ErrorCode::Internal => "Internal error",
     }
 }

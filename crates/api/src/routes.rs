@@ -152,7 +152,17 @@ pub(crate) async fn reserve(
         .collect();
     Ok(state
         .engine
-        .reserve(caller, claim, lines, request.ttl_seconds, request.user_id)
+        .reserve(
+            caller,
+            claim,
+            lines,
+            request.ttl_seconds,
+            request.user_id,
+            domain::OrderReference {
+                order_ref: request.order_ref,
+                source: request.source,
+            },
+        )
         .await?)
 }
 

@@ -85,6 +85,11 @@ pub struct CreateReservationRequest {
     /// The shopper the hold is for: counted against the open-hold bound and the
     /// SKUs' per-user limits (required on a SKU that has one).
     pub user_id: Option<UserId>,
+    /// The shop's order number: used once per shop (another Idempotency-Key with it
+    /// is refused as `order_ref_reused`).
+    pub order_ref: Option<domain::OrderRef>,
+    /// The calling channel (`web`, `app`, `pos`, …), recorded with the reservation.
+    pub source: Option<domain::RequestSource>,
 }
 
 /// Confirm and release take no fields; an empty body or `{}` is accepted.
@@ -176,6 +181,12 @@ pub struct ReservationBody<'a> {
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub release_reason: Option<&'static str>,
+    /// The shop's order number, when the request gave one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_ref: Option<&'a str>,
+    /// The calling channel, when the request named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a str>,
     pub expires_at: Timestamp,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
@@ -190,6 +201,16 @@ impl<'a> ReservationBody<'a> {
             order_id: reservation.order_id.as_ref().map(|order| order.as_str()),
             status: reservation.status.as_str(),
             release_reason: reservation.release_reason.map(|reason| reason.as_str()),
+            order_ref: reservation
+                .reference
+                .order_ref
+                .as_ref()
+                .map(domain::OrderRef::as_str),
+            source: reservation
+                .reference
+                .source
+                .as_ref()
+                .map(domain::RequestSource::as_str),
             expires_at: reservation.expires_at,
             created_at: reservation.created_at,
             updated_at: reservation.updated_at,

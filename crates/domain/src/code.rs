@@ -251,3 +251,20 @@ mod title_tests {
         assert!(Title::parse("line\nbreak").is_err());
     }
 }
+
+code_newtype!(
+    /// The shop's own order number for a reservation or an order (seed 002 §十三.1):
+    /// used once per shop, so a second request with another Idempotency-Key is refused
+    /// (`order_ref_reused`).
+    OrderRef,
+    "order_ref",
+    crate::limits::ORDER_REF_LENGTH_MAX
+);
+
+code_newtype!(
+    /// The channel a reservation or an order came through (`web`, `app`, `pos`, `mq`),
+    /// recorded with it.
+    RequestSource,
+    "source",
+    crate::limits::REQUEST_SOURCE_LENGTH_MAX
+);

@@ -25,11 +25,14 @@ pub enum ErrorCode {
     RateLimited,
     /// The user already holds or bought the SKU's per-user limit (409).
     PurchaseLimitExceeded,
+    /// The shop's order number was used by a request with another Idempotency-Key
+    /// (409).
+    OrderRefReused,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -47,6 +50,7 @@ impl ErrorCode {
         ErrorCode::AlreadyExists,
         ErrorCode::RateLimited,
         ErrorCode::PurchaseLimitExceeded,
+        ErrorCode::OrderRefReused,
         ErrorCode::Internal,
     ];
 
@@ -69,6 +73,7 @@ impl ErrorCode {
             ErrorCode::AlreadyExists => "already_exists",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::PurchaseLimitExceeded => "purchase_limit_exceeded",
+            ErrorCode::OrderRefReused => "order_ref_reused",
             ErrorCode::Internal => "internal",
         }
     }

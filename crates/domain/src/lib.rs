@@ -28,8 +28,8 @@ pub mod time;
 
 pub use catalog::{OperatorType, Product, ShelfLogEntry, operation_label};
 pub use code::{
-    CategoryCode, ImageUrl, OperatorId, ShopCode, SkuCode, SupplierCode, Title, UserId,
-    WarehouseCode,
+    CategoryCode, ImageUrl, OperatorId, OrderRef, RequestSource, ShopCode, SkuCode, SupplierCode,
+    Title, UserId, WarehouseCode,
 };
 pub use decision::{Rejection, ShopScope};
 pub use error::{ErrorCode, ParseError};
@@ -47,7 +47,8 @@ pub use principal::{Action, Denied, Principal, Role, authorize};
 pub use quantity::{AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds};
 pub use replication::{ConsistencyToken, Fallback, LagSample, Rotation, ServedBy};
 pub use reservation::{
-    IllegalTransition, ReleaseReason, Reservation, ReservationLine, ReservationStatus, check_lines,
+    IllegalTransition, OrderReference, ReleaseReason, Reservation, ReservationLine,
+    ReservationStatus, check_lines,
 };
 pub use sale_status::{
     Availability, Completeness, SALE_STATUS_TRANSITIONS, SaleStatus, ShelfDecision, ShelfOperation,

@@ -33,6 +33,10 @@ pub const REQUEST_BODY_BYTES_MAX: usize = 64 * 1024;
 
 /// Shop, category, supplier, operator and user codes.
 pub const CATALOG_CODE_LENGTH_MAX: usize = 64;
+/// Longest order number a shop may give (`order_ref`).
+pub const ORDER_REF_LENGTH_MAX: usize = 64;
+/// Longest channel name (`source`).
+pub const REQUEST_SOURCE_LENGTH_MAX: usize = 32;
 pub const IMAGE_URL_LENGTH_MAX: usize = 2048;
 /// A product's SKUs, and the targets one shelf operation may resolve to.
 pub const PRODUCT_SKUS_MAX: usize = 100;

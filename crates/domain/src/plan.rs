@@ -29,6 +29,9 @@ pub struct PlanRequest<'a> {
     pub lines: &'a [ReservationLine],
     pub shop: &'a ShopScope,
     pub user: Option<&'a UserId>,
+    /// The request's order number is taken (by a committed request with another key,
+    /// or an earlier request of the batch): refused before anything else.
+    pub order_ref_taken: bool,
 }
 
 /// The shoppers' tallies the requests touch, read under lock, and the bound of open
@@ -164,6 +167,12 @@ fn check_request(
     tallies: &Tallies,
     plan: &BatchPlan,
 ) -> Result<ShopCode, Rejection> {
+    if request.order_ref_taken {
+        return Err(Rejection::new(
+            ErrorCode::OrderRefReused,
+            "this order_ref was used by a request with another Idempotency-Key; send that key to read its answer",
+        ));
+    }
     let shop = shop_of_request(request, skus)?;
     for line in request.lines {
         let facts = &skus[&line.sku];
@@ -290,11 +299,40 @@ mod tests {
 
     const ANY: ShopScope = ShopScope::Any;
 
+    #[test]
+    fn a_taken_order_ref_is_refused_before_anything_is_taken() {
+        let skus = on_shelf(&["A"]);
+        let available = BTreeMap::from([(key("A"), 5)]);
+        let lines = [line("A", 1)];
+        let taken = PlanRequest {
+            order_ref_taken: true,
+            ..anonymous(&lines)
+        };
+
+        let plan = plan_batch(
+            [taken, anonymous(&lines)],
+            &skus,
+            &available,
+            &Tallies::default(),
+        );
+
+        assert_eq!(
+            plan.decisions[0]
+                .as_ref()
+                .err()
+                .map(|rejection| rejection.code),
+            Some(ErrorCode::OrderRefReused)
+        );
+        assert!(plan.decisions[1].is_ok());
+        assert_eq!(plan.totals, BTreeMap::from([(key("A"), 1)]));
+    }
+
     fn anonymous(lines: &[ReservationLine]) -> PlanRequest<'_> {
         PlanRequest {
             lines,
             shop: &ANY,
             user: None,
+            order_ref_taken: false,
         }
     }
 
@@ -401,16 +439,19 @@ mod tests {
                     lines: &foreign,
                     shop: &north,
                     user: None,
+                    order_ref_taken: false,
                 },
                 PlanRequest {
                     lines: &mixed,
                     shop: &ANY,
                     user: None,
+                    order_ref_taken: false,
                 },
                 PlanRequest {
                     lines: &own,
                     shop: &north,
                     user: None,
+                    order_ref_taken: false,
                 },
             ],
             &skus,
@@ -448,6 +489,7 @@ mod tests {
             lines: &one,
             shop: &ANY,
             user: Some(user),
+            order_ref_taken: false,
         };
         let tallies = Tallies {
             purchased: HashMap::from([(
@@ -521,6 +563,7 @@ mod tests {
             lines: &one,
             shop: &ANY,
             user: Some(&alice),
+            order_ref_taken: false,
         };
         let plan = plan_batch([request, request], &skus, &available, &tallies);
         assert!(plan.decisions[0].is_ok());

@@ -126,6 +126,22 @@ pub struct Reservation {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub lines: Vec<ReservationLine>,
+    /// The shop's order number and the calling channel, when the request gave them.
+    pub reference: OrderReference,
+}
+
+/// What a reservation or an order request says about where it comes from (seed 002
+/// §十三.1): the shop's order number, unique per shop, and the calling channel.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OrderReference {
+    pub order_ref: Option<crate::OrderRef>,
+    pub source: Option<crate::RequestSource>,
+}
+
+impl OrderReference {
+    pub fn is_empty(&self) -> bool {
+        self.order_ref.is_none() && self.source.is_none()
+    }
 }
 
 #[cfg(test)]

@@ -588,5 +588,6 @@ fn checkout_order(
         lines,
         expires_at: now.plus_seconds(ttl_seconds),
         skipped: Some(skipped),
+        reference: domain::OrderReference::default(),
     }
 }

@@ -328,6 +328,7 @@ impl Engine {
         lines: Vec<ReservationLine>,
         ttl: Option<TtlSeconds>,
         user: Option<UserId>,
+        reference: domain::OrderReference,
     ) -> Result<Reply, EngineError> {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
@@ -346,6 +347,7 @@ impl Engine {
             expires_at: now.plus_seconds(ttl_seconds),
             shop,
             user,
+            reference,
         };
         let requested: Vec<SkuCode> = request.lines.iter().map(|line| line.sku.clone()).collect();
         let position = std::sync::Mutex::new(None);

@@ -132,6 +132,7 @@ impl Engine {
         user: UserId,
         lines: Vec<ReservationLine>,
         ttl: Option<TtlSeconds>,
+        reference: domain::OrderReference,
     ) -> Result<Reply, EngineError> {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
@@ -151,6 +152,7 @@ impl Engine {
             lines,
             expires_at: now.plus_seconds(ttl_seconds),
             skipped: None,
+            reference,
         };
         let renderer = self.inner.renderer.as_ref();
         let skus = crate::retry::skus_of(&order.lines);

@@ -205,6 +205,8 @@ pub struct ReserveRequest {
     pub shop: ShopScope,
     /// The shopper, when named: counted against the open-hold bound and per-user limits.
     pub user: Option<UserId>,
+    /// The shop's order number and the channel, when given (`order_reference`).
+    pub reference: domain::OrderReference,
 }
 
 /// Confirm or release.

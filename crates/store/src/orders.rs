@@ -19,6 +19,8 @@ pub struct NewOrder {
     pub expires_at: Timestamp,
     /// Set when a checkout creates the order: the cart lines it left out.
     pub skipped: Option<Vec<SkippedLine>>,
+    /// The shop's order number and the channel, when given (its reservation's).
+    pub reference: domain::OrderReference,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

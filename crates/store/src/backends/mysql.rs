@@ -494,6 +494,11 @@ impl Dialect for MySqlConnection {
             "live_audit",
             include_str!("../../migrations/mysql/0003_live_audit.sql"),
         ),
+        (
+            4,
+            "order_references",
+            include_str!("../../migrations/mysql/0004_order_references.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =

@@ -356,6 +356,11 @@ impl Dialect for PgConnection {
             "live_audit",
             include_str!("../../migrations/postgres/0016_live_audit.sql"),
         ),
+        (
+            17,
+            "order_references",
+            include_str!("../../migrations/postgres/0017_order_references.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.

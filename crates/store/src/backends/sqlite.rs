@@ -304,6 +304,11 @@ impl Dialect for SqliteConnection {
             "live_audit",
             include_str!("../../migrations/sqlite/0012_live_audit.sql"),
         ),
+        (
+            13,
+            "order_references",
+            include_str!("../../migrations/sqlite/0013_order_references.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

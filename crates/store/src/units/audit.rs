@@ -389,6 +389,11 @@ const CONTENTS_QUERIES: &[(&str, &str)] = &[
         "SELECT id, order_id, status, amount_minor, COALESCE(gateway_refund_id, '') FROM refund ORDER BY id",
     ),
     (
+        "order_reference",
+        "SELECT reservation_id, shop, COALESCE(order_ref, ''), COALESCE(source, ''), created_at \
+         FROM order_reference ORDER BY reservation_id",
+    ),
+    (
         "order_return",
         "SELECT order_id FROM order_return ORDER BY order_id",
     ),

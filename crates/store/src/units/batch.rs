@@ -20,8 +20,9 @@ use crate::plan::{
     BatchWritten, PlanRequest, SkuFacts, StockKey, Tallies, WholeBatch, plan_batch,
     totals_if_all_accepted,
 };
+use crate::sql::statement;
 use domain::{ShopCode, SkuCode, Timestamp};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where a request of a reservation batch stands.
 pub(crate) enum BatchSlot {
@@ -154,6 +155,86 @@ pub(crate) fn answer_decided<'a>(
     accepted
 }
 
+/// The claimed requests whose order number is taken: by a committed request (with
+/// another key: a request with the same key was replayed before this point), or by
+/// an earlier request of this batch. A request's shop is its first SKU's (a request
+/// across shops is refused anyway).
+pub(crate) async fn order_refs_taken<C: Dialect>(
+    connection: &mut C,
+    requests: &[ReserveRequest],
+    claimed: &[usize],
+    skus: &HashMap<SkuCode, SkuFacts>,
+) -> Result<HashSet<usize>, StoreError> {
+    let mut taken = HashSet::new();
+    let mut seen: HashSet<(&str, &str)> = HashSet::new();
+    for index in claimed {
+        let request = &requests[*index];
+        let (Some(order_ref), Some(facts)) = (
+            request.reference.order_ref.as_ref(),
+            request.lines.first().and_then(|line| skus.get(&line.sku)),
+        ) else {
+            continue;
+        };
+        let shop = facts.shop.as_str();
+        if !seen.insert((shop, order_ref.as_str()))
+            || order_ref_exists(connection, shop, order_ref).await?
+        {
+            taken.insert(*index);
+        }
+    }
+    Ok(taken)
+}
+
+/// Whether a committed reservation or order of `shop` carries `order_ref`.
+pub(crate) async fn order_ref_exists<C: Dialect>(
+    connection: &mut C,
+    shop: &str,
+    order_ref: &domain::OrderRef,
+) -> Result<bool, StoreError> {
+    Ok(
+        statement("SELECT reservation_id FROM order_reference WHERE shop = $1 AND order_ref = $2")
+            .bind(shop)
+            .bind(order_ref.as_str())
+            .fetch_optional_row(&mut *connection)
+            .await?
+            .is_some(),
+    )
+}
+
+/// Records an accepted reservation's order number and channel (nothing without
+/// either). The number was checked free under this transaction; a request with another
+/// key that committed it since makes the insert write nothing, and the whole unit of
+/// work runs again (then it refuses this request as `order_ref_reused`).
+pub(crate) async fn record_order_reference<C: Dialect>(
+    connection: &mut C,
+    reservation: &domain::ReservationId,
+    shop: &ShopCode,
+    reference: &domain::OrderReference,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    if reference.is_empty() {
+        return Ok(());
+    }
+    let written = statement(
+        "INSERT INTO order_reference (reservation_id, shop, order_ref, source, created_at) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (shop, order_ref) DO NOTHING",
+    )
+    .bind(reservation.as_str())
+    .bind(shop.as_str())
+    .bind(reference.order_ref.as_ref().map(domain::OrderRef::as_str))
+    .bind(reference.source.as_ref().map(domain::RequestSource::as_str))
+    .bind(now.unix_milliseconds())
+    .execute(&mut *connection)
+    .await?;
+    if written != 1 {
+        return Err(StoreError::Retryable(format!(
+            "order_ref {:?} was committed by another request meanwhile",
+            reference.order_ref.as_ref().map(domain::OrderRef::as_str)
+        )));
+    }
+    Ok(())
+}
+
 /// A written batch changed every locked row it planned to, and stored every record:
 /// fewer rows is an invariant broken under the locks; fewer records, a key another
 /// process committed since the lookup (the batch runs again and replays it).
@@ -252,6 +333,7 @@ impl<B: Backend> Units<B> {
         let (available, skus, tallies) = self
             .lock_batch_rows(&mut *transaction, requests, &claimed, turn)
             .await?;
+        let taken = order_refs_taken(&mut *transaction, requests, &claimed, &skus).await?;
         let plan = plan_batch(
             claimed.iter().map(|index| {
                 let request = &requests[*index];
@@ -259,6 +341,7 @@ impl<B: Backend> Units<B> {
                     lines: &request.lines,
                     shop: &request.shop,
                     user: request.user.as_ref(),
+                    order_ref_taken: taken.contains(index),
                 }
             }),
             &skus,
@@ -296,6 +379,16 @@ impl<B: Backend> Units<B> {
             )
             .await?;
         check_written(&written, plan.totals.len(), records.len())?;
+        for (request, shop) in &accepted {
+            record_order_reference(
+                &mut *transaction,
+                &request.id,
+                shop,
+                &request.reference,
+                now,
+            )
+            .await?;
+        }
         add_to_tallies(
             &mut *transaction,
             &plan.holds_added,
@@ -328,7 +421,9 @@ impl<B: Backend> Units<B> {
     ) -> Result<bool, StoreError> {
         let fast_path_fits = requests.iter().zip(slots).all(|(request, slot)| {
             !matches!(slot, BatchSlot::Claimed)
-                || (request.user.is_none() && matches!(request.shop, ShopScope::Verified(_)))
+                || (request.user.is_none()
+                    && request.reference.is_empty()
+                    && matches!(request.shop, ShopScope::Verified(_)))
         });
         if !<B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH || !fast_path_fits {
             return Ok(false);

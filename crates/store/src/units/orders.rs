@@ -639,6 +639,14 @@ impl<B: Backend> Units<B> {
             Err(rejection) => renderer.rejected(&rejection),
             Ok((shop, prices)) => {
                 write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
+                super::batch::record_order_reference(
+                    &mut *transaction,
+                    &order.reservation_id,
+                    &shop,
+                    &order.reference,
+                    now,
+                )
+                .await?;
                 add_to_tallies(
                     &mut *transaction,
                     &plan.holds_added,
@@ -690,6 +698,12 @@ impl<B: Backend> Units<B> {
                 .collect(),
             None => Vec::new(),
         };
+        let order_ref_taken = match (&order.reference.order_ref, &shopper) {
+            (Some(order_ref), Some((shop, _))) => {
+                super::batch::order_ref_exists(&mut *transaction, shop.as_str(), order_ref).await?
+            }
+            _ => false,
+        };
         let tallies = read_tallies(
             &mut *transaction,
             shopper.into_iter().collect(),
@@ -702,6 +716,7 @@ impl<B: Backend> Units<B> {
                 lines: &order.lines,
                 shop: &order.shop,
                 user: Some(&order.user),
+                order_ref_taken,
             }],
             &skus,
             &available,

@@ -127,6 +127,8 @@ pub(crate) async fn plan_late_sale<C: Dialect>(
             lines: &reservation_lines,
             shop: &scope,
             user: Some(&shopper.1),
+            // The order's number was claimed with it at creation.
+            order_ref_taken: false,
         }],
         &skus,
         &available,

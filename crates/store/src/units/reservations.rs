@@ -29,8 +29,11 @@ pub(crate) async fn load_reservation<C: Dialect>(
     id: &ReservationId,
 ) -> Result<Option<Reservation>, StoreError> {
     let Some(row) = statement(
-        "SELECT status, release_reason, expires_at, created_at, updated_at, shop, user_id, order_id \
-         FROM reservation WHERE id = $1",
+        "SELECT reservation.status, reservation.release_reason, reservation.expires_at, \
+         reservation.created_at, reservation.updated_at, reservation.shop, reservation.user_id, \
+         reservation.order_id, reference.order_ref, reference.source \
+         FROM reservation LEFT JOIN order_reference reference ON reference.reservation_id = reservation.id \
+         WHERE reservation.id = $1",
     )
     .bind(id.as_str())
     .fetch_optional_row(&mut *connection)
@@ -54,6 +57,8 @@ pub(crate) async fn load_reservation<C: Dialect>(
     let shop: Option<String> = row.try_get("shop")?;
     let user: Option<String> = row.try_get("user_id")?;
     let order_id: Option<String> = row.try_get("order_id")?;
+    let order_ref: Option<String> = row.try_get("order_ref")?;
+    let source: Option<String> = row.try_get("source")?;
     Ok(Some(Reservation {
         id: id.clone(),
         shop: shop
@@ -81,6 +86,18 @@ pub(crate) async fn load_reservation<C: Dialect>(
         created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
         updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
         lines,
+        reference: domain::OrderReference {
+            order_ref: order_ref
+                .as_deref()
+                .map(domain::OrderRef::parse)
+                .transpose()
+                .map_err(|error| corrupt("order_ref", error))?,
+            source: source
+                .as_deref()
+                .map(domain::RequestSource::parse)
+                .transpose()
+                .map_err(|error| corrupt("source", error))?,
+        },
     }))
 }
 
@@ -116,6 +133,7 @@ pub(crate) fn new_reservation(
         created_at: now,
         updated_at: now,
         lines: request.lines.clone(),
+        reference: request.reference.clone(),
     }
 }
 
