@@ -75,13 +75,14 @@ pub(crate) fn check(name: &str, held: bool, detail: impl Into<String>) -> Check 
 }
 
 /// The drills `stockd drill` knows.
-pub const DRILLS: [&str; 6] = [
+pub const DRILLS: [&str; 7] = [
     "failover",
     "replica-lag",
     "duplicate-delivery",
     "lock-timeout",
     "deadlock",
     "lost-response",
+    "compensation-failure",
 ];
 
 /// Settings of the failover drill.

@@ -30,7 +30,7 @@ pub struct DuplicateDeliveryOptions {
 }
 
 /// A child process killed when dropped.
-struct Running(Child);
+pub(crate) struct Running(pub(crate) Child);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -359,7 +359,7 @@ async fn webhook_part(
     Ok(json!({"deliveries": deliveries, "repeats": duplicates, "order_status": order["status"]}))
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|error| error.to_string())?;
     Ok(listener
         .local_addr()
@@ -367,7 +367,7 @@ fn free_port() -> Result<u16, String> {
         .port())
 }
 
-async fn wait_for_port(port: u16) -> Result<(), String> {
+pub(crate) async fn wait_for_port(port: u16) -> Result<(), String> {
     let deadline = Instant::now() + WAIT;
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

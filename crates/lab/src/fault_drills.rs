@@ -32,6 +32,19 @@ pub struct FaultDrillOptions {
 /// A stockd started for one drill.
 struct Drilled {
     target: Target,
+    client: DrillClient,
+}
+
+impl std::ops::Deref for Drilled {
+    type Target = DrillClient;
+    fn deref(&self) -> &DrillClient {
+        &self.client
+    }
+}
+
+/// How a drill talks to its stockd: as the admin, one connection per request.
+struct DrillClient {
+    address: SocketAddr,
     authorization: Option<hyper::header::HeaderValue>,
 }
 
@@ -49,15 +62,21 @@ impl Drilled {
             },
         )
         .await?;
-        let authorization = authorization(target.admin_token.expose());
-        Ok(Drilled {
-            target,
-            authorization,
-        })
+        let client = DrillClient {
+            address: target.address,
+            authorization: authorization(target.admin_token.expose()),
+        };
+        Ok(Drilled { target, client })
     }
 
+    async fn stop(self) {
+        self.target.stop().await;
+    }
+}
+
+impl DrillClient {
     async fn send(&self, request: WireRequest) -> Result<WireReply, String> {
-        self.send_to(self.target.address, request).await
+        self.send_to(self.address, request).await
     }
 
     async fn send_to(
@@ -132,10 +151,6 @@ impl Drilled {
                 audit["differences"].as_array().map_or(0, Vec::len)
             ),
         ))
-    }
-
-    async fn stop(self) {
-        self.target.stop().await;
     }
 }
 
@@ -665,6 +680,295 @@ fn complete_response(response: &[u8]) -> bool {
         .and_then(|value| value.trim().parse::<usize>().ok())
         .unwrap_or(0);
     response.len() >= split + 4 + length
+}
+
+/// Refund calls the gateway fails in the compensation-failure drill.
+const REFUND_FAILURES: u32 = 3;
+
+/// `stockd drill compensation-failure` (seed 002 §十: a compensation that fails): a paid
+/// order is cancelled, and the gateway's refund service answers 500 to the first
+/// refund calls, then recovers. stockd keeps the refund pending (the backlog metric
+/// the `StockdRefundBacklog` alert reads shows it), sends it again with the same key,
+/// and ends with one refund and the order `REFUNDED`. Starts a gateway sandbox in this
+/// process and `stockd serve` (this binary) on a scratch database.
+pub async fn compensation_failure(options: FaultDrillOptions) -> Result<DrillReport, String> {
+    let scratch = std::env::temp_dir().join(format!(
+        "stockd-drill-compensation-{:016x}",
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&scratch).map_err(|error| error.to_string())?;
+    let database = SpawnedDatabase::create(options.database_url.as_deref(), &scratch).await?;
+    let outcome = compensation_run(&database).await;
+    database.remove().await;
+    let _ = std::fs::remove_dir_all(&scratch);
+    outcome
+}
+
+/// The database of a `stockd serve` a drill spawns: a SQLite file in the drill's
+/// scratch directory, a new schema on PostgreSQL, or a new database on MySQL.
+enum SpawnedDatabase {
+    Sqlite(String),
+    Postgres {
+        url: String,
+        schema: String,
+    },
+    Mysql {
+        server: String,
+        database: String,
+        url: String,
+    },
+}
+
+impl SpawnedDatabase {
+    async fn create(
+        url: Option<&str>,
+        scratch: &std::path::Path,
+    ) -> Result<SpawnedDatabase, String> {
+        let name = format!("stockd_drill_{:016x}", rand::random::<u64>());
+        match url {
+            None => Ok(SpawnedDatabase::Sqlite(format!(
+                "sqlite://{}",
+                scratch.join("stockd.db").display()
+            ))),
+            Some(url) if url.starts_with("mysql://") => {
+                let database_url = crate::target::create_mysql_database(url, &name).await?;
+                Ok(SpawnedDatabase::Mysql {
+                    server: url.to_owned(),
+                    database: name,
+                    url: database_url,
+                })
+            }
+            Some(url) => {
+                use sqlx::Connection;
+                let mut connection = sqlx::PgConnection::connect(url)
+                    .await
+                    .map_err(|error| format!("cannot reach PostgreSQL: {error}"))?;
+                sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
+                    .execute(&mut connection)
+                    .await
+                    .map_err(|error| format!("cannot create schema {name}: {error}"))?;
+                Ok(SpawnedDatabase::Postgres {
+                    url: url.to_owned(),
+                    schema: name,
+                })
+            }
+        }
+    }
+
+    /// The variables that point `stockd serve` at it.
+    fn variables(&self) -> Vec<(&'static str, String)> {
+        match self {
+            SpawnedDatabase::Sqlite(url) | SpawnedDatabase::Mysql { url, .. } => {
+                vec![("STOCKD_DATABASE_URL", url.clone())]
+            }
+            SpawnedDatabase::Postgres { url, schema } => vec![
+                ("STOCKD_DATABASE_URL", url.clone()),
+                ("STOCKD_DATABASE_SCHEMA", schema.clone()),
+            ],
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            SpawnedDatabase::Sqlite(_) => "sqlite",
+            SpawnedDatabase::Postgres { .. } => "postgres",
+            SpawnedDatabase::Mysql { .. } => "mysql",
+        }
+    }
+
+    async fn remove(self) {
+        match self {
+            SpawnedDatabase::Sqlite(_) => {}
+            SpawnedDatabase::Mysql {
+                server, database, ..
+            } => crate::target::drop_mysql_database(&server, &database).await,
+            SpawnedDatabase::Postgres { url, schema } => {
+                use sqlx::Connection;
+                if let Ok(mut connection) = sqlx::PgConnection::connect(&url).await {
+                    let statement = format!("DROP SCHEMA IF EXISTS {schema} CASCADE");
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(statement))
+                        .execute(&mut connection)
+                        .await;
+                }
+            }
+        }
+    }
+}
+
+async fn compensation_run(database: &SpawnedDatabase) -> Result<DrillReport, String> {
+    use crate::duplicate_drill::{Running, free_port, wait_for_port};
+    const SKU: &str = "DRILL-REFUND";
+    let port = free_port()?;
+    let admin_token = format!("drill-{:016x}", rand::random::<u64>());
+    let webhook_secret = format!("whsec_drill_{:016x}", rand::random::<u64>());
+    let api_key = format!("sk_drill_{:016x}", rand::random::<u64>());
+
+    // The gateway: the sandbox, over real HTTP, its refund service failing first.
+    let mut config = sandbox::SandboxConfig::new(webhook_secret.clone());
+    config.api_key = Some(api_key.clone());
+    config.webhook_url = Some(format!("http://127.0.0.1:{port}/v1/payments/webhook"));
+    let gateway = sandbox::Sandbox::new(config);
+    gateway.fail_next_refunds(REFUND_FAILURES);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|error| error.to_string())?;
+    let gateway_address = listener.local_addr().map_err(|error| error.to_string())?;
+    let stop_gateway = tokio_util::sync::CancellationToken::new();
+    {
+        let serving = gateway.clone();
+        let stop = stop_gateway.clone();
+        tokio::spawn(async move { serving.serve(listener, stop).await });
+    }
+    let _stop_gateway = stop_gateway.drop_guard();
+
+    let mut server =
+        std::process::Command::new(std::env::current_exe().map_err(|error| error.to_string())?);
+    server
+        .arg("serve")
+        .env("STOCKD_LISTEN", format!("127.0.0.1:{port}"))
+        .env("STOCKD_ADMIN_TOKEN", &admin_token)
+        .env("STOCKD_GATEWAY_URL", format!("http://{gateway_address}"))
+        .env("STOCKD_GATEWAY", "sandbox")
+        .env("STOCKD_WEBHOOK_SECRET", &webhook_secret)
+        .env("STOCKD_GATEWAY_API_KEY", &api_key)
+        .env("STOCKD_REFUND_RETRY_MILLISECONDS", "200")
+        .env("STOCKD_LOG", "warn")
+        .env_remove("STOCKD_NATS_URL")
+        .env_remove("STOCKD_REDIS_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for (name, value) in database.variables() {
+        server.env(name, value);
+    }
+    let _server = Running(
+        server
+            .spawn()
+            .map_err(|error| format!("cannot start stockd serve: {error}"))?,
+    );
+    wait_for_port(port).await?;
+    let stockd = DrillClient {
+        address: SocketAddr::from(([127, 0, 0, 1], port)),
+        authorization: authorization(&admin_token),
+    };
+    stockd.stock(SKU, 5).await?;
+
+    let order = stockd
+        .send(order(&[(SKU, 1)], &unique("drill-refund-order")))
+        .await?
+        .json()?;
+    let order_id = order["order_id"]
+        .as_str()
+        .ok_or_else(|| format!("no order: {order}"))?
+        .to_owned();
+    stockd
+        .send(
+            WireRequest::json(
+                Method::POST,
+                format!("/v1/orders/{order_id}/pay"),
+                &json!({"payment_method": "pm_card_visa"}),
+            )
+            .key(unique("drill-refund-pay")),
+        )
+        .await?;
+    let paid = wait_for_order_status(&stockd, &order_id, "PAID").await?;
+    let cancelled = stockd
+        .send(
+            WireRequest::json(
+                Method::POST,
+                format!("/v1/orders/{order_id}/cancel"),
+                &json!({}),
+            )
+            .key(unique("drill-refund-cancel")),
+        )
+        .await?;
+
+    // Until the order is refunded: the backlog as the alert sees it.
+    let deadline = Instant::now() + WAIT;
+    let mut pending_peak = 0.0_f64;
+    let final_status = loop {
+        pending_peak = pending_peak.max(stockd.metric("stockd_refunds_pending").await?);
+        let status = order_status(&stockd, &order_id).await?;
+        if status == "REFUNDED" || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let retries = stockd
+        .metric("stockd_refunds_total{result=\"retry\"}")
+        .await?;
+    let pending_after = stockd.metric("stockd_refunds_pending").await?;
+    let stats = gateway.stats();
+    let refunds_listed = stockd
+        .send(WireRequest::get(format!("/v1/orders/{order_id}")))
+        .await?
+        .json()?["refunds"]
+        .as_array()
+        .map_or(0, Vec::len);
+
+    let checks = vec![
+        check(
+            "the order was paid, then cancelled into a refund",
+            paid && cancelled.status == 200,
+            format!("paid {paid}, cancel answered {}", cancelled.status),
+        ),
+        check(
+            "the gateway's refund service failed, and stockd sent the refund again",
+            stats.refunds_failed == u64::from(REFUND_FAILURES)
+                && retries >= f64::from(REFUND_FAILURES),
+            format!(
+                "{} refund calls failed at the gateway, stockd_refunds_total{{result=\"retry\"}} {retries}",
+                stats.refunds_failed
+            ),
+        ),
+        check(
+            "the backlog showed while the refund was owed",
+            pending_peak >= 1.0 && pending_after == 0.0,
+            format!("stockd_refunds_pending peaked at {pending_peak}, {pending_after} after"),
+        ),
+        check(
+            "one refund, and the order is REFUNDED",
+            final_status == "REFUNDED" && stats.refunds == 1 && refunds_listed == 1,
+            format!(
+                "order {final_status}, {} refunds at the gateway, {refunds_listed} on the order",
+                stats.refunds
+            ),
+        ),
+        stockd.audit_check().await?,
+    ];
+    Ok(DrillReport::new(
+        "compensation-failure",
+        checks,
+        json!({
+            "backend": database.backend(),
+            "refund_failures": REFUND_FAILURES,
+            "retries": retries,
+            "pending_peak": pending_peak,
+        }),
+    ))
+}
+
+async fn order_status(stockd: &DrillClient, order_id: &str) -> Result<String, String> {
+    let order = stockd
+        .send(WireRequest::get(format!("/v1/orders/{order_id}")))
+        .await?
+        .json()?;
+    Ok(order["status"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Whether the order reached `status` within the drill's wait.
+async fn wait_for_order_status(
+    stockd: &DrillClient,
+    order_id: &str,
+    status: &str,
+) -> Result<bool, String> {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if order_status(stockd, order_id).await? == status {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(false)
 }
 
 #[cfg(test)]

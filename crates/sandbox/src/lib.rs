@@ -148,6 +148,10 @@ struct Books {
     intents: HashMap<String, PaymentIntent>,
     keys: HashMap<String, Keyed>,
     refunds: HashMap<String, Refund>,
+    /// Refund calls still to answer with a server error (`fail_next_refunds`).
+    refund_failures_left: u32,
+    /// Refund calls answered with such an error so far.
+    refunds_failed: u64,
     charges: u64,
     events_sent: u64,
     deliveries_acknowledged: u64,
@@ -166,6 +170,8 @@ pub struct Sandbox {
 pub struct Stats {
     pub charges: u64,
     pub refunds: u64,
+    /// Refund calls answered 500 by `fail_next_refunds`.
+    pub refunds_failed: u64,
     pub events_sent: u64,
     /// Deliveries the webhook endpoint answered with a 2xx.
     pub deliveries_acknowledged: u64,
@@ -287,6 +293,13 @@ impl Sandbox {
         lock(&self.config).webhook_url = None;
     }
 
+    /// Answers the next `failures` refund calls with a 500 `api_error` (an outage of
+    /// the gateway's refund service), then refunds again: the compensation-failure
+    /// drill.
+    pub fn fail_next_refunds(&self, failures: u32) {
+        lock(&self.books).refund_failures_left = failures;
+    }
+
     pub fn stats(&self) -> Stats {
         let books = lock(&self.books);
         let mut intents: Vec<PaymentIntent> = books.intents.values().cloned().collect();
@@ -294,6 +307,7 @@ impl Sandbox {
         Stats {
             charges: books.charges,
             refunds: books.refunds.len() as u64,
+            refunds_failed: books.refunds_failed,
             events_sent: books.events_sent,
             deliveries_acknowledged: books.deliveries_acknowledged,
             intents,
@@ -562,6 +576,23 @@ impl Sandbox {
                 None,
             );
             return json_response(status, body);
+        }
+        {
+            // An outage answers before the idempotency key is recorded, as a gateway
+            // whose refund service is down would: the retry with the key runs anew.
+            let mut books = lock(&self.books);
+            if books.refund_failures_left > 0 {
+                books.refund_failures_left -= 1;
+                books.refunds_failed += 1;
+                drop(books);
+                let (status, body) = error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "api_error",
+                    "the refund service is unavailable",
+                    None,
+                );
+                return json_response(status, body);
+            }
         }
         let key = headers
             .get("idempotency-key")

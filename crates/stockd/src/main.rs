@@ -50,8 +50,8 @@ enum Command {
 
 #[derive(Args)]
 struct DrillArguments {
-    /// failover, replica-lag, duplicate-delivery, lock-timeout, deadlock or
-    /// lost-response.
+    /// failover, replica-lag, duplicate-delivery, lock-timeout, deadlock,
+    /// lost-response or compensation-failure.
     name: String,
     /// Write the report as JSON to this file.
     #[arg(long)]
@@ -67,7 +67,7 @@ struct DrillArguments {
     /// `nats-server -js` of its own).
     #[arg(long)]
     nats_url: Option<String>,
-    /// lock-timeout, deadlock, lost-response: `postgres://…` (a scratch schema there)
+    /// lock-timeout, deadlock, lost-response, compensation-failure: `postgres://…` (a scratch schema there)
     /// or `mysql://…` (a scratch database there); default a temporary SQLite file
     /// (deadlock needs one of the two).
     #[arg(long)]
@@ -246,6 +246,14 @@ struct ServeArguments {
         default_value_t = 1_000
     )]
     expiry_interval_milliseconds: u64,
+    /// Pause before a refund the gateway did not confirm is sent again (same key).
+    #[arg(
+        long,
+        env = "STOCKD_REFUND_RETRY_MILLISECONDS",
+        default_value_t = 30_000,
+        value_parser = clap::value_parser!(i64).range(100..=86_400_000)
+    )]
+    refund_retry_milliseconds: i64,
     /// A transaction of the database open longer than this counts in
     /// stockd_db_long_transactions.
     #[arg(
@@ -552,6 +560,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         idempotency_retention_seconds: arguments.idempotency_retention_seconds,
         credential_cache_milliseconds: arguments.limits.credential_cache_milliseconds,
         long_transaction_milliseconds: arguments.long_transaction_seconds * 1_000,
+        refund_retry_milliseconds: arguments.refund_retry_milliseconds,
         ..EngineConfig::default()
     });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
@@ -923,13 +932,14 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
             )
             .await?
         }
-        "lock-timeout" | "deadlock" | "lost-response" => {
+        "lock-timeout" | "deadlock" | "lost-response" | "compensation-failure" => {
             let options = lab::fault_drills::FaultDrillOptions {
                 database_url: arguments.database_url.clone(),
             };
             match arguments.name.as_str() {
                 "lock-timeout" => lab::fault_drills::lock_timeout(options).await?,
                 "deadlock" => lab::fault_drills::deadlock(options).await?,
+                "compensation-failure" => lab::fault_drills::compensation_failure(options).await?,
                 _ => lab::fault_drills::lost_response(options).await?,
             }
         }

@@ -1,5 +1,5 @@
-//! The fault drills as a user runs them: `stockd drill lock-timeout`, `deadlock` and
-//! `lost-response` on every backend, each exiting 0 only when what it checks held and
+//! The fault drills as a user runs them: `stockd drill lock-timeout`, `deadlock`,
+//! `lost-response` and `compensation-failure` on every backend, each exiting 0 only when what it checks held and
 //! writing its report. They start stockd on a scratch database of the machine's
 //! servers (`STOCKD_TEST_POSTGRES_URL`, `STOCKD_TEST_MYSQL_URL`).
 
@@ -11,6 +11,7 @@ mirrored_tests!(
     the_lock_timeout_drill_holds_and_writes_its_report,
     the_deadlock_drill_holds_where_the_database_can_deadlock,
     the_lost_response_drill_holds_and_writes_its_report,
+    the_compensation_failure_drill_holds_and_writes_its_report,
 );
 
 /// What a drill printed and wrote, and how it exited.
@@ -99,4 +100,14 @@ async fn the_lost_response_drill_holds_and_writes_its_report(backend: Backend) {
         return;
     };
     assert_held(&ran, "lost-response", 4);
+}
+
+async fn the_compensation_failure_drill_holds_and_writes_its_report(backend: Backend) {
+    let Some(ran) = run_drill("compensation-failure", backend).await else {
+        return;
+    };
+    assert_held(&ran, "compensation-failure", 5);
+    let figures = &ran.report.as_ref().unwrap()["figures"];
+    assert!(figures["retries"].as_f64().unwrap() >= 3.0);
+    assert!(figures["pending_peak"].as_f64().unwrap() >= 1.0);
 }
