@@ -75,7 +75,7 @@ pub(crate) fn check(name: &str, held: bool, detail: impl Into<String>) -> Check 
 }
 
 /// The drills `stockd drill` knows.
-pub const DRILLS: [&str; 7] = [
+pub const DRILLS: [&str; 8] = [
     "failover",
     "replica-lag",
     "duplicate-delivery",
@@ -83,6 +83,7 @@ pub const DRILLS: [&str; 7] = [
     "deadlock",
     "lost-response",
     "compensation-failure",
+    "drop-before-commit",
 ];
 
 /// Settings of the failover drill.

@@ -971,9 +971,261 @@ async fn wait_for_order_status(
     Ok(false)
 }
 
+/// `stockd drill drop-before-commit` (seed 002 §十: the connection lost before
+/// COMMIT): stockd reaches the database through a TCP proxy the drill controls; its
+/// fault point closes the connection when the next `COMMIT` comes through, so the
+/// database never receives it and rolls the transaction back. The order's request
+/// answers 503 (the outcome was unknown to stockd), nothing was applied, and the retry
+/// with the same key places the order once. PostgreSQL or MySQL: SQLite has no
+/// connection to cut.
+pub async fn drop_before_commit(options: FaultDrillOptions) -> Result<DrillReport, String> {
+    let Some(url) = options.database_url.as_deref() else {
+        return Err(
+            "the drop-before-commit drill needs PostgreSQL or MySQL (--database-url): SQLite has no connection to cut"
+                .into(),
+        );
+    };
+    let (upstream, commit) = if url.starts_with("mysql://") {
+        (server_address(url, 3306)?, MYSQL_COMMIT)
+    } else {
+        (server_address(url, 5432)?, POSTGRES_COMMIT)
+    };
+    let proxy = CommitCuttingProxy::start(upstream, commit).await?;
+    let proxied = url.replacen(&upstream_text(url)?, &proxy.address.to_string(), 1);
+    let drilled = Drilled::start(
+        &FaultDrillOptions {
+            database_url: Some(proxied),
+        },
+        2_000,
+    )
+    .await?;
+    let outcome = drop_before_commit_checks(&drilled, &proxy).await;
+    drilled.stop().await;
+    outcome
+}
+
+/// PostgreSQL's simple-query message `COMMIT`: `Q`, its length (4 + 7), the text.
+const POSTGRES_COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// MySQL's `COM_QUERY COMMIT` packet: a 3-byte length (7), sequence 0, 0x03, the text.
+const MYSQL_COMMIT: &[u8] = b"\x07\0\0\0\x03COMMIT";
+
+async fn drop_before_commit_checks(
+    drilled: &Drilled,
+    proxy: &CommitCuttingProxy,
+) -> Result<DrillReport, String> {
+    const SKU: &str = "DRILL-COMMIT";
+    drilled.stock(SKU, 5).await?;
+    let key = unique("drill-commit");
+    // One body for every attempt: a retry is the same request.
+    let body = order(&[(SKU, 1)], &key);
+    let request = || body.clone();
+
+    proxy.cut_next_commit();
+    let cut = drilled.send(request()).await?;
+    let after_cut = drilled.counters(SKU).await?;
+    let cuts = proxy.cuts();
+    let retried = drilled.send(request()).await?;
+    let after_retry = drilled.counters(SKU).await?;
+    let again = drilled.send(request()).await?;
+    let after_again = drilled.counters(SKU).await?;
+
+    let checks = vec![
+        check(
+            "the connection was cut before COMMIT reached the database",
+            cuts == 1,
+            format!("{cuts} COMMIT cut by the proxy"),
+        ),
+        check(
+            "the request answered 503 unavailable (its outcome unknown to stockd)",
+            cut.status == 503 && cut.code().as_deref() == Some("unavailable"),
+            format!("{} {}", cut.status, cut.code().unwrap_or_default()),
+        ),
+        check(
+            "nothing was applied",
+            after_cut == (5, 0),
+            format!("available {}, reserved {}", after_cut.0, after_cut.1),
+        ),
+        check(
+            "the retry with the same key places the order once",
+            retried.status == 201
+                && !retried.replayed
+                && after_retry == (4, 1)
+                && again.status == 201
+                && again.replayed
+                && after_again == (4, 1),
+            format!(
+                "{} then {} (replayed {}), available {}, reserved {}",
+                retried.status, again.status, again.replayed, after_again.0, after_again.1
+            ),
+        ),
+        drilled.audit_check().await?,
+    ];
+    Ok(DrillReport::new(
+        "drop-before-commit",
+        checks,
+        json!({"backend": drilled.target.backend, "cuts": cuts}),
+    ))
+}
+
+/// The `host:port` text of a database URL (after the credentials, before the path).
+fn upstream_text(url: &str) -> Result<String, String> {
+    let rest = url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| format!("not a URL: {}", domain::redact_url(url)))?;
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    Ok(rest[..end].to_owned())
+}
+
+/// Where a database URL's server listens (loopback only: the drill cuts connections).
+fn server_address(url: &str, default_port: u16) -> Result<SocketAddr, String> {
+    let text = upstream_text(url)?;
+    let (host, port) = match text.rsplit_once(':') {
+        Some((host, port)) => (
+            host.to_owned(),
+            port.parse::<u16>()
+                .map_err(|_| format!("bad port in {}", domain::redact_url(url)))?,
+        ),
+        None => (text.clone(), default_port),
+    };
+    let host = if host == "localhost" {
+        "127.0.0.1".to_owned()
+    } else {
+        host
+    };
+    let address: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .map_err(|_| format!("the drill needs a numeric loopback host, not '{host}'"))?;
+    if !address.ip().is_loopback() {
+        return Err(format!(
+            "the drill only cuts connections to loopback, not {address}"
+        ));
+    }
+    Ok(address)
+}
+
+/// A TCP proxy between stockd and its database whose fault point closes the
+/// connection that is about to send `COMMIT`, without forwarding it.
+struct CommitCuttingProxy {
+    address: SocketAddr,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<std::sync::atomic::AtomicU64>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl CommitCuttingProxy {
+    async fn start(
+        upstream: SocketAddr,
+        commit: &'static [u8],
+    ) -> Result<CommitCuttingProxy, String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|error| error.to_string())?;
+        let address = listener.local_addr().map_err(|error| error.to_string())?;
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let accepting = {
+            let armed = Arc::clone(&armed);
+            let cuts = Arc::clone(&cuts);
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let armed = Arc::clone(&armed);
+                    let cuts = Arc::clone(&cuts);
+                    tokio::spawn(async move {
+                        let _ = relay_cutting_commit(client, upstream, commit, &armed, &cuts).await;
+                    });
+                }
+            })
+        };
+        Ok(CommitCuttingProxy {
+            address,
+            armed,
+            cuts,
+            accepting,
+        })
+    }
+
+    fn cut_next_commit(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for CommitCuttingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn relay_cutting_commit(
+    client: tokio::net::TcpStream,
+    upstream: SocketAddr,
+    commit: &'static [u8],
+    armed: &AtomicBool,
+    cuts: &std::sync::atomic::AtomicU64,
+) -> Result<(), std::io::Error> {
+    let server = tokio::net::TcpStream::connect(upstream).await?;
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let downward = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+    });
+    let mut buffer = vec![0_u8; 16 * 1024];
+    // The last bytes of the previous read: a message split across two reads is found.
+    let mut carried: Vec<u8> = Vec::new();
+    loop {
+        let read = client_read.read(&mut buffer).await?;
+        if read == 0 {
+            break;
+        }
+        let mut window = std::mem::take(&mut carried);
+        let carried_length = window.len();
+        window.extend_from_slice(&buffer[..read]);
+        if armed.load(Ordering::SeqCst)
+            && let Some(at) = window
+                .windows(commit.len())
+                .position(|bytes| bytes == commit)
+        {
+            armed.store(false, Ordering::SeqCst);
+            cuts.fetch_add(1, Ordering::SeqCst);
+            // What came before the COMMIT goes through; the COMMIT never does, and
+            // both sides of the connection close.
+            if at > carried_length {
+                server_write.write_all(&window[carried_length..at]).await?;
+            }
+            downward.abort();
+            return Ok(());
+        }
+        server_write.write_all(&buffer[..read]).await?;
+        let keep = commit.len().saturating_sub(1).min(window.len());
+        carried = window[window.len() - keep..].to_vec();
+    }
+    downward.abort();
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_database_url_is_sent_through_the_proxy_by_its_host_and_port() {
+        let url = "postgres://postgres:secret@127.0.0.1:5432/postgres?sslmode=disable";
+        assert_eq!(upstream_text(url).unwrap(), "127.0.0.1:5432");
+        assert_eq!(
+            server_address(url, 5432).unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 5432))
+        );
+        assert_eq!(
+            server_address("mysql://root@localhost", 3306).unwrap(),
+            SocketAddr::from(([127, 0, 0, 1], 3306))
+        );
+        assert!(server_address("postgres://db.example.com:5432/x", 5432).is_err());
+    }
 
     #[test]
     fn a_response_is_complete_once_its_whole_body_arrived() {

@@ -51,7 +51,7 @@ enum Command {
 #[derive(Args)]
 struct DrillArguments {
     /// failover, replica-lag, duplicate-delivery, lock-timeout, deadlock,
-    /// lost-response or compensation-failure.
+    /// lost-response, compensation-failure or drop-before-commit.
     name: String,
     /// Write the report as JSON to this file.
     #[arg(long)]
@@ -67,7 +67,8 @@ struct DrillArguments {
     /// `nats-server -js` of its own).
     #[arg(long)]
     nats_url: Option<String>,
-    /// lock-timeout, deadlock, lost-response, compensation-failure: `postgres://…` (a scratch schema there)
+    /// lock-timeout, deadlock, lost-response, compensation-failure,
+    /// drop-before-commit: `postgres://…` (a scratch schema there)
     /// or `mysql://…` (a scratch database there); default a temporary SQLite file
     /// (deadlock needs one of the two).
     #[arg(long)]
@@ -932,7 +933,11 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
             )
             .await?
         }
-        "lock-timeout" | "deadlock" | "lost-response" | "compensation-failure" => {
+        "lock-timeout"
+        | "deadlock"
+        | "lost-response"
+        | "compensation-failure"
+        | "drop-before-commit" => {
             let options = lab::fault_drills::FaultDrillOptions {
                 database_url: arguments.database_url.clone(),
             };
@@ -940,6 +945,7 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
                 "lock-timeout" => lab::fault_drills::lock_timeout(options).await?,
                 "deadlock" => lab::fault_drills::deadlock(options).await?,
                 "compensation-failure" => lab::fault_drills::compensation_failure(options).await?,
+                "drop-before-commit" => lab::fault_drills::drop_before_commit(options).await?,
                 _ => lab::fault_drills::lost_response(options).await?,
             }
         }

@@ -1,5 +1,5 @@
 //! The fault drills as a user runs them: `stockd drill lock-timeout`, `deadlock`,
-//! `lost-response` and `compensation-failure` on every backend, each exiting 0 only when what it checks held and
+//! `lost-response`, `compensation-failure` and `drop-before-commit` on every backend, each exiting 0 only when what it checks held and
 //! writing its report. They start stockd on a scratch database of the machine's
 //! servers (`STOCKD_TEST_POSTGRES_URL`, `STOCKD_TEST_MYSQL_URL`).
 
@@ -12,6 +12,7 @@ mirrored_tests!(
     the_deadlock_drill_holds_where_the_database_can_deadlock,
     the_lost_response_drill_holds_and_writes_its_report,
     the_compensation_failure_drill_holds_and_writes_its_report,
+    the_drop_before_commit_drill_holds_where_there_is_a_connection_to_cut,
 );
 
 /// What a drill printed and wrote, and how it exited.
@@ -110,4 +111,22 @@ async fn the_compensation_failure_drill_holds_and_writes_its_report(backend: Bac
     let figures = &ran.report.as_ref().unwrap()["figures"];
     assert!(figures["retries"].as_f64().unwrap() >= 3.0);
     assert!(figures["pending_peak"].as_f64().unwrap() >= 1.0);
+}
+
+async fn the_drop_before_commit_drill_holds_where_there_is_a_connection_to_cut(backend: Backend) {
+    let Some(ran) = run_drill("drop-before-commit", backend).await else {
+        return;
+    };
+    if backend == Backend::Sqlite {
+        // An embedded database: no connection between stockd and it to cut.
+        assert_eq!(ran.code, Some(2), "{}", ran.printed);
+        assert!(
+            ran.errors.contains("SQLite has no connection to cut"),
+            "{}",
+            ran.errors
+        );
+        return;
+    }
+    assert_held(&ran, "drop-before-commit", 5);
+    assert_eq!(ran.report.as_ref().unwrap()["figures"]["cuts"], 1);
 }
