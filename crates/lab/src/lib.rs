@@ -8,6 +8,7 @@ pub mod drill;
 pub mod duplicate_drill;
 pub mod evidence;
 pub mod fault_drills;
+pub mod gate;
 pub mod report;
 pub mod runner;
 pub mod scenario;

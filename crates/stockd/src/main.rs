@@ -41,6 +41,10 @@ enum Command {
     /// Inject a real fault, check what must hold, print a verdict; exit 0 only when
     /// it held (failover, replica-lag: on deploy/local-cluster, started if down).
     Drill(DrillArguments),
+    /// The release gate of seed 002: the acceptance scenarios, the order-number rule,
+    /// every drill this machine can run and the three-way reconciliation, with the
+    /// release evidence written as Markdown; exit 0 only when every item held.
+    Gate(GateArguments),
     /// Experiments straight against a database.
     Lab {
         #[command(subcommand)]
@@ -73,6 +77,24 @@ struct DrillArguments {
     /// (deadlock needs one of the two).
     #[arg(long)]
     database_url: Option<String>,
+}
+
+#[derive(Args)]
+struct GateArguments {
+    /// `postgres://…` (a scratch schema there per item) or `mysql://…` (a scratch
+    /// database); default temporary SQLite files (then `deadlock` and
+    /// `drop-before-commit` are listed as not run).
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Where to write the evidence page (Markdown).
+    #[arg(long)]
+    evidence: std::path::PathBuf,
+    /// Write the items as JSON to this file too.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Also run `failover` and `replica-lag` on deploy/local-cluster.
+    #[arg(long)]
+    cluster: bool,
 }
 
 #[derive(Subcommand)]
@@ -990,6 +1012,35 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
     Ok(report.passed())
 }
 
+async fn gate(arguments: GateArguments) -> Result<bool, String> {
+    let report = lab::gate::gate(lab::gate::GateOptions {
+        database_url: arguments.database_url,
+        evidence: arguments.evidence.clone(),
+        cluster: arguments.cluster,
+        command_line: lab::evidence::redacted_command(&std::env::args().collect::<Vec<_>>()),
+    })
+    .await?;
+    for item in &report.items {
+        let verdict = match item.held {
+            Some(true) => "pass   ",
+            Some(false) => "FAIL   ",
+            None => "not run",
+        };
+        println!("{verdict} {}: {}", item.name, item.detail);
+    }
+    println!(
+        "gate: {} (evidence in {})",
+        if report.passed { "PASS" } else { "FAIL" },
+        arguments.evidence.display()
+    );
+    if let Some(path) = &arguments.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|error| error.to_string())?;
+        std::fs::write(path, text)
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    Ok(report.passed)
+}
+
 async fn strategies(arguments: StrategiesArguments) -> Result<bool, String> {
     let think_time = Duration::from_millis(arguments.think_time_milliseconds);
     let (backend, results) = lab::strategies::run_all(&arguments.database_url, think_time).await?;
@@ -1045,6 +1096,7 @@ fn main() -> ExitCode {
             Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,
             Command::Bench(arguments) => bench(arguments).await,
             Command::Drill(arguments) => drill(arguments).await,
+            Command::Gate(arguments) => gate(arguments).await,
             Command::Lab {
                 experiment: LabCommand::Strategies(arguments),
             } => strategies(arguments).await,
