@@ -110,6 +110,11 @@ pub trait Dialect: Connection {
     const CLAIM_REFUNDS: &'static str;
     /// The engine's name and version.
     const VERSION_QUERY: &'static str;
+    /// Run first in a batch transaction after the fast path waited out the lock bound:
+    /// the row was just held for a whole bound, so this transaction waits only briefly
+    /// before answering `lock_timeout` (PostgreSQL `SET LOCAL lock_timeout`). `None`
+    /// where there is no fast path.
+    const SHORT_LOCK_WAIT: Option<&'static str> = None;
     /// Sessions of this database waiting for a lock right now, where the database
     /// shows them (`stockd_db_sessions_waiting_on_locks`).
     const SESSIONS_WAITING_ON_LOCKS: Option<&'static str>;

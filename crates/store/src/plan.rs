@@ -10,6 +10,11 @@ pub enum WholeBatch {
     Applied,
     /// Nothing was written: the batch needs deciding request by request.
     NotApplied,
+    /// Nothing was written: a stock row or a key stayed locked for the whole lock
+    /// bound. The batch transaction that tells which waits only briefly
+    /// ([`crate::backend::Dialect::SHORT_LOCK_WAIT`]), so a request waits about one
+    /// bound in all, not two.
+    WaitedOutTheLock,
 }
 
 /// What writing a decided batch changed, for the caller to check.

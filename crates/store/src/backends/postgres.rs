@@ -237,6 +237,8 @@ impl Dialect for PgConnection {
          GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
          ORDER BY reservation.id, line.sku, line.warehouse";
     const VERSION_QUERY: &'static str = "SELECT version()";
+    /// A tenth of a second: long enough for a holder that just committed to be gone.
+    const SHORT_LOCK_WAIT: Option<&'static str> = Some("SET LOCAL lock_timeout = '100ms'");
     /// Every session of the database, stockd's or not: an operator's console holding
     /// a row blocks sales just the same.
     const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> = Some(
@@ -801,7 +803,7 @@ mod bulk {
             Err(error) => match described.explain(error) {
                 // A stock row or a key held longer than `lock_timeout`: the batch
                 // transaction tells which, and answers accordingly.
-                StoreError::LockTimeout(_) => Ok(WholeBatch::NotApplied),
+                StoreError::LockTimeout(_) => Ok(WholeBatch::WaitedOutTheLock),
                 other => Err(other),
             },
         }

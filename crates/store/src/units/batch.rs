@@ -299,10 +299,10 @@ impl<B: Backend> Units<B> {
             .collect();
 
         // 2. The fast path (PostgreSQL), when the backend has one.
-        if self
+        let fast = self
             .try_whole_batch(requests, &slots, &responses, now)
-            .await?
-        {
+            .await?;
+        if fast == WholeBatch::Applied {
             turn.pass();
             return Ok(BatchApplied {
                 outcomes: batch_outcomes(slots, &responses)?,
@@ -322,6 +322,11 @@ impl<B: Backend> Units<B> {
         //    previous batch's turn would deadlock with that batch.
         turn.wait().await;
         let mut transaction = self.begin_write().await?;
+        if fast == WholeBatch::WaitedOutTheLock
+            && let Some(short) = <B::Connection as Dialect>::SHORT_LOCK_WAIT
+        {
+            statement(short).execute(&mut *transaction).await?;
+        }
         replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots).await?;
         let claimed: Vec<usize> = slots
             .iter()
@@ -405,20 +410,21 @@ impl<B: Backend> Units<B> {
 
     /// The fast path: one round trip that writes and commits the whole batch when
     /// every request fits, which is nearly always on a hot SKU with stock left. It
-    /// writes nothing otherwise (answers `false`), and the batch is decided in a
-    /// transaction. It does not wait for the turn: it takes the row last and holds it
-    /// only for the update and the commit. (With more than one batch in flight, a later
-    /// batch may so take the last units before an earlier one: both batches' requests
-    /// are in flight at once, and each gets an answer consistent with the row.) A
-    /// request that names a shopper (limits to check) or whose SKUs' shop is not
-    /// verified yet is decided in the transaction.
+    /// writes nothing otherwise, and the batch is decided in a transaction (which
+    /// waits only briefly for a lock when the fast path waited out the whole bound).
+    /// It does not wait for the turn: it takes the row last and holds it only for the
+    /// update and the commit. (With more than one batch in flight, a later batch may so
+    /// take the last units before an earlier one: both batches' requests are in flight
+    /// at once, and each gets an answer consistent with the row.) A request that names
+    /// a shopper (limits to check), an order number or a channel, or whose SKUs' shop
+    /// is not verified yet is decided in the transaction.
     async fn try_whole_batch(
         &self,
         requests: &[ReserveRequest],
         slots: &[BatchSlot],
         responses: &[Option<StoredResponse>],
         now: Timestamp,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<WholeBatch, StoreError> {
         let fast_path_fits = requests.iter().zip(slots).all(|(request, slot)| {
             !matches!(slot, BatchSlot::Claimed)
                 || (request.user.is_none()
@@ -426,7 +432,7 @@ impl<B: Backend> Units<B> {
                     && matches!(request.shop, ShopScope::Verified(_)))
         });
         if !<B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH || !fast_path_fits {
-            return Ok(false);
+            return Ok(WholeBatch::NotApplied);
         }
         let claimed: Vec<&ReserveRequest> = requests
             .iter()
@@ -448,11 +454,9 @@ impl<B: Backend> Units<B> {
             })
             .collect();
         let totals = totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
-        let whole = self
-            .backend
+        self.backend
             .reserve_whole_batch(&totals, &NewReservation::of_batch(&accepted), &records, now)
-            .await?;
-        Ok(whole == WholeBatch::Applied)
+            .await
     }
 
     /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
