@@ -447,8 +447,22 @@ impl TestDatabase {
     /// SQLite writers queue inside the process, where there is nothing to observe:
     /// returns at once.
     pub async fn wait_until_blocked_by(&self, holder: &mut RawConnection) {
+        self.wait_until_blocked_for(holder, std::time::Duration::ZERO)
+            .await
+    }
+
+    /// [`TestDatabase::wait_until_blocked_by`], until the waiting statement has waited
+    /// at least `minimum` by the database's own clock (PostgreSQL and MySQL).
+    pub async fn wait_until_blocked_for(
+        &self,
+        holder: &mut RawConnection,
+        minimum: std::time::Duration,
+    ) {
+        let minimum_milliseconds = i64::try_from(minimum.as_millis()).unwrap_or(i64::MAX);
         if let RawConnection::Mysql(holder) = holder {
-            return self.wait_until_blocked_by_mysql(holder).await;
+            return self
+                .wait_until_blocked_by_mysql(holder, minimum_milliseconds)
+                .await;
         }
         let RawConnection::Postgres(holder) = holder else {
             return;
@@ -463,9 +477,11 @@ impl TestDatabase {
         let observer = &observer;
         wait_until_async("another backend waits for the held lock", || async move {
             sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) \
+                 AND clock_timestamp() - query_start >= $2 * INTERVAL '1 millisecond')",
             )
             .bind(holder_pid)
+            .bind(minimum_milliseconds)
             .fetch_one(observer)
             .await
             .expect("observe lock waits")
@@ -479,7 +495,11 @@ impl TestDatabase {
     /// only statement that can run long in a test is one waiting for a lock). InnoDB's
     /// lock tables (`INNODB_TRX`, `INNODB_LOCK_WAITS`) missed waits here; the session
     /// list does not.
-    async fn wait_until_blocked_by_mysql(&self, holder: &mut sqlx::MySqlConnection) {
+    async fn wait_until_blocked_by_mysql(
+        &self,
+        holder: &mut sqlx::MySqlConnection,
+        minimum_milliseconds: i64,
+    ) {
         let holder_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(&mut *holder)
             .await
@@ -494,10 +514,11 @@ impl TestDatabase {
             let running: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
                  WHERE DB = ? AND ID NOT IN (?, CONNECTION_ID()) AND COMMAND IN ('Query', 'Execute') \
-                 AND TIME_MS > 50",
+                 AND TIME_MS > ?",
             )
             .bind(database.as_str())
             .bind(holder_id)
+            .bind(minimum_milliseconds.max(50))
             .fetch_one(&mut *observer)
             .await
             .expect("observe running statements");

@@ -178,17 +178,23 @@ async fn requests_that_find_every_connection_taken_are_counted_as_waiting(backen
     assert_eq!(sample(&metrics(&app).await, "stockd_db_pool_waiting"), 0.0);
 }
 
-/// Waits until `lock` blocks the request: on PostgreSQL and MySQL the database shows the
-/// waiting session; SQLite's writer waits for the file's lock inside stockd's begin,
-/// watched as a pool waiter.
+/// Waits until `lock` has blocked the request for well past the lock-wait floor: on
+/// PostgreSQL and MySQL by the database's own view of the waiting session. SQLite's
+/// writer waits for the file's lock inside stockd's begin, where only the wait itself
+/// can be seen (a pool waiter), not its age: there the test holds the lock a few floors
+/// longer, which only makes the wait certain, never decides the outcome.
 async fn wait_until_the_request_waits(app: &TestApp, lock: &mut acceptance::RawConnection) {
+    let well_past_the_floor = store::observe::LOCK_WAIT_FLOOR * 5;
     if app.database.backend == Backend::Sqlite {
         acceptance::wait_until("the request waits for the write lock", || {
             app.store.pool_usage().waiting >= 1
         })
         .await;
+        tokio::time::sleep(well_past_the_floor).await;
     } else {
-        app.database.wait_until_blocked_by(lock).await;
+        app.database
+            .wait_until_blocked_for(lock, well_past_the_floor)
+            .await;
     }
 }
 
@@ -208,8 +214,6 @@ async fn a_request_that_waits_for_a_held_row_counts_a_lock_wait_and_a_waiting_se
     };
     wait_until_the_request_waits(&app, &mut lock).await;
     let sampled = app.engine.database_activity_step().await.unwrap();
-    // Held well past the floor: an uncontended statement never takes this long.
-    tokio::time::sleep(store::observe::LOCK_WAIT_FLOOR * 5).await;
 
     lock.execute("ROLLBACK").await.unwrap();
     assert_eq!(waiting.await.unwrap().status, 201);
