@@ -12,8 +12,9 @@ use async_nats::jetstream;
 use hyper::Method;
 use serde_json::{Value, json};
 
-use crate::client::{HttpConnection, WireReply, WireRequest, authorization};
+use crate::client::{WireRequest, authorization};
 use crate::drill::{DrillReport, check};
+use crate::fault_drills::DrillClient;
 
 /// Longest wait for anything the drill waits on (a server starting, an answer, the
 /// webhooks).
@@ -92,11 +93,11 @@ async fn run(
         .map_err(|error| format!("cannot start stockd serve: {error}"))?;
     let _server = Running(server);
     wait_for_port(port).await?;
-    let stockd = Stockd {
+    let stockd = DrillClient {
         address: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         authorization: authorization(&admin_token),
     };
-    stockd.stock().await?;
+    stockd.stock(SKU, STOCK).await?;
 
     let mut checks = Vec::new();
     let queue = queue_part(&stockd, &nats_url, &mut checks).await?;
@@ -117,74 +118,9 @@ async fn run(
     ))
 }
 
-struct Stockd {
-    address: std::net::SocketAddr,
-    authorization: Option<hyper::header::HeaderValue>,
-}
-
-impl Stockd {
-    async fn send(&self, request: WireRequest) -> Result<WireReply, String> {
-        HttpConnection::new(self.address)
-            .send(&request.authorized(self.authorization.clone()))
-            .await
-    }
-
-    async fn stock(&self) -> Result<(), String> {
-        let created = self
-            .send(
-                WireRequest::json(
-                    Method::PUT,
-                    format!("/v1/skus/{SKU}"),
-                    &json!({"title": "Drill SKU", "price": 100, "currency": "CNY"}),
-                )
-                .key("drill-sku"),
-            )
-            .await?;
-        let received = self
-            .send(
-                WireRequest::json(
-                    Method::POST,
-                    format!("/v1/skus/{SKU}/stock-movements"),
-                    &json!({"kind": "receive", "quantity": STOCK}),
-                )
-                .key("drill-receive"),
-            )
-            .await?;
-        if created.status >= 300 || received.status >= 300 {
-            return Err(format!(
-                "stocking the drill's SKU: {} / {}",
-                created.status, received.status
-            ));
-        }
-        Ok(())
-    }
-
-    /// (available, reserved) of the drill's SKU.
-    async fn counters(&self) -> Result<(i64, i64), String> {
-        let sku = self
-            .send(WireRequest::get(format!("/v1/skus/{SKU}")))
-            .await?
-            .json()?;
-        Ok((
-            sku["available"].as_i64().unwrap_or(-1),
-            sku["reserved"].as_i64().unwrap_or(-1),
-        ))
-    }
-
-    async fn metric(&self, name_and_labels: &str) -> Result<f64, String> {
-        let page = self.send(WireRequest::get("/metrics")).await?;
-        let text = String::from_utf8_lossy(&page.body).into_owned();
-        Ok(text
-            .lines()
-            .filter(|line| line.starts_with(name_and_labels))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
-    }
-}
-
 /// The same command three times: one reservation, three identical answers.
 async fn queue_part(
-    stockd: &Stockd,
+    stockd: &DrillClient,
     nats_url: &str,
     checks: &mut Vec<crate::drill::Check>,
 ) -> Result<Value, String> {
@@ -243,7 +179,7 @@ async fn queue_part(
                 .map_or("none".to_owned(), |answer| answer.0.clone())
         ),
     ));
-    let counters = stockd.counters().await?;
+    let counters = stockd.counters(SKU).await?;
     checks.push(check(
         "one reservation",
         counters == (STOCK - 1, 1),
@@ -293,7 +229,7 @@ async fn answers_for(
 
 /// A payment whose webhook the gateway delivers three times: paid once.
 async fn webhook_part(
-    stockd: &Stockd,
+    stockd: &DrillClient,
     checks: &mut Vec<crate::drill::Check>,
 ) -> Result<Value, String> {
     let before = stockd.metric("stockd_webhooks_total").await?;
@@ -346,7 +282,7 @@ async fn webhook_part(
         .send(WireRequest::get(format!("/v1/orders/{order_id}")))
         .await?
         .json()?;
-    let counters = stockd.counters().await?;
+    let counters = stockd.counters(SKU).await?;
     let held = order["status"] == "PAID" && counters == (STOCK - 2, 1);
     checks.push(check(
         "the order is paid once",

@@ -43,9 +43,9 @@ impl std::ops::Deref for Drilled {
 }
 
 /// How a drill talks to its stockd: as the admin, one connection per request.
-struct DrillClient {
-    address: SocketAddr,
-    authorization: Option<hyper::header::HeaderValue>,
+pub(crate) struct DrillClient {
+    pub(crate) address: SocketAddr,
+    pub(crate) authorization: Option<hyper::header::HeaderValue>,
 }
 
 impl Drilled {
@@ -75,7 +75,7 @@ impl Drilled {
 }
 
 impl DrillClient {
-    async fn send(&self, request: WireRequest) -> Result<WireReply, String> {
+    pub(crate) async fn send(&self, request: WireRequest) -> Result<WireReply, String> {
         self.send_to(self.address, request).await
     }
 
@@ -89,7 +89,7 @@ impl DrillClient {
             .await
     }
 
-    async fn stock(&self, sku: &str, quantity: i64) -> Result<(), String> {
+    pub(crate) async fn stock(&self, sku: &str, quantity: i64) -> Result<(), String> {
         let created = self
             .send(
                 WireRequest::json(
@@ -120,7 +120,7 @@ impl DrillClient {
     }
 
     /// (available, reserved) of a SKU.
-    async fn counters(&self, sku: &str) -> Result<(i64, i64), String> {
+    pub(crate) async fn counters(&self, sku: &str) -> Result<(i64, i64), String> {
         let found = self
             .send(WireRequest::get(format!("/v1/skus/{sku}")))
             .await?
@@ -132,7 +132,7 @@ impl DrillClient {
     }
 
     /// The sum of a metric's samples whose name and labels start with `prefix`.
-    async fn metric(&self, prefix: &str) -> Result<f64, String> {
+    pub(crate) async fn metric(&self, prefix: &str) -> Result<f64, String> {
         let page = self.send(WireRequest::get("/metrics")).await?;
         Ok(String::from_utf8_lossy(&page.body)
             .lines()
