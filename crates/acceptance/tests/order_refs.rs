@@ -2,7 +2,9 @@
 //! the shop's order number (`order_ref`) and the calling channel (`source`); an order
 //! number is used once per shop, so the same number under another Idempotency-Key is
 //! refused (`order_ref_reused`, seed 002 §十.1 "不同请求号重复使用同一订单号") and
-//! changes nothing, while the same key replays; the answers carry both.
+//! changes nothing, while the same key replays; the answers carry both, and the ids
+//! of the ledger rows their effect wrote, each readable at
+//! `GET /v1/stock-movements/{movement_id}`.
 
 use acceptance::{Backend, Call, TestApp, TestResponse, mirrored_tests};
 use serde_json::{Value, json};
@@ -14,6 +16,8 @@ mirrored_tests!(
     an_order_number_of_an_order_is_refused_for_a_reservation_too,
     racing_requests_with_one_order_ref_place_exactly_one,
     malformed_order_refs_and_sources_are_refused_with_nothing_changed,
+    every_answer_that_moves_stock_names_its_ledger_rows_and_each_can_be_looked_up,
+    movement_lookups_outside_the_callers_shop_or_malformed_are_refused,
 );
 
 async fn reserve_with(app: &TestApp, key: &str, body: Value) -> TestResponse {
@@ -164,4 +168,189 @@ async fn malformed_order_refs_and_sources_are_refused_with_nothing_changed(backe
         assert_eq!(answered.code().as_deref(), Some("invalid_argument"));
     }
     assert_eq!(app.contents().await, before);
+}
+
+/// The movement ids of an answer, each looked up: the row it names, as a JSON object.
+async fn look_up(app: &TestApp, movement_ids: &Value) -> Vec<Value> {
+    let mut rows = Vec::new();
+    for id in movement_ids.as_array().expect("movement_ids is a list") {
+        let id = id.as_str().unwrap();
+        let found = app
+            .send(Call::get(format!("/v1/stock-movements/{id}")))
+            .await;
+        assert_eq!(found.status, 200, "{id}: {found:?}");
+        assert_eq!(found.json()["movement_id"], id);
+        rows.push(found.json());
+    }
+    rows
+}
+
+/// (kind, sku, warehouse, available_delta, reserved_delta) of each row.
+fn movements(rows: &[Value]) -> Vec<(String, String, String, i64, i64)> {
+    rows.iter()
+        .map(|row| {
+            (
+                row["kind"].as_str().unwrap().to_owned(),
+                row["sku"].as_str().unwrap().to_owned(),
+                row["warehouse"].as_str().unwrap().to_owned(),
+                row["available_delta"].as_i64().unwrap(),
+                row["reserved_delta"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn movement(
+    kind: &str,
+    sku: &str,
+    warehouse: &str,
+    available: i64,
+    reserved: i64,
+) -> (String, String, String, i64, i64) {
+    (
+        kind.into(),
+        sku.into(),
+        warehouse.into(),
+        available,
+        reserved,
+    )
+}
+
+async fn every_answer_that_moves_stock_names_its_ledger_rows_and_each_can_be_looked_up(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.create_sku("TEA").await;
+    app.create_sku("COFFEE").await;
+    let received = app.receive_in("TEA", 5, None).await;
+    app.receive_in("COFFEE", 5, Some("east")).await;
+    let receipt = look_up(&app, &json!([received.json()["movement_id"]])).await;
+    assert_eq!(
+        movements(&receipt),
+        [movement("receive", "TEA", "default", 5, 0)]
+    );
+    assert_eq!(receipt[0]["reference"], received.json()["movement_id"]);
+
+    // The lines in the request's order (not the lock order): line 0 is TEA.
+    let reserved = reserve_with(
+        &app,
+        "two-lines",
+        json!({"lines": [
+            {"sku": "TEA", "quantity": 2},
+            {"sku": "COFFEE", "quantity": 1, "warehouse": "east"},
+        ], "order_ref": "SO-LEDGER"}),
+    )
+    .await;
+    assert_eq!(reserved.status, 201, "{reserved:?}");
+    let body = reserved.json();
+    let id = body["reservation_id"].as_str().unwrap();
+    assert_eq!(
+        body["movement_ids"],
+        json!([format!("{id}.reserve.0"), format!("{id}.reserve.1")])
+    );
+    let rows = look_up(&app, &body["movement_ids"]).await;
+    assert_eq!(
+        movements(&rows),
+        [
+            movement("reserve", "TEA", "default", -2, 2),
+            movement("reserve", "COFFEE", "east", -1, 1),
+        ]
+    );
+    assert!(
+        rows.iter()
+            .all(|row| row["reference"] == id && row["shop"] == "default")
+    );
+    assert!(rows[0]["ledger_id"].as_i64().unwrap() > receipt[0]["ledger_id"].as_i64().unwrap());
+
+    let confirmed = app.confirm(id, "confirm-two-lines").await;
+    assert_eq!(confirmed.status, 200, "{confirmed:?}");
+    let confirmed_ids = &confirmed.json()["movement_ids"];
+    assert_eq!(confirmed_ids.as_array().unwrap().len(), 4);
+    assert_eq!(
+        movements(&look_up(&app, confirmed_ids).await)[2..],
+        [
+            movement("confirm", "TEA", "default", 0, -2),
+            movement("confirm", "COFFEE", "east", 0, -1),
+        ]
+    );
+    let read = app.send(Call::get(format!("/v1/reservations/{id}"))).await;
+    assert_eq!(
+        &read.json()["movement_ids"],
+        confirmed_ids,
+        "a read shows the same ids"
+    );
+
+    let held = app.reserve("to-release", &[("TEA", 1)]).await;
+    let held_id = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    let released = app.release(&held_id, "release-it").await;
+    assert_eq!(
+        movements(&look_up(&app, &released.json()["movement_ids"]).await),
+        [
+            movement("reserve", "TEA", "default", -1, 1),
+            movement("release", "TEA", "default", 1, -1),
+        ]
+    );
+    // A refused request moved nothing and names nothing.
+    let refused = app.reserve("too-many", &[("TEA", 50)]).await;
+    assert_eq!(refused.status, 409);
+    assert!(refused.json().get("movement_ids").is_none());
+    // A line that was never moved that way, or does not exist, is not found.
+    for absent in [
+        format!("{held_id}.confirm.0"),
+        format!("{id}.reserve.2"),
+        format!("{id}.release.0"),
+    ] {
+        let answer = app
+            .send(Call::get(format!("/v1/stock-movements/{absent}")))
+            .await;
+        assert_eq!(answer.status, 404, "{absent}: {answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("not_found"));
+    }
+    app.assert_audit_clean().await;
+}
+
+async fn movement_lookups_outside_the_callers_shop_or_malformed_are_refused(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let reserved = app.reserve("mine", &[("TEA", 1)]).await;
+    let id = reserved.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/stock-movements/{id}.reserve.0");
+    let south_key = app.create_service_key("south", "south-checkout").await;
+    let south_operator = app.create_operator("sam", "south").await;
+    let default_operator = app.create_operator("dora", "default").await;
+    let before = app.contents().await;
+
+    let anonymous = app.send(Call::get(&path).anonymous()).await;
+    let other_key = app.send(Call::get(&path).bearer(&south_key)).await;
+    let other_staff = app.send(Call::get(&path).bearer(&south_operator)).await;
+    let own_staff = app.send(Call::get(&path).bearer(&default_operator)).await;
+
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    assert_eq!(other_key.status, 403, "{other_key:?}");
+    assert_eq!(other_key.code().as_deref(), Some("forbidden"));
+    assert_eq!(other_staff.status, 403, "{other_staff:?}");
+    assert_eq!(own_staff.status, 200, "{own_staff:?}");
+    for malformed in [
+        "nothing",
+        "mov_123",
+        &id.clone(),
+        &format!("{id}.reserve"),
+        &format!("{id}.reserve.x"),
+        &format!("{id}.reserve.-1"),
+        &format!("{id}.reserve.007"),
+        &format!("{id}.reserve.99999999999999999999"),
+        &format!("{id}.take.0"),
+        &format!("{id}.return.0"),
+        "rsv_%27%20OR%201%3D1.reserve.0",
+    ] {
+        let answer = app
+            .send(Call::get(format!("/v1/stock-movements/{malformed}")))
+            .await;
+        assert_eq!(answer.status, 400, "{malformed}: {answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("invalid_argument"));
+    }
+    assert_eq!(app.contents().await, before, "lookups change nothing");
 }

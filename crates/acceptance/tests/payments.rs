@@ -1179,6 +1179,21 @@ async fn a_return_puts_the_goods_back_once_and_keeps_the_sale_status(backend: Ba
     let response = return_goods(&app, &order, true).await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["returned"], true);
+    // The answer names the return's ledger row, which the caller can look up.
+    let return_ids = response.json()["return_movement_ids"].clone();
+    assert_eq!(return_ids, json!([format!("{order}.return.0")]));
+    let row = app
+        .send(Call::get(format!("/v1/stock-movements/{order}.return.0")).admin())
+        .await;
+    assert_eq!(row.status, 200, "{row:?}");
+    assert_eq!(
+        (
+            &row.json()["kind"],
+            &row.json()["sku"],
+            &row.json()["available_delta"]
+        ),
+        (&json!("return"), &json!(SKU), &json!(3))
+    );
     assert_eq!(
         app.counters(SKU).await,
         (STOCK - 1, 1),

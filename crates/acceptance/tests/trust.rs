@@ -98,6 +98,10 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             Call::get(format!("/v1/reservations/{reservation}")),
         ),
         (
+            "read stock movement",
+            Call::get(format!("/v1/stock-movements/{reservation}.reserve.0")),
+        ),
+        (
             "confirm reservation",
             Call::post(format!("/v1/reservations/{reservation}/confirm")).key("t-confirm"),
         ),
@@ -265,6 +269,7 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "read sku",
         "reserve",
         "read reservation",
+        "read stock movement",
         "confirm reservation",
         "release reservation",
         "create order",

@@ -67,6 +67,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/skus/{sku}/stock-movements",
             post(routes::record_movement),
         )
+        .route(
+            "/v1/stock-movements/{movement_id}",
+            get(routes::get_stock_movement),
+        )
         .route("/v1/reservations", post(routes::create_reservation))
         .route("/v1/reservations/{id}", get(routes::get_reservation))
         .route(

@@ -132,6 +132,9 @@ pub struct OrderBody<'a> {
     /// Every refund, oldest first (a second charge's too).
     pub refunds: Vec<RefundBody<'a>>,
     pub returned: bool,
+    /// The ledger rows the return wrote, one per line (`<order_id>.return.<line>`);
+    /// empty until the order is returned.
+    pub return_movement_ids: Vec<String>,
     pub history: Vec<HistoryBody<'a>>,
 }
 
@@ -176,6 +179,14 @@ impl<'a> OrderBody<'a> {
             refund: order.refund().map(RefundBody::new),
             refunds: order.refunds.iter().map(RefundBody::new).collect(),
             returned: order.returned,
+            return_movement_ids: if order.returned {
+                domain::LedgerMovementId::of_return(&order.id, order.lines.len())
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()
+            } else {
+                Vec::new()
+            },
             history: order
                 .history
                 .iter()

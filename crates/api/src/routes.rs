@@ -16,9 +16,9 @@ use crate::consistency::{DisplayRead, displayed_response};
 use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
 use crate::wire::{
-    AuditBody, CreateReservationRequest, CreateServiceKeyRequest, EmptyRequest, MovementKindWire,
-    MovementRequest, ReservationBody, ReservationLineRequest, SaveSkuRequest, ServiceKeyBody,
-    SkuBody, code_of_problem,
+    AuditBody, CreateReservationRequest, CreateServiceKeyRequest, EmptyRequest, LedgerMovementBody,
+    MovementKindWire, MovementRequest, ReservationBody, ReservationLineRequest, SaveSkuRequest,
+    ServiceKeyBody, SkuBody, code_of_problem,
 };
 
 /// Writes a stored (or freshly stored) response exactly as it was first sent.
@@ -174,6 +174,16 @@ pub async fn get_reservation(
     let id = parse_reservation_id(&id)?;
     let reservation = state.engine.reservation(&caller, &id).await?;
     Ok(Json(ReservationBody::new(&reservation)).into_response())
+}
+
+pub async fn get_stock_movement(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = domain::LedgerMovementId::parse(&id).map_err(|error| ApiError::invalid(error.0))?;
+    let movement = state.engine.ledger_movement(&caller, &id).await?;
+    Ok(Json(LedgerMovementBody::new(&movement)).into_response())
 }
 
 async fn change_reservation(

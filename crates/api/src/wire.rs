@@ -191,6 +191,10 @@ pub struct ReservationBody<'a> {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub lines: Vec<ReservationLineBody<'a>>,
+    /// The ledger rows this reservation wrote (seed 002 §十三.1's 流水号): a reserve row
+    /// per line (`<reservation_id>.reserve.<line>`), then a confirm or release row per
+    /// line once it left `RESERVED`; each is `GET /v1/stock-movements/{movement_id}`.
+    pub movement_ids: Vec<String>,
 }
 
 impl<'a> ReservationBody<'a> {
@@ -223,6 +227,44 @@ impl<'a> ReservationBody<'a> {
                     quantity: line.quantity.get(),
                 })
                 .collect(),
+            movement_ids: domain::LedgerMovementId::of_reservation(reservation)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        }
+    }
+}
+
+/// `GET /v1/stock-movements/{movement_id}`: one ledger row.
+#[derive(Debug, Serialize)]
+pub struct LedgerMovementBody<'a> {
+    pub movement_id: String,
+    /// The row's number in the ledger (ascending in the order rows were written).
+    pub ledger_id: i64,
+    pub kind: &'a str,
+    pub sku: &'a str,
+    pub warehouse: &'a str,
+    pub shop: Option<&'a str>,
+    pub available_delta: i64,
+    pub reserved_delta: i64,
+    /// The movement, reservation or order that caused it.
+    pub reference: &'a str,
+    pub created_at: Timestamp,
+}
+
+impl<'a> LedgerMovementBody<'a> {
+    pub fn new(movement: &'a store::LedgerMovement) -> LedgerMovementBody<'a> {
+        LedgerMovementBody {
+            movement_id: movement.movement_id.to_string(),
+            ledger_id: movement.ledger_id,
+            kind: &movement.kind,
+            sku: movement.sku.as_str(),
+            warehouse: movement.warehouse.as_str(),
+            shop: movement.shop.as_ref().map(ShopCode::as_str),
+            available_delta: movement.available_delta,
+            reserved_delta: movement.reserved_delta,
+            reference: &movement.reference,
+            created_at: movement.created_at,
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 pub mod hex;
 pub mod id;
+pub mod ledger;
 pub mod limits;
 pub mod money;
 pub mod order;
@@ -39,6 +40,7 @@ pub use id::{
     IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,
     ScheduleId, ServiceKeyId,
 };
+pub use ledger::{LedgerMovementId, ReservationMove};
 pub use money::{Currency, PriceMinor};
 pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,

@@ -473,6 +473,34 @@ impl Engine {
         Ok(reservation)
     }
 
+    /// The ledger row a movement id names: what a caller was answered, looked up
+    /// (seed 002 §十三.1). Read on the writer, within the caller's shop.
+    pub async fn ledger_movement(
+        &self,
+        principal: &Principal,
+        id: &domain::LedgerMovementId,
+    ) -> Result<store::LedgerMovement, EngineError> {
+        authorize(principal, Action::ViewStock, None).map_err(forbidden)?;
+        let movement = self
+            .inner
+            .store
+            .ledger_movement(id)
+            .await
+            .map_err(|error| log_store_error("get_stock_movement", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("movement '{id}' does not exist")))?;
+        match &movement.shop {
+            Some(shop) => authorize(principal, Action::ViewStock, Some(shop)).map_err(forbidden)?,
+            // A row whose SKU is gone belongs to no shop a credential could name.
+            None if *principal != Principal::Admin => {
+                return Err(EngineError::Forbidden(
+                    "this movement's SKU belongs to no shop; only the admin may read it".into(),
+                ));
+            }
+            None => {}
+        }
+        Ok(movement)
+    }
+
     /// The three-way check. At most `audits_concurrent_max` run at once; more are
     /// refused with `unavailable` rather than queued behind a full scan. An operator
     /// sees the differences of its own shop.

@@ -257,6 +257,8 @@ forward! {
     /// One step of the replica monitor (nothing without replicas).
     fn sample_replicas(&self) -> Vec<ReplicaHealth>;
     fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError>;
+    /// The ledger row a movement id names (`GET /v1/stock-movements/{id}`).
+    fn ledger_movement(&self, id: &domain::LedgerMovementId) -> Result<Option<LedgerMovement>, StoreError>;
     /// The shops of these SKUs (the ones that exist). A SKU's shop never changes.
     fn sku_shops(&self, codes: &[&SkuCode]) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError>;
     fn idempotency_record(&self, key: &ScopedKey) -> Result<Option<(String, StoredResponse)>, StoreError>;

@@ -195,6 +195,24 @@ pub struct MovementRecord {
     pub created_at: Timestamp,
 }
 
+/// One ledger row, found by its movement id (`GET /v1/stock-movements/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerMovement {
+    pub movement_id: domain::LedgerMovementId,
+    /// The row's own number in `stock_ledger` (ascending in insertion order).
+    pub ledger_id: i64,
+    pub kind: String,
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub available_delta: i64,
+    pub reserved_delta: i64,
+    /// The movement, reservation or order that caused it.
+    pub reference: String,
+    /// The SKU's shop (`None` only for a row whose SKU is gone).
+    pub shop: Option<ShopCode>,
+    pub created_at: Timestamp,
+}
+
 /// One request of a reservation batch. Lines are distinct per (sku, warehouse).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReserveRequest {

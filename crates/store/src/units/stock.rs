@@ -12,14 +12,14 @@ use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
-    IdempotencyClaim, Idempotent, MovementRecord, Rejection, ReservationAction, ResponseRenderer,
-    SkuChanges, StockMovement,
+    IdempotencyClaim, Idempotent, LedgerMovement, MovementRecord, Rejection, ReservationAction,
+    ResponseRenderer, SkuChanges, StockMovement,
 };
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{Row, statement};
 use domain::{
-    Currency, ErrorCode, EventType, PriceMinor, ProductId, ReservationId, ReservationLine,
-    SaleStatus, ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
+    Currency, ErrorCode, EventType, LedgerMovementId, PriceMinor, ProductId, ReservationId,
+    ReservationLine, SaleStatus, ShopCode, Sku, SkuCode, StockLevel, Timestamp, WarehouseCode,
 };
 use serde_json::json;
 use std::collections::HashMap;
@@ -333,6 +333,84 @@ impl<B: Backend> Units<B> {
             code
         )
         .await)
+    }
+
+    /// The ledger row a movement id names, read on the writer (a caller looks up what
+    /// it was just answered). The id names the row by its reference, kind and line:
+    /// a reservation's or order's line number gives the (sku, warehouse) of the row.
+    pub async fn ledger_movement(
+        &self,
+        id: &LedgerMovementId,
+    ) -> Result<Option<LedgerMovement>, StoreError> {
+        // The three statements share their columns; `concat!` keeps each one literal.
+        macro_rules! ledger_row_where {
+            ($joins_and_conditions:literal) => {
+                concat!(
+                    "SELECT ledger.id, ledger.kind, ledger.sku, ledger.warehouse, \
+                     ledger.available_delta, ledger.reserved_delta, ledger.created_at, sku.shop \
+                     FROM stock_ledger ledger LEFT JOIN sku ON sku.code = ledger.sku ",
+                    $joins_and_conditions
+                )
+            };
+        }
+        let query = match id {
+            LedgerMovementId::Stock(movement) => statement(ledger_row_where!(
+                "WHERE ledger.reference = $1 AND ledger.kind IN ('receive', 'adjust')"
+            ))
+            .bind(movement.as_str()),
+            LedgerMovementId::Reservation {
+                reservation,
+                movement,
+                line,
+            } => statement(ledger_row_where!(
+                "JOIN reservation_line line ON line.reservation_id = ledger.reference \
+                 AND line.sku = ledger.sku AND line.warehouse = ledger.warehouse \
+                 WHERE ledger.reference = $1 AND ledger.kind = $2 AND line.line_number = $3"
+            ))
+            .bind(reservation.as_str())
+            .bind(movement.as_str())
+            .bind(i64::from(*line)),
+            LedgerMovementId::Return { order, line } => statement(ledger_row_where!(
+                "JOIN order_line line ON line.order_id = ledger.reference \
+                 AND line.sku = ledger.sku AND line.warehouse = ledger.warehouse \
+                 WHERE ledger.reference = $1 AND ledger.kind = 'return' AND line.line_number = $2"
+            ))
+            .bind(order.as_str())
+            .bind(i64::from(*line)),
+        };
+        let rows = query
+            .fetch_all_rows(&mut *self.writer_read_connection().await?)
+            .await?;
+        let row = match rows.as_slice() {
+            [] => return Ok(None),
+            [row] => row,
+            _ => {
+                return Err(invariant(format!(
+                    "movement id {id} names {} ledger rows",
+                    rows.len()
+                )));
+            }
+        };
+        let sku: String = row.try_get("sku")?;
+        let warehouse: String = row.try_get("warehouse")?;
+        let shop: Option<String> = row.try_get("shop")?;
+        Ok(Some(LedgerMovement {
+            movement_id: id.clone(),
+            ledger_id: row.try_get("id")?,
+            kind: row.try_get("kind")?,
+            sku: SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?,
+            warehouse: WarehouseCode::parse(&warehouse)
+                .map_err(|error| corrupt("warehouse", error))?,
+            available_delta: row.try_get("available_delta")?,
+            reserved_delta: row.try_get("reserved_delta")?,
+            reference: id.reference().to_owned(),
+            shop: shop
+                .as_deref()
+                .map(ShopCode::parse)
+                .transpose()
+                .map_err(|error| corrupt("shop", error))?,
+            created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        }))
     }
 
     /// The shops of these SKUs (the ones that exist), read on the writer: the engine
