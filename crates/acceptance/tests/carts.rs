@@ -178,9 +178,10 @@ async fn a_checkout_retry_replays_even_after_the_cart_was_emptied(backend: Backe
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
     assert_eq!(
-        fresh.status, 400,
+        fresh.status, 404,
         "a new checkout of an empty cart: {fresh:?}"
     );
+    assert_eq!(fresh.code().as_deref(), Some("not_found"));
     assert_eq!(app.counters("C-PLENTY").await, (7, 3), "reserved once");
 }
 
@@ -231,10 +232,6 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
                 .json(&json!({"quantity": 1, "price": 0})),
         ),
         (
-            "checkout of an empty cart",
-            Call::post("/v1/carts/eve/checkout").key("q6"),
-        ),
-        (
             "checkout with a bad ttl",
             Call::post("/v1/carts/eve/checkout")
                 .key("q7")
@@ -250,6 +247,13 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
         );
         assert_eq!(app.contents().await, before, "{label}");
     }
+    // A well-formed checkout of an empty cart finds nothing to check out.
+    let empty = app
+        .send(Call::post("/v1/carts/eve/checkout").key("q6"))
+        .await;
+    assert_eq!(empty.status, 404, "{empty:?}");
+    assert_eq!(empty.code().as_deref(), Some("not_found"));
+    assert_eq!(app.contents().await, before, "checkout of an empty cart");
 }
 
 /// Issue 14: one reservation writer per backend. The same two lines reserved four ways

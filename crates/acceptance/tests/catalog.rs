@@ -441,8 +441,9 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
 
         let response = app.shelf(None, operation).await;
 
-        assert_eq!(response.status, 400, "{selector}: {response:?}");
-        assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+        // Well formed, but what it names is too much: a precondition, not a bad request.
+        assert_eq!(response.status, 409, "{selector}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some("failed_precondition"));
         assert!(
             response.json()["detail"]
                 .as_str()

@@ -1584,8 +1584,8 @@ async fn an_order_whose_total_is_zero_is_refused_and_changes_nothing(backend: Ba
     let response = app
         .create_order(&key("order"), "user-1", &[("FREE-SAMPLE", 2)])
         .await;
-    assert_eq!(response.status, 400, "{response:?}");
-    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(response.status, 409, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("failed_precondition"));
     assert_eq!(app.contents_except_idempotency_records().await, before);
     app.assert_audit_clean().await;
 }
@@ -1672,8 +1672,8 @@ async fn an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_not
         .collect();
     let before = app.contents_except_idempotency_records().await;
     let response = app.create_order(&key("order"), "user-1", &lines).await;
-    assert_eq!(response.status, 400, "{response:?}");
-    assert_eq!(response.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(response.status, 409, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("failed_precondition"));
     assert_eq!(app.contents_except_idempotency_records().await, before);
 }
 

@@ -88,7 +88,10 @@ async fn malformed_reservations_are_refused_and_change_nothing(backend: Backend)
             ),
         ),
         invalid("quantity 1.5", reservation("q-frac", one_line(json!(1.5)))),
-        invalid("quantity 1.0", reservation("q-float", one_line(json!(1.0)))),
+        invalid(
+            "quantity 1.000001",
+            reservation("q-float", one_line(json!(1.000001))),
+        ),
         invalid(
             "quantity \"3\"",
             reservation("q-string", one_line(json!("3"))),

@@ -47,6 +47,16 @@ fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<
     Ok(text)
 }
 
+/// Create a product with its SKUs
+/// Every SKU starts `PENDING_REVIEW`.
+#[utoipa::path(
+    post,
+    path = "/v1/products",
+    tag = "catalog",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::catalog_wire::CreateProductRequest,
+    responses((status = 201, description = "Created", body = crate::catalog_wire::ProductBody))
+)]
 pub async fn create_product(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -79,6 +89,16 @@ pub async fn create_product(
     ))
 }
 
+/// Change a product's fields
+/// The shop never changes.
+#[utoipa::path(
+    patch,
+    path = "/v1/products/{id}",
+    tag = "catalog",
+    params(("id" = crate::openapi::schemas::ProductId, Path, description = "The product."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::catalog_wire::UpdateProductRequest,
+    responses((status = 200, description = "Changed", body = crate::catalog_wire::ProductBody))
+)]
 pub async fn update_product(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -103,6 +123,16 @@ pub async fn update_product(
     ))
 }
 
+/// Delete a product (admin)
+/// Soft and terminal: every SKU to `DELETED`, as a shelf operation (each SKU's result, logged). Not the same as taking it off the shelf.
+#[utoipa::path(
+    delete,
+    path = "/v1/products/{id}",
+    tag = "catalog",
+    params(("id" = crate::openapi::schemas::ProductId, Path, description = "The product."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Deleted", body = crate::catalog_wire::ShelfResultsBody))
+)]
 pub async fn delete_product(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -117,11 +147,19 @@ pub async fn delete_product(
     ))
 }
 
-/// What a shopper sees; a deleted product is gone for them.
-/// `GET /v1/products/{id}`, the shopper's view. With the display cache it is served
-/// from Redis (`Stockd-Served-By: cache`) and filled on a miss from a read at least as
-/// new as the writer when the miss was seen; a read that sends a consistency token
-/// (it wants its own writes) and any Redis failure read the database.
+// With the display cache the view is served from Redis (`Stockd-Served-By: cache`) and
+// filled on a miss from a read at least as new as the writer when the miss was seen; a
+// read that sends a consistency token (it wants its own writes) and any Redis failure
+// read the database.
+/// The shopper's view of a product
+/// Per SKU: `on_sale`, `temporarily_out_of_stock` or `off_shelf`. Open to anyone. A display: the reservation at checkout decides.
+#[utoipa::path(
+    get,
+    path = "/v1/products/{id}",
+    tag = "catalog",
+    params(("id" = crate::openapi::schemas::ProductId, Path, description = "The product."), ("Stockd-Consistency-Token" = Option<crate::openapi::schemas::ConsistencyToken>, Header, description = "A write's Stockd-Consistency-Token: the read is served only from data that includes that write.")),
+    responses((status = 200, description = "The product", body = crate::catalog_wire::ShopperProductBody))
+)]
 pub async fn shopper_product(
     State(state): State<AppState>,
     DisplayRead(reader): DisplayRead,
@@ -214,6 +252,14 @@ async fn shopper_product_value(
     ))
 }
 
+/// The staff view of a product: sale status, version and stock per SKU
+#[utoipa::path(
+    get,
+    path = "/v1/admin/products/{id}",
+    tag = "catalog",
+    params(("id" = crate::openapi::schemas::ProductId, Path, description = "The product.")),
+    responses((status = 200, description = "The product", body = crate::catalog_wire::ProductBody))
+)]
 pub async fn staff_product(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -224,6 +270,16 @@ pub async fn staff_product(
     Ok(Json(ProductBody::new(&product)).into_response())
 }
 
+/// Put SKUs on or off the shelf, now or at a minute
+/// Targets by `product_ids`, `sku_ids`, `category` or `supplier` (at most 1,000 SKUs). `delete` is the admin's. Each target's result is reported; when every target was refused, the answer is the first refusal's problem with the results in `results`.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/shelf",
+    tag = "shelf",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::catalog_wire::ShelfOperationRequest,
+    responses((status = 200, description = "Each target's result", body = crate::catalog_wire::ShelfResultsBody))
+)]
 pub async fn shelf(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -258,7 +314,11 @@ pub async fn shelf(
             supplier: request.supplier,
             shop: None,
         },
-        expected_versions: request.expected_versions,
+        expected_versions: request
+            .expected_versions
+            .into_iter()
+            .map(|(sku, version)| (sku, version.get()))
+            .collect(),
         remark,
     };
     Ok(reply_response(
@@ -266,8 +326,15 @@ pub async fn shelf(
     ))
 }
 
-/// `GET /v1/admin/shelf-log?product=&sku=&since=&after=&limit=`: oldest first; pass
-/// the last `id` as `after` for the next page.
+/// Every shelf change: who, when, from, to
+/// Oldest first; pass the last `id` as `after` for the next page.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/shelf-log",
+    tag = "shelf",
+    params(("product" = Option<crate::openapi::schemas::ProductId>, Query, description = "Only this product's SKUs."), ("sku" = Option<crate::openapi::schemas::SkuCode>, Query, description = "Only this SKU."), ("since" = Option<crate::openapi::schemas::Timestamp>, Query, description = "Only changes at or after."), ("after" = Option<i64>, Query, description = "The last id of the previous page."), ("limit" = Option<i64>, Query, minimum = 1, maximum = 500, description = "Entries per page (100 when absent)."), ("Stockd-Consistency-Token" = Option<crate::openapi::schemas::ConsistencyToken>, Header, description = "A write's Stockd-Consistency-Token: the read is served only from data that includes that write.")),
+    responses((status = 200, description = "A page of the log", body = crate::catalog_wire::ShelfLogPageBody))
+)]
 pub async fn shelf_log(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -313,14 +380,23 @@ pub async fn shelf_log(
     }
     let entries = state.engine.shelf_log(&caller, query, &reader).await?;
     let next_after = entries.value.last().map(|entry| entry.id);
-    let bodies: Vec<ShelfLogEntryBody<'_>> =
-        entries.value.iter().map(ShelfLogEntryBody::new).collect();
-    Ok(displayed_response(
-        &entries,
-        serde_json::json!({"entries": bodies, "next_after": next_after}),
-    ))
+    let page = crate::catalog_wire::ShelfLogPageBody {
+        entries: entries.value.iter().map(ShelfLogEntryBody::new).collect(),
+        next_after,
+    };
+    Ok(displayed_response(&entries, page))
 }
 
+/// Create an operator of one shop
+/// The token is in this answer only.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/operators",
+    tag = "credentials",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::catalog_wire::CreateOperatorRequest,
+    responses((status = 201, description = "Created", body = crate::catalog_wire::OperatorCreatedBody))
+)]
 pub async fn create_operator(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -337,6 +413,16 @@ pub async fn create_operator(
     ))
 }
 
+/// Put a SKU in a shopper's cart, or change its quantity
+/// A cart holds no stock.
+#[utoipa::path(
+    put,
+    path = "/v1/carts/{user}/items/{sku}",
+    tag = "carts",
+    params(("user" = crate::openapi::schemas::UserId, Path, description = "The shopper."), ("sku" = crate::openapi::schemas::SkuCode, Path, description = "The SKU's code."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::catalog_wire::CartItemRequest,
+    responses((status = 200, description = "The cart", body = crate::catalog_wire::CartBody))
+)]
 pub async fn put_cart_item(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -355,6 +441,15 @@ pub async fn put_cart_item(
     ))
 }
 
+/// Take a SKU out of a shopper's cart
+#[utoipa::path(
+    delete,
+    path = "/v1/carts/{user}/items/{sku}",
+    tag = "carts",
+    params(("user" = crate::openapi::schemas::UserId, Path, description = "The shopper."), ("sku" = crate::openapi::schemas::SkuCode, Path, description = "The SKU's code."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "The cart", body = crate::catalog_wire::CartBody))
+)]
 pub async fn delete_cart_item(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -372,6 +467,14 @@ pub async fn delete_cart_item(
     ))
 }
 
+/// A shopper's cart, each line with what stands in its way
+#[utoipa::path(
+    get,
+    path = "/v1/carts/{user}",
+    tag = "carts",
+    params(("user" = crate::openapi::schemas::UserId, Path, description = "The shopper."), ("Stockd-Consistency-Token" = Option<crate::openapi::schemas::ConsistencyToken>, Header, description = "A write's Stockd-Consistency-Token: the read is served only from data that includes that write.")),
+    responses((status = 200, description = "The cart", body = crate::catalog_wire::CartBody))
+)]
 pub async fn get_cart(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -383,6 +486,16 @@ pub async fn get_cart(
     Ok(displayed_response(&cart, CartBody::new(&cart.value)))
 }
 
+/// Check a cart out
+/// An order (`PENDING_PAYMENT`) of the lines that can be ordered now; the others are reported in `skipped` and stay in the cart.
+#[utoipa::path(
+    post,
+    path = "/v1/carts/{user}/checkout",
+    tag = "carts",
+    params(("user" = crate::openapi::schemas::UserId, Path, description = "The shopper."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::catalog_wire::CheckoutRequest>, description = "Optionally the hold's length.", content_type = "application/json"),
+    responses((status = 201, description = "Ordered", body = crate::order_wire::CheckedOutBody))
+)]
 pub async fn checkout(
     State(state): State<AppState>,
     Caller(caller): Caller,

@@ -10,45 +10,62 @@ use domain::{
 };
 use serde::{Deserialize, Serialize};
 use store::{Cart, ShelfOutcome, ShelfResult, SkippedLine};
+use utoipa::ToSchema;
 
 // ---- requests ----
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewSkuRequest {
+    #[schema(value_type = crate::openapi::schemas::SkuCode)]
     pub sku: SkuCode,
+    #[schema(value_type = crate::openapi::schemas::PriceMinor)]
     pub price: PriceMinor,
+    #[schema(value_type = crate::openapi::schemas::Currency)]
     pub currency: Currency,
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::schemas::Spec>)]
     pub spec: Option<String>,
     /// Most units one shopper may hold or have bought.
+    #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
     pub per_user_limit: Option<domain::PerUserLimit>,
 }
 
-/// `POST /v1/products`.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/products`. Each SKU code once.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateProductRequest {
+    #[schema(value_type = crate::openapi::schemas::Title)]
     pub title: Title,
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::schemas::ImageUrl>)]
     pub image_url: Option<ImageUrl>,
+    #[schema(value_type = crate::openapi::schemas::CategoryCode)]
     pub category: CategoryCode,
+    #[schema(value_type = crate::openapi::schemas::SupplierCode)]
     pub supplier: SupplierCode,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
     pub shop: ShopCode,
+    /// 1–100 SKUs, each code once.
+    #[schema(min_items = 1, max_items = 100)]
     pub skus: Vec<NewSkuRequest>,
 }
 
 /// `PATCH /v1/products/{id}`. The shop cannot change.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateProductRequest {
+    #[schema(value_type = Option<crate::openapi::schemas::Title>)]
     pub title: Option<Title>,
+    #[schema(value_type = Option<crate::openapi::schemas::ImageUrl>)]
     pub image_url: Option<ImageUrl>,
+    #[schema(value_type = Option<crate::openapi::schemas::CategoryCode>)]
     pub category: Option<CategoryCode>,
+    #[schema(value_type = Option<crate::openapi::schemas::SupplierCode>)]
     pub supplier: Option<SupplierCode>,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ShelfOperationWire {
     On,
@@ -58,56 +75,87 @@ pub enum ShelfOperationWire {
     Delete,
 }
 
-/// `POST /v1/admin/shelf`.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/admin/shelf`. The targets are the SKUs of `product_ids`, `sku_ids`,
+/// `category` and `supplier` together: name at least one, at most 1,000 `product_ids`
+/// and `sku_ids` together, resolving to at most 1,000 SKUs. `scheduled_at` goes with
+/// `on_at` and `off_at` and only with them: a minute in the future, within a year.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShelfOperationRequest {
     pub operation: ShelfOperationWire,
     #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::schemas::ProductId>, max_items = 1000)]
     pub product_ids: Vec<ProductId>,
     #[serde(default)]
+    #[schema(value_type = Vec<crate::openapi::schemas::SkuCode>, max_items = 1000)]
     pub sku_ids: Vec<SkuCode>,
+    #[schema(value_type = Option<crate::openapi::schemas::CategoryCode>)]
     pub category: Option<CategoryCode>,
+    #[schema(value_type = Option<crate::openapi::schemas::SupplierCode>)]
     pub supplier: Option<SupplierCode>,
     /// Required by `on_at` and `off_at`; applied at the start of that minute.
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub scheduled_at: Option<Timestamp>,
+    #[schema(value_type = Option<crate::openapi::schemas::Remark>)]
     pub remark: Option<String>,
     /// Versions the operator saw, per SKU; a SKU that moved since is refused with
     /// `version_conflict` instead of being overwritten.
     #[serde(default)]
-    pub expected_versions: HashMap<SkuCode, i64>,
+    #[schema(schema_with = expected_versions_schema)]
+    pub expected_versions: HashMap<SkuCode, domain::Version>,
+}
+
+/// A map from SKU code to the version the operator saw.
+fn expected_versions_schema() -> utoipa::openapi::schema::Schema {
+    serde_json::from_value(serde_json::json!({
+        "type": "object",
+        "description": "Versions the operator saw, per SKU code; a SKU that moved since is refused with `version_conflict`.",
+        "propertyNames": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": domain::limits::SKU_CODE_LENGTH_MAX,
+            "pattern": crate::openapi::schemas::CODE_PATTERN,
+        },
+        "additionalProperties": {"type": "integer", "format": "int64", "minimum": 0},
+    }))
+    .expect("a well-formed schema")
 }
 
 /// `POST /v1/admin/operators`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOperatorRequest {
+    #[schema(value_type = crate::openapi::schemas::OperatorId)]
     pub operator_id: OperatorId,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
     pub shop: ShopCode,
 }
 
 /// `PUT /v1/carts/{user}/items/{sku}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CartItemRequest {
+    #[schema(value_type = crate::openapi::schemas::Quantity)]
     pub quantity: Quantity,
 }
 
 /// `POST /v1/carts/{user}/checkout`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CheckoutRequest {
+    #[schema(value_type = Option<crate::openapi::schemas::TtlSeconds>)]
     pub ttl_seconds: Option<TtlSeconds>,
 }
 
 // ---- responses ----
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct StaffSkuBody<'a> {
     pub sku: &'a str,
     pub spec: &'a str,
     pub price: Option<i64>,
     pub currency: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::SaleStatus)]
     pub sale_status: &'static str,
     pub version: i64,
     pub available: i64,
@@ -130,8 +178,9 @@ impl<'a> StaffSkuBody<'a> {
 }
 
 /// A product as staff see it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ProductBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::ProductId)]
     pub product_id: &'a str,
     pub title: &'a str,
     pub image_url: Option<&'a str>,
@@ -141,8 +190,11 @@ pub struct ProductBody<'a> {
     pub version: i64,
     pub deleted: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub deleted_at: Option<Timestamp>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub updated_at: Timestamp,
     pub skus: Vec<StaffSkuBody<'a>>,
 }
@@ -166,12 +218,13 @@ impl<'a> ProductBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ShopperSkuBody<'a> {
     pub sku: &'a str,
     pub spec: &'a str,
     pub price: Option<i64>,
     pub currency: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::Availability)]
     pub availability: Availability,
     /// Units that can be bought now (0 unless on sale).
     pub available: i64,
@@ -179,8 +232,9 @@ pub struct ShopperSkuBody<'a> {
 
 /// `GET /v1/products/{id}`: what a shopper sees. A display, read without locks: the
 /// reservation at checkout decides.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ShopperProductBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::ProductId)]
     pub product_id: &'a str,
     pub title: &'a str,
     pub image_url: Option<&'a str>,
@@ -219,29 +273,63 @@ impl<'a> ShopperProductBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ShelfResultBody<'a> {
     pub sku: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub product_id: Option<&'a str>,
-    /// `changed`, `repeated`, `refused` or `scheduled`.
+    #[schema(value_type = crate::openapi::schemas::ShelfOutcome)]
     pub outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::SaleStatus>)]
     pub from: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::SaleStatus>)]
     pub to: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::ErrorCode>)]
     pub code: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::ScheduleId>)]
     pub schedule_id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub due_at: Option<Timestamp>,
+}
+
+/// `POST /v1/admin/shelf`: the counts and each target's result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShelfResultsBody<'a> {
+    pub changed: usize,
+    pub repeated: usize,
+    pub scheduled: usize,
+    pub refused: usize,
+    pub results: Vec<ShelfResultBody<'a>>,
+}
+
+impl<'a> ShelfResultsBody<'a> {
+    pub fn new(results: &'a [ShelfResult]) -> ShelfResultsBody<'a> {
+        let results: Vec<ShelfResultBody<'a>> = results.iter().map(ShelfResultBody::new).collect();
+        let count = |outcome: &str| {
+            results
+                .iter()
+                .filter(|body| body.outcome == outcome)
+                .count()
+        };
+        ShelfResultsBody {
+            changed: count("changed"),
+            repeated: count("repeated"),
+            scheduled: count("scheduled"),
+            refused: count("refused"),
+            results,
+        }
+    }
 }
 
 impl<'a> ShelfResultBody<'a> {
@@ -294,20 +382,44 @@ impl<'a> ShelfResultBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ShelfLogEntryBody<'a> {
     pub id: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub product_id: Option<&'a str>,
     pub sku: &'a str,
     pub operator_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::OperatorType)]
     pub operator_type: &'static str,
+    #[schema(value_type = crate::openapi::schemas::SaleStatus)]
     pub from: &'static str,
+    #[schema(value_type = crate::openapi::schemas::SaleStatus)]
     pub to: &'static str,
     pub operation: &'a str,
     pub repeated: bool,
     pub remark: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+}
+
+/// `GET /v1/admin/shelf-log`: a page, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShelfLogPageBody<'a> {
+    pub entries: Vec<ShelfLogEntryBody<'a>>,
+    /// The `after` of the next page (`null` when this one is empty).
+    pub next_after: Option<i64>,
+}
+
+/// `POST /v1/admin/operators`: the token is in this answer only.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperatorCreatedBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::OperatorId)]
+    pub operator_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
+    pub shop: &'a str,
+    /// Shown in the first answer only (`null` on a replay); stockd keeps its hash.
+    pub token: Option<&'a str>,
+    pub note: &'static str,
 }
 
 impl<'a> ShelfLogEntryBody<'a> {
@@ -328,7 +440,7 @@ impl<'a> ShelfLogEntryBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct CartLineBody<'a> {
     pub sku: &'a str,
     pub quantity: i64,
@@ -339,13 +451,13 @@ pub struct CartLineBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub currency: Option<&'a str>,
     pub orderable: bool,
-    /// Why the line cannot be ordered now: `not_found`, `deleted`, `off_shelf`,
-    /// `out_of_stock`, `quantity_above_available`. Invalid lines are shown, not hidden.
+    /// Why the line cannot be ordered now. Invalid lines are shown, not hidden.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::CartProblem>)]
     pub problem: Option<&'static str>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct CartBody<'a> {
     pub user: &'a str,
     pub lines: Vec<CartLineBody<'a>>,
@@ -385,10 +497,11 @@ impl<'a> CartBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SkippedLineBody<'a> {
     pub sku: &'a str,
     pub quantity: i64,
+    #[schema(value_type = crate::openapi::schemas::CartProblem)]
     pub problem: &'static str,
 }
 

@@ -119,7 +119,15 @@ impl Drop for InProgress {
 /// Longest a scrape waits for each gauge that reads the database.
 const GAUGE_QUERY_TIMEOUT_MILLISECONDS: u64 = 1_000;
 
-/// `GET /metrics`: the metrics token, the admin or an operator.
+/// Prometheus metrics
+/// docs/OPERATIONS.md lists them with their alerts.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    operation_id = "metrics",
+    responses((status = 200, description = "The metrics in Prometheus's text format", body = String, content_type = "text/plain"))
+)]
 pub async fn render(
     State(state): State<AppState>,
     _reader: crate::extract::MetricsReader,

@@ -18,6 +18,16 @@ fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
     OrderId::parse(text).map_err(|error| ApiError::invalid(error.0))
 }
 
+/// Create an order and its reservation
+/// Priced from the SKUs, `PENDING_PAYMENT`, its stock held until `expires_at`.
+#[utoipa::path(
+    post,
+    path = "/v1/orders",
+    tag = "orders",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::order_wire::CreateOrderRequest,
+    responses((status = 201, description = "Created", body = crate::order_wire::OrderBody))
+)]
 pub async fn create_order(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -49,6 +59,14 @@ pub async fn create_order(
     ))
 }
 
+/// An order: status, lines, reservation, payment attempts, refunds, history
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{id}",
+    tag = "orders",
+    params(("id" = crate::openapi::schemas::OrderId, Path, description = "The order."), ("Stockd-Consistency-Token" = Option<crate::openapi::schemas::ConsistencyToken>, Header, description = "A write's Stockd-Consistency-Token: the read is served only from data that includes that write.")),
+    responses((status = 200, description = "The order", body = crate::order_wire::OrderBody))
+)]
 pub async fn get_order(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -60,6 +78,16 @@ pub async fn get_order(
     Ok(displayed_response(&order, OrderBody::new(&order.value)))
 }
 
+/// Pay an order
+/// `PAID` (stock confirmed) or `PAYMENT_FAILED` (declined: the hold is kept; another card may be tried with a new key). 202 `payment_unknown` when the gateway did not answer in time: nothing is released until the outcome is known.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/pay",
+    tag = "orders",
+    params(("id" = crate::openapi::schemas::OrderId, Path, description = "The order."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::order_wire::PayRequest,
+    responses((status = 200, description = "Paid or declined", body = crate::order_wire::OrderBody))
+)]
 pub async fn pay(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -77,6 +105,16 @@ pub async fn pay(
     ))
 }
 
+/// Cancel an order
+/// Unpaid: `CANCELLED`, stock released. Paid (a staff decision: admin or operator): `REFUND_PENDING`, refunded by the refund worker.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/cancel",
+    tag = "orders",
+    params(("id" = crate::openapi::schemas::OrderId, Path, description = "The order."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Cancelled", body = crate::order_wire::OrderBody))
+)]
 pub async fn cancel(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -91,7 +129,15 @@ pub async fn cancel(
     ))
 }
 
-/// After-sale return (staff): the goods go back to stock, once.
+/// Take an after-sale return back into available stock, once
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/return",
+    tag = "orders",
+    params(("id" = crate::openapi::schemas::OrderId, Path, description = "The order."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Returned", body = crate::order_wire::OrderBody))
+)]
 pub async fn return_goods(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -106,8 +152,18 @@ pub async fn return_goods(
     ))
 }
 
-/// Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the
-/// signature (with its timestamp) is the credential.
+// Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the
+// signature (with its timestamp) is the credential.
+/// The payment gateway's signed events
+/// Applied only for intents stockd created; the event id is the idempotency key.
+#[utoipa::path(
+    post,
+    path = "/v1/payments/webhook",
+    tag = "orders",
+    params(("Stripe-Signature" = String, Header, description = "t=<unix seconds>,v1=<HMAC-SHA256 of t.body with the webhook secret>")),
+    request_body(content = Object, description = "The gateway's event.", content_type = "application/json"),
+    responses((status = 200, description = "Received", body = crate::order_wire::WebhookReceiptBody))
+)]
 pub async fn webhook(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -119,8 +175,12 @@ pub async fn webhook(
         .get(gateway_signature_header())
         .and_then(|value| value.to_str().ok());
     let receipt = state.engine.handle_webhook(&body, signature).await?;
-    Ok(Json(serde_json::json!({"received": true, "duplicate": receipt.duplicate, "outcome": receipt.outcome}))
-        .into_response())
+    Ok(Json(crate::order_wire::WebhookReceiptBody {
+        received: true,
+        duplicate: receipt.duplicate,
+        outcome: receipt.outcome,
+    })
+    .into_response())
 }
 
 fn gateway_signature_header() -> &'static str {

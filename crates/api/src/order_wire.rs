@@ -3,24 +3,31 @@
 use domain::{PaymentMethod, Timestamp, TtlSeconds, UserId};
 use serde::{Deserialize, Serialize};
 use store::Order;
+use utoipa::ToSchema;
 
 use crate::wire::{ReservationBody, ReservationLineRequest};
 
-/// `POST /v1/orders`.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/orders`. Each (sku, warehouse) once in `lines`, every SKU of one shop.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrderRequest {
+    #[schema(value_type = crate::openapi::schemas::UserId)]
     pub user_id: UserId,
+    /// 1–50 lines, each (sku, warehouse) once, all of one shop.
+    #[schema(min_items = 1, max_items = 50)]
     pub lines: Vec<ReservationLineRequest>,
+    #[schema(value_type = Option<crate::openapi::schemas::TtlSeconds>)]
     pub ttl_seconds: Option<TtlSeconds>,
     /// The shop's order number: used once per shop (`order_ref_reused` otherwise).
+    #[schema(value_type = Option<crate::openapi::schemas::OrderRef>)]
     pub order_ref: Option<domain::OrderRef>,
     /// The calling channel, recorded with the order.
+    #[schema(value_type = Option<crate::openapi::schemas::RequestSource>)]
     pub source: Option<domain::RequestSource>,
 }
 
 /// The answer to a checkout: the order it created and the cart lines it left out.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct CheckedOutBody<'a> {
     #[serde(flatten)]
     pub order: OrderBody<'a>,
@@ -29,13 +36,14 @@ pub struct CheckedOutBody<'a> {
 
 /// `POST /v1/orders/{id}/pay`: the payment method token the client got from the
 /// gateway (with the sandbox, a test method such as `pm_card_visa`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PayRequest {
+    #[schema(value_type = crate::openapi::schemas::PaymentMethod)]
     pub payment_method: PaymentMethod,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct OrderLineBody<'a> {
     pub sku: &'a str,
     pub warehouse: &'a str,
@@ -43,14 +51,18 @@ pub struct OrderLineBody<'a> {
     pub unit_price: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PaymentBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::PaymentAttemptId)]
     pub attempt_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::AttemptStatus)]
     pub status: &'static str,
     pub payment_method: &'a str,
     pub gateway_payment_id: Option<&'a str>,
     pub failure_reason: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub updated_at: Timestamp,
 }
 
@@ -83,9 +95,11 @@ impl<'a> RefundBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct RefundBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::RefundId)]
     pub refund_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::PaymentAttemptId)]
     pub attempt_id: &'a str,
     pub status: &'a str,
     pub amount: i64,
@@ -96,25 +110,35 @@ pub struct RefundBody<'a> {
     pub failure_reason: Option<&'a str>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct HistoryBody<'a> {
+    #[schema(value_type = Option<crate::openapi::schemas::OrderStatus>)]
     pub from: Option<&'static str>,
+    #[schema(value_type = crate::openapi::schemas::OrderStatus)]
     pub to: &'static str,
     pub reason: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub at: Timestamp,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct OrderBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::OrderId)]
     pub order_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
     pub shop: &'a str,
+    #[schema(value_type = crate::openapi::schemas::UserId)]
     pub user_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::OrderStatus)]
     pub status: &'static str,
     pub amount: i64,
     pub currency: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub expires_at: Timestamp,
     pub version: i64,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub updated_at: Timestamp,
     pub lines: Vec<OrderLineBody<'a>>,
     /// The shop's order number and the channel, when the request gave them.
@@ -134,6 +158,7 @@ pub struct OrderBody<'a> {
     pub returned: bool,
     /// The ledger rows the return wrote, one per line (`<order_id>.return.<line>`);
     /// empty until the order is returned.
+    #[schema(value_type = Vec<crate::openapi::schemas::LedgerMovementId>)]
     pub return_movement_ids: Vec<String>,
     pub history: Vec<HistoryBody<'a>>,
 }
@@ -199,4 +224,14 @@ impl<'a> OrderBody<'a> {
                 .collect(),
         }
     }
+}
+
+/// `POST /v1/payments/webhook`: what became of the event.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookReceiptBody {
+    pub received: bool,
+    /// The event id was seen before: nothing was applied again.
+    pub duplicate: bool,
+    /// What the event did.
+    pub outcome: String,
 }

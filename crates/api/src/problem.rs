@@ -23,6 +23,7 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         | ErrorCode::AlreadyExists
         | ErrorCode::PurchaseLimitExceeded
         | ErrorCode::OrderRefReused
+        | ErrorCode::FailedPrecondition
         | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -64,6 +65,7 @@ fn title_for(code: ErrorCode) -> &'static str {
         ErrorCode::RateLimited => "Too many requests from this credential; slow down",
         ErrorCode::PurchaseLimitExceeded => "This user already holds or bought the SKU's limit",
         ErrorCode::OrderRefReused => "This order number was used by another request",
+        ErrorCode::FailedPrecondition => "What the request names does not allow it",
         ErrorCode::Internal => "Internal error",
     }
 }

@@ -59,6 +59,16 @@ fn parse_reservation_id(text: &str) -> Result<ReservationId, ApiError> {
     ReservationId::parse(text).map_err(|error| ApiError::invalid(error.0))
 }
 
+/// Create a SKU, or change the fields given
+/// A new SKU belongs to `shop` (the caller's by default); a SKU's shop never changes. `per_user_limit: null` removes the limit.
+#[utoipa::path(
+    put,
+    path = "/v1/skus/{sku}",
+    tag = "stock",
+    params(("sku" = crate::openapi::schemas::SkuCode, Path, description = "The SKU's code."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::wire::SaveSkuRequest,
+    responses((status = 200, description = "Changed", body = crate::wire::SkuBody), (status = 201, description = "Created", body = crate::wire::SkuBody))
+)]
 pub async fn save_sku(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -89,6 +99,15 @@ pub async fn save_sku(
     ))
 }
 
+/// A SKU with its counters
+/// Totals over warehouses and each warehouse's `available`, `reserved` and `on_hand`. A display read.
+#[utoipa::path(
+    get,
+    path = "/v1/skus/{sku}",
+    tag = "stock",
+    params(("sku" = crate::openapi::schemas::SkuCode, Path, description = "The SKU's code."), ("Stockd-Consistency-Token" = Option<crate::openapi::schemas::ConsistencyToken>, Header, description = "A write's Stockd-Consistency-Token: the read is served only from data that includes that write.")),
+    responses((status = 200, description = "The SKU", body = crate::wire::SkuBody))
+)]
 pub async fn get_sku(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -100,6 +119,16 @@ pub async fn get_sku(
     Ok(displayed_response(&sku, SkuBody::new(&sku.value)))
 }
 
+/// Receive or adjust stock
+/// `receive` adds 1..1000000 units; `adjust` corrects available stock by a non-zero ±1000000 (never below zero). Each writes one ledger row, named by the answer's `movement_id`.
+#[utoipa::path(
+    post,
+    path = "/v1/skus/{sku}/stock-movements",
+    tag = "stock",
+    params(("sku" = crate::openapi::schemas::SkuCode, Path, description = "The SKU's code."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::wire::MovementRequest,
+    responses((status = 201, description = "Recorded", body = crate::wire::MovementBody))
+)]
 pub async fn record_movement(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -125,6 +154,16 @@ pub async fn record_movement(
     Ok(reply_response(reply))
 }
 
+/// Reserve stock
+/// 1–50 lines of one shop, all or nothing. Held until `expires_at`, then released by the expiry worker unless confirmed. A refusal (`insufficient_stock`, …) is the key's answer from then on.
+#[utoipa::path(
+    post,
+    path = "/v1/reservations",
+    tag = "reservations",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::wire::CreateReservationRequest,
+    responses((status = 201, description = "Reserved", body = crate::wire::ReservationBody))
+)]
 pub async fn create_reservation(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -166,6 +205,14 @@ pub(crate) async fn reserve(
         .await?)
 }
 
+/// A reservation
+#[utoipa::path(
+    get,
+    path = "/v1/reservations/{id}",
+    tag = "reservations",
+    params(("id" = crate::openapi::schemas::ReservationId, Path, description = "The reservation.")),
+    responses((status = 200, description = "The reservation", body = crate::wire::ReservationBody))
+)]
 pub async fn get_reservation(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -176,6 +223,14 @@ pub async fn get_reservation(
     Ok(Json(ReservationBody::new(&reservation)).into_response())
 }
 
+/// One ledger row, by the movement id an answer carried
+#[utoipa::path(
+    get,
+    path = "/v1/stock-movements/{movement_id}",
+    tag = "stock",
+    params(("movement_id" = crate::openapi::schemas::LedgerMovementId, Path, description = "A movement id from an answer.")),
+    responses((status = 200, description = "The ledger row", body = crate::wire::LedgerMovementBody))
+)]
 pub async fn get_stock_movement(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -204,6 +259,16 @@ async fn change_reservation(
     ))
 }
 
+/// Confirm a reservation: its stock is consumed
+/// Refused (`illegal_transition`) on a reservation held by an order: only the order's flow moves it.
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{id}/confirm",
+    tag = "reservations",
+    params(("id" = crate::openapi::schemas::ReservationId, Path, description = "The reservation."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Confirmed (or already confirmed by this key)", body = crate::wire::ReservationBody))
+)]
 pub async fn confirm_reservation(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -214,6 +279,16 @@ pub async fn confirm_reservation(
     change_reservation(state, caller, id, key, body, ReservationAction::Confirm).await
 }
 
+/// Release a reservation: its stock goes back
+/// Refused (`illegal_transition`) on a reservation held by an order.
+#[utoipa::path(
+    post,
+    path = "/v1/reservations/{id}/release",
+    tag = "reservations",
+    params(("id" = crate::openapi::schemas::ReservationId, Path, description = "The reservation."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Released", body = crate::wire::ReservationBody))
+)]
 pub async fn release_reservation(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -224,6 +299,14 @@ pub async fn release_reservation(
     change_reservation(state, caller, id, key, body, ReservationAction::Release).await
 }
 
+/// The three-way audit
+/// Replays the ledger against the counters and the reservations, and checks every order against its reservation and payment. An operator sees its shop's differences.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "operations",
+    responses((status = 200, description = "The audit", body = crate::wire::AuditBody))
+)]
 pub async fn audit(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -232,7 +315,16 @@ pub async fn audit(
     Ok(Json(AuditBody::new(&report)).into_response())
 }
 
-/// `POST /v1/admin/service-keys` (admin): the secret is in this answer only.
+/// Create a service key for one shop's checkout backend
+/// The secret is in this answer only; stockd keeps its hash.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/service-keys",
+    tag = "credentials",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::wire::CreateServiceKeyRequest,
+    responses((status = 201, description = "Created", body = crate::wire::ServiceKeyBody))
+)]
 pub async fn create_service_key(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -241,16 +333,7 @@ pub async fn create_service_key(
 ) -> Result<Response, ApiError> {
     let claim = body.claim(&caller, key);
     let request = body.value;
-    let name = request.name.trim();
-    if name.is_empty()
-        || name.chars().count() > domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
-        || name.chars().any(char::is_control)
-    {
-        return Err(ApiError::invalid(format!(
-            "name must be 1 to {} characters without control characters",
-            domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
-        )));
-    }
+    let name = crate::wire::service_key_name(&request.name).map_err(ApiError::invalid)?;
     Ok(reply_response(
         state
             .engine
@@ -259,20 +342,37 @@ pub async fn create_service_key(
     ))
 }
 
-/// `GET /v1/admin/service-keys` (admin): every key, newest first, never a secret.
+/// Every service key, newest first (never a secret)
+#[utoipa::path(
+    get,
+    path = "/v1/admin/service-keys",
+    tag = "credentials",
+    responses((status = 200, description = "The keys", body = crate::wire::ServiceKeysBody))
+)]
 pub async fn service_keys(
     State(state): State<AppState>,
     Caller(caller): Caller,
 ) -> Result<Response, ApiError> {
     let keys = state.engine.service_keys(&caller).await?;
-    let bodies: Vec<ServiceKeyBody<'_>> = keys
-        .iter()
-        .map(|key| ServiceKeyBody::new(key, None))
-        .collect();
-    Ok(Json(serde_json::json!({"service_keys": bodies})).into_response())
+    let body = crate::wire::ServiceKeysBody {
+        service_keys: keys
+            .iter()
+            .map(|key| ServiceKeyBody::new(key, None))
+            .collect(),
+    };
+    Ok(Json(body).into_response())
 }
 
-/// `DELETE /v1/admin/service-keys/{key_id}` (admin).
+/// Revoke a service key
+/// Refused at once on this instance, within the credential cache bound on the others.
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/service-keys/{key_id}",
+    tag = "credentials",
+    params(("key_id" = crate::openapi::schemas::ServiceKeyId, Path, description = "The key."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Revoked", body = crate::wire::ServiceKeyBody))
+)]
 pub async fn revoke_service_key(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -290,10 +390,24 @@ pub async fn revoke_service_key(
     ))
 }
 
+/// Liveness
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "Alive", body = crate::wire::HealthBody))
+)]
 pub async fn healthz() -> Response {
-    Json(serde_json::json!({"status": "ok"})).into_response()
+    Json(crate::wire::HealthBody { status: "ok" }).into_response()
 }
 
+/// Readiness: the database answers
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses((status = 200, description = "Ready", body = crate::wire::ReadyBody))
+)]
 pub async fn readyz(State(state): State<AppState>) -> Response {
     let ping = tokio::time::timeout(
         std::time::Duration::from_secs(2),
@@ -301,9 +415,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     )
     .await;
     match ping {
-        Ok(Ok(())) => Json(
-            serde_json::json!({"status": "ready", "database": state.engine.store().backend_name()}),
-        )
+        Ok(Ok(())) => Json(crate::wire::ReadyBody {
+            status: "ready",
+            database: state.engine.store().backend_name(),
+        })
         .into_response(),
         // The reason goes to the log only: it can name hosts, users and paths.
         Ok(Err(error)) => {
@@ -318,8 +433,15 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
+/// This document
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "The OpenAPI document", body = Object, content_type = "application/json"))
+)]
 pub async fn openapi() -> Response {
-    let mut response = crate::OPENAPI_DOCUMENT.into_response();
+    let mut response = crate::openapi::DOCUMENT.as_str().into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -336,9 +458,15 @@ pub async fn method_not_allowed() -> ApiError {
         .with_status(StatusCode::METHOD_NOT_ALLOWED)
 }
 
-/// `GET /v1/events?after=CURSOR&limit=N[&shop=S]`: the outbox's events in commit
-/// order, the caller's shop's (the admin's: every shop's, or the one it names). Pass
-/// `next_cursor` as `after` for the next page; an empty page keeps the cursor.
+/// The outbox's events in commit order
+/// The caller's shop's (the admin's: every shop's, or `shop`'s). Start at `after=0` and pass each page's `next_cursor` on; an empty page keeps the cursor.
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    tag = "operations",
+    params(("after" = Option<crate::openapi::schemas::FeedCursor>, Query, description = "An earlier page's next_cursor (0: the start)."), ("limit" = Option<i64>, Query, minimum = 1, maximum = 1000, description = "Events per page (100 when absent)."), ("shop" = Option<crate::openapi::schemas::ShopCode>, Query, description = "The admin's choice of one shop.")),
+    responses((status = 200, description = "A page of events", body = crate::wire::EventsPageBody))
+)]
 pub async fn events(
     State(state): State<AppState>,
     Caller(caller): Caller,
@@ -379,11 +507,10 @@ pub async fn events(
         .engine
         .events_page(&caller, shop.as_ref(), cursor, limit)
         .await?;
-    let events: Vec<serde_json::Value> = page.events.iter().map(|event| event.body()).collect();
-    Ok(Json(serde_json::json!({
-        "events": events,
-        "next_cursor": page.next_cursor.to_string(),
-    }))
+    Ok(Json(crate::wire::EventsPageBody {
+        events: page.events.iter().map(|event| event.body()).collect(),
+        next_cursor: page.next_cursor.to_string(),
+    })
     .into_response())
 }
 

@@ -11,6 +11,7 @@ use store::{
     AuditReport, Cart, MovementRecord, Rejection, ResponseRenderer, ServiceKey, ShelfOutcome,
     ShelfResult, SkippedLine, StoredResponse,
 };
+use utoipa::ToSchema;
 
 use crate::problem::{problem_body, status_for};
 
@@ -24,17 +25,23 @@ fn present_or_null<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
 }
 
 /// `PUT /v1/skus/{sku}`. Absent fields keep their current value.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SaveSkuRequest {
+    #[schema(value_type = Option<crate::openapi::schemas::Title>)]
     pub title: Option<Title>,
+    #[schema(value_type = Option<crate::openapi::schemas::PriceMinor>)]
     pub price: Option<PriceMinor>,
+    #[schema(value_type = Option<crate::openapi::schemas::Currency>)]
     pub currency: Option<Currency>,
+    #[schema(value_type = Option<crate::openapi::schemas::LowStockThreshold>)]
     pub low_stock_threshold: Option<LowStockThreshold>,
     /// The shop of a new SKU (the caller's by default); a SKU's shop never changes.
+    #[schema(value_type = Option<crate::openapi::schemas::ShopCode>)]
     pub shop: Option<ShopCode>,
     /// Most units one shopper may hold or have bought; `null` removes the limit.
     #[serde(default, deserialize_with = "present_or_null")]
+    #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
     pub per_user_limit: Option<Option<PerUserLimit>>,
 }
 
@@ -55,11 +62,61 @@ pub struct MovementRequest {
     pub warehouse: Option<WarehouseCode>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The movement's schema: which quantities a kind takes is a choice between two
+/// bodies, which the derived schema of one struct could not say.
+impl utoipa::PartialSchema for MovementRequest {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::RefOr::T(movement_request_schema())
+    }
+}
+
+impl ToSchema for MovementRequest {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use crate::openapi::schemas::{AdjustmentQuantity, Quantity, WarehouseCode};
+        use utoipa::PartialSchema;
+        schemas.push((Quantity::name().into(), Quantity::schema()));
+        schemas.push((
+            AdjustmentQuantity::name().into(),
+            AdjustmentQuantity::schema(),
+        ));
+        schemas.push((WarehouseCode::name().into(), WarehouseCode::schema()));
+    }
+}
+
+fn movement_request_schema() -> utoipa::openapi::schema::Schema {
+    let body = |kind: &str, quantity: &str| {
+        serde_json::json!({
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["kind", "quantity"],
+            "properties": {
+                "kind": {"type": "string", "enum": [kind]},
+                "quantity": {"$ref": format!("#/components/schemas/{quantity}")},
+                "warehouse": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/WarehouseCode"}]},
+            },
+        })
+    };
+    serde_json::from_value(serde_json::json!({
+        "description": "`receive` adds units; `adjust` corrects available stock by a non-zero amount, never below zero.",
+        "oneOf": [body("receive", "Quantity"), body("adjust", "AdjustmentQuantity")],
+    }))
+    .expect("a well-formed schema")
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReservationLineRequest {
+    #[schema(value_type = crate::openapi::schemas::SkuCode)]
     pub sku: SkuCode,
+    #[schema(value_type = crate::openapi::schemas::Quantity)]
     pub quantity: Quantity,
+    /// `default` when absent.
+    #[schema(value_type = Option<crate::openapi::schemas::WarehouseCode>)]
     pub warehouse: Option<WarehouseCode>,
 }
 
@@ -76,30 +133,37 @@ impl ReservationLineRequest {
     }
 }
 
-/// `POST /v1/reservations`.
-#[derive(Debug, Deserialize)]
+/// `POST /v1/reservations`. Each (sku, warehouse) once in `lines`, every SKU of one shop.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateReservationRequest {
+    /// 1–50 lines, each (sku, warehouse) once, all of one shop.
+    #[schema(min_items = 1, max_items = 50)]
     pub lines: Vec<ReservationLineRequest>,
+    /// 900 (`STOCKD_RESERVATION_TTL_SECONDS_DEFAULT`) when absent.
+    #[schema(value_type = Option<crate::openapi::schemas::TtlSeconds>)]
     pub ttl_seconds: Option<TtlSeconds>,
     /// The shopper the hold is for: counted against the open-hold bound and the
     /// SKUs' per-user limits (required on a SKU that has one).
+    #[schema(value_type = Option<crate::openapi::schemas::UserId>)]
     pub user_id: Option<UserId>,
     /// The shop's order number: used once per shop (another Idempotency-Key with it
     /// is refused as `order_ref_reused`).
+    #[schema(value_type = Option<crate::openapi::schemas::OrderRef>)]
     pub order_ref: Option<domain::OrderRef>,
     /// The calling channel (`web`, `app`, `pos`, …), recorded with the reservation.
+    #[schema(value_type = Option<crate::openapi::schemas::RequestSource>)]
     pub source: Option<domain::RequestSource>,
 }
 
 /// Confirm and release take no fields; an empty body or `{}` is accepted.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyRequest {}
 
 // ---- responses ----
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct StockLevelBody<'a> {
     pub warehouse: &'a str,
     pub available: i64,
@@ -107,15 +171,18 @@ pub struct StockLevelBody<'a> {
     pub on_hand: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SkuBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::SkuCode)]
     pub sku: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
     pub shop: &'a str,
     pub title: &'a str,
     pub price: Option<i64>,
     pub currency: Option<&'a str>,
     pub low_stock_threshold: i64,
     pub per_user_limit: Option<i64>,
+    #[schema(value_type = crate::openapi::schemas::SaleStatus)]
     pub sale_status: &'static str,
     pub version: i64,
     pub available: i64,
@@ -124,7 +191,9 @@ pub struct SkuBody<'a> {
     /// On shelf with `available` at or below the threshold (and a threshold set).
     pub low_stock: bool,
     pub warehouses: Vec<StockLevelBody<'a>>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub updated_at: Timestamp,
 }
 
@@ -162,24 +231,28 @@ impl<'a> SkuBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReservationLineBody<'a> {
     pub sku: &'a str,
     pub warehouse: &'a str,
     pub quantity: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ReservationBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::ReservationId)]
     pub reservation_id: &'a str,
     /// The shopper it holds stock for, when the caller named one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub user_id: Option<&'a str>,
     /// The order that holds it; only that order's flow confirms or releases it.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::OrderId>)]
     pub order_id: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::ReservationStatus)]
     pub status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::ReleaseReason>)]
     pub release_reason: Option<&'static str>,
     /// The shop's order number, when the request gave one.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -187,13 +260,17 @@ pub struct ReservationBody<'a> {
     /// The calling channel, when the request named one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub expires_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub updated_at: Timestamp,
     pub lines: Vec<ReservationLineBody<'a>>,
     /// The ledger rows this reservation wrote (seed 002 §十三.1's 流水号): a reserve row
     /// per line (`<reservation_id>.reserve.<line>`), then a confirm or release row per
     /// line once it left `RESERVED`; each is `GET /v1/stock-movements/{movement_id}`.
+    #[schema(value_type = Vec<crate::openapi::schemas::LedgerMovementId>)]
     pub movement_ids: Vec<String>,
 }
 
@@ -236,11 +313,13 @@ impl<'a> ReservationBody<'a> {
 }
 
 /// `GET /v1/stock-movements/{movement_id}`: one ledger row.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerMovementBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::LedgerMovementId)]
     pub movement_id: String,
     /// The row's number in the ledger (ascending in the order rows were written).
     pub ledger_id: i64,
+    #[schema(value_type = crate::openapi::schemas::LedgerKind)]
     pub kind: &'a str,
     pub sku: &'a str,
     pub warehouse: &'a str,
@@ -249,6 +328,7 @@ pub struct LedgerMovementBody<'a> {
     pub reserved_delta: i64,
     /// The movement, reservation or order that caused it.
     pub reference: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
 }
 
@@ -269,19 +349,24 @@ impl<'a> LedgerMovementBody<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct MovementBody<'a> {
+    /// The movement's ledger row: `GET /v1/stock-movements/{movement_id}`.
+    #[schema(value_type = crate::openapi::schemas::MovementId)]
     pub movement_id: &'a str,
     pub sku: &'a str,
     pub warehouse: &'a str,
+    #[schema(value_type = String, pattern = "^(receive|adjust)$")]
     pub kind: &'static str,
     pub quantity: i64,
+    /// The row's counters after the movement.
     pub available: i64,
     pub reserved: i64,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AuditDifferenceBody<'a> {
     pub check: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -296,9 +381,10 @@ pub struct AuditDifferenceBody<'a> {
     pub actual: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AuditBody<'a> {
     pub ok: bool,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub checked_at: Timestamp,
     pub stock_rows_checked: i64,
     pub reservation_lines_checked: i64,
@@ -395,18 +481,7 @@ impl ResponseRenderer for HttpRenderer {
     /// refused, the problem of the first refusal (a `version_conflict` first), with the
     /// results as an extension member.
     fn shelf_results(&self, results: &[ShelfResult]) -> StoredResponse {
-        let bodies: Vec<crate::catalog_wire::ShelfResultBody<'_>> = results
-            .iter()
-            .map(crate::catalog_wire::ShelfResultBody::new)
-            .collect();
-        let count = |outcome: &str| bodies.iter().filter(|body| body.outcome == outcome).count();
-        let summary = serde_json::json!({
-            "changed": count("changed"),
-            "repeated": count("repeated"),
-            "scheduled": count("scheduled"),
-            "refused": count("refused"),
-            "results": bodies,
-        });
+        let summary = crate::catalog_wire::ShelfResultsBody::new(results);
         if results.iter().any(|result| result.outcome.succeeded()) {
             return json(200, &summary);
         }
@@ -423,7 +498,7 @@ impl ResponseRenderer for HttpRenderer {
         let status = status_for(code);
         let mut problem: serde_json::Value = serde_json::from_str(&problem_body(code, reason))
             .unwrap_or_else(|_| serde_json::json!({}));
-        problem["results"] = summary["results"].clone();
+        problem["results"] = serde_json::to_value(&summary.results).unwrap_or_default();
         StoredResponse {
             status: status.as_u16(),
             body: problem.to_string(),
@@ -438,12 +513,12 @@ impl ResponseRenderer for HttpRenderer {
     ) -> StoredResponse {
         json(
             201,
-            &serde_json::json!({
-                "operator_id": operator.as_str(),
-                "shop": shop.as_str(),
-                "token": token,
-                "note": "the token is shown in the first answer only; stockd keeps just its hash",
-            }),
+            &crate::catalog_wire::OperatorCreatedBody {
+                operator_id: operator.as_str(),
+                shop: shop.as_str(),
+                token,
+                note: "the token is shown in the first answer only; stockd keeps just its hash",
+            },
         )
     }
 
@@ -478,16 +553,70 @@ impl ResponseRenderer for HttpRenderer {
 }
 
 /// A service key as answered: the secret in the creating answer only.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct ServiceKeyBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::ServiceKeyId)]
     pub key_id: &'a str,
     pub shop: &'a str,
     pub name: &'a str,
     /// Present (once) when the key was just created; stockd keeps only its hash.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<&'a str>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub revoked_at: Option<Timestamp>,
+}
+
+/// `GET /v1/admin/service-keys`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ServiceKeysBody<'a> {
+    pub service_keys: Vec<ServiceKeyBody<'a>>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthBody {
+    #[schema(value_type = String, pattern = "^ok$")]
+    pub status: &'static str,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReadyBody {
+    #[schema(value_type = String, pattern = "^ready$")]
+    pub status: &'static str,
+    /// `sqlite`, `postgres` or `mysql`.
+    pub database: &'static str,
+}
+
+/// One event of `GET /v1/events` (and of NATS subject `stockd.events.<type>`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventBody {
+    /// `<aggregate>/<aggregate_id>/<sequence>`.
+    pub id: String,
+    #[schema(value_type = crate::openapi::schemas::EventType)]
+    pub r#type: String,
+    /// `reservation`, `order`, `payment`, `stock` or `sku`.
+    pub aggregate: String,
+    pub aggregate_id: String,
+    /// The aggregate's events 1, 2, 3… in commit order.
+    pub sequence: i64,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub occurred_at: String,
+    /// The change; names its `shop`.
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+/// `GET /v1/events`: a page.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventsPageBody {
+    /// The events, in the type above (built by the store, documented here).
+    #[schema(value_type = Vec<EventBody>)]
+    pub events: Vec<serde_json::Value>,
+    #[schema(value_type = crate::openapi::schemas::FeedCursor)]
+    pub next_cursor: String,
 }
 
 impl<'a> ServiceKeyBody<'a> {
@@ -504,11 +633,29 @@ impl<'a> ServiceKeyBody<'a> {
 }
 
 /// `POST /v1/admin/service-keys`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateServiceKeyRequest {
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
     pub shop: ShopCode,
+    #[schema(value_type = crate::openapi::schemas::ServiceKeyName)]
     pub name: String,
+}
+
+/// A service key's name as stored: at most [`SERVICE_KEY_NAME_LENGTH_MAX`] characters
+/// as sent, no control characters, not only white space; kept without the white space
+/// around it.
+///
+/// [`SERVICE_KEY_NAME_LENGTH_MAX`]: domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
+pub fn service_key_name(raw: &str) -> Result<&str, String> {
+    let length_max = domain::limits::SERVICE_KEY_NAME_LENGTH_MAX;
+    let trimmed = raw.trim();
+    if trimmed.is_empty() || raw.chars().count() > length_max || raw.chars().any(char::is_control) {
+        return Err(format!(
+            "name must be 1 to {length_max} characters without control characters, not only white space"
+        ));
+    }
+    Ok(trimmed)
 }
 
 /// Reads the `code` of a stored problem body, for counting replayed outcomes.

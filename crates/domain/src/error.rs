@@ -28,11 +28,16 @@ pub enum ErrorCode {
     /// The shop's order number was used by a request with another Idempotency-Key
     /// (409).
     OrderRefReused,
+    /// The request is well formed, but what it names does not allow it: SKUs of
+    /// several shops, a SKU with a per-user limit and no `user_id`, a SKU without a
+    /// price in an order, a full cart (409). `invalid_argument` is for a request that
+    /// is wrong by itself.
+    FailedPrecondition,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -51,6 +56,7 @@ impl ErrorCode {
         ErrorCode::RateLimited,
         ErrorCode::PurchaseLimitExceeded,
         ErrorCode::OrderRefReused,
+        ErrorCode::FailedPrecondition,
         ErrorCode::Internal,
     ];
 
@@ -74,6 +80,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::PurchaseLimitExceeded => "purchase_limit_exceeded",
             ErrorCode::OrderRefReused => "order_ref_reused",
+            ErrorCode::FailedPrecondition => "failed_precondition",
             ErrorCode::Internal => "internal",
         }
     }

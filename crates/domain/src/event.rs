@@ -136,7 +136,9 @@ impl FeedCursor {
                 "cursor '{text}' must be a non-negative integer, as an earlier page's next_cursor"
             ))
         })?;
-        if position < 0 || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        // At most 18 digits: every such number fits 63 bits, so the digits alone say
+        // whether a cursor is well formed (positions never come near 10^18).
+        if position < 0 || text.len() > 18 || !text.bytes().all(|byte| byte.is_ascii_digit()) {
             return Err(ParseError::new(format!(
                 "cursor '{text}' must be a non-negative integer, as an earlier page's next_cursor"
             )));

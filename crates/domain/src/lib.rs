@@ -46,7 +46,9 @@ pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
 };
 pub use principal::{Action, Denied, Principal, Role, authorize};
-pub use quantity::{AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds};
+pub use quantity::{
+    AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds, Version,
+};
 pub use replication::{ConsistencyToken, Fallback, LagSample, Rotation, ServedBy};
 pub use reservation::{
     IllegalTransition, OrderReference, ReleaseReason, Reservation, ReservationLine,

@@ -57,6 +57,11 @@ fn serde_json_integer<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64,
         fn visit_u64<E: de::Error>(self, value: u64) -> Result<i64, E> {
             i64::try_from(value).map_err(|_| E::custom("integer out of range"))
         }
+        fn visit_f64<E: de::Error>(self, value: f64) -> Result<i64, E> {
+            crate::quantity::integral(value)
+                .and_then(|whole| i64::try_from(whole).ok())
+                .ok_or_else(|| E::invalid_type(de::Unexpected::Float(value), &self))
+        }
     }
     deserializer.deserialize_i64(IntegerVisitor)
 }

@@ -139,7 +139,7 @@ fn shop_of_request(
         match found {
             Some(shop) if *shop != facts.shop => {
                 return Err(Rejection::new(
-                    ErrorCode::InvalidArgument,
+                    ErrorCode::FailedPrecondition,
                     "a reservation's SKUs must all belong to one shop",
                 ));
             }
@@ -195,7 +195,7 @@ fn check_request(
         .find(|line| skus[&line.sku].per_user_limit.is_some())
     {
         return Err(Rejection::new(
-            ErrorCode::InvalidArgument,
+            ErrorCode::FailedPrecondition,
             format!(
                 "sku '{}' has a per-user limit: the request must name its user_id",
                 line.sku
@@ -464,7 +464,7 @@ mod tests {
         );
         assert_eq!(
             plan.decisions[1].as_ref().unwrap_err().code,
-            ErrorCode::InvalidArgument
+            ErrorCode::FailedPrecondition
         );
         assert_eq!(
             plan.decisions[2].as_ref().unwrap().as_str(),
@@ -542,7 +542,7 @@ mod tests {
         let anonymous_request = plan_batch([anonymous(&one)], &skus, &available, &tallies);
         assert_eq!(
             anonymous_request.decisions[0].as_ref().unwrap_err().code,
-            ErrorCode::InvalidArgument,
+            ErrorCode::FailedPrecondition,
             "a limited SKU needs a user"
         );
     }

@@ -1,8 +1,10 @@
 //! Quantities and durations that arrive from clients.
 //!
-//! Each type deserializes only from a JSON integer inside its range: `1.5`, `"3"`,
-//! `null`, `1e3` and 2^63 are all refused with a message naming the range, instead of
-//! being truncated, coerced or wrapped.
+//! Each type deserializes only from a JSON number that is an integer inside its range:
+//! `1.5`, `"3"`, `null` and 2^63 are all refused with a message naming the range,
+//! instead of being truncated, coerced or wrapped. A number written with a zero
+//! fraction or an exponent (`1.0`, `1e3`) is the integer it equals: JSON has one number
+//! type, and JSON Schema's `integer` (what `/openapi.json` promises) includes them.
 
 use std::fmt;
 
@@ -40,6 +42,19 @@ impl<'de> Visitor<'de> for StrictIntegerVisitor {
     fn visit_u128<E: de::Error>(self, value: u128) -> Result<i128, E> {
         Ok(i128::try_from(value).unwrap_or(i128::MAX))
     }
+
+    fn visit_f64<E: de::Error>(self, value: f64) -> Result<i128, E> {
+        integral(value).ok_or_else(|| E::invalid_type(de::Unexpected::Float(value), &self))
+    }
+}
+
+/// The integer a JSON number equals, when it equals one that fits 64 bits. Every such
+/// number below 2^53 is exact in an `f64`; the ranges stockd accepts are far below it.
+pub(crate) fn integral(value: f64) -> Option<i128> {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    // The cast is exact when it is used: the value is whole and inside i64's range (a
+    // float cast saturates otherwise, and is then thrown away).
+    (value.is_finite() && value.fract() == 0.0 && value.abs() < LIMIT).then_some(value as i128)
 }
 
 fn deserialize_strict_integer<'de, D: Deserializer<'de>>(
@@ -61,6 +76,12 @@ macro_rules! bounded_integer {
 
         impl $name {
             const EXPECTED: &'static str = $expected;
+            /// The smallest value accepted.
+            pub const MIN: i64 = $min;
+            /// The largest value accepted.
+            pub const MAX: i64 = $max;
+            /// Whether 0 is accepted between the bounds.
+            pub const ZERO_ALLOWED: bool = $zero_allowed;
 
             pub fn new(value: i64) -> Result<$name, ParseError> {
                 if ($min..=$max).contains(&value) && ($zero_allowed || value != 0) {
@@ -146,6 +167,17 @@ bounded_integer!(
     expected = "an integer between 0 and 1000000"
 );
 
+bounded_integer!(
+    /// A version a client saw (of a SKU, a product), sent back so a change made since
+    /// is refused instead of overwritten.
+    Version,
+    field = "version",
+    min = 0,
+    max = i64::MAX,
+    zero_allowed = true,
+    expected = "a non-negative integer"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +193,15 @@ mod tests {
     }
 
     #[test]
+    fn a_number_written_with_a_zero_fraction_or_an_exponent_is_the_integer_it_equals() {
+        assert_eq!(parse_quantity("1.0").unwrap().get(), 1);
+        assert_eq!(parse_quantity("1e3").unwrap().get(), 1_000);
+        assert_eq!(parse_quantity("2.50e1").unwrap().get(), 25);
+        assert!(parse_quantity("1e7").is_err(), "still bounded");
+        assert!(parse_quantity("-0.0").is_err(), "zero is still refused");
+    }
+
+    #[test]
     fn quantity_refuses_zero_negative_huge_fractional_and_non_numbers() {
         for bad in [
             "0",
@@ -170,8 +211,9 @@ mod tests {
             "9223372036854775808",
             "18446744073709551616",
             "1.5",
-            "1.0",
-            "1e3",
+            "1.000001",
+            "1e-3",
+            "1e300",
             "\"3\"",
             "null",
             "true",

@@ -5,9 +5,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use domain::limits::{PRODUCT_SKUS_MAX, SCHEDULE_HORIZON_SECONDS_MAX, SHELF_TARGETS_MAX};
 use domain::{
-    Action, CategoryCode, Currency, ImageUrl, OrderId, PriceMinor, Principal, Product, ProductId,
-    Quantity, ReservationId, ReservationLine, ScheduleId, ShelfLogEntry, ShelfOperation, ShopCode,
-    SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode, authorize,
+    Action, CategoryCode, Currency, ErrorCode, ImageUrl, OrderId, PriceMinor, Principal, Product,
+    ProductId, Quantity, ReservationId, ReservationLine, ScheduleId, ShelfLogEntry, ShelfOperation,
+    ShopCode, SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode,
+    authorize,
 };
 use store::{
     Actor, AppliedSchedule, Cart, Displayed, IdempotencyClaim, NewOrder, NewProduct, NewSku,
@@ -266,10 +267,13 @@ impl Engine {
         }
         if targets.len() > SHELF_TARGETS_MAX {
             // The store stops reading one past the limit, so the count is a floor.
-            return Err(EngineError::InvalidArgument(format!(
-                "the operation names more than {SHELF_TARGETS_MAX} SKUs; at most \
-                 {SHELF_TARGETS_MAX} at once"
-            )));
+            return Err(EngineError::Refused {
+                code: ErrorCode::FailedPrecondition,
+                detail: format!(
+                    "the operation names more than {SHELF_TARGETS_MAX} SKUs; at most \
+                     {SHELF_TARGETS_MAX} at once"
+                ),
+            });
         }
         for target in &targets {
             authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
@@ -479,9 +483,10 @@ impl Engine {
             return Ok(first);
         }
         let cart = self.cart(principal, user).await?;
+        // Nothing to check out: the request is well formed, the cart holds no line.
         if cart.lines.is_empty() {
-            return Err(EngineError::InvalidArgument(format!(
-                "the cart of '{user}' is empty"
+            return Err(EngineError::NotFound(format!(
+                "the cart of '{user}' is empty: nothing to check out"
             )));
         }
         let (lines, skipped) = orderable_lines(&cart)?;
@@ -490,10 +495,15 @@ impl Engine {
             .scope_of_skus(principal, Action::UseCarts, &skus)
             .await
             .map_err(|error| match error {
-                EngineError::InvalidArgument(_) => EngineError::InvalidArgument(
-                    "the cart holds SKUs of several shops; check out as one shop's service key"
+                EngineError::Refused {
+                    code: ErrorCode::FailedPrecondition,
+                    ..
+                } => EngineError::Refused {
+                    code: ErrorCode::FailedPrecondition,
+                    detail: "the cart holds SKUs of several shops; check out as one shop's \
+                             service key"
                         .into(),
-                ),
+                },
                 other => other,
             })?;
         let ordered: Vec<(SkuCode, i64)> = lines

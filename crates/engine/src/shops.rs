@@ -115,9 +115,10 @@ impl Engine {
                 .map_err(|denied| EngineError::Forbidden(denied.0))?;
             match shop {
                 Some(first) if first != found => {
-                    return Err(EngineError::InvalidArgument(
-                        "a reservation's SKUs must all belong to one shop".into(),
-                    ));
+                    return Err(EngineError::Refused {
+                        code: domain::ErrorCode::FailedPrecondition,
+                        detail: "a reservation's SKUs must all belong to one shop".into(),
+                    });
                 }
                 _ => shop = Some(found),
             }

@@ -103,7 +103,7 @@ impl<B: Backend> Units<B> {
                 .await?;
                 if lines >= domain::limits::CART_LINES_MAX as i64 {
                     Some(Rejection::new(
-                        ErrorCode::InvalidArgument,
+                        ErrorCode::FailedPrecondition,
                         format!(
                             "a cart holds at most {} lines",
                             domain::limits::CART_LINES_MAX

@@ -255,7 +255,7 @@ pub(crate) async fn price_order<C: Dialect>(
             (Some(price), Some(currency)) => prices.push((price, currency)),
             _ => {
                 return Ok(Err(Rejection::new(
-                    ErrorCode::InvalidArgument,
+                    ErrorCode::FailedPrecondition,
                     format!("sku '{}' has no price and cannot be ordered", line.sku),
                 )));
             }
@@ -263,7 +263,7 @@ pub(crate) async fn price_order<C: Dialect>(
     }
     if prices.windows(2).any(|pair| pair[0].1 != pair[1].1) {
         return Ok(Err(Rejection::new(
-            ErrorCode::InvalidArgument,
+            ErrorCode::FailedPrecondition,
             "an order's SKUs must share one currency",
         )));
     }
@@ -276,7 +276,7 @@ pub(crate) async fn price_order<C: Dialect>(
         });
     let Some(amount_minor) = amount else {
         return Ok(Err(Rejection::new(
-            ErrorCode::InvalidArgument,
+            ErrorCode::FailedPrecondition,
             "the order's total does not fit in a 64-bit amount of minor units",
         )));
     };
@@ -284,7 +284,7 @@ pub(crate) async fn price_order<C: Dialect>(
         // Nothing to charge: the gateway would refuse it, and the stock would wait for
         // a payment that cannot happen.
         return Ok(Err(Rejection::new(
-            ErrorCode::InvalidArgument,
+            ErrorCode::FailedPrecondition,
             "the order's total is 0: there is nothing to pay",
         )));
     }

@@ -215,7 +215,7 @@ pub(crate) async fn apply_movement<C: Dialect>(
     let Some((available, reserved)) = counters else {
         let rejection = if delta > 0 {
             Rejection::new(
-                ErrorCode::InvalidArgument,
+                ErrorCode::FailedPrecondition,
                 format!(
                     "receiving {delta} would put more than {STOCK_ON_HAND_MAX} units on hand for sku '{}' in warehouse '{}'",
                     movement.sku, movement.warehouse
