@@ -160,6 +160,13 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
                 .json(&json!({"operation": "off", "product_ids": [product]})),
         ),
         ("shelf log", Call::get("/v1/admin/shelf-log")),
+        ("list products", Call::get("/v1/admin/products?shop=north")),
+        (
+            "list schedules",
+            Call::get("/v1/admin/schedules?shop=north"),
+        ),
+        ("list orders", Call::get("/v1/orders?shop=north")),
+        ("who am i", Call::get("/v1/me")),
         (
             "create operator",
             Call::post("/v1/admin/operators")
@@ -264,6 +271,8 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "update product",
         "staff product view",
         "shelf operation",
+        "list products",
+        "list schedules",
     ];
     let service_routes = [
         "read sku",
@@ -274,6 +283,7 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "release reservation",
         "create order",
         "read order",
+        "list orders",
         "pay order",
         "cancel order",
         "put cart item",
@@ -344,6 +354,8 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "shelf log",
         "audit",
         "metrics",
+        "list products",
+        "list schedules",
     ];
     let calls: Vec<_> = every_protected_call(&shop)
         .into_iter()

@@ -9,7 +9,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use cache::{CacheKey, Lookup};
-use domain::limits::{REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX, SPEC_LENGTH_MAX};
+use domain::limits::{
+    LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX, REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX,
+    SPEC_LENGTH_MAX,
+};
 use domain::{ErrorCode, ProductId, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId};
 use engine::catalog::{DraftSku, ProductDraft, ShelfRequest};
 use store::{ProductChanges, ReadHandle, ShelfLogQuery, TargetSelector};
@@ -511,4 +514,87 @@ pub async fn checkout(
             .checkout(&caller, &claim, &user, body.value.ttl_seconds)
             .await?,
     ))
+}
+
+/// Products with their SKUs, oldest first
+/// An operator sees its own shop's; the admin every shop's, or `shop`'s. Deleted products are listed too (`deleted: true`).
+#[utoipa::path(
+    get,
+    path = "/v1/admin/products",
+    tag = "catalog",
+    params(
+        ("shop" = Option<crate::openapi::schemas::ShopCode>, Query, description = "Only this shop's (an operator's own anyway)."),
+        ("category" = Option<crate::openapi::schemas::CategoryCode>, Query, description = "Only this category."),
+        ("supplier" = Option<crate::openapi::schemas::SupplierCode>, Query, description = "Only this supplier's."),
+        ("after" = Option<crate::openapi::schemas::ProductId>, Query, description = "The previous page's next_after."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Products per page (50 when absent).")
+    ),
+    responses((status = 200, description = "A page of products", body = crate::catalog_wire::ProductsPageBody))
+)]
+pub async fn list_products(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    mut query: crate::extract::QueryParameters,
+) -> Result<Response, ApiError> {
+    let filter = store::ProductFilter {
+        shop: query.take("shop", domain::ShopCode::parse)?,
+        category: query.take("category", domain::CategoryCode::parse)?,
+        supplier: query.take("supplier", domain::SupplierCode::parse)?,
+    };
+    let after = query.take("after", ProductId::parse)?;
+    let limit = query.limit(LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX)?;
+    query.finish()?;
+    let products = state
+        .engine
+        .products_page(&caller, filter, after.as_ref(), limit)
+        .await?;
+    let full = i64::try_from(products.len()).unwrap_or(i64::MAX) == limit;
+    let body = crate::catalog_wire::ProductsPageBody {
+        products: products.iter().map(ProductBody::new).collect(),
+        next_after: products
+            .last()
+            .filter(|_| full)
+            .map(|product| product.id.as_str()),
+    };
+    Ok(Json(body).into_response())
+}
+
+/// Scheduled shelf changes, by due time
+/// `PENDING` ones (what is still to come) unless `status` names another. An operator sees its own shop's.
+#[utoipa::path(
+    get,
+    path = "/v1/admin/schedules",
+    tag = "shelf",
+    params(
+        ("status" = Option<crate::openapi::schemas::ScheduleStatus>, Query, description = "PENDING when absent."),
+        ("shop" = Option<crate::openapi::schemas::ShopCode>, Query, description = "Only this shop's (an operator's own anyway)."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Schedules (50 when absent): the first by due time.")
+    ),
+    responses((status = 200, description = "The schedules", body = crate::catalog_wire::SchedulesBody))
+)]
+pub async fn list_schedules(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    mut query: crate::extract::QueryParameters,
+) -> Result<Response, ApiError> {
+    let status = query
+        .take("status", |text| {
+            engine::catalog::ScheduleStatus::parse(text)
+                .ok_or("must be PENDING, APPLIED, SKIPPED or REFUSED")
+        })?
+        .unwrap_or(engine::catalog::ScheduleStatus::Pending);
+    let shop = query.take("shop", domain::ShopCode::parse)?;
+    let limit = query.limit(LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX)?;
+    query.finish()?;
+    let schedules = state
+        .engine
+        .schedules(&caller, shop.as_ref(), status, limit)
+        .await?;
+    let body = crate::catalog_wire::SchedulesBody {
+        schedules: schedules
+            .iter()
+            .map(crate::catalog_wire::ScheduleBody::new)
+            .collect(),
+    };
+    Ok(Json(body).into_response())
 }

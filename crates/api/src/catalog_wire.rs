@@ -515,3 +515,64 @@ pub fn skipped_lines(skipped: &[SkippedLine]) -> Vec<SkippedLineBody<'_>> {
         })
         .collect()
 }
+
+/// `GET /v1/admin/products`: a page, oldest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ProductsPageBody<'a> {
+    pub products: Vec<ProductBody<'a>>,
+    /// The `after` of the next page (`null` when this page is the last).
+    #[schema(value_type = Option<crate::openapi::schemas::ProductId>)]
+    pub next_after: Option<&'a str>,
+}
+
+/// A scheduled shelf change.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScheduleBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::ScheduleId)]
+    pub schedule_id: &'a str,
+    pub sku: &'a str,
+    #[schema(value_type = Option<crate::openapi::schemas::ProductId>)]
+    pub product_id: Option<&'a str>,
+    /// `on` or `off`.
+    #[schema(value_type = String, pattern = "^(on|off)$")]
+    pub operation: &'a str,
+    /// The start of the minute it applies at.
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub due_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::ScheduleStatus)]
+    pub status: &'a str,
+    pub operator_id: &'a str,
+    pub shop: Option<&'a str>,
+    pub remark: &'a str,
+    /// What happened when it came due (empty while pending).
+    pub outcome: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub created_at: Timestamp,
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
+    pub applied_at: Option<Timestamp>,
+}
+
+impl<'a> ScheduleBody<'a> {
+    pub fn new(schedule: &'a store::ScheduleRecord) -> ScheduleBody<'a> {
+        ScheduleBody {
+            schedule_id: schedule.id.as_str(),
+            sku: schedule.sku.as_str(),
+            product_id: schedule.product_id.as_ref().map(ProductId::as_str),
+            operation: &schedule.operation,
+            due_at: schedule.due_at,
+            status: &schedule.status,
+            operator_id: &schedule.operator_id,
+            shop: schedule.shop.as_ref().map(ShopCode::as_str),
+            remark: &schedule.remark,
+            outcome: &schedule.outcome,
+            created_at: schedule.created_at,
+            applied_at: schedule.applied_at,
+        }
+    }
+}
+
+/// `GET /v1/admin/schedules`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SchedulesBody<'a> {
+    pub schedules: Vec<ScheduleBody<'a>>,
+}

@@ -159,6 +159,62 @@ pub(crate) fn fingerprint(method: &str, path: &str, canonical_body: &str) -> Str
     domain::lower_hex(&hasher.finalize())
 }
 
+/// A route's query parameters, each taken once by name; [`QueryParameters::finish`]
+/// refuses any the route does not know (a typo must not silently widen a list).
+pub struct QueryParameters(std::collections::HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryParameters {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let axum::extract::Query(parameters) = axum::extract::Query::<
+            std::collections::HashMap<String, String>,
+        >::from_request_parts(parts, state)
+        .await
+        .map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+        Ok(QueryParameters(parameters))
+    }
+}
+
+impl QueryParameters {
+    /// The parameter `name` parsed, or `None` when absent.
+    pub fn take<T, E: std::fmt::Display>(
+        &mut self,
+        name: &str,
+        parse: impl FnOnce(&str) -> Result<T, E>,
+    ) -> Result<Option<T>, ApiError> {
+        self.0
+            .remove(name)
+            .map(|value| {
+                parse(&value).map_err(|error| ApiError::invalid(format!("{name}: {error}")))
+            })
+            .transpose()
+    }
+
+    /// `limit`: 1..=`maximum`, `default` when absent.
+    pub fn limit(&mut self, default: i64, maximum: i64) -> Result<i64, ApiError> {
+        Ok(self
+            .take("limit", |value| {
+                value
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|limit| (1..=maximum).contains(limit))
+                    .ok_or_else(|| format!("must be 1 to {maximum}"))
+            })?
+            .unwrap_or(default))
+    }
+
+    /// Refuses the parameters nobody took.
+    pub fn finish(self) -> Result<(), ApiError> {
+        match self.0.keys().min() {
+            Some(unknown) => Err(ApiError::invalid(format!(
+                "unknown query parameter '{unknown}'"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The bearer token of a request, if it carries one.
 pub fn bearer_token(parts: &Parts) -> Option<&str> {
     parts

@@ -210,6 +210,7 @@ pub mod schemas {
     named_schema!(CartProblem => one_of("Why a cart line cannot be ordered now.", vec!["not_found", "deleted", "off_shelf", "out_of_stock", "quantity_above_available"]));
     named_schema!(LedgerKind => one_of("What a ledger row did.", vec!["receive", "adjust", "reserve", "confirm", "release", "return"]));
     named_schema!(EventType => one_of("An event's type.", domain::EventType::ALL.map(|event| event.as_str()).to_vec()));
+    named_schema!(ScheduleStatus => one_of("A scheduled change's status: PENDING (to come), APPLIED, SKIPPED (its SKU was deleted), REFUSED.", engine::catalog::ScheduleStatus::ALL.map(|status| status.as_str()).to_vec()));
     named_schema!(ShelfOutcome => one_of("What became of one target.", vec!["changed", "repeated", "refused", "scheduled"]));
     named_schema!(ErrorCode => one_of("A problem's stable code.", domain::ErrorCode::ALL.map(|code| code.as_str()).to_vec()));
 
@@ -285,6 +286,7 @@ pub mod schemas {
             LedgerKind,
             EventType,
             ShelfOutcome,
+            ScheduleStatus,
             ErrorCode,
             Problem,
         )
@@ -418,6 +420,10 @@ pub const OPERATIONS: &[Operation] = &[
         ],
     ),
     operation("shelf_log", &[Action::ViewStaffData], &[]),
+    operation("list_products", &[Action::ViewStaffData], &[]),
+    operation("list_schedules", &[Action::ViewStaffData], &[]),
+    operation("list_orders", &[Action::ViewOrders], &[]),
+    operation("who_am_i", &[Action::Identify], &[]),
     operation(
         "create_operator",
         &[Action::ManageCredentials],
@@ -653,7 +659,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(routes::release_reservation))
         .routes(routes!(routes::audit))
         .routes(routes!(routes::events))
-        .routes(routes!(order_routes::create_order))
+        .routes(routes!(
+            order_routes::create_order,
+            order_routes::list_orders
+        ))
         .routes(routes!(order_routes::get_order))
         .routes(routes!(order_routes::pay))
         .routes(routes!(order_routes::cancel))
@@ -666,6 +675,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
             catalog_routes::delete_product
         ))
         .routes(routes!(catalog_routes::staff_product))
+        .routes(routes!(catalog_routes::list_products))
+        .routes(routes!(catalog_routes::list_schedules))
+        .routes(routes!(routes::who_am_i))
         .routes(routes!(catalog_routes::shelf))
         .routes(routes!(catalog_routes::shelf_log))
         .routes(routes!(catalog_routes::create_operator))

@@ -186,3 +186,54 @@ pub async fn webhook(
 fn gateway_signature_header() -> &'static str {
     "stripe-signature"
 }
+
+/// Orders, newest first
+/// The caller's shop's (the admin's: every shop's, or `shop`'s), of one shopper when `user_id` is given. Each order in full is `GET /v1/orders/{id}`.
+#[utoipa::path(
+    get,
+    path = "/v1/orders",
+    tag = "orders",
+    params(
+        ("user_id" = Option<crate::openapi::schemas::UserId>, Query, description = "Only this shopper's."),
+        ("shop" = Option<crate::openapi::schemas::ShopCode>, Query, description = "Only this shop's (a shop's credential: its own anyway)."),
+        ("before" = Option<crate::openapi::schemas::OrderId>, Query, description = "The previous page's next_before."),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Orders per page (50 when absent).")
+    ),
+    responses((status = 200, description = "A page of orders", body = crate::order_wire::OrdersPageBody))
+)]
+pub async fn list_orders(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    mut query: crate::extract::QueryParameters,
+) -> Result<Response, ApiError> {
+    let user = query.take("user_id", domain::UserId::parse)?;
+    let shop = query.take("shop", domain::ShopCode::parse)?;
+    let before = query.take("before", domain::OrderId::parse)?;
+    let limit = query.limit(
+        domain::limits::LIST_PAGE_SIZE_DEFAULT,
+        domain::limits::LIST_PAGE_SIZE_MAX,
+    )?;
+    query.finish()?;
+    let orders = state
+        .engine
+        .order_summaries(
+            &caller,
+            shop.as_ref(),
+            user.as_ref(),
+            before.as_ref(),
+            limit,
+        )
+        .await?;
+    let full = i64::try_from(orders.len()).unwrap_or(i64::MAX) == limit;
+    let body = crate::order_wire::OrdersPageBody {
+        orders: orders
+            .iter()
+            .map(crate::order_wire::OrderSummaryBody::new)
+            .collect(),
+        next_before: orders
+            .last()
+            .filter(|_| full)
+            .map(|order| order.id.as_str()),
+    };
+    Ok(Json(body).into_response())
+}

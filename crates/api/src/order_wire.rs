@@ -235,3 +235,46 @@ pub struct WebhookReceiptBody {
     /// What the event did.
     pub outcome: String,
 }
+
+/// An order as `GET /v1/orders` lists it; `GET /v1/orders/{id}` has the rest.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OrderSummaryBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::OrderId)]
+    pub order_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
+    pub shop: &'a str,
+    #[schema(value_type = crate::openapi::schemas::UserId)]
+    pub user_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::OrderStatus)]
+    pub status: &'static str,
+    pub amount: i64,
+    pub currency: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub created_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub updated_at: Timestamp,
+}
+
+impl<'a> OrderSummaryBody<'a> {
+    pub fn new(order: &'a store::OrderSummary) -> OrderSummaryBody<'a> {
+        OrderSummaryBody {
+            order_id: order.id.as_str(),
+            shop: order.shop.as_str(),
+            user_id: order.user.as_str(),
+            status: order.status.as_str(),
+            amount: order.amount_minor,
+            currency: order.currency.as_str(),
+            created_at: order.created_at,
+            updated_at: order.updated_at,
+        }
+    }
+}
+
+/// `GET /v1/orders`: a page, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OrdersPageBody<'a> {
+    pub orders: Vec<OrderSummaryBody<'a>>,
+    /// The `before` of the next page (`null` when this page is the last).
+    #[schema(value_type = Option<crate::openapi::schemas::OrderId>)]
+    pub next_before: Option<&'a str>,
+}

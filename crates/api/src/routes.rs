@@ -516,3 +516,15 @@ pub async fn events(
 
 /// Events per feed page when the caller names no `limit`.
 const EVENTS_PAGE_SIZE_DEFAULT: i64 = 100;
+
+/// Who this credential is: its role and shop
+/// What the console asks first, to show each person what they may do.
+#[utoipa::path(
+    get,
+    path = "/v1/me",
+    tag = "credentials",
+    responses((status = 200, description = "The caller", body = crate::wire::WhoAmIBody))
+)]
+pub async fn who_am_i(Caller(caller): Caller) -> Response {
+    Json(crate::wire::WhoAmIBody::new(&caller)).into_response()
+}

@@ -668,3 +668,34 @@ pub fn code_of_problem(body: &str) -> Option<ErrorCode> {
         .ok()
         .and_then(|only| ErrorCode::parse(&only.code))
 }
+
+/// `GET /v1/me`: who the credential is.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WhoAmIBody<'a> {
+    /// `admin`, `operator` or `service`.
+    #[schema(value_type = String, pattern = "^(admin|operator|service)$")]
+    pub role: &'static str,
+    /// The shop it acts in (`null`: the admin, every shop).
+    #[schema(value_type = Option<crate::openapi::schemas::ShopCode>)]
+    pub shop: Option<&'a str>,
+    #[schema(value_type = Option<crate::openapi::schemas::OperatorId>)]
+    pub operator_id: Option<&'a str>,
+    #[schema(value_type = Option<crate::openapi::schemas::ServiceKeyId>)]
+    pub key_id: Option<&'a str>,
+}
+
+impl<'a> WhoAmIBody<'a> {
+    pub fn new(principal: &'a domain::Principal) -> WhoAmIBody<'a> {
+        let (operator_id, key_id) = match principal {
+            domain::Principal::Admin => (None, None),
+            domain::Principal::Operator { id, .. } => (Some(id.as_str()), None),
+            domain::Principal::Service { key, .. } => (None, Some(key.as_str())),
+        };
+        WhoAmIBody {
+            role: principal.role().as_str(),
+            shop: principal.shop().map(ShopCode::as_str),
+            operator_id,
+            key_id,
+        }
+    }
+}

@@ -62,3 +62,7 @@ pub const SERVICE_KEY_NAME_LENGTH_MAX: usize = 64;
 pub const SERVICE_KEYS_LISTED_MAX: i64 = 1000;
 /// Longest bearer token stockd reads (every token it issues is shorter).
 pub const BEARER_TOKEN_LENGTH_MAX: usize = 128;
+/// Most products, schedules or orders one page of a staff list shows.
+pub const LIST_PAGE_SIZE_MAX: i64 = 200;
+/// Entries of a staff list page when the caller names no `limit`.
+pub const LIST_PAGE_SIZE_DEFAULT: i64 = 50;

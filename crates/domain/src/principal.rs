@@ -64,6 +64,8 @@ pub enum Action {
     UseCarts,
     /// Read the shop's events (the pull feed).
     ReadEvents,
+    /// Read who this credential is (its role and shop): every credential may.
+    Identify,
 }
 
 impl Action {
@@ -84,13 +86,14 @@ impl Action {
             Action::PlaceOrder => "place and pay orders",
             Action::UseCarts => "use carts",
             Action::ReadEvents => "read events",
+            Action::Identify => "read who it is",
         }
     }
 }
 
 /// Which roles may take each action. The admin may take every one; the table lists
 /// the others. Anything not listed is refused.
-pub const PERMISSIONS: [(Action, &[Role]); 15] = [
+pub const PERMISSIONS: [(Action, &[Role]); 16] = [
     (Action::ManageCredentials, &[Role::Admin]),
     (Action::DeleteCatalog, &[Role::Admin]),
     (Action::EditCatalog, &[Role::Admin, Role::Operator]),
@@ -113,6 +116,10 @@ pub const PERMISSIONS: [(Action, &[Role]); 15] = [
     (Action::UseCarts, &[Role::Admin, Role::Service]),
     (
         Action::ReadEvents,
+        &[Role::Admin, Role::Operator, Role::Service],
+    ),
+    (
+        Action::Identify,
         &[Role::Admin, Role::Operator, Role::Service],
     ),
 ];

@@ -384,6 +384,43 @@ impl Engine {
     }
 
     /// `GET /v1/admin/shelf-log`: an operator sees only its shop. A display read.
+    /// `GET /v1/admin/products`: the staff's product list, an operator's own shop's.
+    pub async fn products_page(
+        &self,
+        principal: &Principal,
+        mut filter: store::ProductFilter,
+        after: Option<&ProductId>,
+        limit: i64,
+    ) -> Result<Vec<Product>, EngineError> {
+        authorize(principal, Action::ViewStaffData, filter.shop.as_ref()).map_err(forbidden)?;
+        if let Some(shop) = principal.shop() {
+            filter.shop = Some(shop.clone());
+        }
+        self.inner
+            .store
+            .products_page(&filter, after, limit)
+            .await
+            .map_err(|error| log_store_error("products_page", error))
+    }
+
+    /// `GET /v1/admin/schedules`: schedules of one status by due time, an operator's
+    /// own shop's.
+    pub async fn schedules(
+        &self,
+        principal: &Principal,
+        shop: Option<&ShopCode>,
+        status: ScheduleStatus,
+        limit: i64,
+    ) -> Result<Vec<store::ScheduleRecord>, EngineError> {
+        authorize(principal, Action::ViewStaffData, shop).map_err(forbidden)?;
+        let shop = principal.shop().or(shop);
+        self.inner
+            .store
+            .schedules(shop, status.as_str(), limit)
+            .await
+            .map_err(|error| log_store_error("schedules", error))
+    }
+
     pub async fn shelf_log(
         &self,
         principal: &Principal,
@@ -599,5 +636,41 @@ fn checkout_order(
         expires_at: now.plus_seconds(ttl_seconds),
         skipped: Some(skipped),
         reference: domain::OrderReference::default(),
+    }
+}
+
+/// A scheduled shelf change's status, as `GET /v1/admin/schedules` filters by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleStatus {
+    /// Still to come.
+    Pending,
+    Applied,
+    /// Its SKU was deleted before it came due.
+    Skipped,
+    /// The change was refused when it came due (a product missing a field).
+    Refused,
+}
+
+impl ScheduleStatus {
+    pub const ALL: [ScheduleStatus; 4] = [
+        ScheduleStatus::Pending,
+        ScheduleStatus::Applied,
+        ScheduleStatus::Skipped,
+        ScheduleStatus::Refused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleStatus::Pending => "PENDING",
+            ScheduleStatus::Applied => "APPLIED",
+            ScheduleStatus::Skipped => "SKIPPED",
+            ScheduleStatus::Refused => "REFUSED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ScheduleStatus> {
+        ScheduleStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == text)
     }
 }

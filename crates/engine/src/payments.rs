@@ -170,6 +170,25 @@ impl Engine {
     }
 
     /// `GET /v1/orders/{id}`, a display read.
+    /// `GET /v1/orders`: orders newest first, of the caller's shop (the admin's: every
+    /// shop's, or `shop`'s), of one shopper when given.
+    pub async fn order_summaries(
+        &self,
+        principal: &Principal,
+        shop: Option<&ShopCode>,
+        user: Option<&UserId>,
+        before: Option<&OrderId>,
+        limit: i64,
+    ) -> Result<Vec<store::OrderSummary>, EngineError> {
+        authorize(principal, Action::ViewOrders, shop).map_err(forbidden)?;
+        let shop = principal.shop().or(shop);
+        self.inner
+            .store
+            .order_summaries(shop, user, before, limit)
+            .await
+            .map_err(|error| log_store_error("order_summaries", error))
+    }
+
     pub async fn order_for(
         &self,
         principal: &Principal,

@@ -241,3 +241,31 @@ mod tests {
         assert_eq!(unknown.problem(), Some(CartProblem::NotFound));
     }
 }
+
+/// Which products the staff's list shows: every one, or those of one shop, category
+/// and supplier.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProductFilter {
+    pub shop: Option<ShopCode>,
+    pub category: Option<CategoryCode>,
+    pub supplier: Option<SupplierCode>,
+}
+
+/// A scheduled shelf change as the staff's list shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleRecord {
+    pub id: ScheduleId,
+    pub sku: SkuCode,
+    pub product_id: Option<ProductId>,
+    /// `on` or `off`.
+    pub operation: String,
+    pub due_at: Timestamp,
+    /// `PENDING`, `APPLIED`, `SKIPPED` or `REFUSED`.
+    pub status: String,
+    pub operator_id: String,
+    pub shop: Option<ShopCode>,
+    pub remark: String,
+    pub outcome: String,
+    pub created_at: Timestamp,
+    pub applied_at: Option<Timestamp>,
+}

@@ -279,6 +279,12 @@ forward! {
     fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError>;
+    /// The staff's product list: oldest first, filtered, after a product id.
+    fn products_page(&self, filter: &ProductFilter, after: Option<&ProductId>, limit: i64) -> Result<Vec<Product>, StoreError>;
+    /// Schedules of one status by due time.
+    fn schedules(&self, shop: Option<&ShopCode>, status: &str, limit: i64) -> Result<Vec<ScheduleRecord>, StoreError>;
+    /// Orders newest first, of a shop and a shopper when given, older than `before`.
+    fn order_summaries(&self, shop: Option<&ShopCode>, user: Option<&UserId>, before: Option<&OrderId>, limit: i64) -> Result<Vec<OrderSummary>, StoreError>;
     fn resolve_shelf_targets(&self, selector: &TargetSelector) -> Result<Vec<ShelfTarget>, StoreError>;
     fn change_shelf(&self, claim: &IdempotencyClaim, change: &ShelfChange, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn schedule_shelf(&self, claim: &IdempotencyClaim, scheduling: &ShelfScheduling, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

@@ -68,6 +68,19 @@ pub struct RefundRecord {
     pub failure_reason: Option<String>,
 }
 
+/// An order as a search lists it; `GET /v1/orders/{id}` has the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrderSummary {
+    pub id: OrderId,
+    pub shop: ShopCode,
+    pub user: UserId,
+    pub status: OrderStatus,
+    pub amount_minor: i64,
+    pub currency: Currency,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
 /// An order with everything that happened to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Order {

@@ -8,7 +8,7 @@ use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::stock::load_sku;
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
-use crate::catalog::{NewProduct, ProductChanges};
+use crate::catalog::{NewProduct, ProductChanges, ProductFilter};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::replicas::{Displayed, ReadHandle};
@@ -17,6 +17,34 @@ use domain::{
     CategoryCode, ErrorCode, ImageUrl, Product, ProductId, ShopCode, SkuCode, SupplierCode,
     Timestamp, Title,
 };
+
+async fn load_products_page<C: Dialect>(
+    connection: &mut C,
+    filter: &ProductFilter,
+    after: Option<&ProductId>,
+    limit: i64,
+) -> Result<Vec<Product>, StoreError> {
+    let ids: Vec<String> = statement(
+        "SELECT id FROM product WHERE ($1 IS NULL OR shop = $1) \
+         AND ($2 IS NULL OR category = $2) AND ($3 IS NULL OR supplier = $3) \
+         AND ($4 IS NULL OR id > $4) ORDER BY id LIMIT $5",
+    )
+    .bind(filter.shop.as_ref().map(ShopCode::as_str))
+    .bind(filter.category.as_ref().map(CategoryCode::as_str))
+    .bind(filter.supplier.as_ref().map(SupplierCode::as_str))
+    .bind(after.map(ProductId::as_str))
+    .bind(limit)
+    .fetch_all_scalar(&mut *connection)
+    .await?;
+    let mut products = Vec::with_capacity(ids.len());
+    for id in ids {
+        let id = parse_stored("product id", &id, ProductId::parse)?;
+        if let Some(product) = load_product(&mut *connection, &id).await? {
+            products.push(product);
+        }
+    }
+    Ok(products)
+}
 
 pub(crate) async fn load_product<C: Dialect>(
     connection: &mut C,
@@ -196,6 +224,21 @@ impl<B: Backend> Units<B> {
         let product = load_product(&mut *transaction, id).await;
         transaction.rollback().await?;
         product
+    }
+
+    /// Products oldest first, each with its SKUs (the staff's list): of one shop, one
+    /// category and one supplier when given, after the product `after`, at most
+    /// `limit`. Deleted products are listed too (`deleted_at` set).
+    pub async fn products_page(
+        &self,
+        filter: &ProductFilter,
+        after: Option<&ProductId>,
+        limit: i64,
+    ) -> Result<Vec<Product>, StoreError> {
+        let mut transaction = self.begin_writer_read().await?;
+        let products = load_products_page(&mut *transaction, filter, after, limit).await;
+        transaction.rollback().await?;
+        products
     }
 
     /// The shopper's product view, a display read.

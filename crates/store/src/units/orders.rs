@@ -22,7 +22,9 @@ use crate::error::StoreError;
 use crate::model::{
     IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, StoredResponse,
 };
-use crate::orders::{NewOrder, Order, OrderHistoryEntry, OrderLine, PaymentAttempt, RefundRecord};
+use crate::orders::{
+    NewOrder, Order, OrderHistoryEntry, OrderLine, OrderSummary, PaymentAttempt, RefundRecord,
+};
 use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
@@ -725,6 +727,47 @@ impl<B: Backend> Units<B> {
     }
 
     /// The shop an order belongs to (fixed at creation).
+    /// Orders newest first (the staff's and a checkout's search): of one shop and one
+    /// shopper when given, older than the order `before`, at most `limit`.
+    pub async fn order_summaries(
+        &self,
+        shop: Option<&ShopCode>,
+        user: Option<&OrderUserId>,
+        before: Option<&OrderId>,
+        limit: i64,
+    ) -> Result<Vec<OrderSummary>, StoreError> {
+        let rows = statement(
+            "SELECT id, shop, user_id, status, amount_minor, currency, created_at, updated_at \
+             FROM customer_order WHERE ($1 IS NULL OR shop = $1) AND ($2 IS NULL OR user_id = $2) \
+             AND ($3 IS NULL OR id < $3) ORDER BY id DESC LIMIT $4",
+        )
+        .bind(shop.map(ShopCode::as_str))
+        .bind(user.map(OrderUserId::as_str))
+        .bind(before.map(OrderId::as_str))
+        .bind(limit)
+        .fetch_all_rows(&mut *self.writer_read_connection().await?)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                let shop: String = row.try_get("shop")?;
+                let user: String = row.try_get("user_id")?;
+                let status: String = row.try_get("status")?;
+                let currency: String = row.try_get("currency")?;
+                Ok(OrderSummary {
+                    id: parse_stored("order id", &id, OrderId::parse)?,
+                    shop: parse_stored("shop", &shop, ShopCode::parse)?,
+                    user: parse_stored("user id", &user, OrderUserId::parse)?,
+                    status: parse_stored("order status", &status, OrderStatus::parse)?,
+                    amount_minor: row.try_get("amount_minor")?,
+                    currency: parse_stored("currency", &currency, Currency::parse)?,
+                    created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+                    updated_at: Timestamp::from_unix_milliseconds(row.try_get("updated_at")?),
+                })
+            })
+            .collect()
+    }
+
     pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
         let shop: Option<String> = statement("SELECT shop FROM customer_order WHERE id = $1")
             .bind(id.as_str())

@@ -10,15 +10,45 @@ use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::shelf::{LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, shelf_target};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
-    Actor, AppliedSchedule, ShelfChange, ShelfOutcome, ShelfResult, ShelfScheduling, ShelfTarget,
+    Actor, AppliedSchedule, ScheduleRecord, ShelfChange, ShelfOutcome, ShelfResult,
+    ShelfScheduling, ShelfTarget,
 };
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
-use crate::sql::statement;
+use crate::sql::{Row, statement};
 use domain::{
-    SaleStatus, ScheduleId, ShelfOperation, ShopCode, SkuCode, Timestamp, operation_label,
+    ProductId, SaleStatus, ScheduleId, ShelfOperation, ShopCode, SkuCode, Timestamp,
+    operation_label,
 };
 use std::collections::BTreeSet;
+
+fn decode_schedule(row: &Row) -> Result<ScheduleRecord, StoreError> {
+    let id: String = row.try_get("id")?;
+    let sku: String = row.try_get("sku")?;
+    let product_id: Option<String> = row.try_get("product_id")?;
+    let shop: Option<String> = row.try_get("shop")?;
+    let applied_at: Option<i64> = row.try_get("applied_at")?;
+    Ok(ScheduleRecord {
+        id: parse_stored("schedule id", &id, ScheduleId::parse)?,
+        sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+        product_id: product_id
+            .as_deref()
+            .map(|id| parse_stored("product id", id, ProductId::parse))
+            .transpose()?,
+        operation: row.try_get("operation")?,
+        due_at: Timestamp::from_unix_milliseconds(row.try_get("due_at")?),
+        status: row.try_get("status")?,
+        operator_id: row.try_get("operator_id")?,
+        shop: shop
+            .as_deref()
+            .map(|shop| parse_stored("shop", shop, ShopCode::parse))
+            .transpose()?,
+        remark: row.try_get("remark")?,
+        outcome: row.try_get("outcome")?,
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        applied_at: applied_at.map(Timestamp::from_unix_milliseconds),
+    })
+}
 
 /// A claimed schedule: its id, SKU, operation, remark and the target it changes.
 pub(crate) type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
@@ -72,6 +102,31 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
 }
 
 impl<B: Backend> Units<B> {
+    /// Schedules with `status` (`PENDING`: what is still to come), by due time: of one
+    /// shop when given, at most `limit`.
+    pub async fn schedules(
+        &self,
+        shop: Option<&ShopCode>,
+        status: &str,
+        limit: i64,
+    ) -> Result<Vec<ScheduleRecord>, StoreError> {
+        let rows = statement(
+            "SELECT shelf_schedule.id, shelf_schedule.sku, sku.product_id, shelf_schedule.operation, \
+             shelf_schedule.due_at, shelf_schedule.status, shelf_schedule.operator_id, \
+             shelf_schedule.shop, shelf_schedule.remark, shelf_schedule.outcome, \
+             shelf_schedule.created_at, shelf_schedule.applied_at \
+             FROM shelf_schedule LEFT JOIN sku ON sku.code = shelf_schedule.sku \
+             WHERE shelf_schedule.status = $1 AND ($2 IS NULL OR shelf_schedule.shop = $2) \
+             ORDER BY shelf_schedule.due_at, shelf_schedule.id LIMIT $3",
+        )
+        .bind(status)
+        .bind(shop.map(ShopCode::as_str))
+        .bind(limit)
+        .fetch_all_rows(&mut *self.writer_read_connection().await?)
+        .await?;
+        rows.iter().map(decode_schedule).collect()
+    }
+
     /// Records shelf operations to apply at `due_at`.
     pub async fn schedule_shelf(
         &self,
