@@ -51,6 +51,7 @@ fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<
 }
 
 /// Create a product with its SKUs
+///
 /// Every SKU starts `PENDING_REVIEW`.
 #[utoipa::path(
     post,
@@ -93,6 +94,7 @@ pub async fn create_product(
 }
 
 /// Change a product's fields
+///
 /// The shop never changes.
 #[utoipa::path(
     patch,
@@ -127,6 +129,7 @@ pub async fn update_product(
 }
 
 /// Delete a product (admin)
+///
 /// Soft and terminal: every SKU to `DELETED`, as a shelf operation (each SKU's result, logged). Not the same as taking it off the shelf.
 #[utoipa::path(
     delete,
@@ -155,6 +158,7 @@ pub async fn delete_product(
 // read that sends a consistency token (it wants its own writes) and any Redis failure
 // read the database.
 /// The shopper's view of a product
+///
 /// Per SKU: `on_sale`, `temporarily_out_of_stock` or `off_shelf`. Open to anyone. A display: the reservation at checkout decides.
 #[utoipa::path(
     get,
@@ -274,6 +278,7 @@ pub async fn staff_product(
 }
 
 /// Put SKUs on or off the shelf, now or at a minute
+///
 /// Targets by `product_ids`, `sku_ids`, `category` or `supplier` (at most 1,000 SKUs). `delete` is the admin's. Each target's result is reported; when every target was refused, the answer is the first refusal's problem with the results in `results`.
 #[utoipa::path(
     post,
@@ -330,6 +335,7 @@ pub async fn shelf(
 }
 
 /// Every shelf change: who, when, from, to
+///
 /// Oldest first; pass the last `id` as `after` for the next page.
 #[utoipa::path(
     get,
@@ -391,6 +397,7 @@ pub async fn shelf_log(
 }
 
 /// Create an operator of one shop
+///
 /// The token is in this answer only.
 #[utoipa::path(
     post,
@@ -417,6 +424,7 @@ pub async fn create_operator(
 }
 
 /// Put a SKU in a shopper's cart, or change its quantity
+///
 /// A cart holds no stock.
 #[utoipa::path(
     put,
@@ -490,6 +498,7 @@ pub async fn get_cart(
 }
 
 /// Check a cart out
+///
 /// An order (`PENDING_PAYMENT`) of the lines that can be ordered now; the others are reported in `skipped` and stay in the cart.
 #[utoipa::path(
     post,
@@ -517,6 +526,7 @@ pub async fn checkout(
 }
 
 /// Products with their SKUs, oldest first
+///
 /// An operator sees its own shop's; the admin every shop's, or `shop`'s. Deleted products are listed too (`deleted: true`).
 #[utoipa::path(
     get,
@@ -560,6 +570,7 @@ pub async fn list_products(
 }
 
 /// Scheduled shelf changes, by due time
+///
 /// `PENDING` ones (what is still to come) unless `status` names another. An operator sees its own shop's.
 #[utoipa::path(
     get,

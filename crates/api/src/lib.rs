@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod order_routes;
 pub mod order_wire;
+pub mod pages;
 pub mod problem;
 pub mod routes;
 pub mod server;

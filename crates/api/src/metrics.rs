@@ -120,6 +120,7 @@ impl Drop for InProgress {
 const GAUGE_QUERY_TIMEOUT_MILLISECONDS: u64 = 1_000;
 
 /// Prometheus metrics
+///
 /// docs/OPERATIONS.md lists them with their alerts.
 #[utoipa::path(
     get,

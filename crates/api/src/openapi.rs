@@ -212,6 +212,10 @@ pub mod schemas {
     named_schema!(EventType => one_of("An event's type.", domain::EventType::ALL.map(|event| event.as_str()).to_vec()));
     named_schema!(ScheduleStatus => one_of("A scheduled change's status: PENDING (to come), APPLIED, SKIPPED (its SKU was deleted), REFUSED.", engine::catalog::ScheduleStatus::ALL.map(|status| status.as_str()).to_vec()));
     named_schema!(ShelfOutcome => one_of("What became of one target.", vec!["changed", "repeated", "refused", "scheduled"]));
+    named_schema!(AssetName => json!({
+        "type": "string", "enum": crate::pages::asset_names(),
+        "description": "A file of the pages.",
+    }));
     named_schema!(ErrorCode => one_of("A problem's stable code.", domain::ErrorCode::ALL.map(|code| code.as_str()).to_vec()));
 
     named_schema!(
@@ -287,6 +291,7 @@ pub mod schemas {
             EventType,
             ShelfOutcome,
             ScheduleStatus,
+            AssetName,
             ErrorCode,
             Problem,
         )
@@ -325,6 +330,10 @@ use ErrorCode::{
 /// Every operation of the document. A test checks each annotated handler has a row
 /// and each row an operation.
 pub const OPERATIONS: &[Operation] = &[
+    operation("landing", &[], &[]),
+    operation("docs", &[], &[]),
+    operation("console", &[], &[]),
+    operation("asset", &[], &[]),
     operation("healthz", &[], &[]),
     operation("readyz", &[], &[]),
     Operation {
@@ -638,6 +647,7 @@ fn scheme_of(role: Role) -> &'static str {
         (name = "carts", description = "Shoppers' carts and checkout"),
         (name = "credentials", description = "Operators and service keys (admin)"),
         (name = "operations", description = "Health, audit, events and metrics"),
+        (name = "pages", description = "Pages for people: this reference, the operations console"),
     )
 )]
 struct ApiDoc;
@@ -646,6 +656,10 @@ struct ApiDoc;
 pub fn routes() -> OpenApiRouter<AppState> {
     use crate::{catalog_routes, order_routes, routes};
     OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(crate::pages::landing))
+        .routes(routes!(crate::pages::docs))
+        .routes(routes!(crate::pages::console))
+        .routes(routes!(crate::pages::asset))
         .routes(routes!(routes::healthz))
         .routes(routes!(routes::readyz))
         .routes(routes!(crate::metrics::render))

@@ -19,6 +19,7 @@ fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
 }
 
 /// Create an order and its reservation
+///
 /// Priced from the SKUs, `PENDING_PAYMENT`, its stock held until `expires_at`.
 #[utoipa::path(
     post,
@@ -79,6 +80,7 @@ pub async fn get_order(
 }
 
 /// Pay an order
+///
 /// `PAID` (stock confirmed) or `PAYMENT_FAILED` (declined: the hold is kept; another card may be tried with a new key). 202 `payment_unknown` when the gateway did not answer in time: nothing is released until the outcome is known.
 #[utoipa::path(
     post,
@@ -106,6 +108,7 @@ pub async fn pay(
 }
 
 /// Cancel an order
+///
 /// Unpaid: `CANCELLED`, stock released. Paid (a staff decision: admin or operator): `REFUND_PENDING`, refunded by the refund worker.
 #[utoipa::path(
     post,
@@ -155,6 +158,7 @@ pub async fn return_goods(
 // Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the
 // signature (with its timestamp) is the credential.
 /// The payment gateway's signed events
+///
 /// Applied only for intents stockd created; the event id is the idempotency key.
 #[utoipa::path(
     post,
@@ -188,6 +192,7 @@ fn gateway_signature_header() -> &'static str {
 }
 
 /// Orders, newest first
+///
 /// The caller's shop's (the admin's: every shop's, or `shop`'s), of one shopper when `user_id` is given. Each order in full is `GET /v1/orders/{id}`.
 #[utoipa::path(
     get,

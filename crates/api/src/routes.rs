@@ -60,6 +60,7 @@ fn parse_reservation_id(text: &str) -> Result<ReservationId, ApiError> {
 }
 
 /// Create a SKU, or change the fields given
+///
 /// A new SKU belongs to `shop` (the caller's by default); a SKU's shop never changes. `per_user_limit: null` removes the limit.
 #[utoipa::path(
     put,
@@ -100,6 +101,7 @@ pub async fn save_sku(
 }
 
 /// A SKU with its counters
+///
 /// Totals over warehouses and each warehouse's `available`, `reserved` and `on_hand`. A display read.
 #[utoipa::path(
     get,
@@ -120,6 +122,7 @@ pub async fn get_sku(
 }
 
 /// Receive or adjust stock
+///
 /// `receive` adds 1..1000000 units; `adjust` corrects available stock by a non-zero ±1000000 (never below zero). Each writes one ledger row, named by the answer's `movement_id`.
 #[utoipa::path(
     post,
@@ -155,6 +158,7 @@ pub async fn record_movement(
 }
 
 /// Reserve stock
+///
 /// 1–50 lines of one shop, all or nothing. Held until `expires_at`, then released by the expiry worker unless confirmed. A refusal (`insufficient_stock`, …) is the key's answer from then on.
 #[utoipa::path(
     post,
@@ -260,6 +264,7 @@ async fn change_reservation(
 }
 
 /// Confirm a reservation: its stock is consumed
+///
 /// Refused (`illegal_transition`) on a reservation held by an order: only the order's flow moves it.
 #[utoipa::path(
     post,
@@ -280,6 +285,7 @@ pub async fn confirm_reservation(
 }
 
 /// Release a reservation: its stock goes back
+///
 /// Refused (`illegal_transition`) on a reservation held by an order.
 #[utoipa::path(
     post,
@@ -300,6 +306,7 @@ pub async fn release_reservation(
 }
 
 /// The three-way audit
+///
 /// Replays the ledger against the counters and the reservations, and checks every order against its reservation and payment. An operator sees its shop's differences.
 #[utoipa::path(
     get,
@@ -316,6 +323,7 @@ pub async fn audit(
 }
 
 /// Create a service key for one shop's checkout backend
+///
 /// The secret is in this answer only; stockd keeps its hash.
 #[utoipa::path(
     post,
@@ -364,6 +372,7 @@ pub async fn service_keys(
 }
 
 /// Revoke a service key
+///
 /// Refused at once on this instance, within the credential cache bound on the others.
 #[utoipa::path(
     delete,
@@ -459,6 +468,7 @@ pub async fn method_not_allowed() -> ApiError {
 }
 
 /// The outbox's events in commit order
+///
 /// The caller's shop's (the admin's: every shop's, or `shop`'s). Start at `after=0` and pass each page's `next_cursor` on; an empty page keeps the cursor.
 #[utoipa::path(
     get,
@@ -518,6 +528,7 @@ pub async fn events(
 const EVENTS_PAGE_SIZE_DEFAULT: i64 = 100;
 
 /// Who this credential is: its role and shop
+///
 /// What the console asks first, to show each person what they may do.
 #[utoipa::path(
     get,

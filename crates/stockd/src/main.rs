@@ -641,7 +641,8 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     cancel_on_signal(shutdown.clone());
     // The last line printed at start-up: scripts wait for it.
     println!(
-        "stockd: listening on http://{address} ({} database; {payments})",
+        "stockd: listening on http://{address} ({} database; {payments}); console at \
+         http://{address}/console, API reference at http://{address}/docs",
         store.backend_name()
     );
 

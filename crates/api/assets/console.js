@@ -1,0 +1,740 @@
+// The operations console: a page for a shop's staff over stockd's own API, with the
+// same credentials (an admin or operator token) and the same rules. Nothing here
+// decides anything: every change is an API call the server checks.
+"use strict";
+
+(function () {
+  const main = document.getElementById("main");
+  const sections = document.getElementById("sections");
+  const who = document.getElementById("who");
+  const logout = document.getElementById("logout");
+  const toast = document.getElementById("toast");
+  const confirmDialog = document.getElementById("confirm");
+  const TOKEN_KEY = "stockd-console-token";
+  const REFRESH_MILLISECONDS = 5000;
+  const HISTORY_POINTS = 60;
+  let me = null;
+  let liveTimer = null;
+
+  // ---- small helpers ----
+
+  function element(tag, attributes, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attributes || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === undefined || child === null || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function field(label, input) {
+    return element("label", {}, label, input);
+  }
+
+  function badge(text) {
+    return element("span", { class: `badge ${text}` }, text);
+  }
+
+  function time(text) {
+    if (!text) return "";
+    const date = new Date(text);
+    return Number.isNaN(date.getTime()) ? text : date.toLocaleString();
+  }
+
+  function say(message) {
+    const line = element("div", {}, message);
+    toast.append(line);
+    setTimeout(() => line.remove(), 4000);
+  }
+
+  function problemBox(error) {
+    const data = error.data || {};
+    return element("div", { class: "problem", role: "alert" },
+      element("strong", {}, `${error.status || ""} ${data.code || "error"}`), ": ",
+      data.detail || error.message || String(error));
+  }
+
+  class ApiProblem extends Error {
+    constructor(status, data) {
+      super((data && data.detail) || `HTTP ${status}`);
+      this.status = status;
+      this.data = data;
+    }
+  }
+
+  function idempotencyKey() {
+    if (window.crypto && crypto.randomUUID) return `console-${crypto.randomUUID()}`;
+    return `console-${Date.now()}-${Math.random().toString(16).slice(2)}`;
+  }
+
+  // Every call carries the token; every change its own Idempotency-Key (a retry of
+  // the same click would reuse it, a new click is a new request).
+  async function api(method, path, body) {
+    const headers = { authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}`, accept: "application/json" };
+    if (method !== "GET") headers["idempotency-key"] = idempotencyKey();
+    if (body !== undefined) headers["content-type"] = "application/json";
+    const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    const type = response.headers.get("content-type") || "";
+    const data = type.includes("json") ? await response.json() : await response.text();
+    if (response.status === 401 && path !== "/v1/me") {
+      sessionStorage.removeItem(TOKEN_KEY);
+      location.hash = "#login";
+      throw new ApiProblem(401, data);
+    }
+    if (!response.ok) throw new ApiProblem(response.status, data);
+    return data;
+  }
+
+  // A modal question; `ready`, when given, keeps the confirming button disabled until
+  // it holds (checked at every keystroke in the dialog).
+  function ask(title, body, confirmLabel, danger, ready) {
+    return new Promise((resolve) => {
+      document.getElementById("confirm-title").textContent = title;
+      const holder = document.getElementById("confirm-body");
+      holder.replaceChildren(body);
+      const yes = document.getElementById("confirm-yes");
+      yes.textContent = confirmLabel || "Confirm";
+      yes.className = danger ? "danger" : "";
+      yes.disabled = ready ? !ready() : false;
+      // A property, not a listener: the next question replaces this one's check.
+      holder.oninput = ready ? () => (yes.disabled = !ready()) : null;
+      confirmDialog.returnValue = "cancel";
+      confirmDialog.addEventListener("close", () => resolve(confirmDialog.returnValue === "yes"), { once: true });
+      confirmDialog.showModal();
+      const firstInput = holder.querySelector("input");
+      if (firstInput) firstInput.focus();
+    });
+  }
+
+  function table(headings, rows) {
+    return element("table", {},
+      element("thead", {}, element("tr", {}, headings.map((heading) => element("th", { scope: "col", class: heading.number ? "number" : null }, heading.title || heading)))),
+      element("tbody", {}, rows));
+  }
+
+  function isAdmin() {
+    return me && me.role === "admin";
+  }
+
+  // ---- login ----
+
+  function renderLogin(message) {
+    sections.hidden = true;
+    logout.hidden = true;
+    who.textContent = "";
+    const token = element("input", { id: "token", type: "password", autocomplete: "off", required: true, size: 48 });
+    const form = element("form", { class: "card", "aria-labelledby": "login-title" },
+      element("h1", { id: "login-title" }, "Log in"),
+      element("p", { class: "muted" }, "Paste the admin token (printed by ", element("code", {}, "stockd serve"), ") or an operator token. The console calls the same API with it; nothing is stored but in this tab."),
+      message ? element("div", { class: "problem", role: "alert" }, message) : null,
+      element("div", { class: "row" }, field("Token", token), element("button", { type: "submit" }, "Log in")));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, token.value.trim());
+      try {
+        const found = await api("GET", "/v1/me");
+        if (found.role === "service") {
+          sessionStorage.removeItem(TOKEN_KEY);
+          renderLogin("That is a service key (a checkout backend's). The console is for staff: use an admin or operator token.");
+          return;
+        }
+        me = found;
+        location.hash = "#stock";
+        route();
+      } catch (error) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        renderLogin(error.status === 401 ? "stockd does not know this token (or it was revoked)." : error.message);
+      }
+    });
+    main.replaceChildren(form);
+    token.focus();
+  }
+
+  // ---- stock ----
+
+  function renderStock(sku) {
+    const code = element("input", { id: "sku-code", required: true, value: sku || "", autocomplete: "off", pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]*", maxlength: 64 });
+    const result = element("div");
+    const search = element("form", { class: "card", role: "search" },
+      element("h1", {}, "Stock"),
+      element("div", { class: "row" }, field("SKU code", code), element("button", { type: "submit" }, "Find")));
+    search.addEventListener("submit", (event) => {
+      event.preventDefault();
+      showSku(code.value.trim(), result);
+    });
+    main.replaceChildren(search, result);
+    if (sku) showSku(sku, result);
+    else code.focus();
+  }
+
+  async function showSku(code, holder) {
+    holder.replaceChildren(element("p", { class: "muted" }, "Loading…"));
+    let sku;
+    try {
+      sku = await api("GET", `/v1/skus/${encodeURIComponent(code)}`);
+    } catch (error) {
+      holder.replaceChildren(problemBox(error));
+      return;
+    }
+    const kind = element("select", { id: "movement-kind" },
+      element("option", { value: "receive" }, "Receive (goods in)"),
+      element("option", { value: "adjust" }, "Adjust (count correction, ±)"));
+    const quantity = element("input", { id: "movement-quantity", type: "number", required: true, step: 1, min: -1000000, max: 1000000 });
+    const warehouse = element("input", { id: "movement-warehouse", value: "default", required: true, maxlength: 32 });
+    const movement = element("form", { class: "card", "aria-labelledby": "movement-title" },
+      element("h2", { id: "movement-title" }, "Record a stock movement"),
+      element("div", { class: "row" }, field("Kind", kind), field("Quantity", quantity), field("Warehouse", warehouse), element("button", { type: "submit" }, "Record…")));
+    movement.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const amount = Number(quantity.value);
+      const what = kind.value === "receive" ? `Receive ${amount} unit(s) of ${sku.sku} into ${warehouse.value}?` : `Adjust ${sku.sku} in ${warehouse.value} by ${amount > 0 ? "+" : ""}${amount}?`;
+      if (!(await ask("Record this movement?", element("p", {}, what), "Record"))) return;
+      try {
+        const recorded = await api("POST", `/v1/skus/${encodeURIComponent(sku.sku)}/stock-movements`, { kind: kind.value, quantity: amount, warehouse: warehouse.value });
+        say(`Recorded ${recorded.movement_id}: available ${recorded.available}, reserved ${recorded.reserved}.`);
+        showSku(sku.sku, holder);
+      } catch (error) {
+        movement.append(problemBox(error));
+      }
+    });
+    holder.replaceChildren(
+      element("section", { class: "card", "aria-labelledby": "sku-title" },
+        element("h2", { id: "sku-title" }, sku.title || sku.sku, " ", element("span", { class: "mono muted" }, sku.sku)),
+        element("p", {}, badge(sku.sale_status), " shop ", element("code", {}, sku.shop), ` · version ${sku.version}`, sku.low_stock ? element("span", { class: "badge warn" }, "low stock") : null),
+        element("p", { class: "muted small" }, `As of ${time(sku.as_of)}`),
+        table([{ title: "Warehouse" }, { title: "Available", number: true }, { title: "Reserved", number: true }, { title: "On hand", number: true }],
+          [...sku.warehouses.map((level) => element("tr", {},
+            element("td", {}, level.warehouse),
+            element("td", { class: "number" }, level.available),
+            element("td", { class: "number" }, level.reserved),
+            element("td", { class: "number" }, level.on_hand))),
+          element("tr", {}, element("th", { scope: "row" }, "Total"), element("td", { class: "number" }, sku.available), element("td", { class: "number" }, sku.reserved), element("td", { class: "number" }, sku.on_hand))])),
+      movement);
+  }
+
+  // ---- catalog and shelf ----
+
+  async function renderCatalog() {
+    const category = element("input", { id: "filter-category", maxlength: 64 });
+    const supplier = element("input", { id: "filter-supplier", maxlength: 64 });
+    const list = element("div");
+    const filters = element("form", { class: "card", role: "search" },
+      element("h1", {}, "Catalog & shelf"),
+      element("div", { class: "row" }, field("Category", category), field("Supplier", supplier), element("button", { type: "submit" }, "Show products")));
+    const schedules = element("section", { class: "card", "aria-labelledby": "schedules-title" });
+    const log = element("section", { class: "card", "aria-labelledby": "log-title" });
+    // After a change, what it changed: the pending schedules and the log.
+    const refresh = () => {
+      loadSchedules(schedules);
+      loadShelfLog(log);
+    };
+    const show = () => loadProducts(list, category.value.trim(), supplier.value.trim(), refresh);
+    filters.addEventListener("submit", (event) => {
+      event.preventDefault();
+      show();
+    });
+    main.replaceChildren(filters, list, newProductForm(show), schedules, log);
+    show();
+    refresh();
+  }
+
+  function query(parameters) {
+    const search = new URLSearchParams();
+    for (const [name, value] of Object.entries(parameters)) if (value) search.set(name, value);
+    const text = search.toString();
+    return text ? `?${text}` : "";
+  }
+
+  async function loadProducts(holder, category, supplier, changed) {
+    holder.replaceChildren(element("p", { class: "muted" }, "Loading…"));
+    let page;
+    try {
+      page = await api("GET", `/v1/admin/products${query({ category, supplier, limit: 200 })}`);
+    } catch (error) {
+      holder.replaceChildren(problemBox(error));
+      return;
+    }
+    const products = page.products.filter((product) => !product.deleted);
+    const selected = new Set();
+    const rows = products.map((product) => {
+      const box = element("input", { type: "checkbox", "aria-label": `Select ${product.title}` });
+      box.addEventListener("change", () => (box.checked ? selected.add(product.product_id) : selected.delete(product.product_id)));
+      const remove = isAdmin() ? element("button", { class: "danger", type: "button", "aria-label": `Delete ${product.title}…`, onclick: () => deleteProduct(product, holder, () => {
+        loadProducts(holder, category, supplier, changed);
+        changed();
+      }) }, "Delete…") : null;
+      return element("tr", {},
+        element("td", {}, box),
+        element("td", {}, element("strong", {}, product.title), element("div", { class: "mono small muted" }, product.product_id)),
+        element("td", {}, product.category),
+        element("td", {}, product.supplier),
+        element("td", {}, product.skus.map((sku) => element("div", {}, element("code", {}, sku.sku), " ", badge(sku.sale_status), ` ${sku.available} available`))),
+        element("td", {}, remove));
+    });
+    const when = element("input", { id: "shelf-when", type: "datetime-local", step: 60 });
+    const remark = element("input", { id: "shelf-remark", maxlength: 500 });
+    const results = element("div", { "aria-live": "polite", "data-shelf-results": true });
+    const apply = async (operation) => {
+      if (selected.size === 0) {
+        results.replaceChildren(element("div", { class: "problem" }, "Select at least one product."));
+        return;
+      }
+      const body = { operation, product_ids: [...selected], remark: remark.value || undefined };
+      if (operation.endsWith("_at")) {
+        if (!when.value) {
+          results.replaceChildren(element("div", { class: "problem" }, "Choose the minute it should happen."));
+          return;
+        }
+        body.scheduled_at = new Date(when.value).toISOString();
+      }
+      const words = { on: "Put on the shelf now", off: "Take off the shelf now", on_at: `Put on the shelf at ${when.value}`, off_at: `Take off the shelf at ${when.value}` }[operation];
+      if (!(await ask(`${words}?`, element("p", {}, `${selected.size} product(s) selected.`), words))) return;
+      try {
+        const answer = await api("POST", "/v1/admin/shelf", body);
+        await loadProducts(holder, category, supplier, changed);
+        const fresh = holder.querySelector("[data-shelf-results]");
+        showShelfResults(fresh, answer);
+        changed();
+      } catch (error) {
+        results.replaceChildren(problemBox(error));
+        if (error.data && error.data.results) showShelfResults(results, error.data, true);
+      }
+    };
+    holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "products-title" },
+      element("h2", { id: "products-title" }, `Products (${products.length})`),
+      products.length === 0 ? element("p", { class: "muted" }, "No product matches.") :
+        table(["", "Product", "Category", "Supplier", "SKUs", ""], rows),
+      element("h3", {}, "Selected products"),
+      element("div", { class: "row" },
+        element("button", { type: "button", onclick: () => apply("on") }, "On shelf now"),
+        element("button", { type: "button", class: "secondary", onclick: () => apply("off") }, "Off shelf now"),
+        field("At the minute", when),
+        element("button", { type: "button", onclick: () => apply("on_at") }, "On at…"),
+        element("button", { type: "button", class: "secondary", onclick: () => apply("off_at") }, "Off at…"),
+        field("Remark", remark)),
+      results));
+  }
+
+  function showShelfResults(holder, answer, refused) {
+    holder.append(element("div", { class: refused ? "problem" : "notice" },
+      refused ? "Every target was refused." : `${answer.changed || 0} changed, ${answer.repeated || 0} repeated, ${answer.scheduled || 0} scheduled, ${answer.refused || 0} refused.`),
+      table(["SKU", "Outcome", "From", "To", "Why / when"], (answer.results || []).map((result) => element("tr", {},
+        element("td", {}, element("code", {}, result.sku)),
+        element("td", {}, badge(result.outcome)),
+        element("td", {}, result.from || ""),
+        element("td", {}, result.to || ""),
+        element("td", {}, result.reason || (result.due_at ? time(result.due_at) : ""))))));
+  }
+
+  async function deleteProduct(product, holder, changed) {
+    const typed = element("input", { id: "delete-confirmation", autocomplete: "off" });
+    const body = element("div", {},
+      element("p", {}, "Deleting is not taking off the shelf: every SKU of ", element("strong", {}, product.title), " becomes DELETED for good and can never be sold again."),
+      element("div", { class: "danger-zone" }, field(`Type the product's title (${product.title}) to confirm`, typed)));
+    if (!(await ask("Delete this product for good?", body, "Delete product", true, () => typed.value === product.title))) return;
+    if (typed.value !== product.title) return;
+    try {
+      await api("DELETE", `/v1/products/${product.product_id}`);
+      say(`Deleted ${product.title}.`);
+      changed();
+    } catch (error) {
+      holder.prepend(problemBox(error));
+    }
+  }
+
+  function newProductForm(created) {
+    const inputs = {
+      title: element("input", { id: "new-title", required: true, maxlength: 200 }),
+      image_url: element("input", { id: "new-image", type: "url", placeholder: "https://…" }),
+      category: element("input", { id: "new-category", required: true, maxlength: 64 }),
+      supplier: element("input", { id: "new-supplier", required: true, maxlength: 64 }),
+      shop: element("input", { id: "new-shop", required: true, maxlength: 64, value: (me && me.shop) || "", readonly: me && me.shop ? true : null }),
+      sku: element("input", { id: "new-sku", required: true, maxlength: 64 }),
+      price: element("input", { id: "new-price", type: "number", required: true, min: 0, step: 1 }),
+      currency: element("input", { id: "new-currency", required: true, value: "CNY", maxlength: 3 }),
+    };
+    const form = element("form", { class: "card", "aria-labelledby": "new-product-title" },
+      element("h2", { id: "new-product-title" }, "New product"),
+      element("p", { class: "muted small" }, "A new product's SKUs start PENDING_REVIEW: put them on the shelf when the title, image and price are right. Prices are in minor units (fen, cents)."),
+      element("div", { class: "row" },
+        field("Title", inputs.title), field("Image URL", inputs.image_url), field("Category", inputs.category),
+        field("Supplier", inputs.supplier), field("Shop", inputs.shop)),
+      element("div", { class: "row" },
+        field("SKU code", inputs.sku), field("Price (minor units)", inputs.price), field("Currency", inputs.currency),
+        element("button", { type: "submit" }, "Create product")));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const body = {
+        title: inputs.title.value, category: inputs.category.value, supplier: inputs.supplier.value, shop: inputs.shop.value,
+        skus: [{ sku: inputs.sku.value, price: Number(inputs.price.value), currency: inputs.currency.value }],
+      };
+      if (inputs.image_url.value) body.image_url = inputs.image_url.value;
+      try {
+        const product = await api("POST", "/v1/products", body);
+        say(`Created ${product.title} (${product.product_id}).`);
+        form.reset();
+        inputs.shop.value = (me && me.shop) || "";
+        inputs.currency.value = "CNY";
+        created();
+      } catch (error) {
+        form.append(problemBox(error));
+      }
+    });
+    return form;
+  }
+
+  async function loadSchedules(holder) {
+    holder.replaceChildren(element("h2", { id: "schedules-title" }, "Pending schedules"));
+    try {
+      const page = await api("GET", "/v1/admin/schedules?limit=200");
+      holder.append(page.schedules.length === 0 ? element("p", { class: "muted" }, "Nothing scheduled.") :
+        table(["Due", "SKU", "Operation", "By", "Remark"], page.schedules.map((schedule) => element("tr", {},
+          element("td", {}, time(schedule.due_at)),
+          element("td", {}, element("code", {}, schedule.sku)),
+          element("td", {}, schedule.operation === "on" ? "on shelf" : "off shelf"),
+          element("td", {}, schedule.operator_id),
+          element("td", {}, schedule.remark)))));
+    } catch (error) {
+      holder.append(problemBox(error));
+    }
+  }
+
+  // The log pages oldest first: read up to a few pages, show the newest first.
+  async function loadShelfLog(holder) {
+    holder.replaceChildren(element("h2", { id: "log-title" }, "Shelf log"));
+    try {
+      let entries = [];
+      let after = null;
+      for (let page = 0; page < 10; page += 1) {
+        const answer = await api("GET", `/v1/admin/shelf-log${query({ limit: 500, after })}`);
+        entries = entries.concat(answer.entries);
+        if (answer.entries.length < 500 || answer.next_after === null) break;
+        after = answer.next_after;
+      }
+      entries.reverse();
+      holder.append(entries.length === 0 ? element("p", { class: "muted" }, "No shelf change yet.") :
+        table(["When", "SKU", "Operator", "Change", "Operation", "Remark"], entries.slice(0, 200).map((entry) => element("tr", {},
+          element("td", {}, time(entry.created_at)),
+          element("td", {}, element("code", {}, entry.sku)),
+          element("td", {}, entry.operator_id, element("div", { class: "small muted" }, entry.operator_type)),
+          element("td", {}, badge(entry.from), " → ", badge(entry.to), entry.repeated ? element("span", { class: "small muted" }, " (repeat)") : null),
+          element("td", {}, entry.operation),
+          element("td", {}, entry.remark)))));
+    } catch (error) {
+      holder.append(problemBox(error));
+    }
+  }
+
+  // ---- orders ----
+
+  function renderOrders(initial) {
+    const search = element("input", { id: "order-search", required: true, autocomplete: "off", placeholder: "ord_… or a shopper's id" });
+    const results = element("div");
+    const form = element("form", { class: "card", role: "search" },
+      element("h1", {}, "Orders"),
+      element("div", { class: "row" }, field("Order id or shopper", search), element("button", { type: "submit" }, "Search")));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      findOrders(search.value.trim(), results);
+    });
+    main.replaceChildren(form, results);
+    if (initial) findOrders(initial, results);
+    else search.focus();
+  }
+
+  async function findOrders(text, holder) {
+    holder.replaceChildren(element("p", { class: "muted" }, "Loading…"));
+    if (/^ord_[0-9a-f]{28}$/.test(text)) {
+      showOrder(text, holder);
+      return;
+    }
+    try {
+      const page = await api("GET", `/v1/orders${query({ user_id: text, limit: 200 })}`);
+      holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "order-list-title" },
+        element("h2", { id: "order-list-title" }, `Orders of ${text} (${page.orders.length})`),
+        page.orders.length === 0 ? element("p", { class: "muted" }, "None.") :
+          table(["Order", "Status", { title: "Amount", number: true }, "Created"], page.orders.map((order) => element("tr", {},
+            element("td", {}, element("a", { href: `#orders/${order.order_id}` }, element("code", {}, order.order_id))),
+            element("td", {}, badge(order.status)),
+            element("td", { class: "number" }, `${order.amount} ${order.currency}`),
+            element("td", {}, time(order.created_at)))))));
+    } catch (error) {
+      holder.replaceChildren(problemBox(error));
+    }
+  }
+
+  async function showOrder(id, holder) {
+    let order;
+    try {
+      order = await api("GET", `/v1/orders/${id}`);
+    } catch (error) {
+      holder.replaceChildren(problemBox(error));
+      return;
+    }
+    const actions = element("div", { class: "row" });
+    const cancellable = ["PENDING_PAYMENT", "PAYMENT_FAILED", "PAID"].includes(order.status);
+    if (cancellable) {
+      actions.append(element("button", { type: "button", class: "danger", onclick: async () => {
+        const paid = order.status === "PAID";
+        const text = paid ? "The order was paid: cancelling refunds the payment (the refund worker sends it to the gateway)." : "The order's reserved stock goes back on sale.";
+        if (!(await ask("Cancel this order?", element("p", {}, text), "Cancel order", true))) return;
+        try {
+          await api("POST", `/v1/orders/${id}/cancel`);
+          say(`Order ${id} cancelled.`);
+          showOrder(id, holder);
+        } catch (error) {
+          holder.prepend(problemBox(error));
+        }
+      } }, "Cancel order…"));
+    }
+    if (order.status === "PAID" && order.reservation.status === "CONFIRMED" && !order.returned) {
+      actions.append(element("button", { type: "button", class: "secondary", onclick: async () => {
+        if (!(await ask("Take the goods back?", element("p", {}, "Every line of the order goes back to available stock, once. The sale status is not changed."), "Return goods"))) return;
+        try {
+          await api("POST", `/v1/orders/${id}/return`);
+          say(`Order ${id} returned.`);
+          showOrder(id, holder);
+        } catch (error) {
+          holder.prepend(problemBox(error));
+        }
+      } }, "Return goods…"));
+    }
+    holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "order-title" },
+      element("h2", { id: "order-title" }, "Order ", element("code", {}, order.order_id), " ", badge(order.status)),
+      element("p", {}, `Shopper ${order.user_id} · shop ${order.shop} · ${order.amount} ${order.currency} · created ${time(order.created_at)}`),
+      actions,
+      element("h3", {}, "Lines"),
+      table(["SKU", "Warehouse", { title: "Quantity", number: true }, { title: "Unit price", number: true }], order.lines.map((line) => element("tr", {},
+        element("td", {}, element("code", {}, line.sku)), element("td", {}, line.warehouse),
+        element("td", { class: "number" }, line.quantity), element("td", { class: "number" }, line.unit_price)))),
+      element("h3", {}, "Reservation"),
+      element("p", {}, element("code", {}, order.reservation.reservation_id), " ", badge(order.reservation.status), ` · holds until ${time(order.reservation.expires_at)}`),
+      element("h3", {}, "Status history"),
+      table(["When", "From", "To", "Why"], order.history.map((entry) => element("tr", {},
+        element("td", {}, time(entry.at)), element("td", {}, entry.from || ""), element("td", {}, badge(entry.to)), element("td", {}, entry.reason)))),
+      element("h3", {}, "Payment attempts"),
+      order.payment_attempts.length === 0 ? element("p", { class: "muted" }, "None.") :
+        table(["Attempt", "Status", "Method", "Gateway id", "Why it failed"], order.payment_attempts.map((attempt) => element("tr", {},
+          element("td", {}, element("code", {}, attempt.attempt_id)), element("td", {}, badge(attempt.status)),
+          element("td", {}, attempt.payment_method), element("td", {}, attempt.gateway_payment_id || ""), element("td", {}, attempt.failure_reason || "")))),
+      element("h3", {}, "Refunds"),
+      order.refunds.length === 0 ? element("p", { class: "muted" }, "None.") :
+        table(["Refund", "Status", { title: "Amount", number: true }, "Reason"], order.refunds.map((refund) => element("tr", {},
+          element("td", {}, element("code", {}, refund.refund_id)), element("td", {}, badge(refund.status)),
+          element("td", { class: "number" }, `${refund.amount} ${refund.currency}`), element("td", {}, refund.reason))))));
+  }
+
+  // ---- audit ----
+
+  function renderAudit() {
+    const result = element("div", { "aria-live": "polite" });
+    const run = element("button", { type: "button", onclick: async () => {
+      run.disabled = true;
+      result.replaceChildren(element("p", { class: "muted" }, "Running the audit…"));
+      try {
+        const report = await api("GET", "/v1/audit");
+        result.replaceChildren(
+          element("div", { class: report.ok ? "notice" : "problem", role: report.ok ? "status" : "alert" },
+            report.ok ? "Clean: the ledger, the counters, the reservations and the orders agree." : `${report.differences_total} difference(s) found.`),
+          element("p", { class: "small muted" }, `Checked ${time(report.checked_at)}: ${report.stock_rows_checked} stock rows, ${report.reservation_lines_checked} reservation lines, ${report.orders_checked} orders, ${report.ledger_rows_checked} ledger rows.`),
+          report.differences.length === 0 ? null :
+            table(["Check", "SKU", "Warehouse", "Reference", { title: "Expected", number: true }, { title: "Actual", number: true }], report.differences.map((difference) => element("tr", {},
+              element("td", {}, difference.check), element("td", {}, difference.sku || ""), element("td", {}, difference.warehouse || ""),
+              element("td", {}, difference.reference || ""), element("td", { class: "number" }, difference.expected), element("td", { class: "number" }, difference.actual)))));
+      } catch (error) {
+        result.replaceChildren(problemBox(error));
+      } finally {
+        run.disabled = false;
+      }
+    } }, "Run the audit");
+    main.replaceChildren(element("section", { class: "card" }, element("h1", {}, "Audit"),
+      element("p", { class: "muted" }, "Replays the append-only ledger against every stock counter, checks the reservations' holds and every order against its reservation and payment."),
+      run, result));
+    run.focus();
+  }
+
+  // ---- live figures from /metrics ----
+
+  function parseMetrics(text) {
+    const samples = [];
+    for (const line of text.split("\n")) {
+      if (!line || line.startsWith("#")) continue;
+      const match = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)/);
+      if (!match) continue;
+      const labels = {};
+      if (match[3]) for (const pair of match[3].matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[pair[1]] = pair[2];
+      samples.push({ name: match[1], labels, value: Number(match[4]) });
+    }
+    return samples;
+  }
+
+  function total(samples, name, predicate) {
+    return samples.filter((sample) => sample.name === name && (!predicate || predicate(sample.labels))).reduce((sum, sample) => sum + sample.value, 0);
+  }
+
+  // A quantile of a histogram's increase between two scrapes (as histogram_quantile).
+  function quantile(previous, current, name, q, predicate) {
+    const buckets = new Map();
+    for (const sample of current) {
+      if (sample.name !== `${name}_bucket` || (predicate && !predicate(sample.labels))) continue;
+      const le = sample.labels.le === "+Inf" ? Infinity : Number(sample.labels.le);
+      buckets.set(le, (buckets.get(le) || 0) + sample.value);
+    }
+    for (const sample of previous) {
+      if (sample.name !== `${name}_bucket` || (predicate && !predicate(sample.labels))) continue;
+      const le = sample.labels.le === "+Inf" ? Infinity : Number(sample.labels.le);
+      buckets.set(le, (buckets.get(le) || 0) - sample.value);
+    }
+    const bounds = [...buckets.keys()].sort((a, b) => a - b);
+    const count = buckets.get(Infinity) || 0;
+    if (count <= 0) return null;
+    const rank = q * count;
+    let below = 0;
+    let lower = 0;
+    for (const bound of bounds) {
+      const cumulative = buckets.get(bound);
+      if (cumulative >= rank) {
+        if (bound === Infinity) return lower;
+        const inBucket = cumulative - below;
+        return inBucket > 0 ? lower + (bound - lower) * ((rank - below) / inBucket) : bound;
+      }
+      below = cumulative;
+      lower = bound;
+    }
+    return lower;
+  }
+
+  function sparkline(points, secondPoints) {
+    const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+    svg.setAttribute("viewBox", "0 0 100 40");
+    svg.setAttribute("preserveAspectRatio", "none");
+    svg.setAttribute("aria-hidden", "true");
+    const all = points.concat(secondPoints || []).filter((value) => value !== null);
+    const top = Math.max(1e-9, ...all);
+    const line = (values, className) => {
+      const polyline = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+      const step = values.length > 1 ? 100 / (HISTORY_POINTS - 1) : 0;
+      const start = 100 - step * (values.length - 1);
+      polyline.setAttribute("points", values.map((value, index) => `${(start + index * step).toFixed(2)},${(40 - ((value || 0) / top) * 38).toFixed(2)}`).join(" "));
+      if (className) polyline.setAttribute("class", className);
+      svg.append(polyline);
+    };
+    line(points);
+    if (secondPoints) line(secondPoints, "second");
+    return svg;
+  }
+
+  function renderLive() {
+    const grid = element("div", { class: "grid" });
+    const hot = element("section", { class: "card", "aria-labelledby": "hot-title" }, element("h2", { id: "hot-title" }, "Hot SKUs (duplicate requests)"));
+    const stamp = element("p", { class: "small muted", "aria-live": "polite" }, "Reading /metrics…");
+    main.replaceChildren(element("h1", {}, "Live"), stamp, grid, hot);
+    const history = new Map();
+    let previous = null;
+    let previousAt = 0;
+    const remember = (name, value) => {
+      const list = history.get(name) || [];
+      list.push(value);
+      while (list.length > HISTORY_POINTS) list.shift();
+      history.set(name, list);
+      return list;
+    };
+    const tile = (title, value, unit, points, secondPoints, note) => element("div", { class: "chart" },
+      element("div", { class: "small muted" }, title),
+      element("div", { class: "value" }, value === null || value === undefined ? "—" : value, unit ? element("span", { class: "small muted" }, ` ${unit}`) : null),
+      note ? element("div", { class: "small muted" }, note) : null,
+      sparkline(points, secondPoints));
+    const tick = async () => {
+      let text;
+      try {
+        text = await api("GET", "/metrics");
+      } catch (error) {
+        stamp.replaceChildren(problemBox(error));
+        return;
+      }
+      const now = Date.now();
+      const current = parseMetrics(text);
+      const seconds = previous ? (now - previousAt) / 1000 : null;
+      const rate = (name, predicate) => (previous && seconds > 0 ? Math.max(0, (total(current, name, predicate) - total(previous, name, predicate)) / seconds) : null);
+      const requests = rate("stockd_http_responses_total");
+      const reservations = rate("stockd_http_responses_total", (labels) => labels.route === "/v1/reservations" && labels.method === "POST" && labels.status === "201");
+      const p50 = previous ? quantile(previous, current, "stockd_http_request_duration_seconds", 0.5) : null;
+      const p99 = previous ? quantile(previous, current, "stockd_http_request_duration_seconds", 0.99) : null;
+      const batch = previous ? quantile(previous, current, "stockd_combiner_batch_size", 0.5) : null;
+      const milliseconds = (value) => (value === null ? null : Number((value * 1000).toFixed(1)));
+      const lag = current.filter((sample) => sample.name === "stockd_replica_lag_seconds");
+      const tiles = [
+        tile("Requests", requests === null ? null : requests.toFixed(1), "/s", remember("requests", requests)),
+        tile("Reservations made", reservations === null ? null : reservations.toFixed(1), "/s", remember("reservations", reservations)),
+        tile("Latency p50 / p99", p50 === null ? null : `${milliseconds(p50)} / ${milliseconds(p99)}`, "ms", remember("p50", milliseconds(p50)), remember("p99", milliseconds(p99))),
+        tile("Batch size (median)", batch === null ? null : batch.toFixed(1), "per commit", remember("batch", batch)),
+        tile("Unknown payments", total(current, "stockd_payment_attempts_unresolved"), "", remember("unknown", total(current, "stockd_payment_attempts_unresolved"))),
+        tile("Refund backlog", total(current, "stockd_refunds_pending"), "", remember("refunds", total(current, "stockd_refunds_pending"))),
+        tile("Outbox age", total(current, "stockd_outbox_oldest_pending_age_seconds").toFixed(1), "s", remember("outbox", total(current, "stockd_outbox_oldest_pending_age_seconds")), null, `${total(current, "stockd_outbox_pending")} event(s) pending`),
+        tile("Replica lag", lag.length === 0 ? "no replicas" : Math.max(...lag.map((sample) => sample.value)).toFixed(2), lag.length === 0 ? "" : "s", remember("lag", lag.length === 0 ? 0 : Math.max(...lag.map((sample) => sample.value)))),
+        tile("Open holds", total(current, "stockd_reservations", (labels) => labels.status === "RESERVED"), "", remember("holds", total(current, "stockd_reservations", (labels) => labels.status === "RESERVED"))),
+        tile("Audit differences", total(current, "stockd_audit_differences"), "", remember("audit", total(current, "stockd_audit_differences"))),
+      ];
+      grid.replaceChildren(...tiles);
+      const hottest = current.filter((sample) => sample.name === "stockd_hot_sku_duplicate_requests_total").sort((a, b) => b.value - a.value);
+      hot.replaceChildren(element("h2", { id: "hot-title" }, "Hot SKUs (duplicate requests)"),
+        hottest.length === 0 ? element("p", { class: "muted" }, "No duplicate requests yet.") :
+          table(["SKU", { title: "Duplicates", number: true }], hottest.map((sample) => element("tr", {}, element("td", {}, element("code", {}, sample.labels.sku)), element("td", { class: "number" }, sample.value)))));
+      stamp.textContent = `Updated ${new Date(now).toLocaleTimeString()} · every ${REFRESH_MILLISECONDS / 1000} s`;
+      previous = current;
+      previousAt = now;
+    };
+    tick();
+    liveTimer = setInterval(tick, REFRESH_MILLISECONDS);
+  }
+
+  // ---- routing ----
+
+  async function route() {
+    toast.replaceChildren();
+    if (liveTimer) {
+      clearInterval(liveTimer);
+      liveTimer = null;
+    }
+    if (!sessionStorage.getItem(TOKEN_KEY)) {
+      renderLogin();
+      return;
+    }
+    if (!me) {
+      try {
+        me = await api("GET", "/v1/me");
+      } catch (error) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        renderLogin(error.status === 401 ? "Your token is no longer valid: log in again." : error.message);
+        return;
+      }
+    }
+    sections.hidden = false;
+    logout.hidden = false;
+    who.textContent = me.role === "admin" ? "admin · every shop" : `${me.operator_id || me.role} · shop ${me.shop}`;
+    const [section, argument] = (location.hash.replace(/^#/, "") || "stock").split("/");
+    for (const link of sections.querySelectorAll("a")) {
+      if (link.getAttribute("href") === `#${section}`) link.setAttribute("aria-current", "page");
+      else link.removeAttribute("aria-current");
+    }
+    const views = { stock: () => renderStock(argument), catalog: renderCatalog, orders: () => renderOrders(argument), audit: renderAudit, live: renderLive };
+    (views[section] || views.stock)();
+    document.title = `stockd console · ${section}`;
+    main.focus();
+  }
+
+  logout.addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    me = null;
+    location.hash = "#login";
+    renderLogin();
+  });
+  window.addEventListener("hashchange", route);
+  route();
+})();

@@ -1,0 +1,232 @@
+// The operations console in headless Chromium (Debian's), driven by Playwright
+// (playwright-core, no downloaded browser): an operator's day against a real
+// `stockd serve --demo`, then a stranger from another shop who must see and change
+// nothing. Run by crates/stockd/tests/console.rs, which starts the server and passes:
+//   STOCKD_URL               the server's base URL
+//   STOCKD_ADMIN_TOKEN       its admin token
+//   STOCKD_SCREENSHOTS       a directory for one screenshot of each page
+//   STOCKD_CHROMIUM          the browser (default /usr/bin/chromium)
+// Exits 0 only when every step held; prints each step.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const base = process.env.STOCKD_URL;
+const adminToken = process.env.STOCKD_ADMIN_TOKEN;
+const screenshots = process.env.STOCKD_SCREENSHOTS;
+assert.ok(base && adminToken && screenshots, "STOCKD_URL, STOCKD_ADMIN_TOKEN and STOCKD_SCREENSHOTS are required");
+mkdirSync(screenshots, { recursive: true });
+
+// Bounds on every wait: a step that does not happen fails instead of hanging.
+const STEP_TIMEOUT_MILLISECONDS = 15000;
+
+function step(name) {
+  console.log(`console: ${name}`);
+}
+
+async function call(method, path, body) {
+  const headers = { authorization: `Bearer ${adminToken}`, "idempotency-key": `browser-test-${Math.random().toString(16).slice(2)}` };
+  if (body !== undefined) headers["content-type"] = "application/json";
+  const response = await fetch(`${base}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const data = await response.json();
+  assert.ok(response.ok, `${method} ${path}: ${response.status} ${JSON.stringify(data)}`);
+  return data;
+}
+
+const browser = await chromium.launch({
+  executablePath: process.env.STOCKD_CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+});
+const context = await browser.newContext({ viewport: { width: 1366, height: 900 } });
+const page = await context.newPage();
+page.setDefaultTimeout(STEP_TIMEOUT_MILLISECONDS);
+const problems = [];
+page.on("pageerror", (error) => problems.push(`page error: ${error.message}`));
+page.on("console", (message) => {
+  // A refused call (the stranger's 403s) is logged by the browser as a failed load:
+  // the page shows it; that is no script error.
+  if (message.type() === "error" && !message.text().startsWith("Failed to load resource")) {
+    problems.push(`console error: ${message.text()}`);
+  }
+});
+
+async function shot(name) {
+  await page.screenshot({ path: join(screenshots, `${name}.png`), fullPage: false });
+}
+
+async function confirmDialog(button) {
+  const dialog = page.getByRole("dialog");
+  await dialog.waitFor();
+  await dialog.getByRole("button", { name: button, exact: true }).click();
+  await dialog.waitFor({ state: "hidden" });
+}
+
+async function logIn(token) {
+  await page.goto(`${base}/console`);
+  await page.getByLabel("Token").fill(token);
+  await page.getByRole("button", { name: "Log in" }).click();
+}
+
+try {
+  step("the landing page links to the console and the reference");
+  await page.goto(`${base}/`);
+  await page.getByRole("link", { name: "Operations console" }).waitFor();
+  await page.getByRole("link", { name: "API reference" }).waitFor();
+
+  step("the reference renders /openapi.json without the network");
+  await page.goto(`${base}/docs`);
+  await page.getByRole("heading", { name: /POST \/v1\/reservations$/ }).first().waitFor();
+  await page.getByLabel("Filter operations").fill("stock-movements");
+  await shot("docs");
+
+  step("log in with the admin token");
+  await logIn(adminToken);
+  await page.getByRole("heading", { name: "Stock" }).waitFor();
+  assert.match(await page.locator("#who").textContent(), /admin/);
+
+  step("create a product");
+  await page.getByRole("link", { name: "Catalog & shelf" }).click();
+  await page.getByRole("heading", { name: "New product" }).waitFor();
+  await page.getByLabel("Title").fill("Oat milk 1L");
+  await page.getByLabel("Image URL").fill("https://images.example/oat-milk.png");
+  await page.getByLabel("Category", { exact: true }).last().fill("dairy");
+  await page.getByLabel("Supplier", { exact: true }).last().fill("oat-co");
+  await page.getByLabel("Shop").fill("demo-market");
+  await page.getByLabel("SKU code").fill("OAT-1L");
+  await page.getByLabel("Price (minor units)").fill("1299");
+  await page.getByRole("button", { name: "Create product" }).click();
+  const oatRow = page.getByRole("row").filter({ hasText: "Oat milk 1L" });
+  await oatRow.waitFor();
+  assert.match(await oatRow.textContent(), /PENDING_REVIEW/);
+
+  step("put it on the shelf, and see the change in the shelf log");
+  await oatRow.getByRole("checkbox").check();
+  await page.getByRole("button", { name: "On shelf now" }).click();
+  await confirmDialog("Put on the shelf now");
+  await page.getByText(/1 changed/).waitFor();
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByText("ON_SHELF").waitFor();
+  const logRow = page.locator("section[aria-labelledby=log-title] tr").filter({ hasText: "OAT-1L" });
+  await logRow.first().waitFor();
+  assert.match(await logRow.first().textContent(), /PENDING_REVIEW.*ON_SHELF/);
+  assert.match(await logRow.first().textContent(), /admin/);
+
+  step("schedule it off the shelf at a minute two hours ahead");
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByRole("checkbox").check();
+  const later = new Date(Date.now() + 2 * 3600 * 1000);
+  const local = new Date(later.getTime() - later.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+  await page.getByLabel("At the minute").fill(local);
+  await page.getByLabel("Remark").fill("end of the oat promotion");
+  await page.getByRole("button", { name: "Off at…" }).click();
+  await confirmDialog(`Take off the shelf at ${local}`);
+  await page.getByText(/1 scheduled/).waitFor();
+  const pending = page.locator("section[aria-labelledby=schedules-title] tr").filter({ hasText: "OAT-1L" });
+  await pending.first().waitFor();
+  assert.match(await pending.first().textContent(), /off shelf/);
+  await shot("catalog");
+
+  step("deleting asks for the title: until it is typed right, nothing can be deleted");
+  await page.getByRole("button", { name: "Delete Oat milk 1L…" }).click();
+  const deleting = page.getByRole("dialog");
+  await deleting.getByLabel(/Type the product's title/).fill("Oat milk");
+  assert.equal(await deleting.getByRole("button", { name: "Delete product" }).isDisabled(), true);
+  await deleting.getByLabel(/Type the product's title/).fill("Oat milk 1L");
+  assert.equal(await deleting.getByRole("button", { name: "Delete product" }).isDisabled(), false);
+  await deleting.getByLabel(/Type the product's title/).fill("Oat milk");
+  await page.screenshot({ path: join(screenshots, "delete.png") });
+  await confirmDialog("Cancel");
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).first().waitFor();
+
+  step("receive stock");
+  await page.getByRole("link", { name: "Stock", exact: true }).click();
+  await page.getByLabel("SKU code").fill("OAT-1L");
+  await page.getByRole("button", { name: "Find" }).click();
+  await page.getByRole("heading", { name: /Oat milk 1L/ }).waitFor();
+  await page.getByLabel("Quantity").fill("25");
+  await page.getByRole("button", { name: "Record…" }).click();
+  await confirmDialog("Record");
+  await page.getByText(/Recorded mov_/).waitFor();
+  await page.getByRole("row", { name: /Total/ }).getByText("25", { exact: true }).first().waitFor();
+  await shot("stock");
+
+  step("cancel an order");
+  const order = await call("POST", "/v1/orders", { user_id: "ui-shopper", lines: [{ sku: "OAT-1L", quantity: 2 }] });
+  await page.getByRole("link", { name: "Orders" }).click();
+  await page.getByLabel("Order id or shopper").fill("ui-shopper");
+  await page.getByRole("button", { name: "Search" }).click();
+  await page.getByRole("link", { name: order.order_id }).click();
+  await page.getByRole("heading", { name: /Order ord_/ }).waitFor();
+  await page.getByRole("button", { name: "Cancel order…" }).click();
+  await confirmDialog("Cancel order");
+  await page.getByRole("heading", { name: /CANCELLED/ }).waitFor();
+  await shot("orders");
+  const cancelled = await call("GET", `/v1/orders/${order.order_id}`);
+  assert.equal(cancelled.status, "CANCELLED");
+
+  step("run the audit");
+  await page.getByRole("link", { name: "Audit" }).click();
+  await page.getByRole("button", { name: "Run the audit" }).click();
+  await page.getByText(/^Clean:/).waitFor();
+  await shot("audit");
+
+  step("the live figures refresh from /metrics");
+  // Some traffic to show: reservations of one SKU, a few of them retried.
+  await call("POST", "/v1/skus/MILK-1L/stock-movements", { kind: "receive", quantity: 10000 });
+  const traffic = (async () => {
+    for (let round = 0; round < 30; round += 1) {
+      await Promise.all(Array.from({ length: 20 }, (_, index) => fetch(`${base}/v1/reservations`, {
+        method: "POST",
+        headers: { authorization: `Bearer ${adminToken}`, "content-type": "application/json", "idempotency-key": `live-${round}-${index % 15}` },
+        body: JSON.stringify({ lines: [{ sku: "MILK-1L", quantity: 1 }], ttl_seconds: 60 }),
+      })));
+      await new Promise((resolve) => setTimeout(resolve, 500));
+    }
+  })();
+  await page.getByRole("link", { name: "Live" }).click();
+  await page.getByText(/^Updated /).waitFor();
+  await page.getByText(/^Updated /).waitFor();
+  await page.waitForFunction(() => document.querySelectorAll(".chart").length >= 8);
+  await page.waitForTimeout(11000);
+  await shot("live");
+  await traffic;
+
+  step("an operator of another shop sees none of it and changes nothing");
+  const stranger = await call("POST", "/v1/admin/operators", { operator_id: "stranger", shop: "other-shop" });
+  await page.getByRole("button", { name: "Log out" }).click();
+  await logIn(stranger.token);
+  await page.getByRole("heading", { name: "Stock" }).waitFor();
+  assert.match(await page.locator("#who").textContent(), /other-shop/);
+  await page.getByLabel("SKU code").fill("OAT-1L");
+  await page.getByRole("button", { name: "Find" }).click();
+  await page.getByRole("alert").getByText(/403 forbidden/).waitFor();
+  await page.getByRole("link", { name: "Catalog & shelf" }).click();
+  await page.getByRole("heading", { name: /Products \(0\)/ }).waitFor();
+  assert.equal(await page.getByText("Oat milk 1L").count(), 0);
+  await page.getByRole("link", { name: "Orders" }).click();
+  await page.getByLabel("Order id or shopper").fill(order.order_id);
+  await page.getByRole("button", { name: "Search" }).click();
+  await page.getByRole("alert").getByText(/403 forbidden/).waitFor();
+  const product = (await call("GET", "/v1/admin/products?category=dairy&supplier=oat-co")).products[0];
+  assert.equal(product.skus[0].sale_status, "ON_SHELF", "the stranger changed nothing");
+  const stock = await call("GET", "/v1/skus/OAT-1L");
+  assert.equal(stock.available, 25);
+
+  step("a service key is not let into the console");
+  const key = await call("POST", "/v1/admin/service-keys", { shop: "demo-market", name: "browser-test" });
+  await page.getByRole("button", { name: "Log out" }).click();
+  await logIn(key.secret);
+  await page.getByText(/The console is for staff/).waitFor();
+  await shot("login");
+
+  assert.deepEqual(problems, [], "the pages raised no script error");
+  console.log("console: every step held");
+} catch (error) {
+  // What the page showed when a step failed, for the test's output.
+  await page.screenshot({ path: join(screenshots, "failure.png"), fullPage: true }).catch(() => {});
+  console.log(`console: the page said: ${(await page.locator("main").innerText().catch(() => "")).slice(0, 3000)}`);
+  console.log(`console: script problems: ${JSON.stringify(problems)}`);
+  throw error;
+} finally {
+  await browser.close();
+}
