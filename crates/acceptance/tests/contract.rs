@@ -6,7 +6,7 @@ use acceptance::{Backend, Call, TestApp, mirrored_tests};
 use serde_json::{Value, json};
 
 mirrored_tests!(
-    an_optional_body_may_be_nothing_an_empty_object_or_null,
+    an_optional_body_may_be_left_out_or_an_empty_object_but_not_null,
     a_number_written_with_a_zero_fraction_is_the_integer_it_equals,
     skus_of_several_shops_in_one_reservation_fail_a_precondition_and_change_nothing,
     a_limited_sku_reserved_without_a_user_fails_a_precondition_and_changes_nothing,
@@ -16,15 +16,11 @@ mirrored_tests!(
     the_document_states_the_constraints_the_server_enforces,
 );
 
-async fn an_optional_body_may_be_nothing_an_empty_object_or_null(backend: Backend) {
+async fn an_optional_body_may_be_left_out_or_an_empty_object_but_not_null(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     app.stocked_sku("TEA", 5).await;
     let mut confirmed = 0;
-    for (key, body) in [
-        ("none", None),
-        ("object", Some("{}")),
-        ("null", Some("null")),
-    ] {
+    for (key, body) in [("none", None), ("object", Some("{}"))] {
         let reserved = app.reserve(&format!("hold-{key}"), &[("TEA", 1)]).await;
         let id = reserved.json()["reservation_id"]
             .as_str()
@@ -40,16 +36,20 @@ async fn an_optional_body_may_be_nothing_an_empty_object_or_null(backend: Backen
         confirmed += 1;
     }
     assert_eq!(app.counters("TEA").await, (5 - confirmed, 0));
-    // A required body is still required: `null` is no body.
-    let missing = app
+    // The document says "an object, or nothing": `null` is neither, and changes nothing.
+    let held = app.reserve("hold-null", &[("TEA", 1)]).await;
+    let id = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    let before = app.contents_except_idempotency_records().await;
+    let null = app
         .send(
-            Call::post("/v1/reservations")
-                .key("null-body")
+            Call::post(format!("/v1/reservations/{id}/confirm"))
+                .key("confirm-null")
                 .raw("null", Some("application/json")),
         )
         .await;
-    assert_eq!(missing.status, 400, "{missing:?}");
-    assert_eq!(missing.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(null.status, 400, "{null:?}");
+    assert_eq!(null.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
 }
 
 async fn a_number_written_with_a_zero_fraction_is_the_integer_it_equals(backend: Backend) {
@@ -235,8 +235,13 @@ async fn the_document_states_the_constraints_the_server_enforces(backend: Backen
             "POST /v1/reservations documents {status}"
         );
     }
-    let conflicts = &reserve["responses"]["409"]["content"]["application/problem+json"]["schema"]["allOf"]
-        [1]["properties"]["code"]["enum"];
+    let conflict = &reserve["responses"]["409"];
+    assert_eq!(
+        conflict["content"]["application/problem+json"]["schema"]["$ref"],
+        "#/components/schemas/Problem409"
+    );
+    let described = conflict["description"].as_str().unwrap();
+    let schema_codes = &schemas["Problem409"]["properties"]["code"]["enum"];
     for code in [
         "insufficient_stock",
         "off_shelf",
@@ -244,8 +249,12 @@ async fn the_document_states_the_constraints_the_server_enforces(backend: Backen
         "request_in_progress",
     ] {
         assert!(
-            conflicts.as_array().unwrap().contains(&json!(code)),
-            "409 names {code}: {conflicts}"
+            described.contains(code),
+            "409 of reservations names {code}: {described}"
+        );
+        assert!(
+            schema_codes.as_array().unwrap().contains(&json!(code)),
+            "Problem409 has {code}"
         );
     }
 }

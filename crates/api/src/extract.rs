@@ -103,8 +103,7 @@ pub async fn read_body(body: Body, state: &AppState) -> Result<axum::body::Bytes
     }
 }
 
-/// Parses the body; `None` when it is empty or `null`. Returns the request's
-/// fingerprint too.
+/// Parses the body; `None` when it is empty. Returns the request's fingerprint too.
 async fn parse_json_body<T: DeserializeOwned>(
     request: Request<Body>,
     state: &AppState,
@@ -133,10 +132,6 @@ async fn parse_json_body<T: DeserializeOwned>(
     }
     let canonical: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|error| ApiError::invalid(format!("request body is not valid JSON: {error}")))?;
-    // `null` is no body: an optional body may be sent as nothing, `{}` or `null`.
-    if canonical.is_null() {
-        return Ok((None, fingerprint(&method, &path, "")));
-    }
     let value: T = serde_path_to_error::deserialize(&canonical).map_err(|error| {
         let path = error.path().to_string();
         let inner = error.into_inner();

@@ -14,6 +14,7 @@
 //!   operation's own parameters. Each status's problem schema names exactly its codes,
 //!   through `problem::status_for`, the server's one mapping.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use domain::{Action, ErrorCode, Role};
@@ -727,6 +728,11 @@ pub fn finish(mut document: Value) -> Value {
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return document;
     };
+    // The codes each status is answered with, over every operation: one problem schema
+    // per status. (An `allOf` narrowing the common schema per operation would be more
+    // precise, but client generators cannot merge a narrowed `status`; each operation's
+    // own codes are listed in its response's description.)
+    let mut problems: BTreeMap<u16, BTreeSet<&'static str>> = BTreeMap::new();
     for (path, item) in paths.iter_mut() {
         let Some(item) = item.as_object_mut() else {
             continue;
@@ -735,7 +741,7 @@ pub fn finish(mut document: Value) -> Value {
             let Some(operation) = operation.as_object_mut() else {
                 continue;
             };
-            finish_operation(path, method, operation);
+            finish_operation(path, method, operation, &mut problems);
         }
     }
     let components = document
@@ -757,10 +763,33 @@ pub fn finish(mut document: Value) -> Value {
     for (name, schema) in schemas::all() {
         schemas[name] = serde_json::to_value(schema).expect("a schema serializes");
     }
+    for (status, codes) in problems {
+        schemas[problem_schema_name(status)] = json!({
+            "type": "object",
+            "description": format!("A problem answered with status {status}: RFC 9457 problem details with one of these stable codes."),
+            "required": ["type", "title", "status", "code", "detail"],
+            "properties": {
+                "type": {"type": "string", "description": "urn:stockd:problem:<code>"},
+                "title": {"type": "string"},
+                "status": {"type": "integer", "enum": [status]},
+                "code": {"type": "string", "enum": codes.into_iter().collect::<Vec<_>>()},
+                "detail": {"type": "string"},
+            },
+        });
+    }
     document
 }
 
-fn finish_operation(path: &str, method: &str, operation: &mut Map<String, Value>) {
+fn problem_schema_name(status: u16) -> String {
+    format!("Problem{status}")
+}
+
+fn finish_operation(
+    path: &str,
+    method: &str,
+    operation: &mut Map<String, Value>,
+    problems: &mut BTreeMap<u16, BTreeSet<&'static str>>,
+) {
     let id = operation
         .get("operationId")
         .and_then(Value::as_str)
@@ -801,6 +830,18 @@ fn finish_operation(path: &str, method: &str, operation: &mut Map<String, Value>
                 *schema = other.clone();
             }
         }
+    }
+    // An optional body likewise: left out, not `null` (the server takes `null` too).
+    if let Some(schema) = operation
+        .get_mut("requestBody")
+        .and_then(|body| body.pointer_mut("/content/application~1json/schema"))
+        && let Some(choices) = schema.get("oneOf").and_then(Value::as_array)
+        && choices.len() == 2
+        && let Some(other) = choices
+            .iter()
+            .find(|choice| choice.get("type") != Some(&json!("null")))
+    {
+        *schema = other.clone();
     }
     let has = |place: &str| parameters.iter().any(|(location, _)| location == place);
     let has_header = |name: &str| {
@@ -951,15 +992,12 @@ fn finish_operation(path: &str, method: &str, operation: &mut Map<String, Value>
             description.push_str(". ");
             description.push_str(note);
         }
-        let schema = json!({
-            "allOf": [
-                {"$ref": "#/components/schemas/Problem"},
-                {"type": "object", "properties": {
-                    "code": {"type": "string", "enum": codes.iter().map(|code| code.as_str()).collect::<Vec<_>>()},
-                    "status": {"const": status},
-                }},
-            ],
-        });
+        problems
+            .entry(status)
+            .or_default()
+            .extend(codes.iter().map(|code| code.as_str()));
+        let schema =
+            json!({"$ref": format!("#/components/schemas/{}", problem_schema_name(status))});
         let mut response = json!({
             "description": description,
             "content": {PROBLEM_TYPE: {"schema": schema}},
@@ -1106,9 +1144,16 @@ mod tests {
                     let Some(problem) = response["content"].get(PROBLEM_TYPE) else {
                         continue;
                     };
-                    let codes = problem["schema"]["allOf"][1]["properties"]["code"]["enum"]
-                        .as_array()
-                        .unwrap();
+                    let name = problem["schema"]["$ref"]
+                        .as_str()
+                        .unwrap()
+                        .trim_start_matches("#/components/schemas/");
+                    let codes =
+                        document["components"]["schemas"][name]["properties"]["code"]["enum"]
+                            .as_array()
+                            .unwrap();
+                    let description = response["description"].as_str().unwrap();
+                    assert!(!description.is_empty(), "{method} {path} {status}");
                     assert!(!codes.is_empty(), "{method} {path} {status}");
                     for code in codes {
                         let code = ErrorCode::parse(code.as_str().unwrap()).unwrap();

@@ -63,10 +63,24 @@ pub struct MovementRequest {
 }
 
 /// The movement's schema: which quantities a kind takes is a choice between two
-/// bodies, which the derived schema of one struct could not say.
+/// bodies, which the derived schema of one struct could not say. Each is a named
+/// component, so a generated client has a type per kind.
 impl utoipa::PartialSchema for MovementRequest {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::RefOr::T(movement_request_schema())
+        utoipa::openapi::RefOr::T(
+            serde_json::from_value(serde_json::json!({
+                "description": "`receive` adds units; `adjust` corrects available stock by a non-zero amount, never below zero.",
+                "oneOf": [
+                    {"$ref": "#/components/schemas/ReceiveMovement"},
+                    {"$ref": "#/components/schemas/AdjustMovement"},
+                ],
+                "discriminator": {"propertyName": "kind", "mapping": {
+                    "receive": "#/components/schemas/ReceiveMovement",
+                    "adjust": "#/components/schemas/AdjustMovement",
+                }},
+            }))
+            .expect("a well-formed schema"),
+        )
     }
 }
 
@@ -79,6 +93,14 @@ impl ToSchema for MovementRequest {
     ) {
         use crate::openapi::schemas::{AdjustmentQuantity, Quantity, WarehouseCode};
         use utoipa::PartialSchema;
+        schemas.push((
+            "ReceiveMovement".into(),
+            movement_kind_schema("receive", "Quantity"),
+        ));
+        schemas.push((
+            "AdjustMovement".into(),
+            movement_kind_schema("adjust", "AdjustmentQuantity"),
+        ));
         schemas.push((Quantity::name().into(), Quantity::schema()));
         schemas.push((
             AdjustmentQuantity::name().into(),
@@ -88,9 +110,13 @@ impl ToSchema for MovementRequest {
     }
 }
 
-fn movement_request_schema() -> utoipa::openapi::schema::Schema {
-    let body = |kind: &str, quantity: &str| {
-        serde_json::json!({
+/// One kind of movement: its `kind`, the quantity it takes, the warehouse.
+fn movement_kind_schema(
+    kind: &str,
+    quantity: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::RefOr::T(
+        serde_json::from_value(serde_json::json!({
             "type": "object",
             "additionalProperties": false,
             "required": ["kind", "quantity"],
@@ -99,13 +125,9 @@ fn movement_request_schema() -> utoipa::openapi::schema::Schema {
                 "quantity": {"$ref": format!("#/components/schemas/{quantity}")},
                 "warehouse": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/WarehouseCode"}]},
             },
-        })
-    };
-    serde_json::from_value(serde_json::json!({
-        "description": "`receive` adds units; `adjust` corrects available stock by a non-zero amount, never below zero.",
-        "oneOf": [body("receive", "Quantity"), body("adjust", "AdjustmentQuantity")],
-    }))
-    .expect("a well-formed schema")
+        }))
+        .expect("a well-formed schema"),
+    )
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
