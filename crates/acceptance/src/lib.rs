@@ -643,6 +643,11 @@ impl TestResponse {
             .and_then(|body| body.get("code").and_then(Value::as_str).map(str::to_owned))
     }
 
+    /// A header's value, when present and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
     pub fn replayed(&self) -> bool {
         self.headers
             .get("idempotent-replayed")
@@ -683,6 +688,8 @@ pub struct Call {
     pub signature: Option<String>,
     /// `Stockd-Consistency-Token`, for display reads.
     pub consistency_token: Option<String>,
+    /// Any other headers (`Prefer`, …), in order.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Call {
@@ -696,7 +703,13 @@ impl Call {
             content_type: None,
             signature: None,
             consistency_token: None,
+            headers: Vec::new(),
         }
+    }
+
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Call {
+        self.headers.push((name.into(), value.into()));
+        self
     }
 
     pub fn consistency_token(mut self, token: impl Into<String>) -> Call {
@@ -946,6 +959,9 @@ impl TestApp {
         }
         if let Some(token) = &call.consistency_token {
             request = request.header("stockd-consistency-token", token);
+        }
+        for (name, value) in &call.headers {
+            request = request.header(name, value);
         }
         let request = request
             .body(call.body.map_or_else(Body::empty, Body::from))

@@ -61,6 +61,7 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
         shop: ShopScope::Verified(ShopCode::default_shop()),
         user: None,
         reference: domain::OrderReference::default(),
+        undecided_when_short: false,
     }
 }
 
@@ -69,6 +70,7 @@ fn status_and_code(outcome: &Idempotent) -> (&'static str, u16, Option<String>) 
         Idempotent::Executed(response) => ("executed", response),
         Idempotent::Replayed(response) => ("replayed", response),
         Idempotent::KeyReused => return ("key_reused", 0, None),
+        Idempotent::Undecided => return ("undecided", 0, None),
     };
     let body: serde_json::Value = serde_json::from_str(&response.body).unwrap();
     (

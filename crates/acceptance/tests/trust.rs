@@ -28,6 +28,7 @@ struct NorthShop {
     product: String,
     order: String,
     reservation: String,
+    campaign: String,
 }
 
 async fn north_shop(app: &TestApp) -> NorthShop {
@@ -55,6 +56,21 @@ async fn north_shop(app: &TestApp) -> NorthShop {
         )
         .await;
     assert_eq!(cart.status, 200, "{cart:?}");
+    // A campaign of N-2 that starts tomorrow: its unit is carved out now, its SKU
+    // sells from regular stock until then.
+    let campaign = app
+        .send(
+            Call::post("/v1/admin/campaigns")
+                .admin()
+                .key("north-campaign")
+                .json(&json!({
+                    "sku": "N-2", "quantity": 1, "per_user_limit": 1,
+                    "starts_at": acceptance::START.plus_seconds(86_400).to_rfc3339(),
+                    "ends_at": acceptance::START.plus_seconds(2 * 86_400).to_rfc3339(),
+                })),
+        )
+        .await;
+    assert_eq!(campaign.status, 201, "{campaign:?}");
     NorthShop {
         north,
         product,
@@ -63,6 +79,7 @@ async fn north_shop(app: &TestApp) -> NorthShop {
             .as_str()
             .unwrap()
             .to_owned(),
+        campaign: campaign.json()["campaign_id"].as_str().unwrap().to_owned(),
     }
 }
 
@@ -111,6 +128,26 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
         ),
         ("audit", Call::get("/v1/audit")),
         ("metrics", Call::get("/metrics")),
+        (
+            "create campaign",
+            Call::post("/v1/admin/campaigns")
+                .key("t-campaign")
+                .json(&json!({
+                    "sku": "N-1", "quantity": 1,
+                    "starts_at": acceptance::START.to_rfc3339(),
+                    "ends_at": acceptance::START.plus_seconds(3_600).to_rfc3339(),
+                })),
+        ),
+        (
+            "read campaign",
+            Call::get(format!("/v1/admin/campaigns/{}", shop.campaign)),
+        ),
+        // Tickets are their holder's alone: anyone else hears 404 (tested in
+        // acceptance::campaigns); here only the credential check.
+        (
+            "read ticket",
+            Call::get("/v1/tickets/tkt_0000000000000000000000000000"),
+        ),
         (
             "create order",
             Call::post("/v1/orders")
@@ -273,9 +310,11 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "shelf operation",
         "list products",
         "list schedules",
+        "create campaign",
     ];
     let service_routes = [
         "read sku",
+        "read campaign",
         "reserve",
         "read reservation",
         "read stock movement",
@@ -356,6 +395,7 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "metrics",
         "list products",
         "list schedules",
+        "create campaign",
     ];
     let calls: Vec<_> = every_protected_call(&shop)
         .into_iter()

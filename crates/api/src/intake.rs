@@ -103,8 +103,16 @@ impl ReserveIntake {
         let key = command.header("Idempotency-Key").map(str::to_owned);
         let outcome = match parse_command(command.body(), key.as_deref()) {
             Ok(parsed) => {
-                crate::routes::reserve(state, &parsed.principal, &parsed.claim, parsed.request)
-                    .await
+                // Queued commands never take a ticket: they wait their turn.
+                crate::routes::reserve(
+                    state,
+                    &parsed.principal,
+                    &parsed.claim,
+                    parsed.request,
+                    false,
+                )
+                .await
+                .and_then(|held| held.answered().map_err(crate::problem::ApiError::from))
             }
             Err(refused) => Err(refused),
         };

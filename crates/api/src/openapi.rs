@@ -188,6 +188,8 @@ pub mod schemas {
         "examples": ["rsv_019ae1f2a3b4c5d6e7f8a9b0c1d2.reserve.0"],
     }));
     named_schema!(ReservationId => minted("A reservation.", domain::ReservationId::PREFIX));
+    named_schema!(CampaignId => minted("A flash-sale campaign.", domain::CampaignId::PREFIX));
+    named_schema!(TicketId => minted("A place in a campaign's waiting room.", domain::TicketId::PREFIX));
     named_schema!(OrderId => minted("An order.", domain::OrderId::PREFIX));
     named_schema!(ProductId => minted("A product.", domain::ProductId::PREFIX));
     named_schema!(MovementId => minted("A receive or adjust movement.", domain::MovementId::PREFIX));
@@ -273,6 +275,8 @@ pub mod schemas {
             FeedCursor,
             LedgerMovementId,
             ReservationId,
+            CampaignId,
+            TicketId,
             OrderId,
             ProductId,
             MovementId,
@@ -323,9 +327,9 @@ const fn operation(
 }
 
 use ErrorCode::{
-    AlreadyExists, FailedPrecondition, IllegalTransition, InsufficientStock, InvalidArgument,
-    NotFound, OffShelf, OrderRefReused, PaymentUnknown, PurchaseLimitExceeded, Unauthorized,
-    VersionConflict,
+    AlreadyExists, CampaignNotStarted, FailedPrecondition, IllegalTransition, InsufficientStock,
+    InvalidArgument, NotFound, OffShelf, OrderRefReused, PaymentUnknown, PurchaseLimitExceeded,
+    Unauthorized, VersionConflict,
 };
 
 /// Every operation of the document. A test checks each annotated handler has a row
@@ -353,6 +357,17 @@ pub const OPERATIONS: &[Operation] = &[
     ),
     operation("get_stock_movement", &[Action::ViewStock], &[NotFound]),
     operation(
+        "create_campaign",
+        &[Action::MoveStock],
+        &[NotFound, InsufficientStock, FailedPrecondition],
+    ),
+    operation("get_campaign", &[Action::ViewStock], &[NotFound]),
+    operation(
+        "get_ticket",
+        &[Action::Reserve, Action::PlaceOrder],
+        &[NotFound],
+    ),
+    operation(
         "create_reservation",
         &[Action::Reserve],
         &[
@@ -362,6 +377,7 @@ pub const OPERATIONS: &[Operation] = &[
             PurchaseLimitExceeded,
             OrderRefReused,
             FailedPrecondition,
+            CampaignNotStarted,
         ],
     ),
     operation("get_reservation", &[Action::Reserve], &[NotFound]),
@@ -387,6 +403,7 @@ pub const OPERATIONS: &[Operation] = &[
             PurchaseLimitExceeded,
             OrderRefReused,
             FailedPrecondition,
+            CampaignNotStarted,
         ],
     ),
     operation("get_order", &[Action::ViewOrders], &[NotFound]),
@@ -668,6 +685,9 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(routes::save_sku, routes::get_sku))
         .routes(routes!(routes::record_movement))
         .routes(routes!(routes::get_stock_movement))
+        .routes(routes!(routes::create_campaign))
+        .routes(routes!(routes::get_campaign))
+        .routes(routes!(routes::get_ticket))
         .routes(routes!(routes::create_reservation))
         .routes(routes!(routes::get_reservation))
         .routes(routes!(routes::confirm_reservation))
@@ -935,6 +955,11 @@ fn finish_operation(
             status: 429,
             code: ErrorCode::Unavailable,
             description: "The reservation queue is full.",
+        });
+        unusual.push(Unusual {
+            status: 429,
+            code: ErrorCode::RateLimited,
+            description: "A running campaign's waiting room is full here, or this user already has a request waiting or running in it.",
         });
     }
     codes.sort_by_key(|code| code.as_str());

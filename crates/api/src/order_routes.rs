@@ -20,19 +20,26 @@ fn parse_order_id(text: &str) -> Result<OrderId, ApiError> {
 
 /// Create an order and its reservation
 ///
-/// Priced from the SKUs, `PENDING_PAYMENT`, its stock held until `expires_at`.
+/// Priced from the SKUs, `PENDING_PAYMENT`, its stock held until `expires_at`. A line of a running campaign's SKU draws from the campaign; with `Prefer: respond-async` a busy campaign answers 202 with a ticket to poll.
 #[utoipa::path(
     post,
     path = "/v1/orders",
     tag = "orders",
-    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    params(
+        ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again."),
+        ("Prefer" = Option<String>, Header, description = "`respond-async`: while a running campaign's waiting room is busy, answer 202 with a ticket instead of waiting with the connection open."),
+    ),
     request_body = crate::order_wire::CreateOrderRequest,
-    responses((status = 201, description = "Created", body = crate::order_wire::OrderBody))
+    responses(
+        (status = 201, description = "Created", body = crate::order_wire::OrderBody),
+        (status = 202, description = "Waiting in a campaign's line: poll the ticket (Location)", body = crate::wire::TicketBody, headers(("Location" = String, description = "The ticket's URL."), ("Preference-Applied" = String, description = "`respond-async`."))),
+    )
 )]
 pub async fn create_order(
     State(state): State<AppState>,
     Caller(caller): Caller,
     key: RequiredIdempotencyKey,
+    prefer: crate::routes::PreferRespondAsync,
     RequiredJsonBody(body): RequiredJsonBody<CreateOrderRequest>,
 ) -> Result<Response, ApiError> {
     let claim = body.claim(&caller, key);
@@ -42,18 +49,22 @@ pub async fn create_order(
         .into_iter()
         .map(ReservationLineRequest::into_line)
         .collect();
-    Ok(reply_response(
+    Ok(crate::routes::held_response(
         state
             .engine
             .create_order(
                 &caller,
                 &claim,
                 request.user_id,
-                lines,
-                request.ttl_seconds,
-                domain::OrderReference {
-                    order_ref: request.order_ref,
-                    source: request.source,
+                engine::HoldRequest {
+                    lines,
+                    ttl: request.ttl_seconds,
+                    reference: domain::OrderReference {
+                        order_ref: request.order_ref,
+                        source: request.source,
+                    },
+                    campaign: request.campaign_id,
+                    respond_async: prefer.0,
                 },
             )
             .await?,

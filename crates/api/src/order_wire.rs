@@ -24,6 +24,9 @@ pub struct CreateOrderRequest {
     /// The calling channel, recorded with the order.
     #[schema(value_type = Option<crate::openapi::schemas::RequestSource>)]
     pub source: Option<domain::RequestSource>,
+    /// The campaign the order means to buy from (see `POST /v1/reservations`).
+    #[schema(value_type = Option<crate::openapi::schemas::CampaignId>)]
+    pub campaign_id: Option<domain::CampaignId>,
 }
 
 /// The answer to a checkout: the order it created and the cart lines it left out.

@@ -24,6 +24,7 @@ pub fn status_for(code: ErrorCode) -> StatusCode {
         | ErrorCode::PurchaseLimitExceeded
         | ErrorCode::OrderRefReused
         | ErrorCode::FailedPrecondition
+        | ErrorCode::CampaignNotStarted
         | ErrorCode::RequestInProgress => StatusCode::CONFLICT,
         ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
@@ -66,6 +67,7 @@ fn title_for(code: ErrorCode) -> &'static str {
         ErrorCode::PurchaseLimitExceeded => "This user already holds or bought the SKU's limit",
         ErrorCode::OrderRefReused => "This order number was used by another request",
         ErrorCode::FailedPrecondition => "What the request names does not allow it",
+        ErrorCode::CampaignNotStarted => "The campaign has not started yet",
         ErrorCode::Internal => "Internal error",
     }
 }

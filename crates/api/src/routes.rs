@@ -159,24 +159,31 @@ pub async fn record_movement(
 
 /// Reserve stock
 ///
-/// 1–50 lines of one shop, all or nothing. Held until `expires_at`, then released by the expiry worker unless confirmed. A refusal (`insufficient_stock`, …) is the key's answer from then on.
+/// 1–50 lines of one shop, all or nothing. Held until `expires_at`, then released by the expiry worker unless confirmed. A refusal (`insufficient_stock`, …) is the key's answer from then on. A line of a running campaign's SKU draws from the campaign; when the campaign's waiting room is busy, a caller that sends `Prefer: respond-async` gets a ticket (202) to poll instead of holding its connection.
 #[utoipa::path(
     post,
     path = "/v1/reservations",
     tag = "reservations",
-    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    params(
+        ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again."),
+        ("Prefer" = Option<String>, Header, description = "`respond-async`: while a running campaign's waiting room is busy, answer 202 with a ticket instead of waiting with the connection open."),
+    ),
     request_body = crate::wire::CreateReservationRequest,
-    responses((status = 201, description = "Reserved", body = crate::wire::ReservationBody))
+    responses(
+        (status = 201, description = "Reserved", body = crate::wire::ReservationBody),
+        (status = 202, description = "Waiting in a campaign's line: poll the ticket (Location)", body = crate::wire::TicketBody, headers(("Location" = String, description = "The ticket's URL."), ("Preference-Applied" = String, description = "`respond-async`."))),
+    )
 )]
 pub async fn create_reservation(
     State(state): State<AppState>,
     Caller(caller): Caller,
     key: RequiredIdempotencyKey,
+    prefer: PreferRespondAsync,
     RequiredJsonBody(body): RequiredJsonBody<CreateReservationRequest>,
 ) -> Result<Response, ApiError> {
     let claim = body.claim(&caller, key);
-    Ok(reply_response(
-        reserve(&state, &caller, &claim, body.value).await?,
+    Ok(held_response(
+        reserve(&state, &caller, &claim, body.value, prefer.0).await?,
     ))
 }
 
@@ -187,7 +194,8 @@ pub(crate) async fn reserve(
     caller: &domain::Principal,
     claim: &store::IdempotencyClaim,
     request: CreateReservationRequest,
-) -> Result<Reply, ApiError> {
+    respond_async: bool,
+) -> Result<engine::Held, ApiError> {
     let lines = request
         .lines
         .into_iter()
@@ -198,15 +206,100 @@ pub(crate) async fn reserve(
         .reserve(
             caller,
             claim,
-            lines,
-            request.ttl_seconds,
-            request.user_id,
-            domain::OrderReference {
-                order_ref: request.order_ref,
-                source: request.source,
+            engine::HoldRequest {
+                lines,
+                ttl: request.ttl_seconds,
+                reference: domain::OrderReference {
+                    order_ref: request.order_ref,
+                    source: request.source,
+                },
+                campaign: request.campaign_id,
+                respond_async,
             },
+            request.user_id,
         )
         .await?)
+}
+
+/// Whether the caller sent `Prefer: respond-async` (RFC 7240): it would rather poll a
+/// ticket than hold its connection while a campaign's line is long.
+#[derive(Debug, Clone, Copy)]
+pub struct PreferRespondAsync(pub bool);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PreferRespondAsync {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<PreferRespondAsync, Self::Rejection> {
+        let asked = parts
+            .headers
+            .get_all("prefer")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .filter_map(|preference| preference.split(';').next())
+            .any(|token| token.trim().eq_ignore_ascii_case("respond-async"));
+        Ok(PreferRespondAsync(asked))
+    }
+}
+
+/// The answer to a request that may have been given a ticket: the answer itself, or
+/// 202 with the ticket and its URL.
+pub fn held_response(held: engine::Held) -> Response {
+    match held {
+        engine::Held::Answered(reply) => reply_response(reply),
+        engine::Held::Waiting(ticket) => ticket_response(StatusCode::ACCEPTED, ticket),
+    }
+}
+
+fn ticket_response(status: StatusCode, ticket: engine::TicketView) -> Response {
+    let waiting = matches!(ticket.state, engine::TicketState::Waiting { .. });
+    let body = crate::wire::TicketBody::new(ticket);
+    let location = HeaderValue::from_str(&body.poll).ok();
+    let mut response = (status, Json(body)).into_response();
+    if waiting {
+        let headers = response.headers_mut();
+        if let Some(location) = location {
+            headers.insert(header::LOCATION, location);
+        }
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if status == StatusCode::ACCEPTED {
+            headers.insert(
+                "preference-applied",
+                HeaderValue::from_static("respond-async"),
+            );
+        }
+    }
+    response
+}
+
+/// A ticket of a campaign's waiting room
+///
+/// Only the caller that was given the ticket sees it, and only on the instance that issued it (a ticket unknown here answers 404: retry the request with its Idempotency-Key). `WAITING` with its position (202, `Retry-After` suggests when to poll again), then `ANSWERED` with the request's answer (200), the same on every poll: the request runs once.
+#[utoipa::path(
+    get,
+    path = "/v1/tickets/{ticket_id}",
+    tag = "reservations",
+    params(("ticket_id" = crate::openapi::schemas::TicketId, Path, description = "The ticket.")),
+    responses(
+        (status = 200, description = "Answered: the request's answer is in `answer`", body = crate::wire::TicketBody),
+        (status = 202, description = "Still waiting", body = crate::wire::TicketBody, headers(("Retry-After" = u32, description = "Seconds until polling again is worth it."))),
+    )
+)]
+pub async fn get_ticket(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(ticket_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = domain::TicketId::parse(&ticket_id).map_err(|error| ApiError::invalid(error.0))?;
+    let ticket = state.engine.ticket(&caller, &id)?;
+    let status = match ticket.state {
+        engine::TicketState::Waiting { .. } => StatusCode::ACCEPTED,
+        engine::TicketState::Answered(_) => StatusCode::OK,
+    };
+    Ok(ticket_response(status, ticket))
 }
 
 /// A reservation
@@ -538,4 +631,64 @@ const EVENTS_PAGE_SIZE_DEFAULT: i64 = 100;
 )]
 pub async fn who_am_i(Caller(caller): Caller) -> Response {
     Json(crate::wire::WhoAmIBody::new(&caller)).into_response()
+}
+
+/// Start a flash-sale campaign
+///
+/// Carves `quantity` units out of the SKU's available stock (ledgered) into the campaign's own stock, split over `buckets` rows. While it runs, every reservation and order of the SKU draws from it; regular sales cannot take its units, and it cannot take theirs. At `ends_at` what is left goes back to regular stock (ledgered). One campaign per SKU at a time.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/campaigns",
+    tag = "stock",
+    params(("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::wire::CreateCampaignRequest,
+    responses((status = 201, description = "Created", body = crate::wire::CampaignBody))
+)]
+pub async fn create_campaign(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<crate::wire::CreateCampaignRequest>,
+) -> Result<Response, ApiError> {
+    let claim = body.claim(&caller, key);
+    let request = body.value;
+    let campaign = engine::campaigns::CampaignRequest {
+        sku: request.sku,
+        warehouse: request
+            .warehouse
+            .unwrap_or_else(domain::WarehouseCode::default_warehouse),
+        quantity: request.quantity.get(),
+        buckets: request.buckets.unwrap_or(1),
+        per_user_limit: request.per_user_limit.map(domain::PerUserLimit::get),
+        starts_at: request.starts_at,
+        ends_at: request.ends_at,
+    };
+    Ok(reply_response(
+        state
+            .engine
+            .create_campaign(&caller, &claim, campaign)
+            .await?,
+    ))
+}
+
+/// A campaign: sold, held, left, returned, per bucket
+#[utoipa::path(
+    get,
+    path = "/v1/admin/campaigns/{id}",
+    tag = "stock",
+    params(("id" = crate::openapi::schemas::CampaignId, Path, description = "The campaign.")),
+    responses((status = 200, description = "The campaign", body = crate::wire::CampaignBody))
+)]
+pub async fn get_campaign(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let id = domain::CampaignId::parse(&id).map_err(|error| ApiError::invalid(error.0))?;
+    let campaign = state.engine.campaign(&caller, &id).await?;
+    Ok(Json(crate::wire::CampaignBody::new(
+        &campaign,
+        state.engine.now(),
+    ))
+    .into_response())
 }

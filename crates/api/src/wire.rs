@@ -176,6 +176,10 @@ pub struct CreateReservationRequest {
     /// The calling channel (`web`, `app`, `pos`, …), recorded with the reservation.
     #[schema(value_type = Option<crate::openapi::schemas::RequestSource>)]
     pub source: Option<domain::RequestSource>,
+    /// The campaign the request means to buy from: refused `campaign_not_started`
+    /// before its start. Without it a running campaign of a line's SKU is used anyway.
+    #[schema(value_type = Option<crate::openapi::schemas::CampaignId>)]
+    pub campaign_id: Option<domain::CampaignId>,
 }
 
 /// Confirm and release take no fields; an empty body or `{}` is accepted.
@@ -563,6 +567,10 @@ impl ResponseRenderer for HttpRenderer {
         )
     }
 
+    fn campaign_created(&self, campaign: &store::Campaign) -> StoredResponse {
+        json(201, &CampaignBody::new(campaign, campaign.created_at))
+    }
+
     fn checked_out(&self, order: &store::Order, skipped: &[SkippedLine]) -> StoredResponse {
         json(
             201,
@@ -718,6 +726,178 @@ impl<'a> WhoAmIBody<'a> {
             shop: principal.shop().map(ShopCode::as_str),
             operator_id,
             key_id,
+        }
+    }
+}
+
+/// `POST /v1/admin/campaigns`: a flash sale of one SKU.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateCampaignRequest {
+    #[schema(value_type = crate::openapi::schemas::SkuCode)]
+    pub sku: SkuCode,
+    /// Units carved out of the SKU's available stock in `warehouse` for the campaign.
+    #[schema(value_type = crate::openapi::schemas::Quantity)]
+    pub quantity: Quantity,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub starts_at: Timestamp,
+    /// After `starts_at`, in the future; what is left then goes back to regular stock.
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub ends_at: Timestamp,
+    /// Most units one shopper may buy in the campaign (requests must then name `user_id`).
+    #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
+    pub per_user_limit: Option<PerUserLimit>,
+    /// Stock rows the campaign's units are split over (1 by default, at most 64 and
+    /// no more than the units): batches on different buckets commit in parallel.
+    #[schema(minimum = 1, maximum = 64)]
+    pub buckets: Option<u32>,
+    /// `default` when absent.
+    #[schema(value_type = Option<crate::openapi::schemas::WarehouseCode>)]
+    pub warehouse: Option<WarehouseCode>,
+}
+
+/// One bucket of a campaign.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CampaignBucketBody {
+    pub bucket: u32,
+    pub available: i64,
+    pub reserved: i64,
+}
+
+/// A place in a campaign's waiting room: where it stands, or the answer of its request.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TicketBody {
+    #[schema(value_type = crate::openapi::schemas::TicketId)]
+    pub ticket_id: String,
+    #[schema(value_type = crate::openapi::schemas::CampaignId)]
+    pub campaign_id: String,
+    /// `WAITING` until the request ran, then `ANSWERED`.
+    #[schema(value_type = String, pattern = "^(WAITING|ANSWERED)$")]
+    pub status: &'static str,
+    /// Places ahead of this one while it waits (0: next); null once answered.
+    pub position: Option<u64>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub issued_at: Timestamp,
+    /// Where to poll: this ticket's URL.
+    pub poll: String,
+    /// The request's answer once it ran, as the request would have had it at once.
+    pub answer: Option<TicketAnswerBody>,
+}
+
+/// A ticket's request, answered: its status and body (the reservation or order, or a
+/// problem document).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TicketAnswerBody {
+    #[schema(minimum = 200, maximum = 599)]
+    pub status: u16,
+    #[schema(value_type = Object)]
+    pub body: serde_json::Value,
+}
+
+impl TicketBody {
+    pub fn new(ticket: engine::TicketView) -> TicketBody {
+        let (status, position, answer) = match ticket.state {
+            engine::TicketState::Waiting { position } => ("WAITING", Some(position), None),
+            engine::TicketState::Answered(answer) => {
+                let (status, body) = match answer {
+                    Ok(reply) => (
+                        reply.response.status,
+                        serde_json::from_str(&reply.response.body)
+                            .unwrap_or(serde_json::Value::Null),
+                    ),
+                    Err(error) => {
+                        let error = crate::problem::ApiError::from(error);
+                        let body = crate::problem::problem_body_with_status(
+                            error.code,
+                            error.status,
+                            &error.detail,
+                        );
+                        (
+                            error.status.as_u16(),
+                            serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+                        )
+                    }
+                };
+                ("ANSWERED", None, Some(TicketAnswerBody { status, body }))
+            }
+        };
+        TicketBody {
+            poll: format!("/v1/tickets/{}", ticket.id),
+            ticket_id: ticket.id.as_str().to_owned(),
+            campaign_id: ticket.campaign.as_str().to_owned(),
+            status,
+            position,
+            issued_at: ticket.issued_at,
+            answer,
+        }
+    }
+}
+
+/// A campaign and where its units are.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CampaignBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::CampaignId)]
+    pub campaign_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
+    pub shop: &'a str,
+    #[schema(value_type = crate::openapi::schemas::SkuCode)]
+    pub sku: &'a str,
+    #[schema(value_type = crate::openapi::schemas::WarehouseCode)]
+    pub warehouse: &'a str,
+    #[schema(value_type = String, pattern = "^(SCHEDULED|RUNNING|ENDED)$")]
+    pub phase: &'static str,
+    pub quantity: i64,
+    pub per_user_limit: Option<i64>,
+    /// Confirmed (paid) units.
+    pub sold: i64,
+    /// Units held by open reservations and unpaid orders.
+    pub held: i64,
+    /// Units still available in the buckets.
+    pub left: i64,
+    /// Units that went back to regular stock after the end.
+    pub returned: i64,
+    pub buckets: Vec<CampaignBucketBody>,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub starts_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub ends_at: Timestamp,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub created_at: Timestamp,
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
+    pub ended_at: Option<Timestamp>,
+    #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
+    pub closed_at: Option<Timestamp>,
+}
+
+impl<'a> CampaignBody<'a> {
+    pub fn new(campaign: &'a store::Campaign, now: Timestamp) -> CampaignBody<'a> {
+        CampaignBody {
+            campaign_id: campaign.id.as_str(),
+            shop: campaign.shop.as_str(),
+            sku: campaign.sku.as_str(),
+            warehouse: campaign.warehouse.as_str(),
+            phase: domain::CampaignPhase::at(now, campaign.starts_at, campaign.ends_at).as_str(),
+            quantity: campaign.quantity,
+            per_user_limit: campaign.per_user_limit,
+            sold: campaign.sold(),
+            held: campaign.held,
+            left: campaign.left,
+            returned: campaign.returned,
+            buckets: campaign
+                .bucket_counts
+                .iter()
+                .zip(0..)
+                .map(|((available, reserved), bucket)| CampaignBucketBody {
+                    bucket,
+                    available: *available,
+                    reserved: *reserved,
+                })
+                .collect(),
+            starts_at: campaign.starts_at,
+            ends_at: campaign.ends_at,
+            created_at: campaign.created_at,
+            ended_at: campaign.ended_at,
+            closed_at: campaign.closed_at,
         }
     }
 }

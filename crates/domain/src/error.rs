@@ -33,11 +33,13 @@ pub enum ErrorCode {
     /// price in an order, a full cart (409). `invalid_argument` is for a request that
     /// is wrong by itself.
     FailedPrecondition,
+    /// The request names a campaign that has not started yet (409).
+    CampaignNotStarted,
     Internal,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthorized,
         ErrorCode::Forbidden,
@@ -57,6 +59,7 @@ impl ErrorCode {
         ErrorCode::PurchaseLimitExceeded,
         ErrorCode::OrderRefReused,
         ErrorCode::FailedPrecondition,
+        ErrorCode::CampaignNotStarted,
         ErrorCode::Internal,
     ];
 
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::PurchaseLimitExceeded => "purchase_limit_exceeded",
             ErrorCode::OrderRefReused => "order_ref_reused",
             ErrorCode::FailedPrecondition => "failed_precondition",
+            ErrorCode::CampaignNotStarted => "campaign_not_started",
             ErrorCode::Internal => "internal",
         }
     }

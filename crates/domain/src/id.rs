@@ -141,6 +141,19 @@ minted_id!(
     "refund",
     "rfd_"
 );
+minted_id!(
+    /// Names one flash-sale campaign.
+    CampaignId,
+    "campaign",
+    "cmp_"
+);
+minted_id!(
+    /// Names one place in a campaign's waiting room, handed to a caller who asked to
+    /// wait without holding its connection (`Prefer: respond-async`).
+    TicketId,
+    "ticket",
+    "tkt_"
+);
 
 /// The client's `Idempotency-Key`: 1 to 255 visible ASCII characters (0x21..=0x7E).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

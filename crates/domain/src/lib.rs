@@ -5,6 +5,7 @@
 //! accept these types instead of raw strings and integers, so a value that reached the
 //! engine has already been validated.
 
+pub mod campaign;
 pub mod cart;
 pub mod catalog;
 pub mod code;
@@ -27,6 +28,7 @@ pub mod secret;
 pub mod sku;
 pub mod time;
 
+pub use campaign::{CampaignCode, CampaignPhase};
 pub use catalog::{OperatorType, Product, ShelfLogEntry, operation_label};
 pub use code::{
     CategoryCode, ImageUrl, OperatorId, OrderRef, RequestSource, ShopCode, SkuCode, SupplierCode,
@@ -37,8 +39,8 @@ pub use error::{ErrorCode, ParseError};
 pub use event::{Aggregate, EventType, FeedCursor, event_id};
 pub use hex::lower_hex;
 pub use id::{
-    IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId, ReservationId,
-    ScheduleId, ServiceKeyId,
+    CampaignId, IdempotencyKey, MovementId, OrderId, PaymentAttemptId, ProductId, RefundId,
+    ReservationId, ScheduleId, ServiceKeyId, TicketId,
 };
 pub use ledger::{LedgerMovementId, ReservationMove};
 pub use money::{Currency, PriceMinor};

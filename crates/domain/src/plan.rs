@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::campaign::tally_sku;
 use crate::{
     ErrorCode, Rejection, ReservationLine, SaleStatus, ShopCode, ShopScope, SkuCode, UserId,
     WarehouseCode,
@@ -32,6 +33,10 @@ pub struct PlanRequest<'a> {
     /// The request's order number is taken (by a committed request with another key,
     /// or an earlier request of the batch): refused before anything else.
     pub order_ref_taken: bool,
+    /// A campaign's request sent to one of its buckets while others may still hold
+    /// units: when its bucket is short it is left undecided (nothing stored), for the
+    /// engine to send to another bucket, instead of refused as `insufficient_stock`.
+    pub undecided_when_short: bool,
 }
 
 /// The shoppers' tallies the requests touch, read under lock, and the bound of open
@@ -53,8 +58,13 @@ pub struct BatchPlan {
     pub totals: BTreeMap<StockKey, i64>,
     /// New open holds per shopper (accepted requests that name a user).
     pub holds_added: BTreeMap<ShopperKey, i64>,
-    /// New units per shopper and SKU (every line of an accepted request with a user).
+    /// New units per shopper and SKU (every line of an accepted request with a user),
+    /// a campaign's lines under the campaign's tally code ([`crate::campaign::tally_sku`]).
     pub purchases_added: BTreeMap<PurchaseKey, i64>,
+    /// Requests left undecided: their campaign bucket was short (see
+    /// [`PlanRequest::undecided_when_short`]). Their decision is the refusal they would
+    /// have had; nothing of theirs is written.
+    pub undecided: Vec<usize>,
 }
 
 /// Accepts each request, in order, when every one of its lines fits in what the
@@ -75,9 +85,15 @@ pub fn plan_batch<'a>(
         totals: BTreeMap::new(),
         holds_added: BTreeMap::new(),
         purchases_added: BTreeMap::new(),
+        undecided: Vec::new(),
     };
-    for request in requests {
+    for (index, request) in requests.into_iter().enumerate() {
         let decision = check_request(request, skus, &remaining, tallies, &plan);
+        if request.undecided_when_short
+            && matches!(&decision, Err(rejection) if rejection.code == ErrorCode::InsufficientStock)
+        {
+            plan.undecided.push(index);
+        }
         if let Ok(shop) = &decision {
             for line in request.lines {
                 let key = (line.sku.clone(), line.warehouse.clone());
@@ -87,7 +103,11 @@ pub fn plan_batch<'a>(
                 if let Some(user) = request.user {
                     *plan
                         .purchases_added
-                        .entry((shop.clone(), user.clone(), line.sku.clone()))
+                        .entry((
+                            shop.clone(),
+                            user.clone(),
+                            tally_sku(&line.sku, &line.warehouse),
+                        ))
                         .or_insert(0) += quantity;
                 }
             }
@@ -160,6 +180,13 @@ fn shop_of_request(
     }
 }
 
+/// The per-user limit a line counts against: its campaign's for a bucket's line (kept
+/// in `skus` under the campaign's tally code), its SKU's otherwise.
+pub fn limit_of(line: &ReservationLine, skus: &HashMap<SkuCode, SkuFacts>) -> Option<i64> {
+    skus.get(&tally_sku(&line.sku, &line.warehouse))
+        .and_then(|facts| facts.per_user_limit)
+}
+
 fn check_request(
     request: PlanRequest<'_>,
     skus: &HashMap<SkuCode, SkuFacts>,
@@ -192,7 +219,7 @@ fn check_request(
     } else if let Some(line) = request
         .lines
         .iter()
-        .find(|line| skus[&line.sku].per_user_limit.is_some())
+        .find(|line| limit_of(line, skus).is_some())
     {
         return Err(Rejection::new(
             ErrorCode::FailedPrecondition,
@@ -244,10 +271,14 @@ fn check_shopper_limits(
         ));
     }
     for line in lines {
-        let Some(limit) = skus[&line.sku].per_user_limit else {
+        let Some(limit) = limit_of(line, skus) else {
             continue;
         };
-        let key = (shop.clone(), user.clone(), line.sku.clone());
+        let key = (
+            shop.clone(),
+            user.clone(),
+            tally_sku(&line.sku, &line.warehouse),
+        );
         let taken = tallies.purchased.get(&key).copied().unwrap_or(0)
             + plan.purchases_added.get(&key).copied().unwrap_or(0);
         if taken.saturating_add(line.quantity.get()) > limit {
@@ -306,6 +337,7 @@ mod tests {
         let lines = [line("A", 1)];
         let taken = PlanRequest {
             order_ref_taken: true,
+            undecided_when_short: false,
             ..anonymous(&lines)
         };
 
@@ -333,6 +365,7 @@ mod tests {
             shop: &ANY,
             user: None,
             order_ref_taken: false,
+            undecided_when_short: false,
         }
     }
 
@@ -440,18 +473,21 @@ mod tests {
                     shop: &north,
                     user: None,
                     order_ref_taken: false,
+                    undecided_when_short: false,
                 },
                 PlanRequest {
                     lines: &mixed,
                     shop: &ANY,
                     user: None,
                     order_ref_taken: false,
+                    undecided_when_short: false,
                 },
                 PlanRequest {
                     lines: &own,
                     shop: &north,
                     user: None,
                     order_ref_taken: false,
+                    undecided_when_short: false,
                 },
             ],
             &skus,
@@ -490,6 +526,7 @@ mod tests {
             shop: &ANY,
             user: Some(user),
             order_ref_taken: false,
+            undecided_when_short: false,
         };
         let tallies = Tallies {
             purchased: HashMap::from([(
@@ -564,6 +601,7 @@ mod tests {
             shop: &ANY,
             user: Some(&alice),
             order_ref_taken: false,
+            undecided_when_short: false,
         };
         let plan = plan_batch([request, request], &skus, &available, &tallies);
         assert!(plan.decisions[0].is_ok());

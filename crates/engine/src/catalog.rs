@@ -552,18 +552,12 @@ impl Engine {
             TtlSeconds::get,
         );
         let order = checkout_order(self.now(), shop, user, lines, skipped, ttl_seconds);
-        let renderer = self.inner.renderer.as_ref();
-        let skus = crate::retry::skus_of(&order.lines);
+        // A checkout waits in a campaign's line with its connection held: carts offer
+        // no ticket.
         let reply = self
-            .idempotent("checkout", claim, || {
-                self.retried_on("checkout", &skus, || {
-                    self.inner
-                        .store
-                        .create_order(claim, &order, self.now(), renderer)
-                })
-            })
-            .await?;
-        self.count_duplicate_skus(&reply, order.lines.iter().map(|line| &line.sku));
+            .place_order(principal, "checkout", claim, order, false)
+            .await?
+            .answered()?;
         if reply.response.status == 201 {
             // The ordered lines leave the cart (unless changed meanwhile). Best effort:
             // the order stands either way.
@@ -636,6 +630,7 @@ fn checkout_order(
         expires_at: now.plus_seconds(ttl_seconds),
         skipped: Some(skipped),
         reference: domain::OrderReference::default(),
+        undecided_when_short: false,
     }
 }
 

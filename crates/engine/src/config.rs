@@ -44,6 +44,21 @@ pub struct EngineConfig {
     /// Longest pause of the schedule worker: it wakes at the next due schedule or
     /// after this, whichever comes first, and sweeps for anything missed.
     pub schedule_sweep_interval_milliseconds: u64,
+    /// How long a campaign bucket found short stays short in this process's memory:
+    /// within it, requests skip the bucket, and a campaign whose every bucket is short
+    /// is answered sold out from memory, without the database. A unit that comes back
+    /// (a release, an expiry, a cancel) is seen here after at most this long.
+    pub sold_out_recheck_milliseconds: i64,
+    /// A running campaign's requests that run against the database at once, per
+    /// process; the next ones wait in its line.
+    pub campaign_in_flight_max: usize,
+    /// Places in a campaign's line (per process); a request beyond them is refused
+    /// with `rate_limited`.
+    pub campaign_waiting_room_max: usize,
+    /// How long a ticket keeps its request's answer after the request ran.
+    pub campaign_ticket_retention_seconds: i64,
+    /// Answered tickets kept at most (oldest dropped first, even within retention).
+    pub campaign_tickets_answered_max: usize,
     /// Reservation queues, each drained into batches by its own task; a request goes
     /// to the queue of its first SKU. 0 picks one.
     pub combiner_shards: usize,
@@ -124,6 +139,11 @@ impl Default for EngineConfig {
             payment_worker_interval_milliseconds: 1_000,
             schedule_batch_size: 100,
             schedule_sweep_interval_milliseconds: 60_000,
+            sold_out_recheck_milliseconds: 1_000,
+            campaign_in_flight_max: 256,
+            campaign_waiting_room_max: 10_000,
+            campaign_ticket_retention_seconds: 600,
+            campaign_tickets_answered_max: 100_000,
             combiner_shards: 0,
             combiner_batch_size_max: 256,
             combiner_queue_depth_max: 4096,

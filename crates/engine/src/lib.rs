@@ -3,6 +3,8 @@
 //! requests wait for their original, and drives the background workers. It writes no
 //! SQL and knows no HTTP.
 
+pub mod admission;
+pub mod campaigns;
 pub mod catalog;
 pub mod clock;
 pub mod combiner;
@@ -35,6 +37,7 @@ use store::{
 };
 use tokio::sync::Semaphore;
 
+pub use admission::{Held, TicketState, TicketView};
 pub use clock::{Clock, ManualClock, SystemClock};
 use combiner::{Combiner, Refusal};
 pub use config::EngineConfig;
@@ -57,6 +60,19 @@ pub struct Reply {
 /// How often a retry re-checks its original after waiting; bounds the loop when an
 /// original keeps failing transiently and a new one takes its place.
 const IN_FLIGHT_ROUNDS_MAX: u32 = 3;
+
+/// What a reservation or an order asks to hold: its lines, for how long, the caller's
+/// reference, and the campaign the shopper believes they are buying in (checked).
+#[derive(Debug, Clone)]
+pub struct HoldRequest {
+    pub lines: Vec<ReservationLine>,
+    pub ttl: Option<TtlSeconds>,
+    pub reference: domain::OrderReference,
+    pub campaign: Option<domain::CampaignId>,
+    /// Whether the caller would rather hold a ticket than its connection while a
+    /// campaign's line is long (`Prefer: respond-async`).
+    pub respond_async: bool,
+}
 
 #[derive(Clone)]
 pub struct Engine {
@@ -89,6 +105,8 @@ struct Inner {
     duplicate_skus: duplicates::DuplicateTally,
     /// When this process's previous live-audit round started.
     live_audit_started: std::sync::Mutex<Option<Timestamp>>,
+    /// The open campaigns, as this process routes by them.
+    campaigns: campaigns::CampaignRegistry,
 }
 
 /// What one expiry step did.
@@ -126,6 +144,10 @@ impl Engine {
             Arc::clone(&renderer),
             &config,
         );
+        let room_bounds = campaigns::RoomBounds {
+            in_flight_max: config.campaign_in_flight_max,
+            places_max: config.campaign_waiting_room_max,
+        };
         Engine {
             inner: Arc::new(Inner {
                 store,
@@ -144,6 +166,7 @@ impl Engine {
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
                 live_audit_started: std::sync::Mutex::new(None),
+                campaigns: campaigns::CampaignRegistry::new(room_bounds),
             }),
         }
     }
@@ -226,6 +249,9 @@ impl Engine {
                 })
             }
             Idempotent::KeyReused => Err(EngineError::IdempotencyKeyReused),
+            Idempotent::Undecided => Err(EngineError::Internal(
+                "a request was left undecided outside a campaign's buckets".into(),
+            )),
         }
     }
 
@@ -302,6 +328,14 @@ impl Engine {
     ) -> Result<Reply, EngineError> {
         let shop = self.shop_of(&sku).await?;
         authorize(principal, Action::MoveStock, shop.as_ref()).map_err(forbidden)?;
+        if let Some(warehouse) = warehouse
+            .as_ref()
+            .filter(|warehouse| domain::campaign::is_bucket_warehouse(warehouse))
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "warehouse '{warehouse}' is a campaign's: its stock moves only with the campaign"
+            )));
+        }
         let now = self.now();
         let movement = StockMovement {
             id: domain::MovementId::generate(now, rand::random()),
@@ -320,17 +354,27 @@ impl Engine {
         .await
     }
 
-    /// `POST /v1/reservations`: all lines or none, every SKU of the caller's shop.
+    /// `POST /v1/reservations`: all lines or none, every SKU of the caller's shop. A
+    /// line of a running campaign's SKU goes through the campaign's line and buckets.
     pub async fn reserve(
         &self,
         principal: &Principal,
         claim: &IdempotencyClaim,
-        lines: Vec<ReservationLine>,
-        ttl: Option<TtlSeconds>,
+        hold: HoldRequest,
         user: Option<UserId>,
-        reference: domain::OrderReference,
-    ) -> Result<Reply, EngineError> {
+    ) -> Result<Held, EngineError> {
+        let HoldRequest {
+            lines,
+            ttl,
+            reference,
+            campaign,
+            respond_async,
+        } = hold;
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        let routed = self.route_lines(&lines)?;
+        if let Some(campaign) = &campaign {
+            self.check_named_campaign(campaign, &lines)?;
+        }
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
         let shop = self
             .scope_of_skus(principal, Action::Reserve, &skus)
@@ -348,11 +392,42 @@ impl Engine {
             shop,
             user,
             reference,
+            undecided_when_short: false,
         };
+        let Some(routed) = routed else {
+            return self
+                .decide_reservation(request, None)
+                .await
+                .map(Held::Answered);
+        };
+        let quantity = request.lines[routed.line].quantity.get();
+        let shopper = request.user.clone();
+        let engine = self.clone();
+        let route = routed.clone();
+        self.through_line(
+            principal,
+            &routed,
+            shopper.as_ref(),
+            quantity,
+            respond_async,
+            move || async move { engine.decide_reservation(request, Some(route)).await },
+        )
+        .await
+    }
+
+    /// Runs a reservation through the combiner under its key (a campaign's line through
+    /// its buckets).
+    async fn decide_reservation(
+        &self,
+        request: ReserveRequest,
+        routed: Option<campaigns::Routed>,
+    ) -> Result<Reply, EngineError> {
+        let claim = &request.claim.clone();
         let requested: Vec<SkuCode> = request.lines.iter().map(|line| line.sku.clone()).collect();
         let position = std::sync::Mutex::new(None);
-        let mut reply = self
-            .idempotent("reserve", claim, || async {
+        let submit = |request: ReserveRequest| {
+            let position = &position;
+            async move {
                 match self.inner.combiner.submit(request).await {
                     Ok(answer) => {
                         *position.lock().unwrap_or_else(|p| p.into_inner()) = answer.position;
@@ -367,6 +442,22 @@ impl Engine {
                         Err(EngineError::Unavailable("stockd is shutting down".into()))
                     }
                 }
+            }
+        };
+        let mut reply = self
+            .idempotent("reserve", claim, || async {
+                let Some(routed) = &routed else {
+                    return submit(request).await;
+                };
+                // A running campaign's line goes to one of its buckets, and on to the
+                // next while they are short.
+                self.through_buckets(claim, routed, |warehouse, undecided_when_short| {
+                    let mut attempt = request.clone();
+                    attempt.lines[routed.line].warehouse = warehouse;
+                    attempt.undecided_when_short = undecided_when_short;
+                    submit(attempt)
+                })
+                .await
             })
             .await?;
         reply.consistency_token = position.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -769,11 +860,11 @@ impl Engine {
 }
 
 /// A refusal of the trust model, as the engine reports it.
-fn forbidden(denied: domain::Denied) -> EngineError {
+pub(crate) fn forbidden(denied: domain::Denied) -> EngineError {
     EngineError::Forbidden(denied.0)
 }
 
-fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
+pub(crate) fn log_store_error(operation: &'static str, error: StoreError) -> EngineError {
     match &error {
         StoreError::Invariant(_) | StoreError::Database(_) => {
             tracing::error!(operation, %error, "store failure");
@@ -837,6 +928,12 @@ mod tests {
             }
         }
         fn checked_out(&self, _: &store::Order, _: &[store::SkippedLine]) -> StoredResponse {
+            StoredResponse {
+                status: 201,
+                body: String::new(),
+            }
+        }
+        fn campaign_created(&self, _: &store::Campaign) -> StoredResponse {
             StoredResponse {
                 status: 201,
                 body: String::new(),

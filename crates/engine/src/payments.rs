@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use domain::{
     Action, OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, Principal, RefundId,
-    ReservationId, ReservationLine, ShopCode, SkuCode, TtlSeconds, UserId, authorize, check_lines,
+    ReservationId, ShopCode, SkuCode, TtlSeconds, UserId, authorize, check_lines,
 };
 use gateway::protocol::Event;
 use gateway::{
@@ -130,11 +130,19 @@ impl Engine {
         principal: &Principal,
         claim: &IdempotencyClaim,
         user: UserId,
-        lines: Vec<ReservationLine>,
-        ttl: Option<TtlSeconds>,
-        reference: domain::OrderReference,
-    ) -> Result<Reply, EngineError> {
+        hold: crate::HoldRequest,
+    ) -> Result<crate::Held, EngineError> {
+        let crate::HoldRequest {
+            lines,
+            ttl,
+            reference,
+            campaign,
+            respond_async,
+        } = hold;
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
+        if let Some(campaign) = &campaign {
+            self.check_named_campaign(campaign, &lines)?;
+        }
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
         let shop = self
             .scope_of_skus(principal, Action::PlaceOrder, &skus)
@@ -153,23 +161,91 @@ impl Engine {
             expires_at: now.plus_seconds(ttl_seconds),
             skipped: None,
             reference,
+            undecided_when_short: false,
         };
+        self.place_order(principal, "create_order", claim, order, respond_async)
+            .await
+    }
+
+    /// Creates an order (a new order, or a cart's checkout) under its key; a line of a
+    /// running campaign's SKU goes through the campaign's line and draws from its
+    /// buckets, as a reservation's does.
+    pub(crate) async fn place_order(
+        &self,
+        principal: &Principal,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+        order: NewOrder,
+        respond_async: bool,
+    ) -> Result<crate::Held, EngineError> {
+        let routed = self.route_lines(&order.lines)?;
+        let Some(routed) = routed else {
+            return self
+                .decide_order(operation, claim.clone(), order, None)
+                .await
+                .map(crate::Held::Answered);
+        };
+        let quantity = order.lines[routed.line].quantity.get();
+        let shopper = order.user.clone();
+        let engine = self.clone();
+        let route = routed.clone();
+        let claim = claim.clone();
+        self.through_line(
+            principal,
+            &routed,
+            Some(&shopper),
+            quantity,
+            respond_async,
+            move || async move {
+                engine
+                    .decide_order(operation, claim, order, Some(route))
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// Creates the order under its key (a campaign's line through its buckets).
+    async fn decide_order(
+        &self,
+        operation: &'static str,
+        claim: IdempotencyClaim,
+        order: NewOrder,
+        routed: Option<crate::campaigns::Routed>,
+    ) -> Result<Reply, EngineError> {
+        let claim = &claim;
         let renderer = self.inner.renderer.as_ref();
-        let skus = crate::retry::skus_of(&order.lines);
-        let reply = self
-            .idempotent("create_order", claim, || {
-                self.retried_on("create_order", &skus, || {
+        let lines = order.lines.clone();
+        let skus = crate::retry::skus_of(&lines);
+        let create = |order: NewOrder| {
+            let skus = &skus;
+            async move {
+                self.retried_on(operation, skus, || {
                     self.inner
                         .store
                         .create_order(claim, &order, self.now(), renderer)
                 })
+                .await
+            }
+        };
+        let reply = self
+            .idempotent(operation, claim, || async {
+                let Some(routed) = &routed else {
+                    return create(order).await;
+                };
+                self.through_buckets(claim, routed, |warehouse, undecided_when_short| {
+                    let mut attempt = order.clone();
+                    attempt.lines[routed.line].warehouse = warehouse;
+                    attempt.undecided_when_short = undecided_when_short;
+                    create(attempt)
+                })
+                .await
             })
             .await?;
-        self.count_duplicate_skus(&reply, order.lines.iter().map(|line| &line.sku));
+        self.count_duplicate_skus(&reply, lines.iter().map(|line| &line.sku));
         Ok(reply)
     }
 
-    /// `GET /v1/orders/{id}`, a display read.
     /// `GET /v1/orders`: orders newest first, of the caller's shop (the admin's: every
     /// shop's, or `shop`'s), of one shopper when given.
     pub async fn order_summaries(
@@ -189,6 +265,7 @@ impl Engine {
             .map_err(|error| log_store_error("order_summaries", error))
     }
 
+    /// `GET /v1/orders/{id}`, a display read.
     pub async fn order_for(
         &self,
         principal: &Principal,

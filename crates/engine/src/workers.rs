@@ -21,6 +21,14 @@ pub fn spawn_workers(engine: &Engine, tracker: &TaskTracker, shutdown: &Cancella
     tracker.spawn(negative_stock_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(database_activity_loop(engine.clone(), shutdown.clone()));
     tracker.spawn(live_audit_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(campaign_loop(engine.clone(), shutdown.clone()));
+}
+
+/// Campaigns: ends the due ones (what is left goes back) and reads the open ones again,
+/// so a campaign another instance created is routed here within the interval.
+async fn campaign_loop(engine: Engine, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(crate::campaigns::REGISTRY_REFRESH_MILLISECONDS);
+    every(interval, &shutdown, "campaigns", || engine.campaign_step()).await;
 }
 
 /// The live auditor: the three-way check from its checkpoint, every interval.

@@ -358,6 +358,24 @@ struct LimitArguments {
     /// Connections served at once; more are answered 503 and closed.
     #[arg(long, env = "STOCKD_CONNECTIONS_MAX", default_value_t = 1024)]
     connections_max: usize,
+    /// A running campaign's requests that reach the database at once (per process);
+    /// the next ones wait in the campaign's line.
+    #[arg(long, env = "STOCKD_CAMPAIGN_IN_FLIGHT_MAX", default_value_t = 256)]
+    campaign_in_flight_max: usize,
+    /// Places in a campaign's line (per process); beyond them, 429 `rate_limited`.
+    #[arg(
+        long,
+        env = "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
+        default_value_t = 10_000
+    )]
+    campaign_waiting_room_max: usize,
+    /// How long a campaign ticket keeps its request's answer once it ran.
+    #[arg(
+        long,
+        env = "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
+        default_value_t = 600
+    )]
+    campaign_ticket_retention_seconds: i64,
 }
 
 impl LimitArguments {
@@ -398,6 +416,24 @@ impl LimitArguments {
             u64::try_from(self.user_open_holds_max).unwrap_or(0),
             1,
             1_000_000,
+        )?;
+        bounded(
+            "STOCKD_CAMPAIGN_IN_FLIGHT_MAX",
+            self.campaign_in_flight_max as u64,
+            1,
+            100_000,
+        )?;
+        bounded(
+            "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
+            self.campaign_waiting_room_max as u64,
+            0,
+            1_000_000,
+        )?;
+        bounded(
+            "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
+            u64::try_from(self.campaign_ticket_retention_seconds).unwrap_or(0),
+            1,
+            86_400,
         )?;
         bounded(
             "STOCKD_CREDENTIAL_CACHE_MILLISECONDS",
@@ -584,6 +620,9 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         credential_cache_milliseconds: arguments.limits.credential_cache_milliseconds,
         long_transaction_milliseconds: arguments.long_transaction_seconds * 1_000,
         refund_retry_milliseconds: arguments.refund_retry_milliseconds,
+        campaign_in_flight_max: arguments.limits.campaign_in_flight_max,
+        campaign_waiting_room_max: arguments.limits.campaign_waiting_room_max,
+        campaign_ticket_retention_seconds: arguments.limits.campaign_ticket_retention_seconds,
         ..EngineConfig::default()
     });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {

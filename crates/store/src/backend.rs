@@ -201,11 +201,15 @@ pub trait Dialect: Connection {
         async move {
             statement(
                 "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-                 SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
-                 AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+                 SELECT $1, $2, $3, $4 FROM (SELECT 1 AS one) AS base \
+                 WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = $3) \
+                        OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = $3)) \
+                 AND $4 <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
+                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5) \
                  ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
                  WHERE shopper_purchase.quantity + excluded.quantity <= \
-                 COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), $5)",
+                 COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
+                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $5)",
             )
             .bind(shop)
             .bind(user)

@@ -269,3 +269,53 @@ pub struct ScheduleRecord {
     pub created_at: Timestamp,
     pub applied_at: Option<Timestamp>,
 }
+
+/// A campaign to create: its id and terms, checked by the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewCampaign {
+    pub id: domain::CampaignId,
+    pub shop: ShopCode,
+    pub sku: SkuCode,
+    pub warehouse: domain::WarehouseCode,
+    pub quantity: i64,
+    pub buckets: u32,
+    pub per_user_limit: Option<i64>,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
+}
+
+/// A campaign with where its units are: in its buckets (left, held), sold, or back in
+/// regular stock (returned at its end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Campaign {
+    pub id: domain::CampaignId,
+    pub code: domain::CampaignCode,
+    pub shop: ShopCode,
+    pub sku: SkuCode,
+    pub warehouse: domain::WarehouseCode,
+    pub quantity: i64,
+    pub buckets: u32,
+    pub per_user_limit: Option<i64>,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
+    pub created_at: Timestamp,
+    /// When what was left went back (the first end step after `ends_at`).
+    pub ended_at: Option<Timestamp>,
+    /// When the buckets were found empty after the end: nothing more can come back.
+    pub closed_at: Option<Timestamp>,
+    /// Available in the buckets now.
+    pub left: i64,
+    /// Reserved in the buckets now (held by reservations and unpaid orders).
+    pub held: i64,
+    /// Units that went back to regular stock.
+    pub returned: i64,
+    /// Per bucket: (available, reserved).
+    pub bucket_counts: Vec<(i64, i64)>,
+}
+
+impl Campaign {
+    /// Units confirmed (sold): what left the buckets other than back to regular stock.
+    pub fn sold(&self) -> i64 {
+        self.quantity - self.returned - self.left - self.held
+    }
+}

@@ -279,6 +279,12 @@ forward! {
     fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError>;
+    fn create_campaign(&self, claim: &IdempotencyClaim, campaign: &NewCampaign, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn campaign(&self, id: &domain::CampaignId) -> Result<Option<Campaign>, StoreError>;
+    /// The campaigns not closed yet, without counters: what the engine routes by.
+    fn open_campaigns(&self) -> Result<Vec<Campaign>, StoreError>;
+    /// One step of the campaign worker: what is left at the end goes back.
+    fn end_campaigns(&self, now: Timestamp, limit: i64) -> Result<Vec<domain::CampaignId>, StoreError>;
     /// The staff's product list: oldest first, filtered, after a product id.
     fn products_page(&self, filter: &ProductFilter, after: Option<&ProductId>, limit: i64) -> Result<Vec<Product>, StoreError>;
     /// Schedules of one status by due time.
@@ -346,9 +352,10 @@ mod tests {
     }
 
     /// The units of work shared by both backends, as compiled into them.
-    const SHARED_SOURCES: [&str; 18] = [
+    const SHARED_SOURCES: [&str; 19] = [
         include_str!("units/audit.rs"),
         include_str!("units/batch.rs"),
+        include_str!("units/campaigns.rs"),
         include_str!("units/carts.rs"),
         include_str!("units/catalog.rs"),
         include_str!("units/credentials.rs"),

@@ -62,6 +62,9 @@ pub enum Idempotent {
     Replayed(StoredResponse),
     /// The key was used before by a different request.
     KeyReused,
+    /// Nothing was decided or stored: a campaign's bucket was short while others may
+    /// hold units (`undecided_when_short`). The engine sends the request to another.
+    Undecided,
 }
 
 /// How a reservation batch reached the database.
@@ -118,6 +121,8 @@ pub trait ResponseRenderer: Send + Sync {
     fn order(&self, order: &crate::orders::Order, created: bool) -> StoredResponse;
     /// The order a checkout created (201), with the cart lines it left out.
     fn checked_out(&self, order: &crate::orders::Order, skipped: &[SkippedLine]) -> StoredResponse;
+    /// A new campaign (201).
+    fn campaign_created(&self, campaign: &crate::catalog::Campaign) -> StoredResponse;
 }
 
 /// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).
@@ -225,6 +230,9 @@ pub struct ReserveRequest {
     pub user: Option<UserId>,
     /// The shop's order number and the channel, when given (`order_reference`).
     pub reference: domain::OrderReference,
+    /// A campaign's request sent to one bucket while others may hold units: left
+    /// undecided ([`Idempotent::Undecided`]) rather than refused when its bucket is short.
+    pub undecided_when_short: bool,
 }
 
 /// Confirm or release.
@@ -254,7 +262,8 @@ pub struct ReservationGauges {
 pub struct AuditDifference {
     /// What was compared: `ledger_vs_available`, `ledger_vs_reserved`,
     /// `open_reservations_vs_reserved`, `reservation_ledger`, `orphan_ledger_row`,
-    /// `order_vs_reservation_and_payment`, `returned_more_than_sold`.
+    /// `order_vs_reservation_and_payment`, `returned_more_than_sold`,
+    /// `campaign_bucket_units`, `campaign_source_units`.
     pub check: &'static str,
     pub sku: Option<String>,
     pub warehouse: Option<String>,

@@ -21,6 +21,8 @@ pub struct NewOrder {
     pub skipped: Option<Vec<SkippedLine>>,
     /// The shop's order number and the channel, when given (its reservation's).
     pub reference: domain::OrderReference,
+    /// See [`crate::ReserveRequest::undecided_when_short`].
+    pub undecided_when_short: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -499,6 +499,11 @@ impl Dialect for MySqlConnection {
             "order_references",
             include_str!("../../migrations/mysql/0004_order_references.sql"),
         ),
+        (
+            5,
+            "campaigns",
+            include_str!("../../migrations/mysql/0005_campaigns.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =
@@ -576,7 +581,8 @@ impl Dialect for MySqlConnection {
         let updated = statement(
             "UPDATE shopper_purchase SET quantity = quantity + $4 \
              WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity + $4 <= \
-             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), $5)",
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5)",
         )
         .bind(shop)
         .bind(user)
@@ -590,14 +596,18 @@ impl Dialect for MySqlConnection {
         }
         statement(
             "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT $1, $2, $3, $4 FROM sku WHERE sku.code = $3 \
-             AND (sku.per_user_limit IS NULL OR $4 <= sku.per_user_limit) \
+             SELECT $1, $2, $3, $4 FROM (SELECT 1 AS one) AS base \
+             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = $3) \
+                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = $3)) \
+             AND $4 <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5) \
              ON CONFLICT (shop, user_id, sku) DO NOTHING",
         )
         .bind(shop)
         .bind(user)
         .bind(sku)
         .bind(added)
+        .bind(quantity_max)
         .execute(&mut *self)
         .await
     }

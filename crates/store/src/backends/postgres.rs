@@ -363,6 +363,11 @@ impl Dialect for PgConnection {
             "order_references",
             include_str!("../../migrations/postgres/0017_order_references.sql"),
         ),
+        (
+            18,
+            "campaigns",
+            include_str!("../../migrations/postgres/0018_campaigns.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.

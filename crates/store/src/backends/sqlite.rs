@@ -309,6 +309,11 @@ impl Dialect for SqliteConnection {
             "order_references",
             include_str!("../../migrations/sqlite/0013_order_references.sql"),
         ),
+        (
+            14,
+            "campaigns",
+            include_str!("../../migrations/sqlite/0014_campaigns.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

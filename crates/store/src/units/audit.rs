@@ -315,6 +315,43 @@ pub(crate) async fn audit_orders_changed_since<C: Dialect>(
     Ok(orders_checked)
 }
 
+/// Every campaign's units against its ledger: what its movements put into its buckets
+/// is its quantity less what went back, and its SKU's row gave exactly that (seed 000:
+/// a campaign's stock is carved out, never created).
+pub(crate) async fn audit_campaigns<C: Dialect>(
+    transaction: &mut C,
+    findings: &mut Findings,
+) -> Result<(), StoreError> {
+    let mut campaigns = statement(
+        "SELECT campaign.id, campaign.sku, campaign.quantity - campaign.returned, \
+         CAST(COALESCE(SUM(CASE WHEN ledger.warehouse = campaign.warehouse THEN ledger.available_delta ELSE 0 END), 0) AS BIGINT), \
+         CAST(COALESCE(SUM(CASE WHEN ledger.warehouse <> campaign.warehouse THEN ledger.available_delta ELSE 0 END), 0) AS BIGINT) \
+         FROM campaign LEFT JOIN stock_ledger ledger ON ledger.reference = campaign.id \
+         GROUP BY campaign.id, campaign.sku, campaign.quantity, campaign.returned ORDER BY campaign.id",
+    )
+    .fetch_as::<(String, String, i64, i64, i64)>(&mut *transaction);
+    while let Some((id, sku, kept, from_source, into_buckets)) = campaigns.try_next().await? {
+        for (check, actual, expected) in [
+            ("campaign_bucket_units", into_buckets, kept),
+            ("campaign_source_units", from_source, -kept),
+        ] {
+            if actual != expected {
+                findings.note(AuditDifference {
+                    check,
+                    sku: Some(sku.clone()),
+                    warehouse: None,
+                    reference: Some(id.clone()),
+                    shop: None,
+                    expected,
+                    actual,
+                });
+            }
+        }
+    }
+    drop(campaigns);
+    Ok(())
+}
+
 /// Every return against what its order sold.
 pub(crate) async fn audit_returns<C: Dialect>(
     transaction: &mut C,
@@ -363,6 +400,11 @@ const CONTENTS_QUERIES: &[(&str, &str)] = &[
     (
         "reservation_line",
         "SELECT reservation_id, line_number, sku, warehouse, quantity FROM reservation_line ORDER BY reservation_id, line_number",
+    ),
+    (
+        "campaign",
+        "SELECT id, sku, warehouse, quantity, buckets, COALESCE(per_user_limit, -1), returned, \
+         COALESCE(ended_at, -1), COALESCE(closed_at, -1) FROM campaign ORDER BY id",
     ),
     (
         "customer_order",
@@ -457,6 +499,7 @@ impl<B: Backend> Units<B> {
         audit_orphan_ledger_rows(&mut *transaction, &mut findings).await?;
         let orders_checked = audit_orders(&mut *transaction, &mut findings).await?;
         audit_returns(&mut *transaction, &mut findings).await?;
+        audit_campaigns(&mut *transaction, &mut findings).await?;
         let ledger_rows_checked: i64 = statement("SELECT COUNT(*) FROM stock_ledger")
             .fetch_one_scalar(&mut *transaction)
             .await?;

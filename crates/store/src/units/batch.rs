@@ -80,6 +80,47 @@ pub(crate) async fn with_unlisted_skus<C: Dialect>(
     Ok(skus)
 }
 
+/// `skus` completed with the facts of the campaigns whose buckets `wanted` names, each
+/// under its campaign's tally code: the SKU's sale status and shop, and the campaign's
+/// per-user limit, which a bucket's line counts against instead of the SKU's
+/// ([`domain::plan::limit_of`]). A campaign's terms never change once it exists.
+pub(crate) async fn with_campaign_facts<C: Dialect>(
+    transaction: &mut C,
+    wanted: &[StockKey],
+    mut skus: HashMap<SkuCode, SkuFacts>,
+) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
+    for (sku, warehouse) in wanted {
+        let Some((code, _)) = domain::campaign::bucket_of(warehouse) else {
+            continue;
+        };
+        let tally = code.tally_sku();
+        if skus.contains_key(&tally) {
+            continue;
+        }
+        let Some(facts) = skus.get(sku).cloned() else {
+            continue;
+        };
+        let limit: Option<Option<i64>> =
+            statement("SELECT per_user_limit FROM campaign WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_optional_scalar(&mut *transaction)
+                .await?;
+        let Some(per_user_limit) = limit else {
+            return Err(invariant(format!(
+                "stock row ({sku}, {warehouse}) names a campaign that does not exist"
+            )));
+        };
+        skus.insert(
+            tally,
+            SkuFacts {
+                per_user_limit,
+                ..facts
+            },
+        );
+    }
+    Ok(skus)
+}
+
 /// Step 1 of a batch: the first request of each key, and each request's slot.
 pub(crate) fn slots_by_key(requests: &[ReserveRequest]) -> (HashMap<&str, usize>, Vec<BatchSlot>) {
     let mut first_of_key: HashMap<&str, usize> = HashMap::with_capacity(requests.len());
@@ -347,6 +388,7 @@ impl<B: Backend> Units<B> {
                     shop: &request.shop,
                     user: request.user.as_ref(),
                     order_ref_taken: taken.contains(index),
+                    undecided_when_short: request.undecided_when_short,
                 }
             }),
             &skus,
@@ -367,6 +409,12 @@ impl<B: Backend> Units<B> {
             renderer,
             now,
         );
+        // An undecided request stores nothing: no record, no answer.
+        for position in &plan.undecided {
+            let index = claimed[*position];
+            responses[index] = None;
+            slots[index] = BatchSlot::Decided(Idempotent::Undecided);
+        }
         let records: Vec<(&IdempotencyClaim, &StoredResponse)> = claimed
             .iter()
             .filter_map(|index| {
@@ -416,8 +464,8 @@ impl<B: Backend> Units<B> {
     /// update and the commit. (With more than one batch in flight, a later batch may so
     /// take the last units before an earlier one: both batches' requests are in flight
     /// at once, and each gets an answer consistent with the row.) A request that names
-    /// a shopper (limits to check), an order number or a channel, or whose SKUs' shop
-    /// is not verified yet is decided in the transaction.
+    /// a shopper (limits to check), an order number or a channel, a campaign's bucket, or
+    /// whose SKUs' shop is not verified yet is decided in the transaction.
     async fn try_whole_batch(
         &self,
         requests: &[ReserveRequest],
@@ -425,11 +473,18 @@ impl<B: Backend> Units<B> {
         responses: &[Option<StoredResponse>],
         now: Timestamp,
     ) -> Result<WholeBatch, StoreError> {
+        // A campaign's bucket: its limit is the campaign's, which only the transaction
+        // reads; and a short bucket may have to leave its requests undecided.
         let fast_path_fits = requests.iter().zip(slots).all(|(request, slot)| {
             !matches!(slot, BatchSlot::Claimed)
                 || (request.user.is_none()
                     && request.reference.is_empty()
-                    && matches!(request.shop, ShopScope::Verified(_)))
+                    && !request.undecided_when_short
+                    && matches!(request.shop, ShopScope::Verified(_))
+                    && !request
+                        .lines
+                        .iter()
+                        .any(|line| domain::campaign::is_bucket_warehouse(&line.warehouse)))
         });
         if !<B::Connection as Dialect>::WHOLE_BATCH_FAST_PATH || !fast_path_fits {
             return Ok(WholeBatch::NotApplied);
@@ -482,6 +537,7 @@ impl<B: Backend> Units<B> {
         turn.pass();
         let (available, skus) = locked?;
         let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
+        let skus = with_campaign_facts(&mut *transaction, &wanted_rows, skus).await?;
         let tallies = lock_tallies(
             &mut *transaction,
             claimed.iter().map(|index| &requests[*index]),

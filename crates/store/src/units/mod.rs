@@ -7,6 +7,7 @@
 
 pub(crate) mod audit;
 pub(crate) mod batch;
+pub(crate) mod campaigns;
 pub(crate) mod carts;
 pub(crate) mod catalog;
 pub(crate) mod credentials;

@@ -630,6 +630,11 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let plan = self.plan_order(&mut *transaction, order).await?;
+        if !plan.undecided.is_empty() {
+            // A campaign's bucket was short: nothing stored, the key not claimed.
+            transaction.rollback().await?;
+            return Ok(Idempotent::Undecided);
+        }
         let decided = plan.decisions[0].clone();
         let priced = match decided {
             Ok(shop) => price_order(&mut *transaction, order)
@@ -683,6 +688,7 @@ impl<B: Backend> Units<B> {
         wanted.sort();
         let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
         let skus = with_unlisted_skus(&mut *transaction, &wanted, skus).await?;
+        let skus = super::batch::with_campaign_facts(&mut *transaction, &wanted, skus).await?;
         let shopper = order
             .lines
             .first()
@@ -692,11 +698,14 @@ impl<B: Backend> Units<B> {
             Some((shop, user)) => order
                 .lines
                 .iter()
-                .filter(|line| {
-                    skus.get(&line.sku)
-                        .is_some_and(|facts| facts.per_user_limit.is_some())
+                .filter(|line| domain::plan::limit_of(line, &skus).is_some())
+                .map(|line| {
+                    (
+                        shop.clone(),
+                        user.clone(),
+                        domain::campaign::tally_sku(&line.sku, &line.warehouse),
+                    )
                 })
-                .map(|line| (shop.clone(), user.clone(), line.sku.clone()))
                 .collect(),
             None => Vec::new(),
         };
@@ -719,6 +728,7 @@ impl<B: Backend> Units<B> {
                 shop: &order.shop,
                 user: Some(&order.user),
                 order_ref_taken,
+                undecided_when_short: order.undecided_when_short,
             }],
             &skus,
             &available,
@@ -726,7 +736,6 @@ impl<B: Backend> Units<B> {
         ))
     }
 
-    /// The shop an order belongs to (fixed at creation).
     /// Orders newest first (the staff's and a checkout's search): of one shop and one
     /// shopper when given, older than the order `before`, at most `limit`.
     pub async fn order_summaries(
@@ -768,6 +777,7 @@ impl<B: Backend> Units<B> {
             .collect()
     }
 
+    /// The shop an order belongs to (fixed at creation).
     pub async fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError> {
         let shop: Option<String> = statement("SELECT shop FROM customer_order WHERE id = $1")
             .bind(id.as_str())

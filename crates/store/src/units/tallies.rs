@@ -39,11 +39,12 @@ pub(crate) async fn lock_tallies<'a, C: Dialect>(
             continue;
         };
         for line in &request.lines {
-            if skus
-                .get(&line.sku)
-                .is_some_and(|facts| facts.per_user_limit.is_some())
-            {
-                purchases.push((shop.clone(), user.clone(), line.sku.clone()));
+            if domain::plan::limit_of(line, skus).is_some() {
+                purchases.push((
+                    shop.clone(),
+                    user.clone(),
+                    domain::campaign::tally_sku(&line.sku, &line.warehouse),
+                ));
             }
         }
         shoppers.push((shop, user.clone()));
@@ -134,7 +135,7 @@ pub(crate) async fn give_back_tallies<C: Dialect>(
     moved: &[Moved<'_>],
 ) -> Result<(), StoreError> {
     let mut holds: std::collections::BTreeMap<&ShopperKey, i64> = Default::default();
-    let mut units: std::collections::BTreeMap<(&ShopCode, &UserId, &SkuCode), i64> =
+    let mut units: std::collections::BTreeMap<(&ShopCode, &UserId, SkuCode), i64> =
         Default::default();
     for done in moved {
         let Some(shopper) = &done.shopper else {
@@ -143,9 +144,9 @@ pub(crate) async fn give_back_tallies<C: Dialect>(
         *holds.entry(shopper).or_insert(0) += 1;
         if done.action == ReservationAction::Release {
             for line in &done.lines {
-                *units
-                    .entry((&shopper.0, &shopper.1, &line.sku))
-                    .or_insert(0) += line.quantity.get();
+                // A campaign's units go back to its tally, not the SKU's.
+                let tally = domain::campaign::tally_sku(&line.sku, &line.warehouse);
+                *units.entry((&shopper.0, &shopper.1, tally)).or_insert(0) += line.quantity.get();
             }
         }
     }

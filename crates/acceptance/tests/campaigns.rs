@@ -1,0 +1,857 @@
+//! Flash-sale campaigns (issue 19): a campaign carves its units out of regular stock
+//! into buckets of its own, sells only those while it runs (falling through from an
+//! empty bucket to the others), keeps each shopper within its limit, answers "sold out"
+//! from memory for a bounded time, and gives what is left back at its end — every move
+//! ledgered, the audit clean throughout.
+
+use acceptance::{Backend, Call, START, TestApp, TestResponse, mirrored_tests, send_concurrently};
+use serde_json::{Value, json};
+
+mirrored_tests!(
+    a_campaign_carves_its_units_out_of_regular_stock_and_sells_only_those,
+    an_empty_bucket_sends_requests_on_to_the_others_until_every_one_is_empty,
+    before_its_start_a_campaign_is_refused_by_name_and_regular_sales_go_on,
+    a_shopper_buys_no_more_than_the_campaigns_limit_however_many_requests_race,
+    orders_and_checkouts_draw_from_the_campaign_too,
+    at_its_end_what_is_left_goes_back_to_regular_stock_ledgered,
+    a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_only,
+    a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh,
+    malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_nothing,
+    a_buckets_warehouse_cannot_be_named_by_a_request,
+    the_audit_finds_a_campaign_whose_units_do_not_add_up,
+    beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing,
+    a_caller_that_prefers_to_wait_gets_a_ticket_served_in_order_and_answered_once,
+    a_request_without_a_ticket_waits_its_turn_with_the_connection_held,
+    the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken,
+);
+
+const HOUR_SECONDS: i64 = 3600;
+
+async fn create_campaign(app: &TestApp, key: &str, body: Value) -> TestResponse {
+    app.send(
+        Call::post("/v1/admin/campaigns")
+            .admin()
+            .key(key)
+            .json(&body),
+    )
+    .await
+}
+
+/// A campaign of `quantity` units of `sku` over `buckets`, running from now for an hour.
+async fn running_campaign(
+    app: &TestApp,
+    sku: &str,
+    quantity: i64,
+    buckets: u32,
+    per_user_limit: Option<i64>,
+) -> String {
+    let mut body = json!({
+        "sku": sku,
+        "quantity": quantity,
+        "buckets": buckets,
+        "starts_at": START.to_rfc3339(),
+        "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+    });
+    if let Some(limit) = per_user_limit {
+        body["per_user_limit"] = json!(limit);
+    }
+    let created = create_campaign(app, &format!("campaign-{sku}"), body).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    created.json()["campaign_id"].as_str().unwrap().to_owned()
+}
+
+async fn campaign(app: &TestApp, id: &str) -> Value {
+    let read = app
+        .send(Call::get(format!("/v1/admin/campaigns/{id}")).admin())
+        .await;
+    assert_eq!(read.status, 200, "{read:?}");
+    read.json()
+}
+
+fn reserve_call(key: &str, sku: &str, user: &str) -> Call {
+    Call::post("/v1/reservations").key(key).json(&json!({
+        "lines": [{"sku": sku, "quantity": 1}],
+        "user_id": user,
+    }))
+}
+
+fn statuses(responses: &[TestResponse]) -> (usize, usize) {
+    let created = responses
+        .iter()
+        .filter(|response| response.status == 201)
+        .count();
+    let sold_out = responses
+        .iter()
+        .filter(|response| response.code().as_deref() == Some("insufficient_stock"))
+        .count();
+    (created, sold_out)
+}
+
+async fn a_campaign_carves_its_units_out_of_regular_stock_and_sells_only_those(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("PHONE", 100).await;
+
+    let id = running_campaign(&app, "PHONE", 10, 4, None).await;
+
+    let created = campaign(&app, &id).await;
+    assert_eq!(
+        (
+            created["left"].as_i64(),
+            created["held"].as_i64(),
+            created["sold"].as_i64()
+        ),
+        (Some(10), Some(0), Some(0))
+    );
+    assert_eq!(created["phase"], "RUNNING");
+    let shares: Vec<i64> = created["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|bucket| bucket["available"].as_i64().unwrap())
+        .collect();
+    assert_eq!(shares, [3, 3, 2, 2]);
+    let regular = app.sku("PHONE").await;
+    let default_row = regular["warehouses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["warehouse"] == "default")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        default_row["available"], 90,
+        "the campaign's units left the regular row"
+    );
+
+    let calls = (0..25)
+        .map(|index| reserve_call(&format!("buyer-{index}"), "PHONE", &format!("user-{index}")))
+        .collect();
+    let responses = send_concurrently(&app, calls).await;
+
+    assert_eq!(
+        statuses(&responses),
+        (10, 15),
+        "exactly the campaign's units are sold"
+    );
+    let after = campaign(&app, &id).await;
+    assert_eq!(
+        (after["left"].as_i64(), after["held"].as_i64()),
+        (Some(0), Some(10))
+    );
+    let regular = app.sku("PHONE").await;
+    let default_row = regular["warehouses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["warehouse"] == "default")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        default_row["available"], 90,
+        "regular stock untouched while the campaign runs"
+    );
+    let first = responses
+        .iter()
+        .find(|response| response.status == 201)
+        .unwrap();
+    assert!(
+        first.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .starts_with("campaign-")
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn an_empty_bucket_sends_requests_on_to_the_others_until_every_one_is_empty(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 8).await;
+    let id = running_campaign(&app, "LAMP", 8, 8, None).await;
+
+    // One at a time: whatever bucket each key starts at, every unit is found.
+    let mut answers = Vec::new();
+    for index in 0..9 {
+        answers.push(
+            app.send(reserve_call(&format!("lamp-{index}"), "LAMP", "someone"))
+                .await,
+        );
+    }
+
+    assert_eq!(statuses(&answers), (8, 1));
+    let mut buckets: Vec<String> = answers[..8]
+        .iter()
+        .map(|answer| {
+            answer.json()["lines"][0]["warehouse"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    buckets.sort();
+    buckets.dedup();
+    assert_eq!(buckets.len(), 8, "one unit from each bucket");
+    assert_eq!(campaign(&app, &id).await["left"], 0);
+    // The refusal was decided by the database and stored: a retry replays it, even
+    // while this instance answers new requests from memory.
+    let again = app.send(reserve_call("lamp-8", "LAMP", "someone")).await;
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.body, answers[8].body);
+    app.assert_audit_clean().await;
+}
+
+async fn before_its_start_a_campaign_is_refused_by_name_and_regular_sales_go_on(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 10).await;
+    let later = create_campaign(
+        &app,
+        "tv-campaign",
+        json!({
+            "sku": "TV", "quantity": 4,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(later.status, 201, "{later:?}");
+    assert_eq!(later.json()["phase"], "SCHEDULED");
+    let id = later.json()["campaign_id"].as_str().unwrap().to_owned();
+    let before = app.contents_except_idempotency_records().await;
+
+    let named = app
+        .send(Call::post("/v1/reservations").key("early").json(&json!({
+            "lines": [{"sku": "TV", "quantity": 1}], "campaign_id": id,
+        })))
+        .await;
+
+    assert_eq!(named.status, 409, "{named:?}");
+    assert_eq!(named.code().as_deref(), Some("campaign_not_started"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let regular = app.reserve("regular", &[("TV", 1)]).await;
+    assert_eq!(regular.status, 201, "{regular:?}");
+    assert_eq!(regular.json()["lines"][0]["warehouse"], "default");
+    // Once it runs, the same SKU draws from the campaign.
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let during = app.reserve("during", &[("TV", 1)]).await;
+    assert!(
+        during.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .starts_with("campaign-")
+    );
+    assert_eq!(campaign(&app, &id).await["held"], 1);
+    app.assert_audit_clean().await;
+}
+
+async fn a_shopper_buys_no_more_than_the_campaigns_limit_however_many_requests_race(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SHOE", 50).await;
+    running_campaign(&app, "SHOE", 20, 4, Some(2)).await;
+    // Five instances on one database: each has a waiting room of its own (one place per
+    // shopper there), so the requests meet only in the database, which holds the limit.
+    let mut instances = vec![app.clone()];
+    for _ in 0..4 {
+        let instance = app.another_instance().await;
+        instance.engine.campaign_step().await.unwrap();
+        instances.push(instance);
+    }
+
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(30));
+    let tasks: Vec<_> = (0..30)
+        .map(|index| {
+            let instance = instances[index % instances.len()].clone();
+            let barrier = std::sync::Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                instance
+                    .send(reserve_call(&format!("greedy-{index}"), "SHOE", "greedy"))
+                    .await
+            })
+        })
+        .collect();
+    let mut responses = Vec::new();
+    for task in tasks {
+        responses.push(task.await.unwrap());
+    }
+
+    let codes: Vec<_> = responses.iter().map(TestResponse::code).collect();
+    let created = responses
+        .iter()
+        .filter(|response| response.status == 201)
+        .count();
+    let refused = responses
+        .iter()
+        .filter(|response| {
+            matches!(
+                response.code().as_deref(),
+                Some("purchase_limit_exceeded" | "rate_limited")
+            )
+        })
+        .count();
+    assert!((1..=2).contains(&created), "{codes:?}");
+    assert_eq!(created + refused, 30, "{codes:?}");
+    // However the race went, the shopper reaches the limit and not one unit beyond.
+    let mut bought = created;
+    for attempt in 0..3 {
+        let more = app
+            .send(reserve_call(
+                &format!("greedy-after-{attempt}"),
+                "SHOE",
+                "greedy",
+            ))
+            .await;
+        if more.status == 201 {
+            bought += 1;
+        } else {
+            assert_eq!(
+                more.code().as_deref(),
+                Some("purchase_limit_exceeded"),
+                "{more:?}"
+            );
+        }
+    }
+    assert_eq!(bought, 2, "{codes:?}");
+    let other = app.send(reserve_call("modest", "SHOE", "modest")).await;
+    assert_eq!(
+        other.status, 201,
+        "another shopper is unaffected: {other:?}"
+    );
+    // A campaign with a limit counts only named shoppers.
+    let anonymous = app.reserve("nobody", &[("SHOE", 1)]).await;
+    assert_eq!(
+        anonymous.code().as_deref(),
+        Some("failed_precondition"),
+        "{anonymous:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn orders_and_checkouts_draw_from_the_campaign_too(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("BAG", 10).await;
+    let id = running_campaign(&app, "BAG", 3, 2, Some(1)).await;
+
+    let order = app.create_order("bag-order", "ann", &[("BAG", 1)]).await;
+
+    assert_eq!(order.status, 201, "{order:?}");
+    assert!(
+        order.json()["reservation"]["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .starts_with("campaign-")
+    );
+    let second = app.create_order("bag-order-2", "ann", &[("BAG", 1)]).await;
+    assert_eq!(
+        second.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{second:?}"
+    );
+    let cart = app
+        .send(
+            Call::put("/v1/carts/bob/items/BAG")
+                .key("bob-cart")
+                .json(&json!({"quantity": 1})),
+        )
+        .await;
+    assert_eq!(cart.status, 200, "{cart:?}");
+    let checkout = app
+        .send(Call::post("/v1/carts/bob/checkout").key("bob-checkout"))
+        .await;
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    assert_eq!(campaign(&app, &id).await["held"], 2);
+    app.assert_audit_clean().await;
+}
+
+async fn at_its_end_what_is_left_goes_back_to_regular_stock_ledgered(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("COAT", 20).await;
+    let id = running_campaign(&app, "COAT", 10, 3, None).await;
+    let kept = app.reserve("kept", &[("COAT", 2)]).await;
+    let held = app.reserve("held", &[("COAT", 1)]).await;
+    let kept_id = kept.json()["reservation_id"].as_str().unwrap().to_owned();
+    let held_id = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.confirm(&kept_id, "confirm-kept").await.status, 200);
+
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let closed = app.engine.campaign_step().await.unwrap();
+
+    assert!(
+        closed.is_empty(),
+        "a unit is still held: the campaign stays open for it"
+    );
+    let ended = campaign(&app, &id).await;
+    assert_eq!(ended["phase"], "ENDED");
+    assert_eq!(
+        (
+            ended["returned"].as_i64(),
+            ended["left"].as_i64(),
+            ended["held"].as_i64(),
+            ended["sold"].as_i64()
+        ),
+        (Some(7), Some(0), Some(1), Some(2))
+    );
+    assert_eq!(
+        app.counters("COAT").await.0,
+        17,
+        "10 − 3 carved back onto 10 regular"
+    );
+    // After the end the SKU sells from regular stock again.
+    let after = app.reserve("after-end", &[("COAT", 1)]).await;
+    assert_eq!(after.json()["lines"][0]["warehouse"], "default");
+    // The held unit released later goes back too, and the campaign closes.
+    assert_eq!(app.release(&held_id, "release-held").await.status, 200);
+    let closed = app.engine.campaign_step().await.unwrap();
+    assert_eq!(closed.len(), 1);
+    let done = campaign(&app, &id).await;
+    assert_eq!(
+        (done["returned"].as_i64(), done["held"].as_i64()),
+        (Some(8), Some(0))
+    );
+    assert!(done["closed_at"].is_string());
+    assert!(
+        app.engine.campaign_step().await.unwrap().is_empty(),
+        "a closed campaign is done"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_only(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("GPU", 5).await;
+    running_campaign(&app, "GPU", 2, 1, None).await;
+    let first = app.reserve("gpu-1", &[("GPU", 1)]).await;
+    assert_eq!(app.reserve("gpu-2", &[("GPU", 1)]).await.status, 201);
+    let refused = app.reserve("gpu-3", &[("GPU", 1)]).await;
+    assert_eq!(refused.code().as_deref(), Some("insufficient_stock"));
+    assert!(
+        refused.body.contains("requested"),
+        "decided by the database: {refused:?}"
+    );
+
+    let from_memory = app.reserve("gpu-4", &[("GPU", 1)]).await;
+
+    assert_eq!(from_memory.status, 409);
+    assert_eq!(from_memory.code().as_deref(), Some("insufficient_stock"));
+    assert!(from_memory.body.contains("sold out"), "{from_memory:?}");
+    assert!(
+        app.store
+            .idempotency_record(&store::ScopedKey::new(
+                &app.service_principal().await,
+                &domain::IdempotencyKey::parse("gpu-4").unwrap()
+            ))
+            .await
+            .unwrap()
+            .is_none(),
+        "a memory answer stores nothing"
+    );
+    // A unit comes back; within the bound this instance still says sold out…
+    let id = first.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.release(&id, "release-gpu-1").await.status, 200);
+    let still = app.reserve("gpu-5", &[("GPU", 1)]).await;
+    assert!(still.body.contains("sold out"), "{still:?}");
+    // …and past it the database decides again, and sells the unit.
+    let recheck = app.engine.config().sold_out_recheck_milliseconds;
+    app.clock.advance_milliseconds(recheck);
+    let sold = app.reserve("gpu-6", &[("GPU", 1)]).await;
+    assert_eq!(sold.status, 201, "{sold:?}");
+    app.assert_audit_clean().await;
+}
+
+async fn a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // Two instances on one SQLite file are not a deployment stockd supports.
+        return;
+    }
+    let other = app.another_instance().await;
+    app.stocked_sku("WATCH", 10).await;
+    running_campaign(&app, "WATCH", 3, 1, None).await;
+
+    let before_refresh = other.reserve("w-1", &[("WATCH", 1)]).await;
+    other.engine.campaign_step().await.unwrap();
+    let after_refresh = other.reserve("w-2", &[("WATCH", 1)]).await;
+
+    assert_eq!(
+        before_refresh.json()["lines"][0]["warehouse"],
+        "default",
+        "not known there yet"
+    );
+    assert!(
+        after_refresh.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .starts_with("campaign-")
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CAMERA", 5).await;
+    let south = app.create_operator("sam", "south").await;
+    let before = app.contents().await;
+    let start = START.to_rfc3339();
+    let end = START.plus_seconds(HOUR_SECONDS).to_rfc3339();
+    for (label, body, status) in [
+        (
+            "no quantity",
+            json!({"sku": "CAMERA", "starts_at": start, "ends_at": end}),
+            400,
+        ),
+        (
+            "zero",
+            json!({"sku": "CAMERA", "quantity": 0, "starts_at": start, "ends_at": end}),
+            400,
+        ),
+        (
+            "too many buckets",
+            json!({"sku": "CAMERA", "quantity": 5, "buckets": 65, "starts_at": start, "ends_at": end}),
+            400,
+        ),
+        (
+            "more buckets than units",
+            json!({"sku": "CAMERA", "quantity": 2, "buckets": 3, "starts_at": start, "ends_at": end}),
+            400,
+        ),
+        (
+            "end before start",
+            json!({"sku": "CAMERA", "quantity": 2, "starts_at": end, "ends_at": start}),
+            400,
+        ),
+        (
+            "ended already",
+            json!({"sku": "CAMERA", "quantity": 2, "starts_at": START.plus_seconds(-7200).to_rfc3339(), "ends_at": START.plus_seconds(-3600).to_rfc3339()}),
+            400,
+        ),
+        (
+            "unknown field",
+            json!({"sku": "CAMERA", "quantity": 2, "starts_at": start, "ends_at": end, "price": 1}),
+            400,
+        ),
+        (
+            "a bucket's warehouse",
+            json!({"sku": "CAMERA", "quantity": 2, "starts_at": start, "ends_at": end, "warehouse": "campaign-0123456789ab-0"}),
+            400,
+        ),
+        (
+            "unknown sku",
+            json!({"sku": "NOPE", "quantity": 2, "starts_at": start, "ends_at": end}),
+            404,
+        ),
+    ] {
+        let answer = create_campaign(&app, &format!("bad-{}", label.replace(' ', "-")), body).await;
+        assert_eq!(answer.status, status, "{label}: {answer:?}");
+    }
+    let foreign = app
+        .send(
+            Call::post("/v1/admin/campaigns")
+                .bearer(&south)
+                .key("foreign")
+                .json(&json!({"sku": "CAMERA", "quantity": 2, "starts_at": start, "ends_at": end})),
+        )
+        .await;
+    assert_eq!(foreign.status, 403, "{foreign:?}");
+    assert_eq!(app.contents().await, before, "refusals change nothing");
+    let too_big = create_campaign(
+        &app,
+        "too-big",
+        json!({"sku": "CAMERA", "quantity": 6, "starts_at": start, "ends_at": end}),
+    )
+    .await;
+    assert_eq!(
+        too_big.code().as_deref(),
+        Some("insufficient_stock"),
+        "{too_big:?}"
+    );
+    running_campaign(&app, "CAMERA", 2, 1, None).await;
+    let second = create_campaign(
+        &app,
+        "second",
+        json!({"sku": "CAMERA", "quantity": 1, "starts_at": start, "ends_at": end}),
+    )
+    .await;
+    assert_eq!(
+        second.code().as_deref(),
+        Some("failed_precondition"),
+        "{second:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_buckets_warehouse_cannot_be_named_by_a_request(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("PEN", 10).await;
+    let id = running_campaign(&app, "PEN", 4, 2, None).await;
+    let warehouse = campaign(&app, &id).await;
+    let code = &id[id.len() - 12..];
+    let bucket = format!("campaign-{code}-0");
+    assert_eq!(warehouse["buckets"].as_array().unwrap().len(), 2);
+    let before = app.contents_except_idempotency_records().await;
+
+    let reserve = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("direct")
+                .json(&json!({"lines": [{"sku": "PEN", "quantity": 1, "warehouse": bucket}]})),
+        )
+        .await;
+    let receive = app
+        .send(
+            Call::post("/v1/skus/PEN/stock-movements")
+                .admin()
+                .key("direct-receive")
+                .json(&json!({"kind": "receive", "quantity": 5, "warehouse": bucket})),
+        )
+        .await;
+
+    assert_eq!(reserve.status, 400, "{reserve:?}");
+    assert_eq!(receive.status, 400, "{receive:?}");
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+}
+
+async fn the_audit_finds_a_campaign_whose_units_do_not_add_up(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("RING", 10).await;
+    let id = running_campaign(&app, "RING", 4, 2, None).await;
+    app.assert_audit_clean().await;
+
+    // Units said to have gone back that no ledger row moved.
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute(&format!(
+            "UPDATE campaign SET returned = 1 WHERE id = '{id}'"
+        ))
+        .await
+        .unwrap();
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    let checks: Vec<&str> = audit["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|difference| difference["check"].as_str().unwrap())
+        .collect();
+    assert!(checks.contains(&"campaign_bucket_units"), "{checks:?}");
+    assert!(checks.contains(&"campaign_source_units"), "{checks:?}");
+}
+
+/// The campaign's line in this process, with its one running slot held by the test:
+/// every request that comes now waits (or is refused) until `held` is dropped.
+async fn hold_the_line(
+    app: &TestApp,
+    sku: &str,
+) -> (
+    std::sync::Arc<engine::admission::WaitingRoom>,
+    engine::admission::Turn,
+) {
+    let room = app
+        .engine
+        .campaign_waiting_room(&domain::SkuCode::parse(sku).unwrap())
+        .expect("the campaign runs here");
+    let held = room.enter(None).expect("the line is empty").turn().await;
+    (room, held)
+}
+
+/// The id of the campaign running on `sku` here.
+fn running_id(app: &TestApp, sku: &str) -> String {
+    app.engine
+        .campaign_route(&domain::SkuCode::parse(sku).unwrap())
+        .expect("the campaign runs here")
+        .id
+        .to_string()
+}
+
+/// A campaign's line admitting one request at a time, with `places` places.
+fn narrow_line(places: usize) -> engine::EngineConfig {
+    engine::EngineConfig {
+        campaign_in_flight_max: 1,
+        campaign_waiting_room_max: places,
+        ..acceptance::test_engine_config()
+    }
+}
+
+fn waiting_reserve_call(key: &str, sku: &str, user: &str) -> Call {
+    reserve_call(key, sku, user).header("prefer", "respond-async")
+}
+
+/// Polls a ticket until its request is answered (the test's only wait: how long it
+/// takes decides nothing, a ticket never answered fails after a minute).
+async fn answered_ticket(app: &TestApp, poll: &str) -> Value {
+    for _ in 0..600 {
+        let ticket = app.send(Call::get(poll)).await;
+        if ticket.status == 200 {
+            assert_eq!(ticket.json()["status"], "ANSWERED", "{ticket:?}");
+            return ticket.json();
+        }
+        assert_eq!(ticket.status, 202, "{ticket:?}");
+        assert_eq!(ticket.json()["status"], "WAITING");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("ticket {poll} was never answered");
+}
+
+async fn beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, narrow_line(1)).await;
+    app.stocked_sku("CONSOLE", 10).await;
+    running_campaign(&app, "CONSOLE", 5, 2, None).await;
+    let (room, held) = hold_the_line(&app, "CONSOLE").await;
+    let waiting = room.enter(None).expect("the one place");
+    let before = app.contents().await;
+
+    let refused = app.send(reserve_call("c-1", "CONSOLE", "alice")).await;
+    let refused_async = app
+        .send(waiting_reserve_call("c-2", "CONSOLE", "bob"))
+        .await;
+
+    for response in [&refused, &refused_async] {
+        assert_eq!(response.status, 429, "{response:?}");
+        assert_eq!(response.code().as_deref(), Some("rate_limited"));
+        assert!(response.header("retry-after").is_some(), "{response:?}");
+    }
+    assert_eq!(app.contents().await, before, "nothing was stored");
+    drop(waiting);
+    drop(held);
+    let served = app.send(reserve_call("c-1", "CONSOLE", "alice")).await;
+    assert_eq!(
+        served.status, 201,
+        "the same key goes through once there is room: {served:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_caller_that_prefers_to_wait_gets_a_ticket_served_in_order_and_answered_once(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("TICKETED", 10).await;
+    running_campaign(&app, "TICKETED", 2, 1, None).await;
+    let (room, held) = hold_the_line(&app, "TICKETED").await;
+
+    let mut tickets = Vec::new();
+    for (index, user) in ["ann", "ben", "cat"].into_iter().enumerate() {
+        let ticket = app
+            .send(waiting_reserve_call(&format!("t-{user}"), "TICKETED", user))
+            .await;
+        assert_eq!(ticket.status, 202, "{ticket:?}");
+        assert_eq!(ticket.header("preference-applied"), Some("respond-async"));
+        let body = ticket.json();
+        assert_eq!(body["status"], "WAITING");
+        assert_eq!(body["position"], index, "{body}");
+        assert_eq!(ticket.header("location"), body["poll"].as_str());
+        tickets.push(body["poll"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(room.waiting(), 3);
+    // Only the holder sees its ticket.
+    let stranger = app.as_service_of("south").await;
+    let hidden = stranger.send(Call::get(&tickets[0])).await;
+    assert_eq!(hidden.status, 404, "{hidden:?}");
+    let campaign_id = running_id(&app, "TICKETED");
+    assert_eq!(
+        campaign(&app, &campaign_id).await["held"],
+        0,
+        "nobody ran yet"
+    );
+
+    drop(held);
+    let answers = [
+        answered_ticket(&app, &tickets[0]).await,
+        answered_ticket(&app, &tickets[1]).await,
+        answered_ticket(&app, &tickets[2]).await,
+    ];
+
+    // Two units, served first come first served: ann and ben got them, cat did not.
+    assert_eq!(answers[0]["answer"]["status"], 201, "{}", answers[0]);
+    assert_eq!(answers[1]["answer"]["status"], 201, "{}", answers[1]);
+    assert_eq!(answers[2]["answer"]["status"], 409, "{}", answers[2]);
+    assert_eq!(answers[2]["answer"]["body"]["code"], "insufficient_stock");
+    // Answered once: polling again shows the same answer, and the request's key
+    // replays it; two reservations exist, no more.
+    assert_eq!(answered_ticket(&app, &tickets[0]).await, answers[0]);
+    let replay = app.send(reserve_call("t-ann", "TICKETED", "ann")).await;
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay.json()["reservation_id"],
+        answers[0]["answer"]["body"]["reservation_id"]
+    );
+    assert_eq!(campaign(&app, &campaign_id).await["held"], 2);
+    app.assert_audit_clean().await;
+}
+
+async fn a_request_without_a_ticket_waits_its_turn_with_the_connection_held(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("QUEUED", 10).await;
+    running_campaign(&app, "QUEUED", 3, 1, None).await;
+    let (room, held) = hold_the_line(&app, "QUEUED").await;
+
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move { app.send(reserve_call("q-1", "QUEUED", "dan")).await })
+    };
+    while room.waiting() == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiting.is_finished());
+    drop(held);
+    let answer = waiting.await.unwrap();
+
+    assert_eq!(answer.status, 201, "{answer:?}");
+    app.assert_audit_clean().await;
+}
+
+async fn the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("LIMITED", 10).await;
+    running_campaign(&app, "LIMITED", 5, 1, Some(1)).await;
+    let (room, held) = hold_the_line(&app, "LIMITED").await;
+    let before = app.contents().await;
+
+    let too_many = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("l-2")
+                .header("prefer", "respond-async")
+                .json(&json!({"lines": [{"sku": "LIMITED", "quantity": 2}], "user_id": "eve"})),
+        )
+        .await;
+    let anonymous = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("l-anonymous")
+                .header("prefer", "respond-async")
+                .json(&json!({"lines": [{"sku": "LIMITED", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(too_many.status, 409, "{too_many:?}");
+    assert_eq!(too_many.code().as_deref(), Some("purchase_limit_exceeded"));
+    assert_eq!(anonymous.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(room.waiting(), 0, "neither took a place");
+    assert_eq!(app.contents().await, before);
+
+    let first = app
+        .send(waiting_reserve_call("l-first", "LIMITED", "eve"))
+        .await;
+    assert_eq!(first.status, 202, "{first:?}");
+    let second = app
+        .send(waiting_reserve_call("l-second", "LIMITED", "eve"))
+        .await;
+    assert_eq!(second.status, 429, "{second:?}");
+    assert_eq!(second.code().as_deref(), Some("rate_limited"));
+    assert!(second.body.contains("already has a request waiting"));
+    assert_eq!(room.waiting(), 1);
+
+    drop(held);
+    let answer = answered_ticket(&app, first.json()["poll"].as_str().unwrap()).await;
+    assert_eq!(answer["answer"]["status"], 201, "{answer}");
+    app.assert_audit_clean().await;
+}

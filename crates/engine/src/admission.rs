@@ -1,0 +1,578 @@
+//! A campaign's waiting room (入口限流 / 请求排队): at most
+//! `campaign_in_flight_max` of its requests run against the database at once; the next
+//! ones wait in line, first come first served, up to `campaign_waiting_room_max`;
+//! beyond that a request is refused at once with `rate_limited` (and `Retry-After`).
+//!
+//! A caller that asks not to hold its connection (`Prefer: respond-async`) and finds
+//! the line non-empty gets a ticket instead: its place in the same line, and a URL to
+//! poll. The request runs when its turn comes, once, under its own idempotency key, and
+//! the ticket keeps the answer for `campaign_ticket_retention_seconds`.
+//!
+//! A shopper holds at most one place in a campaign's line at a time, and a request for
+//! more than the campaign's per-user limit never takes one: both are checked before
+//! the place is given. The room lives in this process; the database stays the boundary
+//! for stock and limits, so instances never need to agree on a line.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use std::future::Future;
+
+use domain::{CampaignId, ErrorCode, Principal, TicketId, Timestamp, UserId};
+use tokio::sync::oneshot;
+
+use crate::campaigns::{CampaignRoute, Routed};
+use crate::{Engine, EngineError, Reply};
+
+/// Why a request got no place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoPlace {
+    /// The line is as long as it may get.
+    Full,
+    /// This shopper already holds a place in this campaign's line.
+    ShopperAlreadyWaiting,
+}
+
+/// A line of requests in front of one campaign's database path.
+#[derive(Debug)]
+pub struct WaitingRoom {
+    in_flight_max: usize,
+    places_max: usize,
+    state: Mutex<RoomState>,
+}
+
+#[derive(Debug, Default)]
+struct RoomState {
+    /// Requests running against the database now.
+    in_flight: usize,
+    /// Requests waiting for their turn, in order, each with its number.
+    line: VecDeque<(u64, oneshot::Sender<()>)>,
+    /// Numbers handed out so far; a place's number is its position in arrival order.
+    issued: u64,
+    /// The number of the last place whose turn came.
+    served: u64,
+    /// Shoppers holding a place (waiting or running).
+    shoppers: HashSet<UserId>,
+    /// Places in `line` whose holder gave up: they stay until their turn comes (then
+    /// passed over), but no longer count against `places_max`.
+    given_up: usize,
+}
+
+fn lock(state: &Mutex<RoomState>) -> std::sync::MutexGuard<'_, RoomState> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A place in the line: its number, and (until its turn) the signal that the turn came.
+/// Dropping it (the caller gave up) gives the place up; a turn handed to a place that
+/// was given up passes on to the next one.
+#[derive(Debug)]
+pub struct Place {
+    room: Arc<WaitingRoom>,
+    number: u64,
+    turn: Option<oneshot::Receiver<()>>,
+    shopper: Option<UserId>,
+    /// Whether the turn went on to a [`Turn`] (which then frees the slot).
+    turned: bool,
+}
+
+/// A request's turn: it may run against the database until this is dropped.
+#[derive(Debug)]
+pub struct Turn {
+    room: Arc<WaitingRoom>,
+    shopper: Option<UserId>,
+}
+
+impl WaitingRoom {
+    pub fn new(in_flight_max: usize, places_max: usize) -> Arc<WaitingRoom> {
+        Arc::new(WaitingRoom {
+            in_flight_max: in_flight_max.max(1),
+            places_max,
+            state: Mutex::new(RoomState::default()),
+        })
+    }
+
+    /// Takes a place for a request of `shopper` (if the request names one).
+    pub fn enter(self: &Arc<Self>, shopper: Option<&UserId>) -> Result<Place, NoPlace> {
+        let mut state = lock(&self.state);
+        if let Some(shopper) = shopper
+            && state.shoppers.contains(shopper)
+        {
+            return Err(NoPlace::ShopperAlreadyWaiting);
+        }
+        let turn = if state.in_flight < self.in_flight_max && state.line.is_empty() {
+            state.in_flight += 1;
+            None
+        } else if state.line.len() - state.given_up >= self.places_max {
+            return Err(NoPlace::Full);
+        } else {
+            let (sender, receiver) = oneshot::channel();
+            state.issued += 1;
+            let number = state.issued;
+            state.line.push_back((number, sender));
+            Some((number, receiver))
+        };
+        if let Some(shopper) = shopper {
+            state.shoppers.insert(shopper.clone());
+        }
+        let (number, turn) = match turn {
+            Some((number, receiver)) => (number, Some(receiver)),
+            None => {
+                state.issued += 1;
+                state.served = state.issued;
+                (state.issued, None)
+            }
+        };
+        Ok(Place {
+            room: Arc::clone(self),
+            number,
+            turn,
+            shopper: shopper.cloned(),
+            turned: false,
+        })
+    }
+
+    /// Requests waiting for their turn now.
+    pub fn waiting(&self) -> usize {
+        let state = lock(&self.state);
+        state.line.len() - state.given_up
+    }
+
+    /// Hands a finished request's slot to the first place still waiting, or frees it.
+    fn pass_turn(&self) {
+        let mut state = lock(&self.state);
+        while let Some((number, sender)) = state.line.pop_front() {
+            if sender.send(()).is_ok() {
+                state.served = number;
+                return;
+            }
+            state.given_up = state.given_up.saturating_sub(1);
+        }
+        state.in_flight = state.in_flight.saturating_sub(1);
+    }
+
+    fn leave(&self, shopper: Option<&UserId>) {
+        if let Some(shopper) = shopper {
+            lock(&self.state).shoppers.remove(shopper);
+        }
+    }
+}
+
+impl Place {
+    /// How many places are ahead of this one (0: its turn came or comes next).
+    pub fn position(&self) -> u64 {
+        if self.turn.is_none() {
+            return 0;
+        }
+        let served = lock(&self.room.state).served;
+        self.number.saturating_sub(served + 1)
+    }
+
+    /// Whether the request may run at once.
+    pub fn is_turn(&self) -> bool {
+        self.turn.is_none()
+    }
+
+    /// Waits for this place's turn.
+    pub async fn turn(mut self) -> Turn {
+        if let Some(turn) = self.turn.as_mut() {
+            // The sender stays in the line until it is used or the room drops it; a
+            // wait cancelled here leaves the receiver for `drop` to settle.
+            let _ = turn.await;
+        }
+        self.turn = None;
+        self.turned = true;
+        Turn {
+            room: Arc::clone(&self.room),
+            shopper: self.shopper.take(),
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if self.turned {
+            return;
+        }
+        if let Some(mut turn) = self.turn.take() {
+            // Given up while waiting: if the turn was handed over meanwhile, pass it on;
+            // otherwise the place stops counting. Under the room's lock, so a turn is
+            // either handed over before the close or finds the place given up.
+            let handed_over = {
+                let mut state = lock(&self.room.state);
+                turn.close();
+                let handed_over = turn.try_recv().is_ok();
+                if !handed_over {
+                    state.given_up += 1;
+                }
+                handed_over
+            };
+            if handed_over {
+                self.room.pass_turn();
+            }
+        } else {
+            // Given up at its turn, without running.
+            self.room.pass_turn();
+        }
+        self.room.leave(self.shopper.as_ref());
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.room.leave(self.shopper.as_ref());
+        self.room.pass_turn();
+    }
+}
+
+/// What a ticket says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketState {
+    /// Waiting for its turn, with this many places ahead.
+    Waiting { position: u64 },
+    /// Its request ran; this is its answer (kept until the retention passes).
+    Answered(Result<Reply, EngineError>),
+}
+
+/// A ticket as its holder reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketView {
+    pub id: TicketId,
+    pub campaign: CampaignId,
+    pub issued_at: Timestamp,
+    pub state: TicketState,
+}
+
+#[derive(Debug)]
+struct TicketEntry {
+    owner: Principal,
+    campaign: CampaignId,
+    issued_at: Timestamp,
+    room: Arc<WaitingRoom>,
+    number: u64,
+    answer: Option<(Result<Reply, EngineError>, Timestamp)>,
+}
+
+/// The tickets this process handed out: waiting ones, and answered ones until their
+/// retention passes (or, beyond `answered_max`, oldest first).
+#[derive(Debug, Default)]
+pub struct Tickets {
+    state: Mutex<TicketsState>,
+}
+
+#[derive(Debug, Default)]
+struct TicketsState {
+    by_id: HashMap<TicketId, TicketEntry>,
+    /// Answered tickets, oldest answer first.
+    answered: VecDeque<TicketId>,
+}
+
+impl Tickets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TicketsState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn issue(
+        &self,
+        id: TicketId,
+        owner: Principal,
+        campaign: CampaignId,
+        place: &Place,
+        now: Timestamp,
+    ) {
+        self.lock().by_id.insert(
+            id,
+            TicketEntry {
+                owner,
+                campaign,
+                issued_at: now,
+                room: Arc::clone(&place.room),
+                number: place.number,
+                answer: None,
+            },
+        );
+    }
+
+    /// Keeps a ticket's answer; drops answered tickets past `retention_seconds` or
+    /// beyond `answered_max`.
+    pub fn answer(
+        &self,
+        id: &TicketId,
+        reply: Result<Reply, EngineError>,
+        now: Timestamp,
+        retention_seconds: i64,
+        answered_max: usize,
+    ) {
+        let mut state = self.lock();
+        if let Some(entry) = state.by_id.get_mut(id) {
+            entry.answer = Some((reply, now));
+            state.answered.push_back(id.clone());
+        }
+        while let Some(oldest) = state.answered.front().cloned() {
+            let expired = state
+                .by_id
+                .get(&oldest)
+                .and_then(|entry| entry.answer.as_ref())
+                .is_none_or(|(_, at)| {
+                    now.unix_milliseconds() - at.unix_milliseconds() > retention_seconds * 1_000
+                });
+            if !expired && state.answered.len() <= answered_max {
+                break;
+            }
+            state.answered.pop_front();
+            state.by_id.remove(&oldest);
+        }
+    }
+
+    /// Forgets a ticket whose request could not run (the process is stopping).
+    pub fn forget(&self, id: &TicketId) {
+        self.lock().by_id.remove(id);
+    }
+
+    /// The ticket, if it exists and `principal` holds it (anyone else: `None`, as if
+    /// it did not exist).
+    pub fn view(&self, id: &TicketId, principal: &Principal) -> Option<TicketView> {
+        let state = self.lock();
+        let entry = state
+            .by_id
+            .get(id)
+            .filter(|entry| entry.owner == *principal)?;
+        let ticket_state = match &entry.answer {
+            Some((reply, _)) => TicketState::Answered(reply.clone()),
+            None => {
+                let served = lock(&entry.room.state).served;
+                TicketState::Waiting {
+                    position: entry.number.saturating_sub(served + 1),
+                }
+            }
+        };
+        Some(TicketView {
+            id: id.clone(),
+            campaign: entry.campaign.clone(),
+            issued_at: entry.issued_at,
+            state: ticket_state,
+        })
+    }
+
+    /// Tickets held now (waiting or answered), for the gauge.
+    pub fn len(&self) -> usize {
+        self.lock().by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A request on a running campaign: answered now, or waiting with a ticket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    Answered(Reply),
+    Waiting(TicketView),
+}
+
+impl Held {
+    /// The answer of a request that was not allowed to wait with a ticket.
+    pub fn answered(self) -> Result<Reply, EngineError> {
+        match self {
+            Held::Answered(reply) => Ok(reply),
+            Held::Waiting(ticket) => Err(EngineError::Internal(format!(
+                "ticket '{}' handed to a caller that did not ask for one",
+                ticket.id
+            ))),
+        }
+    }
+}
+
+impl Engine {
+    /// Runs `decide` for a request on a running campaign once its turn in the
+    /// campaign's line comes: at once while fewer than the in-flight bound run; after
+    /// waiting in line otherwise (the connection held), or with a ticket when the
+    /// caller asked for one (`respond_async`). Checked before a place is taken: a
+    /// campaign this process knows sold out (answered from memory, no place), the
+    /// per-user limit against the line's quantity, one place per shopper.
+    pub(crate) async fn through_line<Decide, Decided>(
+        &self,
+        principal: &Principal,
+        routed: &Routed,
+        shopper: Option<&UserId>,
+        quantity: i64,
+        respond_async: bool,
+        decide: Decide,
+    ) -> Result<Held, EngineError>
+    where
+        Decide: FnOnce() -> Decided + Send + 'static,
+        Decided: Future<Output = Result<Reply, EngineError>> + Send + 'static,
+    {
+        let route = &routed.route;
+        let now = self.now();
+        if route.known_sold_out(now, self.inner.config.sold_out_recheck_milliseconds) {
+            // No place for a request the buckets cannot serve: `decide` answers it from
+            // memory (or replays the key's first answer) without the database.
+            return decide().await.map(Held::Answered);
+        }
+        if let Some(limit) = route.per_user_limit {
+            if shopper.is_none() {
+                return Err(EngineError::Refused {
+                    code: ErrorCode::FailedPrecondition,
+                    detail: format!(
+                        "sku '{}' has a per-user limit in campaign '{}': the request must name its user_id",
+                        route.sku, route.id
+                    ),
+                });
+            }
+            if quantity > limit {
+                return Err(EngineError::Refused {
+                    code: ErrorCode::PurchaseLimitExceeded,
+                    detail: format!(
+                        "campaign '{}' sells at most {limit} of sku '{}' per user; requested {quantity}",
+                        route.id, route.sku
+                    ),
+                });
+            }
+        }
+        let place = route.room.enter(shopper).map_err(|refusal| {
+            metrics::counter!("stockd_campaign_admission_refused_total").increment(1);
+            let detail = match refusal {
+                NoPlace::Full => format!(
+                    "campaign '{}' has {} requests waiting here; retry after the Retry-After seconds",
+                    route.id,
+                    route.room.waiting()
+                ),
+                NoPlace::ShopperAlreadyWaiting => format!(
+                    "user '{}' already has a request waiting or running in campaign '{}'",
+                    shopper.map(UserId::as_str).unwrap_or_default(),
+                    route.id
+                ),
+            };
+            EngineError::Refused {
+                code: ErrorCode::RateLimited,
+                detail,
+            }
+        })?;
+        if place.is_turn() || !respond_async {
+            let turn = place.turn().await;
+            let answer = decide().await;
+            drop(turn);
+            return answer.map(Held::Answered);
+        }
+        let id = TicketId::generate(now, rand::random());
+        let tickets = &self.inner.campaigns.tickets;
+        tickets.issue(id.clone(), principal.clone(), route.id.clone(), &place, now);
+        metrics::counter!("stockd_campaign_tickets_issued_total").increment(1);
+        let view = tickets
+            .view(&id, principal)
+            .ok_or_else(|| EngineError::Internal(format!("ticket '{id}' vanished")))?;
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let turn = place.turn().await;
+            let answer = decide().await;
+            drop(turn);
+            let config = &engine.inner.config;
+            engine.inner.campaigns.tickets.answer(
+                &id,
+                answer,
+                engine.now(),
+                config.campaign_ticket_retention_seconds,
+                config.campaign_tickets_answered_max,
+            );
+        });
+        Ok(Held::Waiting(view))
+    }
+
+    /// The open campaign of `sku` as this process routes by it, with its waiting
+    /// room (for tests that hold its line still).
+    pub fn campaign_route(&self, sku: &domain::SkuCode) -> Option<Arc<CampaignRoute>> {
+        self.inner.campaigns.route_of(sku)
+    }
+
+    /// The waiting room of the campaign open on `sku` in this process, if any.
+    pub fn campaign_waiting_room(&self, sku: &domain::SkuCode) -> Option<Arc<WaitingRoom>> {
+        self.campaign_route(sku)
+            .map(|route| Arc::clone(&route.room))
+    }
+
+    /// `GET /v1/tickets/{id}`: a ticket of this caller's, waiting or answered.
+    pub fn ticket(&self, principal: &Principal, id: &TicketId) -> Result<TicketView, EngineError> {
+        self.inner
+            .campaigns
+            .tickets
+            .view(id, principal)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "ticket '{id}' does not exist here (tickets live in the instance that issued them; retry the request with its Idempotency-Key)"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(name: &str) -> UserId {
+        UserId::parse(name).expect("a valid user id")
+    }
+
+    #[tokio::test]
+    async fn places_beyond_the_in_flight_bound_wait_and_are_served_in_order() {
+        let room = WaitingRoom::new(1, 10);
+        let first = room.enter(None).expect("a place");
+        assert!(first.is_turn());
+        let second = room.enter(None).expect("a place");
+        let third = room.enter(None).expect("a place");
+        assert_eq!((second.position(), third.position()), (0, 1));
+        let running = first.turn().await;
+        let (order_sender, mut order) = tokio::sync::mpsc::unbounded_channel();
+        for (name, place) in [("third", third), ("second", second)] {
+            let order_sender = order_sender.clone();
+            tokio::spawn(async move {
+                let turn = place.turn().await;
+                order_sender.send(name).expect("the test listens");
+                drop(turn);
+            });
+        }
+        tokio::task::yield_now().await;
+        drop(running);
+        assert_eq!(order.recv().await, Some("second"));
+        assert_eq!(order.recv().await, Some("third"));
+        assert_eq!(room.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_full_line_refuses_and_a_place_given_up_passes_its_turn_on() {
+        let room = WaitingRoom::new(1, 1);
+        let running = room.enter(None).expect("a place").turn().await;
+        let waiting = room.enter(None).expect("a place in line");
+        assert_eq!(room.enter(None).map(|_| ()), Err(NoPlace::Full));
+        drop(waiting);
+        let next = room.enter(None).expect("the place given up is free again");
+        drop(running);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), next.turn())
+                .await
+                .is_ok(),
+            "the freed slot reaches the next place"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shopper_holds_one_place_at_a_time() {
+        let room = WaitingRoom::new(4, 4);
+        let alice = user("alice");
+        let turn = room.enter(Some(&alice)).expect("a place").turn().await;
+        assert_eq!(
+            room.enter(Some(&alice)).map(|_| ()),
+            Err(NoPlace::ShopperAlreadyWaiting)
+        );
+        assert!(room.enter(Some(&user("bob"))).is_ok());
+        drop(turn);
+        assert!(
+            room.enter(Some(&alice)).is_ok(),
+            "after her turn she may line up again"
+        );
+    }
+}

@@ -1,0 +1,457 @@
+//! Flash-sale campaigns in the engine: creating and reading them, routing a
+//! reservation's line of a running campaign's SKU to one of its buckets (and on to the
+//! next one when a bucket is short), and the sold-out answer from memory.
+//!
+//! The registry of campaigns is this process's copy of the open ones: loaded at start,
+//! kept by every campaign this process creates, and read again by the campaign worker
+//! every [`REGISTRY_REFRESH_MILLISECONDS`], so another instance's new campaign is routed
+//! here within that bound. Routing only chooses which stock row a line asks for; the
+//! database row stays the boundary: a bucket never gives more than it holds, a regular
+//! row never gives a campaign's units.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use domain::{
+    Action, CampaignCode, CampaignId, CampaignPhase, ErrorCode, Principal, ReservationLine,
+    SkuCode, Timestamp, WarehouseCode, authorize,
+};
+use store::{Campaign, IdempotencyClaim, NewCampaign};
+
+use crate::admission::{Tickets, WaitingRoom};
+use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
+
+/// How often the campaign worker reads the open campaigns again (the bound within
+/// which a campaign created on another instance is routed here).
+pub const REGISTRY_REFRESH_MILLISECONDS: u64 = 1_000;
+
+/// Campaigns ended per step of the campaign worker.
+pub const CAMPAIGNS_ENDED_PER_STEP_MAX: i64 = 100;
+
+/// A campaign as a caller asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignRequest {
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub quantity: i64,
+    pub buckets: u32,
+    pub per_user_limit: Option<i64>,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
+}
+
+/// What this process knows of one open campaign: its terms, and when each bucket was
+/// last found short (0: not known short).
+#[derive(Debug)]
+pub struct CampaignRoute {
+    pub id: CampaignId,
+    pub code: CampaignCode,
+    pub sku: SkuCode,
+    pub warehouse: WarehouseCode,
+    pub buckets: u32,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
+    pub per_user_limit: Option<i64>,
+    /// The line in front of the campaign's database path, in this process.
+    pub room: Arc<WaitingRoom>,
+    short_since: Vec<AtomicI64>,
+}
+
+impl CampaignRoute {
+    fn of(campaign: &Campaign, bounds: RoomBounds) -> CampaignRoute {
+        CampaignRoute {
+            id: campaign.id.clone(),
+            code: campaign.code.clone(),
+            sku: campaign.sku.clone(),
+            warehouse: campaign.warehouse.clone(),
+            buckets: campaign.buckets,
+            starts_at: campaign.starts_at,
+            ends_at: campaign.ends_at,
+            per_user_limit: campaign.per_user_limit,
+            room: WaitingRoom::new(bounds.in_flight_max, bounds.places_max),
+            short_since: (0..campaign.buckets).map(|_| AtomicI64::new(0)).collect(),
+        }
+    }
+
+    pub fn phase(&self, now: Timestamp) -> CampaignPhase {
+        CampaignPhase::at(now, self.starts_at, self.ends_at)
+    }
+
+    /// Whether a bucket was found short within the last `recheck` milliseconds: a
+    /// sold-out answer from memory trusts that finding only that long.
+    fn known_short(&self, bucket: u32, now: Timestamp, recheck_milliseconds: i64) -> bool {
+        let since = self.short_since[bucket as usize].load(Ordering::Relaxed);
+        since != 0 && now.unix_milliseconds() - since < recheck_milliseconds
+    }
+
+    /// Whether every bucket was found short within the re-check bound.
+    pub fn known_sold_out(&self, now: Timestamp, recheck_milliseconds: i64) -> bool {
+        (0..self.buckets).all(|bucket| self.known_short(bucket, now, recheck_milliseconds))
+    }
+
+    fn mark_short(&self, bucket: u32, now: Timestamp) {
+        self.short_since[bucket as usize].store(now.unix_milliseconds().max(1), Ordering::Relaxed);
+    }
+
+    fn mark_available(&self, bucket: u32) {
+        self.short_since[bucket as usize].store(0, Ordering::Relaxed);
+    }
+
+    /// The buckets in the order a request tries them: from `start` on, round the ring.
+    fn ring(&self, start: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..self.buckets).map(move |offset| (start + offset) % self.buckets)
+    }
+}
+
+/// Campaign answers this process remembers, by key, so a retry it answers from memory
+/// is still the first answer (a success whose answer was lost included).
+pub const ANSWERS_REMEMBERED_MAX: usize = 100_000;
+
+/// The bounds of each campaign's waiting room.
+#[derive(Debug, Clone, Copy)]
+pub struct RoomBounds {
+    pub in_flight_max: usize,
+    pub places_max: usize,
+}
+
+/// This process's copy of the open campaigns, by SKU, the answers it gave, and the
+/// tickets of their waiting rooms.
+#[derive(Debug)]
+pub struct CampaignRegistry {
+    bounds: RoomBounds,
+    by_sku: RwLock<HashMap<SkuCode, Arc<CampaignRoute>>>,
+    answered: std::sync::Mutex<RememberedAnswers>,
+    pub(crate) tickets: Tickets,
+}
+
+/// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first.
+#[derive(Debug, Default)]
+struct RememberedAnswers {
+    by_key: HashMap<String, store::StoredResponse>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl RememberedAnswers {
+    fn remember(&mut self, key: &str, response: &store::StoredResponse) {
+        if self
+            .by_key
+            .insert(key.to_owned(), response.clone())
+            .is_none()
+        {
+            self.order.push_back(key.to_owned());
+            if self.order.len() > ANSWERS_REMEMBERED_MAX
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.by_key.remove(&oldest);
+            }
+        }
+    }
+}
+
+impl CampaignRegistry {
+    pub fn new(bounds: RoomBounds) -> CampaignRegistry {
+        CampaignRegistry {
+            bounds,
+            by_sku: RwLock::default(),
+            answered: std::sync::Mutex::default(),
+            tickets: Tickets::default(),
+        }
+    }
+
+    pub fn route_of(&self, sku: &SkuCode) -> Option<Arc<CampaignRoute>> {
+        self.by_sku
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(sku)
+            .cloned()
+    }
+
+    /// Replaces the copy with `campaigns`, keeping what is known of the buckets of the
+    /// ones that stay.
+    fn replace(&self, campaigns: &[Campaign]) {
+        let mut by_sku = self
+            .by_sku
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut fresh = HashMap::with_capacity(campaigns.len());
+        for campaign in campaigns {
+            let kept = by_sku
+                .get(&campaign.sku)
+                .filter(|route| route.id == campaign.id)
+                .cloned();
+            fresh.insert(
+                campaign.sku.clone(),
+                kept.unwrap_or_else(|| Arc::new(CampaignRoute::of(campaign, self.bounds))),
+            );
+        }
+        *by_sku = fresh;
+    }
+
+    fn remember(&self, key: &str, response: &store::StoredResponse) {
+        self.answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remember(key, response);
+    }
+
+    fn remembered(&self, key: &str) -> Option<store::StoredResponse> {
+        self.answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .by_key
+            .get(key)
+            .cloned()
+    }
+
+    fn add(&self, campaign: &Campaign) {
+        self.by_sku
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(
+                campaign.sku.clone(),
+                Arc::new(CampaignRoute::of(campaign, self.bounds)),
+            );
+    }
+}
+
+/// Where a reservation's line goes: a bucket of a running campaign, or its own row.
+#[derive(Clone)]
+pub(crate) struct Routed {
+    pub route: Arc<CampaignRoute>,
+    /// The index of the line that draws from the campaign.
+    pub line: usize,
+}
+
+/// The bucket a request starts at: spread by its key, so concurrent requests spread
+/// over the buckets and a retry tries them in the same order.
+pub(crate) fn first_bucket(claim: &IdempotencyClaim, buckets: u32) -> u32 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    claim.key.as_str().hash(&mut hasher);
+    u32::try_from(hasher.finish() % u64::from(buckets.max(1))).unwrap_or(0)
+}
+
+impl Engine {
+    /// `POST /v1/admin/campaigns`: carves the campaign's units out of the SKU's stock.
+    pub async fn create_campaign(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        campaign: CampaignRequest,
+    ) -> Result<Reply, EngineError> {
+        let shop = self.shop_of(&campaign.sku).await?.ok_or_else(|| {
+            EngineError::NotFound(format!("sku '{}' does not exist", campaign.sku))
+        })?;
+        authorize(principal, Action::MoveStock, Some(&shop)).map_err(forbidden)?;
+        domain::campaign::check_campaign(
+            campaign.quantity,
+            campaign.buckets,
+            campaign.starts_at,
+            campaign.ends_at,
+        )
+        .map_err(|error| EngineError::InvalidArgument(error.0))?;
+        if domain::campaign::is_bucket_warehouse(&campaign.warehouse) {
+            return Err(EngineError::InvalidArgument(format!(
+                "warehouse '{}' is a campaign's bucket",
+                campaign.warehouse
+            )));
+        }
+        if campaign.ends_at <= self.now() {
+            return Err(EngineError::InvalidArgument(
+                "ends_at must be in the future".into(),
+            ));
+        }
+        let campaign = NewCampaign {
+            id: CampaignId::generate(self.now(), rand::random()),
+            shop,
+            sku: campaign.sku,
+            warehouse: campaign.warehouse,
+            quantity: campaign.quantity,
+            buckets: campaign.buckets,
+            per_user_limit: campaign.per_user_limit,
+            starts_at: campaign.starts_at,
+            ends_at: campaign.ends_at,
+        };
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("create_campaign", claim, || {
+                self.retried("create_campaign", || {
+                    self.inner
+                        .store
+                        .create_campaign(claim, &campaign, self.now(), renderer)
+                })
+            })
+            .await?;
+        if let Ok(Some(created)) = self.inner.store.campaign(&campaign.id).await {
+            self.inner.campaigns.add(&created);
+        }
+        Ok(reply)
+    }
+
+    /// `GET /v1/admin/campaigns/{id}`: the campaign and where its units are.
+    pub async fn campaign(
+        &self,
+        principal: &Principal,
+        id: &CampaignId,
+    ) -> Result<Campaign, EngineError> {
+        authorize(principal, Action::ViewStock, None).map_err(forbidden)?;
+        let campaign = self
+            .inner
+            .store
+            .campaign(id)
+            .await
+            .map_err(|error| log_store_error("get_campaign", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("campaign '{id}' does not exist")))?;
+        authorize(principal, Action::ViewStock, Some(&campaign.shop)).map_err(forbidden)?;
+        Ok(campaign)
+    }
+
+    /// One step of the campaign worker: ends what is due (what is left goes back) and
+    /// reads the open campaigns again. Answers the campaigns closed now.
+    pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
+        let closed = self
+            .inner
+            .store
+            .end_campaigns(self.now(), CAMPAIGNS_ENDED_PER_STEP_MAX)
+            .await
+            .map_err(|error| log_store_error("end_campaigns", error))?;
+        let open = self
+            .inner
+            .store
+            .open_campaigns()
+            .await
+            .map_err(|error| log_store_error("open_campaigns", error))?;
+        self.inner.campaigns.replace(&open);
+        Ok(closed)
+    }
+
+    /// The campaign a request's lines draw from, if one of its SKUs has one running
+    /// now for the line's warehouse. A line that names a bucket's warehouse itself is
+    /// refused: buckets are reached only through their campaign.
+    pub(crate) fn route_lines(
+        &self,
+        lines: &[ReservationLine],
+    ) -> Result<Option<Routed>, EngineError> {
+        let now = self.now();
+        let mut routed = None;
+        for (index, line) in lines.iter().enumerate() {
+            if domain::campaign::is_bucket_warehouse(&line.warehouse) {
+                return Err(EngineError::InvalidArgument(format!(
+                    "warehouse '{}' is a campaign's: name the SKU, and the campaign's stock is used while it runs",
+                    line.warehouse
+                )));
+            }
+            let Some(route) = self.inner.campaigns.route_of(&line.sku) else {
+                continue;
+            };
+            if route.warehouse != line.warehouse || route.phase(now) != CampaignPhase::Running {
+                continue;
+            }
+            if routed.is_some() {
+                return Err(EngineError::Refused {
+                    code: ErrorCode::FailedPrecondition,
+                    detail: "a request draws from one campaign at most: send each campaign's SKU in a request of its own".into(),
+                });
+            }
+            routed = Some(Routed { route, line: index });
+        }
+        Ok(routed)
+    }
+
+    /// The check of a request that names its campaign: the campaign must be of one of
+    /// its SKUs, and running.
+    pub(crate) fn check_named_campaign(
+        &self,
+        id: &CampaignId,
+        lines: &[ReservationLine],
+    ) -> Result<(), EngineError> {
+        let route = lines
+            .iter()
+            .filter_map(|line| self.inner.campaigns.route_of(&line.sku))
+            .find(|route| &route.id == id)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!("campaign '{id}' is not open for these SKUs"))
+            })?;
+        match route.phase(self.now()) {
+            CampaignPhase::Scheduled => Err(EngineError::Refused {
+                code: ErrorCode::CampaignNotStarted,
+                detail: format!("campaign '{id}' starts at {}", route.starts_at),
+            }),
+            CampaignPhase::Ended => Err(EngineError::Refused {
+                code: ErrorCode::FailedPrecondition,
+                detail: format!("campaign '{id}' ended at {}", route.ends_at),
+            }),
+            CampaignPhase::Running => Ok(()),
+        }
+    }
+
+    /// Runs `attempt` with the routed line in each bucket in turn, from the request's
+    /// own first bucket, skipping those this process found short within the re-check
+    /// bound; a bucket that turns out short is marked and the next one tried. The last
+    /// bucket (or, when every one is known short, the request's first) decides for good.
+    pub(crate) async fn through_buckets<Attempt, Future>(
+        &self,
+        claim: &IdempotencyClaim,
+        routed: &Routed,
+        mut attempt: Attempt,
+    ) -> Result<store::Idempotent, EngineError>
+    where
+        Attempt: FnMut(WarehouseCode, bool) -> Future,
+        Future: std::future::Future<Output = Result<store::Idempotent, EngineError>>,
+    {
+        let route = &routed.route;
+        let recheck = self.inner.config.sold_out_recheck_milliseconds;
+        let now = self.now();
+        let start = first_bucket(claim, route.buckets);
+        let candidates: Vec<u32> = route
+            .ring(start)
+            .filter(|bucket| !route.known_short(*bucket, now, recheck))
+            .collect();
+        let Some((&last, others)) = candidates.split_last() else {
+            // Sold out, as far as this process knows: a key it answered before gets
+            // that answer again; any other is refused without the database.
+            if let Some(response) = self.inner.campaigns.remembered(claim.key.as_str()) {
+                return Ok(store::Idempotent::Replayed(response));
+            }
+            metrics::counter!("stockd_campaign_sold_out_from_memory_total").increment(1);
+            return Err(EngineError::Refused {
+                code: ErrorCode::InsufficientStock,
+                detail: format!(
+                    "campaign '{}' is sold out (this instance found every bucket empty within the last {recheck} ms; not recorded under the key)",
+                    route.id
+                ),
+            });
+        };
+        for bucket in others {
+            match attempt(route.code.bucket_warehouse(*bucket), true).await? {
+                store::Idempotent::Undecided => route.mark_short(*bucket, self.now()),
+                decided => {
+                    route.mark_available(*bucket);
+                    self.remember_answer(claim, &decided);
+                    return Ok(decided);
+                }
+            }
+        }
+        let decided = attempt(route.code.bucket_warehouse(last), false).await?;
+        if let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
+            &decided
+        {
+            if response.status == 201 {
+                route.mark_available(last);
+            } else if response.body.contains("\"code\":\"insufficient_stock\"") {
+                route.mark_short(last, self.now());
+            }
+        }
+        self.remember_answer(claim, &decided);
+        Ok(decided)
+    }
+
+    fn remember_answer(&self, claim: &IdempotencyClaim, decided: &store::Idempotent) {
+        if let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
+            decided
+        {
+            self.inner.campaigns.remember(claim.key.as_str(), response);
+        }
+    }
+}

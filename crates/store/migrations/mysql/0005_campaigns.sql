@@ -1,0 +1,25 @@
+-- Flash-sale campaigns: see the PostgreSQL migration 0018.
+CREATE TABLE campaign (
+    id VARCHAR(100) NOT NULL PRIMARY KEY,
+    code VARCHAR(12) NOT NULL,
+    tally_sku VARCHAR(64) NOT NULL,
+    shop VARCHAR(64) NOT NULL,
+    sku VARCHAR(64) NOT NULL,
+    warehouse VARCHAR(32) NOT NULL,
+    quantity BIGINT NOT NULL CHECK (quantity > 0),
+    buckets BIGINT NOT NULL CHECK (buckets BETWEEN 1 AND 64),
+    per_user_limit BIGINT CHECK (per_user_limit > 0),
+    starts_at BIGINT NOT NULL,
+    ends_at BIGINT NOT NULL,
+    returned BIGINT NOT NULL DEFAULT 0 CHECK (returned >= 0),
+    ended_at BIGINT,
+    closed_at BIGINT,
+    open_sku VARCHAR(64),
+    created_at BIGINT NOT NULL,
+    CHECK (ends_at > starts_at),
+    UNIQUE KEY campaign_code (code),
+    UNIQUE KEY campaign_tally_sku (tally_sku),
+    UNIQUE KEY campaign_open_sku (open_sku),
+    KEY campaign_unclosed (closed_at, ends_at),
+    CONSTRAINT campaign_sku FOREIGN KEY (sku) REFERENCES sku (code)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

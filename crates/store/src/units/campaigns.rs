@@ -1,0 +1,425 @@
+//! Flash-sale campaigns (issue 19): carving a campaign's units out of a SKU's stock into
+//! its buckets, reading where its units are, and the worker's step that returns what is
+//! left at its end. See `domain::campaign` for why buckets are stock rows.
+//!
+//! Written once for every backend: generic over `crate::backend::Backend` (or the
+//! `Dialect` of its connection), with no SQL text that differs per database.
+
+use super::Units;
+use super::decode::{expect_one_row, invariant, parse_stored};
+use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::{NewEvent, Sequence, append_event};
+use super::stock::{LedgerEntry, STOCK_ON_HAND_MAX, insert_ledger_row};
+use crate::backend::{Backend, Dialect, Finish};
+use crate::catalog::{Campaign, NewCampaign};
+use crate::error::StoreError;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::sql::{Row, statement};
+use domain::campaign::{is_bucket_warehouse, split};
+use domain::{
+    CampaignCode, CampaignId, ErrorCode, EventType, ShopCode, SkuCode, Timestamp, WarehouseCode,
+};
+use serde_json::json;
+
+/// A movement of units between a regular stock row and a bucket, or the reverse: the
+/// counters, its ledger row (an `adjust` referencing the campaign) and its event.
+struct Transfer<'a> {
+    sku: &'a SkuCode,
+    warehouse: &'a WarehouseCode,
+    delta: i64,
+    campaign: &'a CampaignId,
+    shop: &'a str,
+}
+
+async fn apply_transfer<C: Dialect>(
+    transaction: &mut C,
+    transfer: Transfer<'_>,
+    now: Timestamp,
+) -> Result<Option<(i64, i64)>, StoreError> {
+    let counters = if transfer.delta > 0 {
+        transaction
+            .receive_stock(
+                transfer.sku.as_str(),
+                transfer.warehouse.as_str(),
+                transfer.delta,
+                now,
+                STOCK_ON_HAND_MAX,
+            )
+            .await?
+    } else {
+        transaction
+            .adjust_stock(
+                transfer.sku.as_str(),
+                transfer.warehouse.as_str(),
+                transfer.delta,
+                now,
+            )
+            .await?
+    };
+    let Some((available, reserved)) = counters else {
+        return Ok(None);
+    };
+    insert_ledger_row(
+        transaction,
+        LedgerEntry {
+            sku: transfer.sku,
+            warehouse: transfer.warehouse,
+            kind: "adjust",
+            available_delta: transfer.delta,
+            reserved_delta: 0,
+            reference: transfer.campaign.as_str(),
+            idempotency_key: None,
+        },
+        now,
+    )
+    .await?;
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::StockMoved,
+            aggregate_id: transfer.sku.as_str(),
+            shop: transfer.shop,
+            sequence: Sequence::Counted,
+            data: json!({
+                "campaign_id": transfer.campaign.as_str(),
+                "sku": transfer.sku.as_str(),
+                "shop": transfer.shop,
+                "warehouse": transfer.warehouse.as_str(),
+                "kind": "campaign",
+                "available_delta": transfer.delta,
+                "available": available,
+                "reserved": reserved,
+            }),
+        },
+        now,
+    )
+    .await?;
+    Ok(Some((available, reserved)))
+}
+
+fn decode_campaign(row: &Row) -> Result<Campaign, StoreError> {
+    let id: String = row.try_get("id")?;
+    let shop: String = row.try_get("shop")?;
+    let sku: String = row.try_get("sku")?;
+    let warehouse: String = row.try_get("warehouse")?;
+    let buckets: i64 = row.try_get("buckets")?;
+    let ended_at: Option<i64> = row.try_get("ended_at")?;
+    let closed_at: Option<i64> = row.try_get("closed_at")?;
+    let id = parse_stored("campaign id", &id, CampaignId::parse)?;
+    Ok(Campaign {
+        code: CampaignCode::of(&id),
+        id,
+        shop: parse_stored("shop", &shop, ShopCode::parse)?,
+        sku: parse_stored("sku code", &sku, SkuCode::parse)?,
+        warehouse: parse_stored("warehouse", &warehouse, WarehouseCode::parse)?,
+        quantity: row.try_get("quantity")?,
+        buckets: u32::try_from(buckets).map_err(|_| invariant("a campaign's bucket count"))?,
+        per_user_limit: row.try_get("per_user_limit")?,
+        starts_at: Timestamp::from_unix_milliseconds(row.try_get("starts_at")?),
+        ends_at: Timestamp::from_unix_milliseconds(row.try_get("ends_at")?),
+        created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
+        ended_at: ended_at.map(Timestamp::from_unix_milliseconds),
+        closed_at: closed_at.map(Timestamp::from_unix_milliseconds),
+        left: 0,
+        held: 0,
+        returned: row.try_get("returned")?,
+        bucket_counts: Vec::new(),
+    })
+}
+
+/// The campaign with its buckets' counters.
+async fn load_campaign<C: Dialect>(
+    connection: &mut C,
+    id: &CampaignId,
+) -> Result<Option<Campaign>, StoreError> {
+    let Some(row) = statement(
+        "SELECT id, code, shop, sku, warehouse, quantity, buckets, per_user_limit, \
+         starts_at, ends_at, returned, ended_at, closed_at, created_at FROM campaign WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional_row(&mut *connection)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let mut campaign = decode_campaign(&row)?;
+    with_bucket_counts(connection, &mut campaign).await?;
+    Ok(Some(campaign))
+}
+
+async fn with_bucket_counts<C: Dialect>(
+    connection: &mut C,
+    campaign: &mut Campaign,
+) -> Result<(), StoreError> {
+    let mut counts = Vec::with_capacity(campaign.buckets as usize);
+    for bucket in 0..campaign.buckets {
+        let row =
+            statement("SELECT available, reserved FROM stock WHERE sku = $1 AND warehouse = $2")
+                .bind(campaign.sku.as_str())
+                .bind(campaign.code.bucket_warehouse(bucket).as_str())
+                .fetch_optional_row(&mut *connection)
+                .await?;
+        let pair = match row {
+            Some(row) => (row.try_get("available")?, row.try_get("reserved")?),
+            None => (0, 0),
+        };
+        counts.push(pair);
+    }
+    campaign.left = counts.iter().map(|(available, _)| available).sum();
+    campaign.held = counts.iter().map(|(_, reserved)| reserved).sum();
+    campaign.bucket_counts = counts;
+    Ok(())
+}
+
+impl<B: Backend> Units<B> {
+    /// Creates a campaign: its units leave the SKU's row in `warehouse` and are split
+    /// over its buckets, each move ledgered under the campaign's id, with the campaign
+    /// row, in one transaction. Refused (and stored) when the row has too few units
+    /// available (`insufficient_stock`) or the SKU has an open campaign
+    /// (`failed_precondition`).
+    pub async fn create_campaign(
+        &self,
+        claim: &IdempotencyClaim,
+        campaign: &NewCampaign,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let response = match carve(&mut *transaction, campaign, now).await? {
+            Ok(()) => {
+                let created = load_campaign(&mut *transaction, &campaign.id)
+                    .await?
+                    .ok_or_else(|| invariant("a campaign vanished inside its own transaction"))?;
+                renderer.campaign_created(&created)
+            }
+            Err(rejection) => renderer.rejected(&rejection),
+        };
+        commit_with_answer(transaction, claim, response).await
+    }
+
+    /// A campaign with its buckets' counters, read on the writer.
+    pub async fn campaign(&self, id: &CampaignId) -> Result<Option<Campaign>, StoreError> {
+        let mut transaction = self.begin_writer_read().await?;
+        let campaign = load_campaign(&mut *transaction, id).await;
+        transaction.rollback().await?;
+        campaign
+    }
+
+    /// The campaigns not closed yet (scheduled, running, or ended with units still
+    /// held), without their counters: what the engine routes by.
+    pub async fn open_campaigns(&self) -> Result<Vec<Campaign>, StoreError> {
+        let rows = statement(
+            "SELECT id, code, shop, sku, warehouse, quantity, buckets, per_user_limit, \
+             starts_at, ends_at, returned, ended_at, closed_at, created_at FROM campaign \
+             WHERE closed_at IS NULL ORDER BY id",
+        )
+        .fetch_all_rows(&mut *self.writer_read_connection().await?)
+        .await?;
+        rows.iter().map(decode_campaign).collect()
+    }
+
+    /// One step of the campaign worker: every campaign past its end that is not closed
+    /// gives what its buckets have available back to its SKU's row (ledgered); one
+    /// whose buckets hold nothing more is closed. Each campaign in a transaction of its
+    /// own, its row locked first: two processes running the step move each unit once.
+    pub async fn end_campaigns(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<CampaignId>, StoreError> {
+        let due: Vec<String> = statement(
+            "SELECT id FROM campaign WHERE closed_at IS NULL AND ends_at <= $1 ORDER BY ends_at, id LIMIT $2",
+        )
+        .bind(now.unix_milliseconds())
+        .bind(limit)
+        .fetch_all_scalar(&mut *self.writer_read_connection().await?)
+        .await?;
+        let mut closed = Vec::new();
+        for id in due {
+            let id = parse_stored("campaign id", &id, CampaignId::parse)?;
+            let mut transaction = self.begin_write().await?;
+            let outcome = end_campaign(&mut *transaction, &id, now).await;
+            match outcome {
+                Ok(true) => {
+                    transaction.commit().await?;
+                    closed.push(id);
+                }
+                Ok(false) => transaction.commit().await?,
+                Err(error) => {
+                    transaction.rollback().await?;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(closed)
+    }
+}
+
+/// The carve: the SKU's row gives `quantity`, each bucket receives its share.
+async fn carve<C: Dialect>(
+    transaction: &mut C,
+    campaign: &NewCampaign,
+    now: Timestamp,
+) -> Result<Result<(), Rejection>, StoreError> {
+    let open: Option<String> = statement("SELECT id FROM campaign WHERE open_sku = $1")
+        .bind(campaign.sku.as_str())
+        .fetch_optional_scalar(&mut *transaction)
+        .await?;
+    if let Some(open) = open {
+        return Ok(Err(Rejection::new(
+            ErrorCode::FailedPrecondition,
+            format!(
+                "sku '{}' already has campaign '{open}' open; one campaign per SKU at a time",
+                campaign.sku
+            ),
+        )));
+    }
+    let taken = apply_transfer(
+        transaction,
+        Transfer {
+            sku: &campaign.sku,
+            warehouse: &campaign.warehouse,
+            delta: -campaign.quantity,
+            campaign: &campaign.id,
+            shop: campaign.shop.as_str(),
+        },
+        now,
+    )
+    .await?;
+    if taken.is_none() {
+        return Ok(Err(Rejection::new(
+            ErrorCode::InsufficientStock,
+            format!(
+                "sku '{}' in warehouse '{}' has fewer than {} units available",
+                campaign.sku, campaign.warehouse, campaign.quantity
+            ),
+        )));
+    }
+    let code = CampaignCode::of(&campaign.id);
+    for (bucket, share) in (0..campaign.buckets).zip(split(campaign.quantity, campaign.buckets)) {
+        let warehouse = code.bucket_warehouse(bucket);
+        apply_transfer(
+            transaction,
+            Transfer {
+                sku: &campaign.sku,
+                warehouse: &warehouse,
+                delta: share,
+                campaign: &campaign.id,
+                shop: campaign.shop.as_str(),
+            },
+            now,
+        )
+        .await?
+        .ok_or_else(|| invariant("a new bucket refused its units"))?;
+    }
+    let inserted = statement(
+        "INSERT INTO campaign (id, code, tally_sku, shop, sku, warehouse, quantity, buckets, \
+         per_user_limit, starts_at, ends_at, returned, open_sku, created_at) \
+         VALUES ($1, $2, $12, $3, $4, $5, $6, $7, $8, $9, $10, 0, $4, $11)",
+    )
+    .bind(campaign.id.as_str())
+    .bind(code.as_str())
+    .bind(campaign.shop.as_str())
+    .bind(campaign.sku.as_str())
+    .bind(campaign.warehouse.as_str())
+    .bind(campaign.quantity)
+    .bind(i64::from(campaign.buckets))
+    .bind(campaign.per_user_limit)
+    .bind(campaign.starts_at.unix_milliseconds())
+    .bind(campaign.ends_at.unix_milliseconds())
+    .bind(now.unix_milliseconds())
+    .bind(code.tally_sku().as_str())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(inserted, "inserting a campaign")?;
+    Ok(Ok(()))
+}
+
+/// Returns what the buckets have available to the SKU's row; closes the campaign when
+/// they hold nothing more. Answers whether it closed.
+async fn end_campaign<C: Dialect>(
+    transaction: &mut C,
+    id: &CampaignId,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    // The campaign's row first: a second worker waits here, then finds nothing to move.
+    let locked = statement(
+        "UPDATE campaign SET ended_at = COALESCE(ended_at, $2), open_sku = NULL \
+         WHERE id = $1 AND closed_at IS NULL",
+    )
+    .bind(id.as_str())
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    if locked != 1 {
+        return Ok(false);
+    }
+    let Some(campaign) = load_campaign(transaction, id).await? else {
+        return Err(invariant("a campaign vanished under its lock"));
+    };
+    // The stock rows in the global (sku, warehouse) order, as every writer takes them.
+    let mut rows: Vec<(SkuCode, WarehouseCode)> = (0..campaign.buckets)
+        .map(|bucket| (campaign.sku.clone(), campaign.code.bucket_warehouse(bucket)))
+        .chain([(campaign.sku.clone(), campaign.warehouse.clone())])
+        .collect();
+    rows.sort();
+    let (available, _) = transaction.lock_stock_rows(&rows).await?;
+    let mut returned = 0;
+    for (sku, warehouse) in &rows {
+        if !is_bucket_warehouse(warehouse) {
+            continue;
+        }
+        let left = available
+            .get(&(sku.clone(), warehouse.clone()))
+            .copied()
+            .unwrap_or(0);
+        if left == 0 {
+            continue;
+        }
+        let shop = campaign.shop.as_str();
+        apply_transfer(
+            transaction,
+            Transfer {
+                sku,
+                warehouse,
+                delta: -left,
+                campaign: id,
+                shop,
+            },
+            now,
+        )
+        .await?
+        .ok_or_else(|| invariant("a locked bucket refused to give its units back"))?;
+        apply_transfer(
+            transaction,
+            Transfer {
+                sku,
+                warehouse: &campaign.warehouse,
+                delta: left,
+                campaign: id,
+                shop,
+            },
+            now,
+        )
+        .await?
+        .ok_or_else(|| invariant("a SKU's row refused its campaign's units back"))?;
+        returned += left;
+    }
+    let closed = campaign.held == 0;
+    let updated = statement(
+        "UPDATE campaign SET returned = returned + $2, \
+         closed_at = CASE WHEN $3 = 1 THEN $4 ELSE closed_at END WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .bind(returned)
+    .bind(i64::from(closed))
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "recording a campaign's return")?;
+    Ok(closed)
+}
