@@ -60,7 +60,34 @@ def _rules_hold(path, body):
         return not _repeats(body["skus"], lambda sku: sku.get("sku"))
     if path == "/v1/admin/shelf":
         return _shelf_rules_hold(body)
+    if path == "/v1/admin/campaigns":
+        return _campaign_rules_hold(body)
     return True
+
+
+def _moment(value):
+    import datetime
+
+    moment = datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00").replace("z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError("no offset")
+    return moment
+
+
+def _campaign_rules_hold(body):
+    import datetime
+
+    # "buckets … no more than the units"
+    buckets, quantity = body.get("buckets"), body.get("quantity")
+    if isinstance(buckets, int) and isinstance(quantity, int) and buckets > quantity:
+        return False
+    # "ends_at: after starts_at, in the future" (a minute of slack for the clock)
+    try:
+        starts_at, ends_at = _moment(body.get("starts_at")), _moment(body.get("ends_at"))
+    except (TypeError, ValueError):
+        return True  # not date-times at all: the schema's business
+    now = datetime.datetime.now(datetime.timezone.utc)
+    return ends_at > starts_at and ends_at > now + datetime.timedelta(minutes=1)
 
 
 def _shelf_rules_hold(body):

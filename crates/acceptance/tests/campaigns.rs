@@ -23,6 +23,8 @@ mirrored_tests!(
     a_caller_that_prefers_to_wait_gets_a_ticket_served_in_order_and_answered_once,
     a_request_without_a_ticket_waits_its_turn_with_the_connection_held,
     the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken,
+    a_retried_create_gets_its_first_answer_even_after_the_campaign_ended,
+    buckets_written_as_a_whole_number_with_a_fraction_are_that_number,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -854,4 +856,64 @@ async fn the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken
     let answer = answered_ticket(&app, first.json()["poll"].as_str().unwrap()).await;
     assert_eq!(answer["answer"]["status"], 201, "{answer}");
     app.assert_audit_clean().await;
+}
+
+async fn a_retried_create_gets_its_first_answer_even_after_the_campaign_ended(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 10).await;
+    let body = json!({
+        "sku": "LAMP",
+        "quantity": 3,
+        "starts_at": START.to_rfc3339(),
+        "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+    });
+    let created = create_campaign(&app, "lamp-sale", body.clone()).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(
+        created.json()["buckets"].as_array().unwrap().len(),
+        3,
+        "no more buckets than units when none are named"
+    );
+
+    app.clock.advance_seconds(2 * HOUR_SECONDS);
+    let retried = create_campaign(&app, "lamp-sale", body).await;
+
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert!(retried.replayed());
+    assert_eq!(retried.json()["campaign_id"], created.json()["campaign_id"]);
+}
+
+async fn buckets_written_as_a_whole_number_with_a_fraction_are_that_number(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 30).await;
+
+    let created = create_campaign(
+        &app,
+        "kettle-sale",
+        json!({
+            "sku": "KETTLE",
+            "quantity": 20.0,
+            "buckets": 5.0,
+            "starts_at": START.to_rfc3339(),
+            "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.json()["buckets"].as_array().unwrap().len(), 5);
+    let fraction = create_campaign(
+        &app,
+        "kettle-sale-2",
+        json!({
+            "sku": "KETTLE",
+            "quantity": 2,
+            "buckets": 1.5,
+            "starts_at": START.to_rfc3339(),
+            "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(fraction.status, 400, "{fraction:?}");
+    assert_eq!(fraction.code().as_deref(), Some("invalid_argument"));
 }

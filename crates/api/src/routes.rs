@@ -633,6 +633,10 @@ pub async fn who_am_i(Caller(caller): Caller) -> Response {
     Json(crate::wire::WhoAmIBody::new(&caller)).into_response()
 }
 
+/// Buckets of a campaign that names none (fewer when it has fewer units): enough for
+/// batches to commit side by side on a hot SKU without splitting a small sale thin.
+const CAMPAIGN_BUCKETS_DEFAULT: u32 = 4;
+
 /// Start a flash-sale campaign
 ///
 /// Carves `quantity` units out of the SKU's available stock (ledgered) into the campaign's own stock, split over `buckets` rows. While it runs, every reservation and order of the SKU draws from it; regular sales cannot take its units, and it cannot take theirs. At `ends_at` what is left goes back to regular stock (ledgered). One campaign per SKU at a time.
@@ -658,7 +662,11 @@ pub async fn create_campaign(
             .warehouse
             .unwrap_or_else(domain::WarehouseCode::default_warehouse),
         quantity: request.quantity.get(),
-        buckets: request.buckets.unwrap_or(1),
+        buckets: u32::try_from(request.buckets.map_or_else(
+            || request.quantity.get().min(CAMPAIGN_BUCKETS_DEFAULT.into()),
+            domain::CampaignBuckets::get,
+        ))
+        .unwrap_or(1),
         per_user_limit: request.per_user_limit.map(domain::PerUserLimit::get),
         starts_at: request.starts_at,
         ends_at: request.ends_at,

@@ -747,10 +747,11 @@ pub struct CreateCampaignRequest {
     /// Most units one shopper may buy in the campaign (requests must then name `user_id`).
     #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
     pub per_user_limit: Option<PerUserLimit>,
-    /// Stock rows the campaign's units are split over (1 by default, at most 64 and
-    /// no more than the units): batches on different buckets commit in parallel.
-    #[schema(minimum = 1, maximum = 64)]
-    pub buckets: Option<u32>,
+    /// Stock rows the campaign's units are split over (4 by default, or one per unit
+    /// when there are fewer; at most 64 and no more than the units): batches on
+    /// different buckets commit in parallel.
+    #[schema(value_type = Option<u32>, minimum = 1, maximum = 64)]
+    pub buckets: Option<domain::CampaignBuckets>,
     /// `default` when absent.
     #[schema(value_type = Option<crate::openapi::schemas::WarehouseCode>)]
     pub warehouse: Option<WarehouseCode>,

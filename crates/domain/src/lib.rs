@@ -49,7 +49,8 @@ pub use order::{
 };
 pub use principal::{Action, Denied, Principal, Role, authorize};
 pub use quantity::{
-    AdjustmentQuantity, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds, Version,
+    AdjustmentQuantity, CampaignBuckets, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds,
+    Version,
 };
 pub use replication::{ConsistencyToken, Fallback, LagSample, Rotation, ServedBy};
 pub use reservation::{

@@ -147,6 +147,17 @@ bounded_integer!(
 );
 
 bounded_integer!(
+    /// The stock rows a campaign's units are split over:
+    /// 1..=[`crate::campaign::CAMPAIGN_BUCKETS_MAX`].
+    CampaignBuckets,
+    field = "buckets",
+    min = 1,
+    max = crate::campaign::CAMPAIGN_BUCKETS_MAX as i64,
+    zero_allowed = false,
+    expected = "an integer between 1 and 64"
+);
+
+bounded_integer!(
     /// How long a reservation holds its stock before the expiry worker releases it.
     TtlSeconds,
     field = "ttl_seconds",
