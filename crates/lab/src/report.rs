@@ -13,6 +13,8 @@ pub enum Class {
     Success,
     ReplayedDuplicate,
     InsufficientStock,
+    PurchaseLimitExceeded,
+    RateLimited,
     RequestInProgress,
     LockTimeout,
     RetryExhausted,
@@ -22,10 +24,12 @@ pub enum Class {
 }
 
 impl Class {
-    pub const ALL: [Class; 9] = [
+    pub const ALL: [Class; 11] = [
         Class::Success,
         Class::ReplayedDuplicate,
         Class::InsufficientStock,
+        Class::PurchaseLimitExceeded,
+        Class::RateLimited,
         Class::RequestInProgress,
         Class::LockTimeout,
         Class::RetryExhausted,
@@ -39,6 +43,8 @@ impl Class {
             Class::Success => "success",
             Class::ReplayedDuplicate => "replayed duplicate",
             Class::InsufficientStock => "insufficient stock",
+            Class::PurchaseLimitExceeded => "purchase limit",
+            Class::RateLimited => "rate limited",
             Class::RequestInProgress => "request in progress",
             Class::LockTimeout => "lock timeout",
             Class::RetryExhausted => "retry exhausted",
@@ -59,6 +65,8 @@ pub fn classify(status: u16, code: Option<&str>, replayed: bool) -> Class {
     }
     match code {
         Some("insufficient_stock") => Class::InsufficientStock,
+        Some("purchase_limit_exceeded") => Class::PurchaseLimitExceeded,
+        Some("rate_limited") => Class::RateLimited,
         Some("request_in_progress") => Class::RequestInProgress,
         Some("lock_timeout") => Class::LockTimeout,
         Some("retry_exhausted") => Class::RetryExhausted,
@@ -102,7 +110,7 @@ impl Record {
                 self.code.as_deref(),
                 Some("invalid_argument" | "request_in_progress")
             )
-            && !matches!(self.status, 401 | 413 | 415 | 422)
+            && !matches!(self.status, 401 | 413 | 415 | 422 | 429)
     }
 }
 
@@ -116,6 +124,21 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// The latency of every class that answered.
+    pub fn by_class(records: &[Record]) -> BTreeMap<Class, Latency> {
+        let mut by_class: BTreeMap<Class, Vec<u64>> = BTreeMap::new();
+        for record in records {
+            by_class
+                .entry(record.class())
+                .or_default()
+                .push(record.latency_microseconds);
+        }
+        by_class
+            .into_iter()
+            .map(|(class, latencies)| (class, Latency::of_microseconds(latencies)))
+            .collect()
+    }
+
     pub fn of(records: &[Record]) -> Latency {
         Latency::of_microseconds(records.iter().map(|record| record.latency_microseconds))
     }
@@ -155,6 +178,21 @@ pub struct SkuCounters {
     pub reserved: i64,
 }
 
+/// A flash sale's campaign as the server reports it after the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CampaignSummary {
+    pub campaign_id: String,
+    pub quantity: i64,
+    pub buckets: usize,
+    pub per_user_limit: i64,
+    pub sold: i64,
+    pub held: i64,
+    pub left: i64,
+    /// Shoppers who got at least one unit, and the most units any one of them got.
+    pub buyers: u64,
+    pub most_units_one_buyer_got: i64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct AuditSummary {
     pub ok: bool,
@@ -174,6 +212,12 @@ pub struct Report {
     pub classes: BTreeMap<Class, u64>,
     pub latency: Latency,
     pub latency_of_successes: Latency,
+    /// Latency of each class that answered at least once.
+    pub latency_by_class: BTreeMap<Class, Latency>,
+    /// `insufficient_stock` answers per second of the run: how fast "sold out" is said.
+    pub sold_out_answers_per_second: f64,
+    /// The flash sale's campaign, read back.
+    pub campaign: Option<CampaignSummary>,
     pub skus_checked: usize,
     /// Totals over every SKU of the scenario.
     pub stock_initial_total: i64,
@@ -272,6 +316,42 @@ pub fn taken_by_successes(
         }
     }
     taken
+}
+
+/// Units each shopper's fresh successes took (one unit per success: a flash sale's
+/// requests ask for one), by `user_of` of the success's key.
+pub fn units_by_user(
+    records: &[Record],
+    user_of: impl Fn(u64) -> Option<u64>,
+) -> HashMap<u64, i64> {
+    let mut units = HashMap::new();
+    for record in records {
+        if record.class() == Class::Success
+            && let Some(user) = record.key_index.and_then(&user_of)
+        {
+            *units.entry(user).or_insert(0) += 1;
+        }
+    }
+    units
+}
+
+/// A flash sale's own judgement: the campaign sold out exactly (nothing left, sold and
+/// held adding up to its units), and no shopper got more than the limit.
+pub fn campaign_violations(campaign: &CampaignSummary) -> Vec<String> {
+    let mut found = Vec::new();
+    if campaign.left != 0 || campaign.sold + campaign.held != campaign.quantity {
+        found.push(format!(
+            "campaign {}: {} units, but sold {} + held {} with {} left",
+            campaign.campaign_id, campaign.quantity, campaign.sold, campaign.held, campaign.left
+        ));
+    }
+    if campaign.most_units_one_buyer_got > campaign.per_user_limit {
+        found.push(format!(
+            "PURCHASE LIMIT: a shopper got {} units, the limit is {}",
+            campaign.most_units_one_buyer_got, campaign.per_user_limit
+        ));
+    }
+    found
 }
 
 /// Everything that makes a run fail, in words an operator can act on.
@@ -436,11 +516,40 @@ impl Report {
             self.latency.p99_milliseconds,
             self.latency.max_milliseconds
         ));
-        line("outcomes".to_owned());
+        line("outcomes               count     p50 ms   p95 ms   p99 ms".to_owned());
         for (class, count) in &self.classes {
             if *count > 0 || matches!(class, Class::Success | Class::Other) {
-                line(format!("  {:<22}{count}", class.name()));
+                let latency = self
+                    .latency_by_class
+                    .get(class)
+                    .cloned()
+                    .unwrap_or_default();
+                line(format!(
+                    "  {:<20}{count:>7}  {:>8.2} {:>8.2} {:>8.2}",
+                    class.name(),
+                    latency.p50_milliseconds,
+                    latency.p95_milliseconds,
+                    latency.p99_milliseconds
+                ));
             }
+        }
+        if let Some(campaign) = &self.campaign {
+            line(format!(
+                "campaign {}  {} units in {} buckets, limit {} per shopper: sold {}  held {}  left {}",
+                campaign.campaign_id,
+                campaign.quantity,
+                campaign.buckets,
+                campaign.per_user_limit,
+                campaign.sold,
+                campaign.held,
+                campaign.left
+            ));
+            line(format!(
+                "buyers {} (at most {} units each)  sold-out answers {:.0}/s",
+                campaign.buyers,
+                campaign.most_units_one_buyer_got,
+                self.sold_out_answers_per_second
+            ));
         }
         line(format!(
             "stock  received {}  available {}  reserved {}  ({} SKUs checked)",
@@ -507,6 +616,44 @@ mod tests {
             ok: true,
             differences_total: 0,
         }
+    }
+
+    fn sale(sold: i64, held: i64, left: i64, most: i64) -> CampaignSummary {
+        CampaignSummary {
+            campaign_id: "cmp_x".into(),
+            quantity: 10,
+            buckets: 4,
+            per_user_limit: 1,
+            sold,
+            held,
+            left,
+            buyers: 10,
+            most_units_one_buyer_got: most,
+        }
+    }
+
+    #[test]
+    fn a_flash_sale_fails_when_units_are_left_or_a_shopper_passed_the_limit() {
+        assert!(campaign_violations(&sale(0, 10, 0, 1)).is_empty());
+        assert_eq!(campaign_violations(&sale(0, 9, 1, 1)).len(), 1);
+        assert_eq!(campaign_violations(&sale(0, 10, 0, 2)).len(), 1);
+    }
+
+    #[test]
+    fn units_are_counted_per_shopper_from_fresh_successes_only() {
+        let records = vec![
+            record(1, 201, None, false, 1),
+            record(2, 201, None, false, 2),
+            record(2, 201, None, true, 2),
+            record(3, 409, Some("purchase_limit_exceeded"), false, 3),
+        ];
+        let units = units_by_user(&records, |key| Some(key % 2));
+        assert_eq!(units.get(&1), Some(&1));
+        assert_eq!(units.get(&0), Some(&1));
+        assert_eq!(
+            classify(429, Some("rate_limited"), false),
+            Class::RateLimited
+        );
     }
 
     #[test]

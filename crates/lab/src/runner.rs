@@ -12,8 +12,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::client::{HttpConnection, WireReply, WireRequest};
 use crate::report::{
-    AuditSummary, BatchSizes, Class, Latency, Record, Report, SkuCounters, class_counts,
-    taken_by_successes, violations,
+    AuditSummary, BatchSizes, CampaignSummary, Class, Latency, Record, Report, SkuCounters,
+    campaign_violations, class_counts, taken_by_successes, units_by_user, violations,
 };
 use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
 use crate::target::Target;
@@ -154,6 +154,73 @@ pub async fn set_up(plan: &Plan, target: &Target) -> Result<(), String> {
     })
     .await
     .map(|_| ())
+}
+
+/// Starts the plan's flash-sale campaign on its first SKU, running from a second ago
+/// for an hour (the whole run); answers its id.
+async fn start_campaign(plan: &Plan, target: &Target) -> Result<Option<String>, String> {
+    let Some(campaign) = &plan.campaign else {
+        return Ok(None);
+    };
+    let now_milliseconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|error| error.to_string())?
+        .as_millis();
+    let now = domain::Timestamp::from_unix_milliseconds(
+        i64::try_from(now_milliseconds).map_err(|error| error.to_string())?,
+    );
+    let mut body = serde_json::json!({
+        "sku": plan.skus[0].code,
+        "quantity": campaign.quantity,
+        "per_user_limit": campaign.per_user_limit,
+        "starts_at": now.plus_seconds(-1).to_rfc3339(),
+        "ends_at": now.plus_seconds(3600).to_rfc3339(),
+    });
+    if let Some(buckets) = campaign.buckets {
+        body["buckets"] = serde_json::json!(buckets);
+    }
+    let create = WireRequest::json(Method::POST, "/v1/admin/campaigns", &body)
+        .key(format!("bench-{}-campaign", plan.run_id))
+        .bearer(target.admin_token.expose());
+    let mut connection = HttpConnection::new(target.address);
+    let reply = expect_success(&mut connection, &create, "starting the campaign").await?;
+    let created = reply.json()?;
+    created["campaign_id"]
+        .as_str()
+        .map(|id| Some(id.to_owned()))
+        .ok_or_else(|| "the campaign answer has no campaign_id".to_owned())
+}
+
+/// The campaign after the run, with what the clients saw each shopper get.
+async fn read_campaign(
+    plan: &Plan,
+    target: &Target,
+    id: &str,
+    records: &[Record],
+) -> Result<CampaignSummary, String> {
+    let mut connection = HttpConnection::new(target.address);
+    let read =
+        WireRequest::get(format!("/v1/admin/campaigns/{id}")).bearer(target.admin_token.expose());
+    let body = expect_success(&mut connection, &read, "reading the campaign")
+        .await?
+        .json()?;
+    let number = |field: &str| {
+        body[field]
+            .as_i64()
+            .ok_or_else(|| format!("the campaign has no {field}"))
+    };
+    let units = units_by_user(records, |key_index| plan.user_of(key_index));
+    Ok(CampaignSummary {
+        campaign_id: id.to_owned(),
+        quantity: number("quantity")?,
+        buckets: body["buckets"].as_array().map_or(0, Vec::len),
+        per_user_limit: number("per_user_limit")?,
+        sold: number("sold")?,
+        held: number("held")?,
+        left: number("left")?,
+        buyers: units.len() as u64,
+        most_units_one_buyer_got: units.values().copied().max().unwrap_or(0),
+    })
 }
 
 fn progress_bar(plan: &Plan) -> ProgressBar {
@@ -381,9 +448,14 @@ async fn read_audit(target: &Target) -> Result<AuditSummary, String> {
 /// Set up, drive, read back, judge.
 pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
     set_up(&plan, target).await?;
+    let campaign_id = start_campaign(&plan, target).await?;
     let service_key = create_service_key(&plan, target).await?;
     let plan = Arc::new(plan);
     let (records, elapsed) = drive(&plan, target, &service_key).await;
+    let campaign = match &campaign_id {
+        Some(id) => Some(read_campaign(&plan, target, id, &records).await?),
+        None => None,
+    };
     let taken = taken_by_successes(
         &records,
         |key_index| plan.lines_of(key_index),
@@ -396,10 +468,14 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         .await
         .ok()
         .and_then(|reply| BatchSizes::parse(&String::from_utf8_lossy(&reply.body)));
-    let found = violations(&records, &counters, &audit, plan.expected_successes);
+    let mut found = violations(&records, &counters, &audit, plan.expected_successes);
+    if let Some(campaign) = &campaign {
+        found.extend(campaign_violations(campaign));
+    }
     let classes = class_counts(&records);
     let seconds = elapsed.as_secs_f64().max(f64::EPSILON);
     let successes = classes.get(&Class::Success).copied().unwrap_or(0);
+    let sold_out = classes.get(&Class::InsufficientStock).copied().unwrap_or(0);
     let successful: Vec<Record> = records
         .iter()
         .filter(|record| record.class() == Class::Success)
@@ -426,6 +502,9 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         classes,
         latency: Latency::of(&records),
         latency_of_successes: Latency::of(&successful),
+        latency_by_class: Latency::by_class(&records),
+        sold_out_answers_per_second: sold_out as f64 / seconds,
+        campaign,
         skus_checked: counters.len(),
         stock_initial_total: counters.iter().map(|sku| sku.initial_stock).sum(),
         taken_by_successes_total: counters.iter().map(|sku| sku.taken_by_successes).sum(),

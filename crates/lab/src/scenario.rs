@@ -27,10 +27,13 @@ pub enum Scenario {
     MultiSku,
     /// Malformed and hostile requests; each must be refused and change nothing.
     BadInput,
+    /// A campaign of `--stock` units with a per-user limit; `--requests` from
+    /// `--users` shoppers at once (seed 000's 秒杀, seed 002 §十一.3).
+    FlashSale,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::LastUnit,
         Scenario::Limited,
         Scenario::Ample,
@@ -38,6 +41,7 @@ impl Scenario {
         Scenario::Spread,
         Scenario::MultiSku,
         Scenario::BadInput,
+        Scenario::FlashSale,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +53,7 @@ impl Scenario {
             Scenario::Spread => "spread",
             Scenario::MultiSku => "multi-sku",
             Scenario::BadInput => "bad-input",
+            Scenario::FlashSale => "flash-sale",
         }
     }
 
@@ -74,6 +79,9 @@ pub const CLIENTS_MAX: usize = 4096;
 pub const SKUS_MAX: usize = 100_000;
 pub const REQUESTS_MAX: u64 = 100_000_000;
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
+pub const USERS_MAX: u64 = 100_000_000;
+/// A flash sale's units: one campaign holds at most one stock movement's worth.
+pub const FLASH_SALE_STOCK_MAX: i64 = domain::limits::QUANTITY_MAX;
 /// One stock movement may receive at most this many units (`domain::limits`).
 pub const RECEIVE_QUANTITY_MAX: i64 = domain::limits::QUANTITY_MAX;
 
@@ -88,7 +96,23 @@ pub struct BenchOptions {
     pub lines_per_order: Option<(usize, usize)>,
     /// Share of requests that repeat an earlier request with the same key.
     pub duplicate_ratio: Option<f64>,
+    /// Flash sale: the campaign's units.
+    pub stock: Option<i64>,
+    /// Flash sale: distinct shoppers the requests come from.
+    pub users: Option<u64>,
+    /// Flash sale: most units one shopper may buy.
+    pub per_user_limit: Option<i64>,
+    /// Flash sale: the campaign's buckets (the server's default when absent).
+    pub buckets: Option<u32>,
     pub seed: u64,
+}
+
+/// The campaign a flash sale sells from: created after the SKUs, running at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CampaignSetup {
+    pub quantity: i64,
+    pub buckets: Option<u32>,
+    pub per_user_limit: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +164,10 @@ pub struct Plan {
     pub duplicate_ratio: f64,
     pub lines_per_order: (usize, usize),
     pub seed: u64,
+    /// A flash sale's campaign on the first SKU.
+    pub campaign: Option<CampaignSetup>,
+    /// Shoppers the requests come from (`user_id`); 0: requests name none.
+    pub users: u64,
     malformed: Vec<Malformed>,
 }
 
@@ -178,6 +206,8 @@ impl Plan {
             duplicate_ratio: options.duplicate_ratio.unwrap_or(0.0),
             lines_per_order: options.lines_per_order.unwrap_or((1, 1)),
             seed: options.seed,
+            campaign: None,
+            users: 0,
             malformed: Vec::new(),
         };
         match scenario {
@@ -234,6 +264,22 @@ impl Plan {
                 plan.expected_successes = Some(0);
                 plan.duplicate_ratio = 0.0;
             }
+            Scenario::FlashSale => {
+                let stock = options.stock.unwrap_or(1_000);
+                let requests = options.requests.unwrap_or(200_000);
+                let per_user_limit = options.per_user_limit.unwrap_or(1);
+                plan.users = options.users.unwrap_or(50_000);
+                plan.skus = vec![sku("flash-sale", stock)];
+                plan.stop = Stop::AfterRequests(requests);
+                plan.clients = clients_or(256);
+                plan.campaign = Some(CampaignSetup {
+                    quantity: stock,
+                    buckets: options.buckets,
+                    per_user_limit,
+                });
+                // Demand is far above supply (checked below), so every unit sells.
+                plan.expected_successes = Some(u64::try_from(stock).unwrap_or(0));
+            }
         }
         plan.check()?;
         Ok(plan)
@@ -265,6 +311,9 @@ impl Plan {
         {
             return Err("--lines-per-order must be MIN-MAX with 1 <= MIN <= MAX <= 50".into());
         }
+        if let Some(campaign) = &self.campaign {
+            self.check_flash_sale(campaign)?;
+        }
         if lines_max > self.skus.len() {
             return Err(format!(
                 "--lines-per-order asks for up to {lines_max} distinct SKUs but the scenario has {}",
@@ -272,6 +321,50 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+
+    /// A flash sale's numbers, and demand enough that every unit must sell: at least
+    /// twice as many requests as units, and shoppers enough to buy them all.
+    fn check_flash_sale(&self, campaign: &CampaignSetup) -> Result<(), String> {
+        if !(1..=FLASH_SALE_STOCK_MAX).contains(&campaign.quantity) {
+            return Err(format!(
+                "--stock must be between 1 and {FLASH_SALE_STOCK_MAX}"
+            ));
+        }
+        if !(1..=domain::limits::QUANTITY_MAX).contains(&campaign.per_user_limit) {
+            return Err("--per-user-limit must be between 1 and 1000000".into());
+        }
+        if self.users == 0 || self.users > USERS_MAX {
+            return Err(format!("--users must be between 1 and {USERS_MAX}"));
+        }
+        if let Some(buckets) = campaign.buckets
+            && (buckets == 0
+                || buckets > domain::campaign::CAMPAIGN_BUCKETS_MAX
+                || i64::from(buckets) > campaign.quantity)
+        {
+            return Err("--buckets must be between 1 and 64, and no more than --stock".into());
+        }
+        let requests = self.request_count().unwrap_or(0);
+        let stock = u64::try_from(campaign.quantity).unwrap_or(u64::MAX);
+        if requests < stock.saturating_mul(2) {
+            return Err(format!(
+                "--requests must be at least twice --stock ({}) so that every unit must sell",
+                stock.saturating_mul(2)
+            ));
+        }
+        let limit = u64::try_from(campaign.per_user_limit).unwrap_or(0);
+        if self.users.saturating_mul(limit) < stock.saturating_mul(2) {
+            return Err(
+                "--users times --per-user-limit must be at least twice --stock so that every unit must sell"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The shopper of key number `key_index` (flash sale), spread over `users`.
+    pub fn user_of(&self, key_index: u64) -> Option<u64> {
+        (self.users > 0).then(|| mix(self.seed ^ 0xF1A5, key_index) % self.users)
     }
 
     /// The idempotency key of key number `key_index`.
@@ -351,12 +444,11 @@ impl Plan {
                     .iter()
                     .map(|(sku, quantity)| serde_json::json!({"sku": self.skus[*sku].code, "quantity": quantity}))
                     .collect();
-                WireRequest::json(
-                    Method::POST,
-                    "/v1/reservations",
-                    &serde_json::json!({"lines": lines, "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX}),
-                )
-                .key(self.key(*key_index))
+                let mut body = serde_json::json!({"lines": lines, "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX});
+                if let Some(user) = self.user_of(*key_index) {
+                    body["user_id"] = serde_json::json!(format!("user-{user}"));
+                }
+                WireRequest::json(Method::POST, "/v1/reservations", &body).key(self.key(*key_index))
             }
             RequestSpec::Malformed(malformed) => malformed.request.clone(),
         }
@@ -613,6 +705,54 @@ mod tests {
         ] {
             assert!(
                 Plan::new(Scenario::Hot, &options, "t").is_err(),
+                "{options:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flash_sale_spreads_its_requests_over_its_shoppers_and_expects_every_unit_sold() {
+        let options = BenchOptions {
+            stock: Some(10),
+            users: Some(100),
+            requests: Some(1_000),
+            ..BenchOptions::default()
+        };
+        let plan = plan(Scenario::FlashSale, options);
+        assert_eq!(plan.expected_successes, Some(10));
+        assert_eq!(
+            plan.campaign.as_ref().map(|campaign| campaign.quantity),
+            Some(10)
+        );
+        let users: std::collections::HashSet<u64> =
+            (0..1_000).filter_map(|key| plan.user_of(key)).collect();
+        assert!(users.len() > 90 && users.iter().all(|user| *user < 100));
+        let body = String::from_utf8_lossy(&plan.wire_request(&plan.request(7)).body).into_owned();
+        assert!(body.contains("\"user_id\":\"user-"), "{body}");
+    }
+
+    #[test]
+    fn a_flash_sale_without_demand_enough_to_sell_out_is_refused() {
+        for options in [
+            BenchOptions {
+                stock: Some(100),
+                requests: Some(150),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                stock: Some(100),
+                users: Some(10),
+                per_user_limit: Some(1),
+                ..BenchOptions::default()
+            },
+            BenchOptions {
+                stock: Some(3),
+                buckets: Some(4),
+                ..BenchOptions::default()
+            },
+        ] {
+            assert!(
+                Plan::new(Scenario::FlashSale, &options, "t").is_err(),
                 "{options:?}"
             );
         }

@@ -11,6 +11,7 @@ mirrored_tests!(
     the_limited_scenario_sells_exactly_the_stock,
     the_bad_input_scenario_refuses_everything_and_changes_nothing,
     the_hot_scenario_with_duplicates_takes_one_unit_per_key,
+    the_flash_sale_sells_exactly_its_units_within_each_shoppers_limit,
 );
 
 async fn run(backend: Backend, scenario: Scenario, options: BenchOptions) -> Report {
@@ -93,4 +94,35 @@ async fn the_hot_scenario_with_duplicates_takes_one_unit_per_key(backend: Backen
         report.reserved_total, successes as i64,
         "one unit per distinct key"
     );
+}
+
+async fn the_flash_sale_sells_exactly_its_units_within_each_shoppers_limit(backend: Backend) {
+    let options = BenchOptions {
+        stock: Some(40),
+        users: Some(60),
+        per_user_limit: Some(2),
+        requests: Some(2_000),
+        buckets: Some(4),
+        clients: Some(32),
+        ..BenchOptions::default()
+    };
+    let report = run(backend, Scenario::FlashSale, options).await;
+
+    assert_eq!(report.count(Class::Success), 40, "{}", report.render_text());
+    let campaign = report.campaign.clone().expect("the campaign is reported");
+    assert_eq!((campaign.held, campaign.left, campaign.buckets), (40, 0, 4));
+    assert!(campaign.most_units_one_buyer_got <= 2);
+    // Every answer is of a known class: a unit, sold out, over the limit, or a
+    // shopper's second request while the first waits.
+    let known = [
+        Class::Success,
+        Class::InsufficientStock,
+        Class::PurchaseLimitExceeded,
+        Class::RateLimited,
+    ];
+    let answered: u64 = known.iter().map(|class| report.count(*class)).sum();
+    assert_eq!(answered, 2_000, "{}", report.render_text());
+    assert!(report.latency_by_class.contains_key(&Class::InsufficientStock));
+    assert!(report.sold_out_answers_per_second > 0.0);
+    assert!(report.audit.ok);
 }

@@ -37,7 +37,7 @@ enum Command {
     GatewaySandbox(SandboxArguments),
     /// Drive a load scenario against stockd and judge the result; exit 0 only when
     /// nothing was oversold, duplicated or left unexplained.
-    Bench(BenchArguments),
+    Bench(Box<BenchArguments>),
     /// Inject a real fault, check what must hold, print a verdict; exit 0 only when
     /// it held (failover, replica-lag: on deploy/local-cluster, started if down).
     Drill(DrillArguments),
@@ -106,7 +106,7 @@ enum LabCommand {
 
 #[derive(Args)]
 struct BenchArguments {
-    /// last-unit, limited, ample, hot, spread, multi-sku or bad-input.
+    /// last-unit, limited, ample, hot, spread, multi-sku, bad-input or flash-sale.
     scenario: String,
     /// A running stockd (http://127.0.0.1:8080); without it, one is started in this
     /// process on a fresh temporary database.
@@ -140,6 +140,18 @@ struct BenchArguments {
     /// Share of requests that repeat an earlier request's key and body (0 to 0.9).
     #[arg(long)]
     duplicate_ratio: Option<f64>,
+    /// flash-sale: the campaign's units (1000).
+    #[arg(long)]
+    stock: Option<i64>,
+    /// flash-sale: shoppers the requests come from (50000).
+    #[arg(long)]
+    users: Option<u64>,
+    /// flash-sale: most units one shopper may buy (1).
+    #[arg(long)]
+    per_user_limit: Option<i64>,
+    /// flash-sale: the campaign's stock rows (the server's default, 4).
+    #[arg(long)]
+    buckets: Option<u32>,
     /// Seed of the request mix.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -1037,6 +1049,10 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
             skus: arguments.skus,
             lines_per_order: arguments.lines_per_order,
             duplicate_ratio: arguments.duplicate_ratio,
+            stock: arguments.stock,
+            users: arguments.users,
+            per_user_limit: arguments.per_user_limit,
+            buckets: arguments.buckets,
             seed: arguments.seed,
         },
         url: arguments.url,
@@ -1134,7 +1150,7 @@ fn main() -> ExitCode {
                 rotate_admin_token(arguments).await
             }
             Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,
-            Command::Bench(arguments) => bench(arguments).await,
+            Command::Bench(arguments) => bench(*arguments).await,
             Command::Drill(arguments) => drill(arguments).await,
             Command::Gate(arguments) => gate(arguments).await,
             Command::Lab {
