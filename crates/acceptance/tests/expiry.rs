@@ -14,6 +14,7 @@ mirrored_tests!(
     expiry_works_in_bounded_batches,
     confirming_or_releasing_an_expired_reservation_is_an_illegal_transition,
     a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs,
+    the_backlog_counts_the_due_holds_only,
 );
 
 async fn reserve_with_ttl(
@@ -210,4 +211,20 @@ async fn a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_
         "one unit sold, two back"
     );
     app.assert_audit_clean().await;
+}
+
+async fn the_backlog_counts_the_due_holds_only(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("BREAD", 10).await;
+    reserve_with_ttl(&app, "soon-1", "BREAD", 1, 60).await;
+    reserve_with_ttl(&app, "soon-2", "BREAD", 1, 60).await;
+    reserve_with_ttl(&app, "later", "BREAD", 1, 600).await;
+    let confirmed = reserve_with_ttl(&app, "paid", "BREAD", 1, 60).await;
+    assert_eq!(app.confirm(&confirmed, "paid-confirm").await.status, 200);
+
+    app.clock.advance_seconds(61);
+
+    assert_eq!(app.store.expiry_backlog(app.clock_now()).await.unwrap(), 2);
+    app.engine.expire_step().await.unwrap();
+    assert_eq!(app.store.expiry_backlog(app.clock_now()).await.unwrap(), 0);
 }

@@ -214,10 +214,17 @@ async fn serve_in_process(
         if workers {
             engine::workers::spawn_workers(&engine, &TaskTracker::new(), &shutdown);
         }
+        // The run's one service key carries every simulated shopper (a shop's whole
+        // checkout backend): its per-credential rate is not what a bench measures, so
+        // the in-process server has none. A remote server keeps its own.
+        let http = api::http::HttpConfig {
+            rate_limit_requests_per_second: 0.0,
+            ..api::http::HttpConfig::default()
+        };
         let router = api::app(api::AppState::new(
             engine,
             Some(api::metrics::install_recorder()),
-            &api::http::HttpConfig::default(),
+            &http,
         ));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

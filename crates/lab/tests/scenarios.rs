@@ -122,7 +122,11 @@ async fn the_flash_sale_sells_exactly_its_units_within_each_shoppers_limit(backe
     ];
     let answered: u64 = known.iter().map(|class| report.count(*class)).sum();
     assert_eq!(answered, 2_000, "{}", report.render_text());
-    assert!(report.latency_by_class.contains_key(&Class::InsufficientStock));
+    assert!(
+        report
+            .latency_by_class
+            .contains_key(&Class::InsufficientStock)
+    );
     assert!(report.sold_out_answers_per_second > 0.0);
     assert!(report.audit.ok);
 }
