@@ -218,9 +218,11 @@ async fn a_request_that_waits_for_a_held_row_counts_a_lock_wait_and_a_waiting_se
     lock.execute("ROLLBACK").await.unwrap();
     assert_eq!(waiting.await.unwrap().status, 201);
     let page = metrics(&app).await;
-    assert_eq!(
-        sample(&page, "stockd_db_lock_waits_total{operation=\"reserve\"}") - before,
-        1.0,
+    // At least the one wait: a statement is counted when it took the floor (10 ms),
+    // and on a loaded machine another statement of the same batch can take that long
+    // without any lock, so the exact count is the machine's, not stockd's.
+    assert!(
+        sample(&page, "stockd_db_lock_waits_total{operation=\"reserve\"}") - before >= 1.0,
         "{page}"
     );
     assert!(
