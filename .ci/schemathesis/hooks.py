@@ -78,8 +78,12 @@ def _campaign_rules_hold(body):
     import datetime
 
     # "buckets … no more than the units"
+    # (5.0 is the number 5 to stockd, as to JSON: compare numbers, not Python types)
     buckets, quantity = body.get("buckets"), body.get("quantity")
-    if isinstance(buckets, int) and isinstance(quantity, int) and buckets > quantity:
+    numbers = all(
+        isinstance(value, (int, float)) and not isinstance(value, bool) for value in (buckets, quantity)
+    )
+    if numbers and buckets > quantity:
         return False
     # "ends_at: after starts_at, in the future" (a minute of slack for the clock)
     try:
