@@ -7,12 +7,10 @@ local users = tonumber(os.getenv("STOCKD_BENCH_USERS") or "0")
 local run = os.getenv("STOCKD_BENCH_RUN") or "run"
 local counter = 0
 local thread_number = 0
-local threads = {}
 
 function setup(thread)
     thread_number = thread_number + 1
     thread:set("thread_number", thread_number)
-    table.insert(threads, thread)
 end
 
 function request()
@@ -32,14 +30,5 @@ function request()
     }, body)
 end
 
-done = function(summary, latency, requests)
-    local seconds = summary.duration / 1e6
-    io.write(string.format(
-        "requests_per_second=%.0f p50_ms=%.2f p95_ms=%.2f p99_ms=%.2f errors=%d non_2xx=%d\n",
-        summary.requests / seconds,
-        latency:percentile(50) / 1000, latency:percentile(95) / 1000,
-        latency:percentile(99) / 1000,
-        summary.errors.connect + summary.errors.read + summary.errors.write
-            + summary.errors.timeout,
-        summary.errors.status))
-end
+-- The same one-line report as percentiles.lua (its header is replaced per request).
+dofile("bench/wrk/percentiles.lua")

@@ -77,6 +77,14 @@ fn reserve_call(key: &str, sku: &str, user: &str) -> Call {
     }))
 }
 
+/// The first line of a reservation (or an order's) was taken from a campaign's bucket.
+fn assert_drew_from_a_bucket(reservation: &Value) {
+    let warehouse = reservation["lines"][0]["warehouse"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(warehouse.starts_with("campaign-"), "{reservation}");
+}
+
 fn statuses(responses: &[TestResponse]) -> (usize, usize) {
     let created = responses
         .iter()
@@ -156,12 +164,7 @@ async fn a_campaign_carves_its_units_out_of_regular_stock_and_sells_only_those(b
         .iter()
         .find(|response| response.status == 201)
         .unwrap();
-    assert!(
-        first.json()["lines"][0]["warehouse"]
-            .as_str()
-            .unwrap()
-            .starts_with("campaign-")
-    );
+    assert_drew_from_a_bucket(&first.json());
     app.assert_audit_clean().await;
 }
 
@@ -236,12 +239,7 @@ async fn before_its_start_a_campaign_is_refused_by_name_and_regular_sales_go_on(
     // Once it runs, the same SKU draws from the campaign.
     app.clock.advance_seconds(HOUR_SECONDS);
     let during = app.reserve("during", &[("TV", 1)]).await;
-    assert!(
-        during.json()["lines"][0]["warehouse"]
-            .as_str()
-            .unwrap()
-            .starts_with("campaign-")
-    );
+    assert_drew_from_a_bucket(&during.json());
     assert_eq!(campaign(&app, &id).await["held"], 1);
     app.assert_audit_clean().await;
 }
@@ -339,12 +337,7 @@ async fn orders_and_checkouts_draw_from_the_campaign_too(backend: Backend) {
     let order = app.create_order("bag-order", "ann", &[("BAG", 1)]).await;
 
     assert_eq!(order.status, 201, "{order:?}");
-    assert!(
-        order.json()["reservation"]["lines"][0]["warehouse"]
-            .as_str()
-            .unwrap()
-            .starts_with("campaign-")
-    );
+    assert_drew_from_a_bucket(&order.json()["reservation"]);
     let second = app.create_order("bag-order-2", "ann", &[("BAG", 1)]).await;
     assert_eq!(
         second.code().as_deref(),
@@ -483,12 +476,7 @@ async fn a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh(back
         "default",
         "not known there yet"
     );
-    assert!(
-        after_refresh.json()["lines"][0]["warehouse"]
-            .as_str()
-            .unwrap()
-            .starts_with("campaign-")
-    );
+    assert_drew_from_a_bucket(&after_refresh.json());
     app.assert_audit_clean().await;
 }
 
@@ -684,20 +672,23 @@ fn waiting_reserve_call(key: &str, sku: &str, user: &str) -> Call {
     reserve_call(key, sku, user).header("prefer", "respond-async")
 }
 
-/// Polls a ticket until its request is answered (the test's only wait: how long it
-/// takes decides nothing, a ticket never answered fails after a minute).
+/// Polls a ticket until its request is answered (through the suite's condition wait:
+/// how long it takes decides nothing, a ticket never answered fails the test).
 async fn answered_ticket(app: &TestApp, poll: &str) -> Value {
-    for _ in 0..600 {
+    let answered = std::sync::Mutex::new(None);
+    acceptance::wait_until_async("the ticket is answered", || async {
         let ticket = app.send(Call::get(poll)).await;
         if ticket.status == 200 {
             assert_eq!(ticket.json()["status"], "ANSWERED", "{ticket:?}");
-            return ticket.json();
+            *answered.lock().unwrap() = Some(ticket.json());
+            return true;
         }
         assert_eq!(ticket.status, 202, "{ticket:?}");
         assert_eq!(ticket.json()["status"], "WAITING");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("ticket {poll} was never answered");
+        false
+    })
+    .await;
+    answered.into_inner().unwrap().expect("answered")
 }
 
 async fn beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing(
