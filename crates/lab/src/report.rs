@@ -219,6 +219,8 @@ pub struct Report {
     /// The flash sale's campaign, read back.
     pub campaign: Option<CampaignSummary>,
     pub skus_checked: usize,
+    /// Ledger rows of history written before the clients started.
+    pub history_ledger_rows: u64,
     /// Totals over every SKU of the scenario.
     pub stock_initial_total: i64,
     pub taken_by_successes_total: i64,
@@ -555,6 +557,12 @@ impl Report {
             "stock  received {}  available {}  reserved {}  ({} SKUs checked)",
             self.stock_initial_total, self.available_total, self.reserved_total, self.skus_checked
         ));
+        if self.history_ledger_rows > 0 {
+            line(format!(
+                "ledger {} rows of history written before the clients started",
+                self.history_ledger_rows
+            ));
+        }
         if let Some(batches) = &self.batches {
             line(format!("batches {}", batches.render()));
         }

@@ -445,9 +445,70 @@ async fn read_audit(target: &Target) -> Result<AuditSummary, String> {
     })
 }
 
+/// Most ledger rows of history one statement writes: each is its own transaction, and
+/// none holds the database for long.
+const HISTORY_ROWS_PER_STATEMENT: u64 = 1_000_000;
+
+/// Writes the plan's history into the ledger (see [`Plan::history_ledger_rows`]) with
+/// the lab's own connection, before any client starts; answers the rows written.
+pub async fn write_history(plan: &Plan, target: &Target) -> Result<u64, String> {
+    if plan.history_ledger_rows == 0 {
+        return Ok(0);
+    }
+    let stock_rows = plan.skus.len() as u64;
+    let pairs_per_row = plan.history_ledger_rows.div_ceil(2 * stock_rows);
+    let pairs_per_statement = (HISTORY_ROWS_PER_STATEMENT / (2 * stock_rows)).max(1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|error| error.to_string())?
+        .as_millis();
+    let mut raw = target.raw_database().await?;
+    let mut written = 0;
+    let mut pairs_done = 0;
+    while pairs_done < pairs_per_row {
+        let pairs = pairs_per_statement.min(pairs_per_row - pairs_done);
+        written += raw
+            .execute(&history_statement(&plan.run_id, pairs, now))
+            .await
+            .map_err(|error| format!("writing ledger history: {error}"))?;
+        pairs_done += pairs;
+    }
+    Ok(written)
+}
+
+/// One statement that writes `pairs` pairs of `adjust` rows (+1, then -1) for every
+/// stock row of the run, in SQL that SQLite, PostgreSQL and MySQL read alike: the pair
+/// numbers come from a cross join of decimal digits, not from a dialect's series.
+fn history_statement(run_id: &str, pairs: u64, now_milliseconds: u128) -> String {
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+        UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+        UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let places = pairs.saturating_sub(1).max(1).ilog10() as usize + 1;
+    let tables: Vec<String> = (0..places)
+        .map(|place| format!("{digits} AS d{place}"))
+        .collect();
+    let number: Vec<String> = (0..places)
+        .map(|place| format!("{} * d{place}.d", 10_u64.pow(place as u32)))
+        .collect();
+    // The run id is the lab's own (letters and digits), safe inside a literal.
+    format!(
+        "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, \
+         reference, idempotency_key, created_at) \
+         SELECT stock.sku, stock.warehouse, 'adjust', side.delta, 0, 'bench-{run_id}-history', \
+         NULL, {now_milliseconds} \
+         FROM stock \
+         CROSS JOIN (SELECT 1 AS delta UNION ALL SELECT -1) AS side \
+         CROSS JOIN (SELECT {} AS n FROM {}) AS pair \
+         WHERE pair.n < {pairs} AND stock.sku LIKE 'bench-{run_id}-%'",
+        number.join(" + "),
+        tables.join(" CROSS JOIN "),
+    )
+}
+
 /// Set up, drive, read back, judge.
 pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
     set_up(&plan, target).await?;
+    let history_ledger_rows = write_history(&plan, target).await?;
     let campaign_id = start_campaign(&plan, target).await?;
     let service_key = create_service_key(&plan, target).await?;
     let plan = Arc::new(plan);
@@ -506,6 +567,7 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         sold_out_answers_per_second: sold_out as f64 / seconds,
         campaign,
         skus_checked: counters.len(),
+        history_ledger_rows,
         stock_initial_total: counters.iter().map(|sku| sku.initial_stock).sum(),
         taken_by_successes_total: counters.iter().map(|sku| sku.taken_by_successes).sum(),
         available_total: counters.iter().map(|sku| sku.available).sum(),

@@ -76,7 +76,9 @@ impl Scenario {
 
 /// Bounds on what a command line may ask for, so a typo cannot exhaust the machine.
 pub const CLIENTS_MAX: usize = 4096;
-pub const SKUS_MAX: usize = 100_000;
+pub const SKUS_MAX: usize = 1_000_000;
+/// History written into the ledger before a run (`--ledger-rows`).
+pub const LEDGER_ROWS_MAX: u64 = 100_000_000;
 pub const REQUESTS_MAX: u64 = 100_000_000;
 pub const DURATION_MAX: Duration = Duration::from_secs(3600);
 pub const USERS_MAX: u64 = 100_000_000;
@@ -104,6 +106,9 @@ pub struct BenchOptions {
     pub per_user_limit: Option<i64>,
     /// Flash sale: the campaign's buckets (the server's default when absent).
     pub buckets: Option<u32>,
+    /// Ledger rows of history written before the clients start (see
+    /// [`Plan::history_ledger_rows`]).
+    pub ledger_rows: Option<u64>,
     pub seed: u64,
 }
 
@@ -168,6 +173,11 @@ pub struct Plan {
     pub campaign: Option<CampaignSetup>,
     /// Shoppers the requests come from (`user_id`); 0: requests name none.
     pub users: u64,
+    /// At least this many ledger rows of history are written before the clients start,
+    /// so a run measures a ledger that has grown, as a shop's does over months: pairs
+    /// of `adjust` rows (+1, -1) spread evenly over the plan's SKUs, which change no
+    /// counter and leave the audit clean. In-process servers only.
+    pub history_ledger_rows: u64,
     malformed: Vec<Malformed>,
 }
 
@@ -208,6 +218,7 @@ impl Plan {
             seed: options.seed,
             campaign: None,
             users: 0,
+            history_ledger_rows: options.ledger_rows.unwrap_or(0),
             malformed: Vec::new(),
         };
         match scenario {
@@ -291,6 +302,9 @@ impl Plan {
         }
         if self.skus.is_empty() || self.skus.len() > SKUS_MAX {
             return Err(format!("--skus must be between 1 and {SKUS_MAX}"));
+        }
+        if self.history_ledger_rows > LEDGER_ROWS_MAX {
+            return Err(format!("--ledger-rows must be at most {LEDGER_ROWS_MAX}"));
         }
         match self.stop {
             Stop::AfterRequests(requests) if requests == 0 || requests > REQUESTS_MAX => {

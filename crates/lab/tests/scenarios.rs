@@ -12,6 +12,7 @@ mirrored_tests!(
     the_bad_input_scenario_refuses_everything_and_changes_nothing,
     the_hot_scenario_with_duplicates_takes_one_unit_per_key,
     the_flash_sale_sells_exactly_its_units_within_each_shoppers_limit,
+    a_spread_run_over_a_grown_ledger_writes_its_history_and_stays_clean,
 );
 
 async fn run(backend: Backend, scenario: Scenario, options: BenchOptions) -> Report {
@@ -94,6 +95,29 @@ async fn the_hot_scenario_with_duplicates_takes_one_unit_per_key(backend: Backen
         report.reserved_total, successes as i64,
         "one unit per distinct key"
     );
+}
+
+async fn a_spread_run_over_a_grown_ledger_writes_its_history_and_stays_clean(backend: Backend) {
+    let options = BenchOptions {
+        skus: Some(30),
+        ledger_rows: Some(1_000),
+        requests: Some(200),
+        clients: Some(8),
+        ..BenchOptions::default()
+    };
+    let report = run(backend, Scenario::Spread, options).await;
+
+    // 1,000 rows over 30 SKUs is 17 pairs each (the pair numbers need two digits).
+    assert_eq!(report.history_ledger_rows, 30 * 17 * 2);
+    assert_eq!(
+        report.count(Class::Success),
+        200,
+        "{}",
+        report.render_text()
+    );
+    assert_eq!(report.stock_initial_total, 30 * 100_000);
+    assert_eq!(report.reserved_total, 200, "the history moved no counter");
+    assert!(report.audit.ok, "{}", report.render_text());
 }
 
 async fn the_flash_sale_sells_exactly_its_units_within_each_shoppers_limit(backend: Backend) {

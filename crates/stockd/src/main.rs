@@ -152,6 +152,11 @@ struct BenchArguments {
     /// flash-sale: the campaign's stock rows (the server's default, 4).
     #[arg(long)]
     buckets: Option<u32>,
+    /// Write at least this many ledger rows of history (pairs of +1/-1 adjustments
+    /// over the run's SKUs, counters unchanged) before the clients start: a ledger that
+    /// has grown, as a shop's does. In-process server only.
+    #[arg(long)]
+    ledger_rows: Option<u64>,
     /// Seed of the request mix.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -1053,6 +1058,7 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
             users: arguments.users,
             per_user_limit: arguments.per_user_limit,
             buckets: arguments.buckets,
+            ledger_rows: arguments.ledger_rows,
             seed: arguments.seed,
         },
         url: arguments.url,
