@@ -49,6 +49,26 @@ async fn an_optional_body_may_be_left_out_or_an_empty_object_but_not_null(backen
         .await;
     assert_eq!(null.status, 400, "{null:?}");
     assert_eq!(null.code().as_deref(), Some("invalid_argument"));
+    // Nor is an array, though serde reads a struct from its fields in order
+    // (schemathesis seed 745757643 sent `[]` to revoke a service key).
+    for (key, body) in [("empty-array", "[]"), ("array", "[1]")] {
+        let array = app
+            .send(
+                Call::post(format!("/v1/reservations/{id}/confirm"))
+                    .key(format!("confirm-{key}"))
+                    .raw(body, Some("application/json")),
+            )
+            .await;
+        assert_eq!(array.status, 400, "{key}: {array:?}");
+        assert_eq!(array.code().as_deref(), Some("invalid_argument"));
+    }
+    let positional = app
+        .send(Call::post("/v1/reservations").key("positional").raw(
+            r#"[[{"sku": "TEA", "quantity": 1}]]"#,
+            Some("application/json"),
+        ))
+        .await;
+    assert_eq!(positional.status, 400, "{positional:?}");
     assert_eq!(app.contents_except_idempotency_records().await, before);
 }
 

@@ -132,6 +132,12 @@ async fn parse_json_body<T: DeserializeOwned>(
     }
     let canonical: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|error| ApiError::invalid(format!("request body is not valid JSON: {error}")))?;
+    // Every body the API takes is an object; serde would also read a struct from an
+    // array of its fields in order (`[]` as an empty request), which the document
+    // does not allow.
+    if !canonical.is_object() {
+        return Err(ApiError::invalid("request body must be a JSON object"));
+    }
     let value: T = serde_path_to_error::deserialize(&canonical).map_err(|error| {
         let path = error.path().to_string();
         let inner = error.into_inner();
