@@ -16,7 +16,8 @@ use crate::report::{
     campaign_violations, class_counts, taken_by_successes, units_by_user, violations,
 };
 use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
-use crate::target::Target;
+use crate::target::{RawDatabase, Target};
+use engine::Clock;
 
 /// Connections used to create SKUs and read them back (a million-SKU catalog takes
 /// minutes to create one request at a time).
@@ -163,13 +164,7 @@ async fn start_campaign(plan: &Plan, target: &Target) -> Result<Option<String>, 
     let Some(campaign) = &plan.campaign else {
         return Ok(None);
     };
-    let now_milliseconds = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|error| error.to_string())?
-        .as_millis();
-    let now = domain::Timestamp::from_unix_milliseconds(
-        i64::try_from(now_milliseconds).map_err(|error| error.to_string())?,
-    );
+    let now = engine::SystemClock.now();
     let mut body = serde_json::json!({
         "sku": plan.skus[0].code,
         "quantity": campaign.quantity,
@@ -452,17 +447,14 @@ const HISTORY_ROWS_PER_STATEMENT: u64 = 1_000_000;
 
 /// Writes the plan's history into the ledger (see [`Plan::history_ledger_rows`]) with
 /// the lab's own connection, before any client starts; answers the rows written.
-pub async fn write_history(plan: &Plan, target: &Target) -> Result<u64, String> {
+async fn write_history(plan: &Plan, target: &Target) -> Result<u64, String> {
     if plan.history_ledger_rows == 0 {
         return Ok(0);
     }
     let stock_rows = plan.skus.len() as u64;
     let pairs_per_row = plan.history_ledger_rows.div_ceil(2 * stock_rows);
     let pairs_per_statement = (HISTORY_ROWS_PER_STATEMENT / (2 * stock_rows)).max(1);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|error| error.to_string())?
-        .as_millis();
+    let now = engine::SystemClock.now();
     let mut raw = target.raw_database().await?;
     let mut written = 0;
     let mut pairs_done = 0;
@@ -477,10 +469,10 @@ pub async fn write_history(plan: &Plan, target: &Target) -> Result<u64, String> 
     // Let the database settle before the clients start, so the run measures the grown
     // ledger and not the bulk write: statistics read, and (PostgreSQL) the dirty pages
     // flushed, so no checkpoint of the history's WAL lands inside the run.
-    let settle: &[&str] = match raw.backend() {
-        "postgres" => &["VACUUM (ANALYZE) stock_ledger", "CHECKPOINT"],
-        "mysql" => &["ANALYZE TABLE stock_ledger"],
-        _ => &["ANALYZE stock_ledger", "PRAGMA wal_checkpoint(TRUNCATE)"],
+    let settle: &[&str] = match raw {
+        RawDatabase::Postgres(_) => &["VACUUM (ANALYZE) stock_ledger", "CHECKPOINT"],
+        RawDatabase::Mysql(_) => &["ANALYZE TABLE stock_ledger"],
+        RawDatabase::Sqlite(_) => &["ANALYZE stock_ledger", "PRAGMA wal_checkpoint(TRUNCATE)"],
     };
     for statement in settle {
         raw.execute(statement)
@@ -490,14 +482,18 @@ pub async fn write_history(plan: &Plan, target: &Target) -> Result<u64, String> 
     Ok(written)
 }
 
-/// One statement that writes `pairs` pairs of `adjust` rows (+1, then -1) for every
+/// One statement that writes `pairs` pairs of `adjust` rows (+1 and -1) for every
 /// stock row of the run, in SQL that SQLite, PostgreSQL and MySQL read alike: the pair
 /// numbers come from a cross join of decimal digits, not from a dialect's series.
-fn history_statement(run_id: &str, pairs: u64, now_milliseconds: u128) -> String {
+fn history_statement(run_id: &str, pairs: u64, now: domain::Timestamp) -> String {
     let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
         UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
         UNION ALL SELECT 8 UNION ALL SELECT 9)";
-    let places = pairs.saturating_sub(1).max(1).ilog10() as usize + 1;
+    // Digits enough for the largest pair number, `pairs - 1`.
+    let places = pairs
+        .saturating_sub(1)
+        .checked_ilog10()
+        .map_or(1, |log| log as usize + 1);
     let tables: Vec<String> = (0..places)
         .map(|place| format!("{digits} AS d{place}"))
         .collect();
@@ -509,11 +505,12 @@ fn history_statement(run_id: &str, pairs: u64, now_milliseconds: u128) -> String
         "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, \
          reference, idempotency_key, created_at) \
          SELECT stock.sku, stock.warehouse, 'adjust', side.delta, 0, 'bench-{run_id}-history', \
-         NULL, {now_milliseconds} \
+         NULL, {} \
          FROM stock \
          CROSS JOIN (SELECT 1 AS delta UNION ALL SELECT -1) AS side \
          CROSS JOIN (SELECT {} AS n FROM {}) AS pair \
          WHERE pair.n < {pairs} AND stock.sku LIKE 'bench-{run_id}-%'",
+        now.unix_milliseconds(),
         number.join(" + "),
         tables.join(" CROSS JOIN "),
     )
