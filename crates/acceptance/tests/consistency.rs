@@ -4,7 +4,7 @@
 //! malformed token is refused. Replicas themselves are tested on the local cluster
 //! (`crates/lab/tests/cluster.rs`).
 
-use acceptance::{Backend, Call, TestApp, mirrored_tests};
+use acceptance::{Backend, Call, RawConnection, TestApp, mirrored_tests};
 use domain::ConsistencyToken;
 use serde_json::json;
 
@@ -146,4 +146,95 @@ async fn a_malformed_token_is_refused_and_changes_nothing(backend: Backend) {
         before,
         "a refused read changed nothing"
     );
+}
+
+/// Calls the hot path's procedure (migration 0019) for one reservation of `quantity`
+/// units of `sku`, as the store would; returns its answer and position.
+async fn call_whole_batch(
+    app: &TestApp,
+    connection: &mut sqlx::PgConnection,
+    sku: &str,
+    quantity: i64,
+) -> (String, Option<String>, String) {
+    let now = app.clock_now();
+    let id = domain::ReservationId::generate(now, rand::random())
+        .as_str()
+        .to_owned();
+    let key = key("procedure");
+    let (answer, position) = sqlx::query_as(
+        "CALL stockd_reserve_whole_batch_committed(ARRAY['ON_SHELF'], $1, \
+         ARRAY[$2], ARRAY['default'], ARRAY[$3], \
+         ARRAY[$4], ARRAY[$5], ARRAY[$6], ARRAY['default'], ARRAY[NULL]::TEXT[], \
+         ARRAY[$4], ARRAY[0]::BIGINT[], ARRAY[$2], ARRAY['default'], ARRAY[$3], ARRAY[$6], \
+         ARRAY[$6], ARRAY['fingerprint'], ARRAY[201]::BIGINT[], ARRAY['{}'], NULL, NULL)",
+    )
+    .bind(now.unix_milliseconds())
+    .bind(sku)
+    .bind(quantity)
+    .bind(&id)
+    .bind(now.plus_seconds(900).unix_milliseconds())
+    .bind(&key)
+    .fetch_one(connection)
+    .await
+    .expect("the procedure runs outside a transaction block");
+    (answer, position, id)
+}
+
+/// The hot path's one round trip (migration 0019) commits the batch inside the call and
+/// reads the writer's position after that commit: the commit record of the batch's
+/// transaction ends at or before the position the call returns, so a replica that has
+/// replayed to it shows the batch. Read from the WAL itself (`pg_walinspect`).
+#[tokio::test]
+async fn the_one_round_trip_batch_returns_a_position_at_or_past_its_own_commit_record() {
+    if !Backend::Postgres.available().await {
+        return;
+    }
+    let app = TestApp::spawn(Backend::Postgres).await;
+    app.stocked_sku("TOKEN-4", 5).await;
+    let RawConnection::Postgres(mut connection) = app.database.raw_connection().await else {
+        unreachable!("a PostgreSQL test database gives PostgreSQL connections")
+    };
+    // In `public`: the test's own schema is dropped with it, extensions are per database.
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")
+        .execute(&mut connection)
+        .await
+        .expect("pg_walinspect ships with PostgreSQL 15");
+    let before: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&mut connection)
+        .await
+        .unwrap();
+
+    let (answer, position, id) = call_whole_batch(&app, &mut connection, "TOKEN-4", 2).await;
+    assert_eq!(answer, "applied");
+    let position = position.expect("an applied batch reports its position");
+    ConsistencyToken::parse(&position).expect("a position in PostgreSQL's notation");
+    let commit_records: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT record.end_lsn::text, record.end_lsn <= $2::pg_lsn \
+         FROM public.pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn) AS record \
+         WHERE record.resource_manager = 'Transaction' AND record.record_type = 'COMMIT' \
+           AND record.xid::text = (SELECT xmin::text FROM reservation WHERE id = $3)",
+    )
+    .bind(&before)
+    .bind(&position)
+    .bind(&id)
+    .fetch_all(&mut connection)
+    .await
+    .unwrap();
+    assert_eq!(
+        commit_records.len(),
+        1,
+        "the batch's commit lies between {before} and the returned {position}: {commit_records:?}"
+    );
+    assert!(
+        commit_records[0].1,
+        "{commit_records:?} ends after {position}"
+    );
+    // Committed: another session sees the stock taken.
+    assert_eq!(app.counters("TOKEN-4").await, (3, 2));
+
+    // A batch that does not fit writes nothing and reports no position.
+    let (answer, position, _) = call_whole_batch(&app, &mut connection, "TOKEN-4", 50).await;
+    assert_eq!((answer.as_str(), position), ("does_not_fit", None));
+    assert_eq!(app.counters("TOKEN-4").await, (3, 2));
+    app.assert_audit_clean().await;
 }

@@ -172,13 +172,16 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
         tokio::spawn(async move {
             let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
                 jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
-            let outcomes = execute(&context, &requests, turn).await;
+            let (outcomes, committed_at) = execute(&context, &requests, turn).await;
             drop(permit);
-            // After the commit, so at or past it; a batch that wrote nothing needs none.
-            let position = if outcomes.iter().any(Result::is_ok) {
-                context.store.consistency_token().await.ok()
-            } else {
-                None
+            // At or past the commit: read with it (PostgreSQL's one round trip), or else
+            // read now, after it; a batch that wrote nothing needs none.
+            let position = match committed_at {
+                Some(position) => Some(position),
+                None if outcomes.iter().any(Result::is_ok) => {
+                    context.store.consistency_token().await.ok()
+                }
+                None => None,
             };
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A caller that went away still had its effect stored; its retry
@@ -189,12 +192,16 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
     }
 }
 
-/// Runs a batch (with retries); one outcome per request.
+/// Runs a batch (with retries); one outcome per request, and the writer's position
+/// after the commit when the store read it with the commit.
 async fn execute(
     context: &ShardContext,
     requests: &[ReserveRequest],
     turn: LockTurn,
-) -> Vec<Result<Idempotent, StoreError>> {
+) -> (
+    Vec<Result<Idempotent, StoreError>>,
+    Option<ConsistencyToken>,
+) {
     let renderer = context.renderer.as_ref();
     // The first attempt takes the turn; a retry (rare) locks without waiting.
     let turn = tokio::sync::Mutex::new(turn);
@@ -217,7 +224,10 @@ async fn execute(
         Ok(applied) => {
             metrics::counter!("stockd_combiner_batches_total", "path" => applied.path.as_str())
                 .increment(1);
-            applied.outcomes.into_iter().map(Ok).collect()
+            (
+                applied.outcomes.into_iter().map(Ok).collect(),
+                applied.position,
+            )
         }
         // One key of the batch is held by another process's open transaction (only
         // possible across processes). Run the requests one by one so only that one
@@ -242,8 +252,8 @@ async fn execute(
                 });
                 outcomes.push(outcome);
             }
-            outcomes
+            (outcomes, None)
         }
-        Err(error) => requests.iter().map(|_| Err(error.clone())).collect(),
+        Err(error) => (requests.iter().map(|_| Err(error.clone())).collect(), None),
     }
 }

@@ -1,9 +1,9 @@
 //! What goes into and comes out of the store's units of work.
 
 use domain::{
-    AdjustmentQuantity, Currency, IdempotencyKey, MovementId, OperatorId, PriceMinor, Principal,
-    Product, Quantity, Reservation, ReservationId, ReservationLine, ShopCode, Sku, SkuCode,
-    Timestamp, UserId, WarehouseCode,
+    AdjustmentQuantity, ConsistencyToken, Currency, IdempotencyKey, MovementId, OperatorId,
+    PriceMinor, Principal, Product, Quantity, Reservation, ReservationId, ReservationLine,
+    ShopCode, Sku, SkuCode, Timestamp, UserId, WarehouseCode,
 };
 
 use crate::catalog::{Cart, ServiceKey, ShelfResult, SkippedLine};
@@ -91,6 +91,9 @@ impl BatchPath {
 pub struct BatchApplied {
     pub outcomes: Vec<Idempotent>,
     pub path: BatchPath,
+    /// The writer's position after the batch's commit when the path read it with the
+    /// commit (PostgreSQL's one round trip); `None`: the caller reads it.
+    pub position: Option<ConsistencyToken>,
 }
 
 pub use domain::{Rejection, ShopScope};

@@ -30,7 +30,8 @@ pub fn current_operation() -> &'static str {
 
 /// Whether a statement takes row locks, so that its time is spent mostly waiting for
 /// them when it is long: every write, `SELECT … FOR UPDATE`, and PostgreSQL's
-/// reservation writer functions (`SELECT stockd_…`, migrations 0006 and on).
+/// reservation writer functions and procedures (`SELECT stockd_…`, `CALL stockd_…`,
+/// migrations 0006 and on).
 pub fn takes_row_locks(text: &str) -> bool {
     let text = text.trim_start();
     let head = text.get(..6).unwrap_or("");
@@ -38,6 +39,7 @@ pub fn takes_row_locks(text: &str) -> bool {
         || head.eq_ignore_ascii_case("INSERT")
         || head.eq_ignore_ascii_case("DELETE")
         || text.starts_with("SELECT stockd_")
+        || text.starts_with("CALL stockd_")
         || text.contains("FOR UPDATE")
 }
 
@@ -69,6 +71,9 @@ mod tests {
             "SELECT status FROM reservation WHERE id = $1 FOR UPDATE"
         ));
         assert!(takes_row_locks("SELECT stockd_reserve_whole_batch($1, $2)"));
+        assert!(takes_row_locks(
+            "CALL stockd_reserve_whole_batch_committed($1, NULL)"
+        ));
         assert!(!takes_row_locks(
             "SELECT available FROM stock WHERE sku = $1"
         ));

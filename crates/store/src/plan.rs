@@ -3,11 +3,14 @@
 
 pub use domain::plan::*;
 
+use domain::ConsistencyToken;
+
 /// What the whole-batch fast path did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WholeBatch {
-    /// Every request was accepted, written and committed.
-    Applied,
+    /// Every request was accepted, written and committed; the writer's position read
+    /// after that commit, in the same round trip.
+    Applied(ConsistencyToken),
     /// Nothing was written: the batch needs deciding request by request.
     NotApplied,
     /// Nothing was written: a stock row or a key stayed locked for the whole lock

@@ -368,6 +368,11 @@ impl Dialect for PgConnection {
             "campaigns",
             include_str!("../../migrations/postgres/0018_campaigns.sql"),
         ),
+        (
+            19,
+            "whole_batch_position",
+            include_str!("../../migrations/postgres/0019_whole_batch_position.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
@@ -753,8 +758,9 @@ mod bulk {
 
     /// The hot path's one round trip: outside any transaction, `stockd_reserve_whole_batch`
     /// looks up the keys, locks the rows in the usual order, and when every request
-    /// fits writes the batch and commits with the statement (`synchronous_commit` is
-    /// on, so the answer comes after the flush). Anything else — a key seen before, a
+    /// fits writes the batch; the procedure around it (migration 0019) commits it
+    /// (`synchronous_commit` is on, so the answer comes after the flush) and reads the
+    /// writer's position after the commit, which the batch's answers carry. Anything else — a key seen before, a
     /// row short of stock, an off-shelf SKU, a lock wait that timed out, a key another
     /// process committed meanwhile — writes nothing, and the caller decides the batch
     /// request by request in its own transaction.
@@ -778,18 +784,21 @@ mod bulk {
             },
             false,
         )?;
-        const WHOLE_BATCH: &str = "SELECT stockd_reserve_whole_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)";
+        // The two trailing NULLs stand for the procedure's OUT parameters.
+        const WHOLE_BATCH: &str = "CALL stockd_reserve_whole_batch_committed($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+             $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, NULL, NULL)";
         let described = crate::sql::Described::locking(WHOLE_BATCH);
-        let answer: Result<String, sqlx::Error> = described
-            .run(sqlx::query_scalar_with(WHOLE_BATCH, arguments).fetch_one(pool))
+        let answer: Result<(String, Option<String>), sqlx::Error> = described
+            .run(sqlx::query_as_with(WHOLE_BATCH, arguments).fetch_one(pool))
             .await;
         match answer {
-            Ok(answer) if answer == "applied" => Ok(WholeBatch::Applied),
-            Ok(answer) if answer == "replay" || answer == "does_not_fit" => {
+            Ok((answer, Some(position))) if answer == "applied" => Ok(WholeBatch::Applied(
+                crate::backends::replicas::position(&position)?,
+            )),
+            Ok((answer, None)) if answer == "replay" || answer == "does_not_fit" => {
                 Ok(WholeBatch::NotApplied)
             }
-            Ok(answer) => Err(corrupt("whole batch answer", answer)),
+            Ok((answer, _)) => Err(corrupt("whole batch answer", answer)),
             Err(sqlx::Error::Database(error))
                 if matches!(
                     error.code().as_deref(),

@@ -19,7 +19,7 @@ use crate::error::StoreError;
 use crate::replicas::{ReplicaConfig, ReplicaHealth, Served};
 
 /// Parses a PostgreSQL LSN as `pg_current_wal_lsn()::text` writes it.
-fn position(text: &str) -> Result<ConsistencyToken, StoreError> {
+pub(crate) fn position(text: &str) -> Result<ConsistencyToken, StoreError> {
     ConsistencyToken::parse(text)
         .map_err(|error| StoreError::Database(format!("an unreadable log position: {error}")))
 }

@@ -343,11 +343,12 @@ impl<B: Backend> Units<B> {
         let fast = self
             .try_whole_batch(requests, &slots, &responses, now)
             .await?;
-        if fast == WholeBatch::Applied {
+        if let WholeBatch::Applied(position) = fast {
             turn.pass();
             return Ok(BatchApplied {
                 outcomes: batch_outcomes(slots, &responses)?,
                 path: BatchPath::OneRoundTrip,
+                position: Some(position),
             });
         }
 
@@ -453,6 +454,7 @@ impl<B: Backend> Units<B> {
         Ok(BatchApplied {
             outcomes: batch_outcomes(slots, &responses)?,
             path: BatchPath::Transaction,
+            position: None,
         })
     }
 
