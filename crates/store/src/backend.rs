@@ -473,6 +473,30 @@ pub struct PoolUsage {
     pub acquire_timeouts: u64,
 }
 
+/// A pooled connection idle at least this long is pinged before it is handed out.
+pub const PING_WHEN_IDLE_FOR_MILLISECONDS: u64 = 1_000;
+
+/// Pool options with the acquire test every stockd pool uses. sqlx pings a connection
+/// when it is released (and closes it if that fails) and, by default, again when it is
+/// acquired: a round trip before every batch's call, which cost the hot path about a
+/// tenth at 64 clients (docs/BENCHMARKS.md, twelfth session). A connection released less than
+/// [`PING_WHEN_IDLE_FOR_MILLISECONDS`] ago was just found alive, so only one idle longer
+/// is pinged first: a connection the server dropped while it sat idle (a restart, a
+/// failover, an idle timeout) is still replaced before use.
+pub fn pool_options<Database: sqlx::Database>() -> sqlx::pool::PoolOptions<Database> {
+    sqlx::pool::PoolOptions::new()
+        .test_before_acquire(false)
+        .before_acquire(|connection, metadata| {
+            Box::pin(async move {
+                let bound = std::time::Duration::from_millis(PING_WHEN_IDLE_FOR_MILLISECONDS);
+                if metadata.idle_for >= bound {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 /// Counts who waits for a pooled connection, and the waits that timed out: sqlx's
 /// pools report their size and idle connections, not their queue.
 #[derive(Debug, Clone, Default)]

@@ -44,7 +44,7 @@ use std::time::Duration;
 use domain::{ShopCode, SkuCode, Timestamp};
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
-use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlPoolOptions, MySqlRow};
+use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlRow};
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, MySqlConnection, MySqlPool, Row as _, TypeInfo, ValueRef};
 
@@ -107,7 +107,7 @@ impl MysqlBackend {
             .await?;
         let _ = sqlx::Connection::close(probe).await;
         let settings = Arc::new(session_settings(config, version.contains("MariaDB")));
-        let pool = MySqlPoolOptions::new()
+        let pool = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
             .after_connect(move |connection, _| {

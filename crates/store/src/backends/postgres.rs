@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use domain::{ConsistencyToken, Fallback, ShopCode, SkuCode, Timestamp};
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgRow};
 use sqlx::{PgConnection, PgPool, Postgres, Row as _, TypeInfo, ValueRef};
 
 use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
@@ -55,7 +55,7 @@ impl PostgresBackend {
     pub async fn connect(config: &StoreConfig) -> Result<PostgresBackend, StoreError> {
         // The writer's sessions are named, so a drill can tell which node stockd writes to.
         let options = connect_options(&config.database_url, config)?.application_name("stockd");
-        let pool = PgPoolOptions::new()
+        let pool = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
             .connect_with(options)
@@ -760,10 +760,10 @@ mod bulk {
     /// looks up the keys, locks the rows in the usual order, and when every request
     /// fits writes the batch; the procedure around it (migration 0019) commits it
     /// (`synchronous_commit` is on, so the answer comes after the flush) and reads the
-    /// writer's position after the commit, which the batch's answers carry. Anything else — a key seen before, a
-    /// row short of stock, an off-shelf SKU, a lock wait that timed out, a key another
-    /// process committed meanwhile — writes nothing, and the caller decides the batch
-    /// request by request in its own transaction.
+    /// writer's position after the commit, which the batch's answers carry. Anything
+    /// else — a key seen before, a row short of stock, an off-shelf SKU, a lock wait
+    /// that timed out, a key another process committed meanwhile — writes nothing, and
+    /// the caller decides the batch request by request in its own transaction.
     pub async fn reserve_whole_batch(
         pool: &sqlx::PgPool,
         totals: &BTreeMap<StockKey, i64>,

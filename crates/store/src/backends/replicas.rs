@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use domain::{ConsistencyToken, Fallback, LagSample, Rotation};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgPool, Postgres};
 use tokio::sync::watch;
 
@@ -79,7 +79,7 @@ impl ReplicaSet {
             let options = options_of(url)?
                 .application_name("stockd-replica")
                 .options([("default_transaction_read_only", "on")]);
-            let pool = PgPoolOptions::new()
+            let pool = crate::backend::pool_options()
                 .max_connections(pool_size.max(1))
                 .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
                 .connect_lazy_with(options);

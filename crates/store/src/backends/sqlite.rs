@@ -15,8 +15,7 @@ use domain::{ShopCode, SkuCode, Timestamp};
 use serde_json::json;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 
@@ -60,12 +59,12 @@ impl SqliteBackend {
             .foreign_keys(true)
             .busy_timeout(Duration::from_millis(config.lock_timeout_milliseconds));
         let acquire_timeout = Duration::from_millis(config.acquire_timeout_milliseconds);
-        let write = SqlitePoolOptions::new()
+        let write = crate::backend::pool_options()
             .max_connections(1)
             .acquire_timeout(acquire_timeout)
             .connect_with(options.clone())
             .await?;
-        let read = SqlitePoolOptions::new()
+        let read = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(acquire_timeout)
             .connect_with(options.read_only(true))
