@@ -581,38 +581,50 @@ mod postgres_only {
     }
 
     /// sqlx pings a connection when it is released; stockd's pools ping on acquire only
-    /// a connection idle for `PING_WHEN_IDLE_FOR_MILLISECONDS` or longer (a round trip
-    /// less on every request). A connection the server closed while it sat idle that
-    /// long is found dead and replaced before a statement uses it.
+    /// a connection idle for at least their bound (`PING_WHEN_IDLE_FOR_MILLISECONDS` in
+    /// production: a round trip less on every request). A connection the server closed
+    /// while it sat idle that long is found dead and replaced before a statement uses it.
+    /// The bound is zero here, so the test waits for the server, never for a clock.
     #[tokio::test]
     async fn a_pooled_connection_the_server_closed_while_idle_is_replaced_before_use() {
         use sqlx::Connection;
         if !Backend::Postgres.available().await {
             return;
         }
-        let pool: sqlx::PgPool = store::backend::pool_options()
-            .max_connections(1)
-            .connect(&acceptance::postgres_url())
-            .await
-            .unwrap();
+        let pool: sqlx::PgPool =
+            store::backend::pool_options_pinging_after(std::time::Duration::ZERO)
+                .max_connections(1)
+                .connect(&acceptance::postgres_url())
+                .await
+                .unwrap();
         let first: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&pool)
             .await
             .unwrap();
-        let mut other = sqlx::PgConnection::connect(&acceptance::postgres_url())
-            .await
-            .unwrap();
+        let other = tokio::sync::Mutex::new(
+            sqlx::PgConnection::connect(&acceptance::postgres_url())
+                .await
+                .unwrap(),
+        );
         let signalled: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
             .bind(first)
-            .fetch_one(&mut other)
+            .fetch_one(&mut *other.lock().await)
             .await
             .unwrap();
         assert!(
             signalled,
             "the pool's one connection was closed by the server"
         );
-        let idle = store::backend::PING_WHEN_IDLE_FOR_MILLISECONDS + 200;
-        tokio::time::sleep(std::time::Duration::from_millis(idle)).await;
+        acceptance::wait_until_async("the terminated session to be gone", || async {
+            let alive: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                    .bind(first)
+                    .fetch_one(&mut *other.lock().await)
+                    .await
+                    .unwrap();
+            !alive
+        })
+        .await;
 
         let second: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&pool)

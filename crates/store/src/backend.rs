@@ -484,11 +484,19 @@ pub const PING_WHEN_IDLE_FOR_MILLISECONDS: u64 = 1_000;
 /// is pinged first: a connection the server dropped while it sat idle (a restart, a
 /// failover, an idle timeout) is still replaced before use.
 pub fn pool_options<Database: sqlx::Database>() -> sqlx::pool::PoolOptions<Database> {
+    pool_options_pinging_after(std::time::Duration::from_millis(
+        PING_WHEN_IDLE_FOR_MILLISECONDS,
+    ))
+}
+
+/// [`pool_options`] with another idle bound (tests use zero: no waiting for the bound).
+pub fn pool_options_pinging_after<Database: sqlx::Database>(
+    bound: std::time::Duration,
+) -> sqlx::pool::PoolOptions<Database> {
     sqlx::pool::PoolOptions::new()
         .test_before_acquire(false)
-        .before_acquire(|connection, metadata| {
+        .before_acquire(move |connection, metadata| {
             Box::pin(async move {
-                let bound = std::time::Duration::from_millis(PING_WHEN_IDLE_FOR_MILLISECONDS);
                 if metadata.idle_for >= bound {
                     sqlx::Connection::ping(connection).await?;
                 }
