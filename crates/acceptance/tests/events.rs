@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use acceptance::payments::TestGateway;
 use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, test_engine_config};
+use engine::EngineConfig;
 use serde_json::{Value, json};
 
 mirrored_tests!(
@@ -19,6 +20,7 @@ mirrored_tests!(
     the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor,
     an_event_whose_transaction_commits_late_is_not_skipped,
     two_sequencers_number_every_event_exactly_once,
+    a_sequencer_step_numbers_at_most_its_batch_in_write_order_with_no_gap,
     the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
 );
 
@@ -396,6 +398,67 @@ async fn events_after(app: &TestApp, cursor: &str) -> (Vec<Value>, String) {
         page["events"].as_array().unwrap().clone(),
         page["next_cursor"].as_str().unwrap().to_owned(),
     )
+}
+
+async fn a_sequencer_step_numbers_at_most_its_batch_in_write_order_with_no_gap(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        EngineConfig {
+            outbox_sequence_batch_size: 2,
+            ..test_engine_config()
+        },
+    )
+    .await;
+    app.stocked_sku("TEA", 10).await;
+    let mut made = Vec::new();
+    for index in 0..4 {
+        made.push(reservation_id(
+            &app.reserve(&format!("step-{index}"), &[("TEA", 1)]).await,
+        ));
+    }
+
+    let mut steps = Vec::new();
+    loop {
+        let numbered = app.engine.sequence_step().await.expect("sequencer step");
+        steps.push(numbered);
+        if numbered == 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        steps,
+        [2, 2, 1, 0],
+        "one receive and four reservations, two a step"
+    );
+
+    let mut cursors = Vec::new();
+    let mut announced = Vec::new();
+    let mut cursor = "0".to_owned();
+    for _ in 0..10 {
+        let page = app
+            .send(Call::get(format!("/v1/events?after={cursor}&limit=1")).admin())
+            .await
+            .json();
+        let events = page["events"].as_array().unwrap();
+        if events.is_empty() {
+            break;
+        }
+        cursor = page["next_cursor"].as_str().unwrap().to_owned();
+        cursors.push(cursor.parse::<i64>().unwrap());
+        if events[0]["type"] == "reservation.created" {
+            announced.push(
+                events[0]["data"]["reservation_id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(cursors, [1, 2, 3, 4, 5], "positions follow each other");
+    assert_eq!(
+        announced, made,
+        "in the order the reservations were written"
+    );
 }
 
 async fn two_sequencers_number_every_event_exactly_once(backend: Backend) {

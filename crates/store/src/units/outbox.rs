@@ -14,7 +14,7 @@ use domain::{Aggregate, EventType, FeedCursor, ReservationLine, ShopCode, Timest
 use serde_json::{Value, json};
 
 use super::Units;
-use super::decode::{corrupt, expect_one_row, invariant};
+use super::decode::{corrupt, expect_one_row};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
 use crate::sql::{Connection, Row, built_statement, statement};
@@ -301,48 +301,15 @@ impl<B: Backend> Units<B> {
         let last: i64 = statement(<B::Connection as Dialect>::SELECT_SEQUENCER_FOR_UPDATE)
             .fetch_one_scalar(&mut *transaction)
             .await?;
-        let ids: Vec<i64> =
-            statement("SELECT id FROM outbox WHERE position IS NULL ORDER BY id LIMIT $1")
-                .bind(limit)
-                .fetch_all_scalar(&mut *transaction)
-                .await?;
-        if ids.is_empty() {
+        let numbered = transaction.number_waiting_events(last, limit).await?;
+        if numbered == 0 {
             transaction.rollback().await?;
             return Ok(0);
-        }
-        // One statement for the step: `CASE id WHEN … THEN …` spells the same on every
-        // backend, and the ids are few (at most `EVENTS_PER_STEP_MAX`).
-        let mut text = String::from("UPDATE outbox SET position = CASE id");
-        for index in 0..ids.len() {
-            text.push_str(&format!(" WHEN ${} THEN ${}", 2 * index + 1, 2 * index + 2));
-        }
-        text.push_str(" END WHERE position IS NULL AND id IN (");
-        for index in 0..ids.len() {
-            if index > 0 {
-                text.push_str(", ");
-            }
-            text.push_str(&format!("${}", 2 * ids.len() + index + 1));
-        }
-        text.push(')');
-        let mut update = built_statement(text);
-        for (offset, id) in ids.iter().enumerate() {
-            let position = last + i64::try_from(offset).unwrap_or(i64::MAX) + 1;
-            update = update.bind(*id).bind(position);
-        }
-        for id in &ids {
-            update = update.bind(*id);
-        }
-        let numbered = update.execute(&mut *transaction).await?;
-        if numbered != ids.len() as u64 {
-            return Err(invariant(format!(
-                "the sequencer numbered {numbered} of {} rows it holds the lock for",
-                ids.len()
-            )));
         }
         let advanced = statement(
             "UPDATE outbox_relay SET through_position = $1 WHERE name = 'sequencer' AND through_position = $2",
         )
-        .bind(last + i64::try_from(ids.len()).unwrap_or(i64::MAX))
+        .bind(last + i64::try_from(numbered).unwrap_or(i64::MAX))
         .bind(last)
         .execute(&mut *transaction)
         .await?;
