@@ -238,3 +238,70 @@ async fn the_one_round_trip_batch_returns_a_position_at_or_past_its_own_commit_r
     assert_eq!(app.counters("TOKEN-4").await, (3, 2));
     app.assert_audit_clean().await;
 }
+
+/// The whole-batch function looks its keys up with a cached generic plan (migration
+/// 0020). Planned while `idempotency_record` holds a page of rows, that plan must still
+/// be the primary-key lookup, or a table grown to millions of rows would be read whole
+/// for every batch: PostgreSQL's own counters for this transaction show an index scan
+/// of the table and no sequential scan.
+#[tokio::test]
+async fn the_whole_batch_key_lookup_reads_the_primary_key_of_a_table_analyzed_small() {
+    if !Backend::Postgres.available().await {
+        return;
+    }
+    let app = TestApp::spawn(Backend::Postgres).await;
+    app.stocked_sku("PLAN-1", 5).await;
+    let RawConnection::Postgres(mut connection) = app.database.raw_connection().await else {
+        unreachable!("a PostgreSQL test database gives PostgreSQL connections")
+    };
+    sqlx::query("ANALYZE idempotency_record")
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let pages: i32 = sqlx::query_scalar(
+        "SELECT relpages FROM pg_class WHERE oid = 'idempotency_record'::regclass",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert!(pages <= 1, "the table is analyzed small: {pages} pages");
+
+    // The function itself, in a transaction this test rolls back: the counters of
+    // `pg_stat_xact_user_tables` are this transaction's alone, whatever the server's
+    // workers read meanwhile.
+    let now = app.clock_now();
+    let id = domain::ReservationId::generate(now, rand::random())
+        .as_str()
+        .to_owned();
+    let key = key("plan");
+    sqlx::query("BEGIN").execute(&mut connection).await.unwrap();
+    let answer: String = sqlx::query_scalar(
+        "SELECT stockd_reserve_whole_batch(ARRAY['ON_SHELF'], $1, \
+         ARRAY['PLAN-1'], ARRAY['default'], ARRAY[1]::BIGINT[], \
+         ARRAY[$2], ARRAY[$3], ARRAY[$4], ARRAY['default'], ARRAY[NULL]::TEXT[], \
+         ARRAY[$2], ARRAY[0]::BIGINT[], ARRAY['PLAN-1'], ARRAY['default'], ARRAY[1]::BIGINT[], \
+         ARRAY[$4], ARRAY[$4], ARRAY['fingerprint'], ARRAY[201]::BIGINT[], ARRAY['{}'])",
+    )
+    .bind(now.unix_milliseconds())
+    .bind(&id)
+    .bind(now.plus_seconds(900).unix_milliseconds())
+    .bind(&key)
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    assert_eq!(answer, "applied");
+    let (sequential, indexed): (i64, i64) = sqlx::query_as(
+        "SELECT seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_xact_user_tables \
+         WHERE relid = 'idempotency_record'::regclass",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .unwrap();
+    sqlx::query("ROLLBACK")
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(sequential, 0, "no sequential scan of idempotency_record");
+    assert!(indexed >= 1, "the key lookup is an index scan");
+    assert_eq!(app.counters("PLAN-1").await, (5, 0), "rolled back");
+}

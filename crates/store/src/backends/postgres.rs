@@ -373,6 +373,11 @@ impl Dialect for PgConnection {
             "whole_batch_position",
             include_str!("../../migrations/postgres/0019_whole_batch_position.sql"),
         ),
+        (
+            20,
+            "static_key_lookup",
+            include_str!("../../migrations/postgres/0020_static_key_lookup.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
