@@ -414,6 +414,28 @@ impl RawConnection {
 }
 
 impl TestDatabase {
+    /// A connection of its own to this PostgreSQL test database, in the test's schema,
+    /// for the PostgreSQL-only tests (plans, functions, the WAL).
+    pub async fn postgres_connection(&self) -> sqlx::PgConnection {
+        assert_eq!(
+            self.backend,
+            Backend::Postgres,
+            "a PostgreSQL test database"
+        );
+        let mut connection = sqlx::PgConnection::connect(&self.url)
+            .await
+            .expect("raw PostgreSQL connection");
+        let schema = self
+            .schema
+            .as_deref()
+            .expect("PostgreSQL tests use a schema");
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path TO {schema}")))
+            .execute(&mut connection)
+            .await
+            .expect("set search_path");
+        connection
+    }
+
     pub async fn raw_connection(&self) -> RawConnection {
         match self.backend {
             Backend::Sqlite => RawConnection::Sqlite(
@@ -421,20 +443,7 @@ impl TestDatabase {
                     .await
                     .expect("raw SQLite connection"),
             ),
-            Backend::Postgres => {
-                let mut connection = sqlx::PgConnection::connect(&self.url)
-                    .await
-                    .expect("raw PostgreSQL connection");
-                let schema = self
-                    .schema
-                    .as_deref()
-                    .expect("PostgreSQL tests use a schema");
-                sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path TO {schema}")))
-                    .execute(&mut connection)
-                    .await
-                    .expect("set search_path");
-                RawConnection::Postgres(connection)
-            }
+            Backend::Postgres => RawConnection::Postgres(self.postgres_connection().await),
             Backend::Mysql => RawConnection::Mysql(
                 sqlx::MySqlConnection::connect(&self.url)
                     .await

@@ -4,7 +4,7 @@
 //! malformed token is refused. Replicas themselves are tested on the local cluster
 //! (`crates/lab/tests/cluster.rs`).
 
-use acceptance::{Backend, Call, RawConnection, TestApp, mirrored_tests};
+use acceptance::{Backend, Call, TestApp, mirrored_tests};
 use domain::ConsistencyToken;
 use serde_json::json;
 
@@ -191,9 +191,7 @@ async fn the_one_round_trip_batch_returns_a_position_at_or_past_its_own_commit_r
     }
     let app = TestApp::spawn(Backend::Postgres).await;
     app.stocked_sku("TOKEN-4", 5).await;
-    let RawConnection::Postgres(mut connection) = app.database.raw_connection().await else {
-        unreachable!("a PostgreSQL test database gives PostgreSQL connections")
-    };
+    let mut connection = app.database.postgres_connection().await;
     // In `public`: the test's own schema is dropped with it, extensions are per database.
     sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")
         .execute(&mut connection)
@@ -251,9 +249,7 @@ async fn the_whole_batch_key_lookup_reads_the_primary_key_of_a_table_analyzed_sm
     }
     let app = TestApp::spawn(Backend::Postgres).await;
     app.stocked_sku("PLAN-1", 5).await;
-    let RawConnection::Postgres(mut connection) = app.database.raw_connection().await else {
-        unreachable!("a PostgreSQL test database gives PostgreSQL connections")
-    };
+    let mut connection = app.database.postgres_connection().await;
     sqlx::query("ANALYZE idempotency_record")
         .execute(&mut connection)
         .await

@@ -418,11 +418,7 @@ mod postgres_only {
         }
         let app = TestApp::spawn(Backend::Postgres).await;
         app.stocked_sku("TINY", 5).await;
-        let acceptance::RawConnection::Postgres(mut connection) =
-            app.database.raw_connection().await
-        else {
-            unreachable!("a PostgreSQL test database gives PostgreSQL connections")
-        };
+        let mut connection = app.database.postgres_connection().await;
         for statement in ["ANALYZE stock", "ANALYZE sku", "BEGIN"] {
             sqlx::query(statement)
                 .execute(&mut connection)
