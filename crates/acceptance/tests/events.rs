@@ -578,3 +578,76 @@ async fn the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input(backend
         );
     }
 }
+
+/// Migration 0021 takes `reservation.created` rows out of PostgreSQL's unique index on
+/// (aggregate, aggregate_id, sequence): the reservation writer announces a reservation
+/// once because it inserts the reservation under its primary key in the same statement,
+/// and every other event's number is still refused twice by the index.
+#[tokio::test]
+async fn a_reservation_is_announced_once_and_any_other_event_number_is_taken_once() {
+    if !Backend::Postgres.available().await {
+        return;
+    }
+    let app = TestApp::spawn(Backend::Postgres).await;
+    app.stocked_sku("TEA", 10).await;
+    let reservation = reservation_id(&app.reserve("announced-once", &[("TEA", 1)]).await);
+    let mut connection = app.database.postgres_connection().await;
+    assert_eq!(announcements(&mut connection, &reservation).await, 1);
+
+    // The writer of reservation rows, asked to write the same reservation again.
+    let now = app.clock_now().unix_milliseconds();
+    let again = sqlx::query(
+        "SELECT stockd_insert_reservation_rows($1, ARRAY[$2], ARRAY[$1 + 60000], \
+         ARRAY['again-key'], ARRAY['default'], ARRAY[NULL]::TEXT[], ARRAY[$2], \
+         ARRAY[0]::BIGINT[], ARRAY['TEA'], ARRAY['default'], ARRAY[1]::BIGINT[], \
+         ARRAY['again-key'], ARRAY[]::TEXT[], ARRAY[]::TEXT[], ARRAY[]::BIGINT[], \
+         ARRAY[]::TEXT[])",
+    )
+    .bind(now)
+    .bind(&reservation)
+    .execute(&mut connection)
+    .await
+    .expect_err("a reservation's id is written once");
+    let constraint = violated_constraint(&again);
+    assert_eq!(constraint.as_deref(), Some("reservation_pkey"), "{again}");
+    assert_eq!(
+        announcements(&mut connection, &reservation).await,
+        1,
+        "still announced once"
+    );
+
+    let order_event = "INSERT INTO outbox \
+                       (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
+                       VALUES ('order', 'ord_numbered_once', 1, 'order.created', 'default', '{}', 0)";
+    sqlx::query(order_event)
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let twice = sqlx::query(order_event)
+        .execute(&mut connection)
+        .await
+        .expect_err("an order's event number is taken once");
+    let constraint = violated_constraint(&twice);
+    assert_eq!(
+        constraint.as_deref(),
+        Some("outbox_aggregate_sequence"),
+        "{twice}"
+    );
+}
+
+async fn announcements(connection: &mut sqlx::PgConnection, reservation: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM outbox WHERE aggregate = 'reservation' \
+         AND aggregate_id = $1 AND event_type = 'reservation.created'",
+    )
+    .bind(reservation)
+    .fetch_one(connection)
+    .await
+    .unwrap()
+}
+
+fn violated_constraint(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(|error| error.constraint().map(str::to_owned))
+}

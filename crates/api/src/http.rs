@@ -3,7 +3,6 @@
 //! request may run, and the metrics token.
 
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -57,7 +56,7 @@ pub struct HttpLimits {
 }
 
 impl HttpLimits {
-    pub fn new(config: &HttpConfig) -> Arc<HttpLimits> {
+    pub fn new(config: &HttpConfig) -> HttpLimits {
         let per_second = config.rate_limit_requests_per_second;
         let rate = (per_second.is_finite() && per_second > 0.0)
             .then(|| Duration::from_secs_f64((1.0 / per_second).min(86_400.0)))
@@ -66,7 +65,7 @@ impl HttpLimits {
                 let burst = NonZeroU32::new(config.rate_limit_burst).unwrap_or(NonZeroU32::MIN);
                 RateLimiter::keyed(quota.allow_burst(burst))
             });
-        Arc::new(HttpLimits {
+        HttpLimits {
             rate,
             body_read_timeout: Duration::from_millis(config.body_read_timeout_milliseconds.max(1)),
             request_timeout: Duration::from_millis(config.request_timeout_milliseconds.max(1)),
@@ -75,7 +74,7 @@ impl HttpLimits {
                 .as_ref()
                 .filter(|token| !token.is_empty())
                 .map(|token| Sha256::digest(token.expose().as_bytes()).to_vec()),
-        })
+        }
     }
 
     /// Counts one request of the credential with this digest against its rate: 429

@@ -26,12 +26,17 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 pub use wire::HttpRenderer;
 
+/// What every handler and middleware reads. Cloned for each request by each layer that
+/// takes it, so it is one shared allocation: one reference count to move per clone, not
+/// one per field.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<SharedState>);
+
+pub struct SharedState {
     pub engine: Engine,
     /// Renders `/metrics`; `None` serves an empty page.
     pub metrics: Option<PrometheusHandle>,
-    pub http: Arc<http::HttpLimits>,
+    pub http: http::HttpLimits,
 }
 
 impl AppState {
@@ -40,11 +45,19 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
         config: &http::HttpConfig,
     ) -> AppState {
-        AppState {
+        AppState(Arc::new(SharedState {
             engine,
             metrics,
             http: http::HttpLimits::new(config),
-        }
+        }))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = SharedState;
+
+    fn deref(&self) -> &SharedState {
+        &self.0
     }
 }
 

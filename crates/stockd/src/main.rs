@@ -735,7 +735,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         ));
         engine::workers::spawn_relay(&engine, relay, &workers, &shutdown);
     }
-    spawn_rate_limit_sweeper(state.http.clone(), &workers, &shutdown);
+    spawn_rate_limit_sweeper(state.clone(), &workers, &shutdown);
     let grace = Duration::from_secs(arguments.shutdown_grace_seconds);
     let finished = api::server::serve_until(
         listener,
@@ -757,7 +757,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
 
 /// Forgets, once a minute, the rate of credentials that sent nothing lately.
 fn spawn_rate_limit_sweeper(
-    limits: Arc<api::http::HttpLimits>,
+    state: api::AppState,
     workers: &TaskTracker,
     shutdown: &CancellationToken,
 ) {
@@ -766,7 +766,7 @@ fn spawn_rate_limit_sweeper(
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(60)) => limits.forget_idle(),
+                () = tokio::time::sleep(Duration::from_secs(60)) => state.http.forget_idle(),
             }
         }
     });

@@ -378,6 +378,11 @@ impl Dialect for PgConnection {
             "static_key_lookup",
             include_str!("../../migrations/postgres/0020_static_key_lookup.sql"),
         ),
+        (
+            21,
+            "outbox_created_unindexed",
+            include_str!("../../migrations/postgres/0021_outbox_created_unindexed.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
