@@ -13,6 +13,7 @@ mirrored_tests!(
     confirming_or_releasing_an_order_held_reservation_is_refused_and_the_order_flow_still_works,
     two_principals_sending_the_same_key_at_once_get_two_independent_effects,
     a_shopper_never_passes_a_per_user_limit_however_many_requests_race,
+    many_shoppers_racing_at_once_each_get_their_limit_and_their_tallies_count_it,
     a_shopper_at_the_open_hold_bound_is_refused_until_a_hold_ends,
     a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
     a_principal_over_its_request_rate_is_answered_429_with_retry_after,
@@ -582,6 +583,65 @@ async fn a_shopper_never_passes_a_per_user_limit_however_many_requests_race(back
         .send(reservation_for("alice", "alice-over", "LIMITED", 1))
         .await;
     assert_eq!(over.code().as_deref(), Some("purchase_limit_exceeded"));
+    app.assert_audit_clean().await;
+}
+
+/// Many shoppers in the same batches: their tallies are read and written together (one
+/// statement each on PostgreSQL), new tallies and existing ones alike.
+async fn many_shoppers_racing_at_once_each_get_their_limit_and_their_tallies_count_it(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CROWD", 1_000).await;
+    set_per_user_limit(&app, "CROWD", json!(2)).await;
+    let shoppers: Vec<String> = (0..24).map(|index| format!("shopper-{index:02}")).collect();
+    // A third of them already hold one unit: their tallies exist before the race.
+    for shopper in shoppers.iter().step_by(3) {
+        let first = app
+            .send(reservation_for(
+                shopper,
+                &format!("{shopper}-early"),
+                "CROWD",
+                1,
+            ))
+            .await;
+        assert_eq!(first.status, 201, "{first:?}");
+    }
+
+    let calls = shoppers
+        .iter()
+        .flat_map(|shopper| {
+            (0..3).map(move |attempt| {
+                reservation_for(shopper, &format!("{shopper}-race-{attempt}"), "CROWD", 1)
+            })
+        })
+        .collect();
+    let responses = acceptance::send_concurrently(&app, calls).await;
+
+    for (index, shopper) in shoppers.iter().enumerate() {
+        let theirs = &responses[index * 3..index * 3 + 3];
+        let held_before = if index % 3 == 0 { 1 } else { 0 };
+        let accepted = theirs
+            .iter()
+            .filter(|response| response.status == 201)
+            .count();
+        assert_eq!(accepted, 2 - held_before, "{shopper}: {theirs:?}");
+        for refused in theirs.iter().filter(|response| response.status != 201) {
+            assert_eq!(refused.status, 409, "{refused:?}");
+            assert_eq!(refused.code().as_deref(), Some("purchase_limit_exceeded"));
+        }
+    }
+    let contents = app.contents().await;
+    for shopper in &shoppers {
+        let bought = acceptance::rows_where(&contents, "shopper_purchase", 1, shopper);
+        assert_eq!(bought.len(), 1, "{shopper}: {bought:?}");
+        assert_eq!(bought[0][2], "CROWD");
+        assert_eq!(bought[0][3], "2", "{shopper}: {bought:?}");
+        let holds = acceptance::rows_where(&contents, "shopper_hold", 1, shopper);
+        assert_eq!(holds.len(), 1, "{shopper}: {holds:?}");
+        assert_eq!(holds[0][2], "2", "{shopper}: {holds:?}");
+    }
+    assert_eq!(app.counters("CROWD").await, (1_000 - 48, 48));
     app.assert_audit_clean().await;
 }
 

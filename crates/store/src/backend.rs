@@ -27,7 +27,7 @@ use domain::{
 use crate::StoreLimits;
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, ReserveRequest, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey, WholeBatch};
 use crate::replicas::{ReadHandle, ReplicaHealth, Served};
 use crate::sql::{Connection, statement};
 
@@ -242,6 +242,97 @@ pub trait Dialect: Connection {
             .bind(quantity_max)
             .execute(self)
                 .await
+        }
+    }
+
+    /// Locks and reads the open-hold tallies of these shoppers, in the order given
+    /// (key order). A shopper without a tally has none in the answer. One statement per
+    /// shopper here; PostgreSQL reads them all in one.
+    fn lock_open_holds(
+        &mut self,
+        shoppers: &[ShopperKey],
+    ) -> impl Future<Output = Result<HashMap<ShopperKey, i64>, StoreError>> + Send {
+        async move {
+            let mut found = HashMap::with_capacity(shoppers.len());
+            for shopper in shoppers {
+                let holds: Option<i64> = statement(Self::SELECT_SHOPPER_HOLD_FOR_UPDATE)
+                    .bind(shopper.0.as_str())
+                    .bind(shopper.1.as_str())
+                    .fetch_optional_scalar(&mut *self)
+                    .await?;
+                if let Some(holds) = holds {
+                    found.insert(shopper.clone(), holds);
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    /// Locks and reads what these shoppers hold or bought of these SKUs, in the order
+    /// given (key order). A key without a tally has none in the answer. One statement
+    /// per key here; PostgreSQL reads them all in one.
+    fn lock_purchases(
+        &mut self,
+        purchases: &[PurchaseKey],
+    ) -> impl Future<Output = Result<HashMap<PurchaseKey, i64>, StoreError>> + Send {
+        async move {
+            let mut found = HashMap::with_capacity(purchases.len());
+            for purchase in purchases {
+                let quantity: Option<i64> = statement(Self::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
+                    .bind(purchase.0.as_str())
+                    .bind(purchase.1.as_str())
+                    .bind(purchase.2.as_str())
+                    .fetch_optional_scalar(&mut *self)
+                    .await?;
+                if let Some(quantity) = quantity {
+                    found.insert(purchase.clone(), quantity);
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    /// [`Dialect::add_open_holds`] for every shopper of `added`, in key order. Answers
+    /// the rows written: `added.len()` when none was refused. PostgreSQL writes them
+    /// all with one statement.
+    fn add_open_holds_of_all(
+        &mut self,
+        added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            let mut written = 0;
+            for ((shop, user), holds) in added {
+                written += self
+                    .add_open_holds(shop.as_str(), user.as_str(), *holds, open_holds_max)
+                    .await?;
+            }
+            Ok(written)
+        }
+    }
+
+    /// [`Dialect::add_purchase`] for every key of `added`, in key order. Answers the
+    /// rows written: `added.len()` when none was refused. PostgreSQL writes them all
+    /// with one statement.
+    fn add_purchases_of_all(
+        &mut self,
+        added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move {
+            let mut written = 0;
+            for ((shop, user, sku), quantity) in added {
+                written += self
+                    .add_purchase(
+                        shop.as_str(),
+                        user.as_str(),
+                        sku.as_str(),
+                        *quantity,
+                        quantity_max,
+                    )
+                    .await?;
+            }
+            Ok(written)
         }
     }
 

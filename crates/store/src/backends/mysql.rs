@@ -51,12 +51,13 @@ use sqlx::{MySql, MySqlConnection, MySqlPool, Row as _, TypeInfo, ValueRef};
 use crate::backend::{Backend, Dialect, FoundRecords, LockedStock, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey};
+use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey};
 use crate::sql::{
     Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
 };
 use crate::units::decode::{
-    LockedStockRow, SkuFactsRow, locked_stock_of, sku_facts_of, stored_response,
+    LockedStockRow, SkuFactsRow, TallyKey, locked_stock_of, sku_facts_of, stored_response,
+    tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -802,6 +803,36 @@ impl Dialect for MySqlConnection {
         locked_stock_of(found)
     }
 
+    /// All the shoppers' tallies in one statement, locked in primary-key order like
+    /// [`Dialect::lock_stock_rows`].
+    async fn lock_open_holds(
+        &mut self,
+        shoppers: &[ShopperKey],
+    ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
+        lock_tallies(
+            self,
+            "SELECT shop, user_id, open_holds FROM shopper_hold \
+             WHERE (shop, user_id) IN ({keys}) ORDER BY shop, user_id FOR UPDATE",
+            shoppers,
+        )
+        .await
+    }
+
+    /// All the shoppers' units of limited SKUs in one statement, locked in
+    /// primary-key order.
+    async fn lock_purchases(
+        &mut self,
+        purchases: &[PurchaseKey],
+    ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
+        lock_tallies(
+            self,
+            "SELECT shop, user_id, sku, quantity FROM shopper_purchase \
+             WHERE (shop, user_id, sku) IN ({keys}) ORDER BY shop, user_id, sku FOR UPDATE",
+            purchases,
+        )
+        .await
+    }
+
     async fn sku_facts(
         &mut self,
         skus: &[&SkuCode],
@@ -893,6 +924,34 @@ async fn counters_of(
         .bind(warehouse)
         .fetch_one_as(connection)
         .await
+}
+
+/// Runs a tally-locking `statement` whose `{keys}` becomes a row of placeholders per
+/// key and which answers the key columns, then the count.
+async fn lock_tallies<K: TallyKey>(
+    connection: &mut MySqlConnection,
+    statement: &str,
+    asked: &[K],
+) -> Result<HashMap<K, i64>, StoreError> {
+    let Some(width) = asked.first().map(|key| key.columns().len()) else {
+        return Ok(HashMap::new());
+    };
+    let row = format!("({})", vec!["?"; width].join(", "));
+    let mut locking =
+        built_statement(statement.replace("{keys}", &rows_from_template(asked.len(), &row)));
+    for key in asked {
+        for column in key.columns() {
+            locking = locking.bind(column);
+        }
+    }
+    let mut found = Vec::with_capacity(asked.len());
+    for row in locking.fetch_all_rows(connection).await? {
+        let key = (0..width)
+            .map(|column| row.try_get::<String, _>(column))
+            .collect::<Result<Vec<String>, StoreError>>()?;
+        found.push((key, row.try_get::<i64, _>(width)?));
+    }
+    tallies_of(asked, found)
 }
 
 /// `rows` copies of `template`, each `?` of it numbered on from the one before:

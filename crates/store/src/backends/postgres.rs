@@ -18,7 +18,7 @@ use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
 use crate::backends::replicas::{ReplicaSet, WriterPosition};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey, WholeBatch};
 use crate::replicas::{ReadHandle, ReplicaHealth, Served};
 use crate::sql::{Cell, Statement, Value, text_of};
 use crate::{StoreConfig, StoreLimits};
@@ -417,6 +417,36 @@ impl Dialect for PgConnection {
         bulk::existing_records(self, keys).await
     }
 
+    async fn lock_open_holds(
+        &mut self,
+        shoppers: &[ShopperKey],
+    ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
+        bulk::lock_open_holds(self, shoppers).await
+    }
+
+    async fn lock_purchases(
+        &mut self,
+        purchases: &[PurchaseKey],
+    ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
+        bulk::lock_purchases(self, purchases).await
+    }
+
+    async fn add_open_holds_of_all(
+        &mut self,
+        added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+    ) -> Result<u64, StoreError> {
+        bulk::add_open_holds_of_all(self, added, open_holds_max).await
+    }
+
+    async fn add_purchases_of_all(
+        &mut self,
+        added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<u64, StoreError> {
+        bulk::add_purchases_of_all(self, added, quantity_max).await
+    }
+
     async fn lock_stock_rows(
         &mut self,
         wanted: &[StockKey],
@@ -478,14 +508,15 @@ mod bulk {
     use sqlx::postgres::PgArguments;
 
     use crate::units::decode::{
-        LockedStockRow, SkuFactsRow, corrupt, locked_stock_of, sku_facts_of, stored_response,
+        LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of,
+        stored_response, tallies_of,
     };
 
     type Tx = sqlx::PgConnection;
     use crate::backend::NewReservation;
     use crate::error::StoreError;
     use crate::model::{IdempotencyClaim, StoredResponse};
-    use crate::plan::{BatchWritten, SkuFacts, StockKey, WholeBatch};
+    use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey, WholeBatch};
 
     pub async fn existing_records(
         transaction: &mut Tx,
@@ -549,6 +580,139 @@ mod bulk {
             .await
             .map_err(|error| described.explain(error))?;
         locked_stock_of(found)
+    }
+
+    /// The shoppers' open-hold tallies, locked in byte order of (shop, user) — the
+    /// order the Rust code sorts keys in, which every writer of tallies follows.
+    pub async fn lock_open_holds(
+        transaction: &mut Tx,
+        shoppers: &[ShopperKey],
+    ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
+        lock_tallies(
+            transaction,
+            "SELECT tally.shop, tally.user_id, tally.open_holds FROM shopper_hold AS tally \
+             JOIN UNNEST($1::text[], $2::text[]) AS wanted (shop, user_id) \
+             ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id \
+             ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\" FOR UPDATE OF tally",
+            shoppers,
+        )
+        .await
+    }
+
+    /// What the shoppers hold or bought of limited SKUs, locked in byte order of
+    /// (shop, user, sku).
+    pub async fn lock_purchases(
+        transaction: &mut Tx,
+        purchases: &[PurchaseKey],
+    ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
+        lock_tallies(
+            transaction,
+            "SELECT tally.shop, tally.user_id, tally.sku, tally.quantity FROM shopper_purchase AS tally \
+             JOIN UNNEST($1::text[], $2::text[], $3::text[]) AS wanted (shop, user_id, sku) \
+             ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id AND tally.sku = wanted.sku \
+             ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\", tally.sku COLLATE \"C\" \
+             FOR UPDATE OF tally",
+            purchases,
+        )
+        .await
+    }
+
+    /// Runs a tally-locking `statement` that takes one text array per key column and
+    /// answers the key columns, then the count. Unprepared: the tally tables grow with
+    /// every new shopper (see the module's note).
+    async fn lock_tallies<K: TallyKey>(
+        transaction: &mut Tx,
+        statement: &'static str,
+        asked: &[K],
+    ) -> Result<HashMap<K, i64>, StoreError> {
+        let Some(width) = asked.first().map(|key| key.columns().len()) else {
+            return Ok(HashMap::new());
+        };
+        let mut query = sqlx::query(statement);
+        for column in 0..width {
+            let values: Vec<&str> = asked.iter().map(|key| key.columns()[column]).collect();
+            query = query.bind(values);
+        }
+        let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let key = (0..width)
+                .map(|column| row.try_get::<String, _>(column))
+                .collect::<Result<Vec<String>, sqlx::Error>>()?;
+            found.push((key, row.try_get::<i64, _>(width)?));
+        }
+        tallies_of(asked, found)
+    }
+
+    /// Every shopper's new open holds in one statement, inserted in key order (the
+    /// `BTreeMap`'s), each under the same bound as `Dialect::add_open_holds` — a new
+    /// tally too, which that statement leaves to the planner. Answers the rows written.
+    pub async fn add_open_holds_of_all(
+        transaction: &mut Tx,
+        added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let shops: Vec<&str> = added.keys().map(|key| key.0.as_str()).collect();
+        let users: Vec<&str> = added.keys().map(|key| key.1.as_str()).collect();
+        let holds: Vec<i64> = added.values().copied().collect();
+        let done = sqlx::query(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
+             SELECT added.shop, added.user_id, added.holds \
+             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS added (shop, user_id, holds, ordinal) \
+             WHERE added.holds <= $4 ORDER BY added.ordinal \
+             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+             WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
+        )
+        .bind(shops)
+        .bind(users)
+        .bind(holds)
+        .bind(open_holds_max)
+        .execute(&mut *transaction)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Every key's new units in one statement, in key order, each under the bound of
+    /// `Dialect::add_purchase` (the SKU's or the campaign's per-user limit, else
+    /// `quantity_max`). Answers the rows written.
+    pub async fn add_purchases_of_all(
+        transaction: &mut Tx,
+        added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let shops: Vec<&str> = added.keys().map(|key| key.0.as_str()).collect();
+        let users: Vec<&str> = added.keys().map(|key| key.1.as_str()).collect();
+        let skus: Vec<&str> = added.keys().map(|key| key.2.as_str()).collect();
+        let quantities: Vec<i64> = added.values().copied().collect();
+        let done = sqlx::query(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT added.shop, added.user_id, added.sku, added.quantity \
+             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY \
+                 AS added (shop, user_id, sku, quantity, ordinal) \
+             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+             AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $5) \
+             ORDER BY added.ordinal \
+             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+             WHERE shopper_purchase.quantity + excluded.quantity <= \
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $5)",
+        )
+        .bind(shops)
+        .bind(users)
+        .bind(skus)
+        .bind(quantities)
+        .bind(quantity_max)
+        .execute(&mut *transaction)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     pub async fn sku_facts(

@@ -22,10 +22,11 @@ use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
-use crate::plan::{BatchWritten, SkuFacts, StockKey};
+use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey};
 use crate::sql::{Cell, Statement, Value, text_of};
 use crate::units::decode::{
-    LockedStockRow, SkuFactsRow, corrupt, locked_stock_of, sku_facts_of, stored_response,
+    LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of, stored_response,
+    tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -189,6 +190,32 @@ crate::sql::connection_as_written!(SqliteConnection, query_of, cell);
 
 fn rows(values: Vec<serde_json::Value>) -> String {
     serde_json::Value::Array(values).to_string()
+}
+
+/// Runs a tally-reading `statement` that takes the keys as one JSON parameter (an array
+/// of their key columns each) and answers the key columns, then the count.
+async fn read_tallies<K: TallyKey>(
+    connection: &mut SqliteConnection,
+    statement: &'static str,
+    asked: &[K],
+) -> Result<HashMap<K, i64>, StoreError> {
+    if asked.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let parameter = rows(asked.iter().map(|key| json!(key.columns())).collect());
+    let rows = sqlx::query(statement)
+        .bind(parameter)
+        .fetch_all(&mut *connection)
+        .await?;
+    let mut found = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let width = row.len() - 1;
+        let key = (0..width)
+            .map(|column| row.try_get::<String, _>(column))
+            .collect::<Result<Vec<String>, sqlx::Error>>()?;
+        found.push((key, row.try_get::<i64, _>(width)?));
+    }
+    tallies_of(asked, found)
 }
 
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
@@ -370,6 +397,105 @@ impl Dialect for SqliteConnection {
         .fetch_all(&mut *self)
         .await?;
         locked_stock_of(found)
+    }
+
+    /// All the shoppers' tallies in one statement (the write lock is held already).
+    async fn lock_open_holds(
+        &mut self,
+        shoppers: &[ShopperKey],
+    ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
+        read_tallies(
+            self,
+            "SELECT shop, user_id, open_holds FROM shopper_hold \
+             WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+            shoppers,
+        )
+        .await
+    }
+
+    /// All the shoppers' units of limited SKUs in one statement.
+    async fn lock_purchases(
+        &mut self,
+        purchases: &[PurchaseKey],
+    ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
+        read_tallies(
+            self,
+            "SELECT shop, user_id, sku, quantity FROM shopper_purchase \
+             WHERE (shop, user_id, sku) IN \
+             (SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1))",
+            purchases,
+        )
+        .await
+    }
+
+    /// Every shopper's new open holds in one statement, each under the bound of
+    /// `Dialect::add_open_holds` (a new tally too). Answers the rows written.
+    async fn add_open_holds_of_all(
+        &mut self,
+        added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let parameter = rows(
+            added
+                .iter()
+                .map(|((shop, user), holds)| json!([shop.as_str(), user.as_str(), holds]))
+                .collect(),
+        );
+        // `WHERE` before `ON CONFLICT`: without it SQLite reads `ON` as a join's.
+        let done = sqlx::query(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
+             SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1) \
+             WHERE value ->> 2 <= $2 \
+             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+             WHERE shopper_hold.open_holds + excluded.open_holds <= $2",
+        )
+        .bind(parameter)
+        .bind(open_holds_max)
+        .execute(&mut *self)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Every key's new units in one statement, each under the bound of
+    /// `Dialect::add_purchase`. Answers the rows written.
+    async fn add_purchases_of_all(
+        &mut self,
+        added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let parameter = rows(
+            added
+                .iter()
+                .map(|((shop, user, sku), quantity)| {
+                    json!([shop.as_str(), user.as_str(), sku.as_str(), quantity])
+                })
+                .collect(),
+        );
+        let done = sqlx::query(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT added.shop, added.user_id, added.sku, added.quantity \
+             FROM (SELECT value ->> 0 AS shop, value ->> 1 AS user_id, value ->> 2 AS sku, \
+                   value ->> 3 AS quantity FROM json_each($1)) AS added \
+             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+             AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $2) \
+             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+             WHERE shopper_purchase.quantity + excluded.quantity <= \
+             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
+                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $2)",
+        )
+        .bind(parameter)
+        .bind(quantity_max)
+        .execute(&mut *self)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     async fn sku_facts(

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::backend::LockedStock;
 use crate::error::StoreError;
 use crate::model::StoredResponse;
-use crate::plan::SkuFacts;
+use crate::plan::{PurchaseKey, ShopperKey, SkuFacts};
 use crate::sql::Row;
 use domain::{Currency, PriceMinor, SaleStatus, ShopCode, SkuCode, WarehouseCode};
 
@@ -29,6 +29,42 @@ pub(crate) fn expect_one_row(rows_affected: u64, what: &str) -> Result<(), Store
             "{what}: expected 1 row, changed {rows_affected}"
         )))
     }
+}
+
+/// A shopper's tally key (`shopper_hold`'s or `shopper_purchase`'s), as the text of its
+/// key columns in the table's order.
+pub(crate) trait TallyKey: Clone + Eq + std::hash::Hash {
+    fn columns(&self) -> Vec<&str>;
+}
+
+impl TallyKey for ShopperKey {
+    fn columns(&self) -> Vec<&str> {
+        vec![self.0.as_str(), self.1.as_str()]
+    }
+}
+
+impl TallyKey for PurchaseKey {
+    fn columns(&self) -> Vec<&str> {
+        vec![self.0.as_str(), self.1.as_str(), self.2.as_str()]
+    }
+}
+
+/// Tally rows read back (their key columns as text, then the count), matched to the
+/// keys asked for. A row of a key nobody asked for means the statement is wrong.
+pub(crate) fn tallies_of<K: TallyKey>(
+    asked: &[K],
+    found: Vec<(Vec<String>, i64)>,
+) -> Result<HashMap<K, i64>, StoreError> {
+    let wanted: HashMap<Vec<&str>, &K> = asked.iter().map(|key| (key.columns(), key)).collect();
+    let mut tallies = HashMap::with_capacity(found.len());
+    for (columns, count) in found {
+        let text: Vec<&str> = columns.iter().map(String::as_str).collect();
+        let key = wanted.get(&text).ok_or_else(|| {
+            invariant(format!("a tally of ({}) nobody asked for", text.join(", ")))
+        })?;
+        tallies.insert((*key).clone(), count);
+    }
+    Ok(tallies)
 }
 
 /// A SKU's facts as the reserving transaction reads them with its stock rows.

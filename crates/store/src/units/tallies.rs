@@ -67,24 +67,15 @@ pub(crate) async fn read_tallies<C: Dialect>(
         open_holds_max,
         ..Tallies::default()
     };
-    for (shop, user) in shoppers {
-        let holds: Option<i64> = statement(C::SELECT_SHOPPER_HOLD_FOR_UPDATE)
-            .bind(shop.as_str())
-            .bind(user.as_str())
-            .fetch_optional_scalar(&mut *transaction)
-            .await?;
-        tallies.open_holds.insert((shop, user), holds.unwrap_or(0));
+    let holds = transaction.lock_open_holds(&shoppers).await?;
+    for shopper in shoppers {
+        let open = holds.get(&shopper).copied().unwrap_or(0);
+        tallies.open_holds.insert(shopper, open);
     }
-    for (shop, user, sku) in purchases {
-        let quantity: Option<i64> = statement(C::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
-            .bind(shop.as_str())
-            .bind(user.as_str())
-            .bind(sku.as_str())
-            .fetch_optional_scalar(&mut *transaction)
-            .await?;
-        tallies
-            .purchased
-            .insert((shop, user, sku), quantity.unwrap_or(0));
+    let bought = transaction.lock_purchases(&purchases).await?;
+    for purchase in purchases {
+        let quantity = bought.get(&purchase).copied().unwrap_or(0);
+        tallies.purchased.insert(purchase, quantity);
     }
     Ok(tallies)
 }
@@ -99,31 +90,25 @@ pub(crate) async fn add_to_tallies<C: Dialect>(
     purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
     open_holds_max: i64,
 ) -> Result<(), StoreError> {
-    for ((shop, user), added) in holds_added {
-        let written = transaction
-            .add_open_holds(shop.as_str(), user.as_str(), *added, open_holds_max)
-            .await?;
-        if written != 1 {
-            return Err(StoreError::Retryable(format!(
-                "the open holds of user '{user}' changed since they were read"
-            )));
-        }
+    let expected = holds_added.len() as u64;
+    let written = transaction
+        .add_open_holds_of_all(holds_added, open_holds_max)
+        .await?;
+    if written != expected {
+        return Err(StoreError::Retryable(format!(
+            "the open holds of {} of {expected} shoppers changed since they were read",
+            expected.saturating_sub(written)
+        )));
     }
-    for ((shop, user, sku), added) in purchases_added {
-        let written = transaction
-            .add_purchase(
-                shop.as_str(),
-                user.as_str(),
-                sku.as_str(),
-                *added,
-                STOCK_ON_HAND_MAX,
-            )
-            .await?;
-        if written != 1 {
-            return Err(StoreError::Retryable(format!(
-                "what user '{user}' holds of sku '{sku}' changed since it was read"
-            )));
-        }
+    let expected = purchases_added.len() as u64;
+    let written = transaction
+        .add_purchases_of_all(purchases_added, STOCK_ON_HAND_MAX)
+        .await?;
+    if written != expected {
+        return Err(StoreError::Retryable(format!(
+            "what {} of {expected} shoppers hold of a limited sku changed since it was read",
+            expected.saturating_sub(written)
+        )));
     }
     Ok(())
 }
