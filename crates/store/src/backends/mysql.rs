@@ -649,6 +649,100 @@ impl Dialect for MySqlConnection {
         .await
     }
 
+    /// Two statements for all the shoppers, where [`Dialect::add_open_holds`] takes up
+    /// to two for each: the tallies that exist grow by one conditional `UPDATE … JOIN`,
+    /// the ones that do not are created by one `INSERT … SELECT`. A tally the update
+    /// refused is not inserted, and one another process inserted meanwhile makes the
+    /// insert write nothing: either way fewer rows than keys, and the caller retries.
+    async fn add_open_holds_of_all(
+        &mut self,
+        added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let keys = union_of_rows(added.len(), &["shop", "user_id", "holds"]);
+        let bound = format!("${}", added.len() * 3 + 1);
+        let bind_all = |mut statement: Statement<'static>| {
+            for ((shop, user), holds) in added {
+                statement = statement
+                    .bind(shop.as_str().to_owned())
+                    .bind(user.as_str().to_owned())
+                    .bind(*holds);
+            }
+            statement.bind(open_holds_max)
+        };
+        let updated = bind_all(built_statement(format!(
+            "UPDATE shopper_hold JOIN ({keys}) AS added \
+             ON shopper_hold.shop = added.shop AND shopper_hold.user_id = added.user_id \
+             SET shopper_hold.open_holds = shopper_hold.open_holds + added.holds \
+             WHERE shopper_hold.open_holds + added.holds <= {bound}"
+        )))
+        .execute(&mut *self)
+        .await?;
+        let inserted = bind_all(built_statement(format!(
+            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
+             SELECT added.shop, added.user_id, added.holds FROM ({keys}) AS added \
+             WHERE added.holds <= {bound} AND NOT EXISTS (SELECT 1 FROM shopper_hold AS tally \
+                 WHERE tally.shop = added.shop AND tally.user_id = added.user_id) \
+             ON CONFLICT (shop, user_id) DO NOTHING"
+        )))
+        .execute(&mut *self)
+        .await?;
+        Ok(updated + inserted)
+    }
+
+    /// Two statements for all the keys, as [`Self::add_open_holds_of_all`] does, each
+    /// under the bound of [`Dialect::add_purchase`].
+    async fn add_purchases_of_all(
+        &mut self,
+        added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<u64, StoreError> {
+        if added.is_empty() {
+            return Ok(0);
+        }
+        let keys = union_of_rows(added.len(), &["shop", "user_id", "sku", "quantity"]);
+        let limit = format!(
+            "COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+             (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), ${})",
+            added.len() * 4 + 1
+        );
+        let bind_all = |mut statement: Statement<'static>| {
+            for ((shop, user, sku), quantity) in added {
+                statement = statement
+                    .bind(shop.as_str().to_owned())
+                    .bind(user.as_str().to_owned())
+                    .bind(sku.as_str().to_owned())
+                    .bind(*quantity);
+            }
+            statement.bind(quantity_max)
+        };
+        let updated = bind_all(built_statement(format!(
+            "UPDATE shopper_purchase JOIN ({keys}) AS added \
+             ON shopper_purchase.shop = added.shop AND shopper_purchase.user_id = added.user_id \
+             AND shopper_purchase.sku = added.sku \
+             SET shopper_purchase.quantity = shopper_purchase.quantity + added.quantity \
+             WHERE shopper_purchase.quantity + added.quantity <= {limit}"
+        )))
+        .execute(&mut *self)
+        .await?;
+        let inserted = bind_all(built_statement(format!(
+            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+             SELECT added.shop, added.user_id, added.sku, added.quantity FROM ({keys}) AS added \
+             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+             AND added.quantity <= {limit} \
+             AND NOT EXISTS (SELECT 1 FROM shopper_purchase AS tally WHERE tally.shop = added.shop \
+                 AND tally.user_id = added.user_id AND tally.sku = added.sku) \
+             ON CONFLICT (shop, user_id, sku) DO NOTHING"
+        )))
+        .execute(&mut *self)
+        .await?;
+        Ok(updated + inserted)
+    }
+
     async fn receive_stock(
         &mut self,
         sku: &str,
@@ -954,6 +1048,31 @@ async fn lock_tallies<K: TallyKey>(
     tallies_of(asked, found)
 }
 
+/// A derived table of `rows` rows of placeholders, numbered on across them, its
+/// columns named in the first: `union_of_rows(2, &["a", "b"])` is
+/// `SELECT $1 AS a, $2 AS b UNION ALL SELECT $3, $4`.
+fn union_of_rows(rows: usize, columns: &[&str]) -> String {
+    let mut number = 0;
+    (0..rows)
+        .map(|row| {
+            let cells = columns
+                .iter()
+                .map(|column| {
+                    number += 1;
+                    if row == 0 {
+                        format!("${number} AS {column}")
+                    } else {
+                        format!("${number}")
+                    }
+                })
+                .collect::<Vec<String>>()
+                .join(", ");
+            format!("SELECT {cells}")
+        })
+        .collect::<Vec<String>>()
+        .join(" UNION ALL ")
+}
+
 /// `rows` copies of `template`, each `?` of it numbered on from the one before:
 /// `rows_from_template(2, "(?, 'x', ?)")` is `($1, 'x', $2), ($3, 'x', $4)`.
 fn rows_from_template(rows: usize, template: &str) -> String {
@@ -1115,6 +1234,14 @@ mod tests {
         assert_eq!(
             rows_from_template(2, "(?, 'x', ?)"),
             "($1, 'x', $2), ($3, 'x', $4)"
+        );
+    }
+
+    #[test]
+    fn a_union_of_rows_names_its_columns_once_and_numbers_its_placeholders_on() {
+        assert_eq!(
+            union_of_rows(3, &["a", "b"]),
+            "SELECT $1 AS a, $2 AS b UNION ALL SELECT $3, $4 UNION ALL SELECT $5, $6"
         );
     }
 }
