@@ -88,10 +88,6 @@ pub type LockedStock = (BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>);
 pub trait Dialect: Connection {
     /// A reservation's row, locked until the commit where the database has row locks.
     const SELECT_RESERVATION_FOR_UPDATE: &'static str;
-    /// A shopper's open-holds tally, locked.
-    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str;
-    /// A shopper's purchases of one SKU, locked.
-    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str;
     /// Open reservations past their hold, skipping those another worker holds.
     const CLAIM_EXPIRED_RESERVATIONS: &'static str;
     /// The audit's join of every reservation line with its ledger rows.
@@ -187,154 +183,41 @@ pub trait Dialect: Connection {
         }
     }
 
-    /// Adds `added` open holds to a shopper's tally (creating it) unless that would pass
-    /// `open_holds_max`. Answers the rows written: 1, or 0 when refused.
-    fn add_open_holds(
-        &mut self,
-        shop: &str,
-        user: &str,
-        added: i64,
-        open_holds_max: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        async move {
-            statement(
-                "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
-                 ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
-                 WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
-            )
-            .bind(shop)
-            .bind(user)
-            .bind(added)
-            .bind(open_holds_max)
-            .execute(self)
-                .await
-        }
-    }
-
-    /// Adds `added` units to what a shopper bought of a SKU (creating the row) unless
-    /// that would pass the SKU's per-user limit (or `quantity_max` without one).
-    /// Answers the rows written: 1, or 0 when refused.
-    fn add_purchase(
-        &mut self,
-        shop: &str,
-        user: &str,
-        sku: &str,
-        added: i64,
-        quantity_max: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        async move {
-            statement(
-                "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-                 SELECT $1, $2, $3, $4 FROM (SELECT 1 AS one) AS base \
-                 WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = $3) \
-                        OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = $3)) \
-                 AND $4 <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
-                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5) \
-                 ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
-                 WHERE shopper_purchase.quantity + excluded.quantity <= \
-                 COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
-                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $5)",
-            )
-            .bind(shop)
-            .bind(user)
-            .bind(sku)
-            .bind(added)
-            .bind(quantity_max)
-            .execute(self)
-                .await
-        }
-    }
-
-    /// Locks and reads the open-hold tallies of these shoppers, in the order given
-    /// (key order). A shopper without a tally has none in the answer. One statement per
-    /// shopper here; PostgreSQL reads them all in one.
+    /// Locks (where the database has row locks) and reads the open-hold tallies of
+    /// these shoppers, in the order given (key order), with as few statements as the
+    /// backend can: a batch's shoppers are read under its stock rows' locks. A shopper
+    /// without a tally has none in the answer.
     fn lock_open_holds(
         &mut self,
         shoppers: &[ShopperKey],
-    ) -> impl Future<Output = Result<HashMap<ShopperKey, i64>, StoreError>> + Send {
-        async move {
-            let mut found = HashMap::with_capacity(shoppers.len());
-            for shopper in shoppers {
-                let holds: Option<i64> = statement(Self::SELECT_SHOPPER_HOLD_FOR_UPDATE)
-                    .bind(shopper.0.as_str())
-                    .bind(shopper.1.as_str())
-                    .fetch_optional_scalar(&mut *self)
-                    .await?;
-                if let Some(holds) = holds {
-                    found.insert(shopper.clone(), holds);
-                }
-            }
-            Ok(found)
-        }
-    }
+    ) -> impl Future<Output = Result<HashMap<ShopperKey, i64>, StoreError>> + Send;
 
-    /// Locks and reads what these shoppers hold or bought of these SKUs, in the order
-    /// given (key order). A key without a tally has none in the answer. One statement
-    /// per key here; PostgreSQL reads them all in one.
+    /// Locks and reads what these shoppers hold or bought of these SKUs (a campaign's
+    /// units under its tally SKU), like [`Dialect::lock_open_holds`].
     fn lock_purchases(
         &mut self,
         purchases: &[PurchaseKey],
-    ) -> impl Future<Output = Result<HashMap<PurchaseKey, i64>, StoreError>> + Send {
-        async move {
-            let mut found = HashMap::with_capacity(purchases.len());
-            for purchase in purchases {
-                let quantity: Option<i64> = statement(Self::SELECT_SHOPPER_PURCHASE_FOR_UPDATE)
-                    .bind(purchase.0.as_str())
-                    .bind(purchase.1.as_str())
-                    .bind(purchase.2.as_str())
-                    .fetch_optional_scalar(&mut *self)
-                    .await?;
-                if let Some(quantity) = quantity {
-                    found.insert(purchase.clone(), quantity);
-                }
-            }
-            Ok(found)
-        }
-    }
+    ) -> impl Future<Output = Result<HashMap<PurchaseKey, i64>, StoreError>> + Send;
 
-    /// [`Dialect::add_open_holds`] for every shopper of `added`, in key order. Answers
-    /// the rows written: `added.len()` when none was refused. PostgreSQL writes them
-    /// all with one statement.
+    /// Adds each shopper's new open holds to its tally (creating it), in key order,
+    /// unless that would pass `open_holds_max`. Answers the rows written: `added.len()`
+    /// when none was refused.
     fn add_open_holds_of_all(
         &mut self,
         added: &BTreeMap<ShopperKey, i64>,
         open_holds_max: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        async move {
-            let mut written = 0;
-            for ((shop, user), holds) in added {
-                written += self
-                    .add_open_holds(shop.as_str(), user.as_str(), *holds, open_holds_max)
-                    .await?;
-            }
-            Ok(written)
-        }
-    }
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// [`Dialect::add_purchase`] for every key of `added`, in key order. Answers the
-    /// rows written: `added.len()` when none was refused. PostgreSQL writes them all
-    /// with one statement.
+    /// Adds each key's new units to what the shopper bought of the SKU (creating the
+    /// row), in key order, unless that would pass the SKU's per-user limit, or the
+    /// campaign's for a campaign's tally SKU (`quantity_max` without either); a key
+    /// of no SKU or campaign is not written. Answers the rows written: `added.len()`
+    /// when none was refused.
     fn add_purchases_of_all(
         &mut self,
         added: &BTreeMap<PurchaseKey, i64>,
         quantity_max: i64,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        async move {
-            let mut written = 0;
-            for ((shop, user, sku), quantity) in added {
-                written += self
-                    .add_purchase(
-                        shop.as_str(),
-                        user.as_str(),
-                        sku.as_str(),
-                        *quantity,
-                        quantity_max,
-                    )
-                    .await?;
-            }
-            Ok(written)
-        }
-    }
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Adds `received` (> 0) units to a stock row's `available` (creating the row)
     /// unless its on-hand count would pass `on_hand_max`. Answers the row's

@@ -430,10 +430,6 @@ fn list_of_placeholders(count: usize) -> String {
 /// workers claim distinct rows (see the module's header for everything else).
 impl Dialect for MySqlConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
-    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
-        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
-    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str = "SELECT quantity FROM shopper_purchase \
-         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
     const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
          ORDER BY expires_at, id LIMIT $2 \
@@ -574,83 +570,7 @@ impl Dialect for MySqlConnection {
         .await
     }
 
-    async fn add_open_holds(
-        &mut self,
-        shop: &str,
-        user: &str,
-        added: i64,
-        open_holds_max: i64,
-    ) -> Result<u64, StoreError> {
-        let updated = statement(
-            "UPDATE shopper_hold SET open_holds = open_holds + $3 \
-             WHERE shop = $1 AND user_id = $2 AND open_holds + $3 <= $4",
-        )
-        .bind(shop)
-        .bind(user)
-        .bind(added)
-        .bind(open_holds_max)
-        .execute(&mut *self)
-        .await?;
-        if updated == 1 || added > open_holds_max {
-            return Ok(updated);
-        }
-        // No row, or a row the guard refused: the insert finds out (a duplicate key
-        // writes nothing).
-        statement(
-            "INSERT INTO shopper_hold (shop, user_id, open_holds) VALUES ($1, $2, $3) \
-             ON CONFLICT (shop, user_id) DO NOTHING",
-        )
-        .bind(shop)
-        .bind(user)
-        .bind(added)
-        .execute(&mut *self)
-        .await
-    }
-
-    async fn add_purchase(
-        &mut self,
-        shop: &str,
-        user: &str,
-        sku: &str,
-        added: i64,
-        quantity_max: i64,
-    ) -> Result<u64, StoreError> {
-        let updated = statement(
-            "UPDATE shopper_purchase SET quantity = quantity + $4 \
-             WHERE shop = $1 AND user_id = $2 AND sku = $3 AND quantity + $4 <= \
-             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5)",
-        )
-        .bind(shop)
-        .bind(user)
-        .bind(sku)
-        .bind(added)
-        .bind(quantity_max)
-        .execute(&mut *self)
-        .await?;
-        if updated == 1 {
-            return Ok(updated);
-        }
-        statement(
-            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT $1, $2, $3, $4 FROM (SELECT 1 AS one) AS base \
-             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = $3) \
-                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = $3)) \
-             AND $4 <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = $3), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = $3), $5) \
-             ON CONFLICT (shop, user_id, sku) DO NOTHING",
-        )
-        .bind(shop)
-        .bind(user)
-        .bind(sku)
-        .bind(added)
-        .bind(quantity_max)
-        .execute(&mut *self)
-        .await
-    }
-
-    /// Two statements for all the shoppers, where [`Dialect::add_open_holds`] takes up
-    /// to two for each: the tallies that exist grow by one conditional `UPDATE … JOIN`,
+    /// Two statements for all the shoppers: the tallies that exist grow by one conditional `UPDATE … JOIN`,
     /// the ones that do not are created by one `INSERT … SELECT`. A tally the update
     /// refused is not inserted, and one another process inserted meanwhile makes the
     /// insert write nothing: either way fewer rows than keys, and the caller retries.
@@ -694,7 +614,7 @@ impl Dialect for MySqlConnection {
     }
 
     /// Two statements for all the keys, as [`Self::add_open_holds_of_all`] does, each
-    /// under the bound of [`Dialect::add_purchase`].
+    /// under the bounds of [`Dialect::add_purchases_of_all`].
     async fn add_purchases_of_all(
         &mut self,
         added: &BTreeMap<PurchaseKey, i64>,

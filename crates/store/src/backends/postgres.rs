@@ -216,11 +216,6 @@ crate::sql::connection_as_written!(PgConnection, query_of, cell);
 /// workers claim distinct rows; a reservation batch's rows travel as arrays.
 impl Dialect for PgConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
-    /// Tallies are locked after the stock rows, in key order, by every writer.
-    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
-        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2 FOR UPDATE";
-    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str = "SELECT quantity FROM shopper_purchase \
-         WHERE shop = $1 AND user_id = $2 AND sku = $3 FOR UPDATE";
     /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
     const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
@@ -645,8 +640,8 @@ mod bulk {
     }
 
     /// Every shopper's new open holds in one statement, inserted in key order (the
-    /// `BTreeMap`'s), each under the same bound as `Dialect::add_open_holds` — a new
-    /// tally too, which that statement leaves to the planner. Answers the rows written.
+    /// `BTreeMap`'s), each under the bound of `Dialect::add_open_holds_of_all`, a new tally
+    /// too. Answers the rows written.
     pub async fn add_open_holds_of_all(
         transaction: &mut Tx,
         added: &BTreeMap<ShopperKey, i64>,
@@ -676,7 +671,7 @@ mod bulk {
     }
 
     /// Every key's new units in one statement, in key order, each under the bound of
-    /// `Dialect::add_purchase` (the SKU's or the campaign's per-user limit, else
+    /// `Dialect::add_purchases_of_all` (the SKU's or the campaign's per-user limit, else
     /// `quantity_max`). Answers the rows written.
     pub async fn add_purchases_of_all(
         transaction: &mut Tx,

@@ -226,10 +226,6 @@ async fn read_tallies<K: TallyKey>(
 impl Dialect for SqliteConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str =
         "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
-    const SELECT_SHOPPER_HOLD_FOR_UPDATE: &'static str =
-        "SELECT open_holds FROM shopper_hold WHERE shop = $1 AND user_id = $2";
-    const SELECT_SHOPPER_PURCHASE_FOR_UPDATE: &'static str =
-        "SELECT quantity FROM shopper_purchase WHERE shop = $1 AND user_id = $2 AND sku = $3";
     const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
          ORDER BY expires_at, id LIMIT $2";
@@ -429,7 +425,7 @@ impl Dialect for SqliteConnection {
     }
 
     /// Every shopper's new open holds in one statement, each under the bound of
-    /// `Dialect::add_open_holds` (a new tally too). Answers the rows written.
+    /// `Dialect::add_open_holds_of_all` (a new tally too). Answers the rows written.
     async fn add_open_holds_of_all(
         &mut self,
         added: &BTreeMap<ShopperKey, i64>,
@@ -460,7 +456,7 @@ impl Dialect for SqliteConnection {
     }
 
     /// Every key's new units in one statement, each under the bound of
-    /// `Dialect::add_purchase`. Answers the rows written.
+    /// `Dialect::add_purchases_of_all`. Answers the rows written.
     async fn add_purchases_of_all(
         &mut self,
         added: &BTreeMap<PurchaseKey, i64>,
