@@ -68,6 +68,77 @@ pub mod schemas {
         format!("^{prefix}[0-9a-f]{{28}}$")
     }
 
+    /// The characters a code may start with, and those it may go on with (`domain::code`).
+    const CODE_FIRST_CHARACTERS: &str =
+        "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    const CODE_CHARACTERS: &str =
+        "-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
+
+    /// A regular-expression class of `characters` (ASCII, sorted), runs written as ranges.
+    fn character_class(characters: impl Iterator<Item = u8>) -> String {
+        let characters: std::collections::BTreeSet<u8> = characters.collect();
+        let mut class = String::from("[");
+        let mut characters = characters.into_iter().peekable();
+        while let Some(first) = characters.next() {
+            let mut last = first;
+            while characters.peek() == Some(&(last + 1)) {
+                last = characters.next().unwrap_or(last);
+            }
+            // Inside a class only `-` needs escaping; `\-` is valid in JavaScript's
+            // unicode mode, Python and Rust alike.
+            let write = |class: &mut String, character: u8| {
+                if character == b'-' {
+                    class.push('\\');
+                }
+                class.push(char::from(character));
+            };
+            write(&mut class, first);
+            if last > first + 1 {
+                class.push('-');
+            }
+            if last > first {
+                write(&mut class, last);
+            }
+        }
+        class.push(']');
+        class
+    }
+
+    /// The code pattern without the codes that start with `prefix`, written without
+    /// look-ahead: Rust's `regex`, and some clients' validators, have none. At each
+    /// position the code either leaves the prefix (any other character, then any
+    /// code) or follows it one more character, and may end there, short of all of it.
+    pub fn code_pattern_refusing_prefix(prefix: &str) -> String {
+        fn from(prefix: &[u8], position: usize) -> String {
+            let allowed = if position == 0 {
+                CODE_FIRST_CHARACTERS
+            } else {
+                CODE_CHARACTERS
+            };
+            let expected = prefix[position];
+            let others = character_class(allowed.bytes().filter(|&c| c != expected));
+            let any = character_class(CODE_CHARACTERS.bytes());
+            let mut alternatives = format!("{others}{any}*");
+            if position + 1 < prefix.len() {
+                let literal = if expected == b'.' {
+                    "\\.".to_owned()
+                } else {
+                    char::from(expected).to_string()
+                };
+                alternatives.push_str(&format!("|{literal}(?:{})?", from(prefix, position + 1)));
+            }
+            format!("(?:{alternatives})")
+        }
+        assert!(
+            !prefix.is_empty()
+                && prefix
+                    .bytes()
+                    .all(|byte| CODE_CHARACTERS.as_bytes().contains(&byte)),
+            "a refused prefix is made of code characters"
+        );
+        format!("^{}$", from(prefix.as_bytes(), 0))
+    }
+
     fn code(description: &str, length_max: usize, example: &str) -> Value {
         json!({
             "type": "string", "minLength": 1, "maxLength": length_max,
@@ -107,7 +178,13 @@ pub mod schemas {
     }
 
     named_schema!(SkuCode => code("A SKU's code, as the shop names it.", SKU_CODE_LENGTH_MAX, "MILK-1L"));
-    named_schema!(WarehouseCode => code("A warehouse's code; stock is counted per (SKU, warehouse). `default` when a request names none.", WAREHOUSE_CODE_LENGTH_MAX, "default"));
+    named_schema!(WarehouseCode => {
+        // Codes that start with `campaign-` are the buckets stockd gives a campaign's
+        // units (`domain::campaign`): a request reaches them only through the campaign.
+        let mut schema = code("A warehouse's code; stock is counted per (SKU, warehouse). `default` when a request names none. Codes that start with `campaign-` are campaigns' stock buckets, which stockd names: a request may not.", WAREHOUSE_CODE_LENGTH_MAX, "default");
+        schema["pattern"] = Value::String(code_pattern_refusing_prefix(domain::campaign::BUCKET_WAREHOUSE_PREFIX));
+        schema
+    });
     named_schema!(ShopCode => code("A shop; every credential but the admin's acts inside one.", CATALOG_CODE_LENGTH_MAX, "demo-market"));
     named_schema!(CategoryCode => code("A product category.", CATALOG_CODE_LENGTH_MAX, "dairy"));
     named_schema!(SupplierCode => code("A product's supplier.", CATALOG_CODE_LENGTH_MAX, "bright-dairy"));
@@ -1273,6 +1350,19 @@ mod tests {
             strings.push(format!("https://{}", "a".repeat(length)));
             strings.push(format!(" {}", "b".repeat(length)));
         }
+        // Around the prefix of campaigns' bucket warehouses: every proper prefix of
+        // it, it, and codes that leave it at each position.
+        let bucket_prefix = domain::campaign::BUCKET_WAREHOUSE_PREFIX;
+        for length in 1..=bucket_prefix.len() {
+            let start = &bucket_prefix[..length];
+            strings.push(start.to_owned());
+            for next in ["x", "-", ".", "_", "0", "C", " ", "campaign-"] {
+                strings.push(format!("{start}{next}"));
+            }
+            strings.push(format!("{}X", &bucket_prefix[..length - 1]));
+        }
+        strings.push(format!("{bucket_prefix}0123456789ab-1"));
+        strings.push("Campaign-0123456789ab-1".to_owned());
         for prefix in ["rsv_", "ord_", "mov_", "prd_", "key_"] {
             strings.push(format!("{prefix}{}", "0a".repeat(14)));
             strings.push(format!("{prefix}{}", "0A".repeat(14)));
@@ -1353,7 +1443,8 @@ mod tests {
         let parsers: Vec<(&str, Parser)> = vec![
             ("SkuCode", |text| domain::SkuCode::parse(text).is_ok()),
             ("WarehouseCode", |text| {
-                domain::WarehouseCode::parse(text).is_ok()
+                domain::WarehouseCode::parse(text)
+                    .is_ok_and(|warehouse| !domain::campaign::is_bucket_warehouse(&warehouse))
             }),
             ("ShopCode", |text| domain::ShopCode::parse(text).is_ok()),
             ("CategoryCode", |text| {
