@@ -433,6 +433,17 @@ async fn a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_on
     assert_eq!(from_memory.status, 409);
     assert_eq!(from_memory.code().as_deref(), Some("insufficient_stock"));
     assert!(from_memory.body.contains("sold out"), "{from_memory:?}");
+    // The database's refusal was a unit of work, stored under its key: a later read may
+    // wait for its position. The memory answer wrote nothing, so it carries none, and
+    // no round trip was spent reading one.
+    assert!(
+        refused.headers.contains_key("stockd-consistency-token"),
+        "{refused:?}"
+    );
+    assert!(
+        !from_memory.headers.contains_key("stockd-consistency-token"),
+        "{from_memory:?}"
+    );
     assert!(
         app.store
             .idempotency_record(&store::ScopedKey::new(

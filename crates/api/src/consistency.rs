@@ -14,7 +14,7 @@ use serde::Serialize;
 use store::{Displayed, ReadHandle};
 
 use crate::AppState;
-use crate::problem::ApiError;
+use crate::problem::{AnsweredWithoutAWrite, ApiError};
 
 pub const CONSISTENCY_TOKEN_HEADER: &str = "stockd-consistency-token";
 pub const SERVED_BY_HEADER: &str = "stockd-served-by";
@@ -88,13 +88,20 @@ fn reports_a_write(method: &Method, status: StatusCode) -> bool {
 
 /// Middleware: stamps the writer's position on every answer a write's unit of work
 /// gave. The position is read after the answer was made, so it is at or past the
-/// write's commit (and after a replay, past the original's).
+/// write's commit (and after a replay, past the original's). A refusal made before
+/// any unit of work ([`AnsweredWithoutAWrite`]) gets none: there is nothing to wait
+/// for, and a campaign's sold-out answers must not cost a round trip each.
 pub async fn stamp_writes(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let mut response = next.run(request).await;
     // The combiner read the position once for its whole batch: nothing more to read.
     let stamped = response.headers().contains_key(CONSISTENCY_TOKEN_HEADER);
+    let wrote_nothing = response
+        .extensions()
+        .get::<AnsweredWithoutAWrite>()
+        .is_some();
     if !stamped
+        && !wrote_nothing
         && reports_a_write(&method, response.status())
         && let Some(token) = state.engine.consistency_token().await
     {

@@ -100,7 +100,18 @@ pub struct ApiError {
     pub retry_after_seconds: Option<u64>,
     /// Answer with `Connection: close` (a client too slow to trust with another request).
     pub close_connection: bool,
+    /// Refused before any unit of work ran (`EngineError::Refused`): nothing was
+    /// written, so the answer carries no writer position (see [`AnsweredWithoutAWrite`]).
+    pub without_a_write: bool,
 }
+
+/// The response extension that tells `consistency::stamp_writes` an answer wrote
+/// nothing: a refusal decided before any unit of work (a campaign's sold-out answer
+/// from memory, a limit checked at the door) has no position a later read must wait
+/// for, and reading one would cost the database round trip the answer was made to
+/// avoid.
+#[derive(Debug, Clone, Copy)]
+pub struct AnsweredWithoutAWrite;
 
 impl ApiError {
     pub fn new(code: ErrorCode, detail: impl Into<String>) -> ApiError {
@@ -110,6 +121,7 @@ impl ApiError {
             detail: detail.into(),
             retry_after_seconds: None,
             close_connection: false,
+            without_a_write: false,
         }
     }
 
@@ -166,6 +178,9 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if self.without_a_write {
+            response.extensions_mut().insert(AnsweredWithoutAWrite);
+        }
         response
     }
 }
@@ -176,6 +191,7 @@ impl From<EngineError> for ApiError {
         if let EngineError::Overloaded(message) = error {
             return ApiError::new(code, message).with_status(StatusCode::TOO_MANY_REQUESTS);
         }
+        let without_a_write = matches!(error, EngineError::Refused { .. });
         let detail = match error {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
@@ -198,7 +214,10 @@ impl From<EngineError> for ApiError {
                 String::from("nothing was changed; retry with the same Idempotency-Key")
             }
         };
-        ApiError::new(code, detail)
+        ApiError {
+            without_a_write,
+            ..ApiError::new(code, detail)
+        }
     }
 }
 
