@@ -1145,7 +1145,7 @@ fn finish_operation(
                 headers.insert(
                     "Stockd-Consistency-Token".into(),
                     json!({
-                        "description": "The writer's position after this write: send it back on a display read to see the write.",
+                        "description": "The writer's position after this write: send it back on a display read to see the write. Absent on a refusal decided before anything was written (a campaign's sold-out answer from memory): keep the token you had.",
                         "schema": {"$ref": "#/components/schemas/ConsistencyToken"},
                     }),
                 );
