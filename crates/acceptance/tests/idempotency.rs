@@ -42,6 +42,10 @@ async fn the_same_key_with_a_different_body_is_refused_and_changes_nothing(backe
     assert_eq!(reused.status, 422);
     assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
     assert_eq!(app.contents().await, before);
+    assert!(
+        !reused.headers.contains_key("stockd-consistency-token"),
+        "nothing was written, so there is no position to wait for: {reused:?}"
+    );
 }
 
 async fn the_same_key_on_another_endpoint_is_refused(backend: Backend) {

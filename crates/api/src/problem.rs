@@ -100,8 +100,9 @@ pub struct ApiError {
     pub retry_after_seconds: Option<u64>,
     /// Answer with `Connection: close` (a client too slow to trust with another request).
     pub close_connection: bool,
-    /// Refused before any unit of work ran (`EngineError::Refused`): nothing was
-    /// written, so the answer carries no writer position (see [`AnsweredWithoutAWrite`]).
+    /// Refused before any unit of work ran (`EngineError::Refused`, a reused key, a key
+    /// still in progress): nothing was written, so the answer carries no writer
+    /// position (see [`AnsweredWithoutAWrite`]).
     pub without_a_write: bool,
 }
 
@@ -191,7 +192,14 @@ impl From<EngineError> for ApiError {
         if let EngineError::Overloaded(message) = error {
             return ApiError::new(code, message).with_status(StatusCode::TOO_MANY_REQUESTS);
         }
-        let without_a_write = matches!(error, EngineError::Refused { .. });
+        // Answers that stored nothing under the key: a refusal decided before any unit
+        // of work, a key used for another request, a key whose first request still runs.
+        let without_a_write = matches!(
+            error,
+            EngineError::Refused { .. }
+                | EngineError::IdempotencyKeyReused
+                | EngineError::RequestInProgress
+        );
         let detail = match error {
             EngineError::InvalidArgument(message)
             | EngineError::NotFound(message)
@@ -238,6 +246,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn only_answers_that_stored_nothing_are_marked_as_writing_nothing() {
+        let marked = |error: EngineError| {
+            ApiError::from(error)
+                .into_response()
+                .extensions()
+                .get::<AnsweredWithoutAWrite>()
+                .is_some()
+        };
+        assert!(marked(EngineError::Refused {
+            code: ErrorCode::InsufficientStock,
+            detail: "sold out".into(),
+        }));
+        assert!(marked(EngineError::IdempotencyKeyReused));
+        assert!(marked(EngineError::RequestInProgress));
+        // An unknown payment recorded its attempt: a later read may wait for it.
+        assert!(!marked(EngineError::PaymentUnknown(
+            "asked again later".into()
+        )));
+        assert!(!marked(EngineError::Internal("a bug".into())));
     }
 
     #[test]
