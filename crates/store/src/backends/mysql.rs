@@ -958,14 +958,7 @@ async fn lock_tallies<K: TallyKey>(
             locking = locking.bind(column);
         }
     }
-    let mut found = Vec::with_capacity(asked.len());
-    for row in locking.fetch_all_rows(connection).await? {
-        let key = (0..width)
-            .map(|column| row.try_get::<String, _>(column))
-            .collect::<Result<Vec<String>, StoreError>>()?;
-        found.push((key, row.try_get::<i64, _>(width)?));
-    }
-    tallies_of(asked, found)
+    tallies_of(asked, &locking.fetch_all_rows(connection).await?)
 }
 
 /// A derived table of `rows` rows of placeholders, numbered on across them, its

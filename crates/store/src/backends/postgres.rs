@@ -629,14 +629,7 @@ mod bulk {
             query = query.bind(values);
         }
         let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
-        let mut found = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let key = (0..width)
-                .map(|column| row.try_get::<String, _>(column))
-                .collect::<Result<Vec<String>, sqlx::Error>>()?;
-            found.push((key, row.try_get::<i64, _>(width)?));
-        }
-        tallies_of(asked, found)
+        tallies_of(asked, &crate::sql::rows_of(rows, super::cell)?)
     }
 
     /// Every shopper's new open holds in one statement, inserted in key order (the

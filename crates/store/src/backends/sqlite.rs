@@ -203,19 +203,11 @@ async fn read_tallies<K: TallyKey>(
         return Ok(HashMap::new());
     }
     let parameter = rows(asked.iter().map(|key| json!(key.columns())).collect());
-    let rows = sqlx::query(statement)
+    let found = crate::sql::statement(statement)
         .bind(parameter)
-        .fetch_all(&mut *connection)
+        .fetch_all_rows(connection)
         .await?;
-    let mut found = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let width = row.len() - 1;
-        let key = (0..width)
-            .map(|column| row.try_get::<String, _>(column))
-            .collect::<Result<Vec<String>, sqlx::Error>>()?;
-        found.push((key, row.try_get::<i64, _>(width)?));
-    }
-    tallies_of(asked, found)
+    tallies_of(asked, &found)
 }
 
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:

@@ -53,11 +53,16 @@ impl TallyKey for PurchaseKey {
 /// keys asked for. A row of a key nobody asked for means the statement is wrong.
 pub(crate) fn tallies_of<K: TallyKey>(
     asked: &[K],
-    found: Vec<(Vec<String>, i64)>,
+    found: &[Row],
 ) -> Result<HashMap<K, i64>, StoreError> {
     let wanted: HashMap<Vec<&str>, &K> = asked.iter().map(|key| (key.columns(), key)).collect();
     let mut tallies = HashMap::with_capacity(found.len());
-    for (columns, count) in found {
+    for row in found {
+        let width = row.cells.len().saturating_sub(1);
+        let columns = (0..width)
+            .map(|column| row.try_get::<String, _>(column))
+            .collect::<Result<Vec<String>, StoreError>>()?;
+        let count: i64 = row.try_get(width)?;
         let text: Vec<&str> = columns.iter().map(String::as_str).collect();
         let key = wanted.get(&text).ok_or_else(|| {
             invariant(format!("a tally of ({}) nobody asked for", text.join(", ")))
