@@ -175,6 +175,9 @@ struct BenchArguments {
     /// Batching of the in-process stockd (same flags as `serve`).
     #[command(flatten)]
     combiner: CombinerArguments,
+    /// The in-process stockd's campaign waiting rooms (same flags as `serve`).
+    #[command(flatten)]
+    campaigns: CampaignArguments,
 }
 
 #[derive(Args)]
@@ -325,6 +328,8 @@ struct ServeArguments {
     #[command(flatten)]
     limits: LimitArguments,
     #[command(flatten)]
+    campaigns: CampaignArguments,
+    #[command(flatten)]
     combiner: CombinerArguments,
     /// Load the demo supermarket catalog before serving (as `stockd seed` does).
     #[arg(long)]
@@ -381,35 +386,10 @@ struct LimitArguments {
     /// Connections served at once; more are answered 503 and closed.
     #[arg(long, env = "STOCKD_CONNECTIONS_MAX", default_value_t = 1024)]
     connections_max: usize,
-    /// A running campaign's requests that reach the database at once (per process);
-    /// the next ones wait in the campaign's line.
-    #[arg(long, env = "STOCKD_CAMPAIGN_IN_FLIGHT_MAX", default_value_t = 256)]
-    campaign_in_flight_max: usize,
-    /// Places in a campaign's line (per process); beyond them, 429 `rate_limited`.
-    #[arg(
-        long,
-        env = "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
-        default_value_t = 10_000
-    )]
-    campaign_waiting_room_max: usize,
-    /// How long a campaign ticket keeps its request's answer once it ran.
-    #[arg(
-        long,
-        env = "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
-        default_value_t = 600
-    )]
-    campaign_ticket_retention_seconds: i64,
 }
 
 impl LimitArguments {
     fn check(&self) -> Result<(), String> {
-        let bounded = |name: &str, value: u64, low: u64, high: u64| {
-            if (low..=high).contains(&value) {
-                Ok(())
-            } else {
-                Err(format!("{name} must be between {low} and {high}"))
-            }
-        };
         bounded(
             "STOCKD_HEADER_READ_TIMEOUT_MILLISECONDS",
             self.header_read_timeout_milliseconds,
@@ -439,24 +419,6 @@ impl LimitArguments {
             u64::try_from(self.user_open_holds_max).unwrap_or(0),
             1,
             1_000_000,
-        )?;
-        bounded(
-            "STOCKD_CAMPAIGN_IN_FLIGHT_MAX",
-            self.campaign_in_flight_max as u64,
-            1,
-            100_000,
-        )?;
-        bounded(
-            "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
-            self.campaign_waiting_room_max as u64,
-            0,
-            1_000_000,
-        )?;
-        bounded(
-            "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
-            u64::try_from(self.campaign_ticket_retention_seconds).unwrap_or(0),
-            1,
-            86_400,
         )?;
         bounded(
             "STOCKD_CREDENTIAL_CACHE_MILLISECONDS",
@@ -536,6 +498,70 @@ struct SandboxArguments {
     slow_milliseconds: u64,
     #[arg(long, default_value_t = 30_000)]
     hang_milliseconds: u64,
+}
+
+/// `value` of the setting `name` within `low..=high`, or why not.
+fn bounded(name: &str, value: u64, low: u64, high: u64) -> Result<(), String> {
+    if (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be between {low} and {high}"))
+    }
+}
+
+/// A running campaign's waiting room and tickets (the flash-sale admission).
+#[derive(Args, Clone, Copy)]
+struct CampaignArguments {
+    /// A running campaign's requests that reach the database at once (per process);
+    /// the next ones wait in the campaign's line.
+    #[arg(long, env = "STOCKD_CAMPAIGN_IN_FLIGHT_MAX", default_value_t = 256)]
+    campaign_in_flight_max: usize,
+    /// Places in a campaign's line (per process); beyond them, 429 `rate_limited`.
+    #[arg(
+        long,
+        env = "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
+        default_value_t = 10_000
+    )]
+    campaign_waiting_room_max: usize,
+    /// How long a campaign ticket keeps its request's answer once it ran.
+    #[arg(
+        long,
+        env = "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
+        default_value_t = 600
+    )]
+    campaign_ticket_retention_seconds: i64,
+}
+
+impl CampaignArguments {
+    fn check(&self) -> Result<(), String> {
+        bounded(
+            "STOCKD_CAMPAIGN_IN_FLIGHT_MAX",
+            self.campaign_in_flight_max as u64,
+            1,
+            100_000,
+        )?;
+        bounded(
+            "STOCKD_CAMPAIGN_WAITING_ROOM_MAX",
+            self.campaign_waiting_room_max as u64,
+            0,
+            1_000_000,
+        )?;
+        bounded(
+            "STOCKD_CAMPAIGN_TICKET_RETENTION_SECONDS",
+            u64::try_from(self.campaign_ticket_retention_seconds).unwrap_or(0),
+            1,
+            86_400,
+        )
+    }
+
+    fn apply(self, config: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            campaign_in_flight_max: self.campaign_in_flight_max,
+            campaign_waiting_room_max: self.campaign_waiting_room_max,
+            campaign_ticket_retention_seconds: self.campaign_ticket_retention_seconds,
+            ..config
+        }
+    }
 }
 
 /// How reservations are batched (the hot-SKU combiner).
@@ -633,6 +659,7 @@ async fn connect_and_migrate_with(config: StoreConfig) -> Result<Store, String> 
 
 async fn serve(arguments: ServeArguments) -> Result<(), String> {
     arguments.limits.check()?;
+    arguments.campaigns.check()?;
     let mut store_config = store_config(&arguments.database);
     store_config.limits.open_holds_max = arguments.limits.user_open_holds_max;
     let store = connect_and_migrate_with(store_config).await?;
@@ -643,10 +670,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         credential_cache_milliseconds: arguments.limits.credential_cache_milliseconds,
         long_transaction_milliseconds: arguments.long_transaction_seconds * 1_000,
         refund_retry_milliseconds: arguments.refund_retry_milliseconds,
-        campaign_in_flight_max: arguments.limits.campaign_in_flight_max,
-        campaign_waiting_room_max: arguments.limits.campaign_waiting_room_max,
-        campaign_ticket_retention_seconds: arguments.limits.campaign_ticket_retention_seconds,
-        ..EngineConfig::default()
+        ..arguments.campaigns.apply(EngineConfig::default())
     });
     if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
         return Err("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into());
@@ -1051,6 +1075,7 @@ async fn drill(arguments: DrillArguments) -> Result<bool, String> {
 }
 
 async fn bench(arguments: BenchArguments) -> Result<bool, String> {
+    arguments.campaigns.check()?;
     let command = lab::BenchCommand {
         scenario: lab::Scenario::parse(&arguments.scenario)?,
         options: lab::BenchOptions {
@@ -1071,7 +1096,9 @@ async fn bench(arguments: BenchArguments) -> Result<bool, String> {
         admin_token: arguments.admin_token.map(domain::Secret::new),
         database_url: arguments.database_url,
         pool_size: arguments.pool_size,
-        engine_config: arguments.combiner.apply(EngineConfig::default()),
+        engine_config: arguments
+            .combiner
+            .apply(arguments.campaigns.apply(EngineConfig::default())),
         json: arguments.json,
         evidence: arguments.evidence,
         command_line: lab::evidence::redacted_command(&std::env::args().collect::<Vec<_>>()),

@@ -209,6 +209,21 @@ fn an_unreachable_database_is_reported_with_exit_code_two() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open the database"));
 }
 
+#[test]
+fn a_bench_refuses_a_campaign_waiting_room_setting_out_of_range_before_it_starts() {
+    let directory = ScratchDirectory::new();
+    let output = stockd(&directory.0)
+        .args(["bench", "flash-sale", "--campaign-in-flight-max", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        message.contains("STOCKD_CAMPAIGN_IN_FLIGHT_MAX must be between 1 and 100000"),
+        "{message}"
+    );
+}
+
 /// Reserves one unit under `key`; returns the reservation id when acknowledged.
 async fn reserve_one(address: SocketAddr, bearer: &str, sku: &str, key: &str) -> Option<String> {
     let body = format!(r#"{{"lines":[{{"sku":"{sku}","quantity":1}}]}}"#);
