@@ -85,6 +85,10 @@ pub type LockedStock = (BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>);
 /// backend's connection type. Where a default is given it is the statement SQLite and
 /// PostgreSQL share (`ON CONFLICT … DO UPDATE … WHERE`, `UPDATE … RETURNING`); MySQL
 /// and MariaDB, which have neither, write their own.
+/// A batch's tallies as read under its locks: open holds by shopper, and units held or
+/// bought by (shopper, SKU or campaign tally).
+pub type LockedTallies = (HashMap<ShopperKey, i64>, HashMap<PurchaseKey, i64>);
+
 pub trait Dialect: Connection {
     /// A reservation's row, locked until the commit where the database has row locks.
     const SELECT_RESERVATION_FOR_UPDATE: &'static str;
@@ -198,6 +202,43 @@ pub trait Dialect: Connection {
         &mut self,
         purchases: &[PurchaseKey],
     ) -> impl Future<Output = Result<HashMap<PurchaseKey, i64>, StoreError>> + Send;
+
+    /// Both kinds of tally a batch decides with, locked and read: the open holds, then
+    /// the purchases, each in key order — what [`Dialect::lock_open_holds`] and
+    /// [`Dialect::lock_purchases`] answer one after the other, in one statement where
+    /// the backend can (a round trip less under the batch's stock-row locks).
+    fn lock_tallies_of_all(
+        &mut self,
+        shoppers: &[ShopperKey],
+        purchases: &[PurchaseKey],
+    ) -> impl Future<Output = Result<LockedTallies, StoreError>> + Send {
+        async move {
+            let holds = self.lock_open_holds(shoppers).await?;
+            let bought = self.lock_purchases(purchases).await?;
+            Ok((holds, bought))
+        }
+    }
+
+    /// Both tally writes of a decided batch: [`Dialect::add_open_holds_of_all`], then
+    /// [`Dialect::add_purchases_of_all`], in one statement where the backend can.
+    /// Answers the rows each wrote.
+    fn add_tallies_of_all(
+        &mut self,
+        holds_added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+        purchases_added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> impl Future<Output = Result<(u64, u64), StoreError>> + Send {
+        async move {
+            let holds = self
+                .add_open_holds_of_all(holds_added, open_holds_max)
+                .await?;
+            let purchases = self
+                .add_purchases_of_all(purchases_added, quantity_max)
+                .await?;
+            Ok((holds, purchases))
+        }
+    }
 
     /// Adds each shopper's new open holds to its tally (creating it), in key order,
     /// unless that would pass `open_holds_max`. Answers the rows written: `added.len()`

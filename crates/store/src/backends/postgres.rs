@@ -434,6 +434,31 @@ impl Dialect for PgConnection {
         bulk::add_open_holds_of_all(self, added, open_holds_max).await
     }
 
+    async fn lock_tallies_of_all(
+        &mut self,
+        shoppers: &[ShopperKey],
+        purchases: &[PurchaseKey],
+    ) -> Result<crate::backend::LockedTallies, StoreError> {
+        bulk::lock_tallies_of_all(self, shoppers, purchases).await
+    }
+
+    async fn add_tallies_of_all(
+        &mut self,
+        holds_added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+        purchases_added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<(u64, u64), StoreError> {
+        bulk::add_tallies_of_all(
+            self,
+            holds_added,
+            open_holds_max,
+            purchases_added,
+            quantity_max,
+        )
+        .await
+    }
+
     async fn add_purchases_of_all(
         &mut self,
         added: &BTreeMap<PurchaseKey, i64>,
@@ -503,7 +528,7 @@ mod bulk {
     use sqlx::postgres::PgArguments;
 
     use crate::units::decode::{
-        LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of,
+        LockedStockRow, SkuFactsRow, corrupt, locked_stock_of, sku_facts_of, split_tally_rows,
         stored_response, tallies_of,
     };
 
@@ -583,15 +608,7 @@ mod bulk {
         transaction: &mut Tx,
         shoppers: &[ShopperKey],
     ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
-        lock_tallies(
-            transaction,
-            "SELECT tally.shop, tally.user_id, tally.open_holds FROM shopper_hold AS tally \
-             JOIN UNNEST($1::text[], $2::text[]) AS wanted (shop, user_id) \
-             ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id \
-             ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\" FOR UPDATE OF tally",
-            shoppers,
-        )
-        .await
+        Ok(lock_tallies_of_all(transaction, shoppers, &[]).await?.0)
     }
 
     /// What the shoppers hold or bought of limited SKUs, locked in byte order of
@@ -600,36 +617,51 @@ mod bulk {
         transaction: &mut Tx,
         purchases: &[PurchaseKey],
     ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
-        lock_tallies(
-            transaction,
-            "SELECT tally.shop, tally.user_id, tally.sku, tally.quantity FROM shopper_purchase AS tally \
-             JOIN UNNEST($1::text[], $2::text[], $3::text[]) AS wanted (shop, user_id, sku) \
-             ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id AND tally.sku = wanted.sku \
-             ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\", tally.sku COLLATE \"C\" \
-             FOR UPDATE OF tally",
-            purchases,
-        )
-        .await
+        Ok(lock_tallies_of_all(transaction, &[], purchases).await?.1)
     }
 
-    /// Runs a tally-locking `statement` that takes one text array per key column and
-    /// answers the key columns, then the count. Unprepared: the tally tables grow with
+    /// Both kinds of tally in one statement: the open holds locked first, in byte order
+    /// of (shop, user), then the purchases, in byte order of (shop, user, sku) — the
+    /// order the Rust code sorts keys in, which every writer of tallies follows. Each
+    /// is a materialized CTE, so each runs once, whole, in the order the `UNION ALL`
+    /// reads them. An open-hold row has no SKU. Unprepared: the tally tables grow with
     /// every new shopper (see the module's note).
-    async fn lock_tallies<K: TallyKey>(
+    pub async fn lock_tallies_of_all(
         transaction: &mut Tx,
-        statement: &'static str,
-        asked: &[K],
-    ) -> Result<HashMap<K, i64>, StoreError> {
-        let Some(width) = asked.first().map(|key| key.columns().len()) else {
-            return Ok(HashMap::new());
-        };
-        let mut query = sqlx::query(statement);
-        for column in 0..width {
-            let values: Vec<&str> = asked.iter().map(|key| key.columns()[column]).collect();
-            query = query.bind(values);
+        shoppers: &[ShopperKey],
+        purchases: &[PurchaseKey],
+    ) -> Result<crate::backend::LockedTallies, StoreError> {
+        if shoppers.is_empty() && purchases.is_empty() {
+            return Ok((HashMap::new(), HashMap::new()));
         }
-        let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
-        tallies_of(asked, &crate::sql::rows_of(rows, super::cell)?)
+        let rows = sqlx::query(
+            "WITH holds AS MATERIALIZED ( \
+                 SELECT tally.shop, tally.user_id, tally.open_holds FROM shopper_hold AS tally \
+                 JOIN UNNEST($1::text[], $2::text[]) AS wanted (shop, user_id) \
+                 ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id \
+                 ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\" FOR UPDATE OF tally), \
+             purchases AS MATERIALIZED ( \
+                 SELECT tally.shop, tally.user_id, tally.sku, tally.quantity FROM shopper_purchase AS tally \
+                 JOIN UNNEST($3::text[], $4::text[], $5::text[]) AS wanted (shop, user_id, sku) \
+                 ON tally.shop = wanted.shop AND tally.user_id = wanted.user_id AND tally.sku = wanted.sku \
+                 ORDER BY tally.shop COLLATE \"C\", tally.user_id COLLATE \"C\", tally.sku COLLATE \"C\" \
+                 FOR UPDATE OF tally) \
+             SELECT shop, user_id, NULL::text AS sku, open_holds AS count FROM holds \
+             UNION ALL SELECT shop, user_id, sku, quantity FROM purchases",
+        )
+        .bind(shoppers.iter().map(|key| key.0.as_str()).collect::<Vec<_>>())
+        .bind(shoppers.iter().map(|key| key.1.as_str()).collect::<Vec<_>>())
+        .bind(purchases.iter().map(|key| key.0.as_str()).collect::<Vec<_>>())
+        .bind(purchases.iter().map(|key| key.1.as_str()).collect::<Vec<_>>())
+        .bind(purchases.iter().map(|key| key.2.as_str()).collect::<Vec<_>>())
+        .persistent(false)
+        .fetch_all(&mut *transaction)
+        .await?;
+        let (holds, bought) = split_tally_rows(crate::sql::rows_of(rows, super::cell)?);
+        Ok((
+            tallies_of(shoppers, &holds)?,
+            tallies_of(purchases, &bought)?,
+        ))
     }
 
     /// Every shopper's new open holds in one statement, inserted in key order (the
@@ -640,27 +672,11 @@ mod bulk {
         added: &BTreeMap<ShopperKey, i64>,
         open_holds_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
-        }
-        let shops: Vec<&str> = added.keys().map(|key| key.0.as_str()).collect();
-        let users: Vec<&str> = added.keys().map(|key| key.1.as_str()).collect();
-        let holds: Vec<i64> = added.values().copied().collect();
-        let done = sqlx::query(
-            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
-             SELECT added.shop, added.user_id, added.holds \
-             FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS added (shop, user_id, holds, ordinal) \
-             WHERE added.holds <= $4 ORDER BY added.ordinal \
-             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
-             WHERE shopper_hold.open_holds + excluded.open_holds <= $4",
+        Ok(
+            add_tallies_of_all(transaction, added, open_holds_max, &BTreeMap::new(), 0)
+                .await?
+                .0,
         )
-        .bind(shops)
-        .bind(users)
-        .bind(holds)
-        .bind(open_holds_max)
-        .execute(&mut *transaction)
-        .await?;
-        Ok(done.rows_affected())
     }
 
     /// Every key's new units in one statement, in key order, each under the bound of
@@ -671,36 +687,70 @@ mod bulk {
         added: &BTreeMap<PurchaseKey, i64>,
         quantity_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
-        }
-        let shops: Vec<&str> = added.keys().map(|key| key.0.as_str()).collect();
-        let users: Vec<&str> = added.keys().map(|key| key.1.as_str()).collect();
-        let skus: Vec<&str> = added.keys().map(|key| key.2.as_str()).collect();
-        let quantities: Vec<i64> = added.values().copied().collect();
-        let done = sqlx::query(
-            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT added.shop, added.user_id, added.sku, added.quantity \
-             FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY \
-                 AS added (shop, user_id, sku, quantity, ordinal) \
-             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
-                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
-             AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $5) \
-             ORDER BY added.ordinal \
-             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
-             WHERE shopper_purchase.quantity + excluded.quantity <= \
-             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $5)",
+        Ok(
+            add_tallies_of_all(transaction, &BTreeMap::new(), 0, added, quantity_max)
+                .await?
+                .1,
         )
-        .bind(shops)
-        .bind(users)
-        .bind(skus)
-        .bind(quantities)
+    }
+
+    /// Both tally writes of a batch in one statement, each in key order (the
+    /// `BTreeMap`s'): the open holds under `open_holds_max`, then the purchases under
+    /// the SKU's or the campaign's per-user limit (else `quantity_max`); a new tally is
+    /// created. The open holds' CTE is read first, so it runs first. Answers the rows
+    /// each wrote (an insert or update refused by its bound returns no row).
+    pub async fn add_tallies_of_all(
+        transaction: &mut Tx,
+        holds_added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+        purchases_added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<(u64, u64), StoreError> {
+        if holds_added.is_empty() && purchases_added.is_empty() {
+            return Ok((0, 0));
+        }
+        let row = sqlx::query(
+            "WITH holds AS ( \
+                 INSERT INTO shopper_hold (shop, user_id, open_holds) \
+                 SELECT added.shop, added.user_id, added.holds \
+                 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS added (shop, user_id, holds, ordinal) \
+                 WHERE added.holds <= $4 ORDER BY added.ordinal \
+                 ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+                 WHERE shopper_hold.open_holds + excluded.open_holds <= $4 \
+                 RETURNING 1), \
+             purchases AS ( \
+                 INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+                 SELECT added.shop, added.user_id, added.sku, added.quantity \
+                 FROM UNNEST($5::text[], $6::text[], $7::text[], $8::bigint[]) WITH ORDINALITY \
+                     AS added (shop, user_id, sku, quantity, ordinal) \
+                 WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                        OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+                 AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $9) \
+                 ORDER BY added.ordinal \
+                 ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+                 WHERE shopper_purchase.quantity + excluded.quantity <= \
+                 COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
+                     (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $9) \
+                 RETURNING 1) \
+             SELECT (SELECT COUNT(*) FROM holds) AS holds, (SELECT COUNT(*) FROM purchases) AS purchases",
+        )
+        .bind(holds_added.keys().map(|key| key.0.as_str()).collect::<Vec<_>>())
+        .bind(holds_added.keys().map(|key| key.1.as_str()).collect::<Vec<_>>())
+        .bind(holds_added.values().copied().collect::<Vec<i64>>())
+        .bind(open_holds_max)
+        .bind(purchases_added.keys().map(|key| key.0.as_str()).collect::<Vec<_>>())
+        .bind(purchases_added.keys().map(|key| key.1.as_str()).collect::<Vec<_>>())
+        .bind(purchases_added.keys().map(|key| key.2.as_str()).collect::<Vec<_>>())
+        .bind(purchases_added.values().copied().collect::<Vec<i64>>())
         .bind(quantity_max)
-        .execute(&mut *transaction)
+        .fetch_one(&mut *transaction)
         .await?;
-        Ok(done.rows_affected())
+        let written = |column: &str| -> Result<u64, StoreError> {
+            let count: i64 = row.try_get(column)?;
+            u64::try_from(count).map_err(|error| corrupt("a count of tally rows written", error))
+        };
+        Ok((written("holds")?, written("purchases")?))
     }
 
     pub async fn sku_facts(

@@ -80,14 +80,50 @@ pub(crate) async fn with_unlisted_skus<C: Dialect>(
     Ok(skus)
 }
 
+/// Most campaigns whose per-user limit one process keeps (a shop runs a handful at a
+/// time; past the bound the whole memory is dropped and read again as needed).
+const CAMPAIGN_LIMITS_KNOWN_MAX: usize = 4_096;
+
+/// The per-user limits of the campaigns this process has read, by campaign code. A
+/// campaign's terms never change once it exists, so a limit read once stays true, and
+/// a flash sale's batches save the statement (a round trip under the bucket's lock).
+#[derive(Debug, Default)]
+pub(crate) struct CampaignLimits {
+    known: std::sync::Mutex<HashMap<domain::campaign::CampaignCode, Option<i64>>>,
+}
+
+impl CampaignLimits {
+    fn known(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<domain::campaign::CampaignCode, Option<i64>>> {
+        self.known
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn get(&self, code: &domain::campaign::CampaignCode) -> Option<Option<i64>> {
+        self.known().get(code).copied()
+    }
+
+    fn insert(&self, code: domain::campaign::CampaignCode, per_user_limit: Option<i64>) {
+        let mut known = self.known();
+        if known.len() >= CAMPAIGN_LIMITS_KNOWN_MAX {
+            known.clear();
+        }
+        known.insert(code, per_user_limit);
+    }
+}
+
 /// `skus` completed with the facts of the campaigns whose buckets `wanted` names, each
 /// under its campaign's tally code: the SKU's sale status and shop, and the campaign's
 /// per-user limit, which a bucket's line counts against instead of the SKU's
-/// ([`domain::plan::limit_of`]). A campaign's terms never change once it exists.
+/// ([`domain::plan::limit_of`]). The limit is read once per process (`limits`): a
+/// campaign's terms never change once it exists.
 pub(crate) async fn with_campaign_facts<C: Dialect>(
     transaction: &mut C,
     wanted: &[StockKey],
     mut skus: HashMap<SkuCode, SkuFacts>,
+    limits: &CampaignLimits,
 ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
     for (sku, warehouse) in wanted {
         let Some((code, _)) = domain::campaign::bucket_of(warehouse) else {
@@ -100,15 +136,22 @@ pub(crate) async fn with_campaign_facts<C: Dialect>(
         let Some(facts) = skus.get(sku).cloned() else {
             continue;
         };
-        let limit: Option<Option<i64>> =
-            statement("SELECT per_user_limit FROM campaign WHERE code = $1")
-                .bind(code.as_str())
-                .fetch_optional_scalar(&mut *transaction)
-                .await?;
-        let Some(per_user_limit) = limit else {
-            return Err(invariant(format!(
-                "stock row ({sku}, {warehouse}) names a campaign that does not exist"
-            )));
+        let per_user_limit = match limits.get(&code) {
+            Some(known) => known,
+            None => {
+                let limit: Option<Option<i64>> =
+                    statement("SELECT per_user_limit FROM campaign WHERE code = $1")
+                        .bind(code.as_str())
+                        .fetch_optional_scalar(&mut *transaction)
+                        .await?;
+                let Some(per_user_limit) = limit else {
+                    return Err(invariant(format!(
+                        "stock row ({sku}, {warehouse}) names a campaign that does not exist"
+                    )));
+                };
+                limits.insert(code, per_user_limit);
+                per_user_limit
+            }
         };
         skus.insert(
             tally,
@@ -539,7 +582,9 @@ impl<B: Backend> Units<B> {
         turn.pass();
         let (available, skus) = locked?;
         let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
-        let skus = with_campaign_facts(&mut *transaction, &wanted_rows, skus).await?;
+        let skus =
+            with_campaign_facts(&mut *transaction, &wanted_rows, skus, &self.campaign_limits)
+                .await?;
         let tallies = lock_tallies(
             &mut *transaction,
             claimed.iter().map(|index| &requests[*index]),
@@ -548,5 +593,34 @@ impl<B: Backend> Units<B> {
         )
         .await?;
         Ok((available, skus, tallies))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(number: usize) -> domain::campaign::CampaignCode {
+        let warehouse = domain::WarehouseCode::parse(&format!("campaign-{number:012x}-1")).unwrap();
+        domain::campaign::bucket_of(&warehouse).unwrap().0
+    }
+
+    #[test]
+    fn a_campaigns_limit_is_remembered_once_read_and_the_memory_stays_bounded() {
+        let limits = CampaignLimits::default();
+        assert_eq!(limits.get(&code(1)), None);
+        limits.insert(code(1), Some(2));
+        limits.insert(code(2), None);
+        assert_eq!(limits.get(&code(1)), Some(Some(2)));
+        assert_eq!(limits.get(&code(2)), Some(None));
+        for number in 3..=CAMPAIGN_LIMITS_KNOWN_MAX + 1 {
+            limits.insert(code(number), Some(1));
+        }
+        assert!(limits.known().len() <= CAMPAIGN_LIMITS_KNOWN_MAX);
+        assert_eq!(
+            limits.get(&code(CAMPAIGN_LIMITS_KNOWN_MAX + 1)),
+            Some(Some(1))
+        );
+        assert_eq!(limits.get(&code(1)), None, "a full memory starts over");
     }
 }

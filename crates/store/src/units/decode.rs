@@ -10,7 +10,7 @@ use crate::backend::LockedStock;
 use crate::error::StoreError;
 use crate::model::StoredResponse;
 use crate::plan::{PurchaseKey, ShopperKey, SkuFacts};
-use crate::sql::Row;
+use crate::sql::{Cell, Row};
 use domain::{Currency, PriceMinor, SaleStatus, ShopCode, SkuCode, WarehouseCode};
 
 pub(crate) fn invariant(message: impl Into<String>) -> StoreError {
@@ -70,6 +70,23 @@ pub(crate) fn tallies_of<K: TallyKey>(
         tallies.insert((*key).clone(), count);
     }
     Ok(tallies)
+}
+
+/// The rows of a statement that reads both kinds of tally (shop, user, SKU, count),
+/// split by kind: a row without a SKU is an open-hold tally (shop, user, count), the
+/// others purchases, as [`tallies_of`] reads each.
+pub(crate) fn split_tally_rows(rows: Vec<Row>) -> (Vec<Row>, Vec<Row>) {
+    let (holds, purchases): (Vec<Row>, Vec<Row>) = rows
+        .into_iter()
+        .partition(|row| matches!(row.cells.get(2), Some(Cell::Null)));
+    let holds = holds
+        .into_iter()
+        .map(|mut row| {
+            row.cells.remove(2);
+            row
+        })
+        .collect();
+    (holds, purchases)
 }
 
 /// A SKU's facts as the reserving transaction reads them with its stock rows.
@@ -179,4 +196,54 @@ pub(crate) fn price_of(row: &Row) -> Result<(Option<PriceMinor>, Option<Currency
             .map(|text| parse_stored("currency", text, Currency::parse))
             .transpose()?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn row(cells: Vec<Cell>) -> Row {
+        let names: Arc<[String]> = ["shop", "user_id", "sku", "count"]
+            .iter()
+            .map(|name| (*name).to_owned())
+            .collect();
+        Row { names, cells }
+    }
+
+    fn text(value: &str) -> Cell {
+        Cell::Text(value.to_owned())
+    }
+
+    #[test]
+    fn both_kinds_of_tally_read_together_come_apart_by_whether_a_row_names_a_sku() {
+        let shopper: ShopperKey = (
+            ShopCode::parse("default").unwrap(),
+            domain::UserId::parse("u-1").unwrap(),
+        );
+        let purchase: PurchaseKey = (
+            shopper.0.clone(),
+            shopper.1.clone(),
+            SkuCode::parse("tea").unwrap(),
+        );
+        let (holds, purchases) = split_tally_rows(vec![
+            row(vec![
+                text("default"),
+                text("u-1"),
+                Cell::Null,
+                Cell::Integer(2),
+            ]),
+            row(vec![
+                text("default"),
+                text("u-1"),
+                text("tea"),
+                Cell::Integer(1),
+            ]),
+        ]);
+        let holds = tallies_of(std::slice::from_ref(&shopper), &holds).unwrap();
+        let purchases = tallies_of(std::slice::from_ref(&purchase), &purchases).unwrap();
+        assert_eq!(holds.get(&shopper), Some(&2));
+        assert_eq!(purchases.get(&purchase), Some(&1));
+        assert_eq!((holds.len(), purchases.len()), (1, 1));
+    }
 }

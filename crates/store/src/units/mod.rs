@@ -35,11 +35,16 @@ use crate::replicas::{Displayed, ReadHandle, ReplicaHealth};
 #[derive(Debug, Clone)]
 pub struct Units<B: Backend> {
     backend: B,
+    /// Shared by the clones, as the backend's pool is.
+    campaign_limits: std::sync::Arc<batch::CampaignLimits>,
 }
 
 impl<B: Backend> Units<B> {
     pub fn new(backend: B) -> Units<B> {
-        Units { backend }
+        Units {
+            backend,
+            campaign_limits: std::sync::Arc::default(),
+        }
     }
 
     async fn begin_write(&self) -> Result<B::Transaction, StoreError> {

@@ -688,7 +688,13 @@ impl<B: Backend> Units<B> {
         wanted.sort();
         let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
         let skus = with_unlisted_skus(&mut *transaction, &wanted, skus).await?;
-        let skus = super::batch::with_campaign_facts(&mut *transaction, &wanted, skus).await?;
+        let skus = super::batch::with_campaign_facts(
+            &mut *transaction,
+            &wanted,
+            skus,
+            &self.campaign_limits,
+        )
+        .await?;
         let shopper = order
             .lines
             .first()

@@ -67,12 +67,13 @@ pub(crate) async fn read_tallies<C: Dialect>(
         open_holds_max,
         ..Tallies::default()
     };
-    let holds = transaction.lock_open_holds(&shoppers).await?;
+    let (holds, bought) = transaction
+        .lock_tallies_of_all(&shoppers, &purchases)
+        .await?;
     for shopper in shoppers {
         let open = holds.get(&shopper).copied().unwrap_or(0);
         tallies.open_holds.insert(shopper, open);
     }
-    let bought = transaction.lock_purchases(&purchases).await?;
     for purchase in purchases {
         let quantity = bought.get(&purchase).copied().unwrap_or(0);
         tallies.purchased.insert(purchase, quantity);
@@ -90,24 +91,26 @@ pub(crate) async fn add_to_tallies<C: Dialect>(
     purchases_added: &std::collections::BTreeMap<PurchaseKey, i64>,
     open_holds_max: i64,
 ) -> Result<(), StoreError> {
-    let expected = holds_added.len() as u64;
-    let written = transaction
-        .add_open_holds_of_all(holds_added, open_holds_max)
+    let (holds_written, purchases_written) = transaction
+        .add_tallies_of_all(
+            holds_added,
+            open_holds_max,
+            purchases_added,
+            STOCK_ON_HAND_MAX,
+        )
         .await?;
-    if written != expected {
+    let expected = holds_added.len() as u64;
+    if holds_written != expected {
         return Err(StoreError::Retryable(format!(
             "the open holds of {} of {expected} shoppers changed since they were read",
-            expected.saturating_sub(written)
+            expected.saturating_sub(holds_written)
         )));
     }
     let expected = purchases_added.len() as u64;
-    let written = transaction
-        .add_purchases_of_all(purchases_added, STOCK_ON_HAND_MAX)
-        .await?;
-    if written != expected {
+    if purchases_written != expected {
         return Err(StoreError::Retryable(format!(
             "what {} of {expected} shoppers hold of a limited sku changed since it was read",
-            expected.saturating_sub(written)
+            expected.saturating_sub(purchases_written)
         )));
     }
     Ok(())
