@@ -147,16 +147,7 @@ async fn queue_part(
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", format!("{key}-delivery-{delivery}").as_str());
         headers.insert("Idempotency-Key", key.as_str());
-        context
-            .publish_with_headers(
-                bus::intake::RESERVE_COMMAND_SUBJECT,
-                headers,
-                body.clone().into(),
-            )
-            .await
-            .map_err(|error| error.to_string())?
-            .await
-            .map_err(|error| error.to_string())?;
+        publish_until_stored(&context, headers, &body, deadline).await?;
     }
     let answers = loop {
         let answers = answers_for(&context, &key).await?;
@@ -190,6 +181,41 @@ async fn queue_part(
         "answers": answers.len(),
         "answered_in_milliseconds": answered_in.as_millis(),
     }))
+}
+
+/// Publishes one delivery and waits for JetStream to store it. A stream the server
+/// has just created can answer "no stream found" for a moment (nobody listens on its
+/// subjects yet; seen on a loaded 2-core machine): the same delivery is sent again,
+/// under the same `Nats-Msg-Id` (JetStream keeps one), until `deadline`.
+async fn publish_until_stored(
+    context: &jetstream::Context,
+    headers: async_nats::HeaderMap,
+    body: &str,
+    deadline: Instant,
+) -> Result<(), String> {
+    loop {
+        let stored = match context
+            .publish_with_headers(
+                bus::intake::RESERVE_COMMAND_SUBJECT,
+                headers.clone(),
+                body.to_owned().into(),
+            )
+            .await
+        {
+            Ok(acknowledgement) => acknowledgement.await,
+            Err(error) => return Err(error.to_string()),
+        };
+        match stored {
+            Ok(_) => return Ok(()),
+            Err(error)
+                if error.kind() == jetstream::context::PublishErrorKind::StreamNotFound
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error.to_string()),
+        }
+    }
 }
 
 /// The answers on the result stream under `key`: (status, body).
