@@ -79,10 +79,24 @@ pub(crate) fn split_tally_rows(rows: Vec<Row>) -> (Vec<Row>, Vec<Row>) {
     let (holds, purchases): (Vec<Row>, Vec<Row>) = rows
         .into_iter()
         .partition(|row| matches!(row.cells.get(2), Some(Cell::Null)));
+    // An open-hold row loses its SKU column, in its names as in its cells, so it
+    // reads like a row of the open-hold statement.
+    let names: std::sync::Arc<[String]> = holds
+        .first()
+        .map(|row| {
+            row.names
+                .iter()
+                .enumerate()
+                .filter(|(position, _)| *position != 2)
+                .map(|(_, name)| name.clone())
+                .collect()
+        })
+        .unwrap_or_else(|| std::sync::Arc::from([]));
     let holds = holds
         .into_iter()
         .map(|mut row| {
             row.cells.remove(2);
+            row.names = std::sync::Arc::clone(&names);
             row
         })
         .collect();
@@ -240,6 +254,7 @@ mod tests {
                 Cell::Integer(1),
             ]),
         ]);
+        assert_eq!(holds[0].names.len(), holds[0].cells.len());
         let holds = tallies_of(std::slice::from_ref(&shopper), &holds).unwrap();
         let purchases = tallies_of(std::slice::from_ref(&purchase), &purchases).unwrap();
         assert_eq!(holds.get(&shopper), Some(&2));
