@@ -504,44 +504,25 @@ impl Dialect for SqliteConnection {
         sku_facts_of(found)
     }
 
-    /// The stock rows' updates and the reservations' rows, one statement per table,
-    /// rows passed as JSON.
+    /// The stock rows' updates and the reservations' rows: one statement per table,
+    /// rows passed as JSON, sent to the connection's thread as one command.
     async fn write_reservations(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
         reservations: &[NewReservation<'_>],
         now: Timestamp,
     ) -> Result<u64, StoreError> {
-        let mut rows_taken = 0;
-        if !totals.is_empty() {
-            let parameter = rows(
-                totals
-                    .iter()
-                    .map(|((sku, warehouse), total)| {
-                        json!([sku.as_str(), warehouse.as_str(), total])
-                    })
-                    .collect(),
-            );
-            rows_taken = sqlx::query(
-                "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
-                 version = version + 1, updated_at = $2 \
-                 FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
-                 WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total",
-            )
-            .bind(parameter)
-            .bind(now.unix_milliseconds())
-            .execute(&mut *self)
-            .await?
-            .rows_affected();
-        }
-        if !reservations.is_empty() {
-            insert_reservations(self, reservations, now).await?;
-        }
-        Ok(rows_taken)
+        let counts = run_statements(
+            self,
+            reservation_writes(WRITE_RESERVATIONS, totals, reservations, now),
+            5,
+        )
+        .await?;
+        Ok(counts[0])
     }
 
-    /// Writes a decided batch: the reservations' rows, then the records, one
-    /// statement per table, rows passed as JSON.
+    /// Writes a decided batch: the reservations' rows, then the records, as one
+    /// command (see [`run_statements`]).
     async fn write_batch(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
@@ -549,57 +530,84 @@ impl Dialect for SqliteConnection {
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        let mut written = BatchWritten {
-            rows_taken: self.write_reservations(totals, reservations, now).await?,
-            records_stored: 0,
-        };
-        if !records.is_empty() {
-            let parameter = rows(
-                records
-                    .iter()
-                    .map(|(claim, response)| {
-                        json!([
-                            claim.key.as_str(),
-                            claim.fingerprint,
-                            response.status,
-                            response.body
-                        ])
-                    })
-                    .collect(),
-            );
-            written.records_stored = sqlx::query(
-                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-                 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($1) WHERE true \
-                 ON CONFLICT (key) DO NOTHING",
-            )
-            .bind(parameter)
-            .bind(now.unix_milliseconds())
-            .execute(&mut *self)
-            .await?
-            .rows_affected();
-        }
-        Ok(written)
+        let records = rows(
+            records
+                .iter()
+                .map(|(claim, response)| {
+                    json!([
+                        claim.key.as_str(),
+                        claim.fingerprint,
+                        response.status,
+                        response.body
+                    ])
+                })
+                .collect(),
+        );
+        let counts = run_statements(
+            self,
+            reservation_writes(WRITE_BATCH, totals, reservations, now).bind(records),
+            6,
+        )
+        .await?;
+        Ok(BatchWritten {
+            rows_taken: counts[0],
+            records_stored: counts[counts.len() - 1],
+        })
     }
 }
 
-async fn insert_reservations(
-    connection: &mut SqliteConnection,
+/// The one writer of reservations' rows, as statements run together. Parameters:
+/// `$1` the stock rows' totals, `$2` now, `$3` the reservations, `$4` their lines,
+/// `$5` their ledger rows (JSON arrays; an empty one writes nothing). The first
+/// statement's count is how many stock rows it took from.
+macro_rules! reservation_writes {
+    () => {
+        "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
+         version = version + 1, updated_at = $2 \
+         FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
+         WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total;
+         INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
+         shop, user_id, order_id) \
+         SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
+         FROM json_each($3);
+         INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each($4);
+         INSERT INTO stock_ledger \
+         (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         SELECT value ->> 0, value ->> 1, 'reserve', -(value ->> 2), value ->> 2, value ->> 3, value ->> 4, $2 \
+         FROM json_each($5);
+         INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
+         SELECT 'reservation', value ->> 0, 1, 'reservation.created', value ->> 3, NULL, $2 \
+         FROM json_each($3) ORDER BY key;"
+    };
+}
+
+/// The reservations' writes. Their `reservation.created` event rows come from the
+/// reservations' own parameter (the body is read from these rows when the event is:
+/// `units::outbox`).
+const WRITE_RESERVATIONS: &str = reservation_writes!();
+
+/// The reservations' writes, then the batch's idempotency records (`$6`: key,
+/// fingerprint, status, body); the last statement's count is how many it stored.
+const WRITE_BATCH: &str = concat!(
+    reservation_writes!(),
+    "
+     INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($6) WHERE true \
+     ON CONFLICT (key) DO NOTHING;"
+);
+
+/// `statements` (one of the two above) with the reservations' five parameters bound.
+fn reservation_writes<'q>(
+    statements: &'static str,
+    totals: &BTreeMap<StockKey, i64>,
     reservations: &[NewReservation<'_>],
     now: Timestamp,
-) -> Result<(), StoreError> {
-    let rows_of_reservations = rows(
-        reservations
+) -> sqlx::query::Query<'q, Sqlite, SqliteArguments> {
+    let totals = rows(
+        totals
             .iter()
-            .map(|reservation| {
-                json!([
-                    reservation.id.as_str(),
-                    reservation.expires_at.unix_milliseconds(),
-                    reservation.request_key,
-                    reservation.shop.as_str(),
-                    reservation.user,
-                    reservation.order.map(|order| order.as_str())
-                ])
-            })
+            .map(|((sku, warehouse), total)| json!([sku.as_str(), warehouse.as_str(), total]))
             .collect(),
     );
     let mut lines = Vec::new();
@@ -623,43 +631,52 @@ async fn insert_reservations(
             ]));
         }
     }
-    sqlx::query(
-        "INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
-         shop, user_id, order_id) \
-         SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
-         FROM json_each($1)",
-    )
-    .bind(rows_of_reservations.clone())
-    .bind(now.unix_milliseconds())
-    .execute(&mut *connection)
-    .await?;
-    sqlx::query(
-        "INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each($1)",
-    )
-    .bind(rows(lines))
-    .execute(&mut *connection)
-    .await?;
-    sqlx::query(
-        "INSERT INTO stock_ledger \
-         (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
-         SELECT value ->> 0, value ->> 1, 'reserve', -(value ->> 2), value ->> 2, value ->> 3, value ->> 4, $2 \
-         FROM json_each($1)",
-    )
-    .bind(rows(ledger))
-    .bind(now.unix_milliseconds())
-    .execute(&mut *connection)
-    .await?;
-    // Their `reservation.created` event rows, from the same parameter (the body is
-    // read from these rows when the event is: `units::outbox`).
-    sqlx::query(
-        "INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
-         SELECT 'reservation', value ->> 0, 1, 'reservation.created', value ->> 3, NULL, $2 \
-         FROM json_each($1) ORDER BY key",
-    )
-    .bind(rows_of_reservations)
-    .bind(now.unix_milliseconds())
-    .execute(&mut *connection)
-    .await?;
-    Ok(())
+    let reservations = rows(
+        reservations
+            .iter()
+            .map(|reservation| {
+                json!([
+                    reservation.id.as_str(),
+                    reservation.expires_at.unix_milliseconds(),
+                    reservation.request_key,
+                    reservation.shop.as_str(),
+                    reservation.user,
+                    reservation.order.map(|order| order.as_str())
+                ])
+            })
+            .collect(),
+    );
+    sqlx::query(statements)
+        .bind(totals)
+        .bind(now.unix_milliseconds())
+        .bind(reservations)
+        .bind(rows(lines))
+        .bind(rows(ledger))
+}
+
+/// Runs several statements as one command to the connection's own thread, answering
+/// each statement's count of changed rows in order. A batch writes five or six tables;
+/// sent one by one, each statement would cost a hand-off to that thread and back, and
+/// on a busy machine every hand-off waits for a core. (sqlx marks several statements
+/// in one query as deprecated for drivers other than SQLite; SQLite runs them in order
+/// inside the one transaction, binding `$N` to the same parameter in each.)
+async fn run_statements(
+    connection: &mut SqliteConnection,
+    query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
+    expected: usize,
+) -> Result<Vec<u64>, StoreError> {
+    use futures_util::TryStreamExt as _;
+    #[allow(deprecated)]
+    let results: Vec<_> = query.fetch_many(&mut *connection).try_collect().await?;
+    let counts: Vec<u64> = results
+        .into_iter()
+        .filter_map(|result| result.left().map(|done| done.rows_affected()))
+        .collect();
+    if counts.len() < expected {
+        return Err(StoreError::Invariant(format!(
+            "{expected} statements sent together answered {} counts",
+            counts.len()
+        )));
+    }
+    Ok(counts)
 }
