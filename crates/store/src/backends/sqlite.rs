@@ -25,8 +25,8 @@ use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey};
 use crate::sql::{Cell, Statement, Value, text_of};
 use crate::units::decode::{
-    LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of, stored_response,
-    tallies_of,
+    LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of,
+    split_tally_rows, stored_response, tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -192,22 +192,89 @@ fn rows(values: Vec<serde_json::Value>) -> String {
     serde_json::Value::Array(values).to_string()
 }
 
-/// Runs a tally-reading `statement` that takes the keys as one JSON parameter (an array
-/// of their key columns each) and answers the key columns, then the count.
-async fn read_tallies<K: TallyKey>(
+/// Both kinds of tally in one statement (SQLite takes no row locks: the write lock
+/// of `BEGIN IMMEDIATE` is the only one): the open holds as rows without a SKU, then
+/// the purchases, split as PostgreSQL's combined read is.
+async fn read_tallies(
     connection: &mut SqliteConnection,
-    statement: &'static str,
-    asked: &[K],
-) -> Result<HashMap<K, i64>, StoreError> {
-    if asked.is_empty() {
-        return Ok(HashMap::new());
+    shoppers: &[ShopperKey],
+    purchases: &[PurchaseKey],
+) -> Result<crate::backend::LockedTallies, StoreError> {
+    if shoppers.is_empty() && purchases.is_empty() {
+        return Ok((HashMap::new(), HashMap::new()));
     }
-    let parameter = rows(asked.iter().map(|key| json!(key.columns())).collect());
-    let found = crate::sql::statement(statement)
-        .bind(parameter)
-        .fetch_all_rows(connection)
-        .await?;
-    tallies_of(asked, &found)
+    let keys = |columns: Vec<Vec<&str>>| rows(columns.into_iter().map(|key| json!(key)).collect());
+    let found = crate::sql::statement(
+        "SELECT shop, user_id, NULL AS sku, open_holds AS count FROM shopper_hold \
+         WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1)) \
+         UNION ALL SELECT shop, user_id, sku, quantity FROM shopper_purchase \
+         WHERE (shop, user_id, sku) IN (SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($2))",
+    )
+    .bind(keys(shoppers.iter().map(TallyKey::columns).collect()))
+    .bind(keys(purchases.iter().map(TallyKey::columns).collect()))
+    .fetch_all_rows(connection)
+    .await?;
+    let (holds, bought) = split_tally_rows(found);
+    Ok((
+        tallies_of(shoppers, &holds)?,
+        tallies_of(purchases, &bought)?,
+    ))
+}
+
+/// Both tally writes of a batch, sent as one command ([`run_statements`]): each
+/// shopper's new open holds under `open_holds_max` (`$1`, `$2`), then each key's new
+/// units under the SKU's or the campaign's per-user limit, else `quantity_max` (`$3`,
+/// `$4`); a new tally is created. Answers the rows each wrote.
+async fn add_tallies(
+    connection: &mut SqliteConnection,
+    holds_added: &BTreeMap<ShopperKey, i64>,
+    open_holds_max: i64,
+    purchases_added: &BTreeMap<PurchaseKey, i64>,
+    quantity_max: i64,
+) -> Result<(u64, u64), StoreError> {
+    if holds_added.is_empty() && purchases_added.is_empty() {
+        return Ok((0, 0));
+    }
+    let holds = rows(
+        holds_added
+            .iter()
+            .map(|((shop, user), holds)| json!([shop.as_str(), user.as_str(), holds]))
+            .collect(),
+    );
+    let purchases = rows(
+        purchases_added
+            .iter()
+            .map(|((shop, user, sku), quantity)| {
+                json!([shop.as_str(), user.as_str(), sku.as_str(), quantity])
+            })
+            .collect(),
+    );
+    // `WHERE` before `ON CONFLICT`: without it SQLite reads `ON` as a join's.
+    let query = sqlx::query(
+        "INSERT INTO shopper_hold (shop, user_id, open_holds) \
+         SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1) \
+         WHERE value ->> 2 <= $2 \
+         ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
+         WHERE shopper_hold.open_holds + excluded.open_holds <= $2;
+         INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+         SELECT added.shop, added.user_id, added.sku, added.quantity \
+         FROM (SELECT value ->> 0 AS shop, value ->> 1 AS user_id, value ->> 2 AS sku, \
+               value ->> 3 AS quantity FROM json_each($3)) AS added \
+         WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+         AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+             (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $4) \
+         ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
+         WHERE shopper_purchase.quantity + excluded.quantity <= \
+         COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
+             (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $4)",
+    )
+    .bind(holds)
+    .bind(open_holds_max)
+    .bind(purchases)
+    .bind(quantity_max);
+    let counts = run_statements(connection, query, 2).await?;
+    Ok((counts[0], counts[1]))
 }
 
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
@@ -387,103 +454,65 @@ impl Dialect for SqliteConnection {
         locked_stock_of(found)
     }
 
-    /// All the shoppers' tallies in one statement (the write lock is held already).
     async fn lock_open_holds(
         &mut self,
         shoppers: &[ShopperKey],
     ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
-        read_tallies(
-            self,
-            "SELECT shop, user_id, open_holds FROM shopper_hold \
-             WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
-            shoppers,
-        )
-        .await
+        Ok(read_tallies(self, shoppers, &[]).await?.0)
     }
 
-    /// All the shoppers' units of limited SKUs in one statement.
     async fn lock_purchases(
         &mut self,
         purchases: &[PurchaseKey],
     ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
-        read_tallies(
-            self,
-            "SELECT shop, user_id, sku, quantity FROM shopper_purchase \
-             WHERE (shop, user_id, sku) IN \
-             (SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1))",
-            purchases,
-        )
-        .await
+        Ok(read_tallies(self, &[], purchases).await?.1)
     }
 
-    /// Every shopper's new open holds in one statement, each under the bound of
-    /// `Dialect::add_open_holds_of_all` (a new tally too). Answers the rows written.
+    async fn lock_tallies_of_all(
+        &mut self,
+        shoppers: &[ShopperKey],
+        purchases: &[PurchaseKey],
+    ) -> Result<crate::backend::LockedTallies, StoreError> {
+        read_tallies(self, shoppers, purchases).await
+    }
+
     async fn add_open_holds_of_all(
         &mut self,
         added: &BTreeMap<ShopperKey, i64>,
         open_holds_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
-        }
-        let parameter = rows(
-            added
-                .iter()
-                .map(|((shop, user), holds)| json!([shop.as_str(), user.as_str(), holds]))
-                .collect(),
-        );
-        // `WHERE` before `ON CONFLICT`: without it SQLite reads `ON` as a join's.
-        let done = sqlx::query(
-            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
-             SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1) \
-             WHERE value ->> 2 <= $2 \
-             ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
-             WHERE shopper_hold.open_holds + excluded.open_holds <= $2",
+        Ok(
+            add_tallies(self, added, open_holds_max, &BTreeMap::new(), 0)
+                .await?
+                .0,
         )
-        .bind(parameter)
-        .bind(open_holds_max)
-        .execute(&mut *self)
-        .await?;
-        Ok(done.rows_affected())
     }
 
-    /// Every key's new units in one statement, each under the bound of
-    /// `Dialect::add_purchases_of_all`. Answers the rows written.
     async fn add_purchases_of_all(
         &mut self,
         added: &BTreeMap<PurchaseKey, i64>,
         quantity_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
-        }
-        let parameter = rows(
-            added
-                .iter()
-                .map(|((shop, user, sku), quantity)| {
-                    json!([shop.as_str(), user.as_str(), sku.as_str(), quantity])
-                })
-                .collect(),
-        );
-        let done = sqlx::query(
-            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT added.shop, added.user_id, added.sku, added.quantity \
-             FROM (SELECT value ->> 0 AS shop, value ->> 1 AS user_id, value ->> 2 AS sku, \
-                   value ->> 3 AS quantity FROM json_each($1)) AS added \
-             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
-                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
-             AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), $2) \
-             ON CONFLICT (shop, user_id, sku) DO UPDATE SET quantity = shopper_purchase.quantity + excluded.quantity \
-             WHERE shopper_purchase.quantity + excluded.quantity <= \
-             COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = excluded.sku), \
-                 (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = excluded.sku), $2)",
+        Ok(add_tallies(self, &BTreeMap::new(), 0, added, quantity_max)
+            .await?
+            .1)
+    }
+
+    async fn add_tallies_of_all(
+        &mut self,
+        holds_added: &BTreeMap<ShopperKey, i64>,
+        open_holds_max: i64,
+        purchases_added: &BTreeMap<PurchaseKey, i64>,
+        quantity_max: i64,
+    ) -> Result<(u64, u64), StoreError> {
+        add_tallies(
+            self,
+            holds_added,
+            open_holds_max,
+            purchases_added,
+            quantity_max,
         )
-        .bind(parameter)
-        .bind(quantity_max)
-        .execute(&mut *self)
-        .await?;
-        Ok(done.rows_affected())
+        .await
     }
 
     async fn sku_facts(
