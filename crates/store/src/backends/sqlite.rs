@@ -543,7 +543,7 @@ impl Dialect for SqliteConnection {
     ) -> Result<u64, StoreError> {
         let counts = run_statements(
             self,
-            reservation_writes(WRITE_RESERVATIONS, totals, reservations, now),
+            with_reservation_rows(WRITE_RESERVATIONS, totals, reservations, now),
             5,
         )
         .await?;
@@ -574,7 +574,7 @@ impl Dialect for SqliteConnection {
         );
         let counts = run_statements(
             self,
-            reservation_writes(WRITE_BATCH, totals, reservations, now).bind(records),
+            with_reservation_rows(WRITE_BATCH, totals, reservations, now).bind(records),
             6,
         )
         .await?;
@@ -589,7 +589,7 @@ impl Dialect for SqliteConnection {
 /// `$1` the stock rows' totals, `$2` now, `$3` the reservations, `$4` their lines,
 /// `$5` their ledger rows (JSON arrays; an empty one writes nothing). The first
 /// statement's count is how many stock rows it took from.
-macro_rules! reservation_writes {
+macro_rules! reservation_write_statements {
     () => {
         "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
          version = version + 1, updated_at = $2 \
@@ -614,12 +614,12 @@ macro_rules! reservation_writes {
 /// The reservations' writes. Their `reservation.created` event rows come from the
 /// reservations' own parameter (the body is read from these rows when the event is:
 /// `units::outbox`).
-const WRITE_RESERVATIONS: &str = reservation_writes!();
+const WRITE_RESERVATIONS: &str = reservation_write_statements!();
 
 /// The reservations' writes, then the batch's idempotency records (`$6`: key,
 /// fingerprint, status, body); the last statement's count is how many it stored.
 const WRITE_BATCH: &str = concat!(
-    reservation_writes!(),
+    reservation_write_statements!(),
     "
      INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
      SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($6) WHERE true \
@@ -627,7 +627,7 @@ const WRITE_BATCH: &str = concat!(
 );
 
 /// `statements` (one of the two above) with the reservations' five parameters bound.
-fn reservation_writes<'q>(
+fn with_reservation_rows<'q>(
     statements: &'static str,
     totals: &BTreeMap<StockKey, i64>,
     reservations: &[NewReservation<'_>],
