@@ -14,6 +14,7 @@ mirrored_tests!(
     a_full_reservation_queue_answers_429_at_once_and_changes_nothing,
     a_batch_that_fits_whole_is_written_in_one_round_trip_on_postgresql,
     a_key_repeated_in_a_batch_after_its_answer_was_stored_replays_that_answer,
+    closing_a_pool_of_its_own_leaves_the_store_it_came_from_open,
 );
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
@@ -38,6 +39,40 @@ async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_noth
     let retry = app.reserve("blocked", &[("HELD", 1)]).await;
     assert_eq!(retry.status, 201, "the same key runs once the lock is gone");
     assert!(!retry.replayed());
+}
+
+/// The combiner reserves through a pool of its own (PostgreSQL and MySQL) on a thread
+/// of its own; the store it came from, and its replicas, outlive that pool.
+async fn closing_a_pool_of_its_own_leaves_the_store_it_came_from_open(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("OWN", 3).await;
+    match app.store.with_own_pool(1) {
+        None => assert_eq!(
+            backend,
+            Backend::Sqlite,
+            "only SQLite shares its one writer"
+        ),
+        Some(own) => {
+            assert_eq!(own.negative_stock_rows().await.expect("read through it"), 0);
+            own.close().await;
+            assert!(
+                own.negative_stock_rows().await.is_err(),
+                "its own pool is closed"
+            );
+            assert_eq!(
+                app.store
+                    .negative_stock_rows()
+                    .await
+                    .expect("the store is open"),
+                0
+            );
+        }
+    }
+
+    let response = app.reserve("after-own-pool", &[("OWN", 1)]).await;
+
+    assert_eq!(response.status, 201, "{response:?}");
+    assert_eq!(app.counters("OWN").await, (2, 1), "available, reserved");
 }
 
 fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> ReserveRequest {

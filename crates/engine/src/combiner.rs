@@ -14,12 +14,14 @@
 //! oversell boundary, so several stockd processes on one database stay correct.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 use domain::ConsistencyToken;
+use futures_util::FutureExt;
 use store::{Idempotent, LockTurn, ReserveRequest, ResponseRenderer, Store, StoreError};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::clock::Clock;
 use crate::config::EngineConfig;
@@ -62,7 +64,12 @@ struct ShardContext {
 }
 
 impl Combiner {
-    /// Starts one task per shard. They stop when every `Combiner` clone is dropped.
+    /// Starts one task per shard, on a thread and runtime of the combiner's own and,
+    /// on PostgreSQL and MySQL, with connections of its own (one per batch that may be
+    /// in flight). A batch then hears the database's answer as soon as it comes: the
+    /// server's runtime notices a socket's readiness only between its ready tasks, of
+    /// which a loaded server has hundreds (docs/BENCHMARKS.md). The tasks stop, and
+    /// the thread with them, when every `Combiner` clone is dropped.
     pub fn start(
         store: Store,
         clock: Arc<dyn Clock>,
@@ -70,18 +77,50 @@ impl Combiner {
         config: &EngineConfig,
     ) -> Combiner {
         let shard_count = config.combiner_shards.max(1);
+        let connections = shard_count * config.combiner_batches_in_flight.max(1);
+        let own_pool = store.with_own_pool(u32::try_from(connections).unwrap_or(u32::MAX));
         let mut shards = Vec::with_capacity(shard_count);
+        let mut tasks = Vec::with_capacity(shard_count);
         for shard in 0..shard_count {
             let (sender, receiver) = mpsc::channel(config.combiner_queue_depth_max.max(1));
             let context = ShardContext {
                 shard,
-                store: store.clone(),
+                store: own_pool.clone().unwrap_or_else(|| store.clone()),
                 clock: Arc::clone(&clock),
                 renderer: Arc::clone(&renderer),
                 config: config.clone(),
             };
-            tokio::spawn(run_shard(receiver, context));
+            tasks.push(run_shard(receiver, context));
             shards.push(sender);
+        }
+        let all_shards = async move {
+            let mut running = tokio::task::JoinSet::new();
+            for task in tasks {
+                running.spawn(task);
+            }
+            while running.join_next().await.is_some() {}
+            if let Some(own_pool) = own_pool {
+                own_pool.close().await;
+            }
+        };
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => {
+                let spawned = std::thread::Builder::new()
+                    .name("stockd-combiner".into())
+                    .spawn(move || runtime.block_on(all_shards));
+                if let Err(error) = spawned {
+                    // Its queues are closed with it: reservations answer that the
+                    // combiner stopped, and the failure is in the log.
+                    tracing::error!(%error, "cannot start the combiner's thread");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the combiner runs on the server's runtime: it cannot have its own");
+                tokio::spawn(all_shards);
+            }
         }
         Combiner {
             shards: Arc::new(shards),
@@ -140,9 +179,8 @@ impl Combiner {
 async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
     let context = Arc::new(context);
     let batch_size_max = context.config.combiner_batch_size_max.max(1);
-    let in_flight = Arc::new(Semaphore::new(
-        context.config.combiner_batches_in_flight.max(1),
-    ));
+    let batches_in_flight_max = context.config.combiner_batches_in_flight.max(1);
+    let in_flight = Arc::new(Semaphore::new(batches_in_flight_max));
     let shard_label = context.shard.to_string();
     let mut previous_locked: Option<oneshot::Receiver<()>> = None;
     loop {
@@ -168,27 +206,44 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
             after: previous_locked.replace(next_after),
             locked: Some(locked),
         };
-        let context = Arc::clone(&context);
-        tokio::spawn(async move {
-            let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
-                jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
-            let (outcomes, committed_at) = execute(&context, &requests, turn).await;
-            drop(permit);
-            // At or past the commit: read with it (PostgreSQL's one round trip), or else
-            // read now, after it; a batch that wrote nothing needs none.
-            let position = match committed_at {
-                Some(position) => Some(position),
-                None if outcomes.iter().any(Result::is_ok) => {
-                    context.store.consistency_token().await.ok()
-                }
-                None => None,
-            };
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A caller that went away still had its effect stored; its retry
-                // replays it.
-                let _ = reply.send(Answer { outcome, position });
+        let batch = run_batch(Arc::clone(&context), jobs, turn, permit);
+        if batches_in_flight_max == 1 {
+            // Nothing could overlap this batch: the loop would only wait for its
+            // permit. Running it here saves a hand-off to a spawned task (often to the
+            // other worker thread), which a lone request's latency pays in full. A
+            // panic ends only this batch, as it would in a task of its own: its
+            // callers hear that the combiner stopped, and the shard goes on.
+            if AssertUnwindSafe(batch).catch_unwind().await.is_err() {
+                tracing::error!(shard = context.shard, "a reservation batch panicked");
             }
-        });
+        } else {
+            tokio::spawn(batch);
+        }
+    }
+}
+
+/// Runs one batch and answers its requests; the permit is its slot among the batches
+/// in flight.
+async fn run_batch(
+    context: Arc<ShardContext>,
+    jobs: Vec<Job>,
+    turn: LockTurn,
+    permit: OwnedSemaphorePermit,
+) {
+    let (requests, replies): (Vec<ReserveRequest>, Vec<_>) =
+        jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
+    let (outcomes, committed_at) = execute(&context, &requests, turn).await;
+    drop(permit);
+    // At or past the commit: read with it (PostgreSQL's one round trip), or else read
+    // now, after it; a batch that wrote nothing needs none.
+    let position = match committed_at {
+        Some(position) => Some(position),
+        None if outcomes.iter().any(Result::is_ok) => context.store.consistency_token().await.ok(),
+        None => None,
+    };
+    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        // A caller that went away still had its effect stored; its retry replays it.
+        let _ = reply.send(Answer { outcome, position });
     }
 }
 

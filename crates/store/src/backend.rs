@@ -473,6 +473,13 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     fn pool_usage(&self) -> PoolUsage;
     fn close(&self) -> impl Future<Output = ()> + Send;
 
+    /// The same database through a writer pool of its own, of at most `connections`,
+    /// connecting lazily: a connection's socket belongs to the runtime that opened it,
+    /// so a pool used from another runtime should be opened there. Closing it closes
+    /// only its own pool. `None` where the connections already run on threads of
+    /// their own and must be shared (SQLite's one writer).
+    fn with_own_pool(&self, connections: u32) -> Option<Self>;
+
     /// The whole-batch fast path (see [`Dialect::WHOLE_BATCH_FAST_PATH`]): looks up the
     /// keys, locks the rows and, when every request fits, writes and commits the batch
     /// in one round trip. Anything else writes nothing and answers
@@ -542,6 +549,19 @@ pub fn pool_options_pinging_after<Database: sqlx::Database>(
                 Ok(true)
             })
         })
+}
+
+/// A pool like `pool` (its connect options, session settings, timeouts and checks)
+/// holding at most `connections`, each opened when first needed.
+pub(crate) fn sibling_pool<Database: sqlx::Database>(
+    pool: &sqlx::Pool<Database>,
+    connections: u32,
+) -> sqlx::Pool<Database> {
+    pool.options()
+        .clone()
+        .min_connections(0)
+        .max_connections(connections.max(1))
+        .connect_lazy_with((*pool.connect_options()).clone())
 }
 
 /// Counts who waits for a pooled connection, and the waits that timed out: sqlx's

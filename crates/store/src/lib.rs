@@ -208,6 +208,18 @@ impl Store {
         dispatch!(self, store => store.has_replicas())
     }
 
+    /// The same store through a writer pool of its own, of at most `connections`,
+    /// opened lazily by whichever runtime first uses it (PostgreSQL and MySQL); on
+    /// SQLite, `None`: its one writer is shared. [`Store::close`] on it closes only
+    /// that pool.
+    pub fn with_own_pool(&self, connections: u32) -> Option<Store> {
+        match self {
+            Store::Sqlite(store) => store.with_own_pool(connections).map(Store::Sqlite),
+            Store::Postgres(store) => store.with_own_pool(connections).map(Store::Postgres),
+            Store::Mysql(store) => store.with_own_pool(connections).map(Store::Mysql),
+        }
+    }
+
     /// What the database pools are doing now (no database call).
     pub fn pool_usage(&self) -> backend::PoolUsage {
         dispatch!(self, store => store.pool_usage())

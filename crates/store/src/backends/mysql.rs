@@ -139,6 +139,13 @@ impl Backend for MysqlBackend {
 
     crate::backend::one_pool_backend_methods!();
 
+    fn with_own_pool(&self, connections: u32) -> Option<Self> {
+        Some(MysqlBackend {
+            pool: crate::backend::sibling_pool(&self.pool, connections),
+            ..self.clone()
+        })
+    }
+
     const NAME: &'static str = "mysql";
 
     /// The audit compares several tables, so it reads them from one snapshot. `SET

@@ -80,6 +80,16 @@ impl Backend for PostgresBackend {
 
     crate::backend::one_pool_backend_methods!(replicas);
 
+    /// Replicas serve display reads, which never go through this pool: it has none,
+    /// so closing it leaves the replicas' pools to their owner.
+    fn with_own_pool(&self, connections: u32) -> Option<Self> {
+        Some(PostgresBackend {
+            pool: crate::backend::sibling_pool(&self.pool, connections),
+            replicas: Arc::new(ReplicaSet::none()),
+            ..self.clone()
+        })
+    }
+
     const NAME: &'static str = "postgres";
 
     /// The audit compares several tables, so it reads them from one snapshot.

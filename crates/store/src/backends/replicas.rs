@@ -96,6 +96,15 @@ impl ReplicaSet {
         })
     }
 
+    /// No replicas.
+    pub fn none() -> ReplicaSet {
+        ReplicaSet {
+            members: Vec::new(),
+            next: AtomicUsize::new(0),
+            lag_seconds_max: 0.0,
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }

@@ -86,6 +86,11 @@ impl Backend for SqliteBackend {
 
     const NAME: &'static str = "sqlite";
 
+    /// One writer per database file: a second pool would only wait for its lock.
+    fn with_own_pool(&self, _connections: u32) -> Option<Self> {
+        None
+    }
+
     /// SQLite's one lock is the database's write lock, waited for here (the write
     /// connection, then `BEGIN IMMEDIATE` against other processes): this wait is the
     /// backend's lock wait.

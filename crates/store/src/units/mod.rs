@@ -127,6 +127,15 @@ impl<B: Backend> Units<B> {
     pub async fn close(&self) {
         self.backend.close().await
     }
+
+    /// These units of work through a writer pool of their own (see
+    /// [`Backend::with_own_pool`]); what they cache is still shared.
+    pub fn with_own_pool(&self, connections: u32) -> Option<Units<B>> {
+        Some(Units {
+            backend: self.backend.with_own_pool(connections)?,
+            campaign_limits: std::sync::Arc::clone(&self.campaign_limits),
+        })
+    }
 }
 
 /// A display read: runs `$read` (an expression using the transaction `$transaction`)
