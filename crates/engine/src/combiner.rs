@@ -64,12 +64,14 @@ struct ShardContext {
 }
 
 impl Combiner {
-    /// Starts one task per shard, on a thread and runtime of the combiner's own and,
-    /// on PostgreSQL and MySQL, with connections of its own (one per batch that may be
-    /// in flight). A batch then hears the database's answer as soon as it comes: the
-    /// server's runtime notices a socket's readiness only between its ready tasks, of
-    /// which a loaded server has hundreds (docs/BENCHMARKS.md). The tasks stop, and
-    /// the thread with them, when every `Combiner` clone is dropped.
+    /// Starts one task per shard. On PostgreSQL they run on a thread and runtime of
+    /// the combiner's own, with connections of its own (one per batch that may be in
+    /// flight): a batch then hears the database's answer as soon as it comes, where
+    /// the server's runtime notices a socket's readiness only between its ready tasks,
+    /// of which a loaded server has hundreds (docs/BENCHMARKS.md). Elsewhere they run
+    /// on the caller's runtime and share its pool: a socket belongs to the runtime that
+    /// opened it, so a shared pool's connections stay with the server's. The tasks
+    /// stop, and the thread with them, when every `Combiner` clone is dropped.
     pub fn start(
         store: Store,
         clock: Arc<dyn Clock>,
@@ -79,6 +81,7 @@ impl Combiner {
         let shard_count = config.combiner_shards.max(1);
         let connections = shard_count * config.combiner_batches_in_flight.max(1);
         let own_pool = store.with_own_pool(u32::try_from(connections).unwrap_or(u32::MAX));
+        let own_thread = own_pool.is_some();
         let mut shards = Vec::with_capacity(shard_count);
         let mut tasks = Vec::with_capacity(shard_count);
         for shard in 0..shard_count {
@@ -103,11 +106,19 @@ impl Combiner {
                 own_pool.close().await;
             }
         };
-        match tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        {
-            Ok(runtime) => {
+        let own_runtime = if own_thread {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| {
+                    tracing::warn!(%error, "the combiner runs on the server's runtime: it cannot have its own");
+                })
+                .ok()
+        } else {
+            None
+        };
+        match own_runtime {
+            Some(runtime) => {
                 let spawned = std::thread::Builder::new()
                     .name("stockd-combiner".into())
                     .spawn(move || runtime.block_on(all_shards));
@@ -117,8 +128,7 @@ impl Combiner {
                     tracing::error!(%error, "cannot start the combiner's thread");
                 }
             }
-            Err(error) => {
-                tracing::warn!(%error, "the combiner runs on the server's runtime: it cannot have its own");
+            None => {
                 tokio::spawn(all_shards);
             }
         }

@@ -476,8 +476,8 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The same database through a writer pool of its own, of at most `connections`,
     /// connecting lazily: a connection's socket belongs to the runtime that opened it,
     /// so a pool used from another runtime should be opened there. Closing it closes
-    /// only its own pool. `None` where the connections already run on threads of
-    /// their own and must be shared (SQLite's one writer).
+    /// only its own pool. `None` where the pool is to be shared: SQLite's one writer,
+    /// and MySQL, where an own pool was measured slower.
     fn with_own_pool(&self, connections: u32) -> Option<Self>;
 
     /// The whole-batch fast path (see [`Dialect::WHOLE_BATCH_FAST_PATH`]): looks up the

@@ -209,9 +209,9 @@ impl Store {
     }
 
     /// The same store through a writer pool of its own, of at most `connections`,
-    /// opened lazily by whichever runtime first uses it (PostgreSQL and MySQL); on
-    /// SQLite, `None`: its one writer is shared. [`Store::close`] on it closes only
-    /// that pool.
+    /// opened lazily by whichever runtime first uses it (PostgreSQL); `None` on SQLite
+    /// (its one writer is shared) and MySQL (measured slower). [`Store::close`] on it
+    /// closes only that pool.
     pub fn with_own_pool(&self, connections: u32) -> Option<Store> {
         match self {
             Store::Sqlite(store) => store.with_own_pool(connections).map(Store::Sqlite),
