@@ -97,6 +97,14 @@ impl Combiner {
             shards.push(sender);
         }
         let all_shards = async move {
+            if let Some(own_pool) = &own_pool {
+                // Open a connection now, on this runtime, so the first batch (a flash
+                // sale's first, say) does not wait for it. A database that is down
+                // now is met again, and answered, by that batch.
+                if let Err(error) = own_pool.ping().await {
+                    tracing::warn!(%error, "the combiner's connection could not be opened yet");
+                }
+            }
             let mut running = tokio::task::JoinSet::new();
             for task in tasks {
                 running.spawn(task);

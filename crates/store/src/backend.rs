@@ -552,7 +552,10 @@ pub fn pool_options_pinging_after<Database: sqlx::Database>(
 }
 
 /// A pool like `pool` (its connect options, session settings, timeouts and checks)
-/// holding at most `connections`, each opened when first needed.
+/// holding at most `connections`, each opened when first needed. It has no reaper:
+/// sqlx would run the reaper on the runtime that creates the pool, not the one that
+/// uses it; its few connections are busy, and a dead one is found by the ping before
+/// it is lent out (`pool_options`).
 pub(crate) fn sibling_pool<Database: sqlx::Database>(
     pool: &sqlx::Pool<Database>,
     connections: u32,
@@ -561,6 +564,8 @@ pub(crate) fn sibling_pool<Database: sqlx::Database>(
         .clone()
         .min_connections(0)
         .max_connections(connections.max(1))
+        .idle_timeout(None)
+        .max_lifetime(None)
         .connect_lazy_with((*pool.connect_options()).clone())
 }
 
