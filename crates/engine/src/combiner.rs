@@ -66,7 +66,8 @@ struct ShardContext {
 impl Combiner {
     /// Starts one task per shard. On PostgreSQL they run on a thread and runtime of
     /// the combiner's own, with connections of its own (one per batch that may be in
-    /// flight): a batch then hears the database's answer as soon as it comes, where
+    /// flight, and one for the position read after a batch of the transaction path,
+    /// so the next batch does not wait for it): a batch then hears the database's answer as soon as it comes, where
     /// the server's runtime notices a socket's readiness only between its ready tasks,
     /// of which a loaded server has hundreds (docs/BENCHMARKS.md). Elsewhere they run
     /// on the caller's runtime and share its pool: a socket belongs to the runtime that
@@ -79,7 +80,7 @@ impl Combiner {
         config: &EngineConfig,
     ) -> Combiner {
         let shard_count = config.combiner_shards.max(1);
-        let connections = shard_count * config.combiner_batches_in_flight.max(1);
+        let connections = shard_count * config.combiner_batches_in_flight.max(1) + 1;
         let own_pool = store.with_own_pool(u32::try_from(connections).unwrap_or(u32::MAX));
         let own_thread = own_pool.is_some();
         let mut shards = Vec::with_capacity(shard_count);
@@ -252,16 +253,23 @@ async fn run_batch(
         jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
     let (outcomes, committed_at) = execute(&context, &requests, turn).await;
     drop(permit);
-    // At or past the commit: read with it (PostgreSQL's one round trip), or else read
-    // now, after it; a batch that wrote nothing needs none.
-    let position = match committed_at {
-        Some(position) => Some(position),
-        None if outcomes.iter().any(Result::is_ok) => context.store.consistency_token().await.ok(),
-        None => None,
+    let wrote = outcomes.iter().any(Result::is_ok);
+    let answer = move |position: Option<ConsistencyToken>| {
+        for (reply, outcome) in replies.into_iter().zip(outcomes) {
+            // A caller that went away still had its effect stored; its retry replays it.
+            let _ = reply.send(Answer { outcome, position });
+        }
     };
-    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-        // A caller that went away still had its effect stored; its retry replays it.
-        let _ = reply.send(Answer { outcome, position });
+    // At or past the commit: read with it (PostgreSQL's one round trip), or else read
+    // after it, in a task of its own so the queue's next batch need not wait for that
+    // read (PostgreSQL's transaction path); a batch that wrote nothing needs none.
+    match committed_at {
+        Some(position) => answer(Some(position)),
+        None if wrote => {
+            let store = context.store.clone();
+            tokio::spawn(async move { answer(store.consistency_token().await.ok()) });
+        }
+        None => answer(None),
     }
 }
 
