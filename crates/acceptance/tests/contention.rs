@@ -15,6 +15,7 @@ mirrored_tests!(
     a_batch_that_fits_whole_is_written_in_one_round_trip_on_postgresql,
     a_key_repeated_in_a_batch_after_its_answer_was_stored_replays_that_answer,
     closing_a_pool_of_its_own_leaves_the_store_it_came_from_open,
+    the_pool_gauges_count_the_combiners_own_connections_with_the_stores,
 );
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
@@ -73,6 +74,38 @@ async fn closing_a_pool_of_its_own_leaves_the_store_it_came_from_open(backend: B
 
     assert_eq!(response.status, 201, "{response:?}");
     assert_eq!(app.counters("OWN").await, (2, 1), "available, reserved");
+}
+
+/// `stockd_db_pool_connections` counts every connection the process holds to the
+/// database: on PostgreSQL the combiner's own with the store's (an operator sizing
+/// `max_connections` reads it).
+async fn the_pool_gauges_count_the_combiners_own_connections_with_the_stores(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("GAUGED", 3).await;
+    let response = app.reserve("gauged", &[("GAUGED", 1)]).await;
+    assert_eq!(response.status, 201, "{response:?}");
+
+    match app.engine.combiner_pool_usage() {
+        None => assert_ne!(
+            backend,
+            Backend::Postgres,
+            "PostgreSQL's combiner reserves through a pool of its own"
+        ),
+        Some(own) => {
+            let own_connections = own.active + own.idle;
+            assert!(
+                own_connections >= 1,
+                "the batch's connection stays open: {own:?}"
+            );
+            // Read before the sum: the store's pool may only grow meanwhile.
+            let store = app.store.pool_usage();
+            let all = app.engine.pool_usage();
+            assert!(
+                all.active + all.idle >= store.active + store.idle + own_connections,
+                "the store's connections and the combiner's together: {all:?}, the store's {store:?}, the combiner's {own:?}"
+            );
+        }
+    }
 }
 
 fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> ReserveRequest {

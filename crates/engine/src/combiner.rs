@@ -52,6 +52,8 @@ pub(crate) struct Answer {
 #[derive(Clone)]
 pub struct Combiner {
     shards: Arc<Vec<mpsc::Sender<Job>>>,
+    /// The pool of the combiner's own (PostgreSQL), kept here for the pool gauges.
+    own_pool: Option<Store>,
 }
 
 /// What a shard needs to run batches.
@@ -83,6 +85,7 @@ impl Combiner {
         let connections = shard_count * config.combiner_batches_in_flight.max(1) + 1;
         let own_pool = store.with_own_pool(u32::try_from(connections).unwrap_or(u32::MAX));
         let own_thread = own_pool.is_some();
+        let gauged_pool = own_pool.clone();
         let mut shards = Vec::with_capacity(shard_count);
         let mut tasks = Vec::with_capacity(shard_count);
         for shard in 0..shard_count {
@@ -143,7 +146,15 @@ impl Combiner {
         }
         Combiner {
             shards: Arc::new(shards),
+            own_pool: gauged_pool,
         }
+    }
+
+    /// The connections of the combiner's own pool, when it has one (PostgreSQL). Its
+    /// waits and acquire timeouts are counted with the store's: the two pools share
+    /// one watch.
+    pub fn own_pool_usage(&self) -> Option<store::backend::PoolUsage> {
+        self.own_pool.as_ref().map(Store::pool_usage)
     }
 
     fn shard_of(&self, request: &ReserveRequest) -> usize {

@@ -696,10 +696,28 @@ impl Engine {
         health
     }
 
+    /// The pools' connections, waiters and acquire timeouts: the store's, and the
+    /// combiner's own connections (PostgreSQL) with them, so the gauges count every
+    /// connection this process holds to the database.
+    pub fn pool_usage(&self) -> store::backend::PoolUsage {
+        let mut usage = self.inner.store.pool_usage();
+        if let Some(own) = self.inner.combiner.own_pool_usage() {
+            // Its waits and timeouts are the store's already (one shared watch).
+            usage.active += own.active;
+            usage.idle += own.idle;
+        }
+        usage
+    }
+
+    /// The combiner's own pool, when it has one (PostgreSQL).
+    pub fn combiner_pool_usage(&self) -> Option<store::backend::PoolUsage> {
+        self.inner.combiner.own_pool_usage()
+    }
+
     /// The database gauges that need no query: the pools' connections, waiters and
     /// acquire timeouts (read at every scrape).
     pub fn pool_gauges(&self) {
-        let usage = self.inner.store.pool_usage();
+        let usage = self.pool_usage();
         metrics::gauge!("stockd_db_pool_connections", "state" => "active").set(usage.active as f64);
         metrics::gauge!("stockd_db_pool_connections", "state" => "idle").set(usage.idle as f64);
         metrics::gauge!("stockd_db_pool_waiting").set(usage.waiting as f64);
