@@ -100,10 +100,12 @@ pub async fn stamp_writes(State(state): State<AppState>, request: Request, next:
         .extensions()
         .get::<AnsweredWithoutAWrite>()
         .is_some();
+    // Boxed (`engine::cold`): a reservation's answer comes stamped, so the read is
+    // other writes' and its future need not be in every request's.
     if !stamped
         && !wrote_nothing
         && reports_a_write(&method, response.status())
-        && let Some(token) = state.engine.consistency_token().await
+        && let Some(token) = engine::cold(state.engine.consistency_token()).await
     {
         stamp(&mut response, token);
     }

@@ -200,12 +200,14 @@ impl Engine {
         if let Some(cached) = self.inner.credentials.cached(&key, now, ttl) {
             return Ok(cached.principal);
         }
-        let found = self
-            .inner
-            .store
-            .principal_by_secret_hash(&domain::lower_hex(&key))
-            .await
-            .map_err(|error| log_store_error("authenticate", error))?;
+        // A cache miss: boxed, so every request's future does not carry the lookup's.
+        let found = crate::cold(
+            self.inner
+                .store
+                .principal_by_secret_hash(&domain::lower_hex(&key)),
+        )
+        .await
+        .map_err(|error| log_store_error("authenticate", error))?;
         // With a configured admin token, a stored (generated) one is not the admin's.
         let principal = found
             .filter(|principal| !(configured_admin.is_some() && *principal == Principal::Admin))

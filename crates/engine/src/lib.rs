@@ -224,8 +224,10 @@ impl Engine {
                         return Err(EngineError::RequestInProgress);
                     }
                     // The original finished. If it stored a response, that is the answer;
-                    // if it failed without one, this request runs in its place.
-                    if let Some(first) = self.first_answer(operation, claim).await? {
+                    // if it failed without one, this request runs in its place. Boxed:
+                    // a store call's future is kilobytes, and inline it would make every
+                    // request's future that large (see `cold`).
+                    if let Some(first) = cold(self.first_answer(operation, claim)).await? {
                         return Ok(first);
                     }
                 }
@@ -877,6 +879,18 @@ impl Engine {
     }
 }
 
+/// `future` on the heap, for a branch the hot path rarely takes.
+///
+/// An async function's future is as large as the largest future it awaits inline, and
+/// a store call's is kilobytes (every backend's statements in one enum). Every request
+/// pays for that size whether or not it takes the branch: the future is moved as it
+/// is built, once for each level that awaits it, and axum moves the handler's into a
+/// box. A cold branch awaited through `cold` costs an allocation when it runs, and
+/// nothing when it does not (`the_hot_paths_futures_stay_smaller_than_one_store_call`).
+pub fn cold<F: Future>(future: F) -> std::pin::Pin<Box<F>> {
+    Box::pin(future)
+}
+
 /// A refusal of the trust model, as the engine reports it.
 pub(crate) fn forbidden(denied: domain::Denied) -> EngineError {
     EngineError::Forbidden(denied.0)
@@ -1023,6 +1037,58 @@ mod tests {
             EngineConfig::default(),
         );
         (engine, directory)
+    }
+
+    /// The request path awaits its store calls through `cold` where they are rare
+    /// branches: inline, one of them makes every request's future as large as a
+    /// store call's, which is moved several times as the request's future is built.
+    #[tokio::test]
+    async fn the_hot_paths_futures_stay_smaller_than_one_store_call() {
+        let (engine, directory) = engine().await;
+        let principal = Principal::Admin;
+        let claim = IdempotencyClaim {
+            key: store::ScopedKey::new(&principal, &domain::IdempotencyKey::parse("k-1").unwrap()),
+            fingerprint: String::new(),
+        };
+        let store_call = std::mem::size_of_val(&engine.inner.store.principal_by_secret_hash("00"));
+        let hold = HoldRequest {
+            lines: Vec::new(),
+            ttl: None,
+            reference: domain::OrderReference::default(),
+            campaign: None,
+            respond_async: false,
+        };
+        let skus: Vec<&SkuCode> = Vec::new();
+        let digest = credentials::digest("a token");
+
+        let sizes = [
+            (
+                "reserve",
+                std::mem::size_of_val(&engine.reserve(&principal, &claim, hold, None)),
+            ),
+            (
+                "authenticate_digest",
+                std::mem::size_of_val(&engine.authenticate_digest(&digest, 7)),
+            ),
+            (
+                "scope_of_skus",
+                std::mem::size_of_val(&engine.scope_of_skus(&principal, Action::Reserve, &skus)),
+            ),
+            (
+                "idempotent",
+                std::mem::size_of_val(
+                    &engine.idempotent("reserve", &claim, || async { Ok(Idempotent::KeyReused) }),
+                ),
+            ),
+        ];
+
+        for (name, size) in sizes {
+            assert!(
+                size < store_call,
+                "{name}'s future is {size} bytes, a store call's {store_call}: await the rare store call through `cold`"
+            );
+        }
+        let _ = std::fs::remove_dir_all(directory);
     }
 
     #[tokio::test]

@@ -108,7 +108,8 @@ impl Engine {
                 .map_err(|denied| EngineError::Forbidden(denied.0))?;
             return Ok(ShopScope::Verified(shop));
         }
-        let shops = self.shops_of(skus).await?;
+        // A SKU not seen before: boxed, so the hot path's future stays small.
+        let shops = crate::cold(self.shops_of(skus)).await?;
         let mut shop: Option<&ShopCode> = None;
         for found in shops.values() {
             authorize(principal, action, Some(found))
