@@ -4,10 +4,9 @@
 //! say who served them (`Stockd-Served-By`) and how fresh they are (`as_of`).
 
 use axum::Json;
-use axum::extract::{FromRequestParts, Request, State};
+use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use domain::ConsistencyToken;
 use serde::Serialize;
@@ -86,14 +85,17 @@ fn reports_a_write(method: &Method, status: StatusCode) -> bool {
     mutating && from_a_unit_of_work
 }
 
-/// Middleware: stamps the writer's position on every answer a write's unit of work
-/// gave. The position is read after the answer was made, so it is at or past the
+/// Stamps the writer's position on every answer a write's unit of work gave (the
+/// innermost part of `crate::each_request`; `method` is the request's). The position is read after the answer was made, so it is at or past the
 /// write's commit (and after a replay, past the original's). A refusal made before
 /// any unit of work ([`AnsweredWithoutAWrite`]) gets none: there is nothing to wait
 /// for, and a campaign's sold-out answers must not cost a round trip each.
-pub async fn stamp_writes(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let mut response = next.run(request).await;
+pub async fn stamp_writes(
+    state: &AppState,
+    method: &Method,
+    running: impl Future<Output = Response>,
+) -> Response {
+    let mut response = running.await;
     // The combiner read the position once for its whole batch: nothing more to read.
     let stamped = response.headers().contains_key(CONSISTENCY_TOKEN_HEADER);
     let wrote_nothing = response
@@ -104,7 +106,7 @@ pub async fn stamp_writes(State(state): State<AppState>, request: Request, next:
     // other writes' and its future need not be in every request's.
     if !stamped
         && !wrote_nothing
-        && reports_a_write(&method, response.status())
+        && reports_a_write(method, response.status())
         && let Some(token) = engine::cold(state.engine.consistency_token()).await
     {
         stamp(&mut response, token);

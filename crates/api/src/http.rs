@@ -5,8 +5,6 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use domain::{ErrorCode, Secret};
 use engine::credentials::TokenDigest;
@@ -107,12 +105,11 @@ impl HttpLimits {
 /// may still complete (a reservation in a batch, a payment at the gateway), so the
 /// answer says to retry with the same key, which then finds the stored outcome.
 pub async fn bound_request_duration(
-    State(state): State<AppState>,
-    request: Request,
-    next: Next,
+    state: &AppState,
+    running: impl Future<Output = Response>,
 ) -> Response {
     let bound = state.http.request_timeout;
-    match tokio::time::timeout(bound, next.run(request)).await {
+    match tokio::time::timeout(bound, running).await {
         Ok(response) => response,
         Err(_) => ApiError::new(
             ErrorCode::Unavailable,

@@ -81,15 +81,34 @@ pub fn app(state: AppState) -> Router {
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
-            consistency::stamp_writes,
+            each_request,
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            http::bound_request_duration,
-        ))
-        .layer(axum::middleware::from_fn(metrics::track))
         .layer(CatchPanicLayer::custom(panic_response))
         .with_state(state)
+}
+
+/// What every request goes through, outermost first: its latency and outcome recorded
+/// (`metrics::track`), its duration bounded (`http::bound_request_duration`), and the
+/// writer's position stamped on a write's answer (`consistency::stamp_writes`). One
+/// layer, not three: each of axum's `from_fn` layers clones the service inside it and
+/// boxes a future for every request (docs/BENCHMARKS.md, twenty-second session).
+async fn each_request(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    metrics::track(request, |request| {
+        let method = request.method().clone();
+        let state = &state;
+        async move {
+            http::bound_request_duration(
+                state,
+                consistency::stamp_writes(state, &method, next.run(request)),
+            )
+            .await
+        }
+    })
+    .await
 }
 
 fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -54,11 +53,14 @@ pub fn install_recorder() -> PrometheusHandle {
 /// Records every request's latency and outcome, labelled by route template (never the
 /// raw path, so SKU codes do not explode label cardinality), and logs it at `debug`.
 ///
-/// This is the one per-request layer besides panic catching: tower-http's `TraceLayer`
-/// did the same logging with a span per request and cost 3–6 % of the hot path's
-/// throughput even with `debug` off (docs/BENCHMARKS.md); a disabled `debug!` costs a
-/// branch.
-pub async fn track(request: Request, next: Next) -> Response {
+/// The outermost part of `crate::each_request`. tower-http's `TraceLayer` did the same
+/// logging with a span per request and cost 3–6 % of the hot path's throughput even
+/// with `debug` off (docs/BENCHMARKS.md); a disabled `debug!` costs a branch.
+pub async fn track<Run, Ran>(request: Request, run: Run) -> Response
+where
+    Run: FnOnce(Request) -> Ran,
+    Ran: Future<Output = Response>,
+{
     let route = request.extensions().get::<MatchedPath>().map_or_else(
         || String::from("unmatched"),
         |path| path.as_str().to_owned(),
@@ -66,7 +68,7 @@ pub async fn track(request: Request, next: Next) -> Response {
     let method = request.method().as_str().to_owned();
     let started = Instant::now();
     let in_progress = InProgress::start();
-    let response = next.run(request).await;
+    let response = run(request).await;
     drop(in_progress);
     let elapsed = started.elapsed().as_secs_f64();
     let status = response.status().as_u16().to_string();
