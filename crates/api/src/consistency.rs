@@ -86,10 +86,11 @@ fn reports_a_write(method: &Method, status: StatusCode) -> bool {
 }
 
 /// Stamps the writer's position on every answer a write's unit of work gave (the
-/// innermost part of `crate::each_request`; `method` is the request's). The position is read after the answer was made, so it is at or past the
-/// write's commit (and after a replay, past the original's). A refusal made before
-/// any unit of work ([`AnsweredWithoutAWrite`]) gets none: there is nothing to wait
-/// for, and a campaign's sold-out answers must not cost a round trip each.
+/// innermost part of `crate::each_request`; `method` is the request's). The position
+/// is read after the answer was made, so it is at or past the write's commit (and
+/// after a replay, past the original's). A refusal made before any unit of work
+/// ([`AnsweredWithoutAWrite`]) gets none: there is nothing to wait for, and a
+/// campaign's sold-out answers must not cost a round trip each.
 pub async fn stamp_writes(
     state: &AppState,
     method: &Method,
@@ -102,12 +103,10 @@ pub async fn stamp_writes(
         .extensions()
         .get::<AnsweredWithoutAWrite>()
         .is_some();
-    // Boxed (`engine::cold`): a reservation's answer comes stamped, so the read is
-    // other writes' and its future need not be in every request's.
     if !stamped
         && !wrote_nothing
         && reports_a_write(method, response.status())
-        && let Some(token) = engine::cold(state.engine.consistency_token()).await
+        && let Some(token) = state.engine.consistency_token().await
     {
         stamp(&mut response, token);
     }

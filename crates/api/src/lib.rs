@@ -2,9 +2,9 @@
 //! from serving it, so tests drive the router directly or bind it to port 0.
 
 // The release build computes the layout of each handler's future, nested through the
-// engine's and the store's; with the store calls the engine awaits boxed
-// (`engine::cold`) that query went past the default depth of 128 for the deepest
-// handler (`create_product`). A compile-time bound only.
+// engine's and the store's; once the engine boxed its rare store calls (its `cold`),
+// that query went past the default depth of 128 for the deepest handler
+// (`create_product`). A compile-time bound only.
 #![recursion_limit = "256"]
 
 pub mod catalog_routes;
