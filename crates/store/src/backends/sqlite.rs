@@ -211,9 +211,9 @@ async fn read_tallies(
     let keys = |columns: Vec<Vec<&str>>| rows(columns.into_iter().map(|key| json!(key)).collect());
     let found = crate::sql::statement(
         "SELECT shop, user_id, NULL AS sku, open_holds AS count FROM shopper_hold \
-         WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1)) \
+         WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1)) \
          UNION ALL SELECT shop, user_id, sku, quantity FROM shopper_purchase \
-         WHERE (shop, user_id, sku) IN (SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($2))",
+         WHERE (shop, user_id, sku) IN (SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each($2))",
     )
     .bind(keys(shoppers.iter().map(TallyKey::columns).collect()))
     .bind(keys(purchases.iter().map(TallyKey::columns).collect()))
@@ -257,14 +257,14 @@ async fn add_tallies(
     // `WHERE` before `ON CONFLICT`: without it SQLite reads `ON` as a join's.
     let query = sqlx::query(
         "INSERT INTO shopper_hold (shop, user_id, open_holds) \
-         SELECT value ->> 0, value ->> 1, value ->> 2 FROM json_each($1) \
+         SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each($1) \
          WHERE value ->> 2 <= $2 \
          ON CONFLICT (shop, user_id) DO UPDATE SET open_holds = shopper_hold.open_holds + excluded.open_holds \
          WHERE shopper_hold.open_holds + excluded.open_holds <= $2;
          INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
          SELECT added.shop, added.user_id, added.sku, added.quantity \
          FROM (SELECT value ->> 0 AS shop, value ->> 1 AS user_id, value ->> 2 AS sku, \
-               value ->> 3 AS quantity FROM json_each($3)) AS added \
+               value ->> 3 AS quantity FROM jsonb_each($3)) AS added \
          WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
                 OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
          AND added.quantity <= COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
@@ -285,8 +285,11 @@ async fn add_tallies(
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
 /// no row locks to take, and the reads of a write transaction are current until the
 /// commit. A reservation batch's rows travel as one JSON parameter read with
-/// `json_each`, so a batch of any size costs the same few statements (every statement
-/// is a round trip to sqlx's SQLite worker thread).
+/// `jsonb_each`, so a batch of any size costs the same few statements (every statement
+/// is a round trip to sqlx's SQLite worker thread). `jsonb_each`, not `json_each`: it
+/// hands each row (an array) over as JSONB, which `value ->> N` reads directly, where
+/// `json_each` hands over its text and every `->>` parses that text again
+/// (docs/BENCHMARKS.md, twenty-second session).
 impl Dialect for SqliteConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str =
         "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
@@ -420,7 +423,7 @@ impl Dialect for SqliteConnection {
     async fn existing_records(&mut self, keys: &[&str]) -> Result<FoundRecords, StoreError> {
         let found = sqlx::query(
             "SELECT key, fingerprint, status_code, body FROM idempotency_record \
-             WHERE key IN (SELECT value FROM json_each($1))",
+             WHERE key IN (SELECT value FROM jsonb_each($1))",
         )
         .bind(serde_json::to_string(keys).map_err(|error| corrupt("keys", error))?)
         .fetch_all(&mut *self)
@@ -451,7 +454,7 @@ impl Dialect for SqliteConnection {
         let found = sqlx::query_as::<_, LockedStockRow>(
             "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
              sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
-             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM json_each($1))",
+             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1))",
         )
         .bind(parameter)
         .fetch_all(&mut *self)
@@ -530,7 +533,7 @@ impl Dialect for SqliteConnection {
         let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
         let found = sqlx::query_as::<_, SkuFactsRow>(
             "SELECT code, sale_status, shop, per_user_limit FROM sku \
-             WHERE code IN (SELECT value FROM json_each($1))",
+             WHERE code IN (SELECT value FROM jsonb_each($1))",
         )
         .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
         .fetch_all(&mut *self)
@@ -598,21 +601,21 @@ macro_rules! reservation_write_statements {
     () => {
         "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
          version = version + 1, updated_at = $2 \
-         FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM json_each($1)) AS batch \
+         FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM jsonb_each($1)) AS batch \
          WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total;
          INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
          shop, user_id, order_id) \
          SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
-         FROM json_each($3);
+         FROM jsonb_each($3);
          INSERT INTO reservation_line (reservation_id, line_number, sku, warehouse, quantity) \
-         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM json_each($4);
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4 FROM jsonb_each($4);
          INSERT INTO stock_ledger \
          (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
          SELECT value ->> 0, value ->> 1, 'reserve', -(value ->> 2), value ->> 2, value ->> 3, value ->> 4, $2 \
-         FROM json_each($5);
+         FROM jsonb_each($5);
          INSERT INTO outbox (aggregate, aggregate_id, sequence, event_type, shop, payload, occurred_at) \
          SELECT 'reservation', value ->> 0, 1, 'reservation.created', value ->> 3, NULL, $2 \
-         FROM json_each($3) ORDER BY key;"
+         FROM jsonb_each($3) ORDER BY key;"
     };
 }
 
@@ -627,7 +630,7 @@ const WRITE_BATCH: &str = concat!(
     reservation_write_statements!(),
     "
      INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM json_each($6) WHERE true \
+     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM jsonb_each($6) WHERE true \
      ON CONFLICT (key) DO NOTHING;"
 );
 
