@@ -224,9 +224,8 @@ impl Engine {
                         return Err(EngineError::RequestInProgress);
                     }
                     // The original finished. If it stored a response, that is the answer;
-                    // if it failed without one, this request runs in its place. Boxed:
-                    // a store call's future is kilobytes, and inline it would make every
-                    // request's future that large (see `cold`).
+                    // if it failed without one, this request runs in its place. A rare
+                    // branch: boxed, so every request's future does not carry it.
                     if let Some(first) = cold(self.first_answer(operation, claim)).await? {
                         return Ok(first);
                     }
