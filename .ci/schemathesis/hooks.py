@@ -145,6 +145,12 @@ def map_case(context, case):
     design: tested in crates/acceptance/tests/idempotency.rs). Suffixing the drawn key
     with a digest of the request keeps a repeated request under its key (a replay) and
     lets every other request reach the logic behind the key check.
+
+    A step of a stateful scenario is a new intent, not a retry: the same `PATCH` sent
+    before and after a `DELETE` would otherwise share a key, and the second would
+    replay the first answer (200, `Idempotent-Replayed: true`), which the use-after-free
+    check reads as the deleted resource still being there. Those steps get a key of
+    their own.
     """
     headers = case.headers or {}
     name = next((header for header in headers if header.lower() == "idempotency-key"), None)
@@ -158,6 +164,11 @@ def map_case(context, case):
         sort_keys=True,
         default=repr,
     )
+    phase = getattr(getattr(getattr(case, "meta", None), "phase", None), "name", None)
+    if str(phase) == "stateful":
+        import uuid
+
+        request += uuid.uuid4().hex
     suffix = hashlib.sha256(request.encode()).hexdigest()[:16]
     key = f"{headers[name][:200]}-{suffix}"
     # Only a key that was valid stays valid: a drawn key that breaks the header's
