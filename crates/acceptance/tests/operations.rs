@@ -41,6 +41,10 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
     app.stocked_sku("METERED", 1).await;
     assert_eq!(app.reserve("first", &[("METERED", 1)]).await.status, 201);
     assert_eq!(app.reserve("second", &[("METERED", 1)]).await.status, 409);
+    assert_eq!(app.reserve("third", &[("METERED", 1)]).await.status, 409);
+    let invented = axum::http::Method::from_bytes(b"BREW").unwrap();
+    let brewed = app.send(Call::new(invented, "/v1/reservations")).await;
+    assert_eq!(brewed.status, 405);
 
     let metrics = app.send(Call::get("/metrics").admin()).await;
 
@@ -51,8 +55,22 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         "latency is a histogram with buckets per route:\n{text}"
     );
     assert!(
-        text.contains(r#"code="insufficient_stock""#),
-        "outcomes are counted by code:\n{text}"
+        text.contains(r#"stockd_http_responses_total{route="/v1/reservations",method="POST",status="409",code="insufficient_stock"} 2"#),
+        "outcomes are counted by code, each series every time:\n{text}"
+    );
+    assert!(
+        text.contains(r#"stockd_http_responses_total{route="/v1/reservations",method="POST",status="201",code="none"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"stockd_http_responses_total{route="/v1/reservations",method="other",status="405""#
+        ),
+        "a method the server does not know is counted as other:\n{text}"
+    );
+    assert!(
+        !text.contains("BREW"),
+        "an invented method never becomes a label:\n{text}"
     );
     assert!(
         text.contains(r#"stockd_reservations{status="RESERVED"} 1"#),
@@ -67,11 +85,11 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         text.contains("stockd_combiner_wait_seconds_bucket"),
         "{text}"
     );
-    // The sold-out answer needed the batch transaction; on PostgreSQL the sale before
+    // The two sold-out answers needed the batch transaction; on PostgreSQL the sale before
     // it fitted whole and took the one-round-trip path (the others have none).
     let (transactions, one_round_trips) = match backend {
-        Backend::Sqlite | Backend::Mysql => (2, 0),
-        Backend::Postgres => (1, 1),
+        Backend::Sqlite | Backend::Mysql => (3, 0),
+        Backend::Postgres => (2, 1),
     };
     assert!(
         text.contains(&format!(

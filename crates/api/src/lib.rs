@@ -42,6 +42,8 @@ pub struct SharedState {
     pub engine: Engine,
     /// Renders `/metrics`; `None` serves an empty page.
     pub metrics: Option<PrometheusHandle>,
+    /// The per-request series' handles (of the recorder installed by then).
+    pub request_metrics: metrics::RequestMetrics,
     pub http: http::HttpLimits,
 }
 
@@ -54,6 +56,7 @@ impl AppState {
         AppState(Arc::new(SharedState {
             engine,
             metrics,
+            request_metrics: metrics::RequestMetrics::new(),
             http: http::HttpLimits::new(config),
         }))
     }
@@ -97,7 +100,7 @@ async fn each_request(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    metrics::track(request, |request| {
+    metrics::track(&state.request_metrics, request, |request| {
         let method = request.method().clone();
         let state = &state;
         async move {

@@ -1,11 +1,13 @@
 //! Prometheus metrics: request latency histograms per route (with buckets, so p95 and
 //! p99 can be computed), outcomes by error code, and gauges read at scrape time.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
+use ::metrics::{Counter, Gauge, Histogram};
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -50,71 +52,150 @@ pub fn install_recorder() -> PrometheusHandle {
         .clone()
 }
 
+/// The handles of the per-request series, registered once each.
+///
+/// `metrics`' macros look a series up in the registry by its labels on every call,
+/// building the labels' strings first: four lookups and five allocations per request,
+/// about 3 % of a sold-out answer's CPU (docs/BENCHMARKS.md, twenty-third session).
+/// Built with the `AppState`, after the process's recorder is installed, so the handles
+/// are that recorder's.
+pub struct RequestMetrics {
+    in_progress: Gauge,
+    /// By route template, then by (method, status, code). Bounded: the routes are the
+    /// router's templates and `unmatched`, the methods [`method_label`]'s, the statuses
+    /// and codes the handlers' own.
+    series: RwLock<HashMap<Box<str>, HashMap<SeriesKey, Series>>>,
+}
+
+type SeriesKey = (&'static str, u16, &'static str);
+
+#[derive(Clone)]
+struct Series {
+    duration: Histogram,
+    responses: Counter,
+}
+
+impl RequestMetrics {
+    pub fn new() -> RequestMetrics {
+        RequestMetrics {
+            in_progress: ::metrics::gauge!("stockd_requests_in_progress"),
+            series: RwLock::new(HashMap::new()),
+        }
+    }
+
+    fn series(&self, route: &str, key: SeriesKey) -> Series {
+        let known = self
+            .series
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(route)
+            .and_then(|by_outcome| by_outcome.get(&key))
+            .cloned();
+        known.unwrap_or_else(|| self.register(route, key))
+    }
+
+    #[cold]
+    fn register(&self, route: &str, key: SeriesKey) -> Series {
+        let (method, status, code) = key;
+        let series = Series {
+            duration: ::metrics::histogram!(
+                "stockd_http_request_duration_seconds",
+                "route" => route.to_owned(),
+                "method" => method
+            ),
+            responses: ::metrics::counter!(
+                "stockd_http_responses_total",
+                "route" => route.to_owned(),
+                "method" => method,
+                "status" => status.to_string(),
+                "code" => code
+            ),
+        };
+        self.series
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(route.into())
+            .or_default()
+            .insert(key, series.clone());
+        series
+    }
+}
+
+impl Default for RequestMetrics {
+    fn default() -> RequestMetrics {
+        RequestMetrics::new()
+    }
+}
+
+/// The `method` label: the methods of RFC 9110 and `PATCH` by name, any other `other`,
+/// so a client inventing methods cannot add series without bound.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::CONNECT => "CONNECT",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::PATCH => "PATCH",
+        _ => "other",
+    }
+}
+
 /// Records every request's latency and outcome, labelled by route template (never the
 /// raw path, so SKU codes do not explode label cardinality), and logs it at `debug`.
 ///
 /// The outermost part of `crate::each_request`. tower-http's `TraceLayer` did the same
 /// logging with a span per request and cost 3–6 % of the hot path's throughput even
 /// with `debug` off (docs/BENCHMARKS.md); a disabled `debug!` costs a branch.
-pub async fn track<Run, Ran>(request: Request, run: Run) -> Response
+pub async fn track<Run, Ran>(metrics: &RequestMetrics, request: Request, run: Run) -> Response
 where
     Run: FnOnce(Request) -> Ran,
     Ran: Future<Output = Response>,
 {
-    let route = request.extensions().get::<MatchedPath>().map_or_else(
-        || String::from("unmatched"),
-        |path| path.as_str().to_owned(),
-    );
-    let method = request.method().as_str().to_owned();
+    let route = request.extensions().get::<MatchedPath>().cloned();
+    let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
+    let method = method_label(request.method());
     let started = Instant::now();
-    let in_progress = InProgress::start();
+    let in_progress = InProgress::start(&metrics.in_progress);
     let response = run(request).await;
     drop(in_progress);
     let elapsed = started.elapsed().as_secs_f64();
-    let status = response.status().as_u16().to_string();
+    let status = response.status().as_u16();
     let code = response
         .extensions()
         .get::<OutcomeCode>()
         .map_or("none", |outcome| outcome.0.as_str());
     tracing::debug!(
-        method = %method,
-        route = %route,
-        status = %status,
+        method,
+        route,
+        status,
         code,
         elapsed_milliseconds = elapsed * 1_000.0,
         "request"
     );
-    metrics::histogram!(
-        "stockd_http_request_duration_seconds",
-        "route" => route.clone(),
-        "method" => method.clone()
-    )
-    .record(elapsed);
-    metrics::counter!(
-        "stockd_http_responses_total",
-        "route" => route,
-        "method" => method,
-        "status" => status,
-        "code" => code
-    )
-    .increment(1);
+    let series = metrics.series(route, (method, status, code));
+    series.duration.record(elapsed);
+    series.responses.increment(1);
     response
 }
 
 /// Counts a request in `stockd_requests_in_progress` until dropped (also when the
 /// request is cancelled: a client that went away).
-struct InProgress;
+struct InProgress<'a>(&'a Gauge);
 
-impl InProgress {
-    fn start() -> InProgress {
-        metrics::gauge!("stockd_requests_in_progress").increment(1.0);
-        InProgress
+impl InProgress<'_> {
+    fn start(gauge: &Gauge) -> InProgress<'_> {
+        gauge.increment(1.0);
+        InProgress(gauge)
     }
 }
 
-impl Drop for InProgress {
+impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        metrics::gauge!("stockd_requests_in_progress").decrement(1.0);
+        self.0.decrement(1.0);
     }
 }
 
