@@ -6,11 +6,16 @@ const DIGITS: &[u8; 16] = b"0123456789abcdef";
 /// request, so this writes into one buffer instead of formatting byte by byte.
 pub fn lower_hex(bytes: &[u8]) -> String {
     let mut text = String::with_capacity(bytes.len() * 2);
+    push_lower_hex(&mut text, bytes);
+    text
+}
+
+/// [`lower_hex`] appended to `text`.
+pub fn push_lower_hex(text: &mut String, bytes: &[u8]) {
     for byte in bytes {
         text.push(char::from(DIGITS[usize::from(byte >> 4)]));
         text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
-    text
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ParseError;
+use crate::hex::push_lower_hex;
 use crate::limits::IDEMPOTENCY_KEY_LENGTH_MAX;
 use crate::time::Timestamp;
 
@@ -13,9 +14,16 @@ use crate::time::Timestamp;
 /// naming the kind, 12 hex digits of the creation time in milliseconds (so ids sort by
 /// age) and 16 hex digits of randomness supplied by the caller (domain does no IO, so it
 /// does not read the operating system's random source itself).
+/// The prefix, the milliseconds in 12 hex digits, the random part in 16. Written into
+/// one buffer: every reservation request mints an id, and `format!`'s padded hex was
+/// about 1 % of a sold-out answer's CPU (docs/BENCHMARKS.md, twenty-third session).
 fn mint(prefix: &str, now: Timestamp, random: u64) -> String {
-    let milliseconds = now.unix_milliseconds().clamp(0, 0xFFFF_FFFF_FFFF);
-    format!("{prefix}{milliseconds:012x}{random:016x}")
+    let milliseconds = now.unix_milliseconds().clamp(0, 0xFFFF_FFFF_FFFF) as u64;
+    let mut text = String::with_capacity(prefix.len() + 28);
+    text.push_str(prefix);
+    push_lower_hex(&mut text, &milliseconds.to_be_bytes()[2..]);
+    push_lower_hex(&mut text, &random.to_be_bytes());
+    text
 }
 
 fn parse_minted(kind: &str, prefix: &str, text: &str) -> Result<String, ParseError> {
@@ -192,6 +200,23 @@ mod tests {
         let id = ReservationId::generate(Timestamp::from_unix_milliseconds(1_700_000_000_000), 42);
         assert_eq!(ReservationId::parse(id.as_str()).unwrap(), id);
         assert_eq!(id.as_str().len(), 4 + 28);
+    }
+
+    #[test]
+    fn a_minted_id_is_its_milliseconds_in_twelve_hex_digits_then_the_random_part_in_sixteen() {
+        for (milliseconds, random) in [
+            (0, 0),
+            (1, 1),
+            (1_700_000_000_123, 0x0123_4567_89ab_cdef),
+            (0xFFFF_FFFF_FFFF, u64::MAX),
+            (0x1_0000_0000_0000, 42),
+            (-5, 7),
+        ] {
+            let id =
+                ReservationId::generate(Timestamp::from_unix_milliseconds(milliseconds), random);
+            let clamped = milliseconds.clamp(0, 0xFFFF_FFFF_FFFF);
+            assert_eq!(id.as_str(), format!("rsv_{clamped:012x}{random:016x}"));
+        }
     }
 
     #[test]

@@ -169,27 +169,49 @@ fn parse_rfc3339(text: &str) -> Option<Timestamp> {
     Some(Timestamp(local - offset_minutes * 60_000))
 }
 
-impl fmt::Display for Timestamp {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Timestamp {
+    /// RFC 3339 in UTC with milliseconds, `YYYY-MM-DDTHH:MM:SS.mmmZ`, the year clamped
+    /// to four digits. Written digit by digit: every answer that shows a reservation
+    /// formats two or more of these, and `write!` with seven padded integers cost ten
+    /// times as much (docs/BENCHMARKS.md, twenty-third session).
+    fn rfc3339(self) -> [u8; 24] {
         let days = self.0.div_euclid(MILLISECONDS_PER_DAY);
         let millisecond_of_day = self.0.rem_euclid(MILLISECONDS_PER_DAY);
         let (year, month, day) = civil_from_days(days);
         let year = year.clamp(YEAR_MIN, YEAR_MAX);
         let second_of_day = millisecond_of_day / 1000;
-        write!(
-            formatter,
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-            second_of_day / 3600,
-            second_of_day / 60 % 60,
-            second_of_day % 60,
-            millisecond_of_day % 1000
-        )
+        let mut text = *b"0000-00-00T00:00:00.000Z";
+        write_digits(&mut text[0..4], year);
+        write_digits(&mut text[5..7], month);
+        write_digits(&mut text[8..10], day);
+        write_digits(&mut text[11..13], second_of_day / 3600);
+        write_digits(&mut text[14..16], second_of_day / 60 % 60);
+        write_digits(&mut text[17..19], second_of_day % 60);
+        write_digits(&mut text[20..23], millisecond_of_day % 1000);
+        text
+    }
+}
+
+/// `value` (not negative, fewer digits than `digits` has places) in decimal, zero-padded.
+fn write_digits(digits: &mut [u8], mut value: i64) {
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = self.rfc3339();
+        formatter.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let text = self.rfc3339();
+        let text = std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(text)
     }
 }
 
@@ -211,6 +233,41 @@ mod tests {
             Timestamp(1_796_008_801_123).to_string(),
             "2026-11-30T03:20:01.123Z"
         );
+    }
+
+    #[test]
+    fn formats_as_padded_decimal_fields_would_across_the_whole_range() {
+        let padded = |instant: Timestamp| {
+            let days = instant.0.div_euclid(MILLISECONDS_PER_DAY);
+            let millisecond_of_day = instant.0.rem_euclid(MILLISECONDS_PER_DAY);
+            let (year, month, day) = civil_from_days(days);
+            let year = year.clamp(YEAR_MIN, YEAR_MAX);
+            let second_of_day = millisecond_of_day / 1000;
+            format!(
+                "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+                second_of_day / 3600,
+                second_of_day / 60 % 60,
+                second_of_day % 60,
+                millisecond_of_day % 1000
+            )
+        };
+        let mut milliseconds = -70_000_000_000_000_i64; // before year 0: clamped
+        while milliseconds < 260_000_000_000_000 {
+            for instant in [
+                Timestamp(milliseconds),
+                Timestamp(milliseconds + 86_399_999),
+            ] {
+                assert_eq!(instant.to_string(), padded(instant));
+                assert_eq!(
+                    serde_json::to_string(&instant).unwrap(),
+                    format!("\"{}\"", padded(instant))
+                );
+            }
+            milliseconds += 3_333_333_333_333 / 7 + 4_321;
+        }
+        for extreme in [i64::MIN / 2, -1, 0, 1, 999, 1_000, i64::MAX / 2] {
+            assert_eq!(Timestamp(extreme).to_string(), padded(Timestamp(extreme)));
+        }
     }
 
     #[test]
