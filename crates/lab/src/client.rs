@@ -118,6 +118,10 @@ const SEND_ATTEMPTS_MAX: u32 = 3;
 
 pub struct HttpConnection {
     address: SocketAddr,
+    /// The `Host` header, formatted once: formatting the address for every request
+    /// was about 1 % of a flash sale's instructions, the load generator's share of the
+    /// same two cores (docs/BENCHMARKS.md, twenty-third session).
+    host: HeaderValue,
     sender: Option<SendRequest<Full<Bytes>>>,
 }
 
@@ -125,6 +129,8 @@ impl HttpConnection {
     pub fn new(address: SocketAddr) -> HttpConnection {
         HttpConnection {
             address,
+            host: HeaderValue::try_from(address.to_string())
+                .expect("a socket address is a valid header value"),
             sender: None,
         }
     }
@@ -160,7 +166,7 @@ impl HttpConnection {
             let mut builder = Request::builder()
                 .method(request.method.clone())
                 .uri(&request.path)
-                .header("host", self.address.to_string());
+                .header("host", self.host.clone());
             if let Some(key) = &request.idempotency_key {
                 builder = builder.header("idempotency-key", key);
             }
