@@ -12,7 +12,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use domain::{ShopCode, SkuCode, Timestamp};
-use serde_json::json;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous,
@@ -193,8 +192,14 @@ fn cell(row: &SqliteRow, position: usize) -> Result<Cell, StoreError> {
 
 crate::sql::connection_as_written!(SqliteConnection, query_of, cell);
 
-fn rows(values: Vec<serde_json::Value>) -> String {
-    serde_json::Value::Array(values).to_string()
+/// A batch's rows as one JSON array of arrays, read back with `jsonb_each`: a row is a
+/// tuple (or a list) of strings, numbers and nulls, which serde writes as an array.
+/// Written straight from the borrowed fields: building `serde_json::Value`s first
+/// copied every string, the stored answers' bodies among them, on the combiner's
+/// thread, at about twice the instructions (docs/BENCHMARKS.md, twenty-third session).
+fn rows<Row: serde::Serialize>(rows: impl IntoIterator<Item = Row>) -> String {
+    let rows: Vec<Row> = rows.into_iter().collect();
+    serde_json::to_string(&rows).expect("rows of strings, numbers and nulls always serialize")
 }
 
 /// Both kinds of tally in one statement (SQLite takes no row locks: the write lock
@@ -208,7 +213,7 @@ async fn read_tallies(
     if shoppers.is_empty() && purchases.is_empty() {
         return Ok((HashMap::new(), HashMap::new()));
     }
-    let keys = |columns: Vec<Vec<&str>>| rows(columns.into_iter().map(|key| json!(key)).collect());
+    let keys = |columns: Vec<Vec<&str>>| rows(columns);
     let found = crate::sql::statement(
         "SELECT shop, user_id, NULL AS sku, open_holds AS count FROM shopper_hold \
          WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1)) \
@@ -243,17 +248,11 @@ async fn add_tallies(
     let holds = rows(
         holds_added
             .iter()
-            .map(|((shop, user), holds)| json!([shop.as_str(), user.as_str(), holds]))
-            .collect(),
+            .map(|((shop, user), holds)| (shop.as_str(), user.as_str(), holds)),
     );
-    let purchases = rows(
-        purchases_added
-            .iter()
-            .map(|((shop, user, sku), quantity)| {
-                json!([shop.as_str(), user.as_str(), sku.as_str(), quantity])
-            })
-            .collect(),
-    );
+    let purchases = rows(purchases_added.iter().map(|((shop, user, sku), quantity)| {
+        (shop.as_str(), user.as_str(), sku.as_str(), quantity)
+    }));
     // `WHERE` before `ON CONFLICT`: without it SQLite reads `ON` as a join's.
     let query = sqlx::query(
         "INSERT INTO shopper_hold (shop, user_id, open_holds) \
@@ -448,8 +447,7 @@ impl Dialect for SqliteConnection {
         let parameter = rows(
             wanted
                 .iter()
-                .map(|(sku, warehouse)| json!([sku.as_str(), warehouse.as_str()]))
-                .collect(),
+                .map(|(sku, warehouse)| (sku.as_str(), warehouse.as_str())),
         );
         let found = sqlx::query_as::<_, LockedStockRow>(
             "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
@@ -567,19 +565,14 @@ impl Dialect for SqliteConnection {
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        let records = rows(
-            records
-                .iter()
-                .map(|(claim, response)| {
-                    json!([
-                        claim.key.as_str(),
-                        claim.fingerprint,
-                        response.status,
-                        response.body
-                    ])
-                })
-                .collect(),
-        );
+        let records = rows(records.iter().map(|(claim, response)| {
+            (
+                claim.key.as_str(),
+                claim.fingerprint.as_str(),
+                response.status,
+                response.body.as_str(),
+            )
+        }));
         let counts = run_statements(
             self,
             with_reservation_rows(WRITE_BATCH, totals, reservations, now).bind(records),
@@ -644,45 +637,39 @@ fn with_reservation_rows<'q>(
     let totals = rows(
         totals
             .iter()
-            .map(|((sku, warehouse), total)| json!([sku.as_str(), warehouse.as_str(), total]))
-            .collect(),
+            .map(|((sku, warehouse), total)| (sku.as_str(), warehouse.as_str(), total)),
     );
     let mut lines = Vec::new();
     let mut ledger = Vec::new();
     for reservation in reservations {
         for (line_number, line) in reservation.lines.iter().enumerate() {
             let quantity = line.quantity.get();
-            lines.push(json!([
+            lines.push((
                 reservation.id.as_str(),
                 line_number,
                 line.sku.as_str(),
                 line.warehouse.as_str(),
-                quantity
-            ]));
-            ledger.push(json!([
+                quantity,
+            ));
+            ledger.push((
                 line.sku.as_str(),
                 line.warehouse.as_str(),
                 quantity,
                 reservation.id.as_str(),
-                reservation.ledger_key
-            ]));
+                reservation.ledger_key,
+            ));
         }
     }
-    let reservations = rows(
-        reservations
-            .iter()
-            .map(|reservation| {
-                json!([
-                    reservation.id.as_str(),
-                    reservation.expires_at.unix_milliseconds(),
-                    reservation.request_key,
-                    reservation.shop.as_str(),
-                    reservation.user,
-                    reservation.order.map(|order| order.as_str())
-                ])
-            })
-            .collect(),
-    );
+    let reservations = rows(reservations.iter().map(|reservation| {
+        (
+            reservation.id.as_str(),
+            reservation.expires_at.unix_milliseconds(),
+            reservation.request_key,
+            reservation.shop.as_str(),
+            reservation.user,
+            reservation.order.map(|order| order.as_str()),
+        )
+    }));
     sqlx::query(statements)
         .bind(totals)
         .bind(now.unix_milliseconds())
@@ -716,4 +703,41 @@ async fn run_statements(
         )));
     }
     Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows;
+    use serde_json::json;
+
+    #[test]
+    fn a_batchs_rows_are_written_as_the_json_values_they_stand_for() {
+        let body = "{\"code\":\"insufficient_stock\",\"detail\":\"tab\t, quote \\\", 雪, \u{1}\"}";
+        let written = rows([
+            (
+                "rsv_1",
+                1_700_000_000_000_i64,
+                Some("key \"one\""),
+                "shop",
+                None::<&str>,
+                Some(body),
+            ),
+            ("rsv_2", -1, None, "", Some("user\n"), None),
+        ]);
+        let expected = serde_json::Value::Array(vec![
+            json!([
+                "rsv_1",
+                1_700_000_000_000_i64,
+                "key \"one\"",
+                "shop",
+                null,
+                body
+            ]),
+            json!(["rsv_2", -1, null, "", "user\n", null]),
+        ])
+        .to_string();
+        assert_eq!(written, expected);
+        assert_eq!(rows(vec![vec!["a", "b"], vec![]]), r#"[["a","b"],[]]"#);
+        assert_eq!(rows(Vec::<(&str, i64)>::new()), "[]");
+    }
 }
