@@ -57,10 +57,10 @@ pub fn install_recorder() -> PrometheusHandle {
 /// `metrics`' macros look a series up in the registry by its labels on every call,
 /// building the labels' strings first: four lookups and five allocations per request,
 /// about 3 % of a sold-out answer's CPU (docs/BENCHMARKS.md, twenty-third session).
-/// Built with the `AppState`, after the process's recorder is installed, so the handles
-/// are that recorder's.
+/// Each handle is registered at its first use, by a request, so it is the recorder's
+/// installed by then (an `AppState` built before `install_recorder` still counts).
 pub struct RequestMetrics {
-    in_progress: Gauge,
+    in_progress: OnceLock<Gauge>,
     /// By route template, then by (method, status, code). Bounded: the routes are the
     /// router's templates and `unmatched`, the methods [`method_label`]'s, the statuses
     /// and codes the handlers' own.
@@ -78,22 +78,36 @@ struct Series {
 impl RequestMetrics {
     pub fn new() -> RequestMetrics {
         RequestMetrics {
-            in_progress: ::metrics::gauge!("stockd_requests_in_progress"),
+            in_progress: OnceLock::new(),
             series: RwLock::new(HashMap::new()),
         }
     }
 
-    fn series(&self, route: &str, key: SeriesKey) -> Series {
-        let known = self
-            .series
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(route)
-            .and_then(|by_outcome| by_outcome.get(&key))
-            .cloned();
-        known.unwrap_or_else(|| self.register(route, key))
+    fn in_progress(&self) -> &Gauge {
+        self.in_progress
+            .get_or_init(|| ::metrics::gauge!("stockd_requests_in_progress"))
     }
 
+    /// Records one answer in its series, registering the series the first time.
+    fn record(&self, route: &str, key: SeriesKey, elapsed_seconds: f64) {
+        {
+            let known = self
+                .series
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(series) = known.get(route).and_then(|by_outcome| by_outcome.get(&key)) {
+                series.duration.record(elapsed_seconds);
+                series.responses.increment(1);
+                return;
+            }
+        }
+        let series = self.register(route, key);
+        series.duration.record(elapsed_seconds);
+        series.responses.increment(1);
+    }
+
+    /// Two requests may register the same series at once: the recorder hands both the
+    /// same storage, so either handle counts.
     #[cold]
     fn register(&self, route: &str, key: SeriesKey) -> Series {
         let (method, status, code) = key;
@@ -159,7 +173,7 @@ where
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = method_label(request.method());
     let started = Instant::now();
-    let in_progress = InProgress::start(&metrics.in_progress);
+    let in_progress = InProgress::start(metrics.in_progress());
     let response = run(request).await;
     drop(in_progress);
     let elapsed = started.elapsed().as_secs_f64();
@@ -169,16 +183,14 @@ where
         .get::<OutcomeCode>()
         .map_or("none", |outcome| outcome.0.as_str());
     tracing::debug!(
-        method,
-        route,
-        status,
+        method = %method,
+        route = %route,
+        status = %status,
         code,
         elapsed_milliseconds = elapsed * 1_000.0,
         "request"
     );
-    let series = metrics.series(route, (method, status, code));
-    series.duration.record(elapsed);
-    series.responses.increment(1);
+    metrics.record(route, (method, status, code), elapsed);
     response
 }
 

@@ -14,9 +14,10 @@ use crate::time::Timestamp;
 /// naming the kind, 12 hex digits of the creation time in milliseconds (so ids sort by
 /// age) and 16 hex digits of randomness supplied by the caller (domain does no IO, so it
 /// does not read the operating system's random source itself).
-/// The prefix, the milliseconds in 12 hex digits, the random part in 16. Written into
-/// one buffer: every reservation request mints an id, and `format!`'s padded hex was
-/// about 1 % of a sold-out answer's CPU (docs/BENCHMARKS.md, twenty-third session).
+///
+/// Written into one buffer: every reservation request mints an id, and `format!`'s
+/// padded hex was about 1 % of a sold-out answer's CPU (docs/BENCHMARKS.md,
+/// twenty-third session).
 fn mint(prefix: &str, now: Timestamp, random: u64) -> String {
     let milliseconds = now.unix_milliseconds().clamp(0, 0xFFFF_FFFF_FFFF) as u64;
     let mut text = String::with_capacity(prefix.len() + 28);

@@ -194,24 +194,25 @@ impl Timestamp {
 
 /// `value` (not negative, fewer digits than `digits` has places) in decimal, zero-padded.
 fn write_digits(digits: &mut [u8], mut value: i64) {
+    debug_assert!(value >= 0, "{value} is negative");
     for digit in digits.iter_mut().rev() {
         *digit = b'0' + (value % 10) as u8;
         value /= 10;
     }
+    debug_assert_eq!(value, 0, "more digits than places");
 }
 
 impl fmt::Display for Timestamp {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         let text = self.rfc3339();
-        formatter.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
+        formatter.write_str(std::str::from_utf8(&text).expect("ASCII digits and separators"))
     }
 }
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let text = self.rfc3339();
-        let text = std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?;
-        serializer.serialize_str(text)
+        serializer.serialize_str(std::str::from_utf8(&text).expect("ASCII digits and separators"))
     }
 }
 

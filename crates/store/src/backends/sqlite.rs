@@ -711,7 +711,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_batchs_rows_are_written_as_the_json_values_they_stand_for() {
+    fn rows_are_written_as_the_json_values_they_stand_for() {
         let body = "{\"code\":\"insufficient_stock\",\"detail\":\"tab\t, quote \\\", 雪, \u{1}\"}";
         let written = rows([
             (
