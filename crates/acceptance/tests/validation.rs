@@ -12,6 +12,7 @@ mirrored_tests!(
     malformed_confirms_and_releases_are_refused_and_change_nothing,
     admin_calls_without_the_admin_token_are_unauthorized_and_change_nothing,
     malformed_catalog_requests_are_refused_and_change_nothing,
+    a_refused_body_names_the_field_that_is_wrong_by_its_path,
 );
 
 /// Sends each call and checks status, code, content type and an unchanged database.
@@ -49,6 +50,27 @@ fn reservation(key: &str, body: Value) -> Call {
 
 fn one_line(quantity: Value) -> Value {
     json!({"lines": [{"sku": "GOOD", "quantity": quantity}]})
+}
+
+/// A body is first read without tracking where the reader is, and again with it only
+/// when it fails: the refusal still names the field.
+async fn a_refused_body_names_the_field_that_is_wrong_by_its_path(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("GOOD", 5).await;
+    let body =
+        json!({"lines": [{"sku": "GOOD", "quantity": 1}, {"sku": "GOOD", "quantity": "two"}]});
+
+    let refused = app.send(reservation("named", body)).await;
+
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let detail = refused.json()["detail"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        detail.starts_with("lines[1].quantity: invalid type: string \"two\""),
+        "{detail}"
+    );
 }
 
 async fn malformed_reservations_are_refused_and_change_nothing(backend: Backend) {

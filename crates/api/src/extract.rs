@@ -138,15 +138,22 @@ async fn parse_json_body<T: DeserializeOwned>(
     if !canonical.is_object() {
         return Err(ApiError::invalid("request body must be a JSON object"));
     }
-    let value: T = serde_path_to_error::deserialize(&canonical).map_err(|error| {
-        let path = error.path().to_string();
-        let inner = error.into_inner();
-        if path == "." {
-            ApiError::invalid(inner.to_string())
-        } else {
-            ApiError::invalid(format!("{path}: {inner}"))
-        }
-    })?;
+    // Without path tracking first: `serde_path_to_error` wraps every field's
+    // deserializer, which cost about a third of this step (docs/BENCHMARKS.md,
+    // twenty-third session). Only a body that fails is read again with it, to say where;
+    // the same deserializer over the same document fails the same way.
+    let value: T = match T::deserialize(&canonical) {
+        Ok(value) => value,
+        Err(_) => serde_path_to_error::deserialize(&canonical).map_err(|error| {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            if path == "." {
+                ApiError::invalid(inner.to_string())
+            } else {
+                ApiError::invalid(format!("{path}: {inner}"))
+            }
+        })?,
+    };
     // serde_json's map is ordered by key, so this is a canonical form of the document.
     let canonical_text = serde_json::to_string(&canonical).unwrap_or_default();
     Ok((Some(value), fingerprint(&method, &path, &canonical_text)))
