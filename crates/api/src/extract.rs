@@ -139,7 +139,7 @@ async fn parse_json_body<T: DeserializeOwned>(
         return Err(ApiError::invalid("request body must be a JSON object"));
     }
     // Without path tracking first: `serde_path_to_error` wraps every field's
-    // deserializer, which cost about a third of this step (docs/BENCHMARKS.md,
+    // deserializer, more than half of deserializing's instructions (docs/BENCHMARKS.md,
     // twenty-third session). Only a body that fails is read again with it, to say where;
     // the same deserializer over the same document fails the same way.
     let value: T = match T::deserialize(&canonical) {
