@@ -42,7 +42,7 @@ pub struct SharedState {
     pub engine: Engine,
     /// Renders `/metrics`; `None` serves an empty page.
     pub metrics: Option<PrometheusHandle>,
-    /// The per-request series' handles (of the recorder installed by then).
+    /// The per-request series' handles, each registered at its first use.
     pub request_metrics: metrics::RequestMetrics,
     pub http: http::HttpLimits,
 }

@@ -75,6 +75,13 @@ struct Series {
     responses: Counter,
 }
 
+impl Series {
+    fn record(&self, elapsed_seconds: f64) {
+        self.duration.record(elapsed_seconds);
+        self.responses.increment(1);
+    }
+}
+
 impl RequestMetrics {
     pub fn new() -> RequestMetrics {
         RequestMetrics {
@@ -96,14 +103,10 @@ impl RequestMetrics {
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             if let Some(series) = known.get(route).and_then(|by_outcome| by_outcome.get(&key)) {
-                series.duration.record(elapsed_seconds);
-                series.responses.increment(1);
-                return;
+                return series.record(elapsed_seconds);
             }
         }
-        let series = self.register(route, key);
-        series.duration.record(elapsed_seconds);
-        series.responses.increment(1);
+        self.register(route, key).record(elapsed_seconds);
     }
 
     /// Two requests may register the same series at once: the recorder hands both the

@@ -24,8 +24,8 @@ use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey};
 use crate::sql::{Cell, Statement, Value, text_of};
 use crate::units::decode::{
-    LockedStockRow, SkuFactsRow, TallyKey, corrupt, locked_stock_of, sku_facts_of,
-    split_tally_rows, stored_response, tallies_of,
+    LockedStockRow, SkuFactsRow, TallyKey, locked_stock_of, sku_facts_of, split_tally_rows,
+    stored_response, tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -192,8 +192,9 @@ fn cell(row: &SqliteRow, position: usize) -> Result<Cell, StoreError> {
 
 crate::sql::connection_as_written!(SqliteConnection, query_of, cell);
 
-/// A batch's rows as one JSON array of arrays, read back with `jsonb_each`: a row is a
-/// tuple (or a list) of strings, numbers and nulls, which serde writes as an array.
+/// A statement's rows as one JSON array, read back with `jsonb_each`: a row is a string
+/// (one column), or a tuple or list of strings, numbers and nulls, which serde writes
+/// as an array.
 /// Written straight from the borrowed fields: building `serde_json::Value`s first
 /// copied every string, the stored answers' bodies among them, on the combiner's
 /// thread, at about twice the instructions (docs/BENCHMARKS.md, twenty-third session).
@@ -213,15 +214,14 @@ async fn read_tallies(
     if shoppers.is_empty() && purchases.is_empty() {
         return Ok((HashMap::new(), HashMap::new()));
     }
-    let keys = |columns: Vec<Vec<&str>>| rows(columns);
     let found = crate::sql::statement(
         "SELECT shop, user_id, NULL AS sku, open_holds AS count FROM shopper_hold \
          WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1)) \
          UNION ALL SELECT shop, user_id, sku, quantity FROM shopper_purchase \
          WHERE (shop, user_id, sku) IN (SELECT value ->> 0, value ->> 1, value ->> 2 FROM jsonb_each($2))",
     )
-    .bind(keys(shoppers.iter().map(TallyKey::columns).collect()))
-    .bind(keys(purchases.iter().map(TallyKey::columns).collect()))
+    .bind(rows(shoppers.iter().map(TallyKey::columns)))
+    .bind(rows(purchases.iter().map(TallyKey::columns)))
     .fetch_all_rows(connection)
     .await?;
     let (holds, bought) = split_tally_rows(found);
@@ -424,7 +424,7 @@ impl Dialect for SqliteConnection {
             "SELECT key, fingerprint, status_code, body FROM idempotency_record \
              WHERE key IN (SELECT value FROM jsonb_each($1))",
         )
-        .bind(serde_json::to_string(keys).map_err(|error| corrupt("keys", error))?)
+        .bind(rows(keys))
         .fetch_all(&mut *self)
         .await?;
         let mut records = HashMap::with_capacity(found.len());
@@ -528,12 +528,11 @@ impl Dialect for SqliteConnection {
         if skus.is_empty() {
             return Ok(HashMap::new());
         }
-        let codes: Vec<&str> = skus.iter().map(|sku| sku.as_str()).collect();
         let found = sqlx::query_as::<_, SkuFactsRow>(
             "SELECT code, sale_status, shop, per_user_limit FROM sku \
              WHERE code IN (SELECT value FROM jsonb_each($1))",
         )
-        .bind(serde_json::to_string(&codes).map_err(|error| corrupt("codes", error))?)
+        .bind(rows(skus.iter().map(|sku| sku.as_str())))
         .fetch_all(&mut *self)
         .await?;
         sku_facts_of(found)
@@ -739,5 +738,6 @@ mod tests {
         assert_eq!(written, expected);
         assert_eq!(rows(vec![vec!["a", "b"], vec![]]), r#"[["a","b"],[]]"#);
         assert_eq!(rows(Vec::<(&str, i64)>::new()), "[]");
+        assert_eq!(rows(["one", "t\"wo"]), r#"["one","t\"wo"]"#);
     }
 }
