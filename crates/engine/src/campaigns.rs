@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
     Action, CampaignCode, CampaignId, CampaignPhase, ErrorCode, Principal, ReservationLine,
@@ -56,6 +56,9 @@ pub struct CampaignRoute {
     /// The line in front of the campaign's database path, in this process.
     pub room: Arc<WaitingRoom>,
     short_since: Vec<AtomicI64>,
+    /// The sold-out refusal's detail, written at the first such answer: most of a
+    /// flash sale's answers are this one.
+    sold_out_detail: OnceLock<String>,
 }
 
 impl CampaignRoute {
@@ -71,6 +74,7 @@ impl CampaignRoute {
             per_user_limit: campaign.per_user_limit,
             room: WaitingRoom::new(bounds.in_flight_max, bounds.places_max),
             short_since: (0..campaign.buckets).map(|_| AtomicI64::new(0)).collect(),
+            sold_out_detail: OnceLock::new(),
         }
     }
 
@@ -98,6 +102,19 @@ impl CampaignRoute {
         self.short_since[bucket as usize].store(0, Ordering::Relaxed);
     }
 
+    /// Why a request was refused from memory. `recheck_milliseconds` is the process's
+    /// one setting, so the text written first is the text for every later answer.
+    fn sold_out_detail(&self, recheck_milliseconds: i64) -> String {
+        self.sold_out_detail
+            .get_or_init(|| {
+                format!(
+                    "campaign '{}' is sold out (this instance found every bucket empty within the last {recheck_milliseconds} ms; not recorded under the key)",
+                    self.id
+                )
+            })
+            .clone()
+    }
+
     /// The buckets in the order a request tries them: from `start` on, round the ring.
     fn ring(&self, start: u32) -> impl Iterator<Item = u32> + '_ {
         (0..self.buckets).map(move |offset| (start + offset) % self.buckets)
@@ -123,6 +140,9 @@ pub struct CampaignRegistry {
     by_sku: RwLock<HashMap<SkuCode, Arc<CampaignRoute>>>,
     answered: std::sync::Mutex<RememberedAnswers>,
     pub(crate) tickets: Tickets,
+    /// `stockd_campaign_sold_out_from_memory_total`, registered at its first answer
+    /// instead of looked up at each.
+    sold_out_from_memory: OnceLock<metrics::Counter>,
 }
 
 /// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first.
@@ -156,6 +176,7 @@ impl CampaignRegistry {
             by_sku: RwLock::default(),
             answered: std::sync::Mutex::default(),
             tickets: Tickets::default(),
+            sold_out_from_memory: OnceLock::new(),
         }
     }
 
@@ -418,13 +439,14 @@ impl Engine {
             if let Some(response) = self.inner.campaigns.remembered(claim.key.as_str()) {
                 return Ok(store::Idempotent::Replayed(response));
             }
-            metrics::counter!("stockd_campaign_sold_out_from_memory_total").increment(1);
+            self.inner
+                .campaigns
+                .sold_out_from_memory
+                .get_or_init(|| metrics::counter!("stockd_campaign_sold_out_from_memory_total"))
+                .increment(1);
             return Err(EngineError::Refused {
                 code: ErrorCode::InsufficientStock,
-                detail: format!(
-                    "campaign '{}' is sold out (this instance found every bucket empty within the last {recheck} ms; not recorded under the key)",
-                    route.id
-                ),
+                detail: route.sold_out_detail(recheck),
             });
         };
         for bucket in others {

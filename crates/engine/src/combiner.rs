@@ -15,7 +15,7 @@
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use domain::ConsistencyToken;
@@ -42,6 +42,14 @@ struct Job {
     reply: oneshot::Sender<Answer>,
 }
 
+/// One queue, and its depth gauge's handle: registered at the first request rather than
+/// looked up by label at each (a registry lookup and a label string per reservation),
+/// and not at start, so a combiner started before the recorder still reports.
+struct Shard {
+    sender: mpsc::Sender<Job>,
+    queue_depth: OnceLock<metrics::Gauge>,
+}
+
 /// A request's outcome, with the writer's position after its batch committed (the
 /// answer's consistency token: read once per batch, not once per request).
 pub(crate) struct Answer {
@@ -51,7 +59,7 @@ pub(crate) struct Answer {
 
 #[derive(Clone)]
 pub struct Combiner {
-    shards: Arc<Vec<mpsc::Sender<Job>>>,
+    shards: Arc<Vec<Shard>>,
     /// The pool of the combiner's own (PostgreSQL), kept here for the pool gauges.
     own_pool: Option<Store>,
 }
@@ -98,7 +106,10 @@ impl Combiner {
                 config: config.clone(),
             };
             tasks.push(run_shard(receiver, context));
-            shards.push(sender);
+            shards.push(Shard {
+                sender,
+                queue_depth: OnceLock::new(),
+            });
         }
         let all_shards = async move {
             if let Some(own_pool) = &own_pool {
@@ -172,7 +183,7 @@ impl Combiner {
     pub fn queued(&self) -> usize {
         self.shards
             .iter()
-            .map(|sender| sender.max_capacity() - sender.capacity())
+            .map(|shard| shard.sender.max_capacity() - shard.sender.capacity())
             .sum()
     }
 
@@ -185,7 +196,10 @@ impl Combiner {
             enqueued: Instant::now(),
             reply,
         };
-        let sender = &self.shards[shard];
+        let Shard {
+            sender,
+            queue_depth,
+        } = &self.shards[shard];
         match sender.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -196,7 +210,10 @@ impl Combiner {
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(Refusal::Stopped),
         }
         let depth = sender.max_capacity() - sender.capacity();
-        metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard.to_string())
+        queue_depth
+            .get_or_init(
+                || metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard.to_string()),
+            )
             .set(depth as f64);
         answer.await.map_err(|_| Refusal::Stopped)
     }
@@ -225,9 +242,10 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
         }
         let started = Instant::now();
         metrics::histogram!("stockd_combiner_batch_size").record(jobs.len() as f64);
+        // One registry lookup per batch, not one per request.
+        let wait_seconds = metrics::histogram!("stockd_combiner_wait_seconds");
         for job in &jobs {
-            metrics::histogram!("stockd_combiner_wait_seconds")
-                .record(started.duration_since(job.enqueued).as_secs_f64());
+            wait_seconds.record(started.duration_since(job.enqueued).as_secs_f64());
         }
         metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard_label.clone())
             .set(receiver.len() as f64);

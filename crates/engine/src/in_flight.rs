@@ -8,20 +8,29 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Semaphore;
+
+/// A running request's signal: a semaphore without permits, closed when the request
+/// finishes. A closed semaphore answers every `acquire`, one that starts after the close
+/// included, so a waiter cannot miss the finish. It is one small allocation where a
+/// `watch` channel was several (docs/BENCHMARKS.md, twenty-fourth session): every
+/// mutating request enters here.
+type Finished = Arc<Semaphore>;
+
+type Running = Arc<Mutex<HashMap<Arc<str>, Finished>>>;
 
 #[derive(Debug, Default, Clone)]
 pub struct InFlight {
-    running: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
+    running: Running,
 }
 
 /// Held while a key's request runs; dropping it (on success, error or cancellation)
 /// wakes everyone waiting for the key.
 #[derive(Debug)]
 pub struct InFlightGuard {
-    running: Arc<Mutex<HashMap<String, watch::Receiver<()>>>>,
-    key: String,
-    _finished: watch::Sender<()>,
+    running: Running,
+    key: Arc<str>,
+    finished: Finished,
 }
 
 impl Drop for InFlightGuard {
@@ -31,6 +40,8 @@ impl Drop for InFlightGuard {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         running.remove(&self.key);
+        // After the removal, so a waiter woken here that enters again owns the key.
+        self.finished.close();
     }
 }
 
@@ -38,7 +49,7 @@ pub enum Entry {
     /// This request owns the key until the guard is dropped.
     Owner(InFlightGuard),
     /// Another request with this key is running; wait for it.
-    Busy(watch::Receiver<()>),
+    Busy(Finished),
 }
 
 impl InFlight {
@@ -47,15 +58,16 @@ impl InFlight {
             .running
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(receiver) = running.get(key) {
-            return Entry::Busy(receiver.clone());
+        if let Some(finished) = running.get(key) {
+            return Entry::Busy(Arc::clone(finished));
         }
-        let (sender, receiver) = watch::channel(());
-        running.insert(key.to_owned(), receiver);
+        let key: Arc<str> = Arc::from(key);
+        let finished = Arc::new(Semaphore::new(0));
+        running.insert(Arc::clone(&key), Arc::clone(&finished));
         Entry::Owner(InFlightGuard {
             running: Arc::clone(&self.running),
-            key: key.to_owned(),
-            _finished: sender,
+            key,
+            finished,
         })
     }
 
@@ -73,10 +85,11 @@ impl InFlight {
 
 /// Waits until the owner of the key drops its guard, or `limit` passes. Returns whether
 /// the owner finished.
-pub async fn wait_for_owner(mut receiver: watch::Receiver<()>, limit: Duration) -> bool {
-    // `changed` fails exactly when the sender (inside the guard) is dropped.
-    let finished = async { while receiver.changed().await.is_ok() {} };
-    tokio::time::timeout(limit, finished).await.is_ok()
+pub async fn wait_for_owner(finished: Finished, limit: Duration) -> bool {
+    // The semaphore never has a permit: `acquire` returns only once it is closed.
+    tokio::time::timeout(limit, finished.acquire())
+        .await
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -89,14 +102,28 @@ mod tests {
         let Entry::Owner(guard) = in_flight.enter("k") else {
             panic!("first entry owns the key")
         };
-        let Entry::Busy(receiver) = in_flight.enter("k") else {
+        let Entry::Busy(finished) = in_flight.enter("k") else {
             panic!("second entry is busy")
         };
-        let waiter = tokio::spawn(wait_for_owner(receiver, Duration::from_secs(60)));
+        let waiter = tokio::spawn(wait_for_owner(finished, Duration::from_secs(60)));
         drop(guard);
         assert!(waiter.await.unwrap());
         assert!(in_flight.is_empty());
         assert!(matches!(in_flight.enter("k"), Entry::Owner(_)));
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_starts_after_the_owner_finished_does_not_wait() {
+        let in_flight = InFlight::default();
+        let Entry::Owner(guard) = in_flight.enter("k") else {
+            panic!("first entry owns the key")
+        };
+        let Entry::Busy(finished) = in_flight.enter("k") else {
+            panic!("second entry is busy")
+        };
+        drop(guard);
+        assert!(finished.is_closed());
+        assert!(wait_for_owner(finished, Duration::from_secs(60)).await);
     }
 
     #[tokio::test]
@@ -105,10 +132,10 @@ mod tests {
         let Entry::Owner(_guard) = in_flight.enter("k") else {
             panic!("first entry owns the key")
         };
-        let Entry::Busy(receiver) = in_flight.enter("k") else {
+        let Entry::Busy(finished) = in_flight.enter("k") else {
             panic!("second entry is busy")
         };
-        assert!(!wait_for_owner(receiver, Duration::from_millis(1)).await);
+        assert!(!wait_for_owner(finished, Duration::from_millis(1)).await);
     }
 
     #[test]

@@ -217,9 +217,9 @@ impl Engine {
         let _guard = loop {
             match self.inner.in_flight.enter(claim.key.as_str()) {
                 Entry::Owner(guard) => break guard,
-                Entry::Busy(receiver) => {
+                Entry::Busy(finished) => {
                     rounds += 1;
-                    if rounds > IN_FLIGHT_ROUNDS_MAX || !wait_for_owner(receiver, wait_limit).await
+                    if rounds > IN_FLIGHT_ROUNDS_MAX || !wait_for_owner(finished, wait_limit).await
                     {
                         return Err(EngineError::RequestInProgress);
                     }
