@@ -454,14 +454,17 @@ impl Plan {
     pub fn wire_request(&self, spec: &RequestSpec) -> WireRequest {
         match spec {
             RequestSpec::Reserve { key_index, lines } => {
-                let lines: Vec<serde_json::Value> = lines
-                    .iter()
-                    .map(|(sku, quantity)| serde_json::json!({"sku": self.skus[*sku].code, "quantity": quantity}))
-                    .collect();
-                let mut body = serde_json::json!({"lines": lines, "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX});
-                if let Some(user) = self.user_of(*key_index) {
-                    body["user_id"] = serde_json::json!(format!("user-{user}"));
-                }
+                let body = ReserveBody {
+                    lines: lines
+                        .iter()
+                        .map(|(sku, quantity)| ReserveLine {
+                            quantity: *quantity,
+                            sku: &self.skus[*sku].code,
+                        })
+                        .collect(),
+                    ttl_seconds: domain::limits::RESERVATION_TTL_SECONDS_MAX,
+                    user_id: self.user_of(*key_index).map(|user| format!("user-{user}")),
+                };
                 WireRequest::json(Method::POST, "/v1/reservations", &body).key(self.key(*key_index))
             }
             RequestSpec::Malformed(malformed) => malformed.request.clone(),
@@ -475,6 +478,25 @@ impl Plan {
             Stop::AfterDuration(_) => None,
         }
     }
+}
+
+/// A reservation's body as the lab sends it. Serialized from borrowed fields rather
+/// than built as a `serde_json::Value` (a map and a string copy per field): the load
+/// generator shares the server's two cores, and that was about a tenth of its
+/// instructions per request (docs/BENCHMARKS.md, twenty-fourth session). The fields
+/// are in the order a `Value` would write them (by name), so the bytes are the same.
+#[derive(serde::Serialize)]
+struct ReserveBody<'a> {
+    lines: Vec<ReserveLine<'a>>,
+    ttl_seconds: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_id: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct ReserveLine<'a> {
+    quantity: i64,
+    sku: &'a str,
 }
 
 fn raw(
@@ -624,6 +646,45 @@ mod tests {
         assert_eq!(uses.values().filter(|count| **count == 6).count(), 10);
         assert_eq!(plan.skus[0].stock, 1);
         assert_eq!(plan.expected_successes, Some(1));
+    }
+
+    /// The body as the lab built it before it serialized typed fields: a document of
+    /// `serde_json::Value`s, which writes its keys in name order.
+    fn reservation_body_as_a_document(plan: &Plan, key_index: u64) -> String {
+        let lines: Vec<serde_json::Value> = plan
+            .lines_of(key_index)
+            .iter()
+            .map(|(sku, quantity)| {
+                serde_json::json!({"sku": plan.skus[*sku].code, "quantity": quantity})
+            })
+            .collect();
+        let mut body = serde_json::json!({"lines": lines, "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX});
+        if let Some(user) = plan.user_of(key_index) {
+            body["user_id"] = serde_json::json!(format!("user-{user}"));
+        }
+        body.to_string()
+    }
+
+    #[test]
+    fn a_reservation_body_is_byte_for_byte_the_document_it_replaced() {
+        let flash_sale = plan(Scenario::FlashSale, BenchOptions::default());
+        let multi_sku = plan(Scenario::MultiSku, BenchOptions::default());
+        for plan in [&flash_sale, &multi_sku] {
+            for key_index in 0..200 {
+                let lines = plan.lines_of(key_index);
+                let request = plan.wire_request(&RequestSpec::Reserve { key_index, lines });
+                assert_eq!(
+                    std::str::from_utf8(&request.body).unwrap(),
+                    reservation_body_as_a_document(plan, key_index)
+                );
+                assert_eq!(request.content_type, Some("application/json"));
+            }
+        }
+        assert!(
+            flash_sale.user_of(0).is_some(),
+            "the flash sale names users"
+        );
+        assert!(multi_sku.user_of(0).is_none(), "multi-sku names none");
     }
 
     #[test]
