@@ -102,8 +102,9 @@ impl CampaignRoute {
         self.short_since[bucket as usize].store(0, Ordering::Relaxed);
     }
 
-    /// Why a request was refused from memory. `recheck_milliseconds` is the process's
-    /// one setting, so the text written first is the text for every later answer.
+    /// Why a request was refused from memory. `recheck_milliseconds` is the engine's
+    /// setting, fixed when the engine is built, and a route lives in one engine's
+    /// registry only, so the text written first is the text for every later answer.
     fn sold_out_detail(&self, recheck_milliseconds: i64) -> String {
         self.sold_out_detail
             .get_or_init(|| {

@@ -228,7 +228,8 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
     let batch_size_max = context.config.combiner_batch_size_max.max(1);
     let batches_in_flight_max = context.config.combiner_batches_in_flight.max(1);
     let in_flight = Arc::new(Semaphore::new(batches_in_flight_max));
-    let shard_label = context.shard.to_string();
+    // Registered at the first batch, as the submitting side's handle is.
+    let mut queue_depth: Option<metrics::Gauge> = None;
     let mut previous_locked: Option<oneshot::Receiver<()>> = None;
     loop {
         // Wait for a free slot before taking requests, so requests that arrive while
@@ -247,7 +248,10 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
         for job in &jobs {
             wait_seconds.record(started.duration_since(job.enqueued).as_secs_f64());
         }
-        metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard_label.clone())
+        queue_depth
+            .get_or_insert_with(|| {
+                metrics::gauge!("stockd_combiner_queue_depth", "shard" => context.shard.to_string())
+            })
             .set(receiver.len() as f64);
         let (locked, next_after) = oneshot::channel();
         let turn = LockTurn {

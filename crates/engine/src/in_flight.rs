@@ -14,8 +14,10 @@ use tokio::sync::Semaphore;
 /// finishes. A closed semaphore answers every `acquire`, one that starts after the close
 /// included, so a waiter cannot miss the finish. It is one small allocation where a
 /// `watch` channel was several (docs/BENCHMARKS.md, twenty-fourth session): every
-/// mutating request enters here.
-type Finished = Arc<Semaphore>;
+/// mutating request enters here. Wrapped so a waiter can only wait: a permit added
+/// through a bare semaphore would read as the owner's finish.
+#[derive(Debug, Clone)]
+pub struct Finished(Arc<Semaphore>);
 
 type Running = Arc<Mutex<HashMap<Arc<str>, Finished>>>;
 
@@ -41,7 +43,7 @@ impl Drop for InFlightGuard {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         running.remove(&self.key);
         // After the removal, so a waiter woken here that enters again owns the key.
-        self.finished.close();
+        self.finished.0.close();
     }
 }
 
@@ -59,11 +61,11 @@ impl InFlight {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(finished) = running.get(key) {
-            return Entry::Busy(Arc::clone(finished));
+            return Entry::Busy(finished.clone());
         }
         let key: Arc<str> = Arc::from(key);
-        let finished = Arc::new(Semaphore::new(0));
-        running.insert(Arc::clone(&key), Arc::clone(&finished));
+        let finished = Finished(Arc::new(Semaphore::new(0)));
+        running.insert(Arc::clone(&key), finished.clone());
         Entry::Owner(InFlightGuard {
             running: Arc::clone(&self.running),
             key,
@@ -87,7 +89,7 @@ impl InFlight {
 /// the owner finished.
 pub async fn wait_for_owner(finished: Finished, limit: Duration) -> bool {
     // The semaphore never has a permit: `acquire` returns only once it is closed.
-    tokio::time::timeout(limit, finished.acquire())
+    tokio::time::timeout(limit, finished.0.acquire())
         .await
         .is_ok()
 }
@@ -122,7 +124,7 @@ mod tests {
             panic!("second entry is busy")
         };
         drop(guard);
-        assert!(finished.is_closed());
+        assert!(finished.0.is_closed());
         assert!(wait_for_owner(finished, Duration::from_secs(60)).await);
     }
 

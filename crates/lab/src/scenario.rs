@@ -680,6 +680,25 @@ mod tests {
                 assert_eq!(request.content_type, Some("application/json"));
             }
         }
+        // Quantities the plans never choose, and a code that needs escaping.
+        let mut odd = plan(Scenario::MultiSku, BenchOptions::default());
+        odd.skus[0].code = "TEA \"green\" \\ 茶".into();
+        let lines = vec![(0, i64::MAX), (1, -1), (0, 0)];
+        let request = odd.wire_request(&RequestSpec::Reserve {
+            key_index: 7,
+            lines: lines.clone(),
+        });
+        let document = serde_json::json!({
+            "lines": lines
+                .iter()
+                .map(|(sku, quantity)| serde_json::json!({"sku": odd.skus[*sku].code, "quantity": quantity}))
+                .collect::<Vec<_>>(),
+            "ttl_seconds": domain::limits::RESERVATION_TTL_SECONDS_MAX,
+        });
+        assert_eq!(
+            std::str::from_utf8(&request.body).unwrap(),
+            document.to_string()
+        );
         assert!(
             flash_sale.user_of(0).is_some(),
             "the flash sale names users"
