@@ -85,6 +85,10 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         text.contains("stockd_combiner_wait_seconds_bucket"),
         "{text}"
     );
+    assert!(
+        text.contains(r#"stockd_combiner_queue_depth{shard="0"} "#),
+        "the queue's depth, through its kept handle:\n{text}"
+    );
     // The two sold-out answers needed the batch transaction; on PostgreSQL the sale before
     // it fitted whole and took the one-round-trip path (the others have none).
     let (transactions, one_round_trips) = match backend {

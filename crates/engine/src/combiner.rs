@@ -42,12 +42,29 @@ struct Job {
     reply: oneshot::Sender<Answer>,
 }
 
-/// One queue, and its depth gauge's handle: registered at the first request rather than
-/// looked up by label at each (a registry lookup and a label string per reservation),
-/// and not at start, so a combiner started before the recorder still reports.
+/// One queue, and its depth gauge's handle, shared with the shard's task.
 struct Shard {
     sender: mpsc::Sender<Job>,
-    queue_depth: OnceLock<metrics::Gauge>,
+    queue_depth: Arc<QueueDepth>,
+}
+
+/// A shard's `stockd_combiner_queue_depth` handle, set by the submitting side and the
+/// shard's task alike: registered at first use rather than looked up by label at each
+/// (a registry lookup and a label string per reservation), and not at start, so a
+/// combiner started before the recorder still reports.
+struct QueueDepth {
+    shard: usize,
+    gauge: OnceLock<metrics::Gauge>,
+}
+
+impl QueueDepth {
+    fn set(&self, depth: usize) {
+        self.gauge
+            .get_or_init(|| {
+                metrics::gauge!("stockd_combiner_queue_depth", "shard" => self.shard.to_string())
+            })
+            .set(depth as f64);
+    }
 }
 
 /// A request's outcome, with the writer's position after its batch committed (the
@@ -67,6 +84,7 @@ pub struct Combiner {
 /// What a shard needs to run batches.
 struct ShardContext {
     shard: usize,
+    queue_depth: Arc<QueueDepth>,
     store: Store,
     clock: Arc<dyn Clock>,
     renderer: Arc<dyn ResponseRenderer>,
@@ -98,8 +116,13 @@ impl Combiner {
         let mut tasks = Vec::with_capacity(shard_count);
         for shard in 0..shard_count {
             let (sender, receiver) = mpsc::channel(config.combiner_queue_depth_max.max(1));
+            let queue_depth = Arc::new(QueueDepth {
+                shard,
+                gauge: OnceLock::new(),
+            });
             let context = ShardContext {
                 shard,
+                queue_depth: Arc::clone(&queue_depth),
                 store: own_pool.clone().unwrap_or_else(|| store.clone()),
                 clock: Arc::clone(&clock),
                 renderer: Arc::clone(&renderer),
@@ -108,7 +131,7 @@ impl Combiner {
             tasks.push(run_shard(receiver, context));
             shards.push(Shard {
                 sender,
-                queue_depth: OnceLock::new(),
+                queue_depth,
             });
         }
         let all_shards = async move {
@@ -209,12 +232,7 @@ impl Combiner {
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(Refusal::Stopped),
         }
-        let depth = sender.max_capacity() - sender.capacity();
-        queue_depth
-            .get_or_init(
-                || metrics::gauge!("stockd_combiner_queue_depth", "shard" => shard.to_string()),
-            )
-            .set(depth as f64);
+        queue_depth.set(sender.max_capacity() - sender.capacity());
         answer.await.map_err(|_| Refusal::Stopped)
     }
 }
@@ -228,8 +246,6 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
     let batch_size_max = context.config.combiner_batch_size_max.max(1);
     let batches_in_flight_max = context.config.combiner_batches_in_flight.max(1);
     let in_flight = Arc::new(Semaphore::new(batches_in_flight_max));
-    // Registered at the first batch, as the submitting side's handle is.
-    let mut queue_depth: Option<metrics::Gauge> = None;
     let mut previous_locked: Option<oneshot::Receiver<()>> = None;
     loop {
         // Wait for a free slot before taking requests, so requests that arrive while
@@ -248,11 +264,7 @@ async fn run_shard(mut receiver: mpsc::Receiver<Job>, context: ShardContext) {
         for job in &jobs {
             wait_seconds.record(started.duration_since(job.enqueued).as_secs_f64());
         }
-        queue_depth
-            .get_or_insert_with(|| {
-                metrics::gauge!("stockd_combiner_queue_depth", "shard" => context.shard.to_string())
-            })
-            .set(receiver.len() as f64);
+        context.queue_depth.set(receiver.len());
         let (locked, next_after) = oneshot::channel();
         let turn = LockTurn {
             after: previous_locked.replace(next_after),
