@@ -29,6 +29,8 @@ use crate::units::decode::{
 };
 use crate::{StoreConfig, StoreLimits};
 
+mod jsonb;
+
 /// The SQLite database: a pool of one writer and a pool of readers.
 #[derive(Debug, Clone)]
 pub struct SqliteBackend {
@@ -192,15 +194,12 @@ fn cell(row: &SqliteRow, position: usize) -> Result<Cell, StoreError> {
 
 crate::sql::connection_as_written!(SqliteConnection, query_of, cell);
 
-/// A statement's rows as one JSON array, read back with `jsonb_each`: a row is a string
-/// (one column), or a tuple or list of strings, numbers and nulls, which serde writes
-/// as an array.
-/// Written straight from the borrowed fields: building `serde_json::Value`s first
-/// copied every string, the stored answers' bodies among them, on the combiner's
-/// thread, at about twice the instructions (docs/BENCHMARKS.md, twenty-third session).
-fn rows<Row: serde::Serialize>(rows: impl IntoIterator<Item = Row>) -> String {
-    let rows: Vec<Row> = rows.into_iter().collect();
-    serde_json::to_string(&rows).expect("rows of strings, numbers and nulls always serialize")
+/// A statement's rows as one JSONB array, read back with `jsonb_each`: a row is a
+/// string (one column), or a tuple or list of strings, integers and nulls.
+/// Written straight from the borrowed fields, as SQLite's own binary JSON: JSON text
+/// had to be parsed again on the writer's thread ([`jsonb`]).
+fn rows<Row: jsonb::Element>(rows: impl IntoIterator<Item = Row>) -> Vec<u8> {
+    jsonb::array_of(rows)
 }
 
 /// Both kinds of tally in one statement (SQLite takes no row locks: the write lock
@@ -214,7 +213,7 @@ async fn read_tallies(
     if shoppers.is_empty() && purchases.is_empty() {
         return Ok((HashMap::new(), HashMap::new()));
     }
-    let found = crate::sql::statement(
+    let found = sqlx::query(
         "SELECT shop, user_id, NULL AS sku, open_holds AS count FROM shopper_hold \
          WHERE (shop, user_id) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1)) \
          UNION ALL SELECT shop, user_id, sku, quantity FROM shopper_purchase \
@@ -222,9 +221,9 @@ async fn read_tallies(
     )
     .bind(rows(shoppers.iter().map(TallyKey::columns)))
     .bind(rows(purchases.iter().map(TallyKey::columns)))
-    .fetch_all_rows(connection)
+    .fetch_all(&mut *connection)
     .await?;
-    let (holds, bought) = split_tally_rows(found);
+    let (holds, bought) = split_tally_rows(crate::sql::rows_of(found, cell)?);
     Ok((
         tallies_of(shoppers, &holds)?,
         tallies_of(purchases, &bought)?,
@@ -283,12 +282,12 @@ async fn add_tallies(
 
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
 /// no row locks to take, and the reads of a write transaction are current until the
-/// commit. A reservation batch's rows travel as one JSON parameter read with
-/// `jsonb_each`, so a batch of any size costs the same few statements (every statement
-/// is a round trip to sqlx's SQLite worker thread). `jsonb_each`, not `json_each`: it
-/// hands each row (an array) over as JSONB, which `value ->> N` reads directly, where
-/// `json_each` hands over its text and every `->>` parses that text again
-/// (docs/BENCHMARKS.md, twenty-second session).
+/// commit. A reservation batch's rows travel as one JSONB parameter ([`rows`]) read
+/// with `jsonb_each`, so a batch of any size costs the same few statements (every
+/// statement is a round trip to sqlx's SQLite worker thread). `jsonb_each`, not
+/// `json_each`: it hands each row (an array) over as JSONB, which `value ->> N` reads
+/// directly, where `json_each` hands over its text and every `->>` parses that text
+/// again (docs/BENCHMARKS.md, twenty-second session).
 impl Dialect for SqliteConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str =
         "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
@@ -707,37 +706,98 @@ async fn run_statements(
 #[cfg(test)]
 mod tests {
     use super::rows;
-    use serde_json::json;
+    use sqlx::{Connection as _, Row as _, SqliteConnection};
 
-    #[test]
-    fn rows_are_written_as_the_json_values_they_stand_for() {
-        let body = "{\"code\":\"insufficient_stock\",\"detail\":\"tab\t, quote \\\", 雪, \u{1}\"}";
-        let written = rows([
+    /// Every awkward string a row can carry: quotes, backslashes, control characters,
+    /// a NUL, markup, U+2028, emoji, nothing at all, and one longer than a two-byte
+    /// size holds.
+    fn awkward_strings() -> Vec<String> {
+        vec![
+            "key \"one\"".to_owned(),
+            "{\"code\":\"insufficient_stock\",\"detail\":\"tab\t, quote \\\", 雪\"}".to_owned(),
+            "back\\slash and \u{1} and \n and \u{0}".to_owned(),
+            "</script>\u{2028}🍵".to_owned(),
+            String::new(),
+            "long ".repeat(14_000),
+        ]
+    }
+
+    #[tokio::test]
+    async fn sqlite_reads_the_rows_back_as_the_values_they_were_written_from() {
+        let mut connection = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        let strings = awkward_strings();
+        let written: Vec<(&str, i64, Option<&str>)> = strings
+            .iter()
+            .zip([i64::MIN, -1, 0, 7, 1_700_000_000_000, i64::MAX])
+            .enumerate()
+            .map(|(position, (text, number))| {
+                (
+                    text.as_str(),
+                    number,
+                    (position % 2 == 0).then_some(text.as_str()),
+                )
+            })
+            .collect();
+        let found = sqlx::query(
+            "SELECT value ->> 0, value ->> 1, typeof(value ->> 1), value ->> 2 \
+             FROM jsonb_each($1) ORDER BY key",
+        )
+        .bind(rows(written.iter().copied()))
+        .fetch_all(&mut connection)
+        .await
+        .unwrap();
+        assert_eq!(found.len(), written.len());
+        for (row, (text, number, maybe)) in found.iter().zip(&written) {
+            assert_eq!(row.get::<String, _>(0), *text);
+            assert_eq!(row.get::<i64, _>(1), *number);
+            assert_eq!(row.get::<String, _>(2), "integer");
+            assert_eq!(row.get::<Option<String>, _>(3).as_deref(), *maybe);
+        }
+    }
+
+    #[tokio::test]
+    async fn sqlite_renders_the_rows_as_the_json_serde_writes_for_them() {
+        let mut connection = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        let strings = awkward_strings();
+        let cases = [
             (
-                "rsv_1",
-                1_700_000_000_000_i64,
-                Some("key \"one\""),
-                "shop",
-                None::<&str>,
-                Some(body),
+                rows(
+                    strings
+                        .iter()
+                        .map(|text| (text.as_str(), 42_usize, None::<&str>)),
+                ),
+                serde_json::to_value(
+                    strings
+                        .iter()
+                        .map(|text| (text.as_str(), 42_usize, None::<&str>))
+                        .collect::<Vec<_>>(),
+                ),
             ),
-            ("rsv_2", -1, None, "", Some("user\n"), None),
-        ]);
-        let expected = serde_json::Value::Array(vec![
-            json!([
-                "rsv_1",
-                1_700_000_000_000_i64,
-                "key \"one\"",
-                "shop",
-                null,
-                body
-            ]),
-            json!(["rsv_2", -1, null, "", "user\n", null]),
-        ])
-        .to_string();
-        assert_eq!(written, expected);
-        assert_eq!(rows(vec![vec!["a", "b"], vec![]]), r#"[["a","b"],[]]"#);
-        assert_eq!(rows(Vec::<(&str, i64)>::new()), "[]");
-        assert_eq!(rows(["one", "t\"wo"]), r#"["one","t\"wo"]"#);
+            (
+                rows(vec![vec!["a", "b"], vec![]]),
+                serde_json::to_value([vec!["a", "b"], vec![]]),
+            ),
+            (
+                rows(Vec::<(&str, i64)>::new()),
+                serde_json::to_value(Vec::<(&str, i64)>::new()),
+            ),
+            (
+                rows(["one", "t\"wo"]),
+                serde_json::to_value(["one", "t\"wo"]),
+            ),
+            (
+                rows([("shop", "user", 3_u16, 503_i64)]),
+                serde_json::to_value([("shop", "user", 3_u16, 503_i64)]),
+            ),
+        ];
+        for (blob, expected) in cases {
+            let rendered: String = sqlx::query_scalar("SELECT json($1)")
+                .bind(blob)
+                .fetch_one(&mut connection)
+                .await
+                .unwrap();
+            let rendered: serde_json::Value = serde_json::from_str(&rendered).unwrap();
+            assert_eq!(rendered, expected.unwrap());
+        }
     }
 }
