@@ -141,6 +141,11 @@ pub trait Dialect: Connection {
     /// Whether a batch of reservations that all fit is written by one statement
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;
+    /// Whether a batch transaction reads its keys' records and its stock rows together,
+    /// in one round trip ([`Dialect::existing_records_with_stock_rows`]): where reading
+    /// a stock row takes no lock, the rows of every request in the batch are read,
+    /// those of requests a committed record then decides among them.
+    const READS_RECORDS_WITH_STOCK_ROWS: bool = false;
 
     /// The next number in an aggregate's event count (`outbox_sequence`, migration
     /// 0015), its row locked until the commit so the aggregate's events commit in
@@ -362,6 +367,20 @@ pub trait Dialect: Connection {
         &mut self,
         wanted: &[StockKey],
     ) -> impl Future<Output = Result<LockedStock, StoreError>> + Send;
+
+    /// The idempotency records of these keys and these stock rows, as
+    /// [`Dialect::existing_records`] and [`Dialect::lock_stock_rows`] answer them; one
+    /// after the other unless the backend reads both at once.
+    fn existing_records_with_stock_rows(
+        &mut self,
+        keys: &[&str],
+        wanted: &[StockKey],
+    ) -> impl Future<Output = Result<(FoundRecords, LockedStock), StoreError>> + Send {
+        async move {
+            let records = self.existing_records(keys).await?;
+            Ok((records, self.lock_stock_rows(wanted).await?))
+        }
+    }
 
     /// The facts (sale status, shop, per-user limit) of these SKUs.
     fn sku_facts(

@@ -18,7 +18,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row as _, Sqlite, SqliteConnection, SqlitePool, TypeInfo, ValueRef};
 
-use crate::backend::{Backend, Dialect, FoundRecords, Migration, NewReservation};
+use crate::backend::{Backend, Dialect, FoundRecords, LockedStock, Migration, NewReservation};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, StoredResponse};
 use crate::plan::{BatchWritten, PurchaseKey, ShopperKey, SkuFacts, StockKey};
@@ -280,6 +280,49 @@ async fn add_tallies(
     Ok((counts[0], counts[1]))
 }
 
+/// The idempotency records of the keys in `$1`.
+macro_rules! select_records {
+    () => {
+        "SELECT key, fingerprint, status_code, body FROM idempotency_record \
+         WHERE key IN (SELECT value FROM jsonb_each($1))"
+    };
+}
+
+/// The stock rows named in a parameter ([`stock_keys`]) with their SKUs' facts
+/// ([`LockedStockRow`]).
+macro_rules! select_stock_rows {
+    ($parameter:literal) => {
+        concat!(
+            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
+             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
+             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each(",
+            $parameter,
+            "))"
+        )
+    };
+}
+
+/// Stock rows' keys as the parameter [`select_stock_rows!`] reads.
+fn stock_keys(wanted: &[StockKey]) -> Vec<u8> {
+    rows(
+        wanted
+            .iter()
+            .map(|(sku, warehouse)| (sku.as_str(), warehouse.as_str())),
+    )
+}
+
+/// The records read by [`select_records!`], by key.
+fn records_of<'a>(
+    found: impl IntoIterator<Item = &'a SqliteRow>,
+) -> Result<FoundRecords, StoreError> {
+    let mut records = HashMap::new();
+    for row in found {
+        let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
+        records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
+    }
+    Ok(records)
+}
+
 /// SQLite has one writer, and `BEGIN IMMEDIATE` takes its lock at the first statement:
 /// no row locks to take, and the reads of a write transaction are current until the
 /// commit. A reservation batch's rows travel as one JSONB parameter ([`rows`]) read
@@ -407,6 +450,9 @@ impl Dialect for SqliteConnection {
         "SELECT through_position FROM outbox_relay WHERE name = 'sequencer'";
     /// SQLite runs in the process: see [`Backend::reserve_whole_batch`].
     const WHOLE_BATCH_FAST_PATH: bool = false;
+    /// Reading a stock row takes no lock here, and each statement is a hand-off to the
+    /// connection's thread and back: a batch reads both in one.
+    const READS_RECORDS_WITH_STOCK_ROWS: bool = true;
 
     /// SQLite's single writer already serializes every shelf batch.
     async fn lock_shop(&mut self, _shop: &ShopCode) -> Result<(), StoreError> {
@@ -419,19 +465,40 @@ impl Dialect for SqliteConnection {
     }
 
     async fn existing_records(&mut self, keys: &[&str]) -> Result<FoundRecords, StoreError> {
-        let found = sqlx::query(
-            "SELECT key, fingerprint, status_code, body FROM idempotency_record \
-             WHERE key IN (SELECT value FROM jsonb_each($1))",
-        )
-        .bind(rows(keys))
-        .fetch_all(&mut *self)
-        .await?;
-        let mut records = HashMap::with_capacity(found.len());
-        for row in &found {
-            let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
-            records.insert(row.try_get("key")?, (row.try_get("fingerprint")?, response));
-        }
-        Ok(records)
+        let found = sqlx::query(select_records!())
+            .bind(rows(keys))
+            .fetch_all(&mut *self)
+            .await?;
+        records_of(&found)
+    }
+
+    /// Both statements as one command: the records' rows come first, then (after the
+    /// first statement's end) the stock rows.
+    async fn existing_records_with_stock_rows(
+        &mut self,
+        keys: &[&str],
+        wanted: &[StockKey],
+    ) -> Result<(FoundRecords, LockedStock), StoreError> {
+        use futures_util::TryStreamExt as _;
+        use sqlx::FromRow as _;
+        let query = sqlx::query(concat!(select_records!(), ";\n", select_stock_rows!("$2"),))
+            .bind(rows(keys))
+            .bind(stock_keys(wanted));
+        #[allow(deprecated)]
+        let results: Vec<_> = query.fetch_many(&mut *self).try_collect().await?;
+        let mut statements = results.split(|result| result.is_left());
+        let (Some(records), Some(stock)) = (statements.next(), statements.next()) else {
+            return Err(StoreError::Invariant(
+                "two reads sent together answered fewer than two results".into(),
+            ));
+        };
+        let stock = stock
+            .iter()
+            .filter_map(|row| row.as_ref().right())
+            .map(LockedStockRow::from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let records = records_of(records.iter().filter_map(|row| row.as_ref().right()))?;
+        Ok((records, locked_stock_of(stock)?))
     }
 
     /// SQLite has no row locks: `BEGIN IMMEDIATE` already holds the database's write
@@ -443,19 +510,10 @@ impl Dialect for SqliteConnection {
         if wanted.is_empty() {
             return Ok((BTreeMap::new(), HashMap::new()));
         }
-        let parameter = rows(
-            wanted
-                .iter()
-                .map(|(sku, warehouse)| (sku.as_str(), warehouse.as_str())),
-        );
-        let found = sqlx::query_as::<_, LockedStockRow>(
-            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
-             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
-             WHERE (stock.sku, stock.warehouse) IN (SELECT value ->> 0, value ->> 1 FROM jsonb_each($1))",
-        )
-        .bind(parameter)
-        .fetch_all(&mut *self)
-        .await?;
+        let found = sqlx::query_as::<_, LockedStockRow>(select_stock_rows!("$1"))
+            .bind(stock_keys(wanted))
+            .fetch_all(&mut *self)
+            .await?;
         locked_stock_of(found)
     }
 

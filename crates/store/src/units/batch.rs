@@ -10,7 +10,7 @@ use super::decode::invariant;
 use super::idempotency::resolve_existing;
 use super::reservations::new_reservation;
 use super::tallies::{add_to_tallies, lock_tallies};
-use crate::backend::{Backend, Dialect, Finish, NewReservation};
+use crate::backend::{Backend, Dialect, Finish, FoundRecords, LockedStock, NewReservation};
 use crate::error::StoreError;
 use crate::model::{
     BatchApplied, BatchPath, IdempotencyClaim, Idempotent, LockTurn, Rejection, ReserveRequest,
@@ -192,8 +192,21 @@ pub(crate) async fn replay_committed_keys<C: Dialect>(
     first_of_key: &HashMap<&str, usize>,
     slots: &mut [BatchSlot],
 ) -> Result<(), StoreError> {
-    let keys: Vec<&str> = first_of_key.keys().copied().collect();
-    let existing = transaction.existing_records(&keys).await?;
+    let existing = transaction.existing_records(&keys_of(first_of_key)).await?;
+    replay_existing(requests, &existing, slots)
+}
+
+/// The batch's distinct idempotency keys.
+fn keys_of<'a>(first_of_key: &HashMap<&'a str, usize>) -> Vec<&'a str> {
+    first_of_key.keys().copied().collect()
+}
+
+/// Decides the claimed requests whose keys have one of these committed records.
+fn replay_existing(
+    requests: &[ReserveRequest],
+    existing: &FoundRecords,
+    slots: &mut [BatchSlot],
+) -> Result<(), StoreError> {
     for (index, request) in requests.iter().enumerate() {
         if let (BatchSlot::Claimed, Some((fingerprint, response))) =
             (&slots[index], existing.get(request.claim.key.as_str()))
@@ -206,6 +219,17 @@ pub(crate) async fn replay_committed_keys<C: Dialect>(
         }
     }
     Ok(())
+}
+
+/// The stock rows these requests' lines name, in the global (sku, warehouse) order.
+fn stock_rows_of<'a>(requests: impl Iterator<Item = &'a ReserveRequest>) -> Vec<StockKey> {
+    let mut wanted: Vec<StockKey> = requests
+        .flat_map(|request| request.lines.iter())
+        .map(|line| (line.sku.clone(), line.warehouse.clone()))
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    wanted
 }
 
 /// Renders each claimed request's answer from its decision (a success whose shop was
@@ -412,7 +436,19 @@ impl<B: Backend> Units<B> {
         {
             statement(short).execute(&mut *transaction).await?;
         }
-        replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots).await?;
+        let read_stock = if <B::Connection as Dialect>::READS_RECORDS_WITH_STOCK_ROWS {
+            let (existing, stock) = transaction
+                .existing_records_with_stock_rows(
+                    &keys_of(&first_of_key),
+                    &stock_rows_of(requests.iter()),
+                )
+                .await?;
+            replay_existing(requests, &existing, &mut slots)?;
+            Some(stock)
+        } else {
+            replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots).await?;
+            None
+        };
         let claimed: Vec<usize> = slots
             .iter()
             .enumerate()
@@ -421,7 +457,7 @@ impl<B: Backend> Units<B> {
 
         // 4. Lock the rows, 5. decide every claimed request in memory, in arrival order.
         let (available, skus, tallies) = self
-            .lock_batch_rows(&mut *transaction, requests, &claimed, turn)
+            .lock_batch_rows(&mut *transaction, requests, &claimed, read_stock, turn)
             .await?;
         let taken = order_refs_taken(&mut *transaction, requests, &claimed, &skus).await?;
         let plan = plan_batch(
@@ -560,8 +596,9 @@ impl<B: Backend> Units<B> {
     }
 
     /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
-    /// reading their SKUs' sale status, shop and per-user limit with them, and passes
-    /// the turn. A shelf change (or a new limit) locks the same rows first, so it
+    /// reading their SKUs' sale status, shop and per-user limit with them (unless
+    /// `read_stock` already holds them, read with the keys' records), and passes the
+    /// turn. A shelf change (or a new limit) locks the same rows first, so it
     /// cannot slip between this read and the commit. Then the shoppers' tallies, in key
     /// order.
     async fn lock_batch_rows(
@@ -569,16 +606,14 @@ impl<B: Backend> Units<B> {
         transaction: &mut B::Connection,
         requests: &[ReserveRequest],
         claimed: &[usize],
+        read_stock: Option<LockedStock>,
         turn: &mut LockTurn,
     ) -> Result<(BTreeMap<StockKey, i64>, HashMap<SkuCode, SkuFacts>, Tallies), StoreError> {
-        let mut wanted_rows: Vec<StockKey> = claimed
-            .iter()
-            .flat_map(|index| requests[*index].lines.iter())
-            .map(|line| (line.sku.clone(), line.warehouse.clone()))
-            .collect();
-        wanted_rows.sort();
-        wanted_rows.dedup();
-        let locked = transaction.lock_stock_rows(&wanted_rows).await;
+        let wanted_rows = stock_rows_of(claimed.iter().map(|index| &requests[*index]));
+        let locked = match read_stock {
+            Some(stock) => Ok(stock),
+            None => transaction.lock_stock_rows(&wanted_rows).await,
+        };
         turn.pass();
         let (available, skus) = locked?;
         let skus = with_unlisted_skus(&mut *transaction, &wanted_rows, skus).await?;
