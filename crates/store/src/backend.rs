@@ -141,10 +141,12 @@ pub trait Dialect: Connection {
     /// Whether a batch of reservations that all fit is written by one statement
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;
-    /// Whether a batch transaction reads its keys' records and its stock rows together,
-    /// in one round trip ([`Dialect::existing_records_with_stock_rows`]): where reading
-    /// a stock row takes no lock, the rows of every request in the batch are read,
-    /// those of requests a committed record then decides among them.
+    /// Whether a batch transaction reads its keys' records and its stock rows at once
+    /// ([`Dialect::existing_records_with_stock_rows`]), before it knows which requests
+    /// a committed record decides: so it reads the rows of every request in the batch.
+    /// The extra rows change nothing (the plan looks up only the lines of the requests
+    /// left to decide), but they are locked too where reading locks, so only a backend
+    /// whose reads take no lock and whose round trips are dear sets it (SQLite).
     const READS_RECORDS_WITH_STOCK_ROWS: bool = false;
 
     /// The next number in an aggregate's event count (`outbox_sequence`, migration
@@ -369,8 +371,9 @@ pub trait Dialect: Connection {
     ) -> impl Future<Output = Result<LockedStock, StoreError>> + Send;
 
     /// The idempotency records of these keys and these stock rows, as
-    /// [`Dialect::existing_records`] and [`Dialect::lock_stock_rows`] answer them; one
-    /// after the other unless the backend reads both at once.
+    /// [`Dialect::existing_records`] and [`Dialect::lock_stock_rows`] answer them. A
+    /// backend that sets [`Dialect::READS_RECORDS_WITH_STOCK_ROWS`] reads both in one
+    /// round trip; this default, one after the other, is only as good as the two reads.
     fn existing_records_with_stock_rows(
         &mut self,
         keys: &[&str],

@@ -481,9 +481,10 @@ impl Dialect for SqliteConnection {
     ) -> Result<(FoundRecords, LockedStock), StoreError> {
         use futures_util::TryStreamExt as _;
         use sqlx::FromRow as _;
-        let query = sqlx::query(concat!(select_records!(), ";\n", select_stock_rows!("$2"),))
+        let query = sqlx::query(concat!(select_records!(), ";\n", select_stock_rows!("$2")))
             .bind(rows(keys))
             .bind(stock_keys(wanted));
+        // Several statements in one query: see `run_statements`.
         #[allow(deprecated)]
         let results: Vec<_> = query.fetch_many(&mut *self).try_collect().await?;
         let mut statements = results.split(|result| result.is_left());
@@ -596,7 +597,7 @@ impl Dialect for SqliteConnection {
     }
 
     /// The stock rows' updates and the reservations' rows: one statement per table,
-    /// rows passed as JSON, sent to the connection's thread as one command.
+    /// rows passed as JSONB, sent to the connection's thread as one command.
     async fn write_reservations(
         &mut self,
         totals: &BTreeMap<StockKey, i64>,
@@ -644,7 +645,7 @@ impl Dialect for SqliteConnection {
 
 /// The one writer of reservations' rows, as statements run together. Parameters:
 /// `$1` the stock rows' totals, `$2` now, `$3` the reservations, `$4` their lines,
-/// `$5` their ledger rows (JSON arrays; an empty one writes nothing). The first
+/// `$5` their ledger rows (JSONB arrays; an empty one writes nothing). The first
 /// statement's count is how many stock rows it took from.
 macro_rules! reservation_write_statements {
     () => {
@@ -764,6 +765,8 @@ async fn run_statements(
 #[cfg(test)]
 mod tests {
     use super::rows;
+    use crate::backend::Dialect;
+    use domain::{SkuCode, WarehouseCode};
     use sqlx::{Connection as _, Row as _, SqliteConnection};
 
     /// Every awkward string a row can carry: quotes, backslashes, control characters,
@@ -857,5 +860,63 @@ mod tests {
             let rendered: serde_json::Value = serde_json::from_str(&rendered).unwrap();
             assert_eq!(rendered, expected.unwrap());
         }
+    }
+
+    #[tokio::test]
+    async fn records_and_stock_rows_read_together_are_what_the_two_reads_answer_apart() {
+        let mut connection = SqliteConnection::connect("sqlite::memory:").await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE idempotency_record (key TEXT PRIMARY KEY, fingerprint TEXT, \
+             status_code INTEGER, body TEXT); \
+             CREATE TABLE sku (code TEXT PRIMARY KEY, sale_status TEXT, shop TEXT, per_user_limit INTEGER); \
+             CREATE TABLE stock (sku TEXT, warehouse TEXT, available INTEGER, PRIMARY KEY (sku, warehouse)); \
+             INSERT INTO idempotency_record VALUES ('k1', 'f1', 201, '{\"id\":\"rsv_1\"}'), ('k2', 'f2', 0, ''); \
+             INSERT INTO sku VALUES ('TEA', 'ON_SHELF', 'shop-a', 2), ('COFFEE', 'OFF_SHELF', 'shop-b', NULL); \
+             INSERT INTO stock VALUES ('TEA', 'default', 5), ('TEA', 'north', 0), ('COFFEE', 'default', 9);",
+        )
+        .execute(&mut connection)
+        .await
+        .unwrap();
+        let stock_key = |sku: &str, warehouse: &str| {
+            (
+                SkuCode::parse(sku).unwrap(),
+                WarehouseCode::parse(warehouse).unwrap(),
+            )
+        };
+        let all_rows = vec![
+            stock_key("COFFEE", "default"),
+            stock_key("TEA", "default"),
+            stock_key("TEA", "north"),
+            stock_key("NONE", "default"),
+        ];
+        let cases: [(&[&str], Vec<_>); 5] = [
+            (&["k1", "k2", "k3"], all_rows.clone()),
+            (&["k3"], all_rows.clone()),
+            (&["k1"], vec![]),
+            (&[], vec![stock_key("TEA", "north")]),
+            (&[], vec![]),
+        ];
+        for (keys, wanted) in cases {
+            let together = connection
+                .existing_records_with_stock_rows(keys, &wanted)
+                .await
+                .unwrap();
+            let records = connection.existing_records(keys).await.unwrap();
+            let stock = connection.lock_stock_rows(&wanted).await.unwrap();
+            assert_eq!(together, (records, stock), "keys {keys:?}, rows {wanted:?}");
+        }
+        let (records, (available, facts)) = connection
+            .existing_records_with_stock_rows(&["k1", "k2"], &all_rows)
+            .await
+            .unwrap();
+        assert_eq!(records.len(), 2);
+        assert_eq!(records["k1"].1.as_ref().unwrap().status, 201);
+        assert_eq!(records["k2"].1, None, "a record without an answer yet");
+        assert_eq!(available.len(), 3);
+        assert_eq!(available[&stock_key("TEA", "default")], 5);
+        assert_eq!(
+            facts[&SkuCode::parse("COFFEE").unwrap()].per_user_limit,
+            None
+        );
     }
 }

@@ -436,13 +436,16 @@ impl<B: Backend> Units<B> {
         {
             statement(short).execute(&mut *transaction).await?;
         }
+        //    Where the two reads go together, the stock rows are those of every
+        //    request, and a failed read passes the turn as a failed row lock does.
         let read_stock = if <B::Connection as Dialect>::READS_RECORDS_WITH_STOCK_ROWS {
-            let (existing, stock) = transaction
+            let read = transaction
                 .existing_records_with_stock_rows(
                     &keys_of(&first_of_key),
                     &stock_rows_of(requests.iter()),
                 )
-                .await?;
+                .await;
+            let (existing, stock) = read.inspect_err(|_| turn.pass())?;
             replay_existing(requests, &existing, &mut slots)?;
             Some(stock)
         } else {
@@ -596,9 +599,10 @@ impl<B: Backend> Units<B> {
     }
 
     /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
-    /// reading their SKUs' sale status, shop and per-user limit with them (unless
-    /// `read_stock` already holds them, read with the keys' records), and passes the
-    /// turn. A shelf change (or a new limit) locks the same rows first, so it
+    /// reading their SKUs' sale status, shop and per-user limit with them, and passes
+    /// the turn. `read_stock`, when the rows were read with the keys' records, holds
+    /// them already, and other requests' rows besides (only the claimed requests' lines
+    /// are ever looked up in them). A shelf change (or a new limit) locks the same rows first, so it
     /// cannot slip between this read and the commit. Then the shoppers' tallies, in key
     /// order.
     async fn lock_batch_rows(
