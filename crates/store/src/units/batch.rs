@@ -601,10 +601,10 @@ impl<B: Backend> Units<B> {
     /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
     /// reading their SKUs' sale status, shop and per-user limit with them, and passes
     /// the turn. `read_stock`, when the rows were read with the keys' records, holds
-    /// them already, and other requests' rows besides (only the claimed requests' lines
-    /// are ever looked up in them). A shelf change (or a new limit) locks the same rows first, so it
-    /// cannot slip between this read and the commit. Then the shoppers' tallies, in key
-    /// order.
+    /// them already, and other requests' rows besides (only the claimed requests'
+    /// lines are ever looked up in them). A shelf change (or a new limit) locks the
+    /// same rows first, so it cannot slip between this read and the commit. Then the
+    /// shoppers' tallies, in key order.
     async fn lock_batch_rows(
         &self,
         transaction: &mut B::Connection,
