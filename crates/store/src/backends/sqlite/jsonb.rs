@@ -12,8 +12,8 @@
 //! SQLite takes a BLOB argument as JSONB when its outer element's header and size
 //! account for exactly its bytes; one whose first byte could also begin JSON text
 //! (`[`, `{`, a digit: here an array of five or seven bytes) and whose payload is at
-//! most seven bytes is checked element by element as well, which what is written here
-//! passes (the tests read such rows back).
+//! most seven bytes is checked element by element as well, and what is written here
+//! passes that check too (the tests read such rows back).
 
 // The element types written here, as JSONB numbers them.
 /// JSON's `null`, without a payload.
