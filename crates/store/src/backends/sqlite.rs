@@ -1,10 +1,11 @@
 //! The embedded default: one SQLite file in WAL mode with `synchronous=FULL`.
 //!
 //! SQLite allows one writer at a time. Rather than let connections race for the write
-//! lock (and spin in SQLite's busy handler), all writes go through a pool of exactly one
-//! connection, so writers queue fairly inside the process, and every write transaction
-//! starts with `BEGIN IMMEDIATE` so it holds the lock from its first statement. Reads
-//! use a separate pool and see WAL snapshots without blocking the writer.
+//! lock (and spin in SQLite's busy handler), all writes go through one connection,
+//! lent by a fair lock ([`writer`]), so writers queue inside the process in the order
+//! they asked, and every write transaction starts with `BEGIN IMMEDIATE` so it holds
+//! the lock from its first statement. Reads use a pool of their own and see WAL
+//! snapshots without blocking the writer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -12,7 +13,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use domain::{ShopCode, SkuCode, Timestamp};
-use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqliteRow, SqliteSynchronous,
 };
@@ -30,11 +30,12 @@ use crate::units::decode::{
 use crate::{StoreConfig, StoreLimits};
 
 mod jsonb;
+mod writer;
 
-/// The SQLite database: a pool of one writer and a pool of readers.
+/// The SQLite database: one writer and a pool of readers.
 #[derive(Debug, Clone)]
 pub struct SqliteBackend {
-    write: SqlitePool,
+    write: writer::Writer,
     read: SqlitePool,
     limits: StoreLimits,
     watch: crate::backend::PoolWatch,
@@ -61,11 +62,8 @@ impl SqliteBackend {
             .foreign_keys(true)
             .busy_timeout(Duration::from_millis(config.lock_timeout_milliseconds));
         let acquire_timeout = Duration::from_millis(config.acquire_timeout_milliseconds);
-        let write = crate::backend::pool_options()
-            .max_connections(1)
-            .acquire_timeout(acquire_timeout)
-            .connect_with(options.clone())
-            .await?;
+        let write = writer::Writer::new(options.clone(), acquire_timeout);
+        write.open().await?;
         let read = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(acquire_timeout)
@@ -82,8 +80,8 @@ impl SqliteBackend {
 
 impl Backend for SqliteBackend {
     type Connection = SqliteConnection;
-    type Transaction = sqlx::Transaction<'static, Sqlite>;
-    type Pooled = PoolConnection<Sqlite>;
+    type Transaction = writer::SqliteTransaction;
+    type Pooled = writer::SqlitePooled;
 
     const NAME: &'static str = "sqlite";
 
@@ -97,17 +95,20 @@ impl Backend for SqliteBackend {
     /// backend's lock wait.
     async fn begin_write(&self) -> Result<Self::Transaction, StoreError> {
         let started = std::time::Instant::now();
+        // The wait for another process's lock (`BEGIN IMMEDIATE`) is a wait for the
+        // writer too: counted with the waiters (`stockd_db_pool_waiting`).
         let begun = self
             .watch
-            .acquiring(self.write.begin_with("BEGIN IMMEDIATE"))
+            .acquiring(async { writer::WriteTransaction::begin(self.write.lend().await?).await })
             .await;
         crate::observe::record_lock_wait(started.elapsed());
-        begun
+        begun.map(writer::SqliteTransaction::Write)
     }
 
     /// The read pool reads the same file as the writer: nothing there is stale.
     async fn begin_writer_read(&self) -> Result<Self::Transaction, StoreError> {
-        self.watch.acquiring(self.read.begin()).await
+        let begun = self.watch.acquiring(self.read.begin()).await;
+        begun.map(writer::SqliteTransaction::Read)
     }
 
     /// A deferred read transaction sees one WAL snapshot from its first read on.
@@ -116,15 +117,21 @@ impl Backend for SqliteBackend {
     }
 
     async fn writer_read_connection(&self) -> Result<Self::Pooled, StoreError> {
-        self.watch.acquiring(self.read.acquire()).await
+        let acquired = self.watch.acquiring(self.read.acquire()).await;
+        acquired.map(writer::SqlitePooled::Read)
     }
 
     async fn write_connection(&self) -> Result<Self::Pooled, StoreError> {
-        self.watch.acquiring(self.write.acquire()).await
+        let lent = self.watch.acquiring(self.write.lend()).await;
+        lent.map(writer::SqlitePooled::Write)
     }
 
     fn pool_usage(&self) -> crate::backend::PoolUsage {
-        self.watch.usage(&[&self.write, &self.read])
+        let mut usage = self.watch.usage(&[&self.read]);
+        let writer = self.write.usage();
+        usage.active += writer.active;
+        usage.idle += writer.idle;
+        usage
     }
 
     fn limits(&self) -> &StoreLimits {
@@ -136,8 +143,6 @@ impl Backend for SqliteBackend {
         self.read.close().await;
     }
 }
-
-crate::backend::finish_through_sqlx!(Sqlite);
 
 /// SQLite result codes. A plain `SQLITE_BUSY` (or `SQLITE_BUSY_TIMEOUT`) arrives only
 /// after the busy handler waited the whole `busy_timeout` for another process's write
