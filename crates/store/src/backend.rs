@@ -434,6 +434,24 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// A transaction that will write: holds the write lock from its first statement
     /// where the database has a single writer.
     fn begin_write(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
+    /// A write transaction with a reservation batch's first read
+    /// ([`Dialect::existing_records_with_stock_rows`]), for a backend that sets
+    /// [`Dialect::READS_RECORDS_WITH_STOCK_ROWS`]. SQLite sends its `BEGIN IMMEDIATE`
+    /// in the same command as the read; this default begins, then reads.
+    fn begin_write_reading(
+        &self,
+        keys: &[&str],
+        wanted: &[StockKey],
+    ) -> impl Future<Output = Result<(Self::Transaction, FoundRecords, LockedStock), StoreError>> + Send
+    {
+        async move {
+            let mut transaction = self.begin_write().await?;
+            let (records, stock) = transaction
+                .existing_records_with_stock_rows(keys, wanted)
+                .await?;
+            Ok((transaction, records, stock))
+        }
+    }
     /// A transaction on the writer that only reads: for reads that decide.
     fn begin_writer_read(
         &self,

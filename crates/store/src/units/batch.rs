@@ -429,29 +429,31 @@ impl<B: Backend> Units<B> {
         //    The turn is taken before the transaction begins: on SQLite the one write
         //    connection is the lock, and a batch that took it while waiting for the
         //    previous batch's turn would deadlock with that batch.
+        //
+        //    Where the two reads go together (and begin the transaction), the stock
+        //    rows are those of every request, and a failed read passes the turn as a
+        //    failed row lock does.
         turn.wait().await;
-        let mut transaction = self.begin_write().await?;
-        if fast == WholeBatch::WaitedOutTheLock
-            && let Some(short) = <B::Connection as Dialect>::SHORT_LOCK_WAIT
-        {
-            statement(short).execute(&mut *transaction).await?;
-        }
-        //    Where the two reads go together, the stock rows are those of every
-        //    request, and a failed read passes the turn as a failed row lock does.
-        let read_stock = if <B::Connection as Dialect>::READS_RECORDS_WITH_STOCK_ROWS {
-            let read = transaction
-                .existing_records_with_stock_rows(
-                    &keys_of(&first_of_key),
-                    &stock_rows_of(requests.iter()),
-                )
-                .await;
-            let (existing, stock) = read.inspect_err(|_| turn.pass())?;
-            replay_existing(requests, &existing, &mut slots)?;
-            Some(stock)
-        } else {
-            replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots).await?;
-            None
-        };
+        let (mut transaction, read_stock) =
+            if <B::Connection as Dialect>::READS_RECORDS_WITH_STOCK_ROWS {
+                let begun = self
+                    .backend
+                    .begin_write_reading(&keys_of(&first_of_key), &stock_rows_of(requests.iter()))
+                    .await;
+                let (transaction, existing, stock) = begun.inspect_err(|_| turn.pass())?;
+                replay_existing(requests, &existing, &mut slots)?;
+                (transaction, Some(stock))
+            } else {
+                let mut transaction = self.begin_write().await?;
+                if fast == WholeBatch::WaitedOutTheLock
+                    && let Some(short) = <B::Connection as Dialect>::SHORT_LOCK_WAIT
+                {
+                    statement(short).execute(&mut *transaction).await?;
+                }
+                replay_committed_keys(&mut *transaction, requests, &first_of_key, &mut slots)
+                    .await?;
+                (transaction, None)
+            };
         let claimed: Vec<usize> = slots
             .iter()
             .enumerate()

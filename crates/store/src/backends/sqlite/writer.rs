@@ -175,6 +175,16 @@ impl WriteTransaction {
         Ok(transaction)
     }
 
+    /// A transaction whose `BEGIN IMMEDIATE` the caller sends as the first statement of
+    /// its own first command (one hand-off to the connection's thread fewer). Open from
+    /// here: dropped before its end, whatever the caller sent is rolled back.
+    pub(crate) fn begun_by_first_statement(connection: WriterConnection) -> Self {
+        WriteTransaction {
+            connection,
+            open: true,
+        }
+    }
+
     async fn end(mut self, last: &'static str) -> Result<(), StoreError> {
         sqlx::query(last).execute(&mut *self.connection).await?;
         self.open = false;
@@ -270,7 +280,7 @@ impl DerefMut for SqlitePooled {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::str::FromStr;
 
     use futures_util::FutureExt;
@@ -279,17 +289,22 @@ mod tests {
     use crate::sql::statement;
 
     /// A database file of the test's own, removed (with its WAL) when dropped.
-    struct DatabaseFile(std::path::PathBuf);
+    pub(crate) struct DatabaseFile(std::path::PathBuf);
 
     impl DatabaseFile {
-        fn new(name: &str) -> DatabaseFile {
+        pub(crate) fn new(name: &str) -> DatabaseFile {
             DatabaseFile(
                 std::env::temp_dir()
                     .join(format!("writer-unit-test-{name}-{}.db", std::process::id())),
             )
         }
 
-        fn options(&self) -> SqliteConnectOptions {
+        /// The file as a `DATABASE_URL`.
+        pub(crate) fn url(&self) -> String {
+            format!("sqlite://{}", self.0.display())
+        }
+
+        pub(crate) fn options(&self) -> SqliteConnectOptions {
             SqliteConnectOptions::new()
                 .filename(&self.0)
                 .create_if_missing(true)
