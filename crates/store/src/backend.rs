@@ -452,6 +452,28 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
             Ok((transaction, records, stock))
         }
     }
+    /// Writes a decided reservation batch ([`Dialect::write_batch`]), checks that it
+    /// changed the rows and stored the records it planned to
+    /// ([`check_written`](crate::units::batch::check_written)), and commits. SQLite
+    /// sends the writes, the database's check of their counts and `COMMIT` as one
+    /// command; this default writes, checks, then commits.
+    fn write_batch_and_commit(
+        &self,
+        transaction: Self::Transaction,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            let mut transaction = transaction;
+            let written = transaction
+                .write_batch(totals, reservations, records, now)
+                .await?;
+            crate::units::batch::check_written(&written, totals.len(), records.len())?;
+            transaction.commit().await
+        }
+    }
     /// A transaction on the writer that only reads: for reads that decide.
     fn begin_writer_read(
         &self,

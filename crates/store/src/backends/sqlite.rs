@@ -62,7 +62,7 @@ impl SqliteBackend {
             .foreign_keys(true)
             .busy_timeout(Duration::from_millis(config.lock_timeout_milliseconds));
         let acquire_timeout = Duration::from_millis(config.acquire_timeout_milliseconds);
-        let write = writer::Writer::new(options.clone(), acquire_timeout);
+        let write = writer::Writer::new(options.clone(), acquire_timeout, WRITER_SESSION);
         write.open().await?;
         let read = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
@@ -164,6 +164,33 @@ impl Backend for SqliteBackend {
         Ok((transaction, records, stock))
     }
 
+    /// The writes, the database's check of their counts and `COMMIT` as one command to
+    /// the connection's thread: one hand-off fewer than writing, checking here, then
+    /// committing. A count other than planned stops the command before `COMMIT`, and
+    /// the transaction, dropped open, is rolled back.
+    async fn write_batch_and_commit(
+        &self,
+        transaction: Self::Transaction,
+        totals: &BTreeMap<StockKey, i64>,
+        reservations: &[NewReservation<'_>],
+        records: &[(&IdempotencyClaim, &StoredResponse)],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let writer::SqliteTransaction::Write(mut transaction) = transaction else {
+            return Err(StoreError::Invariant(
+                "a reservation batch was written in a read transaction".into(),
+            ));
+        };
+        let query = with_reservation_rows(WRITE_BATCH_THEN_COMMIT, totals, reservations, now)
+            .bind(record_rows(records))
+            .bind(i64::try_from(totals.len()).unwrap_or(i64::MAX))
+            .bind(i64::try_from(records.len()).unwrap_or(i64::MAX));
+        // The update, its check, four inserts, the records, their check and `COMMIT`.
+        run_statements(transaction.connection(), query, 9).await?;
+        transaction.ended_by_last_statement();
+        Ok(())
+    }
+
     /// The read pool reads the same file as the writer: nothing there is stale.
     async fn begin_writer_read(&self) -> Result<Self::Transaction, StoreError> {
         let begun = self.watch.acquiring(self.read.begin()).await;
@@ -211,6 +238,9 @@ impl Backend for SqliteBackend {
 const SQLITE_BUSY: i64 = 5;
 const SQLITE_BUSY_TIMEOUT: i64 = 773;
 const SQLITE_LOCKED: i64 = 6;
+/// A trigger's `RAISE(ABORT, …)`: only the schema's own guards raise (append-only
+/// tables, a batch's counts).
+const SQLITE_CONSTRAINT_TRIGGER: i64 = 1811;
 
 /// SQLite's errors by (extended) result code.
 pub(crate) fn classify_database(error: &sqlx::sqlite::SqliteError) -> StoreError {
@@ -222,6 +252,9 @@ pub(crate) fn classify_database(error: &sqlx::sqlite::SqliteError) -> StoreError
         .unwrap_or_default();
     if code == SQLITE_BUSY || code == SQLITE_BUSY_TIMEOUT {
         return StoreError::LockTimeout(message);
+    }
+    if code == SQLITE_CONSTRAINT_TRIGGER {
+        return StoreError::Invariant(message);
     }
     let primary_code = code & 0xFF;
     if primary_code == SQLITE_BUSY || primary_code == SQLITE_LOCKED {
@@ -672,17 +705,10 @@ impl Dialect for SqliteConnection {
         records: &[(&IdempotencyClaim, &StoredResponse)],
         now: Timestamp,
     ) -> Result<BatchWritten, StoreError> {
-        let records = rows(records.iter().map(|(claim, response)| {
-            (
-                claim.key.as_str(),
-                claim.fingerprint.as_str(),
-                response.status,
-                response.body.as_str(),
-            )
-        }));
         let counts = run_statements(
             self,
-            with_reservation_rows(WRITE_BATCH, totals, reservations, now).bind(records),
+            with_reservation_rows(WRITE_BATCH, totals, reservations, now)
+                .bind(record_rows(records)),
             6,
         )
         .await?;
@@ -699,10 +725,25 @@ impl Dialect for SqliteConnection {
 /// statement's count is how many stock rows it took from.
 macro_rules! reservation_write_statements {
     () => {
+        concat!(stock_take_statement!(), reservation_insert_statements!())
+    };
+}
+
+/// Takes each row's total (`$1`) from its available count, under the condition that
+/// it is there.
+macro_rules! stock_take_statement {
+    () => {
         "UPDATE stock SET available = available - batch.total, reserved = reserved + batch.total, \
          version = version + 1, updated_at = $2 \
          FROM (SELECT value ->> 0 AS sku, value ->> 1 AS warehouse, value ->> 2 AS total FROM jsonb_each($1)) AS batch \
-         WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total;
+         WHERE stock.sku = batch.sku AND stock.warehouse = batch.warehouse AND stock.available >= batch.total;"
+    };
+}
+
+/// The reservations (`$3`), their lines (`$4`), ledger rows (`$5`) and events.
+macro_rules! reservation_insert_statements {
+    () => {
+        "
          INSERT INTO reservation (id, status, release_reason, expires_at, idempotency_key, created_at, updated_at, \
          shop, user_id, order_id) \
          SELECT value ->> 0, 'RESERVED', NULL, value ->> 1, value ->> 2, $2, $2, value ->> 3, value ->> 4, value ->> 5 \
@@ -719,22 +760,78 @@ macro_rules! reservation_write_statements {
     };
 }
 
+/// The batch's idempotency records (`$6`: key, fingerprint, status, body); its count is
+/// how many it stored.
+macro_rules! record_insert_statement {
+    () => {
+        "
+         INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+         SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM jsonb_each($6) WHERE true \
+         ON CONFLICT (key) DO NOTHING;"
+    };
+}
+
+/// Refuses, through [`WRITER_SESSION`]'s trigger, when the statement just before
+/// changed other than the parameter's count of rows: SQLite's `changes()` is the count
+/// of the last statement that finished. The row is inserted only then, and the
+/// trigger aborts the statement, so the commit after it never runs.
+macro_rules! changed_as_planned_check {
+    ($parameter:literal) => {
+        concat!(
+            "
+         INSERT INTO temp.batch_changed_as_planned (changed, planned) \
+         SELECT changes(), ",
+            $parameter,
+            " WHERE changes() <> ",
+            $parameter,
+            ";"
+        )
+    };
+}
+
+/// Run on the writer connection when it opens: the view and trigger that
+/// [`changed_as_planned_check!`] inserts into (temporary: they belong to the
+/// connection, not to the schema).
+pub(super) const WRITER_SESSION: &str = "CREATE TEMP VIEW IF NOT EXISTS batch_changed_as_planned (changed, planned) AS SELECT 0, 0; \
+     CREATE TEMP TRIGGER IF NOT EXISTS batch_changed_other_than_planned \
+     INSTEAD OF INSERT ON batch_changed_as_planned \
+     BEGIN SELECT RAISE(ABORT, 'a batch statement changed another count of rows than planned'); END;";
+
 /// The reservations' writes. Their `reservation.created` event rows come from the
 /// reservations' own parameter (the body is read from these rows when the event is:
 /// `units::outbox`).
 const WRITE_RESERVATIONS: &str = reservation_write_statements!();
 
-/// The reservations' writes, then the batch's idempotency records (`$6`: key,
-/// fingerprint, status, body); the last statement's count is how many it stored.
-const WRITE_BATCH: &str = concat!(
-    reservation_write_statements!(),
+/// The reservations' writes, then the batch's idempotency records; the last
+/// statement's count is how many it stored.
+const WRITE_BATCH: &str = concat!(reservation_write_statements!(), record_insert_statement!());
+
+/// A batch's writes checked and committed in one command: the stock rows taken must
+/// be `$7`, the records stored `$8`, or the commit is not reached (and the transaction
+/// is rolled back when dropped).
+const WRITE_BATCH_THEN_COMMIT: &str = concat!(
+    stock_take_statement!(),
+    changed_as_planned_check!("$7"),
+    reservation_insert_statements!(),
+    record_insert_statement!(),
+    changed_as_planned_check!("$8"),
     "
-     INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-     SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, $2 FROM jsonb_each($6) WHERE true \
-     ON CONFLICT (key) DO NOTHING;"
+     COMMIT;"
 );
 
-/// `statements` (one of the two above) with the reservations' five parameters bound.
+/// Idempotency records as the parameter [`record_insert_statement!`] reads.
+fn record_rows(records: &[(&IdempotencyClaim, &StoredResponse)]) -> Vec<u8> {
+    rows(records.iter().map(|(claim, response)| {
+        (
+            claim.key.as_str(),
+            claim.fingerprint.as_str(),
+            response.status,
+            response.body.as_str(),
+        )
+    }))
+}
+
+/// `statements` (one of those above) with the reservations' five parameters bound.
 fn with_reservation_rows<'q>(
     statements: &'static str,
     totals: &BTreeMap<StockKey, i64>,
@@ -814,6 +911,7 @@ async fn run_statements(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::writer::tests::DatabaseFile;
@@ -1092,5 +1190,151 @@ mod tests {
             .unwrap();
         transaction.commit().await.unwrap();
         assert_eq!(tea_available(&mut other).await, 4);
+    }
+    /// A migrated backend on a file of its own with `TEA` in `default`: 5 available.
+    async fn migrated_backend(file: &DatabaseFile) -> SqliteBackend {
+        let backend = SqliteBackend::connect(&crate::StoreConfig::new(file.url()))
+            .await
+            .unwrap();
+        crate::units::Units::new(backend.clone())
+            .migrate()
+            .await
+            .unwrap();
+        sqlx::raw_sql(
+            "INSERT INTO sku (code, created_at, updated_at) VALUES ('TEA', 0, 0); \
+             INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+             VALUES ('TEA', 'default', 5, 0, 1, 0); \
+             INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
+             VALUES ('committed', 'f', 201, '{}', 0);",
+        )
+        .execute(&mut *backend.write_connection().await.unwrap())
+        .await
+        .unwrap();
+        backend
+    }
+
+    /// What a batch wrote: TEA's available count, reservations, ledger rows, events and
+    /// idempotency records.
+    async fn written(backend: &SqliteBackend) -> (i64, i64, i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT (SELECT available FROM stock WHERE sku = 'TEA'), \
+             (SELECT COUNT(*) FROM reservation), (SELECT COUNT(*) FROM stock_ledger), \
+             (SELECT COUNT(*) FROM outbox), (SELECT COUNT(*) FROM idempotency_record)",
+        )
+        .fetch_one(&mut *backend.writer_read_connection().await.unwrap())
+        .await
+        .unwrap()
+    }
+
+    /// Writes and commits one reservation of `quantity` TEA under `key` on the writer,
+    /// with the stock rows' totals `totals`.
+    async fn write_one_and_commit(
+        backend: &SqliteBackend,
+        key: &str,
+        quantity: i64,
+        totals: &BTreeMap<StockKey, i64>,
+    ) -> Result<(), StoreError> {
+        let now = domain::Timestamp::from_unix_milliseconds(1_700_000_000_000);
+        let id = domain::ReservationId::generate(now, 7);
+        let shop = domain::ShopCode::default_shop();
+        let lines = [domain::ReservationLine {
+            sku: SkuCode::parse("TEA").unwrap(),
+            warehouse: WarehouseCode::parse("default").unwrap(),
+            quantity: domain::Quantity::new(quantity).unwrap(),
+        }];
+        let reservation = crate::backend::NewReservation {
+            id: &id,
+            expires_at: now.plus_seconds(900),
+            request_key: Some(key),
+            ledger_key: key,
+            shop: &shop,
+            user: None,
+            order: None,
+            lines: &lines,
+        };
+        let claim = crate::model::IdempotencyClaim {
+            key: crate::model::ScopedKey::new(
+                &domain::Principal::Admin,
+                &domain::IdempotencyKey::parse(key).unwrap(),
+            ),
+            fingerprint: "f".into(),
+        };
+        let response = crate::model::StoredResponse {
+            status: 201,
+            body: "{}".into(),
+        };
+        let transaction = backend.begin_write().await?;
+        backend
+            .write_batch_and_commit(
+                transaction,
+                totals,
+                &[reservation],
+                &[(&claim, &response)],
+                now,
+            )
+            .await
+    }
+
+    #[tokio::test]
+    async fn a_batch_written_as_planned_is_committed_with_its_writes() {
+        let file = DatabaseFile::new("write-and-commit");
+        let backend = migrated_backend(&file).await;
+        let totals = BTreeMap::from([(stock_key("TEA", "default"), 2)]);
+        write_one_and_commit(&backend, "k1", 2, &totals)
+            .await
+            .unwrap();
+        assert_eq!(written(&backend).await, (3, 1, 1, 1, 2));
+        // Committed: another process can write at once.
+        let mut other = other_process(&file, Duration::ZERO).await;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut other)
+            .await
+            .unwrap();
+        sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_takes_fewer_stock_rows_than_planned_fails_before_its_commit_and_leaves_nothing()
+     {
+        let file = DatabaseFile::new("write-short-stock");
+        let backend = migrated_backend(&file).await;
+        // Six of five: the conditional update takes nothing from the row.
+        let totals = BTreeMap::from([(stock_key("TEA", "default"), 6)]);
+        let refused = write_one_and_commit(&backend, "k1", 6, &totals).await;
+        assert!(
+            matches!(refused, Err(StoreError::Invariant(_))),
+            "{refused:?}"
+        );
+        assert_eq!(written(&backend).await, (5, 0, 0, 0, 1));
+        // The writer writes again, and the next batch is whole.
+        let totals = BTreeMap::from([(stock_key("TEA", "default"), 1)]);
+        write_one_and_commit(&backend, "k2", 1, &totals)
+            .await
+            .unwrap();
+        assert_eq!(written(&backend).await, (4, 1, 1, 1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_stores_fewer_records_than_planned_fails_before_its_commit_and_leaves_nothing()
+     {
+        let file = DatabaseFile::new("write-short-records");
+        let backend = migrated_backend(&file).await;
+        let totals = BTreeMap::from([(stock_key("TEA", "default"), 1)]);
+        // Committed already (by another process, say): the insert stores nothing.
+        let key = crate::model::ScopedKey::new(
+            &domain::Principal::Admin,
+            &domain::IdempotencyKey::parse("k1").unwrap(),
+        );
+        sqlx::query("UPDATE idempotency_record SET key = $1 WHERE key = 'committed'")
+            .bind(key.as_str())
+            .execute(&mut *backend.write_connection().await.unwrap())
+            .await
+            .unwrap();
+        let refused = write_one_and_commit(&backend, "k1", 1, &totals).await;
+        assert!(
+            matches!(refused, Err(StoreError::Invariant(_))),
+            "{refused:?}"
+        );
+        assert_eq!(written(&backend).await, (5, 0, 0, 0, 1));
     }
 }

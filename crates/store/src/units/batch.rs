@@ -508,13 +508,26 @@ impl<B: Backend> Units<B> {
                     .map(|response| (&requests[*index].claim, response))
             })
             .collect();
+        let reservations = NewReservation::of_batch(&accepted);
+        let nothing_follows = plan.holds_added.is_empty()
+            && plan.purchases_added.is_empty()
+            && accepted
+                .iter()
+                .all(|(request, _)| request.reference.is_empty());
+        if nothing_follows {
+            // No order numbers and no tallies: the writes, their check and the commit
+            // go together (on SQLite, as one command).
+            self.backend
+                .write_batch_and_commit(transaction, &plan.totals, &reservations, &records, now)
+                .await?;
+            return Ok(BatchApplied {
+                outcomes: batch_outcomes(slots, &responses)?,
+                path: BatchPath::Transaction,
+                position: None,
+            });
+        }
         let written = transaction
-            .write_batch(
-                &plan.totals,
-                &NewReservation::of_batch(&accepted),
-                &records,
-                now,
-            )
+            .write_batch(&plan.totals, &reservations, &records, now)
             .await?;
         check_written(&written, plan.totals.len(), records.len())?;
         for (request, shop) in &accepted {

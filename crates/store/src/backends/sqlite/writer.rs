@@ -42,6 +42,8 @@ pub(crate) struct Writer {
     /// holds one.
     options: Arc<SqliteConnectOptions>,
     acquire_timeout: Duration,
+    /// Statements run on each connection as it opens.
+    session: &'static str,
 }
 
 impl std::fmt::Debug for Writer {
@@ -60,12 +62,18 @@ struct Slot {
 }
 
 impl Writer {
-    pub(crate) fn new(options: SqliteConnectOptions, acquire_timeout: Duration) -> Writer {
+    /// A writer whose connection runs `session` (statements, or nothing) when it opens.
+    pub(crate) fn new(
+        options: SqliteConnectOptions,
+        acquire_timeout: Duration,
+        session: &'static str,
+    ) -> Writer {
         Writer {
             slot: Arc::new(Mutex::new(Slot::default())),
             may_be_in_transaction: Arc::new(AtomicBool::new(false)),
             options: Arc::new(options),
             acquire_timeout,
+            session,
         }
     }
 
@@ -94,7 +102,11 @@ impl Writer {
                 }
             }
             if slot.connection.is_none() {
-                slot.connection = Some(self.options.connect().await?);
+                let mut connection = self.options.connect().await?;
+                if !self.session.is_empty() {
+                    sqlx::raw_sql(self.session).execute(&mut connection).await?;
+                }
+                slot.connection = Some(connection);
             }
             let connection = OwnedMutexGuard::try_map(slot, |slot| slot.connection.as_mut())
                 // Not taken: the slot was filled just above.
@@ -183,6 +195,16 @@ impl WriteTransaction {
             connection,
             open: true,
         }
+    }
+
+    /// The connection, for statements inside the transaction.
+    pub(crate) fn connection(&mut self) -> &mut SqliteConnection {
+        &mut self.connection
+    }
+
+    /// The caller's last statement was `COMMIT`, and it answered: nothing is left open.
+    pub(crate) fn ended_by_last_statement(mut self) {
+        self.open = false;
     }
 
     async fn end(mut self, last: &'static str) -> Result<(), StoreError> {
@@ -326,7 +348,7 @@ pub(super) mod tests {
     /// A writer on a fresh in-memory database holding one table.
     async fn writer(acquire_timeout: Duration) -> Writer {
         let options = SqliteConnectOptions::from_str("sqlite::memory:").unwrap();
-        with_table(Writer::new(options, acquire_timeout)).await
+        with_table(Writer::new(options, acquire_timeout, "")).await
     }
 
     async fn with_table(writer: Writer) -> Writer {
@@ -395,7 +417,7 @@ pub(super) mod tests {
     #[tokio::test]
     async fn a_transaction_dropped_before_its_end_frees_the_database_for_other_processes_at_once() {
         let file = DatabaseFile::new("dropped");
-        let writer = with_table(Writer::new(file.options(), Duration::from_secs(5))).await;
+        let writer = with_table(Writer::new(file.options(), Duration::from_secs(5), "")).await;
         let mut dropped = WriteTransaction::begin(writer.lend().await.unwrap())
             .await
             .unwrap();
