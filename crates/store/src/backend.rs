@@ -474,6 +474,16 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
             transaction.commit().await
         }
     }
+    /// A sequencer step's write: numbers up to `limit` committed events that have no
+    /// position yet, in write order, after the last position handed out, advances the
+    /// sequencer's row and commits; answers how many it numbered. SQLite sends it as
+    /// one command; this default reads the locked row, numbers, advances, then commits.
+    fn sequence_waiting_events(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        crate::units::outbox::sequence_waiting_events(self, limit)
+    }
     /// A transaction on the writer that only reads: for reads that decide.
     fn begin_writer_read(
         &self,

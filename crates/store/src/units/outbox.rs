@@ -274,6 +274,34 @@ async fn with_reservation_bodies<C: Connection>(
     Ok(())
 }
 
+/// A sequencer step's transaction ([`Backend::sequence_waiting_events`]): reads the
+/// sequencer's row (locked until the commit), numbers up to `limit` events after its
+/// last position, advances it and commits.
+pub(crate) async fn sequence_waiting_events<B: Backend>(
+    backend: &B,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    let mut transaction = backend.begin_write().await?;
+    let last: i64 = statement(<B::Connection as Dialect>::SELECT_SEQUENCER_FOR_UPDATE)
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+    let numbered = transaction.number_waiting_events(last, limit).await?;
+    if numbered == 0 {
+        transaction.rollback().await?;
+        return Ok(0);
+    }
+    let advanced = statement(
+        "UPDATE outbox_relay SET through_position = $1 WHERE name = 'sequencer' AND through_position = $2",
+    )
+    .bind(last + i64::try_from(numbered).unwrap_or(i64::MAX))
+    .bind(last)
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(advanced, "advancing the sequencer")?;
+    transaction.commit().await?;
+    Ok(numbered)
+}
+
 /// What waits in the outbox for a reader: rows not yet numbered or (with a relay)
 /// not yet acknowledged, and how long the oldest has waited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -297,25 +325,7 @@ impl<B: Backend> Units<B> {
         if waiting.is_none() {
             return Ok(0);
         }
-        let mut transaction = self.begin_write().await?;
-        let last: i64 = statement(<B::Connection as Dialect>::SELECT_SEQUENCER_FOR_UPDATE)
-            .fetch_one_scalar(&mut *transaction)
-            .await?;
-        let numbered = transaction.number_waiting_events(last, limit).await?;
-        if numbered == 0 {
-            transaction.rollback().await?;
-            return Ok(0);
-        }
-        let advanced = statement(
-            "UPDATE outbox_relay SET through_position = $1 WHERE name = 'sequencer' AND through_position = $2",
-        )
-        .bind(last + i64::try_from(numbered).unwrap_or(i64::MAX))
-        .bind(last)
-        .execute(&mut *transaction)
-        .await?;
-        expect_one_row(advanced, "advancing the sequencer")?;
-        transaction.commit().await?;
-        Ok(numbered)
+        self.backend.sequence_waiting_events(limit).await
     }
 
     /// Up to `limit` numbered events after `cursor`, in position order: all of them,
