@@ -100,6 +100,38 @@ macro_rules! select_stock_rows {
     };
 }
 
+impl SqliteBackend {
+    /// Lends the writer and sends `query`, whose first statement is `BEGIN IMMEDIATE`,
+    /// as one command; answers the transaction (open from here: dropped before its end,
+    /// it is rolled back) and the results of the statements after `BEGIN`. As in
+    /// `begin_write`, the lock wait (and the waiters' gauge) lasts until `BEGIN`
+    /// answers: the first result of the query's stream is its.
+    async fn begin_with(
+        &self,
+        query: sqlx::query::Query<'_, Sqlite, SqliteArguments>,
+    ) -> Result<(writer::WriteTransaction, Vec<StatementResult>), StoreError> {
+        use futures_util::TryStreamExt as _;
+        let started = std::time::Instant::now();
+        let lent = self.watch.acquiring(self.write.lend()).await?;
+        let mut transaction = writer::WriteTransaction::begun_by_first_statement(lent);
+        // Several statements in one query: see `run_statements`.
+        #[allow(deprecated)]
+        let mut results = query.fetch_many(transaction.connection());
+        let begun = self.watch.acquiring(results.try_next()).await;
+        crate::observe::record_lock_wait(started.elapsed());
+        if !matches!(begun?, Some(sqlx::Either::Left(_))) {
+            return Err(StoreError::Invariant(
+                "BEGIN IMMEDIATE answered rows, or nothing".into(),
+            ));
+        }
+        let results: Vec<_> = results.try_collect().await?;
+        Ok((transaction, results))
+    }
+}
+
+/// What one statement of several sent together answers: its count, or a row.
+type StatementResult = sqlx::Either<sqlx::sqlite::SqliteQueryResult, SqliteRow>;
+
 impl Backend for SqliteBackend {
     type Connection = SqliteConnection;
     type Transaction = writer::SqliteTransaction;
@@ -135,12 +167,6 @@ impl Backend for SqliteBackend {
         keys: &[&str],
         wanted: &[StockKey],
     ) -> Result<(Self::Transaction, FoundRecords, LockedStock), StoreError> {
-        use futures_util::TryStreamExt as _;
-        let started = std::time::Instant::now();
-        let lent = self.watch.acquiring(self.write.lend()).await?;
-        let mut transaction = writer::SqliteTransaction::Write(
-            writer::WriteTransaction::begun_by_first_statement(lent),
-        );
         let query = sqlx::query(concat!(
             "BEGIN IMMEDIATE;\n",
             select_records!(),
@@ -149,19 +175,13 @@ impl Backend for SqliteBackend {
         ))
         .bind(rows(keys))
         .bind(stock_keys(wanted));
-        // Several statements in one query: see `run_statements`.
-        #[allow(deprecated)]
-        let mut results = query.fetch_many(&mut *transaction);
-        let begun = self.watch.acquiring(results.try_next()).await;
-        crate::observe::record_lock_wait(started.elapsed());
-        if !matches!(begun?, Some(sqlx::Either::Left(_))) {
-            return Err(StoreError::Invariant(
-                "BEGIN IMMEDIATE answered rows, or nothing".into(),
-            ));
-        }
-        let results: Vec<_> = results.try_collect().await?;
+        let (transaction, results) = self.begin_with(query).await?;
         let (records, stock) = records_and_stock_of(&results)?;
-        Ok((transaction, records, stock))
+        Ok((
+            writer::SqliteTransaction::Write(transaction),
+            records,
+            stock,
+        ))
     }
 
     /// The writes, the database's check of their counts and `COMMIT` as one command to
@@ -197,13 +217,13 @@ impl Backend for SqliteBackend {
     /// `COMMIT`. Under a hot sale it runs about fifty times a second, each time between
     /// two reservation batches.
     async fn sequence_waiting_events(&self, limit: i64) -> Result<u64, StoreError> {
-        let lent = self.watch.acquiring(self.write.lend()).await?;
-        let mut transaction = writer::WriteTransaction::begun_by_first_statement(lent);
-        let query = sqlx::query(SEQUENCE_WAITING_EVENTS).bind(limit);
-        // `BEGIN`, the numbering, the row advanced, its check and `COMMIT`.
-        let counts = run_statements(transaction.connection(), query, 5).await?;
+        let (transaction, results) = self
+            .begin_with(sqlx::query(SEQUENCE_WAITING_EVENTS).bind(limit))
+            .await?;
         transaction.ended_by_last_statement();
-        Ok(counts[1])
+        // After `BEGIN`: the numbering, the row advanced, its check and `COMMIT`.
+        let counts = counts_of(results, 4)?;
+        Ok(counts[0])
     }
 
     /// The read pool reads the same file as the writer: nothing there is stale.
@@ -416,7 +436,7 @@ fn records_of<'a>(
 /// The records' rows, then (after the first statement's end) the stock rows: what
 /// [`select_records!`] and [`select_stock_rows!`] sent together answer.
 fn records_and_stock_of(
-    results: &[sqlx::Either<sqlx::sqlite::SqliteQueryResult, SqliteRow>],
+    results: &[StatementResult],
 ) -> Result<(FoundRecords, LockedStock), StoreError> {
     use sqlx::FromRow as _;
     let mut statements = results.split(|result| result.is_left());
@@ -928,6 +948,11 @@ async fn run_statements(
     use futures_util::TryStreamExt as _;
     #[allow(deprecated)]
     let results: Vec<_> = query.fetch_many(&mut *connection).try_collect().await?;
+    counts_of(results, expected)
+}
+
+/// Each statement's count of changed rows, in order, of at least `expected` statements.
+fn counts_of(results: Vec<StatementResult>, expected: usize) -> Result<Vec<u64>, StoreError> {
     let counts: Vec<u64> = results
         .into_iter()
         .filter_map(|result| result.left().map(|done| done.rows_affected()))
