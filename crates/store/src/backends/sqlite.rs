@@ -78,6 +78,9 @@ impl SqliteBackend {
     }
 }
 
+// The reads' macros come before the `Backend` impl that uses them: a `macro_rules!` is
+// visible only below its definition.
+
 /// The idempotency records of the keys in `$1`.
 macro_rules! select_records {
     () => {
@@ -187,7 +190,10 @@ impl Backend for SqliteBackend {
     /// The writes, the database's check of their counts and `COMMIT` as one command to
     /// the connection's thread: one hand-off fewer than writing, checking here, then
     /// committing. A count other than planned stops the command before `COMMIT`, and
-    /// the transaction, dropped open, is rolled back.
+    /// the transaction, dropped open, is rolled back. Either count short is an
+    /// invariant broken here (`StoreError::Invariant`, not retried): the write lock is
+    /// held from the batch's first read, so no other process can have committed one of
+    /// its keys or changed a row since.
     async fn write_batch_and_commit(
         &self,
         transaction: Self::Transaction,
