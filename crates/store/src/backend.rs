@@ -142,7 +142,7 @@ pub trait Dialect: Connection {
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;
     /// Whether a batch transaction reads its keys' records and its stock rows at once
-    /// ([`Dialect::existing_records_with_stock_rows`]), before it knows which requests
+    /// ([`Backend::begin_write_reading`]), before it knows which requests
     /// a committed record decides: so it reads the rows of every request in the batch.
     /// The extra rows change nothing (the plan looks up only the lines of the requests
     /// left to decide), but they are locked too where reading locks, so only a backend
@@ -370,21 +370,6 @@ pub trait Dialect: Connection {
         wanted: &[StockKey],
     ) -> impl Future<Output = Result<LockedStock, StoreError>> + Send;
 
-    /// The idempotency records of these keys and these stock rows, as
-    /// [`Dialect::existing_records`] and [`Dialect::lock_stock_rows`] answer them. A
-    /// backend that sets [`Dialect::READS_RECORDS_WITH_STOCK_ROWS`] reads both in one
-    /// round trip; this default, one after the other, is only as good as the two reads.
-    fn existing_records_with_stock_rows(
-        &mut self,
-        keys: &[&str],
-        wanted: &[StockKey],
-    ) -> impl Future<Output = Result<(FoundRecords, LockedStock), StoreError>> + Send {
-        async move {
-            let records = self.existing_records(keys).await?;
-            Ok((records, self.lock_stock_rows(wanted).await?))
-        }
-    }
-
     /// The facts (sale status, shop, per-user limit) of these SKUs.
     fn sku_facts(
         &mut self,
@@ -434,10 +419,12 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// A transaction that will write: holds the write lock from its first statement
     /// where the database has a single writer.
     fn begin_write(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
-    /// A write transaction with a reservation batch's first read
-    /// ([`Dialect::existing_records_with_stock_rows`]), for a backend that sets
+    /// A write transaction with a reservation batch's first read: the idempotency
+    /// records of these keys and these stock rows, as [`Dialect::existing_records`] and
+    /// [`Dialect::lock_stock_rows`] answer them, for a backend that sets
     /// [`Dialect::READS_RECORDS_WITH_STOCK_ROWS`]. SQLite sends its `BEGIN IMMEDIATE`
-    /// in the same command as the read; this default begins, then reads.
+    /// and both reads as one command; this default begins, then reads one after the
+    /// other, and is only as good as the two reads.
     fn begin_write_reading(
         &self,
         keys: &[&str],
@@ -446,9 +433,8 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     {
         async move {
             let mut transaction = self.begin_write().await?;
-            let (records, stock) = transaction
-                .existing_records_with_stock_rows(keys, wanted)
-                .await?;
+            let records = transaction.existing_records(keys).await?;
+            let stock = transaction.lock_stock_rows(wanted).await?;
             Ok((transaction, records, stock))
         }
     }

@@ -609,23 +609,6 @@ impl Dialect for SqliteConnection {
         records_of(&found)
     }
 
-    /// Both statements as one command: the records' rows come first, then (after the
-    /// first statement's end) the stock rows.
-    async fn existing_records_with_stock_rows(
-        &mut self,
-        keys: &[&str],
-        wanted: &[StockKey],
-    ) -> Result<(FoundRecords, LockedStock), StoreError> {
-        use futures_util::TryStreamExt as _;
-        let query = sqlx::query(concat!(select_records!(), ";\n", select_stock_rows!("$2")))
-            .bind(rows(keys))
-            .bind(stock_keys(wanted));
-        // Several statements in one query: see `run_statements`.
-        #[allow(deprecated)]
-        let results: Vec<_> = query.fetch_many(&mut *self).try_collect().await?;
-        records_and_stock_of(&results)
-    }
-
     /// SQLite has no row locks: `BEGIN IMMEDIATE` already holds the database's write
     /// lock, so these reads are current until the commit.
     async fn lock_stock_rows(
@@ -1096,12 +1079,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn records_and_stock_rows_read_together_are_what_the_two_reads_answer_apart() {
-        let mut connection = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-        sqlx::raw_sql(BATCH_READ_TABLES)
-            .execute(&mut connection)
-            .await
-            .unwrap();
+    async fn records_and_stock_rows_read_with_begin_are_what_the_two_reads_answer_apart() {
+        let file = DatabaseFile::new("begun-reading-cases");
+        let backend = backend_with_a_batch_to_read(&file).await;
         let all_rows = vec![
             stock_key("COFFEE", "default"),
             stock_key("TEA", "default"),
@@ -1116,18 +1096,22 @@ mod tests {
             (&[], vec![]),
         ];
         for (keys, wanted) in cases {
-            let together = connection
-                .existing_records_with_stock_rows(keys, &wanted)
-                .await
-                .unwrap();
-            let records = connection.existing_records(keys).await.unwrap();
-            let stock = connection.lock_stock_rows(&wanted).await.unwrap();
-            assert_eq!(together, (records, stock), "keys {keys:?}, rows {wanted:?}");
+            let (mut transaction, records_together, stock_together) =
+                backend.begin_write_reading(keys, &wanted).await.unwrap();
+            let records = transaction.existing_records(keys).await.unwrap();
+            let stock = transaction.lock_stock_rows(&wanted).await.unwrap();
+            transaction.rollback().await.unwrap();
+            assert_eq!(
+                (records_together, stock_together),
+                (records, stock),
+                "keys {keys:?}, rows {wanted:?}"
+            );
         }
-        let (records, (available, facts)) = connection
-            .existing_records_with_stock_rows(&["k1", "k2"], &all_rows)
+        let (transaction, records, (available, facts)) = backend
+            .begin_write_reading(&["k1", "k2"], &all_rows)
             .await
             .unwrap();
+        transaction.rollback().await.unwrap();
         assert_eq!(records.len(), 2);
         assert_eq!(records["k1"].1.as_ref().unwrap().status, 201);
         assert_eq!(records["k2"].1, None, "a record without an answer yet");
@@ -1138,6 +1122,7 @@ mod tests {
             None
         );
     }
+
     /// A backend on a file of its own holding [`BATCH_READ_TABLES`], whose writer waits
     /// 50 ms for another process's write lock.
     async fn backend_with_a_batch_to_read(file: &DatabaseFile) -> SqliteBackend {
@@ -1180,9 +1165,21 @@ mod tests {
     const TAKE_ONE_TEA: &str =
         "UPDATE stock SET available = available - 1 WHERE sku = 'TEA' AND warehouse = 'default'";
 
+    /// A write begun with a batch's first read that has taken one TEA, not committed.
+    async fn begun_taking_one_tea(backend: &SqliteBackend) -> super::writer::SqliteTransaction {
+        let (mut transaction, _, _) = backend
+            .begin_write_reading(&["k1"], &[stock_key("TEA", "default")])
+            .await
+            .unwrap();
+        sqlx::query(TAKE_ONE_TEA)
+            .execute(&mut *transaction)
+            .await
+            .unwrap();
+        transaction
+    }
+
     #[tokio::test]
-    async fn a_write_begun_with_its_first_read_reads_what_the_read_alone_answers_and_holds_the_write_lock()
-     {
+    async fn a_write_begun_with_its_first_read_reads_its_keys_and_rows_and_holds_the_write_lock() {
         let file = DatabaseFile::new("begun-reading");
         let backend = backend_with_a_batch_to_read(&file).await;
         let wanted = [stock_key("TEA", "default"), stock_key("NONE", "default")];
@@ -1190,13 +1187,8 @@ mod tests {
             .begin_write_reading(&["k1", "k3"], &wanted)
             .await
             .unwrap();
-        let apart = transaction
-            .existing_records_with_stock_rows(&["k1", "k3"], &wanted)
-            .await
-            .unwrap();
         assert_eq!(records.len(), 1);
         assert_eq!(stock.0[&stock_key("TEA", "default")], 5);
-        assert_eq!((records, stock), apart);
         // Another process cannot begin to write while the transaction is open.
         let mut other = other_process(&file, Duration::ZERO).await;
         let refused = sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await;
@@ -1214,14 +1206,7 @@ mod tests {
      {
         let file = DatabaseFile::new("begun-reading-dropped");
         let backend = backend_with_a_batch_to_read(&file).await;
-        let (mut transaction, _, _) = backend
-            .begin_write_reading(&["k1"], &[stock_key("TEA", "default")])
-            .await
-            .unwrap();
-        sqlx::query(TAKE_ONE_TEA)
-            .execute(&mut *transaction)
-            .await
-            .unwrap();
+        let transaction = begun_taking_one_tea(&backend).await;
         drop(transaction);
         // Nobody takes the writer again: another process gets the write lock within
         // its busy timeout only if the dropped transaction was rolled back.
@@ -1253,17 +1238,11 @@ mod tests {
             refused.map(|_| ())
         );
         sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
-        let (mut transaction, _, _) = backend
-            .begin_write_reading(&["k1"], &[stock_key("TEA", "default")])
-            .await
-            .unwrap();
-        sqlx::query(TAKE_ONE_TEA)
-            .execute(&mut *transaction)
-            .await
-            .unwrap();
+        let transaction = begun_taking_one_tea(&backend).await;
         transaction.commit().await.unwrap();
         assert_eq!(tea_available(&mut other).await, 4);
     }
+
     /// A migrated backend on a file of its own with `TEA` in `default`: 5 available.
     async fn migrated_backend(file: &DatabaseFile) -> SqliteBackend {
         let backend = SqliteBackend::connect(&crate::StoreConfig::new(file.url()))
