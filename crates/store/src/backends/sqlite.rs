@@ -29,6 +29,7 @@ use crate::units::decode::{
 };
 use crate::{StoreConfig, StoreLimits};
 
+mod checkpointer;
 mod jsonb;
 mod writer;
 
@@ -36,6 +37,9 @@ mod writer;
 #[derive(Debug, Clone)]
 pub struct SqliteBackend {
     write: writer::Writer,
+    /// Copies the WAL into the database file beside the writer; stopped when the last
+    /// clone of the backend goes.
+    checkpointer: std::sync::Arc<checkpointer::Checkpointer>,
     read: SqlitePool,
     limits: StoreLimits,
     watch: crate::backend::PoolWatch,
@@ -62,8 +66,13 @@ impl SqliteBackend {
             .foreign_keys(true)
             .busy_timeout(Duration::from_millis(config.lock_timeout_milliseconds));
         let acquire_timeout = Duration::from_millis(config.acquire_timeout_milliseconds);
-        let write = writer::Writer::new(options.clone(), acquire_timeout, WRITER_SESSION);
+        let writer_options = options.clone().pragma(
+            "wal_autocheckpoint",
+            checkpointer::WRITER_AUTOCHECKPOINT_PAGES.to_string(),
+        );
+        let write = writer::Writer::new(writer_options, acquire_timeout, WRITER_SESSION);
         write.open().await?;
+        let checkpointer = checkpointer::Checkpointer::start(&options).await?;
         let read = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(acquire_timeout)
@@ -72,6 +81,7 @@ impl SqliteBackend {
         Ok(SqliteBackend {
             watch: crate::backend::PoolWatch::default(),
             write,
+            checkpointer: std::sync::Arc::new(checkpointer),
             read,
             limits: config.limits,
         })
@@ -266,6 +276,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn close(&self) {
+        self.checkpointer.stop().await;
         self.write.close().await;
         self.read.close().await;
     }
@@ -1445,5 +1456,44 @@ mod tests {
             "{refused:?}"
         );
         assert_eq!(positions(&backend).await, (vec![None, None, None], None));
+    }
+
+    #[tokio::test]
+    async fn the_wal_is_copied_beside_the_writer_which_checkpoints_itself_only_past_its_bound() {
+        let file = DatabaseFile::new("checkpointed-beside-writer");
+        let backend = migrated_backend(&file).await;
+        let mut writer = backend.write_connection().await.unwrap();
+        let (bound,): (i64,) = sqlx::query_as("PRAGMA wal_autocheckpoint")
+            .fetch_one(&mut *writer)
+            .await
+            .unwrap();
+        let (pages, page_size): (i64, i64) =
+            sqlx::query_as("SELECT * FROM pragma_page_count, pragma_page_size")
+                .fetch_one(&mut *writer)
+                .await
+                .unwrap();
+        drop(writer);
+        assert_eq!(
+            bound,
+            i64::from(super::checkpointer::WRITER_AUTOCHECKPOINT_PAGES)
+        );
+
+        // The migrations' pages, far fewer than the writer's bound, reach the database
+        // file only through the backend's checkpointer. The bound only keeps a broken
+        // task from hanging the suite.
+        let database_length = || std::fs::metadata(file.path()).unwrap().len();
+        let copied = tokio::time::timeout(Duration::from_secs(30), async {
+            while database_length() < u64::try_from(pages * page_size).unwrap() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(
+            copied.is_ok(),
+            "the database file holds {} of {} bytes",
+            database_length(),
+            pages * page_size
+        );
+        backend.close().await;
     }
 }

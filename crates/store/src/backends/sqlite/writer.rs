@@ -321,6 +321,10 @@ pub(super) mod tests {
             )
         }
 
+        pub(crate) fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+
         /// The file as a `DATABASE_URL`.
         pub(crate) fn url(&self) -> String {
             format!("sqlite://{}", self.0.display())
