@@ -185,20 +185,26 @@ async fn a_replica_that_disappears_leaves_reads_working() {
         }
     }
     assert!(in_rotation, "the replica joined the rotation");
-    // Served by the replica while it is there (the schema has replayed by now, or
-    // the read fails there and is served by the primary: keep asking).
-    let mut served_by_replica = false;
-    for _ in 0..200 {
-        let shown = store
-            .display_sku(&ReadHandle::display(None), &code, now)
-            .await
-            .expect("a display read");
-        if shown.served_by == ServedBy::Replica {
-            served_by_replica = true;
-            break;
+    // Served by the replica while it is there (once the schema has replayed there;
+    // until then the read fails there and is served by the primary: keep asking).
+    // Under a loaded suite the replay can take seconds, so the bound is time, not a
+    // count of tries; it only keeps a replica that never serves from hanging the run.
+    let replayed_within = std::time::Duration::from_secs(60);
+    let served_by_replica = tokio::time::timeout(replayed_within, async {
+        loop {
+            let shown = store
+                .display_sku(&ReadHandle::display(None), &code, now)
+                .await
+                .expect("a display read");
+            if shown.served_by == ServedBy::Replica {
+                break;
+            }
+            store.sample_replicas().await;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        store.sample_replicas().await;
-    }
+    })
+    .await
+    .is_ok();
     assert!(served_by_replica, "the replica served a display read");
 
     relay.cut();
