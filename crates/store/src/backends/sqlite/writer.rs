@@ -448,9 +448,18 @@ pub(super) mod tests {
     async fn a_transaction_cancelled_while_its_statement_runs_leaves_the_writer_usable() {
         let writer = writer(Duration::from_secs(5)).await;
         // Polled once: the writer was free, so it was lent at once and `BEGIN
-        // IMMEDIATE` went to the connection's thread, whose answer is not in yet.
-        // Dropped there, as a cancelled request's future is.
-        assert!(commit_one(&writer, "cancelled").now_or_never().is_none());
+        // IMMEDIATE` went to the connection's thread, whose answer is usually not in
+        // yet. Dropped there, as a cancelled request's future is. It never commits: on a
+        // busy machine the one poll may get further (the thread answered before the
+        // poll looked), and a `COMMIT` already sent when a future is dropped may land.
+        let never_committed = async {
+            let mut transaction = WriteTransaction::begin(writer.lend().await.unwrap())
+                .await
+                .unwrap();
+            insert(&mut transaction, "cancelled").await;
+            std::future::pending::<()>().await;
+        };
+        assert!(never_committed.now_or_never().is_none());
         commit_one(&writer, "next").await;
         assert_eq!(items(&writer).await, 1);
     }
