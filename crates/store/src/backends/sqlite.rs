@@ -1479,14 +1479,14 @@ mod tests {
         );
 
         // The migrations' pages, far fewer than the writer's bound, reach the database
-        // file only through the backend's checkpointer. The bound only keeps a broken
-        // task from hanging the suite.
+        // file only through the backend's checkpointer: checked after each of its steps.
+        // The bound only keeps a broken task from hanging the suite.
         let database_length = || std::fs::metadata(file.path()).unwrap().len();
-        let copied = tokio::time::timeout(Duration::from_secs(30), async {
-            while database_length() < u64::try_from(pages * page_size).unwrap() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
+        let mut steps = backend.checkpointer.steps();
+        let copied = tokio::time::timeout(
+            Duration::from_secs(30),
+            steps.wait_for(|_| database_length() >= u64::try_from(pages * page_size).unwrap()),
+        )
         .await;
         assert!(
             copied.is_ok(),

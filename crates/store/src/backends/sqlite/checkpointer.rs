@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
 use sqlx::{ConnectOptions as _, Connection as _, Row as _};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 /// Past this many WAL pages the writer checkpoints after its commit (SQLite's
 /// `wal_autocheckpoint`; its default is 1,000): with the task copying beside it, the
@@ -83,6 +83,10 @@ pub(crate) fn next_pause(
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
     stop: Arc<Notify>,
+    /// What the last step answered (none before the first): the tests wait for a
+    /// step with it instead of for a time.
+    #[cfg_attr(not(test), allow(dead_code))]
+    steps: watch::Receiver<Option<WalProgress>>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -93,11 +97,19 @@ impl Checkpointer {
         let options = options.clone().read_only(false);
         let connection = options.connect().await?;
         let stop = Arc::new(Notify::new());
-        let task = tokio::spawn(run(options, connection, Arc::clone(&stop)));
+        let (step_sender, steps) = watch::channel(None);
+        let task = tokio::spawn(run(options, connection, Arc::clone(&stop), step_sender));
         Ok(Checkpointer {
             stop,
+            steps,
             task: tokio::sync::Mutex::new(Some(task)),
         })
+    }
+
+    /// Each step's answer as the task takes it.
+    #[cfg(test)]
+    pub(crate) fn steps(&self) -> watch::Receiver<Option<WalProgress>> {
+        self.steps.clone()
     }
 
     /// Stops the task and waits until it has closed its connection.
@@ -117,7 +129,12 @@ impl Drop for Checkpointer {
     }
 }
 
-async fn run(options: SqliteConnectOptions, connection: SqliteConnection, stop: Arc<Notify>) {
+async fn run(
+    options: SqliteConnectOptions,
+    connection: SqliteConnection,
+    stop: Arc<Notify>,
+    steps: watch::Sender<Option<WalProgress>>,
+) {
     let mut connection = Some(connection);
     let mut pause = PAUSE_WHILE_WRITING;
     let mut last = None;
@@ -143,6 +160,7 @@ async fn run(options: SqliteConnectOptions, connection: SqliteConnection, stop: 
             Ok(progress) => {
                 pause = next_pause(pause, last, progress);
                 last = Some(progress);
+                steps.send_replace(last);
             }
             Err(error) => {
                 // The writer's own checkpoints go on bounding the WAL meanwhile.
@@ -257,13 +275,13 @@ mod tests {
 
         commit_rows(&mut writer, 5).await;
 
-        // The task copies within its pause; the bound only keeps a broken task from
-        // hanging the suite.
-        let grown = tokio::time::timeout(Duration::from_secs(30), async {
-            while database_file_length(&file) < before + 50 * 3_000 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
+        // Checked after each of the task's steps; the bound only keeps a broken task
+        // from hanging the suite.
+        let mut steps = checkpointer.steps();
+        let grown = tokio::time::timeout(
+            Duration::from_secs(30),
+            steps.wait_for(|_| database_file_length(&file) >= before + 50 * 3_000),
+        )
         .await;
         assert!(grown.is_ok(), "nothing was copied into the database file");
         tokio::time::timeout(Duration::from_secs(30), checkpointer.stop())
