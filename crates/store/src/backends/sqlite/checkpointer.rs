@@ -106,10 +106,18 @@ impl Checkpointer {
         })
     }
 
-    /// Each step's answer as the task takes it.
+    /// Waits until `condition` holds, checked now and after each step the task takes;
+    /// false if the task stopped first.
     #[cfg(test)]
-    pub(crate) fn steps(&self) -> watch::Receiver<Option<WalProgress>> {
-        self.steps.clone()
+    pub(crate) async fn wait_for_step(
+        &self,
+        condition: impl FnMut(&Option<WalProgress>) -> bool,
+    ) -> bool {
+        let mut steps = self.steps.clone();
+        // Reduced to a bool here: what `wait_for` answers holds the watch's read lock,
+        // and a step the task took while a caller still held it would block on that
+        // lock, and with it a current-thread runtime, where no timeout can fire.
+        steps.wait_for(condition).await.is_ok()
     }
 
     /// Stops the task and waits until it has closed its connection.
@@ -276,16 +284,12 @@ mod tests {
         commit_rows(&mut writer, 5).await;
 
         // Checked after each of the task's steps; the bound only keeps a broken task
-        // from hanging the suite. The answer is reduced to a bool at once: what
-        // `wait_for` returns holds the watch's read lock, and a step the task takes
-        // before `stop` lands would block on it, the runtime's one thread with it.
-        let mut steps = checkpointer.steps();
+        // from hanging the suite.
         let grown = tokio::time::timeout(
             Duration::from_secs(30),
-            steps.wait_for(|_| database_file_length(&file) >= before + 50 * 3_000),
+            checkpointer.wait_for_step(|_| database_file_length(&file) >= before + 50 * 3_000),
         )
-        .await
-        .map(|answer| answer.is_ok());
+        .await;
         assert_eq!(grown, Ok(true), "nothing was copied into the database file");
         tokio::time::timeout(Duration::from_secs(30), checkpointer.stop())
             .await
