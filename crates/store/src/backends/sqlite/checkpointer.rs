@@ -106,18 +106,20 @@ impl Checkpointer {
         })
     }
 
-    /// Waits until `condition` holds, checked now and after each step the task takes;
-    /// false if the task stopped first.
+    /// Whether `condition` came to hold, checked now and after each step the task
+    /// takes: false if the task stopped first, or after 30 s, a bound that only keeps
+    /// a broken task from hanging the suite.
     #[cfg(test)]
-    pub(crate) async fn wait_for_step(
-        &self,
-        condition: impl FnMut(&Option<WalProgress>) -> bool,
-    ) -> bool {
+    pub(crate) async fn wait_for_step(&self, mut condition: impl FnMut() -> bool) -> bool {
         let mut steps = self.steps.clone();
         // Reduced to a bool here: what `wait_for` answers holds the watch's read lock,
         // and a step the task took while a caller still held it would block on that
         // lock, and with it a current-thread runtime, where no timeout can fire.
-        steps.wait_for(condition).await.is_ok()
+        let condition_holds = steps.wait_for(|_| condition());
+        matches!(
+            tokio::time::timeout(Duration::from_secs(30), condition_holds).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Stops the task and waits until it has closed its connection.
@@ -283,14 +285,10 @@ mod tests {
 
         commit_rows(&mut writer, 5).await;
 
-        // Checked after each of the task's steps; the bound only keeps a broken task
-        // from hanging the suite.
-        let grown = tokio::time::timeout(
-            Duration::from_secs(30),
-            checkpointer.wait_for_step(|_| database_file_length(&file) >= before + 50 * 3_000),
-        )
-        .await;
-        assert_eq!(grown, Ok(true), "nothing was copied into the database file");
+        let grown = checkpointer
+            .wait_for_step(|| database_file_length(&file) >= before + 50 * 3_000)
+            .await;
+        assert!(grown, "nothing was copied into the database file");
         tokio::time::timeout(Duration::from_secs(30), checkpointer.stop())
             .await
             .expect("the task stops");
