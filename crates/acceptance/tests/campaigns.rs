@@ -25,6 +25,8 @@ mirrored_tests!(
     the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken,
     a_retried_create_gets_its_first_answer_even_after_the_campaign_ended,
     buckets_written_as_a_whole_number_with_a_fraction_are_that_number,
+    a_key_remembered_while_sold_out_replays_only_the_request_it_answered,
+    a_clock_that_steps_back_does_not_stretch_the_sold_out_bound,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -918,4 +920,85 @@ async fn buckets_written_as_a_whole_number_with_a_fraction_are_that_number(backe
     .await;
     assert_eq!(fraction.status, 400, "{fraction:?}");
     assert_eq!(fraction.code().as_deref(), Some("invalid_argument"));
+}
+
+async fn a_key_remembered_while_sold_out_replays_only_the_request_it_answered(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 5).await;
+    running_campaign(&app, "LAMP", 1, 1, None).await;
+    let first = app.send(reserve_call("lamp-1", "LAMP", "alice")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let refused = app.send(reserve_call("lamp-2", "LAMP", "bob")).await;
+    assert!(
+        refused.body.contains("requested"),
+        "by the database: {refused:?}"
+    );
+    let before = app.contents().await;
+
+    // The campaign is sold out in memory now; the key answered alice's request.
+    let same = app.send(reserve_call("lamp-1", "LAMP", "alice")).await;
+    let other_user = app.send(reserve_call("lamp-1", "LAMP", "bob")).await;
+    let as_an_order = app
+        .send(Call::post("/v1/orders").key("lamp-1").json(&json!({
+            "lines": [{"sku": "LAMP", "quantity": 1}],
+            "user_id": "alice",
+        })))
+        .await;
+
+    assert_eq!(same.status, 201, "{same:?}");
+    assert_eq!(same.body, first.body, "the first answer, replayed");
+    for reused in [&other_user, &as_an_order] {
+        assert_eq!(reused.status, 422, "{reused:?}");
+        assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
+    }
+    assert_eq!(
+        app.contents().await,
+        before,
+        "answered from memory, nothing written"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_clock_that_steps_back_does_not_stretch_the_sold_out_bound(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FAN", 5).await;
+    running_campaign(&app, "FAN", 1, 1, None).await;
+    assert_eq!(app.reserve("fan-1", &[("FAN", 1)]).await.status, 201);
+    assert!(
+        app.reserve("fan-2", &[("FAN", 1)])
+            .await
+            .body
+            .contains("requested")
+    );
+    assert!(
+        app.reserve("fan-3", &[("FAN", 1)])
+            .await
+            .body
+            .contains("sold out")
+    );
+
+    // The clock steps back ten minutes (still inside the campaign's hour): the finding
+    // now lies in the future, and is not trusted.
+    app.clock.advance_seconds(HOUR_SECONDS / 2);
+    assert!(
+        app.reserve("fan-4", &[("FAN", 1)])
+            .await
+            .body
+            .contains("requested")
+    );
+    assert!(
+        app.reserve("fan-5", &[("FAN", 1)])
+            .await
+            .body
+            .contains("sold out")
+    );
+    app.clock.advance_seconds(-600);
+    let after_the_step = app.reserve("fan-6", &[("FAN", 1)]).await;
+
+    assert_eq!(after_the_step.code().as_deref(), Some("insufficient_stock"));
+    assert!(
+        after_the_step.body.contains("requested"),
+        "decided by the database again: {after_the_step:?}"
+    );
+    app.assert_audit_clean().await;
 }

@@ -84,9 +84,12 @@ impl CampaignRoute {
 
     /// Whether a bucket was found short within the last `recheck` milliseconds: a
     /// sold-out answer from memory trusts that finding only that long.
+    /// A clock that stepped back puts `now` before the finding: that finding is not
+    /// trusted either, so a step back cannot stretch the bound.
     fn known_short(&self, bucket: u32, now: Timestamp, recheck_milliseconds: i64) -> bool {
         let since = self.short_since[bucket as usize].load(Ordering::Relaxed);
-        since != 0 && now.unix_milliseconds() - since < recheck_milliseconds
+        let age = now.unix_milliseconds().saturating_sub(since);
+        since != 0 && (0..recheck_milliseconds).contains(&age)
     }
 
     /// Whether every bucket was found short within the re-check bound.
@@ -146,20 +149,28 @@ pub struct CampaignRegistry {
     sold_out_from_memory: OnceLock<metrics::Counter>,
 }
 
-/// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first.
+/// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first, each
+/// with the fingerprint of the request it answered.
 #[derive(Debug, Default)]
 struct RememberedAnswers {
-    by_key: HashMap<String, store::StoredResponse>,
+    by_key: HashMap<String, RememberedAnswer>,
     order: std::collections::VecDeque<String>,
 }
 
+#[derive(Debug, Clone)]
+struct RememberedAnswer {
+    fingerprint: String,
+    response: store::StoredResponse,
+}
+
 impl RememberedAnswers {
-    fn remember(&mut self, key: &str, response: &store::StoredResponse) {
-        if self
-            .by_key
-            .insert(key.to_owned(), response.clone())
-            .is_none()
-        {
+    fn remember(&mut self, claim: &IdempotencyClaim, response: &store::StoredResponse) {
+        let key = claim.key.as_str();
+        let answer = RememberedAnswer {
+            fingerprint: claim.fingerprint.clone(),
+            response: response.clone(),
+        };
+        if self.by_key.insert(key.to_owned(), answer).is_none() {
             self.order.push_back(key.to_owned());
             if self.order.len() > ANSWERS_REMEMBERED_MAX
                 && let Some(oldest) = self.order.pop_front()
@@ -210,20 +221,29 @@ impl CampaignRegistry {
         *by_sku = fresh;
     }
 
-    fn remember(&self, key: &str, response: &store::StoredResponse) {
+    fn remember(&self, claim: &IdempotencyClaim, response: &store::StoredResponse) {
         self.answered
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remember(key, response);
+            .remember(claim, response);
     }
 
-    fn remembered(&self, key: &str) -> Option<store::StoredResponse> {
+    /// The key's first answer when `claim` is the request it answered; `KeyReused`
+    /// when the key answered another request (another body, another endpoint), as the
+    /// database would say; nothing when this process does not remember the key.
+    fn remembered(&self, claim: &IdempotencyClaim) -> Option<store::Idempotent> {
         self.answered
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .by_key
-            .get(key)
-            .cloned()
+            .get(claim.key.as_str())
+            .map(|answer| {
+                if answer.fingerprint == claim.fingerprint {
+                    store::Idempotent::Replayed(answer.response.clone())
+                } else {
+                    store::Idempotent::KeyReused
+                }
+            })
     }
 
     fn add(&self, campaign: &Campaign) {
@@ -437,8 +457,8 @@ impl Engine {
         let Some((&last, others)) = candidates.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
             // that answer again; any other is refused without the database.
-            if let Some(response) = self.inner.campaigns.remembered(claim.key.as_str()) {
-                return Ok(store::Idempotent::Replayed(response));
+            if let Some(answer) = self.inner.campaigns.remembered(claim) {
+                return Ok(answer);
             }
             self.inner
                 .campaigns
@@ -478,7 +498,7 @@ impl Engine {
         if let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
             decided
         {
-            self.inner.campaigns.remember(claim.key.as_str(), response);
+            self.inner.campaigns.remember(claim, response);
         }
     }
 }
