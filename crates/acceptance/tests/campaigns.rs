@@ -27,6 +27,9 @@ mirrored_tests!(
     buckets_written_as_a_whole_number_with_a_fraction_are_that_number,
     a_key_remembered_while_sold_out_replays_only_the_request_it_answered,
     a_clock_that_steps_back_does_not_stretch_the_sold_out_bound,
+    the_end_step_counts_a_hold_committed_while_it_waited_for_the_buckets,
+    goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered,
+    the_audit_finds_units_left_in_a_closed_campaigns_bucket,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1001,4 +1004,134 @@ async fn a_clock_that_steps_back_does_not_stretch_the_sold_out_bound(backend: Ba
         "decided by the database again: {after_the_step:?}"
     );
     app.assert_audit_clean().await;
+}
+
+/// The warehouse of bucket `bucket` of campaign `id`.
+fn bucket_warehouse(id: &str, bucket: u32) -> String {
+    format!("campaign-{}-{bucket}", &id[id.len() - 12..])
+}
+
+async fn the_end_step_counts_a_hold_committed_while_it_waited_for_the_buckets(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("DESK", 5).await;
+    let id = running_campaign(&app, "DESK", 2, 1, None).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    // A batch routed before the end takes a unit from the bucket and has not committed.
+    let mut batch = app.database.hold_stock_row_lock("DESK").await;
+    batch
+        .execute(&format!(
+            "UPDATE stock SET available = available - 1, reserved = reserved + 1 \
+             WHERE sku = 'DESK' AND warehouse = '{}'",
+            bucket_warehouse(&id, 0)
+        ))
+        .await
+        .unwrap();
+
+    let engine = app.engine.clone();
+    let step = tokio::spawn(async move { engine.campaign_step().await });
+    app.database.wait_until_blocked_by(&mut batch).await;
+    batch.execute("COMMIT").await.unwrap();
+    let closed = step.await.unwrap().unwrap();
+
+    assert!(closed.is_empty(), "a unit is held: the campaign stays open");
+    let ended = campaign(&app, &id).await;
+    assert!(ended["closed_at"].is_null(), "{ended:#}");
+    assert_eq!(
+        (
+            ended["held"].as_i64(),
+            ended["left"].as_i64(),
+            ended["returned"].as_i64()
+        ),
+        (Some(1), Some(0), Some(1))
+    );
+}
+
+async fn goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let _gateway = acceptance::payments::TestGateway::start(&app).await;
+    app.stocked_sku("KETTLE", 10).await;
+    let id = running_campaign(&app, "KETTLE", 3, 2, Some(1)).await;
+    let order = app.order_of("ann", &[("KETTLE", 1)]).await;
+    let events = app.webhook_events().await;
+    let paid = app.pay(&order, "pay-kettle", "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    app.wait_for_webhook_events(events + 1).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    assert_eq!(
+        app.counters("KETTLE").await.0,
+        9,
+        "7 regular and 2 unsold back"
+    );
+
+    let returned = app
+        .send(
+            Call::post(format!("/v1/orders/{order}/return"))
+                .admin()
+                .key("return-kettle"),
+        )
+        .await;
+
+    assert_eq!(returned.status, 200, "{returned:?}");
+    assert_eq!(
+        app.counters("KETTLE").await,
+        (10, 0),
+        "the unit is on sale again"
+    );
+    let done = campaign(&app, &id).await;
+    assert_eq!(
+        (
+            done["left"].as_i64(),
+            done["held"].as_i64(),
+            done["returned"].as_i64()
+        ),
+        (Some(0), Some(0), Some(3))
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn the_audit_finds_units_left_in_a_closed_campaigns_bucket(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("VASE", 10).await;
+    let id = running_campaign(&app, "VASE", 2, 1, None).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    // A second campaign on the same SKU, running: its full buckets are not the first's.
+    app.clock.advance_seconds(1);
+    let body = json!({
+        "sku": "VASE",
+        "quantity": 2,
+        "buckets": 1,
+        "starts_at": app.clock_now().to_rfc3339(),
+        "ends_at": app.clock_now().plus_seconds(HOUR_SECONDS).to_rfc3339(),
+    });
+    assert_eq!(create_campaign(&app, "vase-again", body).await.status, 201);
+    app.assert_audit_clean().await;
+
+    // A unit put into the closed campaign's bucket, ledgered as a receipt: every
+    // counter agrees with its ledger, but nothing can ever move that unit again.
+    let mut connection = app.database.raw_connection().await;
+    let bucket = bucket_warehouse(&id, 0);
+    connection
+        .execute(&format!(
+            "UPDATE stock SET available = available + 1 WHERE sku = 'VASE' AND warehouse = '{bucket}'"
+        ))
+        .await
+        .unwrap();
+    connection
+        .execute(&format!(
+            "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, created_at) \
+             VALUES ('VASE', '{bucket}', 'receive', 1, 0, 'test', 0)"
+        ))
+        .await
+        .unwrap();
+
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false);
+    let differences = audit["differences"].as_array().unwrap();
+    assert_eq!(differences.len(), 1, "{audit:#}");
+    assert_eq!(differences[0]["check"], "campaign_closed_bucket_units");
+    assert_eq!(differences[0]["actual"], 1);
 }

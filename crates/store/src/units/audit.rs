@@ -349,6 +349,40 @@ pub(crate) async fn audit_campaigns<C: Dialect>(
         }
     }
     drop(campaigns);
+    // A closed campaign is done with its buckets: a unit left in one (or held from
+    // one) could never be sold or moved again.
+    let mut stranded = statement(
+        "SELECT campaign.id, campaign.sku, campaign.code, stock.warehouse, \
+         stock.available + stock.reserved \
+         FROM campaign JOIN stock ON stock.sku = campaign.sku AND stock.warehouse LIKE $1 \
+         WHERE campaign.closed_at IS NOT NULL \
+         AND (stock.available <> 0 OR stock.reserved <> 0) \
+         ORDER BY campaign.id, stock.warehouse",
+    )
+    .bind(format!("{}%", domain::campaign::BUCKET_WAREHOUSE_PREFIX))
+    .fetch_as::<(String, String, String, String, i64)>(&mut *transaction);
+    let mut found = Vec::new();
+    while let Some((id, sku, code, warehouse, units)) = stranded.try_next().await? {
+        // The SKU's other campaigns' buckets match the pattern too: only this one's count.
+        let bucket = domain::WarehouseCode::parse(&warehouse)
+            .ok()
+            .and_then(|warehouse| domain::campaign::bucket_of(&warehouse));
+        if bucket.is_some_and(|(of, _)| of.as_str() == code) {
+            found.push(AuditDifference {
+                check: "campaign_closed_bucket_units",
+                sku: Some(sku),
+                warehouse: Some(warehouse),
+                reference: Some(id),
+                shop: None,
+                expected: 0,
+                actual: units,
+            });
+        }
+    }
+    drop(stranded);
+    for difference in found {
+        findings.note(difference);
+    }
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use crate::catalog::{Campaign, NewCampaign};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::sql::{Row, statement};
-use domain::campaign::{is_bucket_warehouse, split};
+use domain::campaign::{bucket_of, is_bucket_warehouse, split};
 use domain::{
     CampaignCode, CampaignId, ErrorCode, EventType, ShopCode, SkuCode, Timestamp, WarehouseCode,
 };
@@ -358,7 +358,7 @@ async fn end_campaign<C: Dialect>(
     if locked != 1 {
         return Ok(false);
     }
-    let Some(campaign) = load_campaign(transaction, id).await? else {
+    let Some(mut campaign) = load_campaign(transaction, id).await? else {
         return Err(invariant("a campaign vanished under its lock"));
     };
     // The stock rows in the global (sku, warehouse) order, as every writer takes them.
@@ -368,6 +368,10 @@ async fn end_campaign<C: Dialect>(
         .collect();
     rows.sort();
     let (available, _) = transaction.lock_stock_rows(&rows).await?;
+    // The counters again, under the rows' locks: a batch routed before the end may
+    // have committed a hold while this step waited for them, and the campaign closes
+    // only when nothing is held (READ COMMITTED reads the committed rows afresh).
+    with_bucket_counts(transaction, &mut campaign).await?;
     let mut returned = 0;
     for (sku, warehouse) in &rows {
         if !is_bucket_warehouse(warehouse) {
@@ -422,4 +426,63 @@ async fn end_campaign<C: Dialect>(
     .await?;
     expect_one_row(updated, "recording a campaign's return")?;
     Ok(closed)
+}
+
+/// After goods came back into `warehouse` (an after-sale return): when it is a bucket of
+/// a campaign that has closed, nothing can sell or return those units any more, so they
+/// go on to the campaign's source row, ledgered under the campaign and counted in its
+/// `returned`, as the end step moves what is left. An open campaign keeps them: while
+/// it runs they sell again, and its end step returns them with the rest.
+///
+/// Races with the end step are safe without locking the campaign: the caller updated
+/// the bucket's row first and holds its lock, so an end step either closed before that
+/// update (and this reads it closed) or waits for the lock and then counts these units
+/// itself (it reads the bucket's counters under the lock).
+pub(crate) async fn pass_on_to_a_closed_campaigns_source<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    warehouse: &WarehouseCode,
+    quantity: i64,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let Some((code, _)) = bucket_of(warehouse) else {
+        return Ok(());
+    };
+    let Some(row) = statement(
+        "SELECT id, shop, warehouse FROM campaign \
+         WHERE code = $1 AND sku = $2 AND closed_at IS NOT NULL",
+    )
+    .bind(code.as_str())
+    .bind(sku.as_str())
+    .fetch_optional_row(&mut *transaction)
+    .await?
+    else {
+        return Ok(());
+    };
+    let id: String = row.try_get("id")?;
+    let shop: String = row.try_get("shop")?;
+    let source: String = row.try_get("warehouse")?;
+    let id = parse_stored("campaign id", &id, CampaignId::parse)?;
+    let source = parse_stored("warehouse", &source, WarehouseCode::parse)?;
+    for (warehouse, delta) in [(warehouse, -quantity), (&source, quantity)] {
+        apply_transfer(
+            transaction,
+            Transfer {
+                sku,
+                warehouse,
+                delta,
+                campaign: &id,
+                shop: &shop,
+            },
+            now,
+        )
+        .await?
+        .ok_or_else(|| invariant("a closed campaign's row refused returned units"))?;
+    }
+    let updated = statement("UPDATE campaign SET returned = returned + $2 WHERE id = $1")
+        .bind(id.as_str())
+        .bind(quantity)
+        .execute(&mut *transaction)
+        .await?;
+    expect_one_row(updated, "counting a closed campaign's returned units")
 }

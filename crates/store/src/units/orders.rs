@@ -229,6 +229,14 @@ pub(crate) async fn put_goods_back<C: Dialect>(
             now,
         )
         .await?;
+        super::campaigns::pass_on_to_a_closed_campaigns_source(
+            transaction,
+            &line.sku,
+            &line.warehouse,
+            line.quantity,
+            now,
+        )
+        .await?;
     }
     Ok(())
 }
