@@ -20,6 +20,7 @@ mirrored_tests!(
     a_poison_command_is_answered_with_an_error_and_never_delivered_again,
     a_command_acts_only_inside_its_shop,
     the_consumer_hands_out_no_more_than_its_in_flight_bound,
+    two_shops_commands_with_the_same_key_are_two_requests,
 );
 
 fn settings() -> IntakeSettings {
@@ -328,4 +329,49 @@ async fn the_consumer_hands_out_no_more_than_its_in_flight_bound(backend: Backen
     let handled = answer(&intake, &app, 12).await;
     assert_eq!(handled.len(), 12);
     assert_eq!(app.counters("HOT").await, (88, 12));
+}
+
+async fn two_shops_commands_with_the_same_key_are_two_requests(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("north", &["NORTH-HOT"]))
+        .await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    app.receive("NORTH-HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    nats.publish_command(&command("HOT", 1), Some("order-1"), "message-1")
+        .await;
+    let north = json!({"shop": "north", "lines": [{"sku": "NORTH-HOT", "quantity": 1}]})
+        .to_string()
+        .into_bytes();
+    nats.publish_command(&north, Some("order-1"), "message-2")
+        .await;
+
+    let handled = answer(&intake, &app, 2).await;
+
+    let created = Handled::Answered {
+        status: 201,
+        replayed: false,
+    };
+    assert_eq!(
+        handled,
+        vec![created.clone(), created],
+        "{:?}",
+        answers(&nats).await
+    );
+    assert_eq!(app.counters("HOT").await, (9, 1));
+    let north = app
+        .send(acceptance::Call::get("/v1/skus/NORTH-HOT").admin())
+        .await
+        .json();
+    assert_eq!(
+        (&north["available"], &north["reserved"]),
+        (&json!(9), &json!(1))
+    );
+    app.assert_audit_clean().await;
 }

@@ -127,13 +127,20 @@ minted_id!(
     "service key",
     "key_"
 );
+/// The id of [`ServiceKeyId::queue_intake`].
+const QUEUE_INTAKE_KEY_ID: &str = "key_0000000000000000000000000000";
+
 impl ServiceKeyId {
     /// The principal of a shop's queue intake (commands from NATS): a service key id
     /// no key is minted with (its time is 0), so no credential is it and its
     /// idempotency keys are a space of their own.
     pub fn queue_intake() -> ServiceKeyId {
-        ServiceKeyId::parse("key_0000000000000000000000000000")
-            .expect("the queue intake's id is well formed")
+        ServiceKeyId::parse(QUEUE_INTAKE_KEY_ID).expect("the queue intake's id is well formed")
+    }
+
+    /// Whether this is [`ServiceKeyId::queue_intake`].
+    pub fn is_queue_intake(&self) -> bool {
+        self.as_str() == QUEUE_INTAKE_KEY_ID
     }
 }
 

@@ -168,8 +168,9 @@ impl Principal {
     }
 
     /// The namespace of this principal's idempotency keys and its name in logs:
-    /// `admin`, `operator:<id>`, `service:<key id>`. Never contains a space, so
-    /// `"<scope> <key>"` is unambiguous.
+    /// `admin`, `operator:<id>`, `service:<key id>`, and `intake:<shop>` for a shop's
+    /// queue intake (one id serves every shop's intake, and two shops never share a key
+    /// space). Never contains a space, so `"<scope> <key>"` is unambiguous.
     pub fn scope(&self) -> String {
         let mut scope = String::new();
         self.write_scope(&mut scope);
@@ -181,6 +182,7 @@ impl Principal {
         let (kind, name) = match self {
             Principal::Admin => ("admin", ""),
             Principal::Operator { id, .. } => ("operator:", id.as_str()),
+            Principal::Service { key, shop } if key.is_queue_intake() => ("intake:", shop.as_str()),
             Principal::Service { key, .. } => ("service:", key.as_str()),
         };
         out.push_str(kind);
@@ -318,5 +320,21 @@ mod tests {
         assert_eq!(scopes[1], "operator:alice");
         assert!(scopes[2].starts_with("service:key_"));
         assert!(scopes.iter().all(|scope| !scope.contains(' ')));
+    }
+
+    #[test]
+    fn each_shops_queue_intake_has_a_key_space_of_its_own() {
+        let intake_of = |name| Principal::Service {
+            key: ServiceKeyId::queue_intake(),
+            shop: shop(name),
+        };
+
+        assert_eq!(intake_of("north").scope(), "intake:north");
+        assert_eq!(intake_of("south").scope(), "intake:south");
+        assert_eq!(
+            service("north").scope(),
+            "service:key_0192f3a4b5c6d7e8f9a0b1c2d3e4",
+            "a minted key keeps its own"
+        );
     }
 }
