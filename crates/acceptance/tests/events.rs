@@ -23,6 +23,7 @@ mirrored_tests!(
     a_sequencer_step_numbers_at_most_its_batch_in_write_order_with_no_gap,
     the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
     an_event_number_is_taken_once,
+    the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_between_them,
 );
 
 fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
@@ -650,4 +651,39 @@ async fn announcements(connection: &mut sqlx::PgConnection, reservation: &str) -
     .fetch_one(connection)
     .await
     .unwrap()
+}
+
+async fn the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_between_them(
+    backend: Backend,
+) {
+    // Batches of 10 and an hour between steps that find less: within the test only
+    // the rule "a full batch is followed at once" can prune 3 batches.
+    let app = TestApp::spawn_with(
+        backend,
+        EngineConfig {
+            outbox_prune_batch_size: 10,
+            outbox_prune_interval_milliseconds: 3_600_000,
+            ..test_engine_config()
+        },
+    )
+    .await;
+    app.stocked_sku("TEA", 100).await;
+    // Receipts: events that nothing the workers do adds to (a hold would expire).
+    for _ in 0..24 {
+        app.receive("TEA", 1).await;
+    }
+    app.sequence_all_events().await;
+    assert_eq!(app.all_events().await.len(), 25, "25 receipts' events");
+    app.clock.advance_seconds(4 * 24 * 3600);
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let workers = tokio_util::task::TaskTracker::new();
+    engine::workers::spawn_workers(&app.engine, &workers, &shutdown);
+    acceptance::wait_until_async("the backlog is pruned", || async {
+        app.all_events().await.is_empty()
+    })
+    .await;
+    shutdown.cancel();
+    workers.close();
+    workers.wait().await;
 }

@@ -84,7 +84,8 @@ pub struct EngineConfig {
     /// How long events stay in the outbox after every reader took them: the pull
     /// feed's history.
     pub outbox_retention_seconds: i64,
-    /// Events deleted per prune step, and the pause between prune steps.
+    /// Events deleted per prune step, and the pause between prune steps that found
+    /// less than a full batch (after a full one the next step follows at once).
     pub outbox_prune_batch_size: i64,
     pub outbox_prune_interval_milliseconds: u64,
     /// Pause between refreshes of the outbox gauges.

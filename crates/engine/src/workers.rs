@@ -88,7 +88,9 @@ async fn outbox_loop(engine: Engine, shutdown: CancellationToken) {
     let prune_every = Duration::from_millis(config.outbox_prune_interval_milliseconds);
     let gauges_every = Duration::from_millis(config.outbox_gauge_interval_milliseconds);
     let batch_size = u64::try_from(config.outbox_sequence_batch_size).unwrap_or(0);
-    let mut next_prune = tokio::time::Instant::now() + prune_every;
+    let prune_batch_size = u64::try_from(config.outbox_prune_batch_size).unwrap_or(0);
+    // A process that starts prunes at once: a backlog left by a stopped one goes first.
+    let mut next_prune = tokio::time::Instant::now();
     let mut next_gauges = tokio::time::Instant::now();
     loop {
         let pause = match engine.sequence_step().await {
@@ -102,12 +104,18 @@ async fn outbox_loop(engine: Engine, shutdown: CancellationToken) {
         };
         let now = tokio::time::Instant::now();
         if now >= next_prune {
-            next_prune = now + prune_every;
-            if let Err(error) = engine.outbox_prune_step().await {
-                metrics::counter!("stockd_worker_errors_total", "worker" => "outbox_prune")
-                    .increment(1);
-                tracing::warn!(%error, "outbox prune step failed");
-            }
+            // A full batch means more is due: the next one at the loop's next turn, so
+            // pruning keeps up with any rate of events, not one batch an interval.
+            next_prune = match engine.outbox_prune_step().await {
+                Ok(pruned) if pruned >= prune_batch_size => now,
+                Ok(_) => now + prune_every,
+                Err(error) => {
+                    metrics::counter!("stockd_worker_errors_total", "worker" => "outbox_prune")
+                        .increment(1);
+                    tracing::warn!(%error, "outbox prune step failed");
+                    now + prune_every
+                }
+            };
         }
         if now >= next_gauges {
             next_gauges = now + gauges_every;
