@@ -105,6 +105,17 @@ impl TestNats {
             .expect("JetStream acknowledged the command");
     }
 
+    /// Deletes stream `stream`, as an operator (or a server that lost its store) would.
+    pub async fn delete_stream(&self, stream: &str) {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to delete the stream");
+        jetstream::new(client)
+            .delete_stream(stream)
+            .await
+            .expect("delete the stream");
+    }
+
     /// Every message in stream `stream` with its headers, in stream order.
     pub async fn stream_messages_with_headers(&self, stream: &str) -> Vec<StreamMessage> {
         let client = async_nats::connect(self.url())

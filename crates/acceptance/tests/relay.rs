@@ -20,6 +20,7 @@ mirrored_tests!(
     two_relays_on_one_database_take_turns_and_publish_each_event_once,
     events_wait_while_nats_is_down_and_arrive_in_order_when_it_is_back,
     events_are_pruned_after_the_retention_only_once_the_relay_took_them,
+    a_deleted_event_stream_is_created_again_and_the_events_go_on,
 );
 
 /// Relay steps until one publishes nothing; answers the steps' total.
@@ -261,4 +262,37 @@ async fn events_are_pruned_after_the_retention_only_once_the_relay_took_them(bac
         left.iter()
             .all(|event| event["type"] == "reservation.created")
     );
+}
+
+async fn a_deleted_event_stream_is_created_again_and_the_events_go_on(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "before", 2).await;
+    assert_eq!(relay_all(&app, &relay).await.published, 3);
+    nats.delete_stream("STOCKD_EVENTS").await;
+    reserve_many(&app, "after", 2).await;
+    app.sequence_all_events().await;
+
+    // The first step finds the stream gone; a bounded number of steps later the
+    // events are on a new one.
+    let mut published = 0;
+    for _ in 0..10 {
+        let step = app.engine.relay_step(&relay).await.expect("relay step");
+        published += step.published;
+        if published == 2 {
+            break;
+        }
+    }
+
+    assert_eq!(published, 2);
+    let stream = nats.stream_messages("STOCKD_EVENTS").await;
+    assert_eq!(
+        stream.len(),
+        2,
+        "the new stream holds the events since: {stream:?}"
+    );
+    assert_eq!(app.engine.outbox_gauges_step().await.unwrap().pending, 0);
 }

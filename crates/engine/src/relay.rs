@@ -119,6 +119,11 @@ impl Engine {
             })
             .collect();
         let published = relay.bus.publish_in_order(&messages).await;
+        if published.failure.is_some() {
+            // The stream may be what failed (deleted, or NATS back with an empty
+            // store): the next step makes sure of it again before publishing.
+            relay.stream_ready.store(false, Ordering::Relaxed);
+        }
         let mut step = RelayStep {
             published: published.acknowledged,
             duplicates: published.duplicates,
