@@ -30,6 +30,7 @@ mirrored_tests!(
     the_end_step_counts_a_hold_committed_while_it_waited_for_the_buckets,
     goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered,
     the_audit_finds_units_left_in_a_closed_campaigns_bucket,
+    a_late_payment_over_the_campaigns_limit_is_refunded,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1134,4 +1135,38 @@ async fn the_audit_finds_units_left_in_a_closed_campaigns_bucket(backend: Backen
     assert_eq!(differences.len(), 1, "{audit:#}");
     assert_eq!(differences[0]["check"], "campaign_closed_bucket_units");
     assert_eq!(differences[0]["actual"], 1);
+}
+
+async fn a_late_payment_over_the_campaigns_limit_is_refunded(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = acceptance::payments::TestGateway::start(&app).await;
+    app.stocked_sku("PHONE", 10).await;
+    running_campaign(&app, "PHONE", 5, 2, Some(1)).await;
+    // Ann's first order waits for a customer action past its hold, and its stock goes
+    // back (her tally with it).
+    let first = app.order_of("ann", &[("PHONE", 1)]).await;
+    let pending = app
+        .pay(&first, "pay-first", "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(pending.status, 202, "{pending:?}");
+    app.clock.advance_seconds(901);
+    assert_eq!(app.engine.reconcile_step().await.unwrap().len(), 1);
+    app.wait_for_order_status(&first, "EXPIRED").await;
+    // She buys her one unit with a second order.
+    let second = app.order_of("ann", &[("PHONE", 1)]).await;
+    assert_eq!(
+        app.pay(&second, "pay-second", "pm_card_visa").await.status,
+        200
+    );
+
+    // Then the first payment succeeds after all: taking the unit again would pass the
+    // campaign's limit, so it is refunded.
+    let intents = gateway.intents_for(&first);
+    assert_eq!(intents.len(), 1, "{intents:?}");
+    assert_eq!(gateway.force_success(&intents[0].id).await, 200);
+    app.wait_for_order_status(&first, "REFUND_PENDING").await;
+    assert_eq!(app.engine.refund_step().await.unwrap().len(), 1);
+    assert_eq!(app.order(&first).await["status"], "REFUNDED");
+    assert_eq!(app.order(&second).await["status"], "PAID");
+    app.assert_audit_clean().await;
 }

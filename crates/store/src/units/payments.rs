@@ -90,6 +90,15 @@ pub(crate) async fn plan_late_sale<C: Dialect>(
     wanted.sort();
     wanted.dedup();
     let (available, skus) = transaction.lock_stock_rows(&wanted).await?;
+    // A campaign's line counts against the campaign's limit, as when it was sold
+    // (read afresh: a late success is rare, no cache is worth keeping for it).
+    let skus = super::batch::with_campaign_facts(
+        &mut *transaction,
+        &wanted,
+        skus,
+        &super::batch::CampaignLimits::default(),
+    )
+    .await?;
     let (shop, user): (String, String) =
         statement("SELECT shop, user_id FROM customer_order WHERE id = $1")
             .bind(order.as_str())
@@ -104,10 +113,16 @@ pub(crate) async fn plan_late_sale<C: Dialect>(
     let limited: Vec<PurchaseKey> = lines
         .iter()
         .filter(|line| {
-            skus.get(&line.sku)
+            skus.get(&domain::campaign::tally_sku(&line.sku, &line.warehouse))
                 .is_some_and(|facts| facts.per_user_limit.is_some())
         })
-        .map(|line| (shopper.0.clone(), shopper.1.clone(), line.sku.clone()))
+        .map(|line| {
+            (
+                shopper.0.clone(),
+                shopper.1.clone(),
+                domain::campaign::tally_sku(&line.sku, &line.warehouse),
+            )
+        })
         .collect();
     let tallies = read_tallies(transaction, vec![shopper.clone()], limited, i64::MAX).await?;
     let reservation_lines = lines
