@@ -31,6 +31,8 @@ mirrored_tests!(
     goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered,
     the_audit_finds_units_left_in_a_closed_campaigns_bucket,
     a_late_payment_over_the_campaigns_limit_is_refunded,
+    a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out,
+    a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1168,5 +1170,47 @@ async fn a_late_payment_over_the_campaigns_limit_is_refunded(backend: Backend) {
     assert_eq!(app.engine.refund_step().await.unwrap().len(), 1);
     assert_eq!(app.order(&first).await["status"], "REFUNDED");
     assert_eq!(app.order(&second).await["status"], "PAID");
+    app.assert_audit_clean().await;
+}
+
+async fn a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CUP", 20).await;
+    app.stocked_sku("SAUCER", 0).await;
+    running_campaign(&app, "CUP", 10, 2, None).await;
+
+    let with_saucer = app
+        .reserve("cup-and-saucer", &[("CUP", 1), ("SAUCER", 1)])
+        .await;
+    let cup = app.reserve("cup", &[("CUP", 1)]).await;
+
+    assert_eq!(with_saucer.code().as_deref(), Some("insufficient_stock"));
+    assert!(with_saucer.body.contains("SAUCER"), "{with_saucer:?}");
+    assert_eq!(cup.status, 201, "the cups are all there: {cup:?}");
+    assert_drew_from_a_bucket(&cup.json());
+    app.assert_audit_clean().await;
+}
+
+async fn a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("PLATE", 20).await;
+    let id = running_campaign(&app, "PLATE", 4, 2, None).await;
+
+    // Two in each bucket: three fit in none of them.
+    let three = app.reserve("three-plates", &[("PLATE", 3)]).await;
+    let three_again = app.reserve("three-plates-again", &[("PLATE", 3)]).await;
+    let one = app.reserve("one-plate", &[("PLATE", 1)]).await;
+
+    assert_eq!(three.code().as_deref(), Some("insufficient_stock"));
+    assert!(
+        three.body.contains("requested"),
+        "by the database: {three:?}"
+    );
+    assert!(
+        three_again.body.contains("sold out"),
+        "three are known not to fit: {three_again:?}"
+    );
+    assert_eq!(one.status, 201, "one fits: {one:?}");
+    assert_eq!(campaign(&app, &id).await["left"], 3);
     app.assert_audit_clean().await;
 }

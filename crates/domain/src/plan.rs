@@ -34,8 +34,9 @@ pub struct PlanRequest<'a> {
     /// or an earlier request of the batch): refused before anything else.
     pub order_ref_taken: bool,
     /// A campaign's request sent to one of its buckets while others may still hold
-    /// units: when its bucket is short it is left undecided (nothing stored), for the
-    /// engine to send to another bucket, instead of refused as `insufficient_stock`.
+    /// units: when its bucket is short (and no other line is) it is left undecided
+    /// (nothing stored), for the engine to send to another bucket, instead of refused
+    /// as `insufficient_stock`.
     pub undecided_when_short: bool,
 }
 
@@ -91,6 +92,7 @@ pub fn plan_batch<'a>(
         let decision = check_request(request, skus, &remaining, tallies, &plan);
         if request.undecided_when_short
             && matches!(&decision, Err(rejection) if rejection.code == ErrorCode::InsufficientStock)
+            && only_buckets_short(request.lines, &remaining)
         {
             plan.undecided.push(index);
         }
@@ -121,6 +123,18 @@ pub fn plan_batch<'a>(
         plan.decisions.push(decision);
     }
     plan
+}
+
+/// Whether every line short of stock draws from a campaign's bucket: another bucket
+/// may serve the request then, and nothing can when another line is short.
+fn only_buckets_short(lines: &[ReservationLine], remaining: &BTreeMap<StockKey, i64>) -> bool {
+    lines
+        .iter()
+        .filter(|line| {
+            let key = (line.sku.clone(), line.warehouse.clone());
+            remaining.get(&key).copied().unwrap_or(0) < line.quantity.get()
+        })
+        .all(|line| crate::campaign::is_bucket_warehouse(&line.warehouse))
 }
 
 /// What the batch would take from each row if every request were accepted: the sum of
@@ -357,6 +371,47 @@ mod tests {
         );
         assert!(plan.decisions[1].is_ok());
         assert_eq!(plan.totals, BTreeMap::from([(key("A"), 1)]));
+    }
+
+    #[test]
+    fn only_a_short_bucket_leaves_a_campaign_request_undecided() {
+        let bucket = WarehouseCode::parse("campaign-0123456789ab-0").unwrap();
+        let in_bucket = ReservationLine {
+            warehouse: bucket.clone(),
+            ..line("A", 1)
+        };
+        let skus = on_shelf(&["A", "B"]);
+        let both = [in_bucket.clone(), line("B", 1)];
+        let bucket_alone = [in_bucket];
+        let sent_on = |lines| PlanRequest {
+            undecided_when_short: true,
+            ..anonymous(lines)
+        };
+        let tallies = Tallies {
+            open_holds_max: 10,
+            ..Tallies::default()
+        };
+
+        // The bucket is empty: another bucket may serve either request.
+        let empty_bucket = BTreeMap::from([
+            ((SkuCode::parse("A").unwrap(), bucket.clone()), 0),
+            (key("B"), 5),
+        ]);
+        let plan = plan_batch(
+            [sent_on(&bucket_alone), sent_on(&both)],
+            &skus,
+            &empty_bucket,
+            &tallies,
+        );
+        assert_eq!(plan.undecided, [0, 1]);
+        // The bucket has stock and B has none: no bucket can help, the refusal stands.
+        let empty_b = BTreeMap::from([((SkuCode::parse("A").unwrap(), bucket), 5), (key("B"), 0)]);
+        let plan = plan_batch([sent_on(&both)], &skus, &empty_b, &tallies);
+        assert!(plan.undecided.is_empty());
+        assert_eq!(
+            plan.decisions[0].as_ref().unwrap_err().code,
+            ErrorCode::InsufficientStock
+        );
     }
 
     fn anonymous(lines: &[ReservationLine]) -> PlanRequest<'_> {

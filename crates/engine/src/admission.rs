@@ -409,7 +409,11 @@ impl Engine {
     {
         let route = &routed.route;
         let now = self.now();
-        if route.known_sold_out(now, self.inner.config.sold_out_recheck_milliseconds) {
+        if route.known_sold_out(
+            routed.units,
+            now,
+            self.inner.config.sold_out_recheck_milliseconds,
+        ) {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database.
             return decide().await.map(Held::Answered);

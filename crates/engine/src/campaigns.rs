@@ -10,7 +10,7 @@
 //! row never gives a campaign's units.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
@@ -41,8 +41,58 @@ pub struct CampaignRequest {
     pub ends_at: Timestamp,
 }
 
-/// What this process knows of one open campaign: its terms, and when each bucket was
-/// last found short (0: not known short).
+/// What one bucket was last found short for: when, and the units the request asked
+/// for that it could not give (so it holds fewer). One word, so that a reader never
+/// mixes the time of one finding with the units of another; 0 is no finding.
+#[derive(Debug, Default)]
+struct ShortFinding(AtomicU64);
+
+/// Low bits of a [`ShortFinding`]'s word: the units. A request for more is not
+/// recorded (it proves little about smaller ones, and the memory answer is only a
+/// shortcut); the high bits hold milliseconds since the epoch, which fit for the next
+/// 17,000 years.
+const FINDING_UNITS_BITS: u32 = 20;
+const FINDING_UNITS_MASK: u64 = (1 << FINDING_UNITS_BITS) - 1;
+
+impl ShortFinding {
+    /// The bucket held fewer than `units` at `now`. The latest finding replaces the
+    /// one before: stock only changed since.
+    fn record(&self, now: Timestamp, units: i64) {
+        let (Ok(at), Ok(units)) = (
+            u64::try_from(now.unix_milliseconds().max(1)),
+            u64::try_from(units),
+        ) else {
+            return;
+        };
+        if units == 0 || units > FINDING_UNITS_MASK || at >> (64 - FINDING_UNITS_BITS) != 0 {
+            return;
+        }
+        self.0
+            .store((at << FINDING_UNITS_BITS) | units, Ordering::Relaxed);
+    }
+
+    fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether a request for `units` would find the bucket short, by a finding of the
+    /// last `recheck_milliseconds`. A clock that stepped back puts `now` before the
+    /// finding: that finding is not trusted either, so a step back cannot stretch
+    /// the bound.
+    fn refuses(&self, units: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
+        let word = self.0.load(Ordering::Relaxed);
+        if word == 0 {
+            return false;
+        }
+        let at = i64::try_from(word >> FINDING_UNITS_BITS).unwrap_or(i64::MAX);
+        let fewest = i64::try_from(word & FINDING_UNITS_MASK).unwrap_or(i64::MAX);
+        let age = now.unix_milliseconds().saturating_sub(at);
+        (0..recheck_milliseconds).contains(&age) && units >= fewest
+    }
+}
+
+/// What this process knows of one open campaign: its terms, and what each bucket was
+/// last found short for.
 #[derive(Debug)]
 pub struct CampaignRoute {
     pub id: CampaignId,
@@ -55,7 +105,7 @@ pub struct CampaignRoute {
     pub per_user_limit: Option<i64>,
     /// The line in front of the campaign's database path, in this process.
     pub room: Arc<WaitingRoom>,
-    short_since: Vec<AtomicI64>,
+    short: Vec<ShortFinding>,
     /// The sold-out refusal's detail, written at the first such answer: most of a
     /// flash sale's answers are this one.
     sold_out_detail: OnceLock<String>,
@@ -73,7 +123,9 @@ impl CampaignRoute {
             ends_at: campaign.ends_at,
             per_user_limit: campaign.per_user_limit,
             room: WaitingRoom::new(bounds.in_flight_max, bounds.places_max),
-            short_since: (0..campaign.buckets).map(|_| AtomicI64::new(0)).collect(),
+            short: (0..campaign.buckets)
+                .map(|_| ShortFinding::default())
+                .collect(),
             sold_out_detail: OnceLock::new(),
         }
     }
@@ -84,25 +136,30 @@ impl CampaignRoute {
 
     /// Whether a bucket was found short within the last `recheck` milliseconds: a
     /// sold-out answer from memory trusts that finding only that long.
-    /// A clock that stepped back puts `now` before the finding: that finding is not
-    /// trusted either, so a step back cannot stretch the bound.
-    fn known_short(&self, bucket: u32, now: Timestamp, recheck_milliseconds: i64) -> bool {
-        let since = self.short_since[bucket as usize].load(Ordering::Relaxed);
-        let age = now.unix_milliseconds().saturating_sub(since);
-        since != 0 && (0..recheck_milliseconds).contains(&age)
+    /// Whether a request for `units` would find `bucket` short, by what this process
+    /// found within the last `recheck_milliseconds`.
+    fn known_short(
+        &self,
+        bucket: u32,
+        units: i64,
+        now: Timestamp,
+        recheck_milliseconds: i64,
+    ) -> bool {
+        self.short[bucket as usize].refuses(units, now, recheck_milliseconds)
     }
 
-    /// Whether every bucket was found short within the re-check bound.
-    pub fn known_sold_out(&self, now: Timestamp, recheck_milliseconds: i64) -> bool {
-        (0..self.buckets).all(|bucket| self.known_short(bucket, now, recheck_milliseconds))
+    /// Whether a request for `units` would find every bucket short, by what this
+    /// process found within the re-check bound.
+    pub fn known_sold_out(&self, units: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
+        (0..self.buckets).all(|bucket| self.known_short(bucket, units, now, recheck_milliseconds))
     }
 
-    fn mark_short(&self, bucket: u32, now: Timestamp) {
-        self.short_since[bucket as usize].store(now.unix_milliseconds().max(1), Ordering::Relaxed);
+    fn mark_short(&self, bucket: u32, units: i64, now: Timestamp) {
+        self.short[bucket as usize].record(now, units);
     }
 
     fn mark_available(&self, bucket: u32) {
-        self.short_since[bucket as usize].store(0, Ordering::Relaxed);
+        self.short[bucket as usize].clear();
     }
 
     /// Why a request was refused from memory. `recheck_milliseconds` is the engine's
@@ -263,6 +320,20 @@ pub(crate) struct Routed {
     pub route: Arc<CampaignRoute>,
     /// The index of the line that draws from the campaign.
     pub line: usize,
+    /// The units that line asks for.
+    pub units: i64,
+    /// Whether that line is the request's only one: then a refusal for stock can
+    /// only be the bucket's.
+    pub alone: bool,
+}
+
+/// Whether a request's answer is a hold taken.
+fn created(decided: &store::Idempotent) -> bool {
+    matches!(
+        decided,
+        store::Idempotent::Executed(response) | store::Idempotent::Replayed(response)
+            if response.status == 201
+    )
 }
 
 /// The bucket a request starts at: spread by its key, so concurrent requests spread
@@ -400,7 +471,12 @@ impl Engine {
                     detail: "a request draws from one campaign at most: send each campaign's SKU in a request of its own".into(),
                 });
             }
-            routed = Some(Routed { route, line: index });
+            routed = Some(Routed {
+                route,
+                line: index,
+                units: line.quantity.get(),
+                alone: lines.len() == 1,
+            });
         }
         Ok(routed)
     }
@@ -452,7 +528,7 @@ impl Engine {
         let start = first_bucket(claim, route.buckets);
         let candidates: Vec<u32> = route
             .ring(start)
-            .filter(|bucket| !route.known_short(*bucket, now, recheck))
+            .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
             .collect();
         let Some((&last, others)) = candidates.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
@@ -472,23 +548,31 @@ impl Engine {
         };
         for bucket in others {
             match attempt(route.code.bucket_warehouse(*bucket), true).await? {
-                store::Idempotent::Undecided => route.mark_short(*bucket, self.now()),
+                // Left undecided only when the bucket's own line was short
+                // (`plan::undecided_when_short`).
+                store::Idempotent::Undecided => {
+                    route.mark_short(*bucket, routed.units, self.now());
+                }
                 decided => {
-                    route.mark_available(*bucket);
+                    if created(&decided) {
+                        route.mark_available(*bucket);
+                    }
                     self.remember_answer(claim, &decided);
                     return Ok(decided);
                 }
             }
         }
         let decided = attempt(route.code.bucket_warehouse(last), false).await?;
-        if let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
-            &decided
+        if created(&decided) {
+            route.mark_available(last);
+        } else if routed.alone
+            && let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
+                &decided
+            && response.body.contains("\"code\":\"insufficient_stock\"")
         {
-            if response.status == 201 {
-                route.mark_available(last);
-            } else if response.body.contains("\"code\":\"insufficient_stock\"") {
-                route.mark_short(last, self.now());
-            }
+            // With no other line, a refusal for stock is the bucket's: it holds fewer
+            // than the line asked for. (With other lines it may be theirs.)
+            route.mark_short(last, routed.units, self.now());
         }
         self.remember_answer(claim, &decided);
         Ok(decided)
