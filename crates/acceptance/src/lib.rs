@@ -229,6 +229,8 @@ pub struct TestDatabase {
     pub backend: Backend,
     /// The lock wait bound every instance on this database uses.
     pub lock_timeout_milliseconds: u64,
+    /// The statement bound every instance on this database uses.
+    pub statement_timeout_milliseconds: u64,
     pub url: String,
     pub schema: Option<String>,
     sqlite_directory: Option<PathBuf>,
@@ -303,6 +305,8 @@ impl TestDatabase {
                 TestDatabase {
                     backend,
                     lock_timeout_milliseconds: 2_000,
+                    statement_timeout_milliseconds: StoreConfig::new("")
+                        .statement_timeout_milliseconds,
                     url,
                     schema: None,
                     sqlite_directory: Some(directory),
@@ -324,6 +328,8 @@ impl TestDatabase {
                 TestDatabase {
                     backend,
                     lock_timeout_milliseconds: 2_000,
+                    statement_timeout_milliseconds: StoreConfig::new("")
+                        .statement_timeout_milliseconds,
                     url,
                     schema: Some(schema),
                     sqlite_directory: None,
@@ -347,6 +353,8 @@ impl TestDatabase {
                 TestDatabase {
                     backend,
                     lock_timeout_milliseconds: 2_000,
+                    statement_timeout_milliseconds: StoreConfig::new("")
+                        .statement_timeout_milliseconds,
                     url: format!("{}/{database}", server.trim_end_matches('/')),
                     schema: Some(database),
                     sqlite_directory: None,
@@ -364,6 +372,7 @@ impl TestDatabase {
         }
         config.pool_size = 8;
         config.lock_timeout_milliseconds = self.lock_timeout_milliseconds;
+        config.statement_timeout_milliseconds = self.statement_timeout_milliseconds;
         config.limits = self.limits;
         // Tests send bursts of a thousand requests at once; let them queue for a
         // connection rather than fail with `unavailable`.

@@ -357,6 +357,43 @@ mod postgres_only {
     use acceptance::{Call, send_concurrently};
     use serde_json::json;
 
+    /// The hot path commits inside its `CALL`, where PostgreSQL would let the
+    /// statement's timer cut the commit's wait for a synchronous standby short (and
+    /// acknowledge a batch that is local only). The combiner's sessions carry no
+    /// statement timer: here a batch waits for a row lock past a 200 ms statement
+    /// bound (its lock bound is 5 s) and is then applied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_hot_paths_call_runs_without_a_statement_timer() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let mut database = acceptance::TestDatabase::create(Backend::Postgres).await;
+        database.statement_timeout_milliseconds = 200;
+        database.lock_timeout_milliseconds = 5_000;
+        let app = TestApp::on(
+            std::sync::Arc::new(database),
+            engine::ManualClock::new(acceptance::START),
+            acceptance::test_engine_config(),
+        )
+        .await;
+        app.stocked_sku("TIMED", 3).await;
+        let mut other_writer = app.database.hold_stock_row_lock("TIMED").await;
+        let reserving = tokio::spawn({
+            let app = app.clone();
+            async move { app.reserve("past-the-bound", &[("TIMED", 1)]).await }
+        });
+
+        app.database
+            .wait_until_blocked_for(&mut other_writer, std::time::Duration::from_millis(400))
+            .await;
+        other_writer.execute("COMMIT").await.unwrap();
+        let reserved = reserving.await.unwrap();
+
+        assert_eq!(reserved.status, 201, "{reserved:?}");
+        assert_eq!(app.counters("TIMED").await, (2, 1));
+        app.assert_audit_clean().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn three_instances_hammering_one_sku_never_oversell() {
         if !Backend::Postgres.available().await {

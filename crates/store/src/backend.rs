@@ -609,14 +609,16 @@ pub fn pool_options_pinging_after<Database: sqlx::Database>(
         })
 }
 
-/// A pool like `pool` (its connect options, session settings, timeouts and checks)
-/// holding at most `connections`, each opened when first needed. It has no reaper:
+/// A pool like `pool` (its timeouts and checks) whose sessions connect with `options`
+/// (the caller's copy of `pool`'s, changed where it needs), holding at most
+/// `connections`, each opened when first needed. It has no reaper:
 /// sqlx would run the reaper on the runtime that creates the pool, not the one that
 /// uses it; its few connections are busy, and a dead one is found by the ping before
 /// it is lent out (`pool_options`).
 pub(crate) fn sibling_pool<Database: sqlx::Database>(
     pool: &sqlx::Pool<Database>,
     connections: u32,
+    options: <Database::Connection as sqlx::Connection>::Options,
 ) -> sqlx::Pool<Database> {
     pool.options()
         .clone()
@@ -624,7 +626,7 @@ pub(crate) fn sibling_pool<Database: sqlx::Database>(
         .max_connections(connections.max(1))
         .idle_timeout(None)
         .max_lifetime(None)
-        .connect_lazy_with((*pool.connect_options()).clone())
+        .connect_lazy_with(options)
 }
 
 /// Counts who waits for a pooled connection, and the waits that timed out: sqlx's

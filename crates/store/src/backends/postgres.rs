@@ -82,9 +82,21 @@ impl Backend for PostgresBackend {
 
     /// Replicas serve display reads, which never go through this pool: it has none,
     /// so closing it leaves the replicas' pools to their owner.
+    ///
+    /// Its sessions (the combiner's) run without `statement_timeout`. The hot path's
+    /// procedure commits inside its `CALL`, and PostgreSQL keeps the statement's timer
+    /// running through that commit (a top-level `COMMIT` disarms it first): the timer
+    /// would cut short the commit's wait for a synchronous standby, which PostgreSQL
+    /// turns into a WARNING and a commit that is local only, and the batch would be
+    /// acknowledged unreplicated. Lock waits stay bounded by `lock_timeout`; a stalled
+    /// standby holds the batch as it holds any commit, until it (or Patroni, choosing
+    /// another) answers.
     fn with_own_pool(&self, connections: u32) -> Option<Self> {
+        let options = (*self.pool.connect_options())
+            .clone()
+            .options([("statement_timeout", "0")]);
         Some(PostgresBackend {
-            pool: crate::backend::sibling_pool(&self.pool, connections),
+            pool: crate::backend::sibling_pool(&self.pool, connections, options),
             replicas: Arc::new(ReplicaSet::none()),
             ..self.clone()
         })
