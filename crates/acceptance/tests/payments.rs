@@ -61,6 +61,7 @@ mirrored_tests!(
     an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing,
     a_pay_answer_is_kept_with_its_effect_or_not_at_all,
     a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
+    a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_refunded,
 );
 
 const SKU: &str = "TEA-250G";
@@ -1891,4 +1892,35 @@ async fn a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_declin
     let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
     assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
     assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+async fn a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_refunded(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let failed = paid_order(&app, "user-1", 1).await;
+    let pending = paid_order(&app, "user-2", 1).await;
+
+    gateway.sandbox.answer_next_refunds_with("failed", 1);
+    assert_eq!(cancel_as_staff(&app, &failed).await.status, 200);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    gateway.sandbox.answer_next_refunds_with("pending", 1);
+    assert_eq!(cancel_as_staff(&app, &pending).await.status, 200);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+
+    let view = app.order(&failed).await;
+    assert_eq!(view["status"], "REFUND_PENDING", "{view:#}");
+    assert_eq!(
+        view["refund"]["status"], "FAILED",
+        "a person decides: {view:#}"
+    );
+    let view = app.order(&pending).await;
+    assert_eq!(view["status"], "REFUND_PENDING", "{view:#}");
+    assert_eq!(
+        view["refund"]["status"], "PENDING",
+        "asked again later: {view:#}"
+    );
+    let metrics = app.send(Call::get("/metrics").admin()).await.body;
+    assert!(metrics.contains("stockd_refunds_failed 1"), "{metrics}");
+    app.assert_audit_clean().await;
 }

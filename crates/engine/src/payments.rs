@@ -680,7 +680,9 @@ impl Engine {
                 )
                 .await
             {
-                CallOutcome::Answered(answer) => {
+                // A refund object is an answer, not yet the money back: only
+                // `succeeded` settles it.
+                CallOutcome::Answered(answer) if answer.status == "succeeded" => {
                     self.retried("refunds", || {
                         self.inner
                             .store
@@ -689,6 +691,21 @@ impl Engine {
                     .await?;
                     metrics::counter!("stockd_refunds_total", "result" => "confirmed").increment(1);
                     settled.push(refund.refund_id);
+                }
+                CallOutcome::Answered(answer)
+                    if matches!(answer.status.as_str(), "failed" | "canceled") =>
+                {
+                    // The money did not go back and asking again returns the same
+                    // refund: a person decides, as for a refusal.
+                    let reason = format!("the gateway's refund {} is {}", answer.id, answer.status);
+                    self.retried("refunds", || {
+                        self.inner
+                            .store
+                            .fail_refund(&refund.refund_id, &reason, self.now())
+                    })
+                    .await?;
+                    metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
+                    tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway did not refund; marked FAILED for a person to resolve");
                 }
                 CallOutcome::Refused { reason, .. } => {
                     // Sending it again would be refused again: a person decides (the

@@ -152,6 +152,9 @@ struct Books {
     refund_failures_left: u32,
     /// Refund calls answered with such an error so far.
     refunds_failed: u64,
+    /// The status the next refunds are created with instead of `succeeded`
+    /// (`answer_next_refunds_with`), and how many are left.
+    refund_status_next: Option<(String, u32)>,
     charges: u64,
     events_sent: u64,
     deliveries_acknowledged: u64,
@@ -298,6 +301,13 @@ impl Sandbox {
     /// drill.
     pub fn fail_next_refunds(&self, failures: u32) {
         lock(&self.books).refund_failures_left = failures;
+    }
+
+    /// Creates the next `count` refunds with `status` (`pending`, `failed`,
+    /// `canceled`, as a real gateway may answer: the bank refused the refund, or it
+    /// is still on its way) instead of `succeeded`.
+    pub fn answer_next_refunds_with(&self, status: &str, count: u32) {
+        lock(&self.books).refund_status_next = Some((status.to_owned(), count));
     }
 
     pub fn stats(&self) -> Stats {
@@ -630,13 +640,23 @@ impl Sandbox {
                     .get("amount")
                     .and_then(|amount| amount.parse().ok())
                     .unwrap_or(intent.amount);
+                let status = {
+                    let mut books = lock(&self.books);
+                    match &mut books.refund_status_next {
+                        Some((status, left)) if *left > 0 => {
+                            *left -= 1;
+                            status.clone()
+                        }
+                        _ => "succeeded".to_owned(),
+                    }
+                };
                 let refund = Refund {
                     id: self.mint("re"),
                     object: "refund".into(),
                     amount,
                     currency: intent.currency.clone(),
                     payment_intent: intent.id.clone(),
-                    status: "succeeded".into(),
+                    status,
                 };
                 lock(&self.books)
                     .refunds
