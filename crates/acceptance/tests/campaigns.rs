@@ -33,6 +33,7 @@ mirrored_tests!(
     a_late_payment_over_the_campaigns_limit_is_refunded,
     a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out,
     a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer,
+    another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1213,4 +1214,40 @@ async fn a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer(backe
     assert_eq!(one.status, 201, "one fits: {one:?}");
     assert_eq!(campaign(&app, &id).await["left"], 3);
     app.assert_audit_clean().await;
+}
+
+async fn another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("RADIO", 10).await;
+    app.receive_in("RADIO", 5, Some("north-1")).await;
+    let later = create_campaign(
+        &app,
+        "radio-campaign",
+        json!({
+            "sku": "RADIO", "quantity": 4,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    let id = later.json()["campaign_id"].as_str().unwrap().to_owned();
+    let north = app.as_service_of("north").await;
+    let before = app.contents_except_idempotency_records().await;
+    let named = |warehouse: &str| {
+        Call::post("/v1/reservations").json(&json!({
+            "lines": [{"sku": "RADIO", "quantity": 1, "warehouse": warehouse}],
+            "campaign_id": id,
+        }))
+    };
+
+    let other_shop = north.send(named("default").key("north-radio")).await;
+    let other_warehouse = app.send(named("north-1").key("radio-north-1")).await;
+
+    assert_eq!(other_shop.status, 403, "{other_shop:?}");
+    assert!(!other_shop.body.contains("starts at"), "{other_shop:?}");
+    assert_eq!(
+        other_warehouse.status, 404,
+        "not this line's campaign: {other_warehouse:?}"
+    );
+    assert_eq!(app.contents_except_idempotency_records().await, before);
 }

@@ -482,7 +482,7 @@ impl Engine {
     }
 
     /// The check of a request that names its campaign: the campaign must be of one of
-    /// its SKUs, and running.
+    /// its lines (SKU and warehouse), and running.
     pub(crate) fn check_named_campaign(
         &self,
         id: &CampaignId,
@@ -490,7 +490,12 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let route = lines
             .iter()
-            .filter_map(|line| self.inner.campaigns.route_of(&line.sku))
+            .filter_map(|line| {
+                self.inner
+                    .campaigns
+                    .route_of(&line.sku)
+                    .filter(|route| route.warehouse == line.warehouse)
+            })
             .find(|route| &route.id == id)
             .ok_or_else(|| {
                 EngineError::NotFound(format!("campaign '{id}' is not open for these SKUs"))

@@ -140,13 +140,14 @@ impl Engine {
             respond_async,
         } = hold;
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
-        if let Some(campaign) = &campaign {
-            self.check_named_campaign(campaign, &lines)?;
-        }
+        // The caller's shop first: another shop's caller learns nothing of a campaign.
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
         let shop = self
             .scope_of_skus(principal, Action::PlaceOrder, &skus)
             .await?;
+        if let Some(campaign) = &campaign {
+            self.check_named_campaign(campaign, &lines)?;
+        }
         let now = self.now();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
