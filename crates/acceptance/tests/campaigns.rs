@@ -34,6 +34,7 @@ mirrored_tests!(
     a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out,
     a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer,
     another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it,
+    a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_the_bound,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1250,4 +1251,46 @@ async fn another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it(
         "not this line's campaign: {other_warehouse:?}"
     );
     assert_eq!(app.contents_except_idempotency_records().await, before);
+}
+
+async fn a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_the_bound(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("LIMITED", 10).await;
+    running_campaign(&app, "LIMITED", 5, 1, Some(1)).await;
+    let bought = app.send(reserve_call("eve-1", "LIMITED", "eve")).await;
+    assert_eq!(bought.status, 201, "{bought:?}");
+    let (room, held) = hold_the_line(&app, "LIMITED").await;
+    let before = app.contents().await;
+
+    let again = app
+        .send(waiting_reserve_call("eve-2", "LIMITED", "eve"))
+        .await;
+    let other_shopper = app
+        .send(waiting_reserve_call("ann-1", "LIMITED", "ann"))
+        .await;
+    let retry = app
+        .send(waiting_reserve_call("eve-1", "LIMITED", "eve"))
+        .await;
+
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(again.code().as_deref(), Some("purchase_limit_exceeded"));
+    assert_eq!(other_shopper.status, 202, "{other_shopper:?}");
+    assert_eq!(
+        retry.status, 202,
+        "the key answered here waits for its answer: {retry:?}"
+    );
+    assert_eq!(room.waiting(), 2, "eve's second request took no place");
+    assert_eq!(app.contents().await, before, "nothing ran yet");
+    drop(held);
+    let replayed = answered_ticket(&app, retry.json()["poll"].as_str().unwrap()).await;
+    assert_eq!(replayed["answer"]["status"], 201, "{replayed}");
+    // Past the bound the database decides again (and still says no).
+    let recheck = app.engine.config().sold_out_recheck_milliseconds;
+    app.clock.advance_milliseconds(recheck);
+    let asked = app.send(reserve_call("eve-3", "LIMITED", "eve")).await;
+    assert_eq!(asked.code().as_deref(), Some("purchase_limit_exceeded"));
+    assert!(!asked.body.contains("this instance found"), "{asked:?}");
+    app.assert_audit_clean().await;
 }

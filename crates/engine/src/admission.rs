@@ -397,9 +397,9 @@ impl Engine {
     pub(crate) async fn through_line<Decide, Decided>(
         &self,
         principal: &Principal,
+        claim: &store::IdempotencyClaim,
         routed: &Routed,
         shopper: Option<&UserId>,
-        quantity: i64,
         respond_async: bool,
         decide: Decide,
     ) -> Result<Held, EngineError>
@@ -408,7 +408,9 @@ impl Engine {
         Decided: Future<Output = Result<Reply, EngineError>> + Send + 'static,
     {
         let route = &routed.route;
+        let quantity = routed.units;
         let now = self.now();
+        let recheck = self.inner.config.sold_out_recheck_milliseconds;
         if route.known_sold_out(
             routed.units,
             now,
@@ -437,6 +439,20 @@ impl Engine {
                     ),
                 });
             }
+            // A key this process answered gets its answer again; any other request of
+            // a shopper found at the limit is refused without a place.
+            if let Some(shopper) = shopper
+                && route.known_at_limit(shopper, now, recheck)
+                && self.inner.campaigns.remembered(claim).is_none()
+            {
+                return Err(EngineError::Refused {
+                    code: ErrorCode::PurchaseLimitExceeded,
+                    detail: format!(
+                        "user '{shopper}' holds or bought campaign '{}'s limit of {limit} (this instance found it within the last {recheck} ms; not recorded under the key)",
+                        route.id
+                    ),
+                });
+            }
         }
         let place = route.room.enter(shopper).map_err(|refusal| {
             metrics::counter!("stockd_campaign_admission_refused_total").increment(1);
@@ -461,6 +477,7 @@ impl Engine {
             let turn = place.turn().await;
             let answer = decide().await;
             drop(turn);
+            route.learn_from(shopper, quantity, &answer, self.now());
             return answer.map(Held::Answered);
         }
         let id = TicketId::generate(now, rand::random());
@@ -471,10 +488,13 @@ impl Engine {
             .view(&id, principal)
             .ok_or_else(|| EngineError::Internal(format!("ticket '{id}' vanished")))?;
         let engine = self.clone();
+        let route = Arc::clone(route);
+        let shopper = shopper.cloned();
         tokio::spawn(async move {
             let turn = place.turn().await;
             let answer = decide().await;
             drop(turn);
+            route.learn_from(shopper.as_ref(), quantity, &answer, engine.now());
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(
                 &id,

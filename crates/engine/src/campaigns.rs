@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
     Action, CampaignCode, CampaignId, CampaignPhase, ErrorCode, Principal, ReservationLine,
-    SkuCode, Timestamp, WarehouseCode, authorize,
+    SkuCode, Timestamp, UserId, WarehouseCode, authorize,
 };
 use store::{Campaign, IdempotencyClaim, NewCampaign};
 
@@ -109,7 +109,14 @@ pub struct CampaignRoute {
     /// The sold-out refusal's detail, written at the first such answer: most of a
     /// flash sale's answers are this one.
     sold_out_detail: OnceLock<String>,
+    /// Shoppers this process found at the campaign's limit, and when (milliseconds):
+    /// refused before they take a place while that finding is fresh.
+    at_limit: std::sync::Mutex<HashMap<UserId, i64>>,
 }
+
+/// Shoppers at their limit remembered per campaign; past this the memory starts
+/// again (forgetting only costs database answers).
+pub const SHOPPERS_AT_LIMIT_REMEMBERED_MAX: usize = 100_000;
 
 impl CampaignRoute {
     fn of(campaign: &Campaign, bounds: RoomBounds) -> CampaignRoute {
@@ -127,6 +134,60 @@ impl CampaignRoute {
                 .map(|_| ShortFinding::default())
                 .collect(),
             sold_out_detail: OnceLock::new(),
+            at_limit: std::sync::Mutex::default(),
+        }
+    }
+
+    fn shoppers_at_limit(&self) -> std::sync::MutexGuard<'_, HashMap<UserId, i64>> {
+        self.at_limit
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether `shopper` was found at the campaign's limit within the last
+    /// `recheck_milliseconds` (a finding in the future, after a clock step back, is
+    /// not trusted).
+    pub(crate) fn known_at_limit(
+        &self,
+        shopper: &UserId,
+        now: Timestamp,
+        recheck_milliseconds: i64,
+    ) -> bool {
+        self.shoppers_at_limit().get(shopper).is_some_and(|since| {
+            let age = now.unix_milliseconds().saturating_sub(*since);
+            (0..recheck_milliseconds).contains(&age)
+        })
+    }
+
+    /// Learns from a request's answer whether its shopper reached the limit: a hold of
+    /// the whole limit taken now, or the database's `purchase_limit_exceeded`. An
+    /// answer from memory or a replay teaches nothing new (it would only stretch an
+    /// old finding).
+    pub(crate) fn learn_from(
+        &self,
+        shopper: Option<&UserId>,
+        units: i64,
+        answer: &Result<crate::Reply, EngineError>,
+        now: Timestamp,
+    ) {
+        let (Some(limit), Some(shopper), Ok(reply)) = (self.per_user_limit, shopper, answer) else {
+            return;
+        };
+        if reply.replayed {
+            return;
+        }
+        let response = &reply.response;
+        let reached = (response.status == 201 && units >= limit)
+            || (response.status == 409
+                && response
+                    .body
+                    .contains("\"code\":\"purchase_limit_exceeded\""));
+        if reached {
+            let mut at_limit = self.shoppers_at_limit();
+            if at_limit.len() >= SHOPPERS_AT_LIMIT_REMEMBERED_MAX {
+                at_limit.clear();
+            }
+            at_limit.insert(shopper.clone(), now.unix_milliseconds());
         }
     }
 
@@ -288,7 +349,7 @@ impl CampaignRegistry {
     /// The key's first answer when `claim` is the request it answered; `KeyReused`
     /// when the key answered another request (another body, another endpoint), as the
     /// database would say; nothing when this process does not remember the key.
-    fn remembered(&self, claim: &IdempotencyClaim) -> Option<store::Idempotent> {
+    pub(crate) fn remembered(&self, claim: &IdempotencyClaim) -> Option<store::Idempotent> {
         self.answered
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -402,15 +402,14 @@ impl Engine {
                 .await
                 .map(Held::Answered);
         };
-        let quantity = request.lines[routed.line].quantity.get();
         let shopper = request.user.clone();
         let engine = self.clone();
         let route = routed.clone();
         self.through_line(
             principal,
+            claim,
             &routed,
             shopper.as_ref(),
-            quantity,
             respond_async,
             move || async move { engine.decide_reservation(request, Some(route)).await },
         )

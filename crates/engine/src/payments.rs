@@ -186,20 +186,19 @@ impl Engine {
                 .await
                 .map(crate::Held::Answered);
         };
-        let quantity = order.lines[routed.line].quantity.get();
         let shopper = order.user.clone();
         let engine = self.clone();
         let route = routed.clone();
-        let claim = claim.clone();
+        let owned_claim = claim.clone();
         self.through_line(
             principal,
+            claim,
             &routed,
             Some(&shopper),
-            quantity,
             respond_async,
             move || async move {
                 engine
-                    .decide_order(operation, claim, order, Some(route))
+                    .decide_order(operation, owned_claim, order, Some(route))
                     .await
             },
         )
