@@ -62,6 +62,7 @@ mirrored_tests!(
     a_pay_answer_is_kept_with_its_effect_or_not_at_all,
     a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
     a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_refunded,
+    a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment,
 );
 
 const SKU: &str = "TEA-250G";
@@ -1923,4 +1924,35 @@ async fn a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_
     let metrics = app.send(Call::get("/metrics").admin()).await.body;
     assert!(metrics.contains("stockd_refunds_failed 1"), "{metrics}");
     app.assert_audit_clean().await;
+}
+
+async fn a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let first = app.order_of("user-1", &[(SKU, 1)]).await;
+    let second = app.order_of("user-2", &[(SKU, 1)]).await;
+    let pay_key = key("pay");
+    // The first payment waits for the customer: its answer is unknown, nothing stored.
+    let waiting = app
+        .pay(&first, &pay_key, "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(waiting.status, 202, "{waiting:?}");
+    let before = app.contents().await;
+
+    let other_order = app.pay(&second, &pay_key, "pm_card_visa").await;
+    let other_method = app.pay(&first, &pay_key, "pm_card_visa").await;
+    let same_again = app
+        .pay(&first, &pay_key, "pm_sandbox_requires_action")
+        .await;
+
+    for reused in [&other_order, &other_method] {
+        assert_eq!(reused.status, 422, "{reused:?}");
+        assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
+    }
+    assert_eq!(
+        same_again.status, 202,
+        "the same request learns its outcome: {same_again:?}"
+    );
+    assert_eq!(app.contents().await, before, "no charge, no change");
+    assert_eq!(gateway.charges_for(&second), 0);
+    assert_statuses(&app, &second, ("PENDING_PAYMENT", "RESERVED", "none")).await;
 }

@@ -509,6 +509,11 @@ impl Dialect for MySqlConnection {
             "campaigns",
             include_str!("../../migrations/mysql/0005_campaigns.sql"),
         ),
+        (
+            6,
+            "attempt_request_key_alone",
+            include_str!("../../migrations/mysql/0006_attempt_request_key_alone.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =

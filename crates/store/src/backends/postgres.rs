@@ -400,6 +400,11 @@ impl Dialect for PgConnection {
             "outbox_created_unindexed",
             include_str!("../../migrations/postgres/0021_outbox_created_unindexed.sql"),
         ),
+        (
+            22,
+            "attempt_request_key_alone",
+            include_str!("../../migrations/postgres/0022_attempt_request_key_alone.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.

@@ -592,6 +592,11 @@ impl Dialect for SqliteConnection {
             "campaigns",
             include_str!("../../migrations/sqlite/0014_campaigns.sql"),
         ),
+        (
+            15,
+            "attempt_request_key_alone",
+            include_str!("../../migrations/sqlite/0015_attempt_request_key_alone.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

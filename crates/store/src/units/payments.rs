@@ -752,6 +752,26 @@ pub(crate) async fn payment_facts<C: Dialect>(
     Ok((holds_stock, started.is_some()))
 }
 
+/// Whether the request's key started an attempt of another order, or with another
+/// payment method: the key's first request, whose answer may not be stored yet (its
+/// gateway call timed out), and this one are different requests.
+async fn key_started_another_payment<C: Dialect>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+    order: &OrderId,
+    payment_method: &str,
+) -> Result<bool, StoreError> {
+    let started: Option<(String, String)> = statement(
+        "SELECT order_id, payment_method FROM payment_attempt WHERE request_key = $1 LIMIT 1",
+    )
+    .bind(claim.key.as_str())
+    .fetch_optional_as(&mut *transaction)
+    .await?;
+    Ok(started.is_some_and(|(started_order, started_method)| {
+        started_order != order.as_str() || started_method != payment_method
+    }))
+}
+
 impl<B: Backend> Units<B> {
     /// Starts paying an order: `PENDING_PAYMENT → PAYMENT_PROCESSING` with a new
     /// attempt, committed before the gateway is called. An order already processing
@@ -770,6 +790,10 @@ impl<B: Backend> Units<B> {
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
         let locked = lock_order(&mut *transaction, order).await?;
+        if key_started_another_payment(&mut *transaction, claim, order, payment_method).await? {
+            transaction.rollback().await?;
+            return Ok(BeginPayment::Answered(Idempotent::KeyReused));
+        }
         let (holds_stock, started_by_this_request) = match &locked {
             Some((_, reservation, _)) => {
                 payment_facts(&mut *transaction, order, reservation, claim).await?
