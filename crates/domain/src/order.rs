@@ -203,7 +203,23 @@ pub enum AttemptStatus {
     Failed,
 }
 
+/// Every status change of a payment attempt: the gateway's answer settles a running
+/// attempt; a success may still come for one that failed (the gateway completed an
+/// intent it had declined, or one abandoned when its hold ended); and a second charge
+/// on an attempt that failed is recorded on it, failed again, with its refund.
+pub const ATTEMPT_TRANSITIONS: &[(AttemptStatus, AttemptStatus)] = &[
+    (AttemptStatus::Processing, AttemptStatus::Succeeded),
+    (AttemptStatus::Processing, AttemptStatus::Failed),
+    (AttemptStatus::Failed, AttemptStatus::Succeeded),
+    (AttemptStatus::Failed, AttemptStatus::Failed),
+];
+
 impl AttemptStatus {
+    /// Whether [`ATTEMPT_TRANSITIONS`] allows this change.
+    pub fn may_become(self, to: AttemptStatus) -> bool {
+        ATTEMPT_TRANSITIONS.contains(&(self, to))
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             AttemptStatus::Processing => "PROCESSING",
@@ -226,6 +242,20 @@ impl AttemptStatus {
 mod tests {
     use super::*;
     use OrderStatus::*;
+
+    #[test]
+    fn a_succeeded_attempt_never_changes_and_nothing_becomes_processing() {
+        for from in [
+            AttemptStatus::Processing,
+            AttemptStatus::Succeeded,
+            AttemptStatus::Failed,
+        ] {
+            assert!(!from.may_become(AttemptStatus::Processing), "{from:?}");
+            assert!(!AttemptStatus::Succeeded.may_become(from), "{from:?}");
+        }
+        assert!(AttemptStatus::Processing.may_become(AttemptStatus::Succeeded));
+        assert!(AttemptStatus::Failed.may_become(AttemptStatus::Succeeded));
+    }
 
     #[test]
     fn every_pair_outside_the_table_is_refused() {

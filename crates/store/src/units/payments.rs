@@ -273,6 +273,7 @@ pub(crate) async fn settle_attempt<C: Dialect>(
         (_, GatewayOutcome::Succeeded { payment_id }) => {
             let settling = Settling {
                 attempt,
+                attempt_status: status,
                 order: &order,
                 order_status,
                 reservation: &reservation,
@@ -288,6 +289,7 @@ pub(crate) async fn settle_attempt<C: Dialect>(
         ) => {
             let settling = Settling {
                 attempt,
+                attempt_status: status,
                 order: &order,
                 order_status,
                 reservation: &reservation,
@@ -310,6 +312,8 @@ pub(crate) async fn settle_attempt<C: Dialect>(
 #[derive(Clone, Copy)]
 pub(crate) struct Settling<'a> {
     pub(crate) attempt: &'a PaymentAttemptId,
+    /// The attempt's status as locked: where its transition starts.
+    pub(crate) attempt_status: AttemptStatus,
     pub(crate) order: &'a OrderId,
     pub(crate) order_status: OrderStatus,
     pub(crate) reservation: &'a ReservationId,
@@ -317,29 +321,37 @@ pub(crate) struct Settling<'a> {
     pub(crate) now: Timestamp,
 }
 
+/// Moves a locked attempt from `from` to `status` through [`ATTEMPT_TRANSITIONS`],
+/// with the gateway's payment id and the reason; the update is conditional on `from`
+/// and its row count checked.
 pub(crate) async fn set_attempt_status<C: Dialect>(
     transaction: &mut C,
     attempt: &PaymentAttemptId,
-    status: AttemptStatus,
+    (from, status): (AttemptStatus, AttemptStatus),
     payment_id: Option<&str>,
     reason: Option<&str>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
+    if !from.may_become(status) {
+        return Err(invariant(format!(
+            "payment attempt {attempt} cannot go from {} to {}",
+            from.as_str(),
+            status.as_str()
+        )));
+    }
     let updated = statement(
         "UPDATE payment_attempt SET status = $2, gateway_payment_id = COALESCE($3, gateway_payment_id), \
-         failure_reason = $4, updated_at = $5 WHERE id = $1",
+         failure_reason = $4, updated_at = $5 WHERE id = $1 AND status = $6",
     )
     .bind(attempt.as_str())
     .bind(status.as_str())
     .bind(payment_id)
     .bind(reason)
     .bind(now.unix_milliseconds())
+    .bind(from.as_str())
     .execute(&mut *transaction)
     .await?;
     expect_one_row(updated, "settling a locked payment attempt")?;
-    if status == AttemptStatus::Processing {
-        return Ok(());
-    }
     let (order, shop, amount_minor, currency): (String, String, i64, String) = statement(
         "SELECT payment_attempt.order_id, customer_order.shop, payment_attempt.amount_minor, payment_attempt.currency \
          FROM payment_attempt JOIN customer_order ON customer_order.id = payment_attempt.order_id \
@@ -390,7 +402,7 @@ pub(crate) async fn refund_second_charge<C: Dialect>(
     set_attempt_status(
         transaction,
         attempt,
-        AttemptStatus::Failed,
+        (settling.attempt_status, AttemptStatus::Failed),
         Some(payment_id),
         Some(&reason),
         now,
@@ -458,6 +470,7 @@ pub(crate) async fn apply_success<C: Dialect>(
         reservation,
         source,
         now,
+        ..
     } = *settling;
     // At most one attempt pays an order (a unique index says so too). Another
     // one charged as well is a second charge: recorded, not applied, and
@@ -476,7 +489,7 @@ pub(crate) async fn apply_success<C: Dialect>(
     set_attempt_status(
         transaction,
         attempt,
-        AttemptStatus::Succeeded,
+        (settling.attempt_status, AttemptStatus::Succeeded),
         Some(payment_id),
         None,
         now,
@@ -521,11 +534,12 @@ pub(crate) async fn apply_failure<C: Dialect>(
         reservation,
         source,
         now,
+        ..
     } = *settling;
     set_attempt_status(
         transaction,
         attempt,
-        AttemptStatus::Failed,
+        (settling.attempt_status, AttemptStatus::Failed),
         payment_id,
         Some(reason),
         now,
