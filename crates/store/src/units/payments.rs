@@ -194,11 +194,12 @@ pub(crate) async fn take_stock_again<C: Dialect>(
         totals: &plan.totals,
     };
     write_order_hold(transaction, &hold, now).await?;
-    statement("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
+    let updated = statement("UPDATE customer_order SET reservation_id = $2 WHERE id = $1")
         .bind(order.as_str())
         .bind(reservation.as_str())
         .execute(&mut *transaction)
         .await?;
+    expect_one_row(updated, "giving a locked order its new reservation")?;
     let Ok(()) = settle_order_reservation(
         transaction,
         order,
