@@ -24,6 +24,7 @@ mirrored_tests!(
     the_feed_shows_a_shop_only_its_own_events_and_refuses_bad_input,
     an_event_number_is_taken_once,
     the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_between_them,
+    a_reader_whose_cursor_is_older_than_the_kept_events_is_told_so,
 );
 
 fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
@@ -686,4 +687,34 @@ async fn the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_betw
     shutdown.cancel();
     workers.close();
     workers.wait().await;
+}
+
+async fn a_reader_whose_cursor_is_older_than_the_kept_events_is_told_so(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    for _ in 0..3 {
+        app.receive("TEA", 1).await;
+    }
+    app.sequence_all_events().await;
+    let page = app
+        .send(Call::get("/v1/events?after=0&limit=2").admin())
+        .await
+        .json();
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    // The reader goes away for longer than events are kept.
+    app.clock.advance_seconds(4 * 24 * 3600);
+    assert_eq!(app.engine.outbox_prune_step().await.unwrap(), 4);
+    app.receive("TEA", 1).await;
+    app.sequence_all_events().await;
+
+    let stale = app
+        .send(Call::get(format!("/v1/events?after={cursor}")).admin())
+        .await;
+    let from_the_start = app.send(Call::get("/v1/events?after=0").admin()).await;
+
+    assert_eq!(stale.status, 404, "{stale:?}");
+    assert_eq!(stale.code().as_deref(), Some("not_found"));
+    assert!(stale.body.contains("no longer kept"), "{stale:?}");
+    assert_eq!(from_the_start.status, 200);
+    assert_eq!(from_the_start.json()["events"].as_array().unwrap().len(), 1);
 }

@@ -34,6 +34,24 @@ impl Engine {
             .events_after(cursor, shop, limit)
             .await
             .map_err(|error| log_store_error("events", error))?;
+        // A page that does not start right after the cursor may have a gap: the
+        // shop's events are a part of every shop's, or events were pruned. A reader
+        // whose cursor is older than what is kept hears so instead of skipping on.
+        let after = cursor.position();
+        if after > 0 && events.first().map(|first| first.position) != Some(after + 1) {
+            let first_kept = self
+                .inner
+                .store
+                .first_kept_event_position()
+                .await
+                .map_err(|error| log_store_error("events", error))?;
+            if first_kept > after + 1 {
+                return Err(EngineError::NotFound(format!(
+                    "the events after cursor {after} are no longer kept (events are kept {} days once relayed; the oldest kept is {first_kept}): read again from after=0 and reconcile what was missed",
+                    self.inner.config.outbox_retention_seconds / 86_400
+                )));
+            }
+        }
         let next_cursor = events
             .last()
             .map_or(cursor, |last| FeedCursor::of_position(last.position));

@@ -343,6 +343,7 @@ forward! {
     fn mark_relayed(&self, relay: &str, holder: &str, position: i64) -> Result<bool, StoreError>;
     fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError>;
     fn latest_event_position(&self) -> Result<i64, StoreError>;
+    fn first_kept_event_position(&self) -> Result<i64, StoreError>;
     fn products_of_skus(&self, skus: &[String]) -> Result<Vec<String>, StoreError>;
     /// Stock rows with a negative counter (the CHECK constraints make it 0; a row
     /// written around them would not be).

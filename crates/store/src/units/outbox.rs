@@ -369,6 +369,27 @@ impl<B: Backend> Units<B> {
             .await
     }
 
+    /// The position of the oldest numbered event still kept, or the next one to be
+    /// handed out when none is: positions run without a gap, so a reader whose cursor
+    /// is before this less one missed events that were pruned.
+    pub async fn first_kept_event_position(&self) -> Result<i64, StoreError> {
+        let mut connection = self.writer_read_connection().await?;
+        let oldest: Option<i64> =
+            statement("SELECT MIN(position) FROM outbox WHERE position IS NOT NULL")
+                .fetch_one_scalar(&mut *connection)
+                .await?;
+        match oldest {
+            Some(oldest) => Ok(oldest),
+            None => {
+                let latest: i64 =
+                    statement("SELECT through_position FROM outbox_relay WHERE name = 'sequencer'")
+                        .fetch_one_scalar(&mut *connection)
+                        .await?;
+                Ok(latest + 1)
+            }
+        }
+    }
+
     /// The products these SKUs belong to (standalone SKUs have none).
     pub async fn products_of_skus(&self, skus: &[String]) -> Result<Vec<String>, StoreError> {
         if skus.is_empty() {
