@@ -469,7 +469,7 @@ pub const OPERATIONS: &[Operation] = &[
         &[NotFound, IllegalTransition],
     ),
     operation("audit", &[Action::Audit], &[]),
-    operation("events", &[Action::ReadEvents], &[]),
+    operation("events", &[Action::ReadEvents], &[NotFound]),
     operation(
         "create_order",
         &[Action::PlaceOrder],
