@@ -204,8 +204,13 @@ pub async fn shopper_product(
         return shopper_product_json(&state, &reader, &id).await;
     };
     // Read at least as new as the writer now: a replica behind the change that moved
-    // the generation must not fill the cache with what came before it.
-    let fresh = ReadHandle::display(state.engine.consistency_token().await);
+    // the generation must not fill the cache with what came before it. Without the
+    // writer's position (it could not be read) any replica in rotation could answer,
+    // so the view is served but not cached.
+    let Some(position) = state.engine.consistency_token().await else {
+        return shopper_product_json(&state, &reader, &id).await;
+    };
+    let fresh = ReadHandle::display(Some(position));
     let (displayed, value) = shopper_product_value(&state, &fresh, &id).await?;
     let body = value.to_string();
     match cache.fill(&ticket, &body).await {
