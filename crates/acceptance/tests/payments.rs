@@ -61,7 +61,7 @@ mirrored_tests!(
     an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_nothing,
     a_pay_answer_is_kept_with_its_effect_or_not_at_all,
     a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
-    a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_refunded,
+    a_refund_the_gateway_answers_failed_or_pending_is_not_refunded_until_it_succeeds,
     a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment,
 );
 
@@ -1895,7 +1895,7 @@ async fn a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_declin
     assert_paid_once(&app, &gateway, &order, 1).await;
 }
 
-async fn a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_refunded(
+async fn a_refund_the_gateway_answers_failed_or_pending_is_not_refunded_until_it_succeeds(
     backend: Backend,
 ) {
     let (app, gateway) = shop(backend).await;
@@ -1923,6 +1923,27 @@ async fn a_refund_the_gateway_answers_failed_or_pending_does_not_mark_the_order_
     );
     let metrics = app.send(Call::get("/metrics").admin()).await.body;
     assert!(metrics.contains("stockd_refunds_failed 1"), "{metrics}");
+
+    // Still pending when read again; once the bank answered, the next read settles it.
+    app.clock.advance_seconds(3600);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    assert_eq!(gateway.sandbox.complete_pending_refunds(), 1);
+    app.clock.advance_seconds(3600);
+    assert_eq!(
+        app.engine.refund_step().await.expect("refund step").len(),
+        1
+    );
+    assert_eq!(app.order(&pending).await["status"], "REFUNDED");
+    assert_eq!(
+        app.order(&failed).await["status"],
+        "REFUND_PENDING",
+        "a person decides"
+    );
+    assert_eq!(
+        gateway.sandbox.stats().refunds,
+        2,
+        "each refund created once at the gateway, the pending one read, not sent again"
+    );
     app.assert_audit_clean().await;
 }
 

@@ -671,15 +671,22 @@ impl Engine {
             .await?;
         let mut settled = Vec::with_capacity(refunds.len());
         for refund in refunds {
-            match payments
-                .gateway
-                .refund(
-                    &refund.gateway_key,
-                    &refund.gateway_payment_id,
-                    refund.amount_minor,
-                )
-                .await
-            {
+            // A refund the gateway answered `pending` is read again, not sent again:
+            // sending it with its key would replay that first answer.
+            let outcome = match &refund.gateway_refund_id {
+                Some(id) => payments.gateway.retrieve_refund(id).await,
+                None => {
+                    payments
+                        .gateway
+                        .refund(
+                            &refund.gateway_key,
+                            &refund.gateway_payment_id,
+                            refund.amount_minor,
+                        )
+                        .await
+                }
+            };
+            match outcome {
                 // A refund object is an answer, not yet the money back: only
                 // `succeeded` settles it.
                 CallOutcome::Answered(answer) if answer.status == "succeeded" => {
@@ -718,6 +725,22 @@ impl Engine {
                     .await?;
                     metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
                     tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway refused a refund; marked FAILED for a person to resolve");
+                }
+                CallOutcome::Answered(answer) => {
+                    // `pending` (or `requires_action`): the money is on its way, or
+                    // waits for someone. Its id is kept, and the refund read again.
+                    if refund.gateway_refund_id.is_none() {
+                        self.retried("refunds", || {
+                            self.inner.store.note_refund_at_gateway(
+                                &refund.refund_id,
+                                &answer.id,
+                                self.now(),
+                            )
+                        })
+                        .await?;
+                    }
+                    metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
+                    tracing::warn!(refund = %refund.refund_id, gateway_refund = %answer.id, status = %answer.status, "refund not completed at the gateway yet; will read it again");
                 }
                 other => {
                     metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);

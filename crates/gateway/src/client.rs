@@ -174,9 +174,22 @@ impl GatewayClient {
     }
 
     pub async fn retrieve_payment_intent(&self, id: &str) -> CallOutcome<PaymentIntent> {
+        self.retrieve(&format!("/v1/payment_intents/{id}")).await
+    }
+
+    /// Reads a refund as it is now: one answered `pending` is asked about this way
+    /// (sending the refund again with its key would replay the first answer).
+    pub async fn retrieve_refund(&self, id: &str) -> CallOutcome<Refund> {
+        self.retrieve(&format!("/v1/refunds/{id}")).await
+    }
+
+    async fn retrieve<Object: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> CallOutcome<Object> {
         let response = self
             .http
-            .get(self.url(&format!("/v1/payment_intents/{id}")))
+            .get(self.url(path))
             .bearer_auth(&self.config.api_key)
             .send()
             .await;

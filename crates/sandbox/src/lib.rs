@@ -24,7 +24,10 @@
 //! stockd's late-success path.
 //!
 //! A refund of a payment refunded already is refused as Stripe does: 400
-//! `charge_already_refunded`.
+//! `charge_already_refunded`. `GET /v1/refunds/{id}` reads a refund as it is now; the
+//! sandbox can create refunds `pending`, `failed` or `canceled`
+//! (`Sandbox::answer_next_refunds_with`) and later let the pending ones succeed
+//! (`Sandbox::complete_pending_refunds`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -308,6 +311,20 @@ impl Sandbox {
     /// is still on its way) instead of `succeeded`.
     pub fn answer_next_refunds_with(&self, status: &str, count: u32) {
         lock(&self.books).refund_status_next = Some((status.to_owned(), count));
+    }
+
+    /// The bank answered: every `pending` refund is `succeeded` now (read it with
+    /// `GET /v1/refunds/{id}`). Answers how many moved.
+    pub fn complete_pending_refunds(&self) -> usize {
+        let mut books = lock(&self.books);
+        let mut moved = 0;
+        for refund in books.refunds.values_mut() {
+            if refund.status == "pending" {
+                refund.status = "succeeded".to_owned();
+                moved += 1;
+            }
+        }
+        moved
     }
 
     pub fn stats(&self) -> Stats {
@@ -810,6 +827,28 @@ impl Sandbox {
                 post(
                     |State(sandbox): State<Sandbox>, headers: HeaderMap, body: Bytes| async move {
                         sandbox.refund(&headers, &body).await
+                    },
+                ),
+            )
+            .route(
+                "/v1/refunds/{id}",
+                get(
+                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
+                        match lock(&sandbox.books).refunds.get(&id) {
+                            Some(refund) => json_response(
+                                200,
+                                serde_json::to_string(refund).unwrap_or_default(),
+                            ),
+                            None => {
+                                let (status, body) = error_response(
+                                    StatusCode::NOT_FOUND,
+                                    "invalid_request_error",
+                                    "no such refund",
+                                    None,
+                                );
+                                json_response(status, body)
+                            }
+                        }
                     },
                 ),
             )

@@ -332,6 +332,7 @@ forward! {
     fn cancel_order(&self, claim: &IdempotencyClaim, order: &OrderId, may_cancel_paid: bool, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn claim_refunds(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<RefundToIssue>, StoreError>;
     fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
+    fn note_refund_at_gateway(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn return_order(&self, claim: &IdempotencyClaim, order: &OrderId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError>;
     /// One sequencer step: numbers committed outbox rows in the order they are found.

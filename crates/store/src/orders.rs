@@ -184,6 +184,9 @@ pub struct RefundToIssue {
     pub gateway_payment_id: String,
     pub amount_minor: i64,
     pub currency: String,
+    /// The gateway's refund, once it answered one still `pending`: asked about, not
+    /// sent again.
+    pub gateway_refund_id: Option<String>,
 }
 
 /// What the metrics page shows about payments, read at scrape time.

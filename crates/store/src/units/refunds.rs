@@ -72,6 +72,11 @@ impl<B: Backend> Units<B> {
             let Some(gateway_payment_id) = payment else {
                 continue;
             };
+            let gateway_refund_id: Option<String> =
+                statement("SELECT gateway_refund_id FROM refund WHERE id = $1")
+                    .bind(&id)
+                    .fetch_one_scalar(&mut *transaction)
+                    .await?;
             refunds.push(RefundToIssue {
                 refund_id: parse_stored("refund id", &id, RefundId::parse)?,
                 order_id: parse_stored("order id", &order, OrderId::parse)?,
@@ -79,10 +84,32 @@ impl<B: Backend> Units<B> {
                 gateway_payment_id,
                 amount_minor,
                 currency,
+                gateway_refund_id,
             });
         }
         transaction.commit().await?;
         Ok(refunds)
+    }
+
+    /// Records the gateway's refund of a refund it answered `pending`: later tries
+    /// read that refund instead of sending a new one. The refund stays `PENDING`.
+    pub async fn note_refund_at_gateway(
+        &self,
+        refund: &RefundId,
+        gateway_refund_id: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        statement(
+            "UPDATE refund SET gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        )
+        .bind(refund.as_str())
+        .bind(gateway_refund_id)
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        transaction.commit().await?;
+        Ok(())
     }
 
     /// Records a refund the gateway confirmed. The refund of the attempt that paid the
