@@ -25,6 +25,7 @@ mirrored_tests!(
     an_event_number_is_taken_once,
     the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_between_them,
     a_reader_whose_cursor_is_older_than_the_kept_events_is_told_so,
+    a_shops_reader_moves_past_other_shops_events_and_is_not_told_it_missed_them,
 );
 
 fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
@@ -717,4 +718,47 @@ async fn a_reader_whose_cursor_is_older_than_the_kept_events_is_told_so(backend:
     assert!(stale.body.contains("no longer kept"), "{stale:?}");
     assert_eq!(from_the_start.status, 200);
     assert_eq!(from_the_start.json()["events"].as_array().unwrap().len(), 1);
+}
+
+async fn a_shops_reader_moves_past_other_shops_events_and_is_not_told_it_missed_them(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    app.sequence_all_events().await;
+    let page = |cursor: String| {
+        let app = app.clone();
+        async move {
+            let page = app
+                .send(Call::get(format!("/v1/events?after={cursor}")))
+                .await;
+            assert_eq!(page.status, 200, "{page:?}");
+            page.json()
+        }
+    };
+    // The default shop's reader (its service key) is at the head.
+    let first = page("0".to_owned()).await;
+    assert_eq!(first["events"].as_array().unwrap().len(), 1);
+    let cursor = first["next_cursor"].as_str().unwrap().to_owned();
+    // Another shop's events come, and the reader polls while they do.
+    let product = app
+        .create_product(ProductSpec::complete("north", &["NORTH-TEA"]))
+        .await;
+    app.receive("NORTH-TEA", 5).await;
+    app.sequence_all_events().await;
+    let quiet = page(cursor.clone()).await;
+    assert!(quiet["events"].as_array().unwrap().is_empty(), "{quiet}");
+    let moved = quiet["next_cursor"].as_str().unwrap().to_owned();
+    assert_ne!(moved, cursor, "past the north shop's events: {quiet}");
+    assert!(!product.is_empty());
+
+    // Days later they are pruned, and the reader's shop has a new event.
+    app.clock.advance_seconds(4 * 24 * 3600);
+    assert!(app.engine.outbox_prune_step().await.unwrap() >= 2);
+    app.receive("TEA", 1).await;
+    app.sequence_all_events().await;
+    let next = page(moved).await;
+
+    assert_eq!(next["events"].as_array().unwrap().len(), 1, "{next}");
+    assert_eq!(next["events"][0]["data"]["sku"], "TEA", "{next}");
 }

@@ -11,8 +11,9 @@ use crate::{Engine, EngineError, forbidden, log_store_error};
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventsPage {
     pub events: Vec<PublishedEvent>,
-    /// Where the next page starts: the last event's position, or the cursor asked
-    /// for when the page is empty (ask again later with the same one).
+    /// Where the next page starts: the last event's position for a full page; for
+    /// one that is not full, the newest numbered event's (past other shops' events),
+    /// or the cursor asked for when nothing newer was numbered.
     pub next_cursor: FeedCursor,
 }
 
@@ -28,6 +29,15 @@ impl Engine {
     ) -> Result<EventsPage, EngineError> {
         authorize(principal, Action::ReadEvents, shop).map_err(forbidden)?;
         let shop = shop.or(principal.shop());
+        // Read before the page: every event up to this position is numbered and
+        // visible, so a page that is not full has shown every one of them the reader
+        // may see, and its cursor can move past the others (other shops' events).
+        let latest = self
+            .inner
+            .store
+            .latest_event_position()
+            .await
+            .map_err(|error| log_store_error("events", error))?;
         let events = self
             .inner
             .store
@@ -52,9 +62,14 @@ impl Engine {
                 )));
             }
         }
-        let next_cursor = events
-            .last()
-            .map_or(cursor, |last| FeedCursor::of_position(last.position));
+        let last_shown = events.last().map_or(after, |last| last.position);
+        let page_full = i64::try_from(events.len()).unwrap_or(i64::MAX)
+            >= limit.clamp(1, store::EVENTS_PER_STEP_MAX);
+        let next_cursor = if page_full {
+            FeedCursor::of_position(last_shown)
+        } else {
+            FeedCursor::of_position(last_shown.max(latest))
+        };
         Ok(EventsPage {
             events,
             next_cursor,
