@@ -35,6 +35,7 @@ mirrored_tests!(
     a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer,
     another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it,
     a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_the_bound,
+    a_shopper_refused_more_than_the_headroom_may_still_take_what_fits,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1292,5 +1293,37 @@ async fn a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_th
     let asked = app.send(reserve_call("eve-3", "LIMITED", "eve")).await;
     assert_eq!(asked.code().as_deref(), Some("purchase_limit_exceeded"));
     assert!(!asked.body.contains("this instance found"), "{asked:?}");
+    app.assert_audit_clean().await;
+}
+
+async fn a_shopper_refused_more_than_the_headroom_may_still_take_what_fits(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("MUG", 20).await;
+    running_campaign(&app, "MUG", 10, 1, Some(3)).await;
+    let units = |key: &str, quantity: i64| {
+        Call::post("/v1/reservations").key(key).json(&json!({
+            "lines": [{"sku": "MUG", "quantity": quantity}],
+            "user_id": "zoe",
+        }))
+    };
+    assert_eq!(app.send(units("zoe-1", 2)).await.status, 201);
+
+    let two_more = app.send(units("zoe-2", 2)).await;
+    let two_again = app.send(units("zoe-3", 2)).await;
+    let one_more = app.send(units("zoe-4", 1)).await;
+
+    assert_eq!(two_more.code().as_deref(), Some("purchase_limit_exceeded"));
+    assert!(
+        !two_more.body.contains("this instance found"),
+        "the database's: {two_more:?}"
+    );
+    assert!(
+        two_again.body.contains("this instance found"),
+        "from memory: {two_again:?}"
+    );
+    assert_eq!(
+        one_more.status, 201,
+        "one fits the limit of 3: {one_more:?}"
+    );
     app.assert_audit_clean().await;
 }

@@ -442,7 +442,7 @@ impl Engine {
             // A key this process answered gets its answer again; any other request of
             // a shopper found at the limit is refused without a place.
             if let Some(shopper) = shopper
-                && route.known_at_limit(shopper, now, recheck)
+                && route.known_at_limit(shopper, quantity, now, recheck)
                 && self.inner.campaigns.remembered(claim).is_none()
             {
                 return Err(EngineError::Refused {
@@ -477,7 +477,7 @@ impl Engine {
             let turn = place.turn().await;
             let answer = decide().await;
             drop(turn);
-            route.learn_from(shopper, quantity, &answer, self.now());
+            route.learn_from(shopper, routed, &answer, self.now());
             return answer.map(Held::Answered);
         }
         let id = TicketId::generate(now, rand::random());
@@ -488,13 +488,15 @@ impl Engine {
             .view(&id, principal)
             .ok_or_else(|| EngineError::Internal(format!("ticket '{id}' vanished")))?;
         let engine = self.clone();
-        let route = Arc::clone(route);
+        let routed = routed.clone();
         let shopper = shopper.cloned();
         tokio::spawn(async move {
             let turn = place.turn().await;
             let answer = decide().await;
             drop(turn);
-            route.learn_from(shopper.as_ref(), quantity, &answer, engine.now());
+            routed
+                .route
+                .learn_from(shopper.as_ref(), &routed, &answer, engine.now());
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(
                 &id,

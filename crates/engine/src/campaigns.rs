@@ -49,8 +49,8 @@ struct ShortFinding(AtomicU64);
 
 /// Low bits of a [`ShortFinding`]'s word: the units. A request for more is not
 /// recorded (it proves little about smaller ones, and the memory answer is only a
-/// shortcut); the high bits hold milliseconds since the epoch, which fit for the next
-/// 17,000 years.
+/// shortcut); the high 44 bits hold milliseconds since the epoch, which fit until
+/// the year 2527.
 const FINDING_UNITS_BITS: u32 = 20;
 const FINDING_UNITS_MASK: u64 = (1 << FINDING_UNITS_BITS) - 1;
 
@@ -109,9 +109,10 @@ pub struct CampaignRoute {
     /// The sold-out refusal's detail, written at the first such answer: most of a
     /// flash sale's answers are this one.
     sold_out_detail: OnceLock<String>,
-    /// Shoppers this process found at the campaign's limit, and when (milliseconds):
-    /// refused before they take a place while that finding is fresh.
-    at_limit: std::sync::Mutex<HashMap<UserId, i64>>,
+    /// Shoppers this process found at the campaign's limit: when (milliseconds), and
+    /// the fewest units they were refused (1 once they hold the whole limit). A
+    /// request for as many is refused before it takes a place while that is fresh.
+    at_limit: std::sync::Mutex<HashMap<UserId, (i64, i64)>>,
 }
 
 /// Shoppers at their limit remembered per campaign; past this the memory starts
@@ -138,35 +139,39 @@ impl CampaignRoute {
         }
     }
 
-    fn shoppers_at_limit(&self) -> std::sync::MutexGuard<'_, HashMap<UserId, i64>> {
+    fn shoppers_at_limit(&self) -> std::sync::MutexGuard<'_, HashMap<UserId, (i64, i64)>> {
         self.at_limit
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether `shopper` was found at the campaign's limit within the last
+    /// Whether `shopper` was found unable to take `units` more within the last
     /// `recheck_milliseconds` (a finding in the future, after a clock step back, is
     /// not trusted).
     pub(crate) fn known_at_limit(
         &self,
         shopper: &UserId,
+        units: i64,
         now: Timestamp,
         recheck_milliseconds: i64,
     ) -> bool {
-        self.shoppers_at_limit().get(shopper).is_some_and(|since| {
-            let age = now.unix_milliseconds().saturating_sub(*since);
-            (0..recheck_milliseconds).contains(&age)
-        })
+        self.shoppers_at_limit()
+            .get(shopper)
+            .is_some_and(|(since, fewest)| {
+                let age = now.unix_milliseconds().saturating_sub(*since);
+                (0..recheck_milliseconds).contains(&age) && units >= *fewest
+            })
     }
 
-    /// Learns from a request's answer whether its shopper reached the limit: a hold of
-    /// the whole limit taken now, or the database's `purchase_limit_exceeded`. An
-    /// answer from memory or a replay teaches nothing new (it would only stretch an
-    /// old finding).
+    /// Learns from a request's answer how many more units its shopper cannot take: none
+    /// after a hold of the whole limit taken now; as many as it asked for after the
+    /// database's `purchase_limit_exceeded` to a request with no other line (with
+    /// other lines the refusal may be theirs). An answer from memory or a replay
+    /// teaches nothing new (it would only stretch an old finding).
     pub(crate) fn learn_from(
         &self,
         shopper: Option<&UserId>,
-        units: i64,
+        routed: &Routed,
         answer: &Result<crate::Reply, EngineError>,
         now: Timestamp,
     ) {
@@ -177,18 +182,23 @@ impl CampaignRoute {
             return;
         }
         let response = &reply.response;
-        let reached = (response.status == 201 && units >= limit)
-            || (response.status == 409
-                && response
-                    .body
-                    .contains("\"code\":\"purchase_limit_exceeded\""));
-        if reached {
-            let mut at_limit = self.shoppers_at_limit();
-            if at_limit.len() >= SHOPPERS_AT_LIMIT_REMEMBERED_MAX {
-                at_limit.clear();
-            }
-            at_limit.insert(shopper.clone(), now.unix_milliseconds());
+        let fewest = if response.status == 201 && routed.units >= limit {
+            1
+        } else if response.status == 409
+            && routed.alone
+            && response
+                .body
+                .contains("\"code\":\"purchase_limit_exceeded\"")
+        {
+            routed.units
+        } else {
+            return;
+        };
+        let mut at_limit = self.shoppers_at_limit();
+        if at_limit.len() >= SHOPPERS_AT_LIMIT_REMEMBERED_MAX {
+            at_limit.clear();
         }
+        at_limit.insert(shopper.clone(), (now.unix_milliseconds(), fewest));
     }
 
     pub fn phase(&self, now: Timestamp) -> CampaignPhase {
@@ -632,12 +642,12 @@ impl Engine {
         if created(&decided) {
             route.mark_available(last);
         } else if routed.alone
-            && let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
-                &decided
+            && let store::Idempotent::Executed(response) = &decided
             && response.body.contains("\"code\":\"insufficient_stock\"")
         {
             // With no other line, a refusal for stock is the bucket's: it holds fewer
-            // than the line asked for. (With other lines it may be theirs.)
+            // than the line asked for. (With other lines it may be theirs; a replayed
+            // refusal may be old.)
             route.mark_short(last, routed.units, self.now());
         }
         self.remember_answer(claim, &decided);
