@@ -775,6 +775,7 @@ async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation
             &attempt,
             "pm_card_visa",
             now.plus_milliseconds(10_000),
+            now.plus_seconds(-24 * 3600),
             now,
             api::renderer().as_ref(),
         )
@@ -1976,4 +1977,9 @@ async fn a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment
     assert_eq!(app.contents().await, before, "no charge, no change");
     assert_eq!(gateway.charges_for(&second), 0);
     assert_statuses(&app, &second, ("PENDING_PAYMENT", "RESERVED", "none")).await;
+    // Keys are remembered for a day: past it the key names a new payment.
+    app.clock.advance_seconds(24 * 3600 + 1);
+    let later = app.order_of("user-3", &[(SKU, 1)]).await;
+    let reused_later = app.pay(&later, &pay_key, "pm_card_visa").await;
+    assert_eq!(reused_later.status, 200, "{reused_later:?}");
 }

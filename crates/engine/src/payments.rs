@@ -349,6 +349,7 @@ impl Engine {
                         &attempt_id,
                         method.as_str(),
                         reconcile_after,
+                        now.plus_seconds(-self.inner.config.idempotency_retention_seconds),
                         self.now(),
                         renderer,
                     )

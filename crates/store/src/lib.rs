@@ -321,7 +321,7 @@ forward! {
     fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError>;
     fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError>;
-    fn begin_payment(&self, claim: &IdempotencyClaim, order: &OrderId, attempt: &PaymentAttemptId, payment_method: &str, reconcile_after: Timestamp, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<BeginPayment, StoreError>;
+    fn begin_payment(&self, claim: &IdempotencyClaim, order: &OrderId, attempt: &PaymentAttemptId, payment_method: &str, reconcile_after: Timestamp, keys_since: Timestamp, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<BeginPayment, StoreError>;
     fn settle_payment_with_answer(&self, claim: &IdempotencyClaim, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn fail_refund(&self, refund: &RefundId, reason: &str, now: Timestamp) -> Result<(), StoreError>;
     fn settle_payment(&self, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, source: &str, now: Timestamp) -> Result<Option<OrderStatus>, StoreError>;

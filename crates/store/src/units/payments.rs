@@ -768,18 +768,21 @@ pub(crate) async fn payment_facts<C: Dialect>(
 }
 
 /// Whether the request's key started an attempt of another order, or with another
-/// payment method: the key's first request, whose answer may not be stored yet (its
-/// gateway call timed out), and this one are different requests.
+/// payment method, since `keys_since` (as long as keys are remembered): the key's
+/// first request, whose answer may not be stored yet (its gateway call timed out),
+/// and this one are different requests.
 async fn key_started_another_payment<C: Dialect>(
     transaction: &mut C,
     claim: &IdempotencyClaim,
-    order: &OrderId,
-    payment_method: &str,
+    (order, payment_method): (&OrderId, &str),
+    keys_since: Timestamp,
 ) -> Result<bool, StoreError> {
     let started: Option<(String, String)> = statement(
-        "SELECT order_id, payment_method FROM payment_attempt WHERE request_key = $1 LIMIT 1",
+        "SELECT order_id, payment_method FROM payment_attempt \
+         WHERE request_key = $1 AND created_at >= $2 LIMIT 1",
     )
     .bind(claim.key.as_str())
+    .bind(keys_since.unix_milliseconds())
     .fetch_optional_as(&mut *transaction)
     .await?;
     Ok(started.is_some_and(|(started_order, started_method)| {
@@ -800,12 +803,20 @@ impl<B: Backend> Units<B> {
         attempt: &PaymentAttemptId,
         payment_method: &str,
         reconcile_after: Timestamp,
+        keys_since: Timestamp,
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
         let locked = lock_order(&mut *transaction, order).await?;
-        if key_started_another_payment(&mut *transaction, claim, order, payment_method).await? {
+        if key_started_another_payment(
+            &mut *transaction,
+            claim,
+            (order, payment_method),
+            keys_since,
+        )
+        .await?
+        {
             transaction.rollback().await?;
             return Ok(BeginPayment::Answered(Idempotent::KeyReused));
         }
