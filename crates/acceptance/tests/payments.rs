@@ -63,6 +63,7 @@ mirrored_tests!(
     a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_shelf,
     a_refund_the_gateway_answers_failed_or_pending_is_not_refunded_until_it_succeeds,
     a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment,
+    a_pending_refund_the_gateway_cannot_find_is_left_to_a_person_saying_so,
 );
 
 const SKU: &str = "TEA-250G";
@@ -1982,4 +1983,25 @@ async fn a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment
     let later = app.order_of("user-3", &[(SKU, 1)]).await;
     let reused_later = app.pay(&later, &pay_key, "pm_card_visa").await;
     assert_eq!(reused_later.status, 200, "{reused_later:?}");
+}
+
+async fn a_pending_refund_the_gateway_cannot_find_is_left_to_a_person_saying_so(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = paid_order(&app, "user-1", 1).await;
+    gateway.sandbox.answer_next_refunds_with("pending", 1);
+    assert_eq!(cancel_as_staff(&app, &order).await.status, 200);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    gateway.sandbox.forget_refunds();
+    app.clock.advance_seconds(3600);
+
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "REFUND_PENDING", "{view:#}");
+    assert_eq!(view["refund"]["status"], "FAILED", "{view:#}");
+    let reason = view["refund"]["failure_reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("could not be read"), "{view:#}");
+    app.assert_audit_clean().await;
 }

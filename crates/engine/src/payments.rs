@@ -675,7 +675,30 @@ impl Engine {
             // A refund the gateway answered `pending` is read again, not sent again:
             // sending it with its key would replay that first answer.
             let outcome = match &refund.gateway_refund_id {
-                Some(id) => payments.gateway.retrieve_refund(id).await,
+                Some(id) => match payments.gateway.retrieve_refund(id).await {
+                    // A refund of another payment is not this one's answer.
+                    CallOutcome::Answered(answer)
+                        if answer.payment_intent != refund.gateway_payment_id =>
+                    {
+                        tracing::error!(refund = %refund.refund_id, gateway_refund = %id, payment = %answer.payment_intent, "the gateway's refund read back is of another payment; not applied");
+                        CallOutcome::Unknown(format!(
+                            "refund {id} is of payment {}",
+                            answer.payment_intent
+                        ))
+                    }
+                    // One that cannot be read may still go through: a person decides,
+                    // told why.
+                    CallOutcome::Refused {
+                        status,
+                        code,
+                        reason,
+                    } => CallOutcome::Refused {
+                        status,
+                        code,
+                        reason: format!("the gateway's refund {id} could not be read: {reason}"),
+                    },
+                    read => read,
+                },
                 None => {
                     payments
                         .gateway

@@ -313,6 +313,12 @@ impl Sandbox {
         lock(&self.books).refund_status_next = Some((status.to_owned(), count));
     }
 
+    /// Forgets every refund, as a gateway account switched under stockd would: a read
+    /// of one answers 404.
+    pub fn forget_refunds(&self) {
+        lock(&self.books).refunds.clear();
+    }
+
     /// The bank answered: every `pending` refund is `succeeded` now (read it with
     /// `GET /v1/refunds/{id}`). Answers how many moved.
     pub fn complete_pending_refunds(&self) -> usize {
