@@ -729,26 +729,12 @@ impl Engine {
                     // The money did not go back and asking again returns the same
                     // refund: a person decides, as for a refusal.
                     let reason = format!("the gateway's refund {} is {}", answer.id, answer.status);
-                    self.retried("refunds", || {
-                        self.inner
-                            .store
-                            .fail_refund(&refund.refund_id, &reason, self.now())
-                    })
-                    .await?;
-                    metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
-                    tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway did not refund; marked FAILED for a person to resolve");
+                    self.leave_refund_to_a_person(&refund, &reason).await?;
                 }
                 CallOutcome::Refused { reason, .. } => {
                     // Sending it again would be refused again: a person decides (the
                     // payment may have been refunded from the gateway's dashboard).
-                    self.retried("refunds", || {
-                        self.inner
-                            .store
-                            .fail_refund(&refund.refund_id, &reason, self.now())
-                    })
-                    .await?;
-                    metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
-                    tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway refused a refund; marked FAILED for a person to resolve");
+                    self.leave_refund_to_a_person(&refund, &reason).await?;
                 }
                 CallOutcome::Answered(answer) => {
                     // `pending` (or `requires_action`): the money is on its way, or
@@ -773,6 +759,24 @@ impl Engine {
             }
         }
         Ok(settled)
+    }
+
+    /// Marks a refund `FAILED` with `reason`: the gateway refused it, or ended it
+    /// without the money going back. It is not sent again; a person resolves it.
+    async fn leave_refund_to_a_person(
+        &self,
+        refund: &store::RefundToIssue,
+        reason: &str,
+    ) -> Result<(), EngineError> {
+        self.retried("refunds", || {
+            self.inner
+                .store
+                .fail_refund(&refund.refund_id, reason, self.now())
+        })
+        .await?;
+        metrics::counter!("stockd_refunds_total", "result" => "refused").increment(1);
+        tracing::error!(refund = %refund.refund_id, order = %refund.order_id, %reason, "the gateway refused a refund (or ended it unpaid); marked FAILED for a person to resolve");
+        Ok(())
     }
 
     /// `POST /v1/orders/{id}/cancel`.
