@@ -411,11 +411,7 @@ impl Engine {
         let quantity = routed.units;
         let now = self.now();
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
-        if route.known_sold_out(
-            routed.units,
-            now,
-            self.inner.config.sold_out_recheck_milliseconds,
-        ) {
+        if route.known_sold_out(quantity, now, recheck) {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database.
             return decide().await.map(Held::Answered);
