@@ -212,6 +212,17 @@ mod tests {
         assert!(parse_quantity("-0.0").is_err(), "zero is still refused");
     }
 
+    /// Schemathesis sent `4405026911322422.0` (an integer to JSON Schema): near 2^52
+    /// an `f64` steps by 0.5, and a parser that is not correctly rounded read it as
+    /// `…422.5` and the request was refused as fractional.
+    #[test]
+    fn a_large_whole_number_with_a_zero_fraction_is_read_exactly() {
+        let version: Version = serde_json::from_str("4405026911322422.0").unwrap();
+        assert_eq!(version.get(), 4_405_026_911_322_422);
+        let version: Version = serde_json::from_str("4503599627370495.0").unwrap();
+        assert_eq!(version.get(), 4_503_599_627_370_495, "2^52 - 1");
+    }
+
     #[test]
     fn quantity_refuses_zero_negative_huge_fractional_and_non_numbers() {
         for bad in [
