@@ -89,12 +89,17 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
         text.contains(r#"stockd_combiner_queue_depth{shard="0"} "#),
         "the queue's depth, through its kept handle:\n{text}"
     );
-    // The two sold-out answers needed the batch transaction; on PostgreSQL the sale before
-    // it fitted whole and took the one-round-trip path (the others have none).
+    // The first sold-out answer needed the batch transaction; on PostgreSQL the sale
+    // before it fitted whole and took the one-round-trip path (the others have none).
+    // The second came from this process's memory, without a batch.
     let (transactions, one_round_trips) = match backend {
-        Backend::Sqlite | Backend::Mysql => (3, 0),
-        Backend::Postgres => (2, 1),
+        Backend::Sqlite | Backend::Mysql => (2, 0),
+        Backend::Postgres => (1, 1),
     };
+    assert!(
+        text.contains("stockd_sold_out_from_memory_total 1"),
+        "the second sold-out answer, from memory:\n{text}"
+    );
     assert!(
         text.contains(&format!(
             r#"stockd_combiner_batches_total{{path="transaction"}} {transactions}"#

@@ -16,7 +16,12 @@ mirrored_tests!(
     a_restart_between_reserve_and_confirm_keeps_everything,
     reserving_an_unknown_sku_is_not_found_and_reserves_nothing,
     reservations_in_a_named_warehouse_use_that_warehouse_stock,
+    a_sold_out_sku_is_answered_from_memory_within_the_recheck_bound_and_its_keys_replay,
+    stock_given_back_here_sells_at_once_and_stock_given_back_elsewhere_within_the_bound,
 );
+
+/// The words of a sold-out answer given from this process's memory (not the database).
+const FROM_MEMORY: &str = "this instance found it so";
 
 fn reservation_call(key: &str, sku: &str, quantity: i64) -> Call {
     Call::post("/v1/reservations")
@@ -329,5 +334,101 @@ async fn reservations_in_a_named_warehouse_use_that_warehouse_stock(backend: Bac
     assert_eq!(sku["warehouses"][0]["available"], 2);
     assert_eq!(sku["warehouses"][1]["warehouse"], "east");
     assert_eq!(sku["warehouses"][1]["available"], 2);
+    app.assert_audit_clean().await;
+}
+
+async fn a_sold_out_sku_is_answered_from_memory_within_the_recheck_bound_and_its_keys_replay(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 2).await;
+    app.stocked_sku("BULB", 5).await;
+    assert_eq!(app.reserve("lamp-1", &[("LAMP", 2)]).await.status, 201);
+    let refused = app.reserve("lamp-2", &[("LAMP", 1)]).await;
+    assert_eq!(refused.code().as_deref(), Some("insufficient_stock"));
+    assert!(!refused.body.contains(FROM_MEMORY), "{refused:?}");
+    assert!(
+        refused.headers.contains_key("stockd-consistency-token"),
+        "decided by the database: {refused:?}"
+    );
+    let before = app.contents().await;
+
+    let from_memory = app.reserve("lamp-3", &[("LAMP", 1)]).await;
+    let order = app
+        .create_order("lamp-order", "user-1", &[("LAMP", 1)])
+        .await;
+    let with_another_line = app.reserve("lamp-4", &[("BULB", 1), ("LAMP", 1)]).await;
+
+    for answer in [&from_memory, &order, &with_another_line] {
+        assert_eq!(answer.status, 409, "{answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("insufficient_stock"));
+        assert!(answer.body.contains(FROM_MEMORY), "{answer:?}");
+        assert!(
+            !answer.headers.contains_key("stockd-consistency-token"),
+            "no unit of work, no position: {answer:?}"
+        );
+    }
+    assert_eq!(
+        app.contents().await,
+        before,
+        "a memory answer stores nothing, not even its key"
+    );
+    // A key this instance answered goes to the database, which replays its answer.
+    let retried = app.reserve("lamp-2", &[("LAMP", 1)]).await;
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(
+        (retried.status, &retried.body),
+        (refused.status, &refused.body)
+    );
+    // Past the bound the database decides again.
+    let recheck = app.engine.config().sold_out_recheck_milliseconds;
+    app.clock.advance_milliseconds(recheck);
+    let asked = app.reserve("lamp-5", &[("LAMP", 1)]).await;
+    assert_eq!(asked.code().as_deref(), Some("insufficient_stock"));
+    assert!(!asked.body.contains(FROM_MEMORY), "{asked:?}");
+    app.assert_audit_clean().await;
+}
+
+async fn stock_given_back_here_sells_at_once_and_stock_given_back_elsewhere_within_the_bound(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FAN", 1).await;
+    let held = app.reserve("fan-1", &[("FAN", 1)]).await;
+    let held = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.reserve("fan-2", &[("FAN", 1)]).await.status, 409);
+    assert!(
+        app.reserve("fan-3", &[("FAN", 1)])
+            .await
+            .body
+            .contains(FROM_MEMORY)
+    );
+
+    // A release here forgets what this process found short…
+    assert_eq!(app.release(&held, "fan-release").await.status, 200);
+    assert_eq!(app.reserve("fan-4", &[("FAN", 1)]).await.status, 201);
+    // …and so does a receive.
+    assert_eq!(app.reserve("fan-5", &[("FAN", 1)]).await.status, 409);
+    assert!(
+        app.reserve("fan-6", &[("FAN", 1)])
+            .await
+            .body
+            .contains(FROM_MEMORY)
+    );
+    assert_eq!(app.receive("FAN", 1).await.status, 201);
+    assert_eq!(app.reserve("fan-7", &[("FAN", 1)]).await.status, 201);
+
+    if backend != Backend::Sqlite {
+        // Two instances on one SQLite file are not a deployment stockd supports.
+        // A unit received on another instance is sold here once the bound has passed.
+        let other = app.another_instance().await;
+        assert_eq!(app.reserve("fan-8", &[("FAN", 1)]).await.status, 409);
+        assert_eq!(other.receive("FAN", 1).await.status, 201);
+        let still = app.reserve("fan-9", &[("FAN", 1)]).await;
+        assert!(still.body.contains(FROM_MEMORY), "{still:?}");
+        let recheck = app.engine.config().sold_out_recheck_milliseconds;
+        app.clock.advance_milliseconds(recheck);
+        assert_eq!(app.reserve("fan-10", &[("FAN", 1)]).await.status, 201);
+    }
     app.assert_audit_clean().await;
 }

@@ -10,7 +10,6 @@
 //! row never gives a campaign's units.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use domain::{
@@ -20,6 +19,7 @@ use domain::{
 use store::{Campaign, IdempotencyClaim, NewCampaign};
 
 use crate::admission::{Tickets, WaitingRoom};
+use crate::sold_out::{ShortFinding, is_fresh};
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
 /// How often the campaign worker reads the open campaigns again (the bound within
@@ -39,56 +39,6 @@ pub struct CampaignRequest {
     pub per_user_limit: Option<i64>,
     pub starts_at: Timestamp,
     pub ends_at: Timestamp,
-}
-
-/// What one bucket was last found short for: when, and the units the request asked
-/// for that it could not give (so it holds fewer). One word, so that a reader never
-/// mixes the time of one finding with the units of another; 0 is no finding.
-#[derive(Debug, Default)]
-struct ShortFinding(AtomicU64);
-
-/// Low bits of a [`ShortFinding`]'s word: the units. A request for more is not
-/// recorded (it proves little about smaller ones, and the memory answer is only a
-/// shortcut); the high 44 bits hold milliseconds since the epoch, which fit until
-/// the year 2527.
-const FINDING_UNITS_BITS: u32 = 20;
-const FINDING_UNITS_MASK: u64 = (1 << FINDING_UNITS_BITS) - 1;
-
-impl ShortFinding {
-    /// The bucket held fewer than `units` at `now`. The latest finding replaces the
-    /// one before: stock only changed since.
-    fn record(&self, now: Timestamp, units: i64) {
-        let (Ok(at), Ok(units)) = (
-            u64::try_from(now.unix_milliseconds().max(1)),
-            u64::try_from(units),
-        ) else {
-            return;
-        };
-        if units == 0 || units > FINDING_UNITS_MASK || at >> (64 - FINDING_UNITS_BITS) != 0 {
-            return;
-        }
-        self.0
-            .store((at << FINDING_UNITS_BITS) | units, Ordering::Relaxed);
-    }
-
-    fn clear(&self) {
-        self.0.store(0, Ordering::Relaxed);
-    }
-
-    /// Whether a request for `units` would find the bucket short, by a finding of the
-    /// last `recheck_milliseconds`. A clock that stepped back puts `now` before the
-    /// finding: that finding is not trusted either, so a step back cannot stretch
-    /// the bound.
-    fn refuses(&self, units: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
-        let word = self.0.load(Ordering::Relaxed);
-        if word == 0 {
-            return false;
-        }
-        let at = i64::try_from(word >> FINDING_UNITS_BITS).unwrap_or(i64::MAX);
-        let fewest = i64::try_from(word & FINDING_UNITS_MASK).unwrap_or(i64::MAX);
-        let age = now.unix_milliseconds().saturating_sub(at);
-        (0..recheck_milliseconds).contains(&age) && units >= fewest
-    }
 }
 
 /// What this process knows of one open campaign: its terms, and what each bucket was
@@ -158,8 +108,7 @@ impl CampaignRoute {
         self.shoppers_at_limit()
             .get(shopper)
             .is_some_and(|(since, fewest)| {
-                let age = now.unix_milliseconds().saturating_sub(*since);
-                (0..recheck_milliseconds).contains(&age) && units >= *fewest
+                is_fresh(*since, now, recheck_milliseconds) && units >= *fewest
             })
     }
 
@@ -205,8 +154,6 @@ impl CampaignRoute {
         CampaignPhase::at(now, self.starts_at, self.ends_at)
     }
 
-    /// Whether a bucket was found short within the last `recheck` milliseconds: a
-    /// sold-out answer from memory trusts that finding only that long.
     /// Whether a request for `units` would find `bucket` short, by what this process
     /// found within the last `recheck_milliseconds`.
     fn known_short(
@@ -504,6 +451,10 @@ impl Engine {
             .end_campaigns(self.now(), CAMPAIGNS_ENDED_PER_STEP_MAX)
             .await
             .map_err(|error| log_store_error("end_campaigns", error))?;
+        if !closed.is_empty() {
+            // What was left of them went back to regular stock.
+            self.stock_may_have_come_back();
+        }
         let open = self
             .inner
             .store
@@ -643,7 +594,7 @@ impl Engine {
             route.mark_available(last);
         } else if routed.alone
             && let store::Idempotent::Executed(response) = &decided
-            && response.body.contains("\"code\":\"insufficient_stock\"")
+            && crate::sold_out::is_insufficient_stock(response)
         {
             // With no other line, a refusal for stock is the bucket's: it holds fewer
             // than the line asked for. (With other lines it may be theirs; a replayed

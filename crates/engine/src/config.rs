@@ -44,10 +44,11 @@ pub struct EngineConfig {
     /// Longest pause of the schedule worker: it wakes at the next due schedule or
     /// after this, whichever comes first, and sweeps for anything missed.
     pub schedule_sweep_interval_milliseconds: u64,
-    /// How long a campaign bucket found short stays short in this process's memory:
-    /// within it, requests skip the bucket, and a campaign whose every bucket is short
-    /// is answered sold out from memory, without the database. A unit that comes back
-    /// (a release, an expiry, a cancel) is seen here after at most this long.
+    /// How long a campaign bucket, or a SKU in a warehouse, found short stays short in
+    /// this process's memory: within it, requests skip the bucket, and a campaign whose
+    /// every bucket is short (or a request with a line found short) is answered sold
+    /// out from memory, without the database. A unit that comes back (a release, an
+    /// expiry, a cancel) is seen here after at most this long.
     pub sold_out_recheck_milliseconds: i64,
     /// A running campaign's requests that run against the database at once, per
     /// process; the next ones wait in its line.

@@ -20,6 +20,7 @@ pub mod payments;
 pub mod relay;
 pub mod retry;
 pub mod shops;
+pub mod sold_out;
 pub mod workers;
 
 use std::future::Future;
@@ -107,6 +108,9 @@ struct Inner {
     live_audit_started: std::sync::Mutex<Option<Timestamp>>,
     /// The open campaigns, as this process routes by them.
     campaigns: campaigns::CampaignRegistry,
+    /// Lines outside campaigns this process found short (the sold-out answer from
+    /// memory for a SKU).
+    short_lines: sold_out::ShortLines,
 }
 
 /// What one expiry step did.
@@ -167,6 +171,7 @@ impl Engine {
                 duplicate_skus: duplicates::DuplicateTally::default(),
                 live_audit_started: std::sync::Mutex::new(None),
                 campaigns: campaigns::CampaignRegistry::new(room_bounds),
+                short_lines: sold_out::ShortLines::default(),
             }),
         }
     }
@@ -345,14 +350,17 @@ impl Engine {
             quantity,
         };
         let renderer = self.inner.renderer.as_ref();
-        self.idempotent("record_movement", claim, || {
-            self.retried("record_movement", || {
-                self.inner
-                    .store
-                    .record_movement(claim, &movement, self.now(), renderer)
+        let reply = self
+            .idempotent("record_movement", claim, || {
+                self.retried("record_movement", || {
+                    self.inner
+                        .store
+                        .record_movement(claim, &movement, self.now(), renderer)
+                })
             })
-        })
-        .await
+            .await?;
+        self.stock_may_have_come_back();
+        Ok(reply)
     }
 
     /// `POST /v1/reservations`: all lines or none, every SKU of the caller's shop. A
@@ -424,7 +432,7 @@ impl Engine {
         routed: Option<campaigns::Routed>,
     ) -> Result<Reply, EngineError> {
         let claim = &request.claim.clone();
-        let requested: Vec<SkuCode> = request.lines.iter().map(|line| line.sku.clone()).collect();
+        let lines = request.lines.clone();
         let position = std::sync::Mutex::new(None);
         let submit = |request: ReserveRequest| {
             let position = &position;
@@ -448,7 +456,9 @@ impl Engine {
         let mut reply = self
             .idempotent("reserve", claim, || async {
                 let Some(routed) = &routed else {
-                    return submit(request).await;
+                    return self
+                        .unless_known_short(claim, &lines, || submit(request))
+                        .await;
                 };
                 // A running campaign's line goes to one of its buckets, and on to the
                 // next while they are short.
@@ -462,7 +472,7 @@ impl Engine {
             })
             .await?;
         reply.consistency_token = position.into_inner().unwrap_or_else(|p| p.into_inner());
-        self.count_duplicate_skus(&reply, requested.iter());
+        self.count_duplicate_skus(&reply, lines.iter().map(|line| &line.sku));
         Ok(reply)
     }
 
@@ -517,14 +527,19 @@ impl Engine {
             ReservationAction::Release => "release",
         };
         let renderer = self.inner.renderer.as_ref();
-        self.idempotent(operation, claim, || {
-            self.retried(operation, || {
-                self.inner
-                    .store
-                    .change_reservation(claim, id, action, self.now(), renderer)
+        let reply = self
+            .idempotent(operation, claim, || {
+                self.retried(operation, || {
+                    self.inner
+                        .store
+                        .change_reservation(claim, id, action, self.now(), renderer)
+                })
             })
-        })
-        .await
+            .await?;
+        if action == ReservationAction::Release {
+            self.stock_may_have_come_back();
+        }
+        Ok(reply)
     }
 
     /// `GET /v1/skus/{sku}`, a display read.
@@ -653,6 +668,9 @@ impl Engine {
             .await?;
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
+        if !outcome.released.is_empty() {
+            self.stock_may_have_come_back();
+        }
         let more_waiting = i64::try_from(outcome.released.len()).unwrap_or(i64::MAX) >= limit;
         Ok(ExpiryStep {
             released: outcome.released,

@@ -231,7 +231,9 @@ impl Engine {
         let reply = self
             .idempotent(operation, claim, || async {
                 let Some(routed) = &routed else {
-                    return create(order).await;
+                    return self
+                        .unless_known_short(claim, &lines, || create(order))
+                        .await;
                 };
                 self.through_buckets(claim, routed, |warehouse, undecided_when_short| {
                     let mut attempt = order.clone();
@@ -371,16 +373,20 @@ impl Engine {
                 )));
             };
             count_settlement(&outcome, "pay");
-            self.retried("pay", || {
-                self.inner.store.settle_payment_with_answer(
-                    claim,
-                    &attempt.attempt_id,
-                    &outcome,
-                    self.now(),
-                    renderer,
-                )
-            })
-            .await
+            let settled = self
+                .retried("pay", || {
+                    self.inner.store.settle_payment_with_answer(
+                        claim,
+                        &attempt.attempt_id,
+                        &outcome,
+                        self.now(),
+                        renderer,
+                    )
+                })
+                .await;
+            // A payment that failed gives its order's stock back.
+            self.stock_may_have_come_back();
+            settled
         })
         .await
     }
@@ -392,12 +398,16 @@ impl Engine {
         source: &'static str,
     ) -> Result<Option<OrderStatus>, EngineError> {
         count_settlement(outcome, source);
-        self.retried(source, || {
-            self.inner
-                .store
-                .settle_payment(attempt, outcome, source, self.now())
-        })
-        .await
+        let settled = self
+            .retried(source, || {
+                self.inner
+                    .store
+                    .settle_payment(attempt, outcome, source, self.now())
+            })
+            .await?;
+        // A payment that failed gives its order's stock back.
+        self.stock_may_have_come_back();
+        Ok(settled)
     }
 
     /// `POST /v1/payments/webhook`: verified (signature and timestamp tolerance), then
@@ -448,6 +458,10 @@ impl Engine {
                 )
             })
             .await?;
+        if applied.is_some() {
+            // A payment that failed gives its order's stock back.
+            self.stock_may_have_come_back();
+        }
         let receipt = match applied {
             Some(outcome) => WebhookReceipt {
                 duplicate: false,
@@ -653,6 +667,9 @@ impl Engine {
             })
             .await?;
         metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
+        if !expired.is_empty() {
+            self.stock_may_have_come_back();
+        }
         Ok(expired)
     }
 
@@ -797,14 +814,21 @@ impl Engine {
             .await?;
         let may_cancel_paid = allowed.contains(&Action::CancelPaidOrder);
         let renderer = self.inner.renderer.as_ref();
-        self.idempotent("cancel_order", claim, || {
-            self.retried("cancel_order", || {
-                self.inner
-                    .store
-                    .cancel_order(claim, order, may_cancel_paid, self.now(), renderer)
+        let reply = self
+            .idempotent("cancel_order", claim, || {
+                self.retried("cancel_order", || {
+                    self.inner.store.cancel_order(
+                        claim,
+                        order,
+                        may_cancel_paid,
+                        self.now(),
+                        renderer,
+                    )
+                })
             })
-        })
-        .await
+            .await?;
+        self.stock_may_have_come_back();
+        Ok(reply)
     }
 
     /// `POST /v1/orders/{id}/return`: after-sale return, once.
@@ -817,14 +841,17 @@ impl Engine {
         self.authorize_on_order(principal, order, &[Action::ReturnGoods])
             .await?;
         let renderer = self.inner.renderer.as_ref();
-        self.idempotent("return_order", claim, || {
-            self.retried("return_order", || {
-                self.inner
-                    .store
-                    .return_order(claim, order, self.now(), renderer)
+        let reply = self
+            .idempotent("return_order", claim, || {
+                self.retried("return_order", || {
+                    self.inner
+                        .store
+                        .return_order(claim, order, self.now(), renderer)
+                })
             })
-        })
-        .await
+            .await?;
+        self.stock_may_have_come_back();
+        Ok(reply)
     }
 
     /// Unresolved attempts and unconfirmed refunds, for the metrics page.

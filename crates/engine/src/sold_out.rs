@@ -1,0 +1,383 @@
+//! The sold-out answer from memory: what this process found short, and for how many
+//! units, so that the next requests for as many are refused without a database round
+//! trip for a bounded time (`sold_out_recheck_milliseconds`).
+//!
+//! Two users: a campaign's buckets (`campaigns::CampaignRoute`) and lines outside any
+//! campaign ([`ShortLines`], a SKU in a warehouse). Memory only ever says no: a
+//! finding removes a request from the database's path, it never adds a unit, so the
+//! worst it does is a false "sold out" for at most the bound.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock, RwLock};
+
+use domain::{ErrorCode, ReservationLine, SkuCode, Timestamp, WarehouseCode};
+use store::IdempotencyClaim;
+
+use crate::{Engine, EngineError};
+
+/// What one stock row was last found short for: when, and the units the request asked
+/// for that it could not give (so it holds fewer). One word, so that a reader never
+/// mixes the time of one finding with the units of another; 0 is no finding.
+#[derive(Debug, Default)]
+pub(crate) struct ShortFinding(AtomicU64);
+
+/// Low bits of a [`ShortFinding`]'s word: the units. A request for more is not
+/// recorded (it proves little about smaller ones, and the memory answer is only a
+/// shortcut); the high 44 bits hold milliseconds since the epoch, which fit until
+/// the year 2527.
+const FINDING_UNITS_BITS: u32 = 20;
+const FINDING_UNITS_MASK: u64 = (1 << FINDING_UNITS_BITS) - 1;
+
+impl ShortFinding {
+    /// The row held fewer than `units` at `now`. The latest finding replaces the one
+    /// before: stock only changed since.
+    pub(crate) fn record(&self, now: Timestamp, units: i64) {
+        let (Ok(at), Ok(units)) = (
+            u64::try_from(now.unix_milliseconds().max(1)),
+            u64::try_from(units),
+        ) else {
+            return;
+        };
+        if units == 0 || units > FINDING_UNITS_MASK || at >> (64 - FINDING_UNITS_BITS) != 0 {
+            return;
+        }
+        self.0
+            .store((at << FINDING_UNITS_BITS) | units, Ordering::Relaxed);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether a request for `units` would find the row short, by a finding of the
+    /// last `recheck_milliseconds`.
+    pub(crate) fn refuses(&self, units: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
+        let word = self.0.load(Ordering::Relaxed);
+        if word == 0 {
+            return false;
+        }
+        let at = i64::try_from(word >> FINDING_UNITS_BITS).unwrap_or(i64::MAX);
+        let fewest = i64::try_from(word & FINDING_UNITS_MASK).unwrap_or(i64::MAX);
+        is_fresh(at, now, recheck_milliseconds) && units >= fewest
+    }
+}
+
+/// Whether a finding made at `at` (milliseconds since the epoch) is still trusted at
+/// `now`: younger than `recheck_milliseconds`, and not in the future (a clock that
+/// stepped back puts `now` before the finding, and must not stretch the bound).
+pub(crate) fn is_fresh(at: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
+    let age = now.unix_milliseconds().saturating_sub(at);
+    (0..recheck_milliseconds).contains(&age)
+}
+
+/// SKUs (in a warehouse) with a finding, at most; past this the memory starts again
+/// (forgetting only costs database answers).
+pub const SHORT_LINES_REMEMBERED_MAX: usize = 100_000;
+
+/// Keys this process answered, at most (oldest dropped first). About 6 MiB; at
+/// 30,000 requests a second, the last eight seconds' keys.
+pub const KEYS_ANSWERED_REMEMBERED_MAX: usize = 262_144;
+
+/// What this process found short outside campaigns: for a SKU in a warehouse, when and
+/// for how many units a request with that line alone was refused `insufficient_stock`.
+/// Cleared for a line by a hold taken on it here, and wholly by anything this process
+/// does that can give stock back (a release, an expiry, a cancel, a return, a
+/// receive); what another instance gives back is seen within the bound.
+#[derive(Debug, Default)]
+pub(crate) struct ShortLines {
+    by_sku: RwLock<HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>>,
+    /// Findings held now: at 0 (nearly always, outside a sale) a request takes no lock.
+    findings: AtomicUsize,
+    answered: Mutex<AnsweredKeys>,
+    /// `stockd_sold_out_from_memory_total`, registered at its first answer.
+    sold_out_from_memory: OnceLock<metrics::Counter>,
+}
+
+/// The keys answered here, by a 64-bit hash: a collision only sends a request to the
+/// database, which answers it right.
+#[derive(Debug, Default)]
+struct AnsweredKeys {
+    keys: HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+fn key_hash(key: &str) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+impl ShortLines {
+    fn findings(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>> {
+        self.by_sku
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn findings_mut(
+        &self,
+    ) -> std::sync::RwLockWriteGuard<'_, HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>> {
+        self.by_sku
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The first of `lines` that this process found short for as many units or fewer
+    /// within the last `recheck_milliseconds`.
+    pub(crate) fn refusing<'lines>(
+        &self,
+        lines: &'lines [ReservationLine],
+        now: Timestamp,
+        recheck_milliseconds: i64,
+    ) -> Option<&'lines ReservationLine> {
+        if self.findings.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let findings = self.findings();
+        lines.iter().find(|line| {
+            findings.get(&line.sku).is_some_and(|rows| {
+                rows.iter().any(|(warehouse, finding)| {
+                    warehouse == &line.warehouse
+                        && finding.refuses(line.quantity.get(), now, recheck_milliseconds)
+                })
+            })
+        })
+    }
+
+    /// `line`'s row held fewer than its units at `now`.
+    pub(crate) fn record(&self, line: &ReservationLine, now: Timestamp) {
+        let units = line.quantity.get();
+        {
+            let findings = self.findings();
+            if let Some((_, finding)) = findings.get(&line.sku).and_then(|rows| {
+                rows.iter()
+                    .find(|(warehouse, _)| warehouse == &line.warehouse)
+            }) {
+                finding.record(now, units);
+                return;
+            }
+        }
+        let mut findings = self.findings_mut();
+        if self.findings.load(Ordering::Relaxed) >= SHORT_LINES_REMEMBERED_MAX {
+            findings.clear();
+            self.findings.store(0, Ordering::Relaxed);
+        }
+        let rows = findings.entry(line.sku.clone()).or_default();
+        if let Some((_, finding)) = rows
+            .iter()
+            .find(|(warehouse, _)| warehouse == &line.warehouse)
+        {
+            finding.record(now, units);
+            return;
+        }
+        let finding = ShortFinding::default();
+        finding.record(now, units);
+        rows.push((line.warehouse.clone(), finding));
+        self.findings.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A hold was taken on `lines`: what was found short of them is stale.
+    pub(crate) fn clear_lines(&self, lines: &[ReservationLine]) {
+        if self.findings.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let findings = self.findings();
+        for line in lines {
+            if let Some(rows) = findings.get(&line.sku) {
+                rows.iter()
+                    .filter(|(warehouse, _)| warehouse == &line.warehouse)
+                    .for_each(|(_, finding)| finding.clear());
+            }
+        }
+    }
+
+    /// Stock may have come back to any row: every finding is stale.
+    pub(crate) fn forget_all(&self) {
+        if self.findings.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut findings = self.findings_mut();
+        findings.clear();
+        self.findings.store(0, Ordering::Relaxed);
+    }
+
+    fn answered(&self) -> std::sync::MutexGuard<'_, AnsweredKeys> {
+        self.answered
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `key` was answered (stored under it): a retry of it goes to the database,
+    /// which replays that answer byte for byte, whatever memory found since.
+    pub(crate) fn note_answer(&self, key: &str) {
+        let hash = key_hash(key);
+        let mut answered = self.answered();
+        if answered.keys.insert(hash) {
+            answered.order.push_back(hash);
+            if answered.order.len() > KEYS_ANSWERED_REMEMBERED_MAX
+                && let Some(oldest) = answered.order.pop_front()
+            {
+                answered.keys.remove(&oldest);
+            }
+        }
+    }
+
+    pub(crate) fn answered_here(&self, key: &str) -> bool {
+        self.answered().keys.contains(&key_hash(key))
+    }
+}
+
+/// Whether an answer is the database's `insufficient_stock`.
+pub(crate) fn is_insufficient_stock(response: &store::StoredResponse) -> bool {
+    response.status == 409 && response.body.contains("\"code\":\"insufficient_stock\"")
+}
+
+impl Engine {
+    /// Runs `attempt`, the database's decision on a request whose lines are outside
+    /// any campaign, unless this process found one of its lines short for as many
+    /// units within the re-check bound and did not answer the key itself (a key it
+    /// answered goes to the database, which replays that answer): that request is
+    /// refused `insufficient_stock` without the database (and not stored under its
+    /// key, so a retry after the bound asks again). Learns from the answer: a refusal
+    /// for stock of a request with one line is that line's; a hold clears its lines'
+    /// findings.
+    pub(crate) async fn unless_known_short<Attempt, Decided>(
+        &self,
+        claim: &IdempotencyClaim,
+        lines: &[ReservationLine],
+        attempt: Attempt,
+    ) -> Result<store::Idempotent, EngineError>
+    where
+        Attempt: FnOnce() -> Decided,
+        Decided: std::future::Future<Output = Result<store::Idempotent, EngineError>>,
+    {
+        let memory = &self.inner.short_lines;
+        let recheck = self.inner.config.sold_out_recheck_milliseconds;
+        if let Some(line) = memory.refusing(lines, self.now(), recheck)
+            && !memory.answered_here(claim.key.as_str())
+        {
+            memory
+                .sold_out_from_memory
+                .get_or_init(|| metrics::counter!("stockd_sold_out_from_memory_total"))
+                .increment(1);
+            return Err(EngineError::Refused {
+                code: ErrorCode::InsufficientStock,
+                detail: format!(
+                    "sku '{}' has fewer than {} units available in warehouse '{}' (this instance found it so within the last {recheck} ms; not recorded under the key)",
+                    line.sku,
+                    line.quantity.get(),
+                    line.warehouse
+                ),
+            });
+        }
+        let decided = attempt().await?;
+        if let store::Idempotent::Executed(_) | store::Idempotent::Replayed(_) = &decided {
+            memory.note_answer(claim.key.as_str());
+        }
+        if let store::Idempotent::Executed(response) = &decided {
+            if response.status == 201 {
+                memory.clear_lines(lines);
+            } else if lines.len() == 1 && is_insufficient_stock(response) {
+                // With other lines the refusal may be theirs; a replayed one may be old.
+                memory.record(&lines[0], self.now());
+            }
+        }
+        Ok(decided)
+    }
+
+    /// This process did something that can give stock back (a release, an expiry, a
+    /// cancel, a return, a receive, a campaign's end): what it found short is forgotten.
+    pub(crate) fn stock_may_have_come_back(&self) {
+        self.inner.short_lines.forget_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::Quantity;
+
+    fn line(sku: &str, warehouse: &str, units: i64) -> ReservationLine {
+        ReservationLine {
+            sku: SkuCode::parse(sku).expect("a valid sku"),
+            warehouse: WarehouseCode::parse(warehouse).expect("a valid warehouse"),
+            quantity: Quantity::new(units).expect("a valid quantity"),
+        }
+    }
+
+    fn at(milliseconds: i64) -> Timestamp {
+        Timestamp::from_unix_milliseconds(milliseconds)
+    }
+
+    #[test]
+    fn a_line_found_short_refuses_as_many_units_or_more_within_the_bound_only() {
+        let memory = ShortLines::default();
+        memory.record(&line("TV-55", "main", 3), at(1_000_000));
+        let refuses = |units, now| {
+            memory
+                .refusing(&[line("TV-55", "main", units)], at(now), 1_000)
+                .is_some()
+        };
+        assert!(refuses(3, 1_000_000));
+        assert!(refuses(4, 1_000_999));
+        assert!(!refuses(2, 1_000_500), "fewer units still ask");
+        assert!(
+            !refuses(3, 1_001_000),
+            "past the bound the database is asked"
+        );
+        assert!(
+            !refuses(3, 999_999),
+            "a clock stepped back does not stretch it"
+        );
+        assert!(
+            memory
+                .refusing(&[line("TV-55", "east", 3)], at(1_000_000), 1_000)
+                .is_none(),
+            "another warehouse's row is another row"
+        );
+    }
+
+    #[test]
+    fn a_hold_clears_its_lines_and_a_return_clears_every_finding() {
+        let memory = ShortLines::default();
+        memory.record(&line("TV-55", "main", 1), at(1_000_000));
+        memory.record(&line("PHONE", "main", 1), at(1_000_000));
+        memory.clear_lines(&[line("TV-55", "main", 1)]);
+        let now = at(1_000_001);
+        assert!(
+            memory
+                .refusing(&[line("TV-55", "main", 1)], now, 1_000)
+                .is_none()
+        );
+        assert!(
+            memory
+                .refusing(&[line("PHONE", "main", 1)], now, 1_000)
+                .is_some()
+        );
+        memory.forget_all();
+        assert!(
+            memory
+                .refusing(&[line("PHONE", "main", 1)], now, 1_000)
+                .is_none()
+        );
+        assert_eq!(memory.findings.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn answered_keys_are_remembered_up_to_their_bound_oldest_forgotten_first() {
+        let memory = ShortLines::default();
+        memory.note_answer("key-0");
+        assert!(memory.answered_here("key-0"));
+        assert!(!memory.answered_here("key-1"));
+        for index in 1..=KEYS_ANSWERED_REMEMBERED_MAX {
+            memory.note_answer(&format!("key-{index}"));
+        }
+        assert!(!memory.answered_here("key-0"));
+        assert!(memory.answered_here(&format!("key-{KEYS_ANSWERED_REMEMBERED_MAX}")));
+        assert_eq!(memory.answered().order.len(), KEYS_ANSWERED_REMEMBERED_MAX);
+    }
+}
