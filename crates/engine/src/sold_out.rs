@@ -43,17 +43,17 @@ impl ShortFinding {
             return;
         }
         self.0
-            .store((at << FINDING_UNITS_BITS) | units, Ordering::Relaxed);
+            .store((at << FINDING_UNITS_BITS) | units, Ordering::SeqCst);
     }
 
     pub(crate) fn clear(&self) {
-        self.0.store(0, Ordering::Relaxed);
+        self.0.store(0, Ordering::SeqCst);
     }
 
     /// Whether a request for `units` would find the row short, by a finding of the
     /// last `recheck_milliseconds`.
     pub(crate) fn refuses(&self, units: i64, now: Timestamp, recheck_milliseconds: i64) -> bool {
-        let word = self.0.load(Ordering::Relaxed);
+        let word = self.0.load(Ordering::SeqCst);
         if word == 0 {
             return false;
         }
@@ -88,10 +88,27 @@ pub const KEYS_ANSWERED_REMEMBERED_MAX: usize = 262_144;
 pub(crate) struct ShortLines {
     by_sku: RwLock<HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>>,
     /// Findings held now: at 0 (nearly always, outside a sale) a request takes no lock.
-    findings: AtomicUsize,
+    held: AtomicUsize,
+    /// Stock changes this process made that can make a finding stale (a hold, a
+    /// return): a refusal decided before one of them is not recorded after it.
+    changes: AtomicU64,
     answered: Mutex<AnsweredKeys>,
     /// `stockd_sold_out_from_memory_total`, registered at its first answer.
     sold_out_from_memory: OnceLock<metrics::Counter>,
+}
+
+type FindingsBySku = HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>;
+
+/// The finding of `line`'s row, if one is held.
+fn finding_of<'findings>(
+    findings: &'findings FindingsBySku,
+    line: &ReservationLine,
+) -> Option<&'findings ShortFinding> {
+    findings.get(&line.sku).and_then(|rows| {
+        rows.iter()
+            .find(|(warehouse, _)| warehouse == &line.warehouse)
+            .map(|(_, finding)| finding)
+    })
 }
 
 /// The keys answered here, by a 64-bit hash: a collision only sends a request to the
@@ -110,17 +127,13 @@ fn key_hash(key: &str) -> u64 {
 }
 
 impl ShortLines {
-    fn findings(
-        &self,
-    ) -> std::sync::RwLockReadGuard<'_, HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>> {
+    fn findings(&self) -> std::sync::RwLockReadGuard<'_, FindingsBySku> {
         self.by_sku
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn findings_mut(
-        &self,
-    ) -> std::sync::RwLockWriteGuard<'_, HashMap<SkuCode, Vec<(WarehouseCode, ShortFinding)>>> {
+    fn findings_mut(&self) -> std::sync::RwLockWriteGuard<'_, FindingsBySku> {
         self.by_sku
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -134,75 +147,98 @@ impl ShortLines {
         now: Timestamp,
         recheck_milliseconds: i64,
     ) -> Option<&'lines ReservationLine> {
-        if self.findings.load(Ordering::Relaxed) == 0 {
+        if self.held.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let findings = self.findings();
         lines.iter().find(|line| {
-            findings.get(&line.sku).is_some_and(|rows| {
-                rows.iter().any(|(warehouse, finding)| {
-                    warehouse == &line.warehouse
-                        && finding.refuses(line.quantity.get(), now, recheck_milliseconds)
-                })
+            finding_of(&findings, line).is_some_and(|finding| {
+                finding.refuses(line.quantity.get(), now, recheck_milliseconds)
             })
         })
     }
 
-    /// `line`'s row held fewer than its units at `now`.
-    pub(crate) fn record(&self, line: &ReservationLine, now: Timestamp) {
+    /// The stock changes seen so far: taken before a request is decided, and handed to
+    /// [`ShortLines::record`] with its refusal.
+    pub(crate) fn changes_seen(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// `line`'s row held fewer than its units at `now`, by a decision made when
+    /// `changes_seen` changes had been seen: not recorded when another came since
+    /// (that hold or return may have been after the decision, and the finding stale).
+    ///
+    /// Why no change is missed (every atomic here is sequentially consistent): a
+    /// change is counted before `held` is read and the findings cleared. A new finding
+    /// is counted in `held` before the change count is checked, under the write lock:
+    /// either the check sees the change, or the clear sees the finding and waits for
+    /// the lock. A finding updated in place (under the read lock) is checked again
+    /// after its write, and cleared when a change came in between.
+    pub(crate) fn record(&self, line: &ReservationLine, now: Timestamp, changes_seen: u64) {
         let units = line.quantity.get();
         {
             let findings = self.findings();
-            if let Some((_, finding)) = findings.get(&line.sku).and_then(|rows| {
-                rows.iter()
-                    .find(|(warehouse, _)| warehouse == &line.warehouse)
-            }) {
-                finding.record(now, units);
+            if let Some(finding) = finding_of(&findings, line) {
+                if self.changes_seen() == changes_seen {
+                    finding.record(now, units);
+                    // A hold's clear runs under the read lock too: one that counted its
+                    // change after the check above may have cleared before this write.
+                    if self.changes_seen() != changes_seen {
+                        finding.clear();
+                    }
+                }
                 return;
             }
         }
         let mut findings = self.findings_mut();
-        if self.findings.load(Ordering::Relaxed) >= SHORT_LINES_REMEMBERED_MAX {
+        if self.held.load(Ordering::SeqCst) >= SHORT_LINES_REMEMBERED_MAX {
             findings.clear();
-            self.findings.store(0, Ordering::Relaxed);
+            self.held.store(0, Ordering::SeqCst);
         }
-        let rows = findings.entry(line.sku.clone()).or_default();
-        if let Some((_, finding)) = rows
-            .iter()
-            .find(|(warehouse, _)| warehouse == &line.warehouse)
-        {
-            finding.record(now, units);
+        self.held.fetch_add(1, Ordering::SeqCst);
+        let stale = self.changes_seen() != changes_seen;
+        if stale || finding_of(&findings, line).is_some() {
+            // Stale, or written by another request since the read above (then this
+            // finding only replaces it when fresh).
+            self.held.fetch_sub(1, Ordering::SeqCst);
+            if !stale && let Some(finding) = finding_of(&findings, line) {
+                finding.record(now, units);
+            }
             return;
         }
         let finding = ShortFinding::default();
         finding.record(now, units);
-        rows.push((line.warehouse.clone(), finding));
-        self.findings.fetch_add(1, Ordering::Relaxed);
+        findings
+            .entry(line.sku.clone())
+            .or_default()
+            .push((line.warehouse.clone(), finding));
     }
 
-    /// A hold was taken on `lines`: what was found short of them is stale.
+    /// A hold was taken on `lines` here: what was found short of them is stale, and so
+    /// is a refusal of them decided before it and not recorded yet.
     pub(crate) fn clear_lines(&self, lines: &[ReservationLine]) {
-        if self.findings.load(Ordering::Relaxed) == 0 {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) == 0 {
             return;
         }
         let findings = self.findings();
         for line in lines {
-            if let Some(rows) = findings.get(&line.sku) {
-                rows.iter()
-                    .filter(|(warehouse, _)| warehouse == &line.warehouse)
-                    .for_each(|(_, finding)| finding.clear());
+            if let Some(finding) = finding_of(&findings, line) {
+                finding.clear();
             }
         }
     }
 
-    /// Stock may have come back to any row: every finding is stale.
-    pub(crate) fn forget_all(&self) {
-        if self.findings.load(Ordering::Relaxed) == 0 {
+    /// Stock may have come back to any row: every finding is stale, and so is a
+    /// refusal decided before now and not recorded yet.
+    pub(crate) fn forget(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut findings = self.findings_mut();
         findings.clear();
-        self.findings.store(0, Ordering::Relaxed);
+        self.held.store(0, Ordering::SeqCst);
     }
 
     fn answered(&self) -> std::sync::MutexGuard<'_, AnsweredKeys> {
@@ -274,16 +310,17 @@ impl Engine {
                 ),
             });
         }
+        let changes_seen = memory.changes_seen();
         let decided = attempt().await?;
-        if let store::Idempotent::Executed(_) | store::Idempotent::Replayed(_) = &decided {
-            memory.note_answer(claim.key.as_str());
-        }
+        // The key is stored (this answer, or another request's: `KeyReused`), and the
+        // database says which.
+        memory.note_answer(claim.key.as_str());
         if let store::Idempotent::Executed(response) = &decided {
             if response.status == 201 {
                 memory.clear_lines(lines);
             } else if lines.len() == 1 && is_insufficient_stock(response) {
                 // With other lines the refusal may be theirs; a replayed one may be old.
-                memory.record(&lines[0], self.now());
+                memory.record(&lines[0], self.now(), changes_seen);
             }
         }
         Ok(decided)
@@ -292,7 +329,7 @@ impl Engine {
     /// This process did something that can give stock back (a release, an expiry, a
     /// cancel, a return, a receive, a campaign's end): what it found short is forgotten.
     pub(crate) fn stock_may_have_come_back(&self) {
-        self.inner.short_lines.forget_all();
+        self.inner.short_lines.forget();
     }
 }
 
@@ -316,7 +353,7 @@ mod tests {
     #[test]
     fn a_line_found_short_refuses_as_many_units_or_more_within_the_bound_only() {
         let memory = ShortLines::default();
-        memory.record(&line("TV-55", "main", 3), at(1_000_000));
+        memory.record(&line("TV-55", "main", 3), at(1_000_000), 0);
         let refuses = |units, now| {
             memory
                 .refusing(&[line("TV-55", "main", units)], at(now), 1_000)
@@ -344,8 +381,9 @@ mod tests {
     #[test]
     fn a_hold_clears_its_lines_and_a_return_clears_every_finding() {
         let memory = ShortLines::default();
-        memory.record(&line("TV-55", "main", 1), at(1_000_000));
-        memory.record(&line("PHONE", "main", 1), at(1_000_000));
+        let seen = memory.changes_seen();
+        memory.record(&line("TV-55", "main", 1), at(1_000_000), seen);
+        memory.record(&line("PHONE", "main", 1), at(1_000_000), seen);
         memory.clear_lines(&[line("TV-55", "main", 1)]);
         let now = at(1_000_001);
         assert!(
@@ -358,13 +396,40 @@ mod tests {
                 .refusing(&[line("PHONE", "main", 1)], now, 1_000)
                 .is_some()
         );
-        memory.forget_all();
+        memory.forget();
         assert!(
             memory
                 .refusing(&[line("PHONE", "main", 1)], now, 1_000)
                 .is_none()
         );
-        assert_eq!(memory.findings.load(Ordering::Relaxed), 0);
+        assert_eq!(memory.held.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_refusal_decided_before_a_hold_or_a_return_here_is_not_recorded_after_it() {
+        let memory = ShortLines::default();
+        let now = at(1_000_000);
+        let lamp = line("LAMP", "main", 1);
+        // A new finding, then one that replaces a held finding in place.
+        for change in [
+            (|memory: &ShortLines| memory.forget()) as fn(&ShortLines),
+            |memory: &ShortLines| memory.clear_lines(&[line("LAMP", "main", 1)]),
+        ] {
+            let seen = memory.changes_seen();
+            change(&memory);
+            memory.record(&lamp, now, seen);
+            assert!(
+                memory
+                    .refusing(std::slice::from_ref(&lamp), now, 1_000)
+                    .is_none()
+            );
+            memory.record(&line("LAMP", "main", 5), now, memory.changes_seen());
+        }
+        assert!(
+            memory
+                .refusing(&[line("LAMP", "main", 5)], now, 1_000)
+                .is_some()
+        );
     }
 
     #[test]
