@@ -21,6 +21,7 @@ mirrored_tests!(
     a_command_acts_only_inside_its_shop,
     the_consumer_hands_out_no_more_than_its_in_flight_bound,
     two_shops_commands_with_the_same_key_are_two_requests,
+    a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_database_and_stored,
 );
 
 fn settings() -> IntakeSettings {
@@ -372,6 +373,43 @@ async fn two_shops_commands_with_the_same_key_are_two_requests(backend: Backend)
     assert_eq!(
         (&north["available"], &north["reserved"]),
         (&json!(9), &json!(1))
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_database_and_stored(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 1).await;
+    assert_eq!(app.reserve("http-1", &[("HOT", 1)]).await.status, 201);
+    assert_eq!(app.reserve("http-2", &[("HOT", 1)]).await.status, 409);
+    let remembered = app.reserve("http-3", &[("HOT", 1)]).await;
+    assert!(
+        remembered.body.contains("this instance found it so"),
+        "{remembered:?}"
+    );
+    let intake = intake(&nats, settings()).await;
+
+    for delivery in 0..2 {
+        nats.publish_command(
+            &command("HOT", 1),
+            Some("queued-1"),
+            &format!("message-{delivery}"),
+        )
+        .await;
+        answer(&intake, &app, 1).await;
+    }
+
+    // A memory answer would be stored nowhere, and the redelivery could hear another.
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "queued-1", 2);
+    assert_eq!(answers[0].headers["Stockd-Status"], "409");
+    assert_eq!(answers[0].body["code"], "insufficient_stock");
+    assert_eq!(
+        answers[1].headers["Idempotent-Replayed"], "true",
+        "stored under its key"
     );
     app.assert_audit_clean().await;
 }

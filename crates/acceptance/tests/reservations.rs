@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 
-use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
+use acceptance::payments::TestGateway;
+use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently, test_engine_config};
 use serde_json::json;
 
 mirrored_tests!(
@@ -18,6 +19,8 @@ mirrored_tests!(
     reservations_in_a_named_warehouse_use_that_warehouse_stock,
     a_sold_out_sku_is_answered_from_memory_within_the_recheck_bound_and_its_keys_replay,
     stock_given_back_here_sells_at_once_and_stock_given_back_elsewhere_within_the_bound,
+    a_request_naming_an_order_ref_is_decided_by_the_database_while_its_sku_is_sold_out,
+    an_expiry_or_a_payment_after_the_hold_here_forgets_what_was_found_sold_out,
 );
 
 /// The words of a sold-out answer given from this process's memory (not the database).
@@ -82,7 +85,13 @@ async fn last_unit_goes_to_exactly_one_of_a_hundred_concurrent_buyers_and_retrie
             );
         }
         let fresh = answers.iter().filter(|answer| !answer.replayed()).count();
-        assert_eq!(fresh, 1, "{key}: one fresh answer, the rest replays");
+        if first.body.contains(FROM_MEMORY) {
+            // Refused from this process's memory once the unit was gone: nothing was
+            // stored under the key, so each copy was answered afresh, alike.
+            assert_eq!(fresh, answers.len(), "{key}");
+        } else {
+            assert_eq!(fresh, 1, "{key}: one fresh answer, the rest replays");
+        }
     }
     assert_eq!(app.counters("LAST-UNIT").await, (0, 1));
     assert_eq!(
@@ -431,4 +440,105 @@ async fn stock_given_back_here_sells_at_once_and_stock_given_back_elsewhere_with
         assert_eq!(app.reserve("fan-10", &[("FAN", 1)]).await.status, 201);
     }
     app.assert_audit_clean().await;
+}
+
+async fn a_request_naming_an_order_ref_is_decided_by_the_database_while_its_sku_is_sold_out(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 1).await;
+    let with_order_ref = |key: &str| {
+        Call::post("/v1/reservations")
+            .key(key)
+            .json(&json!({"lines": [{"sku": "KETTLE", "quantity": 1}], "order_ref": "SO-1"}))
+    };
+    assert_eq!(app.send(with_order_ref("so-1-first")).await.status, 201);
+    assert_eq!(app.reserve("kettle-2", &[("KETTLE", 1)]).await.status, 409);
+    assert!(
+        app.reserve("kettle-3", &[("KETTLE", 1)])
+            .await
+            .body
+            .contains(FROM_MEMORY)
+    );
+
+    // The caller lost its answer and retries under a new key: it hears that its order
+    // number holds stock already, not "sold out".
+    let retried = app.send(with_order_ref("so-1-second")).await;
+
+    assert_eq!(retried.status, 409, "{retried:?}");
+    assert_eq!(
+        retried.code().as_deref(),
+        Some("order_ref_reused"),
+        "{retried:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn an_expiry_or_a_payment_after_the_hold_here_forgets_what_was_found_sold_out(
+    backend: Backend,
+) {
+    // Findings trusted for an hour, so that only what this process did can end them.
+    let config = engine::config::EngineConfig {
+        sold_out_recheck_milliseconds: 3_600_000,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    let _gateway = TestGateway::start(&app).await;
+    app.stocked_sku("KETTLE", 1).await;
+    let sold_out = |key: &'static str| {
+        let app = &app;
+        async move {
+            assert_eq!(
+                app.reserve(&format!("{key}-asks"), &[("KETTLE", 1)])
+                    .await
+                    .status,
+                409
+            );
+            let remembered = app
+                .reserve(&format!("{key}-remembered"), &[("KETTLE", 1)])
+                .await;
+            assert!(remembered.body.contains(FROM_MEMORY), "{remembered:?}");
+        }
+    };
+
+    // A hold expires through the expiry worker's step…
+    let held = app.reserve("kettle-held", &[("KETTLE", 1)]).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    sold_out("before-expiry").await;
+    app.clock.advance_seconds(held_seconds(&app, &held) + 1);
+    assert_eq!(app.engine.expire_step().await.unwrap().released.len(), 1);
+    assert_eq!(
+        app.reserve("after-expiry", &[("KETTLE", 1)]).await.status,
+        201
+    );
+
+    // …and an order's hold ends, seen by its payment.
+    app.clock.advance_seconds(HOUR_SECONDS);
+    assert_eq!(app.engine.expire_step().await.unwrap().released.len(), 1);
+    let order = app
+        .create_order("kettle-order", "user-1", &[("KETTLE", 1)])
+        .await;
+    assert_eq!(order.status, 201, "{order:?}");
+    sold_out("before-payment").await;
+    app.clock.advance_seconds(held_seconds(&app, &order) + 1);
+    let order_id = order.json()["order_id"].as_str().unwrap().to_owned();
+    let late = app.pay(&order_id, "kettle-pay", "pm_card_visa").await;
+    assert_eq!(late.status / 100, 4, "the hold ended: {late:?}");
+
+    let after_payment = app.reserve("after-payment", &[("KETTLE", 1)]).await;
+    assert_eq!(after_payment.status, 201, "{after_payment:?}");
+    app.assert_audit_clean().await;
+}
+
+const HOUR_SECONDS: i64 = 3_600;
+
+/// Seconds from the test clock's now until the hold in `answer` ends.
+fn held_seconds(app: &TestApp, answer: &acceptance::TestResponse) -> i64 {
+    let body = answer.json();
+    let expires_at = body["expires_at"]
+        .as_str()
+        .or_else(|| body["reservation"]["expires_at"].as_str())
+        .unwrap_or_else(|| panic!("a hold's end: {body}"));
+    let expires_at = domain::Timestamp::parse_rfc3339(expires_at).unwrap();
+    (expires_at.unix_milliseconds() - app.clock_now().unix_milliseconds()) / 1_000
 }

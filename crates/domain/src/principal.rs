@@ -139,6 +139,9 @@ pub enum Principal {
     Service { key: ServiceKeyId, shop: ShopCode },
 }
 
+/// How the scope of a shop's queue intake begins (`intake:<shop>`).
+pub const QUEUE_INTAKE_SCOPE_PREFIX: &str = "intake:";
+
 impl fmt::Debug for Principal {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter.write_str(&self.scope())
@@ -182,7 +185,9 @@ impl Principal {
         let (kind, name) = match self {
             Principal::Admin => ("admin", ""),
             Principal::Operator { id, .. } => ("operator:", id.as_str()),
-            Principal::Service { key, shop } if key.is_queue_intake() => ("intake:", shop.as_str()),
+            Principal::Service { key, shop } if key.is_queue_intake() => {
+                (QUEUE_INTAKE_SCOPE_PREFIX, shop.as_str())
+            }
             Principal::Service { key, .. } => ("service:", key.as_str()),
         };
         out.push_str(kind);

@@ -411,7 +411,7 @@ impl Engine {
         let quantity = routed.units;
         let now = self.now();
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
-        if route.known_sold_out(quantity, now, recheck) {
+        if routed.memory_may_refuse && route.known_sold_out(quantity, now, recheck) {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database.
             return decide().await.map(Held::Answered);
@@ -438,6 +438,7 @@ impl Engine {
             // A key this process answered gets its answer again; any other request of
             // a shopper found at the limit is refused without a place.
             if let Some(shopper) = shopper
+                && routed.memory_may_refuse
                 && route.known_at_limit(shopper, quantity, now, recheck)
                 && self.inner.campaigns.remembered(claim).is_none()
             {

@@ -343,6 +343,8 @@ pub(crate) struct Routed {
     /// Whether that line is the request's only one: then a refusal for stock can
     /// only be the bucket's.
     pub alone: bool,
+    /// Whether memory may refuse the request (`sold_out::memory_may_refuse`).
+    pub memory_may_refuse: bool,
 }
 
 /// Whether a request's answer is a hold taken.
@@ -471,6 +473,7 @@ impl Engine {
     pub(crate) fn route_lines(
         &self,
         lines: &[ReservationLine],
+        memory_may_refuse: bool,
     ) -> Result<Option<Routed>, EngineError> {
         let now = self.now();
         let mut routed = None;
@@ -498,6 +501,7 @@ impl Engine {
                 line: index,
                 units: line.quantity.get(),
                 alone: lines.len() == 1,
+                memory_may_refuse,
             });
         }
         Ok(routed)
@@ -538,7 +542,9 @@ impl Engine {
     /// Runs `attempt` with the routed line in each bucket in turn, from the request's
     /// own first bucket, skipping those this process found short within the re-check
     /// bound; a bucket that turns out short is marked and the next one tried. The last
-    /// bucket (or, when every one is known short, the request's first) decides for good.
+    /// bucket decides for good. When every one is known short, the request is refused
+    /// from memory, or, when memory may not refuse it (`sold_out::memory_may_refuse`),
+    /// its first bucket decides.
     pub(crate) async fn through_buckets<Attempt, Future>(
         &self,
         claim: &IdempotencyClaim,
@@ -553,10 +559,13 @@ impl Engine {
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         let now = self.now();
         let start = first_bucket(claim, route.buckets);
-        let candidates: Vec<u32> = route
+        let mut candidates: Vec<u32> = route
             .ring(start)
             .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
             .collect();
+        if candidates.is_empty() && !routed.memory_may_refuse {
+            candidates.push(start);
+        }
         let Some((&last, others)) = candidates.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
             // that answer again; any other is refused without the database.

@@ -350,17 +350,15 @@ impl Engine {
             quantity,
         };
         let renderer = self.inner.renderer.as_ref();
-        let reply = self
-            .idempotent("record_movement", claim, || {
-                self.retried("record_movement", || {
-                    self.inner
-                        .store
-                        .record_movement(claim, &movement, self.now(), renderer)
-                })
+        let _received = self.stock_may_come_back();
+        self.idempotent("record_movement", claim, || {
+            self.retried("record_movement", || {
+                self.inner
+                    .store
+                    .record_movement(claim, &movement, self.now(), renderer)
             })
-            .await?;
-        self.stock_may_have_come_back();
-        Ok(reply)
+        })
+        .await
     }
 
     /// `POST /v1/reservations`: all lines or none, every SKU of the caller's shop. A
@@ -385,7 +383,8 @@ impl Engine {
         let shop = self
             .scope_of_skus(principal, Action::Reserve, &skus)
             .await?;
-        let routed = self.route_lines(&lines)?;
+        let memory_may_refuse = sold_out::memory_may_refuse(claim, reference.order_ref.is_some());
+        let routed = self.route_lines(&lines, memory_may_refuse)?;
         if let Some(campaign) = &campaign {
             self.check_named_campaign(campaign, &lines)?;
         }
@@ -406,7 +405,7 @@ impl Engine {
         };
         let Some(routed) = routed else {
             return self
-                .decide_reservation(request, None)
+                .decide_reservation(request, None, memory_may_refuse)
                 .await
                 .map(Held::Answered);
         };
@@ -419,7 +418,11 @@ impl Engine {
             &routed,
             shopper.as_ref(),
             respond_async,
-            move || async move { engine.decide_reservation(request, Some(route)).await },
+            move || async move {
+                engine
+                    .decide_reservation(request, Some(route), memory_may_refuse)
+                    .await
+            },
         )
         .await
     }
@@ -430,6 +433,7 @@ impl Engine {
         &self,
         request: ReserveRequest,
         routed: Option<campaigns::Routed>,
+        memory_may_refuse: bool,
     ) -> Result<Reply, EngineError> {
         let claim = &request.claim.clone();
         let lines = request.lines.clone();
@@ -457,7 +461,7 @@ impl Engine {
             .idempotent("reserve", claim, || async {
                 let Some(routed) = &routed else {
                     return self
-                        .unless_known_short(claim, &lines, || submit(request))
+                        .unless_known_short(claim, &lines, memory_may_refuse, || submit(request))
                         .await;
                 };
                 // A running campaign's line goes to one of its buckets, and on to the
@@ -527,19 +531,15 @@ impl Engine {
             ReservationAction::Release => "release",
         };
         let renderer = self.inner.renderer.as_ref();
-        let reply = self
-            .idempotent(operation, claim, || {
-                self.retried(operation, || {
-                    self.inner
-                        .store
-                        .change_reservation(claim, id, action, self.now(), renderer)
-                })
+        let _released = (action == ReservationAction::Release).then(|| self.stock_may_come_back());
+        self.idempotent(operation, claim, || {
+            self.retried(operation, || {
+                self.inner
+                    .store
+                    .change_reservation(claim, id, action, self.now(), renderer)
             })
-            .await?;
-        if action == ReservationAction::Release {
-            self.stock_may_have_come_back();
-        }
-        Ok(reply)
+        })
+        .await
     }
 
     /// `GET /v1/skus/{sku}`, a display read.

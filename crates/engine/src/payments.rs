@@ -179,10 +179,12 @@ impl Engine {
         order: NewOrder,
         respond_async: bool,
     ) -> Result<crate::Held, EngineError> {
-        let routed = self.route_lines(&order.lines)?;
+        let memory_may_refuse =
+            crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some());
+        let routed = self.route_lines(&order.lines, memory_may_refuse)?;
         let Some(routed) = routed else {
             return self
-                .decide_order(operation, claim.clone(), order, None)
+                .decide_order(operation, claim.clone(), order, None, memory_may_refuse)
                 .await
                 .map(crate::Held::Answered);
         };
@@ -198,7 +200,13 @@ impl Engine {
             respond_async,
             move || async move {
                 engine
-                    .decide_order(operation, owned_claim, order, Some(route))
+                    .decide_order(
+                        operation,
+                        owned_claim,
+                        order,
+                        Some(route),
+                        memory_may_refuse,
+                    )
                     .await
             },
         )
@@ -212,6 +220,7 @@ impl Engine {
         claim: IdempotencyClaim,
         order: NewOrder,
         routed: Option<crate::campaigns::Routed>,
+        memory_may_refuse: bool,
     ) -> Result<Reply, EngineError> {
         let claim = &claim;
         let renderer = self.inner.renderer.as_ref();
@@ -232,7 +241,7 @@ impl Engine {
             .idempotent(operation, claim, || async {
                 let Some(routed) = &routed else {
                     return self
-                        .unless_known_short(claim, &lines, || create(order))
+                        .unless_known_short(claim, &lines, memory_may_refuse, || create(order))
                         .await;
                 };
                 self.through_buckets(claim, routed, |warehouse, undecided_when_short| {
@@ -335,6 +344,9 @@ impl Engine {
                 method = method.as_str()
             )));
         }
+        // A failed payment, or one asked after its order's hold ended, gives the order's
+        // stock back.
+        let _given_back = self.stock_may_come_back();
         self.idempotent("pay", claim, || async {
             if let Some(stored) = self.stored_outcome("pay", claim).await? {
                 return Ok(stored);
@@ -373,20 +385,16 @@ impl Engine {
                 )));
             };
             count_settlement(&outcome, "pay");
-            let settled = self
-                .retried("pay", || {
-                    self.inner.store.settle_payment_with_answer(
-                        claim,
-                        &attempt.attempt_id,
-                        &outcome,
-                        self.now(),
-                        renderer,
-                    )
-                })
-                .await;
-            // A payment that failed gives its order's stock back.
-            self.stock_may_have_come_back();
-            settled
+            self.retried("pay", || {
+                self.inner.store.settle_payment_with_answer(
+                    claim,
+                    &attempt.attempt_id,
+                    &outcome,
+                    self.now(),
+                    renderer,
+                )
+            })
+            .await
         })
         .await
     }
@@ -814,21 +822,15 @@ impl Engine {
             .await?;
         let may_cancel_paid = allowed.contains(&Action::CancelPaidOrder);
         let renderer = self.inner.renderer.as_ref();
-        let reply = self
-            .idempotent("cancel_order", claim, || {
-                self.retried("cancel_order", || {
-                    self.inner.store.cancel_order(
-                        claim,
-                        order,
-                        may_cancel_paid,
-                        self.now(),
-                        renderer,
-                    )
-                })
+        let _given_back = self.stock_may_come_back();
+        self.idempotent("cancel_order", claim, || {
+            self.retried("cancel_order", || {
+                self.inner
+                    .store
+                    .cancel_order(claim, order, may_cancel_paid, self.now(), renderer)
             })
-            .await?;
-        self.stock_may_have_come_back();
-        Ok(reply)
+        })
+        .await
     }
 
     /// `POST /v1/orders/{id}/return`: after-sale return, once.
@@ -841,17 +843,15 @@ impl Engine {
         self.authorize_on_order(principal, order, &[Action::ReturnGoods])
             .await?;
         let renderer = self.inner.renderer.as_ref();
-        let reply = self
-            .idempotent("return_order", claim, || {
-                self.retried("return_order", || {
-                    self.inner
-                        .store
-                        .return_order(claim, order, self.now(), renderer)
-                })
+        let _given_back = self.stock_may_come_back();
+        self.idempotent("return_order", claim, || {
+            self.retried("return_order", || {
+                self.inner
+                    .store
+                    .return_order(claim, order, self.now(), renderer)
             })
-            .await?;
-        self.stock_may_have_come_back();
-        Ok(reply)
+        })
+        .await
     }
 
     /// Unresolved attempts and unconfirmed refunds, for the metrics page.

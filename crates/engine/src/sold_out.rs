@@ -272,6 +272,27 @@ pub(crate) fn is_insufficient_stock(response: &store::StoredResponse) -> bool {
     response.status == 409 && response.body.contains("\"code\":\"insufficient_stock\"")
 }
 
+/// Whether memory may refuse a request, or only the database may answer it. Not a
+/// queued command: its answer must be stored under its key, where a redelivery finds
+/// it. Not a request that names an `order_ref`: the database answers a reused one
+/// `order_ref_reused` before anything else, and a caller retrying under a new key
+/// after a lost answer needs that, not "sold out". (Other answers the database gives
+/// before the stock's, a SKU gone off the shelf or a missing `user_id`, are only
+/// another "no", at most the bound late.)
+pub(crate) fn memory_may_refuse(claim: &IdempotencyClaim, names_order_ref: bool) -> bool {
+    !names_order_ref && !claim.key.is_queue_intake()
+}
+
+/// Held by a path that can give stock back: when it ends, answered, failed or dropped
+/// with its caller (a commit may have happened), this process's findings are forgotten.
+pub(crate) struct StockMayComeBack<'engine>(&'engine ShortLines);
+
+impl Drop for StockMayComeBack<'_> {
+    fn drop(&mut self) {
+        self.0.forget();
+    }
+}
+
 impl Engine {
     /// Runs `attempt`, the database's decision on a request whose lines are outside
     /// any campaign, unless this process found one of its lines short for as many
@@ -285,6 +306,7 @@ impl Engine {
         &self,
         claim: &IdempotencyClaim,
         lines: &[ReservationLine],
+        memory_may_refuse: bool,
         attempt: Attempt,
     ) -> Result<store::Idempotent, EngineError>
     where
@@ -293,7 +315,8 @@ impl Engine {
     {
         let memory = &self.inner.short_lines;
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
-        if let Some(line) = memory.refusing(lines, self.now(), recheck)
+        if memory_may_refuse
+            && let Some(line) = memory.refusing(lines, self.now(), recheck)
             && !memory.answered_here(claim.key.as_str())
         {
             memory
@@ -310,11 +333,12 @@ impl Engine {
                 ),
             });
         }
+        // Noted before the database is asked: once it was, the key may hold an answer
+        // (even if this caller goes away or hears an error), and only the database
+        // knows which.
+        memory.note_answer(claim.key.as_str());
         let changes_seen = memory.changes_seen();
         let decided = attempt().await?;
-        // The key is stored (this answer, or another request's: `KeyReused`), and the
-        // database says which.
-        memory.note_answer(claim.key.as_str());
         if let store::Idempotent::Executed(response) = &decided {
             if response.status == 201 {
                 memory.clear_lines(lines);
@@ -326,10 +350,16 @@ impl Engine {
         Ok(decided)
     }
 
-    /// This process did something that can give stock back (a release, an expiry, a
-    /// cancel, a return, a receive, a campaign's end): what it found short is forgotten.
+    /// This process did something that can give stock back (an expiry, a settled
+    /// payment, a campaign's end): what it found short is forgotten.
     pub(crate) fn stock_may_have_come_back(&self) {
         self.inner.short_lines.forget();
+    }
+
+    /// For a request that can give stock back (a release, a cancel, a return, a
+    /// movement, a payment): keep it until the request ends.
+    pub(crate) fn stock_may_come_back(&self) -> StockMayComeBack<'_> {
+        StockMayComeBack(&self.inner.short_lines)
     }
 }
 

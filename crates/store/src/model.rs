@@ -35,6 +35,12 @@ impl ScopedKey {
         &self.0
     }
 
+    /// Whether the key is a queued command's (the queue intake's scope).
+    pub fn is_queue_intake(&self) -> bool {
+        self.0
+            .starts_with(domain::principal::QUEUE_INTAKE_SCOPE_PREFIX)
+    }
+
     /// The key as the client sent it.
     pub fn client_key(&self) -> &str {
         self.0
