@@ -619,6 +619,15 @@ impl Drop for TestDatabase {
     }
 }
 
+/// The HTTP settings of a test whose requests are cut after `milliseconds` (answered
+/// 503 while their work goes on).
+pub fn http_with_request_bound(milliseconds: u64) -> api::http::HttpConfig {
+    api::http::HttpConfig {
+        request_timeout_milliseconds: milliseconds,
+        ..api::http::HttpConfig::default()
+    }
+}
+
 /// The engine settings tests run with: waits long enough that a burst of a thousand
 /// requests on one row never turns into `request_in_progress` by timing alone.
 pub fn test_engine_config() -> EngineConfig {

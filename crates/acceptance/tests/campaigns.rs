@@ -36,6 +36,7 @@ mirrored_tests!(
     another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it,
     a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_the_bound,
     a_shopper_refused_more_than_the_headroom_may_still_take_what_fits,
+    a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hold_not_sold_out,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1325,5 +1326,43 @@ async fn a_shopper_refused_more_than_the_headroom_may_still_take_what_fits(backe
         one_more.status, 201,
         "one fits the limit of 3: {one_more:?}"
     );
+    app.assert_audit_clean().await;
+}
+
+async fn a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hold_not_sold_out(
+    backend: Backend,
+) {
+    let http = acceptance::http_with_request_bound(200);
+    let app = TestApp::spawn_with_http(backend, &http).await;
+    app.stocked_sku("DESK", 5).await;
+    let id = running_campaign(&app, "DESK", 2, 1, None).await;
+    let mut lock = app.database.hold_stock_row_lock("DESK").await;
+    if backend != Backend::Sqlite {
+        // SQLite's lock above is the whole database's; elsewhere, the bucket's row.
+        lock.execute(&format!(
+            "SELECT available FROM stock WHERE sku = 'DESK' AND warehouse = '{}' FOR UPDATE",
+            bucket_warehouse(&id, 0)
+        ))
+        .await
+        .unwrap();
+    }
+    let cut = app.reserve("desk-both", &[("DESK", 2)]).await;
+    assert_eq!(cut.status, 503, "{cut:?}");
+    lock.execute("ROLLBACK").await.unwrap();
+    acceptance::wait_until_async("the cut request's hold committed", || async {
+        campaign(&app, &id).await["held"].as_i64() == Some(2)
+    })
+    .await;
+    assert_eq!(app.reserve("desk-1", &[("DESK", 1)]).await.status, 409);
+    let remembered = app.reserve("desk-2", &[("DESK", 1)]).await;
+    assert!(remembered.body.contains("sold out"), "{remembered:?}");
+
+    let retried = app.reserve("desk-both", &[("DESK", 2)]).await;
+
+    assert_eq!(
+        retried.status, 201,
+        "its hold, not a sold-out from memory: {retried:?}"
+    );
+    assert!(retried.replayed(), "{retried:?}");
     app.assert_audit_clean().await;
 }

@@ -21,6 +21,7 @@ mirrored_tests!(
     stock_given_back_here_sells_at_once_and_stock_given_back_elsewhere_within_the_bound,
     a_request_naming_an_order_ref_is_decided_by_the_database_while_its_sku_is_sold_out,
     an_expiry_or_a_payment_after_the_hold_here_forgets_what_was_found_sold_out,
+    a_key_whose_caller_went_away_before_its_hold_was_answered_is_never_answered_from_memory,
 );
 
 /// The words of a sold-out answer given from this process's memory (not the database).
@@ -541,4 +542,38 @@ fn held_seconds(app: &TestApp, answer: &acceptance::TestResponse) -> i64 {
         .unwrap_or_else(|| panic!("a hold's end: {body}"));
     let expires_at = domain::Timestamp::parse_rfc3339(expires_at).unwrap();
     (expires_at.unix_milliseconds() - app.clock_now().unix_milliseconds()) / 1_000
+}
+
+async fn a_key_whose_caller_went_away_before_its_hold_was_answered_is_never_answered_from_memory(
+    backend: Backend,
+) {
+    let http = acceptance::http_with_request_bound(200);
+    let app = TestApp::spawn_with_http(backend, &http).await;
+    app.stocked_sku("DESK", 3).await;
+    let mut lock = app.database.hold_stock_row_lock("DESK").await;
+    // The caller's bound runs out while its batch waits for the lock; the batch goes
+    // on and takes every unit once the lock is gone.
+    let cut = app.reserve("desk-all", &[("DESK", 3)]).await;
+    assert_eq!(cut.status, 503, "{cut:?}");
+    lock.execute("ROLLBACK").await.unwrap();
+    acceptance::wait_until_async("the cut request's hold committed", || async {
+        app.counters("DESK").await == (0, 3)
+    })
+    .await;
+    assert_eq!(app.reserve("desk-1", &[("DESK", 1)]).await.status, 409);
+    assert!(
+        app.reserve("desk-2", &[("DESK", 1)])
+            .await
+            .body
+            .contains(FROM_MEMORY)
+    );
+
+    let retried = app.reserve("desk-all", &[("DESK", 3)]).await;
+
+    assert_eq!(
+        retried.status, 201,
+        "its hold, not a sold-out from memory: {retried:?}"
+    );
+    assert!(retried.replayed(), "{retried:?}");
+    app.assert_audit_clean().await;
 }

@@ -203,10 +203,7 @@ async fn connections_past_the_bound_are_answered_503_and_closed(backend: Backend
 async fn a_request_past_its_duration_bound_is_answered_503_and_its_retry_finds_the_outcome(
     backend: Backend,
 ) {
-    let http = api::http::HttpConfig {
-        request_timeout_milliseconds: 200,
-        ..api::http::HttpConfig::default()
-    };
+    let http = acceptance::http_with_request_bound(200);
     let app = TestApp::spawn_with_http(backend, &http).await;
     app.stocked_sku("BOUNDED", 3).await;
     let mut lock = app.database.hold_stock_row_lock("BOUNDED").await;

@@ -411,7 +411,10 @@ impl Engine {
         let quantity = routed.units;
         let now = self.now();
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
-        if routed.memory_may_refuse && route.known_sold_out(quantity, now, recheck) {
+        if route.known_sold_out(quantity, now, recheck)
+            && (self.inner.campaigns.remembered(claim).is_some()
+                || self.memory_may_answer(claim, routed.memory_may_refuse))
+        {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database.
             return decide().await.map(Held::Answered);
@@ -438,9 +441,9 @@ impl Engine {
             // A key this process answered gets its answer again; any other request of
             // a shopper found at the limit is refused without a place.
             if let Some(shopper) = shopper
-                && routed.memory_may_refuse
                 && route.known_at_limit(shopper, quantity, now, recheck)
                 && self.inner.campaigns.remembered(claim).is_none()
+                && self.memory_may_answer(claim, routed.memory_may_refuse)
             {
                 return Err(EngineError::Refused {
                     code: ErrorCode::PurchaseLimitExceeded,

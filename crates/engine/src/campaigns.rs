@@ -447,15 +447,16 @@ impl Engine {
     /// One step of the campaign worker: ends what is due (what is left goes back) and
     /// reads the open campaigns again. Answers the campaigns closed now.
     pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
+        // What is left of a closed campaign goes back to regular stock.
+        let given_back = self.stock_may_come_back();
         let closed = self
             .inner
             .store
             .end_campaigns(self.now(), CAMPAIGNS_ENDED_PER_STEP_MAX)
             .await
             .map_err(|error| log_store_error("end_campaigns", error))?;
-        if !closed.is_empty() {
-            // What was left of them went back to regular stock.
-            self.stock_may_have_come_back();
+        if closed.is_empty() {
+            given_back.nothing_given_back();
         }
         let open = self
             .inner
@@ -563,12 +564,16 @@ impl Engine {
             .ring(start)
             .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
             .collect();
-        if candidates.is_empty() && !routed.memory_may_refuse {
+        if candidates.is_empty()
+            && self.inner.campaigns.remembered(claim).is_none()
+            && !self.memory_may_answer(claim, routed.memory_may_refuse)
+        {
             candidates.push(start);
         }
         let Some((&last, others)) = candidates.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
-            // that answer again; any other is refused without the database.
+            // that answer again; any other is refused without the database (one it
+            // sent there before was not: `memory_may_answer`).
             if let Some(answer) = self.inner.campaigns.remembered(claim) {
                 return Ok(answer);
             }
@@ -582,6 +587,7 @@ impl Engine {
                 detail: route.sold_out_detail(recheck),
             });
         };
+        self.note_sent(claim, routed.memory_may_refuse);
         for bucket in others {
             match attempt(route.code.bucket_warehouse(*bucket), true).await? {
                 // Left undecided only when the bucket's own line was short

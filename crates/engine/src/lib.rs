@@ -661,6 +661,7 @@ impl Engine {
     /// hold has ended, by the injected clock.
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
+        let given_back = self.stock_may_come_back();
         let outcome = self
             .retried("expire", || {
                 self.inner.store.expire_batch(self.now(), limit)
@@ -668,8 +669,8 @@ impl Engine {
             .await?;
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
-        if !outcome.released.is_empty() {
-            self.stock_may_have_come_back();
+        if outcome.released.is_empty() {
+            given_back.nothing_given_back();
         }
         let more_waiting = i64::try_from(outcome.released.len()).unwrap_or(i64::MAX) >= limit;
         Ok(ExpiryStep {

@@ -406,16 +406,14 @@ impl Engine {
         source: &'static str,
     ) -> Result<Option<OrderStatus>, EngineError> {
         count_settlement(outcome, source);
-        let settled = self
-            .retried(source, || {
-                self.inner
-                    .store
-                    .settle_payment(attempt, outcome, source, self.now())
-            })
-            .await?;
         // A payment that failed gives its order's stock back.
-        self.stock_may_have_come_back();
-        Ok(settled)
+        let _given_back = self.stock_may_come_back();
+        self.retried(source, || {
+            self.inner
+                .store
+                .settle_payment(attempt, outcome, source, self.now())
+        })
+        .await
     }
 
     /// `POST /v1/payments/webhook`: verified (signature and timestamp tolerance), then
@@ -454,6 +452,8 @@ impl Engine {
             }
             _ => None,
         };
+        // A payment that failed gives its order's stock back.
+        let given_back = self.stock_may_come_back();
         let applied = self
             .retried("webhook", || {
                 self.inner.store.apply_payment_event(
@@ -466,9 +466,8 @@ impl Engine {
                 )
             })
             .await?;
-        if applied.is_some() {
-            // A payment that failed gives its order's stock back.
-            self.stock_may_have_come_back();
+        if applied.is_none() {
+            given_back.nothing_given_back();
         }
         let receipt = match applied {
             Some(outcome) => WebhookReceipt {
@@ -667,6 +666,7 @@ impl Engine {
     /// One step of the order worker: orders still waiting for payment past their hold
     /// expire and give their stock back.
     pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
+        let given_back = self.stock_may_come_back();
         let expired = self
             .retried("expire_orders", || {
                 self.inner
@@ -675,8 +675,8 @@ impl Engine {
             })
             .await?;
         metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
-        if !expired.is_empty() {
-            self.stock_may_have_come_back();
+        if expired.is_empty() {
+            given_back.nothing_given_back();
         }
         Ok(expired)
     }

@@ -75,9 +75,13 @@ pub(crate) fn is_fresh(at: i64, now: Timestamp, recheck_milliseconds: i64) -> bo
 /// (forgetting only costs database answers).
 pub const SHORT_LINES_REMEMBERED_MAX: usize = 100_000;
 
-/// Keys this process answered, at most (oldest dropped first). About 6 MiB; at
-/// 30,000 requests a second, the last eight seconds' keys.
-pub const KEYS_ANSWERED_REMEMBERED_MAX: usize = 262_144;
+/// Keys this process sent to the database, at most (oldest dropped first, per
+/// shard). About 6 MiB; at 30,000 requests a second, the last eight seconds' keys.
+pub const KEYS_SENT_REMEMBERED_MAX: usize = 262_144;
+
+/// The remembered keys are split over this many locks, by hash, so that concurrent
+/// requests rarely wait for each other to note theirs.
+const KEYS_SENT_SHARDS: usize = 16;
 
 /// What this process found short outside campaigns: for a SKU in a warehouse, when and
 /// for how many units a request with that line alone was refused `insufficient_stock`.
@@ -92,7 +96,7 @@ pub(crate) struct ShortLines {
     /// Times this process did something that can give stock back: a refusal decided
     /// before one of them is not recorded after it.
     changes: AtomicU64,
-    answered: Mutex<AnsweredKeys>,
+    sent: [Mutex<SentKeys>; KEYS_SENT_SHARDS],
     /// `stockd_sold_out_from_memory_total`, registered at its first answer.
     sold_out_from_memory: OnceLock<metrics::Counter>,
 }
@@ -111,10 +115,10 @@ fn finding_of<'findings>(
     })
 }
 
-/// The keys answered here, by a 64-bit hash: a collision only sends a request to the
-/// database, which answers it right.
+/// The keys sent to the database from here (one shard's), by a 64-bit hash: a
+/// collision only sends a request to the database, which answers it right.
 #[derive(Debug, Default)]
-struct AnsweredKeys {
+struct SentKeys {
     keys: HashSet<u64>,
     order: VecDeque<u64>,
 }
@@ -240,29 +244,33 @@ impl ShortLines {
         self.held.store(0, Ordering::SeqCst);
     }
 
-    fn answered(&self) -> std::sync::MutexGuard<'_, AnsweredKeys> {
-        self.answered
+    fn sent(&self, hash: u64) -> std::sync::MutexGuard<'_, SentKeys> {
+        // The hash's top bits choose the shard (its low bits place it in the set).
+        let shard = (hash >> 60) as usize % KEYS_SENT_SHARDS;
+        self.sent[shard]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// `key` was answered (stored under it): a retry of it goes to the database,
-    /// which replays that answer byte for byte, whatever memory found since.
-    pub(crate) fn note_answer(&self, key: &str) {
+    /// `key` is being sent to the database, which may store an answer under it: a
+    /// retry of it goes to the database too, which replays that answer byte for byte,
+    /// whatever memory found since.
+    pub(crate) fn note_sent(&self, key: &str) {
         let hash = key_hash(key);
-        let mut answered = self.answered();
-        if answered.keys.insert(hash) {
-            answered.order.push_back(hash);
-            if answered.order.len() > KEYS_ANSWERED_REMEMBERED_MAX
-                && let Some(oldest) = answered.order.pop_front()
+        let mut sent = self.sent(hash);
+        if sent.keys.insert(hash) {
+            sent.order.push_back(hash);
+            if sent.order.len() > KEYS_SENT_REMEMBERED_MAX / KEYS_SENT_SHARDS
+                && let Some(oldest) = sent.order.pop_front()
             {
-                answered.keys.remove(&oldest);
+                sent.keys.remove(&oldest);
             }
         }
     }
 
-    pub(crate) fn answered_here(&self, key: &str) -> bool {
-        self.answered().keys.contains(&key_hash(key))
+    pub(crate) fn sent_from_here(&self, key: &str) -> bool {
+        let hash = key_hash(key);
+        self.sent(hash).keys.contains(&hash)
     }
 }
 
@@ -283,24 +291,37 @@ pub(crate) fn memory_may_refuse(claim: &IdempotencyClaim, names_order_ref: bool)
 }
 
 /// Held by a path that can give stock back: when it ends, answered, failed or dropped
-/// with its caller (a commit may have happened), this process's findings are forgotten.
-pub(crate) struct StockMayComeBack<'engine>(&'engine ShortLines);
+/// with its caller (a commit may have happened whatever the caller heard), this
+/// process's findings are forgotten, unless the path said it gave nothing back.
+pub(crate) struct StockMayComeBack<'engine> {
+    memory: &'engine ShortLines,
+    armed: bool,
+}
+
+impl StockMayComeBack<'_> {
+    /// The path ended having given no stock back (a worker step that found nothing
+    /// due, a duplicate webhook): the findings stand.
+    pub(crate) fn nothing_given_back(mut self) {
+        self.armed = false;
+    }
+}
 
 impl Drop for StockMayComeBack<'_> {
     fn drop(&mut self) {
-        self.0.forget();
+        if self.armed {
+            self.memory.forget();
+        }
     }
 }
 
 impl Engine {
     /// Runs `attempt`, the database's decision on a request whose lines are outside
     /// any campaign, unless this process found one of its lines short for as many
-    /// units within the re-check bound and did not answer the key itself (a key it
-    /// answered goes to the database, which replays that answer): that request is
-    /// refused `insufficient_stock` without the database (and not stored under its
-    /// key, so a retry after the bound asks again). Learns from the answer: a refusal
-    /// for stock of a request with one line is that line's; a hold clears its lines'
-    /// findings.
+    /// units within the re-check bound and memory may answer the request
+    /// ([`Engine::memory_may_answer`]): that request is refused `insufficient_stock`
+    /// without the database (and not stored under its key, so a retry after the bound
+    /// asks again). Learns from the answer: a refusal for stock of a request with one
+    /// line is that line's; a hold clears its lines' findings.
     pub(crate) async fn unless_known_short<Attempt, Decided>(
         &self,
         claim: &IdempotencyClaim,
@@ -314,9 +335,8 @@ impl Engine {
     {
         let memory = &self.inner.short_lines;
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
-        if memory_may_refuse
-            && let Some(line) = memory.refusing(lines, self.now(), recheck)
-            && !memory.answered_here(claim.key.as_str())
+        if let Some(line) = memory.refusing(lines, self.now(), recheck)
+            && self.memory_may_answer(claim, memory_may_refuse)
         {
             memory
                 .sold_out_from_memory
@@ -332,10 +352,7 @@ impl Engine {
                 ),
             });
         }
-        // Noted before the database is asked: once it was, the key may hold an answer
-        // (even if this caller goes away or hears an error), and only the database
-        // knows which.
-        memory.note_answer(claim.key.as_str());
+        self.note_sent(claim, memory_may_refuse);
         let changes_seen = memory.changes_seen();
         let decided = attempt().await?;
         if let store::Idempotent::Executed(response) = &decided {
@@ -349,16 +366,33 @@ impl Engine {
         Ok(decided)
     }
 
-    /// This process did something that can give stock back (an expiry, a settled
-    /// payment, a campaign's end): what it found short is forgotten.
-    pub(crate) fn stock_may_have_come_back(&self) {
-        self.inner.short_lines.forget();
+    /// Whether memory may answer this request now: it is of a kind memory may refuse
+    /// ([`memory_may_refuse`]), and its key was not sent to the database from here
+    /// (then the key may hold an answer, and only the database knows which).
+    pub(crate) fn memory_may_answer(
+        &self,
+        claim: &IdempotencyClaim,
+        memory_may_refuse: bool,
+    ) -> bool {
+        memory_may_refuse && !self.inner.short_lines.sent_from_here(claim.key.as_str())
     }
 
-    /// For a request that can give stock back (a release, a cancel, a return, a
-    /// movement, a payment): keep it until the request ends.
+    /// Notes a request's key as it is sent to the database: once it was, the key may
+    /// hold an answer (even if this caller goes away or hears an error). A request
+    /// memory never refuses needs no note.
+    pub(crate) fn note_sent(&self, claim: &IdempotencyClaim, memory_may_refuse: bool) {
+        if memory_may_refuse {
+            self.inner.short_lines.note_sent(claim.key.as_str());
+        }
+    }
+
+    /// For a path that can give stock back (a release, a cancel, a return, a movement,
+    /// a payment, a webhook, a worker step): keep it until the path ends.
     pub(crate) fn stock_may_come_back(&self) -> StockMayComeBack<'_> {
-        StockMayComeBack(&self.inner.short_lines)
+        StockMayComeBack {
+            memory: &self.inner.short_lines,
+            armed: true,
+        }
     }
 }
 
@@ -462,16 +496,24 @@ mod tests {
     }
 
     #[test]
-    fn answered_keys_are_remembered_up_to_their_bound_oldest_forgotten_first() {
+    fn keys_sent_are_remembered_up_to_their_bound_oldest_forgotten_first() {
         let memory = ShortLines::default();
-        memory.note_answer("key-0");
-        assert!(memory.answered_here("key-0"));
-        assert!(!memory.answered_here("key-1"));
-        for index in 1..=KEYS_ANSWERED_REMEMBERED_MAX {
-            memory.note_answer(&format!("key-{index}"));
+        memory.note_sent("key-0");
+        assert!(memory.sent_from_here("key-0"));
+        assert!(!memory.sent_from_here("key-1"));
+        // Twice the bound: key-0's shard receives about twice its share, whatever the
+        // hash spread (a shard's count strays by a few hundred from 32,768).
+        let noted = 2 * KEYS_SENT_REMEMBERED_MAX;
+        for index in 1..=noted {
+            memory.note_sent(&format!("key-{index}"));
         }
-        assert!(!memory.answered_here("key-0"));
-        assert!(memory.answered_here(&format!("key-{KEYS_ANSWERED_REMEMBERED_MAX}")));
-        assert_eq!(memory.answered().order.len(), KEYS_ANSWERED_REMEMBERED_MAX);
+        assert!(!memory.sent_from_here("key-0"));
+        assert!(memory.sent_from_here(&format!("key-{noted}")));
+        let kept: usize = memory
+            .sent
+            .iter()
+            .map(|shard| shard.lock().unwrap().order.len())
+            .sum();
+        assert_eq!(kept, KEYS_SENT_REMEMBERED_MAX);
     }
 }
