@@ -1946,6 +1946,30 @@ async fn a_refund_the_gateway_answers_failed_or_pending_is_not_refunded_until_it
         2,
         "each refund created once at the gateway, the pending one read, not sent again"
     );
+    // A refund's status changes once, from PENDING (`REFUND_TRANSITIONS`): a settled
+    // one cannot be failed, nor a failed one settled; the same answer again is a no-op.
+    let refund_of = |view: Value| {
+        domain::RefundId::parse(view["refund"]["refund_id"].as_str().unwrap()).unwrap()
+    };
+    let (settled, refused) = (
+        refund_of(app.order(&pending).await),
+        refund_of(app.order(&failed).await),
+    );
+    let now = app.clock_now();
+    let before = app.contents().await;
+    assert!(app.store.fail_refund(&settled, "late", now).await.is_err());
+    assert!(
+        app.store
+            .settle_refund(&refused, "re_late", now)
+            .await
+            .is_err()
+    );
+    app.store
+        .settle_refund(&settled, "re_again", now)
+        .await
+        .unwrap();
+    app.store.fail_refund(&refused, "again", now).await.unwrap();
+    assert_eq!(app.contents().await, before, "nothing changed");
     app.assert_audit_clean().await;
 }
 

@@ -46,6 +46,7 @@ pub use ledger::{LedgerMovementId, ReservationMove};
 pub use money::{Currency, PriceMinor};
 pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
+    REFUND_TRANSITIONS, RefundStatus,
 };
 pub use principal::{Action, Denied, Principal, Role, authorize};
 pub use quantity::{

@@ -238,10 +238,73 @@ impl AttemptStatus {
     }
 }
 
+/// Where a refund stands: written `PENDING` with the change that owes it, then
+/// settled by the gateway's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RefundStatus {
+    /// Owed: the refund worker issues it, or reads back the gateway's pending refund.
+    Pending,
+    /// The gateway says the money went back.
+    Succeeded,
+    /// The gateway refused it, or it cannot be read: left to a person, never retried.
+    Failed,
+}
+
+/// Every status change of a refund: only a pending one is settled, once.
+pub const REFUND_TRANSITIONS: &[(RefundStatus, RefundStatus)] = &[
+    (RefundStatus::Pending, RefundStatus::Succeeded),
+    (RefundStatus::Pending, RefundStatus::Failed),
+];
+
+impl RefundStatus {
+    /// Whether [`REFUND_TRANSITIONS`] allows this change.
+    pub fn may_become(self, to: RefundStatus) -> bool {
+        REFUND_TRANSITIONS.contains(&(self, to))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundStatus::Pending => "PENDING",
+            RefundStatus::Succeeded => "SUCCEEDED",
+            RefundStatus::Failed => "FAILED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<RefundStatus, ParseError> {
+        match text {
+            "PENDING" => Ok(RefundStatus::Pending),
+            "SUCCEEDED" => Ok(RefundStatus::Succeeded),
+            "FAILED" => Ok(RefundStatus::Failed),
+            _ => Err(ParseError::new(format!("unknown refund status '{text}'"))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use OrderStatus::*;
+
+    #[test]
+    fn a_refund_is_settled_once_from_pending_and_never_changes_after() {
+        let all = [
+            RefundStatus::Pending,
+            RefundStatus::Succeeded,
+            RefundStatus::Failed,
+        ];
+        for from in all {
+            for to in all {
+                assert_eq!(
+                    from.may_become(to),
+                    from == RefundStatus::Pending && to != RefundStatus::Pending,
+                    "{from:?} to {to:?}"
+                );
+            }
+            assert_eq!(RefundStatus::parse(from.as_str()), Ok(from));
+        }
+        assert!(RefundStatus::parse("REFUNDED").is_err());
+    }
 
     #[test]
     fn a_succeeded_attempt_never_changes_and_nothing_becomes_processing() {

@@ -5,14 +5,16 @@
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::Units;
-use super::decode::{derived_random, invariant, parse_stored};
+use super::decode::{derived_random, expect_one_row, invariant, parse_stored};
 use super::orders::{lock_order, move_order};
 use super::payments::retry_delay;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::orders::RefundToIssue;
 use crate::sql::statement;
-use domain::{AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, Timestamp};
+use domain::{
+    AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, RefundStatus, Timestamp,
+};
 
 /// A refund of what `attempt` charged, to be issued by the refund worker with its own
 /// gateway key. One per attempt.
@@ -37,6 +39,49 @@ pub(crate) async fn insert_refund<C: Dialect>(
     .execute(&mut *transaction)
     .await?;
     Ok(())
+}
+
+/// Moves a refund to `to` through [`domain::REFUND_TRANSITIONS`], from its status as
+/// read under its order's lock (every change of a refund holds it), with the update
+/// conditional on that status and its row count checked. Answers whether it moved: a
+/// refund already at `to` stays (the same answer, applied twice).
+async fn move_refund<C: Dialect>(
+    transaction: &mut C,
+    refund: &RefundId,
+    to: RefundStatus,
+    gateway_refund_id: Option<&str>,
+    failure_reason: Option<&str>,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let status: String = statement("SELECT status FROM refund WHERE id = $1")
+        .bind(refund.as_str())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+    let from = parse_stored("refund status", &status, RefundStatus::parse)?;
+    if from == to {
+        return Ok(false);
+    }
+    if !from.may_become(to) {
+        return Err(invariant(format!(
+            "refund {refund} cannot go from {} to {}",
+            from.as_str(),
+            to.as_str()
+        )));
+    }
+    let updated = statement(
+        "UPDATE refund SET status = $2, gateway_refund_id = COALESCE($3, gateway_refund_id), \
+         failure_reason = COALESCE($4, failure_reason), updated_at = $5 WHERE id = $1 AND status = $6",
+    )
+    .bind(refund.as_str())
+    .bind(to.as_str())
+    .bind(gateway_refund_id)
+    .bind(failure_reason)
+    .bind(now.unix_milliseconds())
+    .bind(from.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(updated, "moving a refund under its order's lock")?;
+    Ok(true)
 }
 
 impl<B: Backend> Units<B> {
@@ -135,15 +180,16 @@ impl<B: Backend> Units<B> {
         let order = parse_stored("order id", &order, OrderId::parse)?;
         // The order first: the lock order of every order transaction.
         let locked = lock_order(&mut *transaction, &order).await?;
-        let updated = statement(
-            "UPDATE refund SET status = 'SUCCEEDED', gateway_refund_id = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        let moved = move_refund(
+            &mut *transaction,
+            refund,
+            RefundStatus::Succeeded,
+            Some(gateway_refund_id),
+            None,
+            now,
         )
-        .bind(refund.as_str())
-        .bind(gateway_refund_id)
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
         .await?;
-        if updated == 1
+        if moved
             && attempt_status == AttemptStatus::Succeeded.as_str()
             && let Some((OrderStatus::RefundPending, _, _)) = locked
         {
@@ -170,13 +216,25 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
-        statement(
-            "UPDATE refund SET status = 'FAILED', failure_reason = $2, updated_at = $3 WHERE id = $1 AND status = 'PENDING'",
+        let order: Option<String> = statement("SELECT order_id FROM refund WHERE id = $1")
+            .bind(refund.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+        let Some(order) = order else {
+            return Err(invariant(format!("refund {refund} vanished")));
+        };
+        let order = parse_stored("order id", &order, OrderId::parse)?;
+        // The order first: the lock order of every order transaction, and the lock
+        // every change of its refunds holds.
+        lock_order(&mut *transaction, &order).await?;
+        move_refund(
+            &mut *transaction,
+            refund,
+            RefundStatus::Failed,
+            None,
+            Some(reason),
+            now,
         )
-        .bind(refund.as_str())
-        .bind(reason)
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
         .await?;
         transaction.commit().await?;
         Ok(())
