@@ -146,3 +146,71 @@ fn known_operator(name: &'static str) -> OperatorId {
         Err(error) => unreachable!("'{name}' is a valid operator id: {error}"),
     }
 }
+
+/// A scheduled shelf change's status: `PENDING` until it comes due, then settled once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleStatus {
+    /// Still to come.
+    Pending,
+    Applied,
+    /// Its SKU was deleted before it came due.
+    Skipped,
+    /// The change was refused when it came due (a product missing a field).
+    Refused,
+}
+
+/// Every status change of a scheduled change: a pending one is applied, skipped or
+/// refused, once.
+pub const SCHEDULE_TRANSITIONS: &[(ScheduleStatus, ScheduleStatus)] = &[
+    (ScheduleStatus::Pending, ScheduleStatus::Applied),
+    (ScheduleStatus::Pending, ScheduleStatus::Skipped),
+    (ScheduleStatus::Pending, ScheduleStatus::Refused),
+];
+
+impl ScheduleStatus {
+    pub const ALL: [ScheduleStatus; 4] = [
+        ScheduleStatus::Pending,
+        ScheduleStatus::Applied,
+        ScheduleStatus::Skipped,
+        ScheduleStatus::Refused,
+    ];
+
+    /// Whether [`SCHEDULE_TRANSITIONS`] allows this change.
+    pub fn may_become(self, to: ScheduleStatus) -> bool {
+        SCHEDULE_TRANSITIONS.contains(&(self, to))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScheduleStatus::Pending => "PENDING",
+            ScheduleStatus::Applied => "APPLIED",
+            ScheduleStatus::Skipped => "SKIPPED",
+            ScheduleStatus::Refused => "REFUSED",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ScheduleStatus> {
+        ScheduleStatus::ALL
+            .into_iter()
+            .find(|status| status.as_str() == text)
+    }
+}
+
+#[cfg(test)]
+mod schedule_tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_is_settled_once_from_pending_and_never_changes_after() {
+        for from in ScheduleStatus::ALL {
+            for to in ScheduleStatus::ALL {
+                assert_eq!(
+                    from.may_become(to),
+                    from == ScheduleStatus::Pending && to != ScheduleStatus::Pending,
+                    "{from:?} to {to:?}"
+                );
+            }
+            assert_eq!(ScheduleStatus::parse(from.as_str()), Some(from));
+        }
+    }
+}

@@ -29,7 +29,9 @@ pub mod sku;
 pub mod time;
 
 pub use campaign::{CampaignCode, CampaignPhase};
-pub use catalog::{OperatorType, Product, ShelfLogEntry, operation_label};
+pub use catalog::{
+    OperatorType, Product, SCHEDULE_TRANSITIONS, ScheduleStatus, ShelfLogEntry, operation_label,
+};
 pub use code::{
     CategoryCode, ImageUrl, OperatorId, OrderRef, RequestSource, ShopCode, SkuCode, SupplierCode,
     Title, UserId, WarehouseCode,

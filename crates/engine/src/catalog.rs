@@ -635,37 +635,4 @@ fn checkout_order(
 }
 
 /// A scheduled shelf change's status, as `GET /v1/admin/schedules` filters by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScheduleStatus {
-    /// Still to come.
-    Pending,
-    Applied,
-    /// Its SKU was deleted before it came due.
-    Skipped,
-    /// The change was refused when it came due (a product missing a field).
-    Refused,
-}
-
-impl ScheduleStatus {
-    pub const ALL: [ScheduleStatus; 4] = [
-        ScheduleStatus::Pending,
-        ScheduleStatus::Applied,
-        ScheduleStatus::Skipped,
-        ScheduleStatus::Refused,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScheduleStatus::Pending => "PENDING",
-            ScheduleStatus::Applied => "APPLIED",
-            ScheduleStatus::Skipped => "SKIPPED",
-            ScheduleStatus::Refused => "REFUSED",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<ScheduleStatus> {
-        ScheduleStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == text)
-    }
-}
+pub use domain::ScheduleStatus;

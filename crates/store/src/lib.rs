@@ -495,4 +495,30 @@ mod tests {
             "one writer of customer_order.status (move_order, through OrderStatus::transition)"
         );
     }
+
+    /// Refunds, payment attempts and scheduled shelf changes change status in one
+    /// place each, which asks its transition table before it writes.
+    #[test]
+    fn refund_attempt_and_schedule_statuses_are_written_only_through_their_tables() {
+        let sources = SHARED_SOURCES.concat();
+        for (update, writer) in [
+            ("UPDATE refund SET status", "async fn move_refund"),
+            (
+                "UPDATE payment_attempt SET status",
+                "async fn set_attempt_status",
+            ),
+            (
+                "UPDATE shelf_schedule SET status",
+                "async fn apply_due_schedules",
+            ),
+        ] {
+            assert_eq!(sources.matches(update).count(), 1, "one writer: {update}");
+            let writer_at = sources.find(writer).expect("the writer exists");
+            let update_at = sources.find(update).expect("the one update");
+            assert!(
+                writer_at < update_at && sources[writer_at..update_at].contains(".may_become("),
+                "{writer} asks its transition table before `{update}`"
+            );
+        }
+    }
 }

@@ -17,8 +17,8 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
 use crate::sql::{Row, statement};
 use domain::{
-    ProductId, SaleStatus, ScheduleId, ShelfOperation, ShopCode, SkuCode, Timestamp,
-    operation_label,
+    ProductId, SaleStatus, ScheduleId, ScheduleStatus, ShelfOperation, ShopCode, SkuCode,
+    Timestamp, operation_label,
 };
 use std::collections::BTreeSet;
 
@@ -206,7 +206,7 @@ impl<B: Backend> Units<B> {
                     remark: "schedule skipped: the SKU was deleted",
                 };
                 insert_shelf_log(&mut *transaction, line, now).await?;
-                ("SKIPPED", "the SKU was deleted".to_owned())
+                (ScheduleStatus::Skipped, "the SKU was deleted".to_owned())
             } else {
                 let change = ShelfChange {
                     operation,
@@ -218,30 +218,44 @@ impl<B: Backend> Units<B> {
                 };
                 let results = apply_shelf_change(&mut *transaction, &change, now).await?;
                 match results.first().map(|result| &result.outcome) {
-                    Some(ShelfOutcome::Refused { reason, .. }) => ("REFUSED", reason.clone()),
-                    Some(ShelfOutcome::Repeated { status }) => {
-                        ("APPLIED", format!("already {}", status.as_str()))
+                    Some(ShelfOutcome::Refused { reason, .. }) => {
+                        (ScheduleStatus::Refused, reason.clone())
                     }
-                    Some(ShelfOutcome::Changed { from, to, .. }) => {
-                        ("APPLIED", format!("{} to {}", from.as_str(), to.as_str()))
-                    }
-                    _ => ("REFUSED", "nothing to apply".to_owned()),
+                    Some(ShelfOutcome::Repeated { status }) => (
+                        ScheduleStatus::Applied,
+                        format!("already {}", status.as_str()),
+                    ),
+                    Some(ShelfOutcome::Changed { from, to, .. }) => (
+                        ScheduleStatus::Applied,
+                        format!("{} to {}", from.as_str(), to.as_str()),
+                    ),
+                    _ => (ScheduleStatus::Refused, "nothing to apply".to_owned()),
                 }
             };
+            // Claimed `PENDING` under its lock: it settles through the table, once.
+            let from = ScheduleStatus::Pending;
+            if !from.may_become(status) {
+                return Err(invariant(format!(
+                    "schedule {id} cannot go from {} to {}",
+                    from.as_str(),
+                    status.as_str()
+                )));
+            }
             let updated = statement(
-                "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = 'PENDING'",
+                "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = $5",
             )
             .bind(id.as_str())
-            .bind(status)
+            .bind(status.as_str())
             .bind(&outcome)
             .bind(now.unix_milliseconds())
+            .bind(from.as_str())
             .execute(&mut *transaction)
             .await?;
             expect_one_row(updated, "settling a claimed schedule")?;
             applied.push(AppliedSchedule {
                 id,
                 sku,
-                status,
+                status: status.as_str(),
                 outcome,
             });
         }
