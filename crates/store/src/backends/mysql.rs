@@ -466,7 +466,7 @@ impl Dialect for MySqlConnection {
          ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
-    const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries FROM refund \
+    const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries, gateway_refund_id FROM refund \
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const VERSION_QUERY: &'static str = "SELECT VERSION()";
     /// InnoDB's transactions of the whole server (it has no per-database view).

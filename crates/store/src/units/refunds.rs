@@ -96,10 +96,21 @@ impl<B: Backend> Units<B> {
         let rows = statement(<B::Connection as Dialect>::CLAIM_REFUNDS)
             .bind(now.unix_milliseconds())
             .bind(limit)
-            .fetch_all_as::<(String, String, String, String, i64, String, i64)>(&mut *transaction)
+            .fetch_all_as::<(
+                String,
+                String,
+                String,
+                String,
+                i64,
+                String,
+                i64,
+                Option<String>,
+            )>(&mut *transaction)
             .await?;
         let mut refunds = Vec::with_capacity(rows.len());
-        for (id, order, attempt, gateway_key, amount_minor, currency, tries) in rows {
+        for (id, order, attempt, gateway_key, amount_minor, currency, tries, gateway_refund_id) in
+            rows
+        {
             statement("UPDATE refund SET next_try_at = $2, tries = tries + 1 WHERE id = $1")
                 .bind(&id)
                 .bind(
@@ -117,11 +128,6 @@ impl<B: Backend> Units<B> {
             let Some(gateway_payment_id) = payment else {
                 continue;
             };
-            let gateway_refund_id: Option<String> =
-                statement("SELECT gateway_refund_id FROM refund WHERE id = $1")
-                    .bind(&id)
-                    .fetch_one_scalar(&mut *transaction)
-                    .await?;
             refunds.push(RefundToIssue {
                 refund_id: parse_stored("refund id", &id, RefundId::parse)?,
                 order_id: parse_stored("order id", &order, OrderId::parse)?,
