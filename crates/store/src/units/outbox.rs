@@ -310,6 +310,10 @@ pub struct OutboxBacklog {
     pub oldest_occurred_at: Option<Timestamp>,
 }
 
+/// The sequencer's last position: the newest numbered event's.
+const SEQUENCER_POSITION: &str =
+    "SELECT through_position FROM outbox_relay WHERE name = 'sequencer'";
+
 impl<B: Backend> Units<B> {
     /// One sequencer step: numbers up to `limit` committed rows that have no position
     /// yet, in write order, after the last position handed out. Answers how many it
@@ -364,7 +368,7 @@ impl<B: Backend> Units<B> {
     /// The last position handed out (0 before the first): where a reader that wants
     /// only what happens from now on starts.
     pub async fn latest_event_position(&self) -> Result<i64, StoreError> {
-        statement("SELECT through_position FROM outbox_relay WHERE name = 'sequencer'")
+        statement(SEQUENCER_POSITION)
             .fetch_one_scalar(&mut *self.writer_read_connection().await?)
             .await
     }
@@ -381,10 +385,9 @@ impl<B: Backend> Units<B> {
         match oldest {
             Some(oldest) => Ok(oldest),
             None => {
-                let latest: i64 =
-                    statement("SELECT through_position FROM outbox_relay WHERE name = 'sequencer'")
-                        .fetch_one_scalar(&mut *connection)
-                        .await?;
+                let latest: i64 = statement(SEQUENCER_POSITION)
+                    .fetch_one_scalar(&mut *connection)
+                    .await?;
                 Ok(latest + 1)
             }
         }
