@@ -102,7 +102,18 @@ pub struct WireReply {
     pub body: Bytes,
 }
 
+/// How stockd's detail ends on a refusal it gave from memory: the answer was stored
+/// under no key (engine::sold_out, engine::admission).
+const NOT_RECORDED: &str = "not recorded under the key)";
+
 impl WireReply {
+    /// Whether this is a refusal an instance gave from its memory, stored under no key.
+    pub fn answered_from_memory(&self) -> bool {
+        self.status == 409
+            && self.code().is_some()
+            && std::str::from_utf8(&self.body).is_ok_and(|body| body.contains(NOT_RECORDED))
+    }
+
     /// The problem document's `code`, for error statuses.
     pub fn code(&self) -> Option<String> {
         if self.status < 400 {
@@ -252,6 +263,15 @@ mod tests {
             served_by: None,
             body: Bytes::from(body.to_owned()),
         }
+    }
+
+    #[test]
+    fn a_refusal_stored_under_no_key_is_told_from_the_database_s() {
+        let memory = r#"{"type":"urn:stockd:problem:insufficient_stock","title":"Not enough stock available","status":409,"code":"insufficient_stock","detail":"sku 'S' has fewer than 1 units available in warehouse 'default' (this instance found it so within the last 1000 ms; not recorded under the key)"}"#;
+        let database = r#"{"type":"urn:stockd:problem:insufficient_stock","title":"Not enough stock available","status":409,"code":"insufficient_stock","detail":"requested 1, available 0"}"#;
+        assert!(reply(409, memory).answered_from_memory());
+        assert!(!reply(409, database).answered_from_memory());
+        assert!(!reply(201, memory).answered_from_memory());
     }
 
     #[test]

@@ -93,6 +93,10 @@ pub struct Record {
     pub expected: Option<(&'static str, u16, &'static str)>,
     /// Transport error text, if no answer came.
     pub error: Option<String>,
+    /// A refusal an instance gave from its memory (a sold-out SKU or campaign, a
+    /// shopper at the limit): stored under no key, so another copy of the request is
+    /// answered afresh, not replayed.
+    pub from_memory: bool,
 }
 
 impl Record {
@@ -104,6 +108,7 @@ impl Record {
     /// key must replay it). Transient refusals and validation errors are not stored.
     fn stored_fresh(&self) -> bool {
         !self.replayed
+            && !self.from_memory
             && self.error.is_none()
             && (self.status < 500)
             && !matches!(
@@ -552,6 +557,11 @@ impl Report {
                 campaign.most_units_one_buyer_got,
                 self.sold_out_answers_per_second
             ));
+        } else if self.sold_out_answers_per_second > 0.0 {
+            line(format!(
+                "sold-out answers {:.0}/s",
+                self.sold_out_answers_per_second
+            ));
         }
         line(format!(
             "stock  received {}  available {}  reserved {}  ({} SKUs checked)",
@@ -606,6 +616,7 @@ mod tests {
             latency_microseconds: 1000,
             expected: None,
             error: None,
+            from_memory: false,
         }
     }
 
@@ -734,6 +745,22 @@ mod tests {
                 .any(|violation| violation.starts_with("OVERSELL")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn refusals_from_memory_are_not_stored_answers_and_two_of_them_are_no_duplicate_effect() {
+        let from_memory = || Record {
+            from_memory: true,
+            ..record(7, 409, Some("insufficient_stock"), false, 9)
+        };
+        let duplicate_effect = |records: &[Record]| {
+            violations(records, &counters(1, 0, 1, 0), &clean(), None)
+                .iter()
+                .any(|violation| violation.starts_with("duplicate effect"))
+        };
+        assert!(!duplicate_effect(&[from_memory(), from_memory()]));
+        let stored = || record(7, 409, Some("insufficient_stock"), false, 9);
+        assert!(duplicate_effect(&[stored(), stored()]));
     }
 
     #[test]

@@ -365,6 +365,7 @@ async fn drive_range(
                         latency_microseconds,
                         expected,
                         error: None,
+                        from_memory: reply.answered_from_memory(),
                     },
                     Err(error) => Record {
                         index,
@@ -376,6 +377,7 @@ async fn drive_range(
                         latency_microseconds,
                         expected,
                         error: Some(error),
+                        from_memory: false,
                     },
                 });
                 progress.inc(1);

@@ -39,13 +39,17 @@ async fn the_last_unit_scenario_sells_exactly_one_unit_and_replays_every_duplica
 
     assert_eq!(report.requests_sent, 150);
     assert_eq!(report.count(Class::Success), 1);
+    // Every other answer is "sold out": the database's, replayed to the copies of a
+    // key it answered, or an instance's memory's, stored under no key, so each copy of
+    // such a key hears it afresh (alike: the judge in `run` checks replays and effects).
+    let replayed = report.count(Class::ReplayedDuplicate);
+    assert!(replayed <= 50, "{}", report.render_text());
     assert_eq!(
-        report.count(Class::ReplayedDuplicate),
-        50,
+        replayed + report.count(Class::InsufficientStock),
+        149,
         "{}",
         report.render_text()
     );
-    assert_eq!(report.count(Class::InsufficientStock), 99);
     assert_eq!((report.available_total, report.reserved_total), (0, 1));
     assert!(report.audit.ok);
 }
