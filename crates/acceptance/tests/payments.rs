@@ -64,6 +64,7 @@ mirrored_tests!(
     a_refund_the_gateway_answers_failed_or_pending_is_not_refunded_until_it_succeeds,
     a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment,
     a_pending_refund_the_gateway_cannot_find_is_left_to_a_person_saying_so,
+    a_refund_settled_elsewhere_meanwhile_does_not_hold_up_the_rest_of_its_batch,
 );
 
 const SKU: &str = "TEA-250G";
@@ -2028,4 +2029,60 @@ async fn a_pending_refund_the_gateway_cannot_find_is_left_to_a_person_saying_so(
         .unwrap_or_default();
     assert!(reason.contains("could not be read"), "{view:#}");
     app.assert_audit_clean().await;
+}
+
+async fn a_refund_settled_elsewhere_meanwhile_does_not_hold_up_the_rest_of_its_batch(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: no other instance can settle a refund between a claim and its
+        // answer, and no row lock to hold the worker at that point.
+        return;
+    }
+    let (app, _gateway) = shop(backend).await;
+    let first = paid_order(&app, "user-1", 1).await;
+    let second = paid_order(&app, "user-2", 1).await;
+    assert_eq!(cancel_as_staff(&app, &first).await.status, 200);
+    app.clock.advance_seconds(1);
+    assert_eq!(cancel_as_staff(&app, &second).await.status, 200);
+    let first_refund = app.order(&first).await["refund"]["refund_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Holding the first order's lock stops the worker right before it records the
+    // first refund's answer; meanwhile another instance (past its lease) records
+    // another answer for it.
+    let mut other_instance = app.database.raw_connection().await;
+    other_instance.execute("BEGIN").await.unwrap();
+    other_instance
+        .execute(&format!(
+            "SELECT status FROM customer_order WHERE id = '{first}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let engine = app.engine.clone();
+    let step = tokio::spawn(async move { engine.refund_step().await });
+    app.database
+        .wait_until_blocked_by(&mut other_instance)
+        .await;
+    other_instance
+        .execute(&format!(
+            "UPDATE refund SET status = 'FAILED', failure_reason = 'settled elsewhere' WHERE id = '{first_refund}'"
+        ))
+        .await
+        .unwrap();
+    other_instance.execute("COMMIT").await.unwrap();
+
+    let settled = step
+        .await
+        .unwrap()
+        .expect("the step goes on past the first refund");
+
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert_eq!(app.order(&second).await["status"], "REFUNDED");
+    let view = app.order(&first).await;
+    assert_eq!(
+        view["refund"]["status"], "FAILED",
+        "the other answer stands: {view:#}"
+    );
 }

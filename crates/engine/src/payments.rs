@@ -735,51 +735,69 @@ impl Engine {
                         .await
                 }
             };
-            match outcome {
-                // A refund object is an answer, not yet the money back: only
-                // `succeeded` settles it.
-                CallOutcome::Answered(answer) if answer.status == "succeeded" => {
-                    self.retried("refunds", || {
-                        self.inner
-                            .store
-                            .settle_refund(&refund.refund_id, &answer.id, self.now())
-                    })
-                    .await?;
-                    metrics::counter!("stockd_refunds_total", "result" => "confirmed").increment(1);
-                    settled.push(refund.refund_id);
-                }
-                CallOutcome::Answered(answer)
-                    if matches!(answer.status.as_str(), "failed" | "canceled") =>
-                {
-                    // The money did not go back and asking again returns the same
-                    // refund: a person decides, as for a refusal.
-                    let reason = format!("the gateway's refund {} is {}", answer.id, answer.status);
-                    self.leave_refund_to_a_person(&refund, &reason).await?;
-                }
-                CallOutcome::Refused { reason, .. } => {
-                    // Sending it again would be refused again: a person decides (the
-                    // payment may have been refunded from the gateway's dashboard).
-                    self.leave_refund_to_a_person(&refund, &reason).await?;
-                }
-                CallOutcome::Answered(answer) => {
-                    // `pending` (or `requires_action`): the money is on its way, or
-                    // waits for someone. Its id is kept, and the refund read again.
-                    if refund.gateway_refund_id.is_none() {
+            // One refund's failure to record its answer (the database unreachable, or
+            // another instance that held it past its lease recorded another answer:
+            // a refund settles once) does not hold up the rest of the batch.
+            let recorded: Result<bool, EngineError> = async {
+                match outcome {
+                    // A refund object is an answer, not yet the money back: only
+                    // `succeeded` settles it.
+                    CallOutcome::Answered(answer) if answer.status == "succeeded" => {
                         self.retried("refunds", || {
-                            self.inner.store.note_refund_at_gateway(
-                                &refund.refund_id,
-                                &answer.id,
-                                self.now(),
-                            )
+                            self.inner
+                                .store
+                                .settle_refund(&refund.refund_id, &answer.id, self.now())
                         })
                         .await?;
+                        metrics::counter!("stockd_refunds_total", "result" => "confirmed").increment(1);
+                        Ok(true)
                     }
-                    metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
-                    tracing::warn!(refund = %refund.refund_id, gateway_refund = %answer.id, status = %answer.status, "refund not completed at the gateway yet; will read it again");
+                    CallOutcome::Answered(answer)
+                        if matches!(answer.status.as_str(), "failed" | "canceled") =>
+                    {
+                        // The money did not go back and asking again returns the same
+                        // refund: a person decides, as for a refusal.
+                        let reason = format!("the gateway's refund {} is {}", answer.id, answer.status);
+                        self.leave_refund_to_a_person(&refund, &reason).await?;
+                        Ok(false)
+                    }
+                    CallOutcome::Refused { reason, .. } => {
+                        // Sending it again would be refused again: a person decides (the
+                        // payment may have been refunded from the gateway's dashboard).
+                        self.leave_refund_to_a_person(&refund, &reason).await?;
+                        Ok(false)
+                    }
+                    CallOutcome::Answered(answer) => {
+                        // `pending` (or `requires_action`): the money is on its way, or
+                        // waits for someone. Its id is kept, and the refund read again.
+                        if refund.gateway_refund_id.is_none() {
+                            self.retried("refunds", || {
+                                self.inner.store.note_refund_at_gateway(
+                                    &refund.refund_id,
+                                    &answer.id,
+                                    self.now(),
+                                )
+                            })
+                            .await?;
+                        }
+                        metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
+                        tracing::warn!(refund = %refund.refund_id, gateway_refund = %answer.id, status = %answer.status, "refund not completed at the gateway yet; will read it again");
+                        Ok(false)
+                    }
+                    other => {
+                        metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
+                        tracing::warn!(refund = %refund.refund_id, outcome = ?other, "refund not confirmed; will try again");
+                        Ok(false)
+                    }
                 }
-                other => {
-                    metrics::counter!("stockd_refunds_total", "result" => "retry").increment(1);
-                    tracing::warn!(refund = %refund.refund_id, outcome = ?other, "refund not confirmed; will try again");
+            }
+            .await;
+            match recorded {
+                Ok(true) => settled.push(refund.refund_id),
+                Ok(false) => {}
+                Err(error) => {
+                    metrics::counter!("stockd_refunds_total", "result" => "error").increment(1);
+                    tracing::error!(refund = %refund.refund_id, %error, "a refund's answer could not be recorded; it is tried again after its pause if it is still pending");
                 }
             }
         }

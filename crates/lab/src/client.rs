@@ -102,8 +102,8 @@ pub struct WireReply {
     pub body: Bytes,
 }
 
-/// How stockd's detail ends on a refusal it gave from memory: the answer was stored
-/// under no key (engine::sold_out, engine::admission).
+/// What stockd's detail says on a refusal it gave from memory (at its end): the
+/// answer was stored under no key (engine::sold_out, engine::admission).
 const NOT_RECORDED: &str = "not recorded under the key)";
 
 impl WireReply {

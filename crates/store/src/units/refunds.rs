@@ -42,7 +42,7 @@ pub(crate) async fn insert_refund<C: Dialect>(
 }
 
 /// Moves a refund to `to` through [`domain::REFUND_TRANSITIONS`], from its status as
-/// read under its order's lock (every change of a refund holds it), with the update
+/// read under its order's lock (every status change of a refund holds it), with the update
 /// conditional on that status and its row count checked. Answers whether it moved: a
 /// refund already at `to` stays (the same answer, applied twice).
 async fn move_refund<C: Dialect>(
@@ -231,7 +231,7 @@ impl<B: Backend> Units<B> {
         };
         let order = parse_stored("order id", &order, OrderId::parse)?;
         // The order first: the lock order of every order transaction, and the lock
-        // every change of its refunds holds.
+        // every status change of its refunds holds.
         lock_order(&mut *transaction, &order).await?;
         move_refund(
             &mut *transaction,
