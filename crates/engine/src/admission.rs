@@ -412,8 +412,7 @@ impl Engine {
         let now = self.now();
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         if route.known_sold_out(quantity, now, recheck)
-            && (self.inner.campaigns.remembered(claim).is_some()
-                || self.memory_may_answer(claim, routed.memory_may_refuse))
+            && self.memory_answers_sold_out(claim, routed)
         {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database.

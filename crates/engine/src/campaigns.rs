@@ -564,10 +564,7 @@ impl Engine {
             .ring(start)
             .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
             .collect();
-        if candidates.is_empty()
-            && self.inner.campaigns.remembered(claim).is_none()
-            && !self.memory_may_answer(claim, routed.memory_may_refuse)
-        {
+        if candidates.is_empty() && !self.memory_answers_sold_out(claim, routed) {
             candidates.push(start);
         }
         let Some((&last, others)) = candidates.split_last() else {
@@ -618,6 +615,17 @@ impl Engine {
         }
         self.remember_answer(claim, &decided);
         Ok(decided)
+    }
+
+    /// Whether a request for a campaign this process knows sold out is answered from
+    /// memory: with the key's remembered answer, or refused when memory may answer it.
+    pub(crate) fn memory_answers_sold_out(
+        &self,
+        claim: &IdempotencyClaim,
+        routed: &Routed,
+    ) -> bool {
+        self.inner.campaigns.remembered(claim).is_some()
+            || self.memory_may_answer(claim, routed.memory_may_refuse)
     }
 
     fn remember_answer(&self, claim: &IdempotencyClaim, decided: &store::Idempotent) {

@@ -405,7 +405,7 @@ impl Engine {
         };
         let Some(routed) = routed else {
             return self
-                .decide_reservation(request, None, memory_may_refuse)
+                .decide_reservation(request, None)
                 .await
                 .map(Held::Answered);
         };
@@ -418,11 +418,7 @@ impl Engine {
             &routed,
             shopper.as_ref(),
             respond_async,
-            move || async move {
-                engine
-                    .decide_reservation(request, Some(route), memory_may_refuse)
-                    .await
-            },
+            move || async move { engine.decide_reservation(request, Some(route)).await },
         )
         .await
     }
@@ -433,9 +429,10 @@ impl Engine {
         &self,
         request: ReserveRequest,
         routed: Option<campaigns::Routed>,
-        memory_may_refuse: bool,
     ) -> Result<Reply, EngineError> {
         let claim = &request.claim.clone();
+        let memory_may_refuse =
+            sold_out::memory_may_refuse(claim, request.reference.order_ref.is_some());
         let lines = request.lines.clone();
         let position = std::sync::Mutex::new(None);
         let submit = |request: ReserveRequest| {

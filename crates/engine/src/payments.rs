@@ -184,7 +184,7 @@ impl Engine {
         let routed = self.route_lines(&order.lines, memory_may_refuse)?;
         let Some(routed) = routed else {
             return self
-                .decide_order(operation, claim.clone(), order, None, memory_may_refuse)
+                .decide_order(operation, claim.clone(), order, None)
                 .await
                 .map(crate::Held::Answered);
         };
@@ -200,13 +200,7 @@ impl Engine {
             respond_async,
             move || async move {
                 engine
-                    .decide_order(
-                        operation,
-                        owned_claim,
-                        order,
-                        Some(route),
-                        memory_may_refuse,
-                    )
+                    .decide_order(operation, owned_claim, order, Some(route))
                     .await
             },
         )
@@ -220,9 +214,10 @@ impl Engine {
         claim: IdempotencyClaim,
         order: NewOrder,
         routed: Option<crate::campaigns::Routed>,
-        memory_may_refuse: bool,
     ) -> Result<Reply, EngineError> {
         let claim = &claim;
+        let memory_may_refuse =
+            crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some());
         let renderer = self.inner.renderer.as_ref();
         let lines = order.lines.clone();
         let skus = crate::retry::skus_of(&lines);
