@@ -16,6 +16,7 @@ mirrored_tests!(
     confirm_release_and_expiry_are_the_second_and_last_event_of_a_reservation,
     an_order_announces_each_status_it_enters_numbered_by_its_version,
     stock_movements_and_shelf_changes_are_numbered_per_sku,
+    a_return_announces_each_line_it_puts_back_as_a_stock_movement,
     a_refused_or_rolled_back_change_announces_nothing,
     the_feed_pages_in_commit_order_and_an_empty_page_keeps_the_cursor,
     an_event_whose_transaction_commits_late_is_not_skipped,
@@ -276,6 +277,93 @@ async fn stock_movements_and_shelf_changes_are_numbered_per_sku(backend: Backend
     assert_eq!(changes[0].0, 1);
     assert_eq!(changes[1], (2, json!("OFF_SHELF")));
     assert_gap_free_per_aggregate(&events);
+}
+
+async fn a_return_announces_each_line_it_puts_back_as_a_stock_movement(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = TestGateway::start(&app).await;
+    app.stocked_sku("TEA", 10).await;
+    app.stocked_sku("COFFEE", 5).await;
+    // Listed out of lock order: the movement ids number the lines as the order lists them.
+    let order = app.order_of("user-1", &[("TEA", 2), ("COFFEE", 1)]).await;
+    let paid = app.pay(&order, "pay-1", "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    drop(gateway);
+    let before = app.all_events().await;
+
+    let returned = app
+        .send(
+            Call::post(format!("/v1/orders/{order}/return"))
+                .admin()
+                .key("return-1"),
+        )
+        .await;
+    assert_eq!(returned.status, 200, "{returned:?}");
+
+    let events = app.all_events().await;
+    let new_events = &events[before.len()..];
+    let moves: Vec<(Value, Value, Value, Value, Value, Value)> = of_type(new_events, "stock.moved")
+        .iter()
+        .map(|event| {
+            assert_eq!(event["data"]["kind"], "return");
+            assert_eq!(event["data"]["order_id"], order.as_str());
+            assert_eq!(event["data"]["shop"], "default");
+            (
+                event["aggregate_id"].clone(),
+                event["sequence"].clone(),
+                event["data"]["movement_id"].clone(),
+                event["data"]["available_delta"].clone(),
+                event["data"]["available"].clone(),
+                event["data"]["reserved"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        moves,
+        vec![
+            (
+                json!("COFFEE"),
+                json!(2),
+                json!(format!("{order}.return.1")),
+                json!(1),
+                json!(5),
+                json!(0)
+            ),
+            (
+                json!("TEA"),
+                json!(2),
+                json!(format!("{order}.return.0")),
+                json!(2),
+                json!(10),
+                json!(0)
+            ),
+        ],
+        "one event per line, after each SKU's receive"
+    );
+    assert_eq!(
+        new_events.len(),
+        2,
+        "a return announces nothing else: {new_events:?}"
+    );
+    for (sku, _, movement, ..) in &moves {
+        let row = app
+            .send(
+                Call::get(format!(
+                    "/v1/stock-movements/{}",
+                    movement.as_str().unwrap()
+                ))
+                .admin(),
+            )
+            .await;
+        assert_eq!(row.status, 200, "{row:?}");
+        assert_eq!(
+            &row.json()["sku"],
+            sku,
+            "the event's movement id names its ledger row"
+        );
+    }
+    assert_gap_free_per_aggregate(&events);
+    app.assert_audit_clean().await;
 }
 
 async fn a_refused_or_rolled_back_change_announces_nothing(backend: Backend) {

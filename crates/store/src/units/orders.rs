@@ -194,27 +194,35 @@ pub(crate) async fn order_lines<C: Dialect>(
 }
 
 /// An after-sale return's effect: every line of the order back to available stock, in
-/// (sku, warehouse) order, each with its `return` ledger row.
+/// (sku, warehouse) order, each with its `return` ledger row and its `stock.moved`
+/// event (kind `return`, naming the order and the movement id the answer lists).
 pub(crate) async fn put_goods_back<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     claim: &IdempotencyClaim,
     now: Timestamp,
 ) -> Result<(), StoreError> {
-    let mut lines = order_lines(transaction, order).await?;
-    lines.sort_by(|left, right| (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse)));
-    for line in &lines {
-        let updated = statement(
-            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
-             WHERE sku = $1 AND warehouse = $2",
-        )
-        .bind(line.sku.as_str())
-        .bind(line.warehouse.as_str())
-        .bind(line.quantity)
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
+    let shop: String = statement("SELECT shop FROM customer_order WHERE id = $1")
+        .bind(order.as_str())
+        .fetch_one_scalar(&mut *transaction)
         .await?;
-        expect_one_row(updated, "returning an order's goods")?;
+    // Movement ids number the order's lines as the order lists them; the rows are
+    // written in lock order.
+    let mut lines: Vec<(u32, OrderLine)> =
+        (0..).zip(order_lines(transaction, order).await?).collect();
+    lines.sort_by(|(_, left), (_, right)| {
+        (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
+    });
+    for (line_number, line) in &lines {
+        let (available, reserved) = transaction
+            .adjust_stock(
+                line.sku.as_str(),
+                line.warehouse.as_str(),
+                line.quantity,
+                now,
+            )
+            .await?
+            .ok_or_else(|| invariant("returning an order's goods found no stock row"))?;
         insert_ledger_row(
             transaction,
             LedgerEntry {
@@ -225,6 +233,32 @@ pub(crate) async fn put_goods_back<C: Dialect>(
                 reserved_delta: 0,
                 reference: order.as_str(),
                 idempotency_key: Some(claim.key.as_str()),
+            },
+            now,
+        )
+        .await?;
+        let movement = domain::LedgerMovementId::Return {
+            order: order.clone(),
+            line: *line_number,
+        };
+        append_event(
+            transaction,
+            NewEvent {
+                event_type: EventType::StockMoved,
+                aggregate_id: line.sku.as_str(),
+                shop: &shop,
+                sequence: Sequence::Counted,
+                data: json!({
+                    "movement_id": movement.to_string(),
+                    "order_id": order.as_str(),
+                    "sku": line.sku.as_str(),
+                    "shop": shop,
+                    "warehouse": line.warehouse.as_str(),
+                    "kind": "return",
+                    "available_delta": line.quantity,
+                    "available": available,
+                    "reserved": reserved,
+                }),
             },
             now,
         )
