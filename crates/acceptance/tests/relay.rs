@@ -21,6 +21,7 @@ mirrored_tests!(
     events_wait_while_nats_is_down_and_arrive_in_order_when_it_is_back,
     events_are_pruned_after_the_retention_only_once_the_relay_took_them,
     a_deleted_event_stream_is_created_again_and_the_events_go_on,
+    a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can,
 );
 
 /// Relay steps until one publishes nothing; answers the steps' total.
@@ -281,6 +282,11 @@ async fn a_deleted_event_stream_is_created_again_and_the_events_go_on(backend: B
     let mut published = 0;
     for _ in 0..10 {
         let step = app.engine.relay_step(&relay).await.expect("relay step");
+        if step.failure.is_some() {
+            // Alone, the relay that failed claims the lease again once it stood aside.
+            app.clock
+                .advance_milliseconds(app.engine.config().relay_stand_aside_milliseconds);
+        }
         published += step.published;
         if published == 2 {
             break;
@@ -295,4 +301,42 @@ async fn a_deleted_event_stream_is_created_again_and_the_events_go_on(backend: B
         "the new stream holds the events since: {stream:?}"
     );
     assert_eq!(app.engine.outbox_gauges_step().await.unwrap().pending, 0);
+}
+
+async fn a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can(backend: Backend) {
+    let mut unreachable = TestNats::start().await;
+    let reachable = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+    app.engine.attach_event_relay();
+    other.engine.attach_event_relay();
+    let cut_off = EventRelay::new(unreachable.bus().await, "relay-cut-off");
+    unreachable.stop();
+    acceptance::wait_until("the relay saw its NATS go", || {
+        !cut_off.bus().is_connected()
+    })
+    .await;
+    let connected = EventRelay::new(reachable.bus().await, "relay-connected");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "sold", 3).await;
+    app.sequence_all_events().await;
+
+    let failed = app.engine.relay_step(&cut_off).await.unwrap();
+    assert!(failed.failure.is_some(), "{failed:?}");
+    let taken_over = relay_all(&other, &connected).await;
+
+    assert_eq!(
+        taken_over.published, 4,
+        "the receive and three reservations"
+    );
+    assert_stream_is_the_feed(&reachable, &app).await;
+    let aside = app.engine.relay_step(&cut_off).await.unwrap();
+    assert!(aside.standing_aside, "{aside:?}");
+    app.clock
+        .advance_milliseconds(app.engine.config().relay_stand_aside_milliseconds);
+    let later = app.engine.relay_step(&cut_off).await.unwrap();
+    assert!(
+        later.waiting_for_lease,
+        "the instance that reaches NATS keeps the lease: {later:?}"
+    );
 }

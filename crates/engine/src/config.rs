@@ -102,6 +102,12 @@ pub struct EngineConfig {
     pub relay_interval_milliseconds: u64,
     /// Pause after a step that failed (NATS down): how often the relay tries again.
     pub relay_retry_milliseconds: u64,
+    /// After a step that could not publish, this instance gives the relay's lease up
+    /// and claims it again only this much later, so an instance that reaches NATS
+    /// takes over (its steps come every interval) instead of waiting behind one that
+    /// cannot. Longer than `relay_retry_milliseconds`; alone, the cost is this delay
+    /// once NATS is back.
+    pub relay_stand_aside_milliseconds: i64,
     /// Pause between checks for stock rows with a negative counter (a table scan).
     pub negative_stock_interval_milliseconds: u64,
     /// Pause between samples of the database's sessions (lock waiters, long
@@ -161,6 +167,7 @@ impl Default for EngineConfig {
             relay_lease_milliseconds: 15_000,
             relay_interval_milliseconds: 100,
             relay_retry_milliseconds: 1_000,
+            relay_stand_aside_milliseconds: 3_000,
             negative_stock_interval_milliseconds: 60_000,
             database_activity_interval_milliseconds: 5_000,
             long_transaction_milliseconds: 10_000,

@@ -7,9 +7,11 @@
 //! out, and its successor starts again after the last acknowledged position. Events
 //! it had published but not recorded go out again with the same `Nats-Msg-Id` (the
 //! event id), which JetStream drops inside its duplicate window. NATS being down only
-//! makes steps fail: the events wait in the outbox, and the gauges show them.
+//! makes steps fail: the events wait in the outbox, and the gauges show them. A relay
+//! whose step could not publish gives the lease up and stands aside for a while, so an
+//! instance that reaches NATS takes over rather than waiting behind it for ever.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use bus::{Bus, BusError, Outgoing};
 use domain::FeedCursor;
@@ -22,6 +24,9 @@ pub struct EventRelay {
     bus: Bus,
     holder: String,
     stream_ready: AtomicBool,
+    /// Unix milliseconds (the engine's clock) before which this instance does not
+    /// claim the lease: it failed to publish lately.
+    standing_aside_until: AtomicI64,
 }
 
 impl EventRelay {
@@ -30,6 +35,7 @@ impl EventRelay {
             bus,
             holder: holder.into(),
             stream_ready: AtomicBool::new(false),
+            standing_aside_until: AtomicI64::new(i64::MIN),
         }
     }
 
@@ -62,6 +68,9 @@ pub struct RelayStep {
     pub duplicates: usize,
     /// Another instance holds the lease: this one published nothing.
     pub waiting_for_lease: bool,
+    /// This instance failed to publish lately and leaves the lease to the others for
+    /// `relay_stand_aside_milliseconds`: it published nothing.
+    pub standing_aside: bool,
     /// A full batch was taken: more may be waiting.
     pub more_waiting: bool,
     /// Why some events were not published (they wait for the next step).
@@ -75,6 +84,12 @@ impl Engine {
     pub async fn relay_step(&self, relay: &EventRelay) -> Result<RelayStep, EngineError> {
         let config = &self.inner.config;
         let now = self.now();
+        if now.unix_milliseconds() < relay.standing_aside_until.load(Ordering::Relaxed) {
+            return Ok(RelayStep {
+                standing_aside: true,
+                ..RelayStep::default()
+            });
+        }
         let lease_until = now.plus_milliseconds(config.relay_lease_milliseconds);
         let claimed = self
             .inner
@@ -90,6 +105,7 @@ impl Engine {
         };
         if !relay.stream_ready.load(Ordering::Relaxed) {
             if let Err(error) = relay.bus.ensure_event_stream().await {
+                self.stand_aside(relay, &error).await?;
                 return Ok(RelayStep {
                     failure: Some(error),
                     ..RelayStep::default()
@@ -161,9 +177,28 @@ impl Engine {
         if let Some(failure) = &step.failure {
             step.more_waiting = false;
             metrics::counter!("stockd_outbox_publish_failures_total").increment(1);
-            tracing::debug!(%failure, "relay step left events waiting");
+            self.stand_aside(relay, failure).await?;
         }
         Ok(step)
+    }
+
+    /// After a step that could not publish: the lease goes back (an instance that
+    /// reaches NATS takes it at its next step) and this one does not claim it again
+    /// for `relay_stand_aside_milliseconds`. Renewing it at every failed step would
+    /// keep the others waiting for as long as this instance cannot reach NATS.
+    async fn stand_aside(&self, relay: &EventRelay, failure: &BusError) -> Result<(), EngineError> {
+        let until = self
+            .now()
+            .plus_milliseconds(self.inner.config.relay_stand_aside_milliseconds);
+        relay
+            .standing_aside_until
+            .store(until.unix_milliseconds(), Ordering::Relaxed);
+        tracing::warn!(
+            %failure,
+            holder = relay.holder,
+            "relay could not publish: lease given up, events wait for this or another instance"
+        );
+        self.release_relay(relay).await
     }
 
     /// Gives the relay's lease up (a clean stop), so another instance takes over at

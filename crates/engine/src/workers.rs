@@ -285,7 +285,7 @@ async fn relay_loop(
     let retry = Duration::from_millis(config.relay_retry_milliseconds);
     loop {
         let pause = match engine.relay_step(&relay).await {
-            Ok(step) if step.failure.is_some() => retry,
+            Ok(step) if step.failure.is_some() || step.standing_aside => retry,
             Ok(step) if step.more_waiting => Duration::ZERO,
             Ok(_) => interval,
             Err(error) => {
