@@ -22,6 +22,7 @@ mirrored_tests!(
     the_consumer_hands_out_no_more_than_its_in_flight_bound,
     two_shops_commands_with_the_same_key_are_two_requests,
     a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_database_and_stored,
+    a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice,
 );
 
 fn settings() -> IntakeSettings {
@@ -410,6 +411,54 @@ async fn a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_dat
     assert_eq!(
         answers[1].headers["Idempotent-Replayed"], "true",
         "stored under its key"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let created = app
+        .send(
+            acceptance::Call::post("/v1/admin/campaigns")
+                .admin()
+                .key("campaign-hot")
+                .json(&json!({
+                    "sku": "HOT",
+                    "quantity": 5,
+                    "buckets": 1,
+                    "per_user_limit": 1,
+                    "starts_at": acceptance::START.to_rfc3339(),
+                    "ends_at": acceptance::START.plus_seconds(3600).to_rfc3339(),
+                })),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let intake = intake(&nats, settings()).await;
+    let body = json!({
+        "shop": "default",
+        "lines": [{"sku": "HOT", "quantity": 1}],
+        "user_id": "shopper-1",
+    })
+    .to_string()
+    .into_bytes();
+    // Both in one fetch: the second arrives while the first holds the shopper's one
+    // place in the campaign's waiting room.
+    for delivery in 0..2 {
+        nats.publish_command(&body, Some("campaign-1"), &format!("message-{delivery}"))
+            .await;
+    }
+
+    answer(&intake, &app, 2).await;
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "campaign-1", 2);
+    assert_eq!(answers[0].headers["Stockd-Status"], "201");
+    assert_eq!(
+        app.ledger_rows("HOT", "reserve").await,
+        1,
+        "one effect, answered twice"
     );
     app.assert_audit_clean().await;
 }

@@ -211,6 +211,11 @@ fn parse_command(body: &[u8], key: Option<&str>) -> Result<ParsedCommand, ApiErr
 
 /// Failures after which the same command may well succeed: delivered again, not
 /// answered (a retry of a request with the same key over HTTP would run again too).
+/// A campaign's waiting room that has no place (it is full, or the shopper's one place
+/// is taken — by this very command delivered twice at once) answers HTTP 429 with
+/// `Retry-After`; a queued command waits for its turn instead, and a second delivery
+/// then hears the first one's stored answer. An internal error is answered: the same
+/// command would meet it again at each of the thousand deliveries.
 fn is_transient(error: &ApiError) -> bool {
     matches!(
         error.code,
@@ -218,7 +223,7 @@ fn is_transient(error: &ApiError) -> bool {
             | ErrorCode::RetryExhausted
             | ErrorCode::Unavailable
             | ErrorCode::RequestInProgress
-            | ErrorCode::Internal
+            | ErrorCode::RateLimited
     )
 }
 
@@ -265,6 +270,35 @@ pub async fn run(
         tokio::select! {
             () = shutdown.cancelled() => break,
             () = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_that_found_no_place_waits_and_one_that_failed_inside_is_answered() {
+        let delivered_again = [
+            ErrorCode::LockTimeout,
+            ErrorCode::RetryExhausted,
+            ErrorCode::Unavailable,
+            ErrorCode::RequestInProgress,
+            ErrorCode::RateLimited,
+        ];
+        for code in delivered_again {
+            assert!(is_transient(&ApiError::new(code, "")), "{code:?}");
+        }
+        let answered = [
+            ErrorCode::Internal,
+            ErrorCode::InvalidArgument,
+            ErrorCode::InsufficientStock,
+            ErrorCode::PurchaseLimitExceeded,
+            ErrorCode::Forbidden,
+        ];
+        for code in answered {
+            assert!(!is_transient(&ApiError::new(code, "")), "{code:?}");
         }
     }
 }
