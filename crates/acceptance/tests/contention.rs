@@ -138,6 +138,7 @@ fn status_and_code(outcome: &Idempotent) -> (&'static str, u16, Option<String>) 
         Idempotent::Executed(response) => ("executed", response),
         Idempotent::Replayed(response) => ("replayed", response),
         Idempotent::KeyReused => return ("key_reused", 0, None),
+        Idempotent::Forbidden(_) => return ("forbidden", 403, None),
         Idempotent::Undecided => return ("undecided", 0, None),
     };
     let body: serde_json::Value = serde_json::from_str(&response.body).unwrap();

@@ -404,10 +404,20 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         .collect();
     assert_eq!(calls.len(), staff_only.len());
     assert_each_refused(&shop.north, calls, 403, "forbidden").await;
-    // And a north operator never sells.
+    // And a north operator never sells, nor cancels an unpaid order (a paid one is
+    // its decision).
     let selling: Vec<_> = every_protected_call(&shop)
         .into_iter()
-        .filter(|(label, _)| ["reserve", "create order", "pay order", "checkout"].contains(label))
+        .filter(|(label, _)| {
+            [
+                "reserve",
+                "create order",
+                "pay order",
+                "checkout",
+                "cancel order",
+            ]
+            .contains(label)
+        })
         .map(|(label, call)| (label, call.bearer(&north_operator)))
         .collect();
     assert_each_refused(&app, selling, 403, "forbidden").await;

@@ -255,6 +255,7 @@ impl Engine {
                 })
             }
             Idempotent::KeyReused => Err(EngineError::IdempotencyKeyReused),
+            Idempotent::Forbidden(detail) => Err(EngineError::Forbidden(detail)),
             Idempotent::Undecided => Err(EngineError::Internal(
                 "a request was left undecided outside a campaign's buckets".into(),
             )),

@@ -833,14 +833,17 @@ impl Engine {
                 &[Action::PlaceOrder, Action::CancelPaidOrder],
             )
             .await?;
-        let may_cancel_paid = allowed.contains(&Action::CancelPaidOrder);
+        let rights = store::CancelRights {
+            unpaid: allowed.contains(&Action::PlaceOrder),
+            paid: allowed.contains(&Action::CancelPaidOrder),
+        };
         let renderer = self.inner.renderer.as_ref();
         let _given_back = self.stock_may_come_back();
         self.idempotent("cancel_order", claim, || {
             self.retried("cancel_order", || {
                 self.inner
                     .store
-                    .cancel_order(claim, order, may_cancel_paid, self.now(), renderer)
+                    .cancel_order(claim, order, rights, self.now(), renderer)
             })
         })
         .await

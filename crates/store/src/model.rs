@@ -68,6 +68,10 @@ pub enum Idempotent {
     Replayed(StoredResponse),
     /// The key was used before by a different request.
     KeyReused,
+    /// The caller's role may not do this to what the unit of work found under its
+    /// locks (a service key cancelling a paid order, an operator an unpaid one):
+    /// nothing was written, not even the key, as for any refused credential.
+    Forbidden(String),
     /// Nothing was decided or stored: a campaign's bucket was short while others may
     /// hold units (`undecided_when_short`). The engine sends the request to another.
     Undecided,

@@ -8,6 +8,16 @@ use domain::{
 use crate::catalog::SkippedLine;
 use crate::model::ShopScope;
 
+/// What the caller of a cancel may cancel: its role decides, the order's status
+/// (read under the order's lock) says which applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelRights {
+    /// An order not paid yet (its hold released): the shop's checkout and the admin.
+    pub unpaid: bool,
+    /// A paid order (refunded): a staff decision, the shop's operators and the admin.
+    pub paid: bool,
+}
+
 /// An order to create, with the reservation that holds its stock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {

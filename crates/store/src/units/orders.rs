@@ -23,7 +23,8 @@ use crate::model::{
     IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, StoredResponse,
 };
 use crate::orders::{
-    NewOrder, Order, OrderHistoryEntry, OrderLine, OrderSummary, PaymentAttempt, RefundRecord,
+    CancelRights, NewOrder, Order, OrderHistoryEntry, OrderLine, OrderSummary, PaymentAttempt,
+    RefundRecord,
 };
 use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
 use crate::replicas::{Displayed, ReadHandle};
@@ -925,7 +926,7 @@ impl<B: Backend> Units<B> {
         &self,
         claim: &IdempotencyClaim,
         order: &OrderId,
-        may_cancel_paid: bool,
+        rights: CancelRights,
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
@@ -943,6 +944,22 @@ impl<B: Backend> Units<B> {
             }
             None => false,
         };
+        // Which cancel this is depends on the status found under the lock, and so
+        // does whether the caller's role may make it.
+        let forbidden = match &locked {
+            Some((status, _, _)) if status.accepts_a_payment_attempt() && holds_stock => {
+                (!rights.unpaid).then_some(
+                    "the order is not paid: the shop's checkout (its service key) or an admin cancels it",
+                )
+            }
+            Some((OrderStatus::Paid, _, _)) => (!rights.paid)
+                .then_some("the order is paid: cancelling it (and refunding) is a staff decision"),
+            _ => None,
+        };
+        if let Some(detail) = forbidden {
+            transaction.rollback().await?;
+            return Ok(Idempotent::Forbidden(detail.to_owned()));
+        }
         let refusal = match locked {
             None => Some(Rejection::new(
                 ErrorCode::NotFound,
@@ -962,10 +979,6 @@ impl<B: Backend> Units<B> {
                 .await?;
                 None
             }
-            Some((OrderStatus::Paid, _, _)) if !may_cancel_paid => Some(Rejection::new(
-                ErrorCode::Forbidden,
-                "the order is paid: cancelling it (and refunding) is a staff decision",
-            )),
             Some((OrderStatus::Paid, _, _)) => {
                 cancel_paid_order(&mut *transaction, order, now).await?;
                 None
