@@ -65,6 +65,8 @@ mirrored_tests!(
     a_pay_key_whose_answer_is_not_stored_yet_is_refused_for_another_payment,
     a_pending_refund_the_gateway_cannot_find_is_left_to_a_person_saying_so,
     a_refund_settled_elsewhere_meanwhile_does_not_hold_up_the_rest_of_its_batch,
+    a_reconciled_answer_that_cannot_be_applied_does_not_hold_up_the_rest_of_its_batch,
+    a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound,
 );
 
 const SKU: &str = "TEA-250G";
@@ -2089,4 +2091,107 @@ async fn a_refund_settled_elsewhere_meanwhile_does_not_hold_up_the_rest_of_its_b
         view["refund"]["status"], "FAILED",
         "the other answer stands: {view:#}"
     );
+}
+
+async fn a_reconciled_answer_that_cannot_be_applied_does_not_hold_up_the_rest_of_its_batch(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer and no row lock to hold one order while the other is settled.
+        return;
+    }
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 100).await;
+    let gateway = TestGateway::start(&app).await;
+    app.stocked_sku(SKU, STOCK).await;
+    gateway.sandbox.stop_webhooks();
+    let mut orders = Vec::new();
+    for user in ["user-1", "user-2"] {
+        let order = app.order_of(user, &[(SKU, 1)]).await;
+        let response = app
+            .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+            .await;
+        assert_eq!(response.status, 202, "{response:?}");
+        orders.push(order);
+    }
+    // Another session holds the first order: applying its answer times out on the lock.
+    let mut holder = app.database.raw_connection().await;
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute(&format!(
+            "SELECT status FROM customer_order WHERE id = '{}' FOR UPDATE",
+            orders[0]
+        ))
+        .await
+        .unwrap();
+    app.clock.advance_seconds(11);
+
+    let resolved = app
+        .engine
+        .reconcile_step()
+        .await
+        .expect("the step goes on past the attempt it could not settle");
+
+    assert_eq!(resolved.len(), 2, "{resolved:?}");
+    assert_statuses(&app, &orders[1], ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+    holder.execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.order(&orders[0]).await["status"], "PAYMENT_PROCESSING");
+    // After its lease the attempt is asked again, and its answer applied.
+    app.clock.advance_seconds(3_600);
+    app.engine.reconcile_step().await.expect("reconcile");
+    assert_statuses(&app, &orders[0], ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+    assert_eq!(gateway.charges_for(&orders[0]), 1);
+    app.assert_audit_clean().await;
+}
+
+async fn a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    let attempt = app.order(&order).await["payment"]["attempt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let attempt = domain::PaymentAttemptId::parse(&attempt).unwrap();
+    // A gateway that explains a decline at length (MySQL's reason columns hold 1,000
+    // characters; a longer value failed the settle there).
+    let reason = "Your card was declined: ".to_owned() + &"ж".repeat(3_000);
+
+    let settled = app
+        .store
+        .settle_payment(
+            &attempt,
+            &store::GatewayOutcome::Failed {
+                payment_id: None,
+                reason,
+            },
+            "webhook",
+            engine::Clock::now(&app.clock),
+        )
+        .await
+        .expect("a long reason does not fail the settle");
+
+    assert_eq!(settled, Some(domain::OrderStatus::PaymentFailed));
+    let view = app.order(&order).await;
+    let recorded = view["payment"]["failure_reason"].as_str().unwrap();
+    assert!(
+        recorded.starts_with("Your card was declined: жжж"),
+        "{recorded}"
+    );
+    assert!(recorded.ends_with('…'), "{recorded}");
+    assert_eq!(
+        recorded.chars().count(),
+        domain::limits::REASON_LENGTH_MAX + 1
+    );
+    let history = view["history"].as_array().unwrap();
+    let last = history.last().unwrap()["reason"].as_str().unwrap();
+    assert!(
+        last.chars().count() <= domain::limits::REASON_LENGTH_MAX + 1,
+        "{last}"
+    );
+    app.assert_audit_clean().await;
 }

@@ -51,6 +51,18 @@ pub const SHELF_LOG_PAGE_SIZE_MAX: i64 = 500;
 pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
 /// Remarks in the shelf log.
 pub const REMARK_LENGTH_MAX: usize = 500;
+/// Characters of a reason stockd records (an order's status change, a payment's or a
+/// refund's failure): the gateway's words are part of some, and a gateway may say a
+/// lot. MySQL's columns hold 1,000; a longer reason is cut, with a mark.
+pub const REASON_LENGTH_MAX: usize = 900;
+
+/// `text` cut to [`REASON_LENGTH_MAX`] characters, ending with `…` when it was cut.
+pub fn bounded_reason(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(REASON_LENGTH_MAX) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => std::borrow::Cow::Owned(format!("{}…", &text[..end])),
+    }
+}
 
 /// Open holds one shopper may have at once, by default (`STOCKD_USER_OPEN_HOLDS_MAX`).
 pub const USER_OPEN_HOLDS_MAX_DEFAULT: i64 = 20;
@@ -66,3 +78,20 @@ pub const BEARER_TOKEN_LENGTH_MAX: usize = 128;
 pub const LIST_PAGE_SIZE_MAX: i64 = 200;
 /// Entries of a staff list page when the caller names no `limit`.
 pub const LIST_PAGE_SIZE_DEFAULT: i64 = 50;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_within_the_bound_is_kept_and_a_longer_one_is_cut_on_a_character_with_a_mark() {
+        let short = "card declined";
+        assert_eq!(bounded_reason(short), short);
+        let exact = "é".repeat(REASON_LENGTH_MAX);
+        assert_eq!(bounded_reason(&exact), exact);
+        let long = "é".repeat(REASON_LENGTH_MAX + 300);
+        let cut = bounded_reason(&long);
+        assert_eq!(cut.chars().count(), REASON_LENGTH_MAX + 1);
+        assert!(cut.ends_with("é…"), "{cut}");
+    }
+}

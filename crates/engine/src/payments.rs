@@ -591,12 +591,29 @@ impl Engine {
                 (None, _) => None,
             };
             let status = match outcome {
-                Some(outcome) => {
-                    metrics::counter!("stockd_reconciliations_total", "result" => "resolved")
-                        .increment(1);
-                    self.settle(&attempt.attempt_id, &outcome, "reconciliation")
-                        .await?
-                }
+                // One attempt whose answer cannot be applied (the database failed or
+                // timed out on a lock) waits for its lease like an unanswered one; the
+                // rest of the batch, already leased, goes on.
+                Some(outcome) => match self
+                    .settle(&attempt.attempt_id, &outcome, "reconciliation")
+                    .await
+                {
+                    Ok(status) => {
+                        metrics::counter!("stockd_reconciliations_total", "result" => "resolved")
+                            .increment(1);
+                        status
+                    }
+                    Err(error) => {
+                        metrics::counter!("stockd_reconciliations_total", "result" => "error")
+                            .increment(1);
+                        tracing::warn!(
+                            %error,
+                            attempt = %attempt.attempt_id,
+                            "a reconciled payment's answer was not applied; asked again after its lease"
+                        );
+                        None
+                    }
+                },
                 None => {
                     metrics::counter!("stockd_reconciliations_total", "result" => "still_unknown")
                         .increment(1);

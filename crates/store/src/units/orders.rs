@@ -77,7 +77,7 @@ pub(crate) async fn insert_history<C: Dialect>(
     .bind(order.as_str())
     .bind(from.map(OrderStatus::as_str))
     .bind(to.as_str())
-    .bind(reason)
+    .bind(domain::limits::bounded_reason(reason).into_owned())
     .bind(now.unix_milliseconds())
     .execute(&mut *transaction)
     .await?;
@@ -101,7 +101,7 @@ pub(crate) async fn insert_history<C: Dialect>(
                 "user_id": user,
                 "from": from.map(OrderStatus::as_str),
                 "to": to.as_str(),
-                "reason": reason,
+                "reason": domain::limits::bounded_reason(reason),
             }),
         },
         now,

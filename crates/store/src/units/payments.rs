@@ -347,7 +347,7 @@ pub(crate) async fn set_attempt_status<C: Dialect>(
     .bind(attempt.as_str())
     .bind(status.as_str())
     .bind(payment_id)
-    .bind(reason)
+    .bind(reason.map(|reason| domain::limits::bounded_reason(reason).into_owned()))
     .bind(now.unix_milliseconds())
     .bind(from.as_str())
     .execute(&mut *transaction)
