@@ -9,6 +9,7 @@ mirrored_tests!(
     a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
     every_transition_in_the_table_changes_the_status_and_is_logged,
     refused_transitions_answer_illegal_transition_and_change_nothing,
+    an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing,
     going_on_sale_reports_every_missing_field,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
@@ -160,6 +161,40 @@ async fn refused_transitions_answer_illegal_transition_and_change_nothing(backen
         before,
         "DELETED is terminal"
     );
+}
+
+async fn an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["REAL-1", "REAL-2"]).await;
+    let ghost_product =
+        domain::ProductId::generate(domain::Timestamp::from_unix_milliseconds(0), 7).to_string();
+    let before = app.contents().await;
+
+    for (selector, missing) in [
+        (json!({"sku_ids": ["REAL-1", "GHOST"]}), "sku 'GHOST'"),
+        (
+            json!({"product_ids": [product, ghost_product]}),
+            ghost_product.as_str(),
+        ),
+        (
+            json!({"product_ids": [product], "sku_ids": ["GHOST"]}),
+            "sku 'GHOST'",
+        ),
+    ] {
+        let mut body = selector.clone();
+        body["operation"] = json!("off");
+        let refused = app.shelf(None, body).await;
+        assert_eq!(refused.status, 404, "{selector}: {refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("not_found"));
+        assert!(refused.body.contains(missing), "{selector}: {refused:?}");
+        assert_eq!(
+            app.contents().await,
+            before,
+            "{selector}: the SKUs that exist stayed on the shelf"
+        );
+    }
 }
 
 async fn going_on_sale_reports_every_missing_field(backend: Backend) {

@@ -275,6 +275,7 @@ impl Engine {
                 ),
             });
         }
+        refuse_unmatched_names(&selector, &targets)?;
         for target in &targets {
             authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
         }
@@ -572,6 +573,57 @@ impl Engine {
         }
         Ok(reply)
     }
+}
+
+/// Names in an operation shown at most in a refusal's detail.
+const UNMATCHED_NAMES_SHOWN_MAX: usize = 10;
+
+/// Every SKU and product an operation names by id must be found: an operation that
+/// names one that does not exist (or a product without a SKU) is refused as a whole,
+/// changing nothing, rather than applied to the rest while reporting success (seed 003
+/// §3.1: taking a product that does not exist off the shelf "succeeded"). Categories
+/// and suppliers select what they hold, which may be nothing.
+fn refuse_unmatched_names(
+    selector: &TargetSelector,
+    targets: &[ShelfTarget],
+) -> Result<(), EngineError> {
+    let skus: std::collections::HashSet<&SkuCode> =
+        targets.iter().map(|target| &target.sku).collect();
+    let products: std::collections::HashSet<&ProductId> = targets
+        .iter()
+        .filter_map(|target| target.product_id.as_ref())
+        .collect();
+    let unmatched: Vec<String> = selector
+        .skus
+        .iter()
+        .filter(|sku| !skus.contains(sku))
+        .map(|sku| format!("sku '{sku}'"))
+        .chain(
+            selector
+                .product_ids
+                .iter()
+                .filter(|product| !products.contains(product))
+                .map(|product| format!("product '{product}'")),
+        )
+        .collect();
+    if unmatched.is_empty() {
+        return Ok(());
+    }
+    let shown: Vec<&str> = unmatched
+        .iter()
+        .take(UNMATCHED_NAMES_SHOWN_MAX)
+        .map(String::as_str)
+        .collect();
+    let more = unmatched.len().saturating_sub(shown.len());
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Err(EngineError::NotFound(format!(
+        "the operation names what does not exist (or a product without a SKU): {}{more}; nothing was changed",
+        shown.join(", ")
+    )))
 }
 
 /// A cart's lines split into what can be ordered now and what cannot (with why); a
