@@ -203,15 +203,8 @@ async fn schedule_loop(engine: Engine, shutdown: CancellationToken) {
         let pause = if applied_full_batch {
             Duration::ZERO
         } else {
-            match engine.next_schedule_due().await {
-                Ok(Some(due)) => {
-                    let wait = due
-                        .unix_milliseconds()
-                        .saturating_sub(engine.now().unix_milliseconds());
-                    Duration::from_millis(u64::try_from(wait).unwrap_or(0)).min(sweep)
-                }
-                Ok(None) | Err(_) => sweep,
-            }
+            let next_due = engine.next_schedule_due().await.ok().flatten();
+            pause_before_next_schedule(next_due, engine.now(), sweep)
         };
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -219,6 +212,30 @@ async fn schedule_loop(engine: Engine, shutdown: CancellationToken) {
             () = engine.schedules_changed() => {}
         }
     }
+}
+
+/// The shortest pause of the schedule worker after a step that did not fill its batch.
+/// A schedule still due then is held by another instance's step (or the step failed):
+/// without a floor the worker would ask again at once, in a loop, until that step
+/// commits. Schedules have minute precision, so a second costs nothing.
+const SCHEDULE_PAUSE_MIN: Duration = Duration::from_secs(1);
+
+/// Until the next schedule is due, at least [`SCHEDULE_PAUSE_MIN`] and at most the
+/// sweep interval (which also catches schedules recorded elsewhere).
+fn pause_before_next_schedule(
+    next_due: Option<domain::Timestamp>,
+    now: domain::Timestamp,
+    sweep: Duration,
+) -> Duration {
+    let Some(due) = next_due else {
+        return sweep;
+    };
+    let wait = due
+        .unix_milliseconds()
+        .saturating_sub(now.unix_milliseconds());
+    Duration::from_millis(u64::try_from(wait).unwrap_or(0))
+        .max(SCHEDULE_PAUSE_MIN)
+        .min(sweep)
 }
 
 async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
@@ -358,5 +375,36 @@ async fn pause_unless_shut_down(shutdown: &CancellationToken, pause: Duration) -
     tokio::select! {
         () = shutdown.cancelled() => false,
         () = tokio::time::sleep(pause) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::Timestamp;
+
+    #[test]
+    fn the_schedule_worker_waits_for_the_next_due_schedule_within_a_floor_and_the_sweep() {
+        let now = Timestamp::from_unix_milliseconds(1_000_000);
+        let sweep = Duration::from_secs(60);
+        let due_in = |milliseconds: i64| Some(now.plus_milliseconds(milliseconds));
+
+        assert_eq!(pause_before_next_schedule(None, now, sweep), sweep);
+        assert_eq!(
+            pause_before_next_schedule(due_in(5_000), now, sweep),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            pause_before_next_schedule(due_in(600_000), now, sweep),
+            sweep,
+            "never longer than the sweep"
+        );
+        for overdue in [0, -1, -60_000] {
+            assert_eq!(
+                pause_before_next_schedule(due_in(overdue), now, sweep),
+                SCHEDULE_PAUSE_MIN,
+                "a schedule still due (held by another instance's step) is not asked for again at once"
+            );
+        }
     }
 }
