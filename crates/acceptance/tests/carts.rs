@@ -1,7 +1,7 @@
 //! Carts hold no stock; they show every line with what stands in its way, and a
 //! checkout orders what can be ordered now.
 
-use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests};
+use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concurrently};
 use serde_json::json;
 
 mirrored_tests!(
@@ -11,6 +11,8 @@ mirrored_tests!(
     a_checkout_retry_replays_even_after_the_cart_was_emptied,
     malformed_cart_requests_are_refused_and_change_nothing,
     every_path_that_creates_reservations_leaves_the_same_rows,
+    a_checkout_of_more_lines_than_an_order_holds_is_refused_and_changes_nothing,
+    concurrent_additions_to_a_nearly_full_cart_stop_at_its_line_limit,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -37,9 +39,16 @@ async fn shop_with_stock(app: &TestApp) -> TestApp {
     app.receive("C-PLENTY", 10).await;
     app.receive("C-SCARCE", 1).await;
     app.receive("C-OFF", 5).await;
-    app.shelf(None, json!({"operation": "off", "sku_ids": ["C-OFF"]}))
-        .await;
     app.as_service_of("north").await
+}
+
+/// Takes C-OFF off the shelf: put in a cart while on sale, it stays there with its
+/// problem shown.
+async fn take_c_off_off_the_shelf(app: &TestApp) {
+    let off = app
+        .shelf(None, json!({"operation": "off", "sku_ids": ["C-OFF"]}))
+        .await;
+    assert_eq!(off.status, 200, "{off:?}");
 }
 
 fn problems(cart: &serde_json::Value) -> Vec<(String, Option<String>)> {
@@ -69,6 +78,7 @@ async fn a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason(back
     ] {
         assert_eq!(put_item(&app, "alice", sku, quantity).await.status, 200);
     }
+    take_c_off_off_the_shelf(&app).await;
     let cart = app.send(Call::get("/v1/carts/alice")).await.json();
 
     assert_eq!(
@@ -91,6 +101,49 @@ async fn a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason(back
     );
     let unknown = put_item(&app, "alice", "C-NOWHERE", 1).await;
     assert_eq!(unknown.code().as_deref(), Some("not_found"));
+    // Not on sale, not to be put in a cart (seed 003 §1.2): neither more of a line
+    // that went off the shelf nor a SKU still waiting for review.
+    app.create_product(ProductSpec::complete("north", &["C-REVIEW"]))
+        .await;
+    let before = app.contents_except_idempotency_records().await;
+    for (sku, status) in [("C-OFF", "OFF_SHELF"), ("C-REVIEW", "PENDING_REVIEW")] {
+        let refused = put_item(&app, "alice", sku, 2).await;
+        assert_eq!(refused.status, 409, "{sku}: {refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("off_shelf"), "{sku}");
+        assert!(refused.body.contains(status), "{sku}: {refused:?}");
+    }
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let removed = app
+        .send(
+            Call::new(axum::http::Method::DELETE, "/v1/carts/alice/items/C-OFF").key("uncart-off"),
+        )
+        .await;
+    assert_eq!(
+        removed.status, 200,
+        "a line off the shelf can still be removed: {removed:?}"
+    );
+}
+
+async fn a_checkout_of_more_lines_than_an_order_holds_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let lines = domain::limits::RESERVATION_LINES_MAX + 1;
+    for index in 0..lines {
+        let sku = format!("MANY-{index}");
+        app.stocked_sku(&sku, 5).await;
+        assert_eq!(put_item(&app, "carol", &sku, 1).await.status, 200);
+    }
+    let before = app.contents().await;
+
+    let refused = app
+        .send(Call::post("/v1/carts/carol/checkout").key("carol-checkout"))
+        .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
+    assert!(refused.body.contains("at most 50"), "{refused:?}");
+    assert_eq!(app.contents().await, before, "no order, no hold, no key");
 }
 
 async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what_it_ordered(
@@ -100,6 +153,7 @@ async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what
     let app = shop_with_stock(&app).await;
     put_item(&app, "bob", "C-PLENTY", 2).await;
     put_item(&app, "bob", "C-OFF", 1).await;
+    take_c_off_off_the_shelf(&app).await;
 
     let checkout = app
         .send(Call::post("/v1/carts/bob/checkout").key("bob-checkout-1"))
@@ -336,4 +390,41 @@ async fn every_path_that_creates_reservations_leaves_the_same_rows(backend: Back
     );
     assert_eq!(written[3], held, "a checkout's reservation is an order's");
     app.assert_audit_clean().await;
+}
+
+async fn concurrent_additions_to_a_nearly_full_cart_stop_at_its_line_limit(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let limit = domain::limits::CART_LINES_MAX;
+    let racing = 10;
+    for index in 0..limit - 1 + racing {
+        app.create_sku(&format!("LINE-{index}")).await;
+    }
+    for index in 0..limit - 1 {
+        let sku = format!("LINE-{index}");
+        assert_eq!(put_item(&app, "dave", &sku, 1).await.status, 200, "{sku}");
+    }
+    let calls: Vec<Call> = (limit - 1..limit - 1 + racing)
+        .map(|index| {
+            Call::put(format!("/v1/carts/dave/items/LINE-{index}"))
+                .key(format!("race-{index}"))
+                .json(&json!({"quantity": 1}))
+        })
+        .collect();
+
+    let responses = send_concurrently(&app, calls).await;
+
+    let added = responses
+        .iter()
+        .filter(|response| response.status == 200)
+        .count();
+    assert_eq!(added, 1, "one line fits: {responses:?}");
+    for refused in responses.iter().filter(|response| response.status != 200) {
+        assert_eq!(
+            refused.code().as_deref(),
+            Some("failed_precondition"),
+            "{refused:?}"
+        );
+    }
+    let cart = app.send(Call::get("/v1/carts/dave")).await.json();
+    assert_eq!(cart["lines"].as_array().unwrap().len(), limit);
 }

@@ -528,6 +528,17 @@ impl Engine {
             )));
         }
         let (lines, skipped) = orderable_lines(&cart)?;
+        // A cart holds more lines than an order may: the shopper chooses what to leave.
+        if lines.len() > domain::limits::RESERVATION_LINES_MAX {
+            return Err(EngineError::Refused {
+                code: ErrorCode::FailedPrecondition,
+                detail: format!(
+                    "the cart has {} lines that can be ordered; an order holds at most {}: remove some and check out again",
+                    lines.len(),
+                    domain::limits::RESERVATION_LINES_MAX
+                ),
+            });
+        }
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
         let shop = self
             .scope_of_skus(principal, Action::UseCarts, &skus)

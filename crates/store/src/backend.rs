@@ -102,6 +102,9 @@ pub trait Dialect: Connection {
     const SELECT_ORDER_FOR_UPDATE: &'static str;
     /// A payment attempt's status, locked.
     const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str;
+    /// A shopper's cart lines in one shop, locked: two requests adding lines to one
+    /// cart count its lines one after the other.
+    const LOCK_CART_LINES: &'static str;
     /// Orders past their hold that still hold stock, skipping locked ones.
     const CLAIM_EXPIRED_ORDERS: &'static str;
     /// Payment attempts whose outcome is due to be asked about, skipping locked ones.

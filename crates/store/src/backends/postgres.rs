@@ -284,6 +284,8 @@ impl Dialect for PgConnection {
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
     const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
         "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
+    const LOCK_CART_LINES: &'static str =
+        "SELECT sku FROM cart_item WHERE user_id = $1 AND shop = $2 FOR UPDATE";
     /// Orders past their hold that still hold their stock: unpaid, or declined.
     const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \

@@ -79,12 +79,13 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let owner: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
-            .bind(sku.as_str())
-            .fetch_optional_scalar(&mut *transaction)
-            .await?;
+        let owner: Option<(String, String)> =
+            statement("SELECT shop, sale_status FROM sku WHERE code = $1")
+                .bind(sku.as_str())
+                .fetch_optional_as(&mut *transaction)
+                .await?;
         let refusal = match (quantity, owner) {
-            (_, Some(owner)) if owner != shop.as_str() => Some(Rejection::new(
+            (_, Some((owner, _))) if owner != shop.as_str() => Some(Rejection::new(
                 ErrorCode::Forbidden,
                 format!("sku '{sku}' belongs to another shop"),
             )),
@@ -92,7 +93,23 @@ impl<B: Backend> Units<B> {
                 ErrorCode::NotFound,
                 format!("sku '{sku}' does not exist"),
             )),
+            // Off the shelf means not to be put in a cart (seed 003 §1.2: "不可加购");
+            // a line that went off after it was added stays, shown with its problem,
+            // until the shopper removes it.
+            (Some(_), Some((_, status))) if status != SaleStatus::OnShelf.as_str() => {
+                Some(Rejection::new(
+                    ErrorCode::OffShelf,
+                    format!("sku '{sku}' is not on sale ({status}): it cannot be put in a cart"),
+                ))
+            }
             (Some(quantity), Some(_)) => {
+                // Locked first, then counted by a statement of its own, which sees a
+                // line another request committed while this one waited for the lock.
+                statement(<B::Connection as Dialect>::LOCK_CART_LINES)
+                    .bind(user.as_str())
+                    .bind(shop.as_str())
+                    .fetch_all_as::<(String,)>(&mut *transaction)
+                    .await?;
                 let lines: i64 = statement(
                     "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku <> $3",
                 )
