@@ -67,6 +67,7 @@ mirrored_tests!(
     a_refund_settled_elsewhere_meanwhile_does_not_hold_up_the_rest_of_its_batch,
     a_reconciled_answer_that_cannot_be_applied_does_not_hold_up_the_rest_of_its_batch,
     a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound,
+    an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold,
 );
 
 const SKU: &str = "TEA-250G";
@@ -2193,5 +2194,38 @@ async fn a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound(bac
         last.chars().count() <= domain::limits::REASON_LENGTH_MAX + 1,
         "{last}"
     );
+    app.assert_audit_clean().await;
+}
+
+async fn an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let off = app
+        .shelf(None, json!({"operation": "off", "sku_ids": [SKU]}))
+        .await;
+    assert_eq!(off.status, 200, "{off:?}");
+    let before = app.contents_except_idempotency_records().await;
+
+    let refused = app.pay(&order, &key("pay"), "pm_card_visa").await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("off_shelf"));
+    assert!(refused.body.contains("OFF_SHELF"), "{refused:?}");
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        0,
+        "the gateway was not called"
+    );
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_statuses(&app, &order, ("PENDING_PAYMENT", "RESERVED", "none")).await;
+    // Back on sale, the order is paid as any other.
+    let on = app
+        .shelf(None, json!({"operation": "on", "sku_ids": [SKU]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    assert_statuses(&app, &order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+    assert_eq!(gateway.charges_for(&order), 1);
     app.assert_audit_clean().await;
 }

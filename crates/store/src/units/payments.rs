@@ -640,6 +640,22 @@ pub(crate) async fn start_attempt<C: Dialect>(
     Ok(())
 }
 
+/// The first of an order's SKUs (in line order) that is not on sale now, with its sale
+/// status.
+async fn first_line_not_on_sale<C: Dialect>(
+    transaction: &mut C,
+    order: &OrderId,
+) -> Result<Option<(String, String)>, StoreError> {
+    statement(
+        "SELECT sku.code, sku.sale_status FROM order_line JOIN sku ON sku.code = order_line.sku \
+         WHERE order_line.order_id = $1 AND sku.sale_status <> 'ON_SHELF' \
+         ORDER BY order_line.line_number LIMIT 1",
+    )
+    .bind(order.as_str())
+    .fetch_optional_as::<(String, String)>(&mut *transaction)
+    .await
+}
+
 /// The answer to `pay` for a locked order no attempt can start on: missing, its hold
 /// ended (expired now, its stock given back), its payment settled, or not payable.
 pub(crate) async fn answer_without_paying<C: Dialect>(
@@ -826,11 +842,25 @@ impl<B: Backend> Units<B> {
             }
             None => (false, false),
         };
-        if let Some((status, _, expires_at)) = &locked
-            && status.accepts_a_payment_attempt()
-            && holds_stock
-            && !started_by_this_request
-            && *expires_at > now
+        let payable = matches!(
+            &locked,
+            Some((status, _, expires_at))
+                if status.accepts_a_payment_attempt()
+                    && holds_stock
+                    && !started_by_this_request
+                    && *expires_at > now
+        );
+        // Seed 003 §1.3: "taken off the shelf, yet the customer could still pay" is an
+        // accident. An order holding a SKU that went off sale since it was placed is
+        // not charged; it keeps its hold until it expires or is cancelled.
+        let not_on_sale = if payable {
+            first_line_not_on_sale(&mut *transaction, order).await?
+        } else {
+            None
+        };
+        if let Some((status, _, _)) = &locked
+            && payable
+            && not_on_sale.is_none()
         {
             let new = NewAttempt {
                 id: attempt,
@@ -862,9 +892,18 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(BeginPayment::Answered(answer));
         }
-        let response =
-            answer_without_paying(&mut *transaction, order, locked, holds_stock, now, renderer)
-                .await?;
+        let response = match not_on_sale {
+            Some((sku, status)) => renderer.rejected(&Rejection::new(
+                ErrorCode::OffShelf,
+                format!(
+                    "sku '{sku}' of order '{order}' is not on sale ({status}) since the order was placed: it cannot be paid; the order keeps its hold until it expires or is cancelled"
+                ),
+            )),
+            None => {
+                answer_without_paying(&mut *transaction, order, locked, holds_stock, now, renderer)
+                    .await?
+            }
+        };
         complete_claim(&mut *transaction, claim, &response).await?;
         transaction.commit().await?;
         Ok(BeginPayment::Answered(Idempotent::Executed(response)))
