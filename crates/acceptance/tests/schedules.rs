@@ -12,6 +12,7 @@ mirrored_tests!(
     a_schedule_of_a_deleted_sku_is_skipped_and_logged,
     schedules_in_the_past_or_without_a_time_are_refused,
     a_retried_schedule_whose_minute_has_passed_replays_its_first_answer,
+    a_schedule_waits_for_an_edit_of_its_sku_and_is_applied_after_it,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -184,4 +185,42 @@ async fn a_retried_schedule_whose_minute_has_passed_replays_its_first_answer(bac
     assert_eq!(retried.body, first.body);
     assert_eq!(app.contents().await, contents, "nothing scheduled again");
     assert_eq!(app.engine.next_schedule_due().await.unwrap(), None);
+}
+
+async fn a_schedule_waits_for_an_edit_of_its_sku_and_is_applied_after_it(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: an edit cannot commit inside the scheduler's transaction.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["EDITED"]).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(1)}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    app.clock.advance_seconds(120);
+    // An edit of the SKU (its title: a new version, no stock lock) in flight while the
+    // schedule comes due.
+    let mut editor = app.database.raw_connection().await;
+    editor.execute("BEGIN").await.unwrap();
+    editor
+        .execute("UPDATE sku SET title = 'Edited', version = version + 1 WHERE code = 'EDITED'")
+        .await
+        .unwrap();
+    let engine = app.engine.clone();
+    let step = tokio::spawn(async move { engine.schedule_step().await });
+    app.database.wait_until_blocked_by(&mut editor).await;
+    editor.execute("COMMIT").await.unwrap();
+
+    let applied = step.await.unwrap().unwrap();
+
+    assert_eq!(applied.len(), 1);
+    assert_eq!(
+        applied[0].status, "APPLIED",
+        "not refused as changed concurrently: {applied:?}"
+    );
+    assert_eq!(app.sale_status(&product, "EDITED").await.0, "ON_SHELF");
 }

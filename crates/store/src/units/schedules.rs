@@ -72,13 +72,12 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
         let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
         let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
         let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
-        let target = statement(
-            "SELECT sku.product_id, product.shop FROM sku LEFT JOIN product ON product.id = sku.product_id \
-             WHERE sku.code = $1",
-        )
-        .bind(sku.as_str())
-        .fetch_optional_as::<(Option<String>, Option<String>)>(&mut *transaction)
-        .await?;
+        // The SKU's shop: a standalone SKU has no product, and its schedule takes its
+        // shop's lock like a manual operation does.
+        let target = statement("SELECT product_id, shop FROM sku WHERE code = $1")
+            .bind(sku.as_str())
+            .fetch_optional_as::<(Option<String>, Option<String>)>(&mut *transaction)
+            .await?;
         let Some((product_id, shop)) = target else {
             return Err(invariant(format!(
                 "schedule {id} names a sku that does not exist"
@@ -98,6 +97,16 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     skus.sort();
     skus.dedup();
     transaction.lock_stock_of_skus(&skus).await?;
+    // After the stock rows, as a reservation takes them. An edit that bumps a SKU's
+    // version (its title, say) takes no stock lock: without the SKU's own lock it
+    // could commit between the version read and the change, and the schedule would be
+    // refused for ever as "changed concurrently".
+    for sku in skus {
+        statement(C::LOCK_SKU_ROW)
+            .bind(sku.as_str())
+            .fetch_optional_scalar::<i64>(&mut *transaction)
+            .await?;
+    }
     Ok(due)
 }
 
