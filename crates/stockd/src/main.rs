@@ -734,6 +734,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
 
     let workers = TaskTracker::new();
     let intake_state = state.clone();
+    let nats_url = arguments.nats_url.as_deref().filter(|url| !url.is_empty());
+    if nats_url.is_some() {
+        // Before the workers start: their first prune must already wait for the
+        // relay's acknowledgements, not only the sequencer's numbering.
+        engine.attach_event_relay();
+    }
     engine::workers::spawn_workers(&engine, &workers, &shutdown);
     if let Some(url) = arguments.redis_url.as_deref().filter(|url| !url.is_empty()) {
         let cache = cache::DisplayCache::new(cache::CacheConfig::new(url))
@@ -741,7 +747,7 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         tracing::info!(redis = %domain::redact_url(url), "display cache in Redis");
         engine::workers::spawn_cache_invalidator(&engine, Arc::new(cache), &workers, &shutdown);
     }
-    if let Some(url) = arguments.nats_url.as_deref().filter(|url| !url.is_empty()) {
+    if let Some(url) = nats_url {
         let bus = bus::Bus::connect(bus::BusConfig::new(url))
             .await
             .map_err(|error| format!("STOCKD_NATS_URL: {error}"))?;
