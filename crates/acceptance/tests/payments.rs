@@ -68,6 +68,7 @@ mirrored_tests!(
     a_reconciled_answer_that_cannot_be_applied_does_not_hold_up_the_rest_of_its_batch,
     a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound,
     an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold,
+    a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment,
 );
 
 const SKU: &str = "TEA-250G";
@@ -2226,6 +2227,64 @@ async fn an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold
     let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
     assert_eq!(paid.status, 200, "{paid:?}");
     assert_statuses(&app, &order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+    assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
+}
+
+async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let first_key = key("pay");
+    let first = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(first.status, 202, "{first:?}");
+    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The first attempt fails (the shopper gave up on the card's check)…
+    app.store
+        .settle_payment(
+            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
+            &store::GatewayOutcome::Failed {
+                payment_id: None,
+                reason: "authentication failed".to_owned(),
+            },
+            "webhook",
+            engine::Clock::now(&app.clock),
+        )
+        .await
+        .unwrap();
+    // …and another request pays with another card, which waits for its check.
+    let second = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(second.status, 202, "{second:?}");
+
+    let retried = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+
+    assert_eq!(retried.status, 409, "{retried:?}");
+    assert_eq!(retried.code().as_deref(), Some("illegal_transition"));
+    assert!(
+        retried.body.contains(&first_attempt) && retried.body.contains("FAILED"),
+        "the retry hears its own attempt's end: {retried:?}"
+    );
+    // The second payment completes; the first request's answer stays its own.
+    let intent = gateway
+        .intents_for(&order)
+        .into_iter()
+        .find(|intent| intent.status == gateway::protocol::PaymentIntentStatus::RequiresAction)
+        .expect("the second attempt waits for its check");
+    assert_eq!(gateway.complete_action(&intent.id).await, 200);
+    app.wait_for_order_status(&order, "PAID").await;
+    let again = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(gateway.charges_for(&order), 1);
     app.assert_audit_clean().await;
 }

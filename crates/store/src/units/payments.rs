@@ -640,6 +640,23 @@ pub(crate) async fn start_attempt<C: Dialect>(
     Ok(())
 }
 
+/// The attempt this request's key started on the order: its id, status and failure
+/// reason.
+async fn own_attempt_status<C: Dialect>(
+    transaction: &mut C,
+    order: &OrderId,
+    claim: &IdempotencyClaim,
+) -> Result<(String, String, Option<String>), StoreError> {
+    statement(
+        "SELECT id, status, failure_reason FROM payment_attempt \
+         WHERE order_id = $1 AND request_key = $2 ORDER BY attempt_number LIMIT 1",
+    )
+    .bind(order.as_str())
+    .bind(claim.key.as_str())
+    .fetch_one_as::<(String, String, Option<String>)>(&mut *transaction)
+    .await
+}
+
 /// The first of an order's SKUs (in line order) that is not on sale now, with its sale
 /// status.
 async fn first_line_not_on_sale<C: Dialect>(
@@ -873,18 +890,27 @@ impl<B: Backend> Units<B> {
             transaction.commit().await?;
             return Ok(started);
         }
+        let mut ended_meanwhile = None;
         if let Some((OrderStatus::PaymentProcessing, _, _)) = &locked {
-            let running: String = statement(
-                "SELECT id FROM payment_attempt WHERE order_id = $1 AND status = 'PROCESSING'",
+            let (running, running_key): (String, String) = statement(
+                "SELECT id, request_key FROM payment_attempt WHERE order_id = $1 AND status = 'PROCESSING'",
             )
             .bind(order.as_str())
-            .fetch_one_scalar(&mut *transaction)
+            .fetch_one_as(&mut *transaction)
             .await?;
             let running = parse_stored("attempt id", &running, PaymentAttemptId::parse)?;
-            let running =
-                BeginPayment::InProgress(attempt_to_call(&mut *transaction, &running).await?);
-            transaction.commit().await?;
-            return Ok(running);
+            // A retry learns its own attempt's outcome, never another request's: when
+            // this key's attempt ended and another request's runs now, the retry is
+            // told so (and that is stored under its key), instead of calling the
+            // gateway with the other attempt's key and storing its outcome here.
+            if started_by_this_request && running_key != claim.key.as_str() {
+                ended_meanwhile = Some(own_attempt_status(&mut *transaction, order, claim).await?);
+            } else {
+                let running =
+                    BeginPayment::InProgress(attempt_to_call(&mut *transaction, &running).await?);
+                transaction.commit().await?;
+                return Ok(running);
+            }
         }
         // Answered here: the key is claimed in this transaction, so the answer commits
         // with what it reports (an order expired just now) or not at all.
@@ -892,14 +918,21 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(BeginPayment::Answered(answer));
         }
-        let response = match not_on_sale {
-            Some((sku, status)) => renderer.rejected(&Rejection::new(
+        let response = match (not_on_sale, ended_meanwhile) {
+            (_, Some((attempt, status, reason))) => renderer.rejected(&Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!(
+                    "this request's payment attempt {attempt} ended {status}{}; another payment of order '{order}' is in progress",
+                    reason.map(|reason| format!(" ({reason})")).unwrap_or_default()
+                ),
+            )),
+            (Some((sku, status)), None) => renderer.rejected(&Rejection::new(
                 ErrorCode::OffShelf,
                 format!(
                     "sku '{sku}' of order '{order}' is not on sale ({status}) since the order was placed: it cannot be paid; the order keeps its hold until it expires or is cancelled"
                 ),
             )),
-            None => {
+            (None, None) => {
                 answer_without_paying(&mut *transaction, order, locked, holds_stock, now, renderer)
                     .await?
             }
