@@ -11,6 +11,7 @@ mirrored_tests!(
     refused_transitions_answer_illegal_transition_and_change_nothing,
     an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing,
     going_on_sale_reports_every_missing_field,
+    going_on_the_shelf_without_stock_says_temporarily_out_of_stock,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
     only_the_admin_may_delete,
@@ -195,6 +196,54 @@ async fn an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_who
             "{selector}: the SKUs that exist stayed on the shelf"
         );
     }
+}
+
+async fn going_on_the_shelf_without_stock_says_temporarily_out_of_stock(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["STOCKED", "EMPTY"]))
+        .await;
+    app.receive("STOCKED", 3).await;
+
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+
+    assert_eq!(on.status, 200, "{on:?}");
+    let availability = |body: &Value| -> Vec<(Value, Value)> {
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|result| (result["sku"].clone(), result["availability"].clone()))
+            .collect()
+    };
+    assert_eq!(
+        availability(&on.json()),
+        vec![
+            (json!("EMPTY"), json!("temporarily_out_of_stock")),
+            (json!("STOCKED"), json!("on_sale")),
+        ],
+        "on the shelf, but not simply a success: {on:?}"
+    );
+    let again = app
+        .shelf(
+            None,
+            json!({"operation": "on", "sku_ids": ["EMPTY"], "remark": "again"}),
+        )
+        .await;
+    assert_eq!(
+        availability(&again.json()),
+        vec![(json!("EMPTY"), json!("temporarily_out_of_stock"))]
+    );
+    let off = app
+        .shelf(None, json!({"operation": "off", "sku_ids": ["STOCKED"]}))
+        .await;
+    assert_eq!(
+        availability(&off.json()),
+        vec![(json!("STOCKED"), Value::Null)],
+        "off the shelf: nothing to say about stock"
+    );
 }
 
 async fn going_on_sale_reports_every_missing_field(backend: Backend) {

@@ -295,6 +295,11 @@ pub struct ShelfResultBody<'a> {
     pub reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub missing: Vec<&'static str>,
+    /// On the shelf after the operation: what shoppers now see (`on_sale`, or
+    /// `temporarily_out_of_stock` when it went on the shelf with no stock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<crate::openapi::schemas::Availability>)]
+    pub availability: Option<domain::Availability>,
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<crate::openapi::schemas::ScheduleId>)]
     pub schedule_id: Option<&'a str>,
@@ -344,6 +349,7 @@ impl<'a> ShelfResultBody<'a> {
             code: None,
             reason: None,
             missing: Vec::new(),
+            availability: result.availability,
             schedule_id: None,
             due_at: None,
         };

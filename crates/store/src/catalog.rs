@@ -117,6 +117,10 @@ pub struct ShelfResult {
     pub sku: SkuCode,
     pub product_id: Option<ProductId>,
     pub outcome: ShelfOutcome,
+    /// For a SKU on the shelf after the operation, what shoppers now see: put on the
+    /// shelf with no stock, it is `TemporarilyOutOfStock`, not simply on sale (seed
+    /// 003 §1.2).
+    pub availability: Option<domain::Availability>,
 }
 
 /// What one schedule step did with one due schedule.

@@ -172,6 +172,7 @@ impl<B: Backend> Units<B> {
                     schedule_id: id.clone(),
                     due_at: scheduling.due_at,
                 },
+                availability: None,
             });
         }
         let response = renderer.shelf_results(&results);

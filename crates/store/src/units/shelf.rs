@@ -315,10 +315,32 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
         if let (ShelfOutcome::Changed { .. }, Some(product)) = (&outcome, &target.product_id) {
             touched_products.insert(product);
         }
+        let on_shelf = matches!(
+            outcome,
+            ShelfOutcome::Changed {
+                to: SaleStatus::OnShelf,
+                ..
+            } | ShelfOutcome::Repeated {
+                status: SaleStatus::OnShelf
+            }
+        );
+        let availability = if on_shelf {
+            // The stock rows are locked: this is what the shelf change commits with.
+            let available: i64 = statement(
+                "SELECT CAST(COALESCE(SUM(available), 0) AS BIGINT) FROM stock WHERE sku = $1",
+            )
+            .bind(target.sku.as_str())
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+            Some(domain::Availability::of(SaleStatus::OnShelf, available))
+        } else {
+            None
+        };
         results.push(ShelfResult {
             sku: target.sku.clone(),
             product_id: target.product_id.clone(),
             outcome,
+            availability,
         });
     }
     for product in touched_products {
