@@ -12,6 +12,7 @@ mirrored_tests!(
     an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing,
     going_on_sale_reports_every_missing_field,
     going_on_the_shelf_without_stock_says_temporarily_out_of_stock,
+    a_take_down_naming_no_version_waits_for_an_edit_of_the_sku_and_applies,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
     only_the_admin_may_delete,
@@ -244,6 +245,39 @@ async fn going_on_the_shelf_without_stock_says_temporarily_out_of_stock(backend:
         vec![(json!("STOCKED"), Value::Null)],
         "off the shelf: nothing to say about stock"
     );
+}
+
+async fn a_take_down_naming_no_version_waits_for_an_edit_of_the_sku_and_applies(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: an edit cannot commit inside the operation's transaction.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["RECALLED"]).await;
+    // A price edit (a new version, no stock lock) in flight during the take-down.
+    let mut editor = app.database.raw_connection().await;
+    editor.execute("BEGIN").await.unwrap();
+    editor
+        .execute("UPDATE sku SET price_minor = 999, version = version + 1 WHERE code = 'RECALLED'")
+        .await
+        .unwrap();
+    let operator = app.clone();
+    let take_down = tokio::spawn(async move {
+        operator
+            .shelf(None, json!({"operation": "off", "sku_ids": ["RECALLED"]}))
+            .await
+    });
+    app.database.wait_until_blocked_by(&mut editor).await;
+    editor.execute("COMMIT").await.unwrap();
+
+    let off = take_down.await.unwrap();
+
+    assert_eq!(
+        off.status, 200,
+        "not refused as changed concurrently: {off:?}"
+    );
+    assert_eq!(off.json()["results"][0]["outcome"], "changed");
+    assert_eq!(app.sale_status(&product, "RECALLED").await.0, "OFF_SHELF");
 }
 
 async fn going_on_sale_reports_every_missing_field(backend: Backend) {

@@ -478,7 +478,10 @@
       return;
     }
     const actions = element("div", { class: "row" });
-    const cancellable = ["PENDING_PAYMENT", "PAYMENT_FAILED", "PAID"].includes(order.status);
+    // A paid order is a staff decision (operator or admin); an unpaid one belongs to
+    // the shop's checkout, and of the staff only the admin may cancel it.
+    const cancellable = order.status === "PAID"
+      || (isAdmin() && ["PENDING_PAYMENT", "PAYMENT_FAILED"].includes(order.status));
     if (cancellable) {
       actions.append(element("button", { type: "button", class: "danger", onclick: async () => {
         const paid = order.status === "PAID";

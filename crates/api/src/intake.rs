@@ -10,8 +10,9 @@
 //! a lost acknowledgement, or a sender that published again — it finds its first
 //! answer under its key and has no second effect. A command that cannot be parsed is
 //! answered `invalid_argument` and acknowledged, never retried; one that met a
-//! transient failure (`lock_timeout`, `unavailable`, the original still running) is
-//! not answered but delivered again after a pause. At most `in_flight_max` commands
+//! transient failure (`lock_timeout`, `retry_exhausted`, `unavailable`, the original
+//! still running, or a campaign's waiting room with no place for it: `rate_limited`)
+//! is not answered but delivered again after a pause; an `internal` error is answered. At most `in_flight_max` commands
 //! are handed out at once over every instance, and one step takes at most
 //! `batch_size_max` of them.
 

@@ -487,7 +487,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "pay",
         &[Action::PlaceOrder],
-        &[NotFound, IllegalTransition, PaymentUnknown],
+        &[NotFound, IllegalTransition, OffShelf, PaymentUnknown],
     ),
     operation(
         "cancel",
@@ -547,7 +547,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "put_cart_item",
         &[Action::UseCarts],
-        &[NotFound, FailedPrecondition],
+        &[NotFound, OffShelf, FailedPrecondition],
     ),
     operation("delete_cart_item", &[Action::UseCarts], &[NotFound]),
     operation("get_cart", &[Action::UseCarts], &[]),

@@ -120,7 +120,7 @@ pub async fn pay(
 
 /// Cancel an order
 ///
-/// Unpaid: `CANCELLED`, stock released. Paid (a staff decision: admin or operator): `REFUND_PENDING`, refunded by the refund worker.
+/// Unpaid (the shop's checkout or the admin; an operator is refused 403 and nothing is stored): `CANCELLED`, stock released. Paid (a staff decision: admin or operator; a service key is refused 403): `REFUND_PENDING`, refunded by the refund worker.
 #[utoipa::path(
     post,
     path = "/v1/orders/{id}/cancel",

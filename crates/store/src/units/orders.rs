@@ -214,6 +214,9 @@ pub(crate) async fn put_goods_back<C: Dialect>(
     lines.sort_by(|(_, left), (_, right)| {
         (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
     });
+    // Every line's stock row first (in lock order), then the events: appending one
+    // locks the SKU's event counter, which a receive takes after its stock row.
+    let mut moved = Vec::with_capacity(lines.len());
     for (line_number, line) in &lines {
         let (available, reserved) = transaction
             .adjust_stock(
@@ -238,9 +241,12 @@ pub(crate) async fn put_goods_back<C: Dialect>(
             now,
         )
         .await?;
+        moved.push((*line_number, line, available, reserved));
+    }
+    for (line_number, line, available, reserved) in moved {
         let movement = domain::LedgerMovementId::Return {
             order: order.clone(),
-            line: *line_number,
+            line: line_number,
         };
         append_event(
             transaction,

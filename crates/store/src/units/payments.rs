@@ -375,7 +375,7 @@ pub(crate) async fn set_attempt_status<C: Dialect>(
                 "status": status.as_str(),
                 "amount_minor": amount_minor,
                 "currency": currency,
-                "failure_reason": reason,
+                "failure_reason": reason.map(domain::limits::bounded_reason),
             }),
         },
         now,
@@ -892,7 +892,8 @@ impl<B: Backend> Units<B> {
         }
         let mut ended_meanwhile = None;
         if let Some((OrderStatus::PaymentProcessing, _, _)) = &locked {
-            let (running, running_key): (String, String) = statement(
+            // Attempts from before request keys were recorded have none.
+            let (running, running_key): (String, Option<String>) = statement(
                 "SELECT id, request_key FROM payment_attempt WHERE order_id = $1 AND status = 'PROCESSING'",
             )
             .bind(order.as_str())
@@ -903,7 +904,7 @@ impl<B: Backend> Units<B> {
             // this key's attempt ended and another request's runs now, the retry is
             // told so (and that is stored under its key), instead of calling the
             // gateway with the other attempt's key and storing its outcome here.
-            if started_by_this_request && running_key != claim.key.as_str() {
+            if started_by_this_request && running_key.as_deref() != Some(claim.key.as_str()) {
                 ended_meanwhile = Some(own_attempt_status(&mut *transaction, order, claim).await?);
             } else {
                 let running =

@@ -97,16 +97,6 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     skus.sort();
     skus.dedup();
     transaction.lock_stock_of_skus(&skus).await?;
-    // After the stock rows, as a reservation takes them. An edit that bumps a SKU's
-    // version (its title, say) takes no stock lock: without the SKU's own lock it
-    // could commit between the version read and the change, and the schedule would be
-    // refused for ever as "changed concurrently".
-    for sku in skus {
-        statement(C::LOCK_SKU_ROW)
-            .bind(sku.as_str())
-            .fetch_optional_scalar::<i64>(&mut *transaction)
-            .await?;
-    }
     Ok(due)
 }
 

@@ -306,6 +306,17 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
     targets.dedup_by(|left, right| left.sku == right.sku);
     let skus: Vec<&SkuCode> = targets.iter().map(|target| &target.sku).collect();
     transaction.lock_stock_of_skus(&skus).await?;
+    // After the stock rows, as a reservation takes them. An edit that bumps a SKU's
+    // version (its title or price) takes no stock lock: without the SKU's own lock it
+    // could commit between the version read and the change, and an operation that
+    // named no version (a scheduled one, an urgent take-down) would be refused as
+    // "changed concurrently".
+    for sku in &skus {
+        statement(C::LOCK_SKU_ROW)
+            .bind(sku.as_str())
+            .fetch_optional_scalar::<i64>(&mut *transaction)
+            .await?;
+    }
 
     let operation = operation_label(change.operation, change.scheduled);
     let mut results = Vec::with_capacity(targets.len());
