@@ -16,6 +16,7 @@ mirrored_tests!(
     many_shoppers_racing_at_once_each_get_their_limit_and_their_tallies_count_it,
     a_shopper_at_the_open_hold_bound_is_refused_until_a_hold_ends,
     a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
+    a_revoked_operator_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
     a_principal_over_its_request_rate_is_answered_429_with_retry_after,
     an_operator_sees_only_its_shops_audit_differences,
     readiness_never_shows_the_database_error,
@@ -227,6 +228,10 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             .key("t-revoke"),
         ),
         (
+            "revoke operator",
+            Call::new(Method::DELETE, "/v1/admin/operators/nobody").key("t-revoke-operator"),
+        ),
+        (
             "put cart item",
             Call::put("/v1/carts/alice/items/N-2")
                 .key("t-cart")
@@ -369,6 +374,7 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "create service key",
         "list service keys",
         "revoke service key",
+        "revoke operator",
     ];
     let calls: Vec<_> = every_protected_call(&shop)
         .into_iter()
@@ -737,6 +743,79 @@ async fn a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_
         .await;
     assert_eq!(reserving.status, 401);
     assert_eq!(app.counters("REVOKED").await, (5, 0));
+}
+
+async fn a_revoked_operator_is_refused_here_at_once_and_elsewhere_within_the_cache_bound(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    let other_instance = app.another_instance().await;
+    let token = app.create_operator("leaver", "north").await;
+    let read = Call::get(format!("/v1/admin/products/{}", shop.product)).bearer(&token);
+    assert_eq!(app.send(read.clone()).await.status, 200);
+    assert_eq!(other_instance.send(read.clone()).await.status, 200);
+    let revoke = |key: &str| {
+        Call::new(Method::DELETE, "/v1/admin/operators/leaver")
+            .admin()
+            .key(key)
+    };
+
+    let revoked = app.send(revoke("revoke-leaver")).await;
+
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    assert_eq!(revoked.json()["operator_id"], "leaver");
+    assert_eq!(revoked.json()["shop"], "north");
+    assert!(revoked.json()["revoked_at"].is_string(), "{revoked:?}");
+    let here = app.send(read.clone()).await;
+    assert_eq!(
+        here.status, 401,
+        "refused at once where it was revoked: {here:?}"
+    );
+    let bound = engine::EngineConfig::default().credential_cache_milliseconds;
+    app.clock.advance_milliseconds(bound);
+    let elsewhere = other_instance.send(read.clone()).await;
+    assert_eq!(
+        elsewhere.status, 401,
+        "refused within the bound: {elsewhere:?}"
+    );
+    let before = app.contents().await;
+    let taking_down = app
+        .send(
+            shop_operation(&shop.product, "off")
+                .bearer(&token)
+                .key("after-leaving"),
+        )
+        .await;
+    assert_eq!(taking_down.status, 401, "{taking_down:?}");
+    assert_eq!(
+        app.contents().await,
+        before,
+        "a revoked token changes nothing"
+    );
+    // Revoking again answers the same; an unknown operator is not found; the id stays
+    // taken.
+    let again = app.send(revoke("revoke-leaver-again")).await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["revoked_at"], revoked.json()["revoked_at"]);
+    let unknown = app
+        .send(
+            Call::new(Method::DELETE, "/v1/admin/operators/never-was")
+                .admin()
+                .key("revoke-unknown"),
+        )
+        .await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert_eq!(unknown.code().as_deref(), Some("not_found"));
+    let recreated = app
+        .send(
+            Call::post("/v1/admin/operators")
+                .admin()
+                .key("recreate-leaver")
+                .json(&json!({"operator_id": "leaver", "shop": "north"})),
+        )
+        .await;
+    assert_eq!(recreated.code().as_deref(), Some("already_exists"));
 }
 
 async fn a_principal_over_its_request_rate_is_answered_429_with_retry_after(backend: Backend) {

@@ -428,6 +428,35 @@ pub async fn create_operator(
     ))
 }
 
+/// Revoke an operator's token
+///
+/// At once on this instance, within the credential cache's bound on the others. The id stays taken.
+#[utoipa::path(
+    delete,
+    path = "/v1/admin/operators/{operator_id}",
+    tag = "credentials",
+    params(("operator_id" = crate::openapi::schemas::OperatorId, Path, description = "The operator."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Revoked", body = crate::catalog_wire::OperatorRevokedBody))
+)]
+pub async fn revoke_operator(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(operator_id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<crate::wire::EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let operator =
+        domain::OperatorId::parse(&operator_id).map_err(|error| ApiError::invalid(error.0))?;
+    let claim = body.claim(&caller, key);
+    Ok(reply_response(
+        state
+            .engine
+            .revoke_operator(&caller, &claim, &operator)
+            .await?,
+    ))
+}
+
 /// Put a SKU in a shopper's cart, or change its quantity
 ///
 /// A cart holds no stock.

@@ -428,6 +428,17 @@ pub struct OperatorCreatedBody<'a> {
     pub note: &'static str,
 }
 
+/// An operator whose token was revoked.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperatorRevokedBody<'a> {
+    #[schema(value_type = crate::openapi::schemas::OperatorId)]
+    pub operator_id: &'a str,
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
+    pub shop: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub revoked_at: Timestamp,
+}
+
 impl<'a> ShelfLogEntryBody<'a> {
     pub fn new(entry: &'a ShelfLogEntry) -> ShelfLogEntryBody<'a> {
         ShelfLogEntryBody {

@@ -539,6 +539,7 @@ pub const OPERATIONS: &[Operation] = &[
         &[AlreadyExists],
     ),
     operation("service_keys", &[Action::ManageCredentials], &[]),
+    operation("revoke_operator", &[Action::ManageCredentials], &[NotFound]),
     operation(
         "revoke_service_key",
         &[Action::ManageCredentials],
@@ -698,6 +699,12 @@ const LINKS: &[Link] = &[
         &[("key_id", "$response.body#/key_id")],
     ),
     link(
+        "create_operator",
+        "201",
+        "revoke_operator",
+        &[("operator_id", "$response.body#/operator_id")],
+    ),
+    link(
         "put_cart_item",
         "200",
         "get_cart",
@@ -793,6 +800,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(catalog_routes::shelf))
         .routes(routes!(catalog_routes::shelf_log))
         .routes(routes!(catalog_routes::create_operator))
+        .routes(routes!(catalog_routes::revoke_operator))
         .routes(routes!(routes::create_service_key, routes::service_keys))
         .routes(routes!(routes::revoke_service_key))
         .routes(routes!(

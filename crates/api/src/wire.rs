@@ -556,6 +556,22 @@ impl ResponseRenderer for HttpRenderer {
         json(200, &ServiceKeyBody::new(key, None))
     }
 
+    fn operator_revoked(
+        &self,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        revoked_at: Timestamp,
+    ) -> StoredResponse {
+        json(
+            200,
+            &crate::catalog_wire::OperatorRevokedBody {
+                operator_id: operator.as_str(),
+                shop: shop.as_str(),
+                revoked_at,
+            },
+        )
+    }
+
     fn cart(&self, cart: &Cart) -> StoredResponse {
         json(200, &crate::catalog_wire::CartBody::new(cart))
     }

@@ -343,6 +343,31 @@ impl Engine {
         self.inner.credentials.forget_all();
         Ok(reply)
     }
+
+    /// `DELETE /v1/admin/operators/{operator_id}`: the operator's token stops working
+    /// (a staff member who left); refused at once here, within the credential cache's
+    /// bound on other instances.
+    pub async fn revoke_operator(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::ManageCredentials, None)
+            .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("revoke_operator", claim, || {
+                self.retried("revoke_operator", || {
+                    self.inner
+                        .store
+                        .revoke_operator(claim, operator, self.now(), renderer)
+                })
+            })
+            .await?;
+        self.inner.credentials.forget_all();
+        Ok(reply)
+    }
 }
 
 #[cfg(test)]

@@ -969,6 +969,17 @@ mod tests {
                 body: String::new(),
             }
         }
+        fn operator_revoked(
+            &self,
+            _: &domain::OperatorId,
+            _: &domain::ShopCode,
+            _: domain::Timestamp,
+        ) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
         fn service_key_revoked(&self, _: &store::ServiceKey) -> StoredResponse {
             StoredResponse {
                 status: 200,

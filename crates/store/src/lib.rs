@@ -311,6 +311,7 @@ forward! {
     fn create_operator(&self, claim: &IdempotencyClaim, operator: &OperatorId, shop: &ShopCode, token_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn create_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKey, secret_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn revoke_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKeyId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn revoke_operator(&self, claim: &IdempotencyClaim, operator: &OperatorId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn service_keys(&self, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<ServiceKey>, StoreError>;
     fn principal_by_secret_hash(&self, secret_hash: &str) -> Result<Option<Principal>, StoreError>;
     fn admin_credential_exists(&self) -> Result<bool, StoreError>;

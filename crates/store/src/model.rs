@@ -129,6 +129,13 @@ pub trait ResponseRenderer: Send + Sync {
     /// A new service key; the secret only in the first answer (`None` in the stored one).
     fn service_key_created(&self, key: &ServiceKey, secret: Option<&str>) -> StoredResponse;
     fn service_key_revoked(&self, key: &ServiceKey) -> StoredResponse;
+    /// An operator whose token no longer authenticates (since `revoked_at`).
+    fn operator_revoked(
+        &self,
+        operator: &OperatorId,
+        shop: &ShopCode,
+        revoked_at: Timestamp,
+    ) -> StoredResponse;
     fn cart(&self, cart: &Cart) -> StoredResponse;
     /// An order (201 when `created`).
     fn order(&self, order: &crate::orders::Order, created: bool) -> StoredResponse;

@@ -151,6 +151,53 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
+    /// Revokes an operator's token: from the commit on it authenticates nowhere (the
+    /// credential caches forget it at once here, within their bound elsewhere). The
+    /// operator's id stays taken: its entries in the shelf log keep naming it.
+    pub async fn revoke_operator(
+        &self,
+        claim: &IdempotencyClaim,
+        operator: &OperatorId,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        statement(
+            "UPDATE credential SET revoked_at = $2 WHERE kind = 'operator' AND id = $1 AND revoked_at IS NULL",
+        )
+        .bind(operator.as_str())
+        .bind(now.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let revoked: Option<(Option<String>, Option<i64>)> = statement(
+            "SELECT shop, revoked_at FROM credential WHERE kind = 'operator' AND id = $1",
+        )
+        .bind(operator.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
+        let response = match revoked {
+            Some((Some(shop), Some(revoked_at))) => renderer.operator_revoked(
+                operator,
+                &parse_stored("shop", &shop, ShopCode::parse)?,
+                Timestamp::from_unix_milliseconds(revoked_at),
+            ),
+            Some(_) => {
+                return Err(invariant(format!(
+                    "operator '{operator}' has no shop or was not revoked"
+                )));
+            }
+            None => renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("operator '{operator}' does not exist"),
+            )),
+        };
+        commit_with_answer(transaction, claim, response).await
+    }
+
     /// Service keys, newest first (of one shop when given).
     pub async fn service_keys(
         &self,
