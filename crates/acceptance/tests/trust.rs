@@ -19,6 +19,7 @@ mirrored_tests!(
     a_revoked_operator_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
     a_principal_over_its_request_rate_is_answered_429_with_retry_after,
     an_operator_sees_only_its_shops_audit_differences,
+    an_operators_audit_finds_its_shops_differences_behind_a_thousand_of_another_shops,
     readiness_never_shows_the_database_error,
     the_service_key_secret_is_shown_once_and_listed_never,
 );
@@ -895,6 +896,50 @@ async fn an_operator_sees_only_its_shops_audit_differences(backend: Backend) {
         "{operator_view}"
     );
     assert!(!skus(&operator_view).is_empty());
+}
+
+async fn an_operators_audit_finds_its_shops_differences_behind_a_thousand_of_another_shops(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    north_shop(&app).await;
+    // A south SKU that sorts before north's, with 400 stock rows no ledger row
+    // explains: 1,200 differences, listed before north's one.
+    app.create_product(ProductSpec::complete("south", &["A-SOUTH"]))
+        .await;
+    let mut tamper = app.database.raw_connection().await;
+    for warehouse in 0..400 {
+        tamper
+            .execute(&format!(
+                "INSERT INTO stock (sku, warehouse, available, reserved, version, updated_at) \
+                 VALUES ('A-SOUTH', 'w{warehouse:04}', 1, 1, 1, 0)"
+            ))
+            .await
+            .unwrap();
+    }
+    tamper
+        .execute("UPDATE stock SET available = available + 7 WHERE sku = 'N-1'")
+        .await
+        .unwrap();
+    let north_operator = app.create_operator("nina", "north").await;
+
+    let admin_view = app.audit().await;
+    let operator_view = app
+        .send(Call::get("/v1/audit").bearer(&north_operator))
+        .await
+        .json();
+
+    assert!(
+        admin_view["differences_total"].as_i64().unwrap() > 1_000,
+        "{}",
+        admin_view["differences_total"]
+    );
+    assert_eq!(operator_view["ok"], false, "{operator_view}");
+    assert_eq!(operator_view["differences_total"], 1, "{operator_view}");
+    assert_eq!(
+        operator_view["differences"][0]["sku"], "N-1",
+        "{operator_view}"
+    );
 }
 
 async fn readiness_never_shows_the_database_error(backend: Backend) {

@@ -616,33 +616,16 @@ impl Engine {
             .audits
             .try_acquire()
             .map_err(|_| EngineError::Unavailable("an audit is already running".into()))?;
-        let mut report = self
+        // An operator's audit keeps its own shop's differences only, counted before
+        // the reported ones are cut.
+        let report = self
             .inner
             .store
-            .audit(self.now())
+            .audit(self.now(), principal.shop())
             .await
             .map_err(|error| log_store_error("audit", error))?;
-        metrics::gauge!("stockd_audit_differences").set(report.differences_total as f64);
-        if let Some(own) = principal.shop() {
-            let skus: Vec<SkuCode> = report
-                .differences
-                .iter()
-                .filter_map(|difference| difference.sku.as_deref())
-                .filter_map(|sku| SkuCode::parse(sku).ok())
-                .collect();
-            let sku_refs: Vec<&SkuCode> = skus.iter().collect();
-            let shops = self.shops_of(&sku_refs).await?;
-            report.differences.retain(|difference| {
-                let shop = difference.shop.clone().or_else(|| {
-                    difference
-                        .sku
-                        .as_deref()
-                        .and_then(|sku| SkuCode::parse(sku).ok())
-                        .and_then(|sku| shops.get(&sku).map(|shop| shop.as_str().to_owned()))
-                });
-                shop.as_deref() == Some(own.as_str())
-            });
-            report.differences_total = report.differences.len() as i64;
+        if principal.shop().is_none() {
+            metrics::gauge!("stockd_audit_differences").set(report.differences_total as f64);
         }
         Ok(report)
     }

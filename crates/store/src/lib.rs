@@ -283,7 +283,7 @@ forward! {
     fn purge_idempotency_records(&self, created_before: Timestamp, limit: i64) -> Result<u64, StoreError>;
     fn reservation_gauges(&self, now: Timestamp) -> Result<ReservationGauges, StoreError>;
     fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError>;
-    fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError>;
+    fn audit(&self, now: Timestamp, shop: Option<&ShopCode>) -> Result<AuditReport, StoreError>;
     /// One round of the live auditor: the counters, open holds and recently changed
     /// orders checked from the checkpoint on.
     fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders_since: Timestamp) -> Result<LiveAuditRound, StoreError>;

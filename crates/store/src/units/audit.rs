@@ -9,7 +9,7 @@ use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport};
 use crate::sql::{Cell, statement};
-use domain::{AttemptStatus, OrderStatus, ReservationStatus, Timestamp};
+use domain::{AttemptStatus, OrderStatus, ReservationStatus, ShopCode, Timestamp};
 use futures_util::TryStreamExt;
 
 /// Every stock row with what its ledger rows add up to and what its open reservations
@@ -57,6 +57,16 @@ pub(crate) const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, led
 pub(crate) struct Findings {
     pub(crate) differences: Vec<AuditDifference>,
     pub(crate) total: i64,
+    /// An operator's audit: only differences of this shop are counted and kept (the
+    /// SKU → shop map tells the shop of a difference that names only its SKU). Kept
+    /// before the first [`AUDIT_DIFFERENCES_REPORTED_MAX`] are cut, so other shops'
+    /// differences cannot crowd the shop's own out.
+    scope: Option<ShopScope>,
+}
+
+struct ShopScope {
+    shop: String,
+    shop_of_sku: std::collections::HashMap<String, String>,
 }
 
 impl Findings {
@@ -91,6 +101,17 @@ impl Findings {
     }
 
     pub(crate) fn note(&mut self, difference: AuditDifference) {
+        if let Some(scope) = &self.scope {
+            let shop = difference.shop.as_deref().or_else(|| {
+                difference
+                    .sku
+                    .as_deref()
+                    .and_then(|sku| scope.shop_of_sku.get(sku).map(String::as_str))
+            });
+            if shop != Some(scope.shop.as_str()) {
+                return;
+            }
+        }
         self.total += 1;
         if self.differences.len() < AUDIT_DIFFERENCES_REPORTED_MAX {
             self.differences.push(difference);
@@ -523,9 +544,25 @@ const CONTENTS_QUERIES: &[(&str, &str)] = &[
 impl<B: Backend> Units<B> {
     /// Replays the ledger and compares it with the counters and the reservations, on
     /// one consistent snapshot.
-    pub async fn audit(&self, now: Timestamp) -> Result<AuditReport, StoreError> {
+    pub async fn audit(
+        &self,
+        now: Timestamp,
+        shop: Option<&ShopCode>,
+    ) -> Result<AuditReport, StoreError> {
         let mut transaction = self.begin_snapshot().await?;
         let mut findings = Findings::default();
+        if let Some(shop) = shop {
+            let shop_of_sku: std::collections::HashMap<String, String> =
+                statement("SELECT code, shop FROM sku")
+                    .fetch_all_as::<(String, String)>(&mut *transaction)
+                    .await?
+                    .into_iter()
+                    .collect();
+            findings.scope = Some(ShopScope {
+                shop: shop.as_str().to_owned(),
+                shop_of_sku,
+            });
+        }
         let stock_rows_checked = audit_stock_rows(&mut *transaction, &mut findings).await?;
         audit_missing_stock_rows(&mut *transaction, &mut findings).await?;
         let reservation_lines_checked =
