@@ -447,6 +447,20 @@ async fn malformed_sku_updates_are_refused_and_change_nothing(backend: Backend) 
             "body missing",
             Call::put("/v1/skus/GOOD").admin().key("no-body"),
         ),
+        invalid(
+            "sku code whose percent-encoding is not UTF-8",
+            save_sku("not-utf8", "%FF", json!({"title": "x"})),
+        ),
+        invalid(
+            "product id whose percent-encoding is not UTF-8",
+            Call::get("/v1/products/%FF%FE").anonymous(),
+        ),
+        invalid(
+            "cart path whose percent-encoding is not UTF-8",
+            Call::put("/v1/carts/%C3%28/items/GOOD")
+                .key("cart-not-utf8")
+                .json(&json!({"quantity": 1})),
+        ),
     ];
     assert_each_refused(&app, cases).await;
 }

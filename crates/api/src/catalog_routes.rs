@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use cache::{CacheKey, Lookup};
@@ -24,7 +24,7 @@ use crate::catalog_wire::{
     UpdateProductRequest,
 };
 use crate::consistency::{DisplayRead, displayed_json, displayed_response, served_response};
-use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::extract::{Caller, JsonBody, Path, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::ApiError;
 use crate::routes::reply_response;
 

@@ -167,6 +167,26 @@ pub(crate) fn fingerprint(method: &str, path: &str, canonical_body: &str) -> Str
     domain::lower_hex(&hasher.finalize())
 }
 
+/// A route's path parameters, as axum's `Path` takes them, with a malformed one (a
+/// percent-encoding that is not UTF-8, say) answered with a problem document rather
+/// than axum's plain text.
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(Path(value)),
+            Err(rejection) if rejection.status().is_client_error() => {
+                Err(ApiError::invalid(rejection.body_text()))
+            }
+            // A route whose parameters do not match its handler: stockd's own mistake.
+            Err(rejection) => Err(ApiError::new(ErrorCode::Internal, rejection.body_text())),
+        }
+    }
+}
+
 /// A route's query parameters, each taken once by name; [`QueryParameters::finish`]
 /// refuses any the route does not know (a typo must not silently widen a list).
 pub struct QueryParameters(std::collections::HashMap<String, String>);

@@ -1,14 +1,14 @@
 //! Handlers of orders, payments and the gateway's webhooks.
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use domain::OrderId;
 
 use crate::AppState;
 use crate::consistency::{DisplayRead, displayed_response};
-use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::extract::{Caller, JsonBody, Path, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::order_wire::{CreateOrderRequest, OrderBody, PayRequest};
 use crate::problem::ApiError;
 use crate::routes::reply_response;

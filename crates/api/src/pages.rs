@@ -3,7 +3,7 @@
 //! console). Every asset is compiled into the binary: nothing is fetched from another
 //! host, so the pages work on a machine without internet.
 
-use axum::extract::Path;
+use crate::extract::Path;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use domain::ErrorCode;

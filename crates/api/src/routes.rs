@@ -4,7 +4,7 @@ use axum::Json;
 use std::collections::HashMap;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use domain::{ErrorCode, FeedCursor, Quantity, ReservationId, ServiceKeyId, ShopCode, SkuCode};
@@ -13,7 +13,7 @@ use store::{MovementQuantity, ReservationAction, SkuChanges};
 
 use crate::AppState;
 use crate::consistency::{DisplayRead, displayed_response};
-use crate::extract::{Caller, JsonBody, RequiredIdempotencyKey, RequiredJsonBody};
+use crate::extract::{Caller, JsonBody, Path, RequiredIdempotencyKey, RequiredJsonBody};
 use crate::problem::{ApiError, OutcomeCode, PROBLEM_CONTENT_TYPE};
 use crate::wire::{
     AuditBody, CreateReservationRequest, CreateServiceKeyRequest, EmptyRequest, LedgerMovementBody,
