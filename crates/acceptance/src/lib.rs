@@ -866,7 +866,9 @@ impl TestApp {
             api::renderer(),
             config,
         );
-        engine.configure_admin_token(&domain::Secret::new(ADMIN_TOKEN));
+        engine
+            .configure_admin_token(&domain::Secret::new(ADMIN_TOKEN))
+            .expect("the test admin token is a valid bearer token");
         let router = api::app(api::AppState::new(
             engine.clone(),
             Some(api::metrics::install_recorder()),

@@ -131,13 +131,26 @@ impl Credentials {
 impl Engine {
     /// Makes `token` the admin token (`STOCKD_ADMIN_TOKEN`); the one stored in the
     /// database, if any, is then refused.
-    pub fn configure_admin_token(&self, token: &Secret) {
+    pub fn configure_admin_token(&self, token: &Secret) -> Result<(), EngineError> {
+        // A token no bearer header can carry would lock the admin out without a word:
+        // every call would hear "unknown credential".
+        let text = token.expose();
+        if text.is_empty()
+            || text.len() > BEARER_TOKEN_LENGTH_MAX
+            || !text.bytes().all(|byte| byte.is_ascii_graphic())
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "the admin token must be 1 to {BEARER_TOKEN_LENGTH_MAX} visible ASCII characters (it has {} characters)",
+                text.chars().count()
+            )));
+        }
         *self
             .inner
             .credentials
             .configured_admin
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(digest(token.expose()));
+        Ok(())
     }
 
     /// Without a configured admin token: the admin token stored in the database is the

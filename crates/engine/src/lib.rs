@@ -1049,6 +1049,27 @@ mod tests {
         (engine, directory)
     }
 
+    #[tokio::test]
+    async fn an_admin_token_no_bearer_header_can_carry_is_refused_at_configuration() {
+        let (engine, directory) = engine().await;
+        let too_long = "x".repeat(domain::limits::BEARER_TOKEN_LENGTH_MAX + 1);
+        for token in ["", "has space", "tab\there", too_long.as_str()] {
+            assert!(
+                engine
+                    .configure_admin_token(&domain::Secret::new(token.to_owned()))
+                    .is_err(),
+                "{token:?}"
+            );
+        }
+        let longest = "x".repeat(domain::limits::BEARER_TOKEN_LENGTH_MAX);
+        assert!(
+            engine
+                .configure_admin_token(&domain::Secret::new(longest))
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(directory);
+    }
+
     /// The request path awaits its store calls through `cold` where they are rare
     /// branches: inline, one of them makes every request's future at least as large
     /// as the call's own (it holds it), and that future is moved several times as the

@@ -81,8 +81,9 @@ pub fn verify(
     if signatures.is_empty() {
         return Err(SignatureError::Malformed);
     }
-    let age_seconds = now_seconds - timestamp;
-    if age_seconds.abs() > TOLERANCE_SECONDS {
+    // Saturating: a hostile timestamp (i64::MIN) must not overflow into a panic.
+    let age_seconds = now_seconds.saturating_sub(timestamp);
+    if age_seconds.saturating_abs() > TOLERANCE_SECONDS {
         return Err(SignatureError::Stale { age_seconds });
     }
     let expected = domain::lower_hex(&digest(secret, timestamp, payload));
@@ -137,5 +138,19 @@ mod tests {
             verify("whsec_test", Some("v1=abc"), b"", 1_000),
             Err(SignatureError::Malformed)
         );
+    }
+
+    #[test]
+    fn a_timestamp_at_the_ends_of_the_integers_is_stale_not_a_panic() {
+        for timestamp in [i64::MIN, i64::MAX] {
+            let header = format!("t={timestamp},v1=00");
+            assert!(
+                matches!(
+                    verify("whsec_test", Some(&header), b"{}", 1_000),
+                    Err(SignatureError::Stale { .. })
+                ),
+                "{header}"
+            );
+        }
     }
 }

@@ -210,7 +210,9 @@ async fn serve_in_process(
             api::renderer(),
             engine_config,
         );
-        engine.configure_admin_token(&admin_token);
+        engine
+            .configure_admin_token(&admin_token)
+            .map_err(|error| format!("the lab's admin token: {error}"))?;
         if workers {
             engine::workers::spawn_workers(&engine, &TaskTracker::new(), &shutdown);
         }

@@ -688,7 +688,9 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     );
     match &arguments.admin_token {
         Some(token) if !token.is_empty() => {
-            engine.configure_admin_token(&domain::Secret::new(token.clone()));
+            engine
+                .configure_admin_token(&domain::Secret::new(token.clone()))
+                .map_err(|error| format!("STOCKD_ADMIN_TOKEN: {error}"))?;
         }
         _ => match engine
             .ensure_admin_token()
