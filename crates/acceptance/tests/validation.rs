@@ -279,6 +279,23 @@ async fn malformed_stock_movements_are_refused_and_change_nothing(backend: Backe
     let invalid = |label, call| (label, call, 400, "invalid_argument");
     let cases = vec![
         invalid(
+            "a key named twice (the last would win: a million received where 1 was read)",
+            Call::post("/v1/skus/GOOD/stock-movements")
+                .admin()
+                .key("twice")
+                .raw(
+                    r#"{"kind":"receive","quantity":1,"quantity":1000000}"#,
+                    Some("application/json"),
+                ),
+        ),
+        invalid(
+            "a key named twice inside a line",
+            Call::post("/v1/reservations").key("twice-in-line").raw(
+                r#"{"lines":[{"sku":"GOOD","quantity":1,"sku":"OTHER"}]}"#,
+                Some("application/json"),
+            ),
+        ),
+        invalid(
             "unknown kind",
             movement("kind", "GOOD", json!({"kind": "steal", "quantity": 1})),
         ),

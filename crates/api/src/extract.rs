@@ -130,7 +130,7 @@ async fn parse_json_body<T: DeserializeOwned>(
         return Err(ApiError::invalid("Content-Type must be application/json")
             .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE));
     }
-    let canonical: serde_json::Value = serde_json::from_slice(&bytes)
+    let canonical = json_with_unique_keys(&bytes)
         .map_err(|error| ApiError::invalid(format!("request body is not valid JSON: {error}")))?;
     // Every body the API takes is an object; serde would also read a struct from an
     // array of its fields in order (`[]` as an empty request), which the document
@@ -157,6 +157,102 @@ async fn parse_json_body<T: DeserializeOwned>(
     // serde_json's map is ordered by key, so this is a canonical form of the document.
     let canonical_text = serde_json::to_string(&canonical).unwrap_or_default();
     Ok((Some(value), fingerprint(&method, &path, &canonical_text)))
+}
+
+/// A JSON document as a `serde_json::Value`, refused when an object names a key twice.
+/// serde_json keeps the last one silently: `{"quantity":1,"quantity":1000000}` would be
+/// read as a million while a proxy, a firewall or a log that reads the first saw 1.
+pub(crate) fn json_with_unique_keys(bytes: &[u8]) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::from_slice::<UniqueKeys>(bytes).map(|document| document.0)
+}
+
+struct UniqueKeys(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UniqueKeysVisitor)
+            .map(UniqueKeys)
+    }
+}
+
+/// Builds the `Value` serde_json's own visitor would, checking each object's keys.
+struct UniqueKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeysVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::Bool(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::from(value))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::from(value))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Number::from_f64(value)
+            .map_or(serde_json::Value::Null, serde_json::Value::Number))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::String(value))
+    }
+
+    fn visit_unit<E>(self) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_none<E>(self) -> Result<serde_json::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<serde_json::Value, D::Error> {
+        serde::Deserialize::deserialize(deserializer).map(|UniqueKeys(value)| value)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut sequence: A,
+    ) -> Result<serde_json::Value, A::Error> {
+        let mut elements = Vec::new();
+        while let Some(UniqueKeys(element)) = sequence.next_element()? {
+            elements.push(element);
+        }
+        Ok(serde_json::Value::Array(elements))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> Result<serde_json::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(serde::de::Error::custom(format!(
+                    "the key '{key}' appears twice in one object"
+                )));
+            }
+            let UniqueKeys(value) = map.next_value()?;
+            object.insert(key, value);
+        }
+        Ok(serde_json::Value::Object(object))
+    }
 }
 
 pub(crate) fn fingerprint(method: &str, path: &str, canonical_body: &str) -> String {

@@ -178,7 +178,7 @@ struct ParsedCommand {
 fn parse_command(body: &[u8], key: Option<&str>) -> Result<ParsedCommand, ApiError> {
     let key = key.ok_or_else(|| ApiError::invalid("a command needs an Idempotency-Key header"))?;
     let key = IdempotencyKey::parse(key).map_err(|error| ApiError::invalid(error.0))?;
-    let mut document: serde_json::Value = serde_json::from_slice(body)
+    let mut document = crate::extract::json_with_unique_keys(body)
         .map_err(|error| ApiError::invalid(format!("command body is not valid JSON: {error}")))?;
     let shop = document
         .as_object_mut()
