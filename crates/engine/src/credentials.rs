@@ -71,6 +71,9 @@ pub struct Credentials {
     /// stored in the database (a generated one) is not accepted.
     configured_admin: RwLock<Option<TokenDigest>>,
     cache: RwLock<HashMap<TokenDigest, Cached>>,
+    /// Counts `forget_all`s: a lookup that read the database before a revocation
+    /// here and finishes after it must not cache what it read.
+    generation: std::sync::atomic::AtomicU64,
     admin: Arc<Principal>,
 }
 
@@ -79,6 +82,7 @@ impl Default for Credentials {
         Credentials {
             configured_admin: RwLock::default(),
             cache: RwLock::default(),
+            generation: std::sync::atomic::AtomicU64::new(0),
             admin: Arc::new(Principal::Admin),
         }
     }
@@ -105,11 +109,21 @@ impl Credentials {
             .cloned()
     }
 
-    fn remember(&self, key: TokenDigest, entry: Cached) {
+    /// The generation a lookup starts in; pass it to [`Credentials::remember`].
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Caches a lookup's answer, unless the cache was forgotten since the lookup began
+    /// (`generation`): what it read may predate a revocation.
+    fn remember(&self, key: TokenDigest, entry: Cached, generation: u64) {
         let mut cache = self
             .cache
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.generation() != generation {
+            return;
+        }
         if cache.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
             cache.retain(|_, cached| cached.principal.is_some());
             if cache.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
@@ -121,10 +135,13 @@ impl Credentials {
 
     /// Forgets every cached answer (after a revocation or rotation here).
     pub fn forget_all(&self) {
-        self.cache
+        let mut cache = self
+            .cache
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clear();
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        cache.clear();
     }
 }
 
@@ -214,6 +231,7 @@ impl Engine {
             return Ok(cached.principal);
         }
         // A cache miss: boxed, so every request's future does not carry the lookup's.
+        let generation = self.inner.credentials.generation();
         let found = crate::cold(
             self.inner
                 .store
@@ -231,6 +249,7 @@ impl Engine {
                 principal: principal.clone(),
                 fetched_at: now,
             },
+            generation,
         );
         Ok(principal)
     }
@@ -392,6 +411,30 @@ mod tests {
         assert_eq!(
             token_hash("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn a_lookup_that_began_before_a_revocation_here_is_not_cached() {
+        let credentials = Credentials::default();
+        let token = digest("revoked-meanwhile");
+        let entry = Cached {
+            principal: Some(Arc::new(Principal::Admin)),
+            fetched_at: Timestamp::from_unix_milliseconds(0),
+        };
+        let before_revocation = credentials.generation();
+        credentials.forget_all();
+        credentials.remember(token, entry.clone(), before_revocation);
+        assert!(
+            credentials
+                .cached(&token, Timestamp::from_unix_milliseconds(1), 2_000)
+                .is_none()
+        );
+        credentials.remember(token, entry, credentials.generation());
+        assert!(
+            credentials
+                .cached(&token, Timestamp::from_unix_milliseconds(1), 2_000)
+                .is_some()
         );
     }
 
