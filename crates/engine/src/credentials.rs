@@ -150,14 +150,17 @@ impl Engine {
     /// database, if any, is then refused.
     pub fn configure_admin_token(&self, token: &Secret) -> Result<(), EngineError> {
         // A token no bearer header can carry would lock the admin out without a word:
-        // every call would hear "unknown credential".
+        // every call would hear "unknown credential". A header value holds printable
+        // ASCII and tabs; the bearer token is read from it trimmed.
         let text = token.expose();
+        let carried = |byte: u8| byte == b'\t' || (b' '..=b'~').contains(&byte);
         if text.is_empty()
             || text.len() > BEARER_TOKEN_LENGTH_MAX
-            || !text.bytes().all(|byte| byte.is_ascii_graphic())
+            || !text.bytes().all(carried)
+            || text.trim() != text
         {
             return Err(EngineError::InvalidArgument(format!(
-                "the admin token must be 1 to {BEARER_TOKEN_LENGTH_MAX} visible ASCII characters (it has {} characters)",
+                "the admin token must be 1 to {BEARER_TOKEN_LENGTH_MAX} printable ASCII characters, not starting or ending with a space (it has {} characters)",
                 text.chars().count()
             )));
         }

@@ -1053,7 +1053,14 @@ mod tests {
     async fn an_admin_token_no_bearer_header_can_carry_is_refused_at_configuration() {
         let (engine, directory) = engine().await;
         let too_long = "x".repeat(domain::limits::BEARER_TOKEN_LENGTH_MAX + 1);
-        for token in ["", "has space", "tab\there", too_long.as_str()] {
+        for token in [
+            "",
+            " leading",
+            "trailing ",
+            "caf\u{e9}",
+            "bell\u{7}",
+            too_long.as_str(),
+        ] {
             assert!(
                 engine
                     .configure_admin_token(&domain::Secret::new(token.to_owned()))
@@ -1062,11 +1069,14 @@ mod tests {
             );
         }
         let longest = "x".repeat(domain::limits::BEARER_TOKEN_LENGTH_MAX);
-        assert!(
-            engine
-                .configure_admin_token(&domain::Secret::new(longest))
-                .is_ok()
-        );
+        for token in [longest.as_str(), "correct horse battery", "tab\there"] {
+            assert!(
+                engine
+                    .configure_admin_token(&domain::Secret::new(token.to_owned()))
+                    .is_ok(),
+                "{token:?}: a header carries it"
+            );
+        }
         let _ = std::fs::remove_dir_all(directory);
     }
 

@@ -57,16 +57,17 @@ pub(crate) const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, led
 pub(crate) struct Findings {
     pub(crate) differences: Vec<AuditDifference>,
     pub(crate) total: i64,
-    /// An operator's audit: only differences of this shop are counted and kept (the
-    /// SKU → shop map tells the shop of a difference that names only its SKU). Kept
-    /// before the first [`AUDIT_DIFFERENCES_REPORTED_MAX`] are cut, so other shops'
-    /// differences cannot crowd the shop's own out.
+    /// An operator's audit: only differences of this shop are counted and kept (its
+    /// SKUs tell the shop of a difference that names only a SKU). Kept before the first
+    /// [`AUDIT_DIFFERENCES_REPORTED_MAX`] are cut, so other shops' differences cannot
+    /// crowd the shop's own out.
     scope: Option<ShopScope>,
 }
 
 struct ShopScope {
     shop: String,
-    shop_of_sku: std::collections::HashMap<String, String>,
+    /// The shop's own SKUs: as large as its catalog, not the database's.
+    skus: std::collections::HashSet<String>,
 }
 
 impl Findings {
@@ -102,13 +103,12 @@ impl Findings {
 
     pub(crate) fn note(&mut self, difference: AuditDifference) {
         if let Some(scope) = &self.scope {
-            let shop = difference.shop.as_deref().or_else(|| {
-                difference
-                    .sku
-                    .as_deref()
-                    .and_then(|sku| scope.shop_of_sku.get(sku).map(String::as_str))
-            });
-            if shop != Some(scope.shop.as_str()) {
+            let ours = match (&difference.shop, &difference.sku) {
+                (Some(shop), _) => *shop == scope.shop,
+                (None, Some(sku)) => scope.skus.contains(sku),
+                (None, None) => false,
+            };
+            if !ours {
                 return;
             }
         }
@@ -552,15 +552,17 @@ impl<B: Backend> Units<B> {
         let mut transaction = self.begin_snapshot().await?;
         let mut findings = Findings::default();
         if let Some(shop) = shop {
-            let shop_of_sku: std::collections::HashMap<String, String> =
-                statement("SELECT code, shop FROM sku")
-                    .fetch_all_as::<(String, String)>(&mut *transaction)
+            let skus: std::collections::HashSet<String> =
+                statement("SELECT code FROM sku WHERE shop = $1")
+                    .bind(shop.as_str())
+                    .fetch_all_as::<(String,)>(&mut *transaction)
                     .await?
                     .into_iter()
+                    .map(|(code,)| code)
                     .collect();
             findings.scope = Some(ShopScope {
                 shop: shop.as_str().to_owned(),
-                shop_of_sku,
+                skus,
             });
         }
         let stock_rows_checked = audit_stock_rows(&mut *transaction, &mut findings).await?;
