@@ -817,6 +817,23 @@ async fn a_revoked_operator_is_refused_here_at_once_and_elsewhere_within_the_cac
         )
         .await;
     assert_eq!(recreated.code().as_deref(), Some("already_exists"));
+    // The names stockd writes into the shelf log itself are taken too.
+    for reserved in ["admin", "scheduler", "system"] {
+        let taken = app
+            .send(
+                Call::post("/v1/admin/operators")
+                    .admin()
+                    .key(format!("create-{reserved}"))
+                    .json(&json!({"operator_id": reserved, "shop": "north"})),
+            )
+            .await;
+        assert_eq!(taken.status, 409, "{reserved}: {taken:?}");
+        assert_eq!(
+            taken.code().as_deref(),
+            Some("already_exists"),
+            "{reserved}"
+        );
+    }
 }
 
 async fn a_principal_over_its_request_rate_is_answered_429_with_retry_after(backend: Backend) {

@@ -268,10 +268,15 @@ impl Engine {
     ) -> Result<Reply, EngineError> {
         authorize(principal, Action::ManageCredentials, None)
             .map_err(|denied| EngineError::Forbidden(denied.0))?;
+        // Taken by stockd itself, as an operator's id is taken once created: a well
+        // formed request naming a name that is not free (409, like any taken id).
         if RESERVED_OPERATOR_IDS.contains(&operator.as_str()) {
-            return Err(EngineError::InvalidArgument(format!(
-                "'{operator}' is a name stockd writes into the shelf log itself; choose another"
-            )));
+            return Err(EngineError::Refused {
+                code: domain::ErrorCode::AlreadyExists,
+                detail: format!(
+                    "'{operator}' is taken: stockd writes it into the shelf log itself; choose another"
+                ),
+            });
         }
         let token = random_secret();
         let hash = token_hash(&token);
