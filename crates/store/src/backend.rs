@@ -105,8 +105,8 @@ pub trait Dialect: Connection {
     /// A shopper's cart lines in one shop, locked: two requests adding lines to one
     /// cart count its lines one after the other.
     const LOCK_CART_LINES: &'static str;
-    /// A SKU's own row, locked: the scheduler reads its version and changes it with
-    /// nothing (a title edit, say) slipping in between.
+    /// A SKU's own row, locked: a shelf change (scheduled or not) reads its version and
+    /// changes it with nothing (a title edit, say) slipping in between.
     const LOCK_SKU_ROW: &'static str;
     /// Orders past their hold that still hold stock, skipping locked ones.
     const CLAIM_EXPIRED_ORDERS: &'static str;

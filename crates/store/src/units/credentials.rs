@@ -60,6 +60,24 @@ pub(crate) async fn load_service_key<C: Dialect>(
     row.map(decode_service_key).transpose()
 }
 
+/// Marks a credential revoked, once: a second revocation keeps the first time.
+async fn mark_revoked<C: Dialect>(
+    transaction: &mut C,
+    kind: CredentialKind,
+    id: &str,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    statement(
+        "UPDATE credential SET revoked_at = $3 WHERE kind = $1 AND id = $2 AND revoked_at IS NULL",
+    )
+    .bind(kind.as_str())
+    .bind(id)
+    .bind(now.unix_milliseconds())
+    .execute(&mut *transaction)
+    .await?;
+    Ok(())
+}
+
 impl<B: Backend> Units<B> {
     pub async fn create_operator(
         &self,
@@ -134,12 +152,12 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        statement(
-            "UPDATE credential SET revoked_at = $2 WHERE kind = 'service' AND id = $1 AND revoked_at IS NULL",
+        mark_revoked(
+            &mut *transaction,
+            CredentialKind::Service,
+            key.as_str(),
+            now,
         )
-        .bind(key.as_str())
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
         .await?;
         let response = match load_service_key(&mut *transaction, key).await? {
             Some(revoked) => renderer.service_key_revoked(&revoked),
@@ -166,12 +184,12 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        statement(
-            "UPDATE credential SET revoked_at = $2 WHERE kind = 'operator' AND id = $1 AND revoked_at IS NULL",
+        mark_revoked(
+            &mut *transaction,
+            CredentialKind::Operator,
+            operator.as_str(),
+            now,
         )
-        .bind(operator.as_str())
-        .bind(now.unix_milliseconds())
-        .execute(&mut *transaction)
         .await?;
         let revoked: Option<(Option<String>, Option<i64>)> = statement(
             "SELECT shop, revoked_at FROM credential WHERE kind = 'operator' AND id = $1",
