@@ -13,6 +13,12 @@ mirrored_tests!(
     schedules_in_the_past_or_without_a_time_are_refused,
     a_retried_schedule_whose_minute_has_passed_replays_its_first_answer,
     a_schedule_waits_for_an_edit_of_its_sku_and_is_applied_after_it,
+    a_daily_schedule_applies_every_day_at_its_minute_until_cancelled_by_the_id_it_was_given,
+    a_daily_schedule_missed_for_days_applies_once_and_comes_back_at_its_next_slot,
+    cancelling_a_schedule_checks_its_shop_and_id_and_a_cancelled_one_never_applies,
+    a_shop_at_its_pending_schedule_limit_is_refused_and_nothing_is_scheduled,
+    a_page_of_schedules_goes_on_after_the_last_one_it_showed,
+    a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -154,6 +160,9 @@ async fn schedules_in_the_past_or_without_a_time_are_refused(backend: Backend) {
         json!({"operation": "on", "product_ids": [product], "scheduled_at": at_minutes(5)}),
         json!({"operation": "off_at", "product_ids": [product], "scheduled_at": "tomorrow"}),
         json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(60 * 24 * 400)}),
+        json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5), "repeat": "weekly"}),
+        json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5), "repeat": 1}),
+        json!({"operation": "on", "product_ids": [product], "repeat": "daily"}),
     ] {
         let refused = app.shelf(None, body.clone()).await;
         assert_eq!(refused.status, 400, "{body}: {refused:?}");
@@ -223,4 +232,404 @@ async fn a_schedule_waits_for_an_edit_of_its_sku_and_is_applied_after_it(backend
         "not refused as changed concurrently: {applied:?}"
     );
     assert_eq!(app.sale_status(&product, "EDITED").await.0, "ON_SHELF");
+}
+
+const DAY_SECONDS: i64 = 86_400;
+
+/// Puts `product` on sale now; answers nothing (asserts the change).
+async fn on_sale_now(app: &TestApp, product: &str) {
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+}
+
+/// The pending schedules, as the admin lists them.
+async fn pending_schedules(app: &TestApp) -> Vec<serde_json::Value> {
+    let listed = app.send(Call::get("/v1/admin/schedules").admin()).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    listed.json()["schedules"].as_array().unwrap().clone()
+}
+
+fn cancel(schedule: &str, key: &str) -> Call {
+    Call::post(format!("/v1/admin/schedules/{schedule}/cancel"))
+        .admin()
+        .key(key)
+}
+
+/// Seed 003 §1.2: fresh food goes off the shelf at 20:00 every day. A daily schedule
+/// applies at its minute, leaves the next day's occurrence pending in the same
+/// series, and the id the operator was given cancels what is still to come.
+async fn a_daily_schedule_applies_every_day_at_its_minute_until_cancelled_by_the_id_it_was_given(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["FRESH"]).await;
+    on_sale_now(&app, &product).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "off_at", "product_ids": [product],
+                   "scheduled_at": at_minutes(10), "repeat": "daily", "remark": "evening"}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    let series = scheduled.json()["results"][0]["schedule_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    for day in 0..2 {
+        app.clock
+            .advance_seconds(if day == 0 { 600 } else { DAY_SECONDS });
+        let applied = app.engine.schedule_step().await.unwrap();
+        assert_eq!(applied.len(), 1, "day {day}: {applied:?}");
+        assert_eq!(applied[0].status, "APPLIED");
+        assert_eq!(app.sale_status(&product, "FRESH").await.0, "OFF_SHELF");
+        let pending = pending_schedules(&app).await;
+        assert_eq!(
+            pending.len(),
+            1,
+            "day {day}: the next occurrence: {pending:?}"
+        );
+        assert_eq!(pending[0]["series_id"], series.as_str());
+        assert_ne!(pending[0]["schedule_id"], series.as_str());
+        assert_eq!(pending[0]["repeat"], "daily");
+        assert_eq!(pending[0]["remark"], "evening");
+        assert_eq!(pending[0]["due_at"], at_minutes(10 + (day + 1) * 1440));
+        // Back on in the morning, by hand.
+        on_sale_now(&app, &product).await;
+    }
+    let log = app.shelf_log(&format!("&product={product}")).await;
+    let scheduled_offs = log
+        .iter()
+        .filter(|entry| entry["operation"] == "off_at")
+        .count();
+    assert_eq!(scheduled_offs, 2, "{log:?}");
+
+    let cancelled = app.send(cancel(&series, "stop-evenings")).await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    let body = cancelled.json();
+    assert_eq!(body["status"], "CANCELLED");
+    assert_eq!(body["series_id"], series.as_str());
+    assert_eq!(body["due_at"], at_minutes(10 + 2 * 1440));
+    assert!(
+        body["outcome"].as_str().unwrap().contains("admin"),
+        "{body}"
+    );
+    assert!(pending_schedules(&app).await.is_empty());
+    assert_eq!(app.engine.next_schedule_due().await.unwrap(), None);
+
+    app.clock.advance_seconds(3 * DAY_SECONDS);
+    assert!(app.engine.schedule_step().await.unwrap().is_empty());
+    assert_eq!(
+        app.sale_status(&product, "FRESH").await.0,
+        "ON_SHELF",
+        "a cancelled occurrence never applies"
+    );
+    let contents = app.contents_except_idempotency_records().await;
+    let again = app.send(cancel(&series, "stop-evenings-again")).await;
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(again.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.contents_except_idempotency_records().await, contents);
+    let listed = app
+        .send(Call::get("/v1/admin/schedules?status=CANCELLED").admin())
+        .await;
+    assert_eq!(
+        listed.json()["schedules"].as_array().unwrap().len(),
+        1,
+        "{listed:?}"
+    );
+}
+
+async fn a_daily_schedule_missed_for_days_applies_once_and_comes_back_at_its_next_slot(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["MORNING"]).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product],
+                   "scheduled_at": at_minutes(5), "repeat": "daily"}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+
+    // Down for three days and an hour.
+    let app = app.restart().await;
+    app.clock.advance_seconds(3 * DAY_SECONDS + 3600);
+    let applied = app.engine.schedule_step().await.unwrap();
+
+    assert_eq!(
+        applied.len(),
+        1,
+        "the missed days are not replayed: {applied:?}"
+    );
+    assert_eq!(app.sale_status(&product, "MORNING").await.0, "ON_SHELF");
+    assert!(app.engine.schedule_step().await.unwrap().is_empty());
+    let pending = pending_schedules(&app).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["due_at"], at_minutes(5 + 4 * 1440));
+    assert_eq!(
+        app.engine.next_schedule_due().await.unwrap(),
+        Some(START.plus_seconds(300 + 4 * DAY_SECONDS))
+    );
+}
+
+async fn cancelling_a_schedule_checks_its_shop_and_id_and_a_cancelled_one_never_applies(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["MAYBE"]).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(30)}),
+        )
+        .await;
+    let schedule = scheduled.json()["results"][0]["schedule_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let south = app.create_operator("sam", "south").await;
+    let north = app.create_operator("nora", "north").await;
+    let unknown = domain::ScheduleId::generate(START, 7);
+    let contents = app.contents().await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let foreign = app
+        .send(
+            Call::post(format!("/v1/admin/schedules/{schedule}/cancel"))
+                .bearer(&south)
+                .key("not-mine"),
+        )
+        .await;
+    assert_eq!(foreign.status, 403, "{foreign:?}");
+    assert_eq!(foreign.code().as_deref(), Some("forbidden"));
+    assert_eq!(app.contents().await, contents, "a refusal stores nothing");
+    for (path, status, code) in [
+        (
+            format!("/v1/admin/schedules/{unknown}/cancel"),
+            404,
+            "not_found",
+        ),
+        (
+            "/v1/admin/schedules/sch_%20x/cancel".to_owned(),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "/v1/admin/schedules/product_1/cancel".to_owned(),
+            400,
+            "invalid_argument",
+        ),
+    ] {
+        let refused = app.send(Call::post(path.as_str()).admin().key(&path)).await;
+        assert_eq!(refused.status, status, "{path}: {refused:?}");
+        assert_eq!(refused.code().as_deref(), Some(code), "{path}");
+    }
+    let without_key = app
+        .send(Call::post(format!("/v1/admin/schedules/{schedule}/cancel")).admin())
+        .await;
+    assert_eq!(without_key.status, 400, "{without_key:?}");
+    // A 404 is an answer, stored under its key; nothing else changed.
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+
+    let cancelled = app
+        .send(
+            Call::post(format!("/v1/admin/schedules/{schedule}/cancel"))
+                .bearer(&north)
+                .key("mine"),
+        )
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    assert_eq!(cancelled.json()["schedule_id"], schedule.as_str());
+    assert!(
+        cancelled.json()["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("nora")
+    );
+    let replayed = app
+        .send(
+            Call::post(format!("/v1/admin/schedules/{schedule}/cancel"))
+                .bearer(&north)
+                .key("mine"),
+        )
+        .await;
+    assert!(replayed.replayed(), "{replayed:?}");
+    assert_eq!(replayed.body, cancelled.body);
+
+    app.clock.advance_seconds(3600);
+    assert!(app.engine.schedule_step().await.unwrap().is_empty());
+    assert_eq!(app.sale_status(&product, "MAYBE").await.0, "PENDING_REVIEW");
+}
+
+/// Fills shop `shop`'s pending schedules of SKU `sku` up to `count`, straight into
+/// the table (ten thousand requests would take minutes).
+async fn fill_pending_schedules(app: &TestApp, sku: &str, shop: &str, count: i64) {
+    let id = match app.backend() {
+        Backend::Mysql => "CONCAT('fill-', n)",
+        Backend::Sqlite | Backend::Postgres => "'fill-' || n",
+    };
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let due = START.plus_seconds(DAY_SECONDS).unix_milliseconds();
+    let statement = format!(
+        "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, outcome, created_at, series_id) \
+         SELECT {id}, '{sku}', 'on', {due}, 'PENDING', 'admin', '{shop}', '', '', 0, {id} \
+         FROM (SELECT a.d * 1000 + b.d * 100 + c.d * 10 + e.d + 1 AS n \
+               FROM {digits} a, {digits} b, {digits} c, {digits} e) numbers WHERE n <= {count}"
+    );
+    let mut connection = app.database.raw_connection().await;
+    let inserted = connection.execute(&statement).await.unwrap();
+    assert_eq!(inserted, count as u64);
+}
+
+async fn a_shop_at_its_pending_schedule_limit_is_refused_and_nothing_is_scheduled(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["CAP-1", "CAP-2"]).await;
+    let limit = domain::limits::SCHEDULES_PENDING_PER_SHOP_MAX;
+    fill_pending_schedules(&app, "CAP-1", "north", limit - 1).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let both = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(both.status, 409, "two do not fit in one place: {both:?}");
+    assert_eq!(both.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+
+    let one = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "sku_ids": ["CAP-2"], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(one.status, 200, "one fits: {one:?}");
+    let full = app
+        .shelf(
+            None,
+            json!({"operation": "off_at", "sku_ids": ["CAP-2"], "scheduled_at": at_minutes(9)}),
+        )
+        .await;
+    assert_eq!(full.status, 409, "{full:?}");
+
+    // Another shop's room is its own.
+    let south = app
+        .create_product(ProductSpec::complete("south", &["SOUTH-1"]))
+        .await;
+    let elsewhere = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [south], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(elsewhere.status, 200, "{elsewhere:?}");
+}
+
+async fn a_page_of_schedules_goes_on_after_the_last_one_it_showed(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["PAGE-1", "PAGE-2", "PAGE-3"]).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    let page = |after: Option<String>| {
+        let path = match after {
+            Some(after) => format!("/v1/admin/schedules?limit=2&after={after}"),
+            None => "/v1/admin/schedules?limit=2".to_owned(),
+        };
+        app.send(Call::get(path).admin())
+    };
+    let first = page(None).await.json()["schedules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(first.len(), 2);
+    let last = first[1]["schedule_id"].as_str().unwrap().to_owned();
+    let second = page(Some(last)).await.json()["schedules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(second.len(), 1);
+    let mut seen: Vec<_> = first
+        .iter()
+        .chain(&second)
+        .map(|schedule| schedule["sku"].as_str().unwrap().to_owned())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["PAGE-1", "PAGE-2", "PAGE-3"]);
+    let malformed = app
+        .send(Call::get("/v1/admin/schedules?after=nonsense").admin())
+        .await;
+    assert_eq!(malformed.status, 400, "{malformed:?}");
+}
+
+/// A cancel arriving while the worker settles the series' pending occurrence waits
+/// for it, then finds the occurrence settled: it must cancel the next one the worker
+/// left, which its first look (begun before that commit) could not see.
+async fn a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: a cancel cannot begin while the worker's transaction is open.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["RACED"]).await;
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product],
+                   "scheduled_at": at_minutes(5), "repeat": "daily"}),
+        )
+        .await;
+    let series = scheduled.json()["results"][0]["schedule_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let next_due = START.plus_seconds(300 + DAY_SECONDS);
+    let next = domain::next_occurrence_id(&domain::ScheduleId::parse(&series).unwrap(), next_due);
+    // A worker's transaction, as `apply_due_schedules` writes it: the occurrence
+    // settled, its successor left, not committed yet.
+    let mut worker = app.database.raw_connection().await;
+    worker.execute("BEGIN").await.unwrap();
+    worker
+        .execute(&format!(
+            "UPDATE shelf_schedule SET status = 'APPLIED', outcome = 'by the worker', applied_at = 1 WHERE id = '{series}'"
+        ))
+        .await
+        .unwrap();
+    worker
+        .execute(&format!(
+            "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, outcome, created_at, series_id, recurrence) \
+             SELECT '{next}', sku, operation, {due}, 'PENDING', operator_id, shop, remark, '', 1, series_id, recurrence \
+             FROM shelf_schedule WHERE id = '{series}'",
+            due = next_due.unix_milliseconds()
+        ))
+        .await
+        .unwrap();
+    let cancelling = {
+        let call = cancel(&series, "while-settling");
+        let app = app.clone();
+        tokio::spawn(async move { app.send(call).await })
+    };
+    app.database.wait_until_blocked_by(&mut worker).await;
+    worker.execute("COMMIT").await.unwrap();
+
+    let cancelled = cancelling.await.unwrap();
+
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    assert_eq!(cancelled.json()["schedule_id"], next.as_str());
+    assert_eq!(cancelled.json()["status"], "CANCELLED");
+    assert!(pending_schedules(&app).await.is_empty());
 }

@@ -32,6 +32,7 @@ struct NorthShop {
     order: String,
     reservation: String,
     campaign: String,
+    schedule: String,
 }
 
 async fn north_shop(app: &TestApp) -> NorthShop {
@@ -74,6 +75,15 @@ async fn north_shop(app: &TestApp) -> NorthShop {
         )
         .await;
     assert_eq!(campaign.status, 201, "{campaign:?}");
+    // A shelf change north's staff scheduled for tomorrow.
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "off_at", "product_ids": [product],
+                   "scheduled_at": acceptance::START.plus_seconds(86_400).to_rfc3339()}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
     NorthShop {
         north,
         product,
@@ -83,6 +93,10 @@ async fn north_shop(app: &TestApp) -> NorthShop {
             .unwrap()
             .to_owned(),
         campaign: campaign.json()["campaign_id"].as_str().unwrap().to_owned(),
+        schedule: scheduled.json()["results"][0]["schedule_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
     }
 }
 
@@ -205,6 +219,10 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             "list schedules",
             Call::get("/v1/admin/schedules?shop=north"),
         ),
+        (
+            "cancel schedule",
+            Call::post(format!("/v1/admin/schedules/{}/cancel", shop.schedule)).key("t-unschedule"),
+        ),
         ("list orders", Call::get("/v1/orders?shop=north")),
         ("who am i", Call::get("/v1/me")),
         (
@@ -317,6 +335,7 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "shelf operation",
         "list products",
         "list schedules",
+        "cancel schedule",
         "create campaign",
     ];
     let service_routes = [
@@ -403,6 +422,7 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "metrics",
         "list products",
         "list schedules",
+        "cancel schedule",
         "create campaign",
     ];
     let calls: Vec<_> = every_protected_call(&shop)

@@ -316,10 +316,16 @@ pub async fn shelf(
         }
         (false, None) => None,
     };
+    let recurrence = match (scheduled, request.repeat) {
+        (true, Some(crate::catalog_wire::RepeatWire::Daily)) => Some(domain::Recurrence::Daily),
+        (false, Some(_)) => return Err(ApiError::invalid("repeat goes with on_at or off_at")),
+        (_, None) => None,
+    };
     let remark = bounded_text("remark", request.remark, REMARK_LENGTH_MAX)?;
     let request = ShelfRequest {
         operation,
         scheduled_at,
+        recurrence,
         selector: TargetSelector {
             product_ids: request.product_ids,
             skus: request.sku_ids,
@@ -605,7 +611,7 @@ pub async fn list_products(
 
 /// Scheduled shelf changes, by due time
 ///
-/// `PENDING` ones (what is still to come) unless `status` names another. An operator sees its own shop's.
+/// `PENDING` ones (what is still to come) unless `status` names another. An operator sees its own shop's. Pass the last `schedule_id` as `after` for the next page.
 #[utoipa::path(
     get,
     path = "/v1/admin/schedules",
@@ -613,6 +619,7 @@ pub async fn list_products(
     params(
         ("status" = Option<crate::openapi::schemas::ScheduleStatus>, Query, description = "PENDING when absent."),
         ("shop" = Option<crate::openapi::schemas::ShopCode>, Query, description = "Only this shop's (an operator's own anyway)."),
+        ("after" = Option<crate::openapi::schemas::ScheduleId>, Query, description = "The last schedule of the previous page."),
         ("limit" = Option<i64>, Query, minimum = 1, maximum = 200, description = "Schedules (50 when absent): the first by due time.")
     ),
     responses((status = 200, description = "The schedules", body = crate::catalog_wire::SchedulesBody))
@@ -625,15 +632,16 @@ pub async fn list_schedules(
     let status = query
         .take("status", |text| {
             engine::catalog::ScheduleStatus::parse(text)
-                .ok_or("must be PENDING, APPLIED, SKIPPED or REFUSED")
+                .ok_or("must be PENDING, APPLIED, SKIPPED, REFUSED or CANCELLED")
         })?
         .unwrap_or(engine::catalog::ScheduleStatus::Pending);
     let shop = query.take("shop", domain::ShopCode::parse)?;
+    let after = query.take("after", domain::ScheduleId::parse)?;
     let limit = query.limit(LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX)?;
     query.finish()?;
     let schedules = state
         .engine
-        .schedules(&caller, shop.as_ref(), status, limit)
+        .schedules(&caller, shop.as_ref(), status, after.as_ref(), limit)
         .await?;
     let body = crate::catalog_wire::SchedulesBody {
         schedules: schedules
@@ -642,4 +650,29 @@ pub async fn list_schedules(
             .collect(),
     };
     Ok(Json(body).into_response())
+}
+
+/// Cancel a scheduled shelf change
+///
+/// Withdraws what the schedule's series has pending: the schedule itself while it is pending, or the next occurrence of a daily one. Nothing on the shelf changes. Answers the cancelled occurrence; `illegal_transition` when nothing is pending.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/schedules/{schedule_id}/cancel",
+    tag = "shelf",
+    params(("schedule_id" = crate::openapi::schemas::ScheduleId, Path, description = "The schedule, or any occurrence of its daily series."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "The cancelled occurrence", body = crate::catalog_wire::ScheduleBody))
+)]
+pub async fn cancel_schedule(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(schedule_id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<crate::wire::EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let id = domain::ScheduleId::parse(&schedule_id).map_err(|error| ApiError::invalid(error.0))?;
+    let claim = body.claim(&caller, key);
+    Ok(reply_response(
+        state.engine.cancel_schedule(&caller, &claim, &id).await?,
+    ))
 }

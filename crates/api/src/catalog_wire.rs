@@ -75,6 +75,14 @@ pub enum ShelfOperationWire {
     Delete,
 }
 
+/// How a scheduled shelf change repeats.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RepeatWire {
+    /// Every 24 hours after `scheduled_at`, until cancelled.
+    Daily,
+}
+
 /// `POST /v1/admin/shelf`. The targets are the SKUs of `product_ids`, `sku_ids`,
 /// `category` and `supplier` together: name at least one, at most 1,000 `product_ids`
 /// and `sku_ids` together, resolving to at most 1,000 SKUs. `scheduled_at` goes with
@@ -96,6 +104,9 @@ pub struct ShelfOperationRequest {
     /// Required by `on_at` and `off_at`; applied at the start of that minute.
     #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub scheduled_at: Option<Timestamp>,
+    /// With `on_at` and `off_at` only: `daily` applies the change again every 24 hours
+    /// (the same minute in UTC) until the schedule is cancelled.
+    pub repeat: Option<RepeatWire>,
     #[schema(value_type = Option<crate::openapi::schemas::Remark>)]
     pub remark: Option<String>,
     /// Versions the operator saw, per SKU; a SKU that moved since is refused with
@@ -565,8 +576,16 @@ pub struct ScheduleBody<'a> {
     pub outcome: &'a str,
     #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub created_at: Timestamp,
+    /// When it settled: applied, skipped, refused or cancelled.
     #[schema(value_type = Option<crate::openapi::schemas::Timestamp>)]
     pub applied_at: Option<Timestamp>,
+    /// The first occurrence's id: every occurrence of a daily schedule carries it; a
+    /// one-off schedule's is its own id. Cancelling it cancels what is pending.
+    #[schema(value_type = crate::openapi::schemas::ScheduleId)]
+    pub series_id: &'a str,
+    /// `daily`, or null for a one-off.
+    #[schema(value_type = Option<String>, pattern = "^daily$")]
+    pub repeat: Option<&'a str>,
 }
 
 impl<'a> ScheduleBody<'a> {
@@ -584,6 +603,8 @@ impl<'a> ScheduleBody<'a> {
             outcome: &schedule.outcome,
             created_at: schedule.created_at,
             applied_at: schedule.applied_at,
+            series_id: schedule.series_id.as_str(),
+            repeat: schedule.recurrence.as_deref(),
         }
     }
 }

@@ -290,7 +290,7 @@ pub mod schemas {
     named_schema!(CartProblem => one_of("Why a cart line cannot be ordered now.", vec!["not_found", "deleted", "off_shelf", "out_of_stock", "quantity_above_available"]));
     named_schema!(LedgerKind => one_of("What a ledger row did.", vec!["receive", "adjust", "reserve", "confirm", "release", "return"]));
     named_schema!(EventType => one_of("An event's type.", domain::EventType::ALL.map(|event| event.as_str()).to_vec()));
-    named_schema!(ScheduleStatus => one_of("A scheduled change's status: PENDING (to come), APPLIED, SKIPPED (its SKU was deleted), REFUSED.", engine::catalog::ScheduleStatus::ALL.map(|status| status.as_str()).to_vec()));
+    named_schema!(ScheduleStatus => one_of("A scheduled change's status: PENDING (to come), APPLIED, SKIPPED (its SKU was deleted), REFUSED, CANCELLED (withdrawn by staff).", engine::catalog::ScheduleStatus::ALL.map(|status| status.as_str()).to_vec()));
     named_schema!(ShelfOutcome => one_of("What became of one target.", vec!["changed", "repeated", "refused", "scheduled"]));
     named_schema!(AssetName => json!({
         "type": "string", "enum": crate::pages::asset_names(),
@@ -526,6 +526,11 @@ pub const OPERATIONS: &[Operation] = &[
     operation("shelf_log", &[Action::ViewStaffData], &[]),
     operation("list_products", &[Action::ViewStaffData], &[]),
     operation("list_schedules", &[Action::ViewStaffData], &[]),
+    operation(
+        "cancel_schedule",
+        &[Action::ChangeShelf],
+        &[NotFound, IllegalTransition],
+    ),
     operation("list_orders", &[Action::ViewOrders], &[]),
     operation("who_am_i", &[Action::Identify], &[]),
     operation(
@@ -796,6 +801,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(catalog_routes::staff_product))
         .routes(routes!(catalog_routes::list_products))
         .routes(routes!(catalog_routes::list_schedules))
+        .routes(routes!(catalog_routes::cancel_schedule))
         .routes(routes!(routes::who_am_i))
         .routes(routes!(catalog_routes::shelf))
         .routes(routes!(catalog_routes::shelf_log))

@@ -583,6 +583,10 @@ impl ResponseRenderer for HttpRenderer {
         )
     }
 
+    fn schedule_cancelled(&self, schedule: &store::ScheduleRecord) -> StoredResponse {
+        json(200, &crate::catalog_wire::ScheduleBody::new(schedule))
+    }
+
     fn campaign_created(&self, campaign: &store::Campaign) -> StoredResponse {
         json(201, &CampaignBody::new(campaign, campaign.created_at))
     }

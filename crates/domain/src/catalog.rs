@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::code::{CategoryCode, ImageUrl, OperatorId, ShopCode, SkuCode, SupplierCode};
 use crate::error::ParseError;
-use crate::id::ProductId;
+use crate::id::{ProductId, ScheduleId};
 use crate::principal::Principal;
 use crate::sale_status::{SaleStatus, ShelfOperation};
 use crate::sku::Sku;
@@ -157,22 +157,26 @@ pub enum ScheduleStatus {
     Skipped,
     /// The change was refused when it came due (a product missing a field).
     Refused,
+    /// Withdrawn by staff before it came due.
+    Cancelled,
 }
 
-/// Every status change of a scheduled change: a pending one is applied, skipped or
-/// refused, once.
+/// Every status change of a scheduled change: a pending one is applied, skipped,
+/// refused or cancelled, once.
 pub const SCHEDULE_TRANSITIONS: &[(ScheduleStatus, ScheduleStatus)] = &[
     (ScheduleStatus::Pending, ScheduleStatus::Applied),
     (ScheduleStatus::Pending, ScheduleStatus::Skipped),
     (ScheduleStatus::Pending, ScheduleStatus::Refused),
+    (ScheduleStatus::Pending, ScheduleStatus::Cancelled),
 ];
 
 impl ScheduleStatus {
-    pub const ALL: [ScheduleStatus; 4] = [
+    pub const ALL: [ScheduleStatus; 5] = [
         ScheduleStatus::Pending,
         ScheduleStatus::Applied,
         ScheduleStatus::Skipped,
         ScheduleStatus::Refused,
+        ScheduleStatus::Cancelled,
     ];
 
     /// Whether [`SCHEDULE_TRANSITIONS`] allows this change.
@@ -186,6 +190,7 @@ impl ScheduleStatus {
             ScheduleStatus::Applied => "APPLIED",
             ScheduleStatus::Skipped => "SKIPPED",
             ScheduleStatus::Refused => "REFUSED",
+            ScheduleStatus::Cancelled => "CANCELLED",
         }
     }
 
@@ -194,6 +199,55 @@ impl ScheduleStatus {
             .into_iter()
             .find(|status| status.as_str() == text)
     }
+}
+
+/// How a scheduled change repeats. A daily one ("off at 20:00 every day", seed 003
+/// §1.2's fresh food) leaves its next occurrence pending when it settles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recurrence {
+    /// Every 24 hours after its first due time: a fixed UTC interval, so in a time
+    /// zone with daylight saving the local hour moves by one twice a year.
+    Daily,
+}
+
+const DAY_MILLISECONDS: i64 = 86_400_000;
+
+impl Recurrence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recurrence::Daily => "daily",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Recurrence> {
+        (text == "daily").then_some(Recurrence::Daily)
+    }
+
+    /// The first occurrence after `now` of a series whose occurrence was due at
+    /// `due_at`. Occurrences missed while nothing ran (the service was down for
+    /// days) are not replayed one by one: the one that settles stands for them, as
+    /// the last of them would have left the shelf the same way.
+    pub fn next_due(self, due_at: Timestamp, now: Timestamp) -> Timestamp {
+        let due = due_at.unix_milliseconds();
+        let late = now.unix_milliseconds().saturating_sub(due).max(0);
+        let periods = late / DAY_MILLISECONDS + 1;
+        Timestamp::from_unix_milliseconds(due.saturating_add(periods * DAY_MILLISECONDS))
+    }
+}
+
+/// The id of a daily series' occurrence due at `due_at`: minted from the series and
+/// the due time alone (FNV-1a), so the same occurrence can only ever be written once
+/// (its primary key would collide).
+pub fn next_occurrence_id(series: &ScheduleId, due_at: Timestamp) -> ScheduleId {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET_BASIS;
+    let due = due_at.unix_milliseconds().to_be_bytes();
+    for byte in series.as_str().bytes().chain(due) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(PRIME);
+    }
+    ScheduleId::generate(due_at, hash)
 }
 
 #[cfg(test)]
@@ -212,5 +266,55 @@ mod schedule_tests {
             }
             assert_eq!(ScheduleStatus::parse(from.as_str()), Some(from));
         }
+    }
+
+    #[test]
+    fn a_daily_series_comes_back_a_day_later_or_at_the_first_slot_after_a_late_run() {
+        let daily = Recurrence::Daily;
+        let due = Timestamp::from_unix_milliseconds(1_000 * DAY_MILLISECONDS + 72_000_000);
+        // Settled on time: the same minute tomorrow.
+        assert_eq!(
+            daily.next_due(due, due).unix_milliseconds(),
+            due.unix_milliseconds() + DAY_MILLISECONDS
+        );
+        // Three days and an hour late: the next slot still in the future, not the
+        // three missed ones.
+        let late = Timestamp::from_unix_milliseconds(
+            due.unix_milliseconds() + 3 * DAY_MILLISECONDS + 3_600_000,
+        );
+        assert_eq!(
+            daily.next_due(due, late).unix_milliseconds(),
+            due.unix_milliseconds() + 4 * DAY_MILLISECONDS
+        );
+        // Exactly one period late: the slot at `now` is already due, so the next.
+        let one_day = Timestamp::from_unix_milliseconds(due.unix_milliseconds() + DAY_MILLISECONDS);
+        assert_eq!(
+            daily.next_due(due, one_day).unix_milliseconds(),
+            due.unix_milliseconds() + 2 * DAY_MILLISECONDS
+        );
+        assert_eq!(Recurrence::parse(daily.as_str()), Some(daily));
+        assert_eq!(Recurrence::parse("weekly"), None);
+    }
+
+    #[test]
+    fn an_occurrence_id_depends_on_its_series_and_due_time_only() {
+        let first = ScheduleId::generate(Timestamp::from_unix_milliseconds(5), 7);
+        let other = ScheduleId::generate(Timestamp::from_unix_milliseconds(5), 8);
+        let due = Timestamp::from_unix_milliseconds(DAY_MILLISECONDS);
+        let later = Timestamp::from_unix_milliseconds(2 * DAY_MILLISECONDS);
+        assert_eq!(
+            next_occurrence_id(&first, due),
+            next_occurrence_id(&first, due)
+        );
+        assert_ne!(
+            next_occurrence_id(&first, due),
+            next_occurrence_id(&first, later)
+        );
+        assert_ne!(
+            next_occurrence_id(&first, due),
+            next_occurrence_id(&other, due)
+        );
+        let id = next_occurrence_id(&first, due);
+        assert_eq!(ScheduleId::parse(id.as_str()), Ok(id));
     }
 }

@@ -30,7 +30,8 @@ pub mod time;
 
 pub use campaign::{CampaignCode, CampaignPhase};
 pub use catalog::{
-    OperatorType, Product, SCHEDULE_TRANSITIONS, ScheduleStatus, ShelfLogEntry, operation_label,
+    OperatorType, Product, Recurrence, SCHEDULE_TRANSITIONS, ScheduleStatus, ShelfLogEntry,
+    next_occurrence_id, operation_label,
 };
 pub use code::{
     CategoryCode, ImageUrl, OperatorId, OrderRef, RequestSource, ShopCode, SkuCode, SupplierCode,

@@ -49,6 +49,9 @@ pub const SPEC_LENGTH_MAX: usize = 200;
 pub const SHELF_LOG_PAGE_SIZE_MAX: i64 = 500;
 /// How far ahead a shelf change may be scheduled (one year).
 pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
+/// Schedules one shop may have pending at once: each is a row the schedule worker
+/// scans and a change that fires unattended.
+pub const SCHEDULES_PENDING_PER_SHOP_MAX: i64 = 10_000;
 /// Remarks in the shelf log.
 pub const REMARK_LENGTH_MAX: usize = 500;
 /// Characters of a reason stockd records (an order's status change, a payment's or a

@@ -5,10 +5,10 @@ use std::collections::{BTreeSet, HashMap};
 
 use domain::limits::{PRODUCT_SKUS_MAX, SCHEDULE_HORIZON_SECONDS_MAX, SHELF_TARGETS_MAX};
 use domain::{
-    Action, CategoryCode, Currency, ErrorCode, ImageUrl, OrderId, PriceMinor, Principal, Product,
-    ProductId, Quantity, ReservationId, ReservationLine, ScheduleId, ShelfLogEntry, ShelfOperation,
-    ShopCode, SkuCode, SupplierCode, Timestamp, Title, TtlSeconds, UserId, WarehouseCode,
-    authorize,
+    Action, CategoryCode, Currency, Denied, ErrorCode, ImageUrl, OrderId, PriceMinor, Principal,
+    Product, ProductId, Quantity, Recurrence, ReservationId, ReservationLine, ScheduleId,
+    ShelfLogEntry, ShelfOperation, ShopCode, SkuCode, SupplierCode, Timestamp, Title, TtlSeconds,
+    UserId, WarehouseCode, authorize,
 };
 use store::{
     Actor, AppliedSchedule, Cart, Displayed, IdempotencyClaim, NewOrder, NewProduct, NewSku,
@@ -45,6 +45,8 @@ pub struct ShelfRequest {
     pub operation: ShelfOperation,
     /// `Some` schedules the operation (`on_at`, `off_at`) instead of applying it now.
     pub scheduled_at: Option<Timestamp>,
+    /// `Some` repeats a scheduled operation every day at the same minute.
+    pub recurrence: Option<Recurrence>,
     pub selector: TargetSelector,
     pub expected_versions: HashMap<SkuCode, i64>,
     pub remark: String,
@@ -56,6 +58,7 @@ const MINUTE_MILLISECONDS: i64 = 60_000;
 struct Scheduled {
     operation: ShelfOperation,
     scheduled_at: Timestamp,
+    recurrence: Option<Recurrence>,
     targets: Vec<ShelfTarget>,
     actor: Actor,
     remark: String,
@@ -186,6 +189,11 @@ impl Engine {
             ShelfOperation::On | ShelfOperation::Off => Action::ChangeShelf,
         };
         authorize(principal, action, None).map_err(forbidden)?;
+        if request.recurrence.is_some() && request.scheduled_at.is_none() {
+            return Err(EngineError::InvalidArgument(
+                "repeat goes with on_at or off_at".into(),
+            ));
+        }
         // The targets a selector names and the minute a schedule may name change with
         // time: a retry answers what the first call answered, before either is checked.
         if let Some(first) = self.first_answer("shelf", claim).await? {
@@ -219,6 +227,7 @@ impl Engine {
                 let scheduled = Scheduled {
                     operation: request.operation,
                     scheduled_at,
+                    recurrence: request.recurrence,
                     targets,
                     actor,
                     remark: request.remark,
@@ -324,6 +333,7 @@ impl Engine {
             due_at,
             actor: scheduled.actor,
             remark: scheduled.remark,
+            recurrence: scheduled.recurrence,
         };
         let reply = self
             .idempotent("schedule_shelf", claim, || {
@@ -348,6 +358,7 @@ impl Engine {
         let request = ShelfRequest {
             operation: ShelfOperation::Delete,
             scheduled_at: None,
+            recurrence: None,
             selector: TargetSelector {
                 product_ids: vec![id.clone()],
                 ..TargetSelector::default()
@@ -404,22 +415,71 @@ impl Engine {
             .map_err(|error| log_store_error("products_page", error))
     }
 
-    /// `GET /v1/admin/schedules`: schedules of one status by due time, an operator's
-    /// own shop's.
+    /// `GET /v1/admin/schedules`: schedules of one status by due time, after the
+    /// schedule `after` when given, an operator's own shop's.
     pub async fn schedules(
         &self,
         principal: &Principal,
         shop: Option<&ShopCode>,
         status: ScheduleStatus,
+        after: Option<&ScheduleId>,
         limit: i64,
     ) -> Result<Vec<store::ScheduleRecord>, EngineError> {
         authorize(principal, Action::ViewStaffData, shop).map_err(forbidden)?;
         let shop = principal.shop().or(shop);
         self.inner
             .store
-            .schedules(shop, status.as_str(), limit)
+            .schedules(shop, status.as_str(), after, limit)
             .await
             .map_err(|error| log_store_error("schedules", error))
+    }
+
+    /// `POST /v1/admin/schedules/{id}/cancel`: withdraws the pending occurrence of the
+    /// schedule's series (the schedule itself while it is pending; a daily one's next
+    /// occurrence after it applied), for staff who may change its shop's shelf.
+    pub async fn cancel_schedule(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        id: &ScheduleId,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::ChangeShelf, None).map_err(forbidden)?;
+        // A schedule's shop never changes: checked before the unit of work, it
+        // still holds when the unit of work runs.
+        let schedule = self
+            .inner
+            .store
+            .schedule(id)
+            .await
+            .map_err(|error| log_store_error("schedule", error))?;
+        if let Some(schedule) = &schedule {
+            match (principal.shop(), schedule.shop.as_ref()) {
+                (Some(own), Some(theirs)) if own != theirs => {
+                    return Err(forbidden(Denied(format!(
+                        "this credential acts only within its own shop, not shop '{theirs}'"
+                    ))));
+                }
+                (Some(_), None) => {
+                    return Err(forbidden(Denied(
+                        "a standalone SKU's schedule is the admin's".into(),
+                    )));
+                }
+                _ => {}
+            }
+        }
+        let actor = Actor::of(principal);
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("cancel_schedule", claim, || {
+                self.retried("cancel_schedule", || {
+                    self.inner
+                        .store
+                        .cancel_schedule(claim, id, &actor, self.now(), renderer)
+                })
+            })
+            .await?;
+        self.inner.schedules_changed.notify_one();
+        Ok(reply)
     }
 
     pub async fn shelf_log(

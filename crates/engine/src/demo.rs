@@ -176,6 +176,7 @@ async fn load_demo_product(
         let request = ShelfRequest {
             operation: ShelfOperation::On,
             scheduled_at: None,
+            recurrence: None,
             selector: TargetSelector {
                 product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
                 ..TargetSelector::default()

@@ -981,6 +981,12 @@ mod tests {
                 body: String::new(),
             }
         }
+        fn schedule_cancelled(&self, _: &store::ScheduleRecord) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
         fn order(&self, _: &store::Order, created: bool) -> StoredResponse {
             StoredResponse {
                 status: if created { 201 } else { 200 },

@@ -83,6 +83,8 @@ pub struct ShelfScheduling {
     pub due_at: Timestamp,
     pub actor: Actor,
     pub remark: String,
+    /// `Some` repeats the change (every day at the same minute) until cancelled.
+    pub recurrence: Option<domain::Recurrence>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +133,8 @@ pub struct AppliedSchedule {
     /// `APPLIED`, `SKIPPED` (the SKU was deleted) or `REFUSED`.
     pub status: &'static str,
     pub outcome: String,
+    /// A daily schedule's next occurrence, left pending.
+    pub next: Option<ScheduleId>,
 }
 
 /// Filters of the shelf log; `after_id` pages forward.
@@ -264,14 +268,20 @@ pub struct ScheduleRecord {
     /// `on` or `off`.
     pub operation: String,
     pub due_at: Timestamp,
-    /// `PENDING`, `APPLIED`, `SKIPPED` or `REFUSED`.
+    /// `PENDING`, `APPLIED`, `SKIPPED`, `REFUSED` or `CANCELLED`.
     pub status: String,
     pub operator_id: String,
     pub shop: Option<ShopCode>,
     pub remark: String,
     pub outcome: String,
     pub created_at: Timestamp,
+    /// When it settled: applied, skipped, refused or cancelled.
     pub applied_at: Option<Timestamp>,
+    /// The first occurrence's id: a daily schedule's occurrences share it, a one-off
+    /// schedule is its own.
+    pub series_id: ScheduleId,
+    /// `daily`, or `None` for a one-off.
+    pub recurrence: Option<String>,
 }
 
 /// A campaign to create: its id and terms, checked by the engine.

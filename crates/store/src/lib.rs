@@ -29,8 +29,8 @@ use units::Units;
 
 use domain::{
     ConsistencyToken, FeedCursor, OperatorId, OrderId, OrderStatus, PaymentAttemptId, Principal,
-    Product, ProductId, RefundId, Reservation, ReservationId, ServiceKeyId, ShelfLogEntry,
-    ShopCode, Sku, SkuCode, Timestamp, UserId,
+    Product, ProductId, RefundId, Reservation, ReservationId, ScheduleId, ServiceKeyId,
+    ShelfLogEntry, ShopCode, Sku, SkuCode, Timestamp, UserId,
 };
 
 pub use backend::{DatabaseActivity, PoolUsage};
@@ -299,8 +299,12 @@ forward! {
     fn end_campaigns(&self, now: Timestamp, limit: i64) -> Result<Vec<domain::CampaignId>, StoreError>;
     /// The staff's product list: oldest first, filtered, after a product id.
     fn products_page(&self, filter: &ProductFilter, after: Option<&ProductId>, limit: i64) -> Result<Vec<Product>, StoreError>;
-    /// Schedules of one status by due time.
-    fn schedules(&self, shop: Option<&ShopCode>, status: &str, limit: i64) -> Result<Vec<ScheduleRecord>, StoreError>;
+    /// Schedules of one status by due time, after a schedule when given.
+    fn schedules(&self, shop: Option<&ShopCode>, status: &str, after: Option<&ScheduleId>, limit: i64) -> Result<Vec<ScheduleRecord>, StoreError>;
+    /// One schedule.
+    fn schedule(&self, id: &ScheduleId) -> Result<Option<ScheduleRecord>, StoreError>;
+    /// Withdraws the pending occurrence of the series `id` belongs to.
+    fn cancel_schedule(&self, claim: &IdempotencyClaim, id: &ScheduleId, actor: &Actor, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     /// Orders newest first, of a shop and a shopper when given, older than `before`.
     fn order_summaries(&self, shop: Option<&ShopCode>, user: Option<&UserId>, before: Option<&OrderId>, limit: i64) -> Result<Vec<OrderSummary>, StoreError>;
     fn resolve_shelf_targets(&self, selector: &TargetSelector) -> Result<Vec<ShelfTarget>, StoreError>;
@@ -510,7 +514,7 @@ mod tests {
             ),
             (
                 "UPDATE shelf_schedule SET status",
-                "async fn apply_due_schedules",
+                "async fn settle_schedule",
             ),
         ] {
             assert_eq!(sources.matches(update).count(), 1, "one writer: {update}");

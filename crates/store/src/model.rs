@@ -143,6 +143,8 @@ pub trait ResponseRenderer: Send + Sync {
     fn checked_out(&self, order: &crate::orders::Order, skipped: &[SkippedLine]) -> StoredResponse;
     /// A new campaign (201).
     fn campaign_created(&self, campaign: &crate::catalog::Campaign) -> StoredResponse;
+    /// A schedule as it stands after a cancel (200).
+    fn schedule_cancelled(&self, schedule: &crate::catalog::ScheduleRecord) -> StoredResponse;
 }
 
 /// Fields of a SKU to set; `None` leaves a field as it is (or at its default on create).

@@ -497,7 +497,7 @@ impl Dialect for SqliteConnection {
          AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
          GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
          ORDER BY reservation.id, line.sku, line.warehouse";
-    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark FROM shelf_schedule \
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2";
     const SELECT_ORDER_FOR_UPDATE: &'static str =
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1";
@@ -600,6 +600,11 @@ impl Dialect for SqliteConnection {
             15,
             "attempt_request_key_alone",
             include_str!("../../migrations/sqlite/0015_attempt_request_key_alone.sql"),
+        ),
+        (
+            16,
+            "schedule_series",
+            include_str!("../../migrations/sqlite/0016_schedule_series.sql"),
         ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.

@@ -16,11 +16,12 @@ use crate::catalog::{
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, ResponseRenderer};
 use crate::sql::{Row, statement};
+use domain::limits::SCHEDULES_PENDING_PER_SHOP_MAX;
 use domain::{
-    ProductId, SaleStatus, ScheduleId, ScheduleStatus, ShelfOperation, ShopCode, SkuCode,
-    Timestamp, operation_label,
+    ErrorCode, ProductId, Recurrence, Rejection, SaleStatus, ScheduleId, ScheduleStatus,
+    ShelfOperation, ShopCode, SkuCode, Timestamp, next_occurrence_id, operation_label,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 fn decode_schedule(row: &Row) -> Result<ScheduleRecord, StoreError> {
     let id: String = row.try_get("id")?;
@@ -28,6 +29,7 @@ fn decode_schedule(row: &Row) -> Result<ScheduleRecord, StoreError> {
     let product_id: Option<String> = row.try_get("product_id")?;
     let shop: Option<String> = row.try_get("shop")?;
     let applied_at: Option<i64> = row.try_get("applied_at")?;
+    let series_id: String = row.try_get("series_id")?;
     Ok(ScheduleRecord {
         id: parse_stored("schedule id", &id, ScheduleId::parse)?,
         sku: parse_stored("sku code", &sku, SkuCode::parse)?,
@@ -47,11 +49,34 @@ fn decode_schedule(row: &Row) -> Result<ScheduleRecord, StoreError> {
         outcome: row.try_get("outcome")?,
         created_at: Timestamp::from_unix_milliseconds(row.try_get("created_at")?),
         applied_at: applied_at.map(Timestamp::from_unix_milliseconds),
+        series_id: parse_stored("schedule id", &series_id, ScheduleId::parse)?,
+        recurrence: row.try_get("recurrence")?,
     })
 }
 
-/// A claimed schedule: its id, SKU, operation, remark and the target it changes.
-pub(crate) type DueSchedule = (ScheduleId, SkuCode, ShelfOperation, String, ShelfTarget);
+/// Selects the columns [`decode_schedule`] reads, with the SKU's product: a macro, as
+/// `concat!` (statements are `'static` text) takes only literals.
+macro_rules! select_schedules {
+    () => {
+        "SELECT shelf_schedule.id, shelf_schedule.sku, sku.product_id, shelf_schedule.operation, \
+         shelf_schedule.due_at, shelf_schedule.status, shelf_schedule.operator_id, \
+         shelf_schedule.shop, shelf_schedule.remark, shelf_schedule.outcome, \
+         shelf_schedule.created_at, shelf_schedule.applied_at, shelf_schedule.series_id, \
+         shelf_schedule.recurrence \
+         FROM shelf_schedule LEFT JOIN sku ON sku.code = shelf_schedule.sku"
+    };
+}
+
+/// A claimed schedule and the target it changes.
+pub(crate) struct DueSchedule {
+    id: ScheduleId,
+    sku: SkuCode,
+    operation: ShelfOperation,
+    remark: String,
+    due_at: Timestamp,
+    recurrence: Option<Recurrence>,
+    target: ShelfTarget,
+}
 
 /// Claims up to `limit` due schedules and locks what they will change — every shop,
 /// then every stock row, in the order a shelf change takes them — before the first
@@ -65,13 +90,19 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     let claimed = statement(C::CLAIM_DUE_SCHEDULES)
         .bind(now.unix_milliseconds())
         .bind(limit)
-        .fetch_all_as::<(String, String, String, String)>(&mut *transaction)
+        .fetch_all_as::<(String, String, String, String, i64, Option<String>)>(&mut *transaction)
         .await?;
     let mut due = Vec::with_capacity(claimed.len());
-    for (id, sku, operation, remark) in claimed {
+    for (id, sku, operation, remark, due_at, recurrence) in claimed {
         let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
         let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
         let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
+        let recurrence = recurrence
+            .map(|text| {
+                Recurrence::parse(&text)
+                    .ok_or_else(|| invariant(format!("schedule {id} repeats '{text}'")))
+            })
+            .transpose()?;
         // The SKU's shop: a standalone SKU has no product, and its schedule takes its
         // shop's lock like a manual operation does.
         let target = statement("SELECT product_id, shop FROM sku WHERE code = $1")
@@ -84,46 +115,171 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
             )));
         };
         let target = shelf_target(sku.clone(), product_id.as_deref(), shop.as_deref())?;
-        due.push((id, sku, operation, remark, target));
+        due.push(DueSchedule {
+            id,
+            sku,
+            operation,
+            remark,
+            due_at: Timestamp::from_unix_milliseconds(due_at),
+            recurrence,
+            target,
+        });
     }
     let shops: BTreeSet<&ShopCode> = due
         .iter()
-        .filter_map(|(_, _, _, _, target)| target.shop.as_ref())
+        .filter_map(|schedule| schedule.target.shop.as_ref())
         .collect();
     for shop in shops {
         transaction.lock_shop(shop).await?;
     }
-    let mut skus: Vec<&SkuCode> = due.iter().map(|(_, sku, _, _, _)| sku).collect();
+    let mut skus: Vec<&SkuCode> = due.iter().map(|schedule| &schedule.sku).collect();
     skus.sort();
     skus.dedup();
     transaction.lock_stock_of_skus(&skus).await?;
     Ok(due)
 }
 
+/// Settles a pending schedule as `to` (applied, skipped, refused or cancelled)
+/// through [`ScheduleStatus::may_become`]: the one writer of a schedule's status.
+/// Answers how many rows changed: 0 when it was no longer pending.
+async fn settle_schedule<C: Dialect>(
+    transaction: &mut C,
+    id: &ScheduleId,
+    to: ScheduleStatus,
+    outcome: &str,
+    now: Timestamp,
+) -> Result<u64, StoreError> {
+    let from = ScheduleStatus::Pending;
+    if !from.may_become(to) {
+        return Err(invariant(format!(
+            "schedule {id} cannot go from {} to {}",
+            from.as_str(),
+            to.as_str()
+        )));
+    }
+    statement(
+        "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = $5",
+    )
+    .bind(id.as_str())
+    .bind(to.as_str())
+    .bind(outcome)
+    .bind(now.unix_milliseconds())
+    .bind(from.as_str())
+    .execute(&mut *transaction)
+    .await
+}
+
+/// Inserts the occurrence after `settled` (due at `due_at`) of its daily series: the
+/// same SKU, operation, operator, shop, remark and series, due at the first slot
+/// after `now`.
+async fn leave_next_occurrence<C: Dialect>(
+    transaction: &mut C,
+    settled: &ScheduleId,
+    recurrence: Recurrence,
+    due_at: Timestamp,
+    now: Timestamp,
+) -> Result<ScheduleId, StoreError> {
+    let next_due = recurrence.next_due(due_at, now);
+    let series: String = statement("SELECT series_id FROM shelf_schedule WHERE id = $1")
+        .bind(settled.as_str())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+    let series = parse_stored("schedule id", &series, ScheduleId::parse)?;
+    let next = next_occurrence_id(&series, next_due);
+    let inserted = statement(
+        "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at, series_id, recurrence) \
+         SELECT $1, sku, operation, $2, 'PENDING', operator_id, shop, remark, $3, series_id, recurrence \
+         FROM shelf_schedule WHERE id = $4",
+    )
+    .bind(next.as_str())
+    .bind(next_due.unix_milliseconds())
+    .bind(now.unix_milliseconds())
+    .bind(settled.as_str())
+    .execute(&mut *transaction)
+    .await?;
+    expect_one_row(inserted, "leaving a daily schedule's next occurrence")?;
+    Ok(next)
+}
+
+/// A refusal when these schedules would take a shop past
+/// [`SCHEDULES_PENDING_PER_SHOP_MAX`] pending ones. Each shop's lock is held first
+/// (in code order, as a shelf change takes them), so two requests cannot both count
+/// the room that only one of them fits in. Standalone SKUs (no shop, the admin's) are
+/// counted together, without a lock: only the admin schedules them.
+async fn pending_cap_refusal<C: Dialect>(
+    transaction: &mut C,
+    scheduling: &ShelfScheduling,
+) -> Result<Option<Rejection>, StoreError> {
+    let mut per_shop: BTreeMap<Option<&ShopCode>, i64> = BTreeMap::new();
+    for (_, target) in &scheduling.targets {
+        *per_shop.entry(target.shop.as_ref()).or_default() += 1;
+    }
+    for shop in per_shop.keys().flatten() {
+        transaction.lock_shop(shop).await?;
+    }
+    for (shop, adding) in per_shop {
+        let pending: i64 = statement(
+            "SELECT COUNT(*) FROM shelf_schedule WHERE status = 'PENDING' \
+             AND (shop = $1 OR ($1 IS NULL AND shop IS NULL))",
+        )
+        .bind(shop.map(ShopCode::as_str))
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+        if pending + adding > SCHEDULES_PENDING_PER_SHOP_MAX {
+            let whose = shop.map_or_else(
+                || "standalone SKUs".to_owned(),
+                |shop| format!("shop '{shop}'"),
+            );
+            return Ok(Some(Rejection::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "{whose} has {pending} pending schedules; at most {SCHEDULES_PENDING_PER_SHOP_MAX} may be pending, so {adding} more do not fit (cancel some, or wait for them to apply)"
+                ),
+            )));
+        }
+    }
+    Ok(None)
+}
+
 impl<B: Backend> Units<B> {
     /// Schedules with `status` (`PENDING`: what is still to come), by due time: of one
-    /// shop when given, at most `limit`.
+    /// shop when given, after the schedule `after` when given, at most `limit`.
     pub async fn schedules(
         &self,
         shop: Option<&ShopCode>,
         status: &str,
+        after: Option<&ScheduleId>,
         limit: i64,
     ) -> Result<Vec<ScheduleRecord>, StoreError> {
-        let rows = statement(
-            "SELECT shelf_schedule.id, shelf_schedule.sku, sku.product_id, shelf_schedule.operation, \
-             shelf_schedule.due_at, shelf_schedule.status, shelf_schedule.operator_id, \
-             shelf_schedule.shop, shelf_schedule.remark, shelf_schedule.outcome, \
-             shelf_schedule.created_at, shelf_schedule.applied_at \
-             FROM shelf_schedule LEFT JOIN sku ON sku.code = shelf_schedule.sku \
-             WHERE shelf_schedule.status = $1 AND ($2 IS NULL OR shelf_schedule.shop = $2) \
-             ORDER BY shelf_schedule.due_at, shelf_schedule.id LIMIT $3",
-        )
-        .bind(status)
-        .bind(shop.map(ShopCode::as_str))
-        .bind(limit)
-        .fetch_all_rows(&mut *self.writer_read_connection().await?)
-        .await?;
+        // A page goes on from the (due time, id) of the last schedule of the one
+        // before; a schedule's due time never changes, so the cursor stays put.
+        let rows = statement(concat!(
+            select_schedules!(),
+            " WHERE shelf_schedule.status = $1 AND ($2 IS NULL OR shelf_schedule.shop = $2) \
+             AND ($3 IS NULL OR shelf_schedule.due_at > (SELECT due_at FROM shelf_schedule WHERE id = $3) \
+                  OR (shelf_schedule.due_at = (SELECT due_at FROM shelf_schedule WHERE id = $3) \
+                      AND shelf_schedule.id > $3)) \
+             ORDER BY shelf_schedule.due_at, shelf_schedule.id LIMIT $4"
+        ))
+            .bind(status)
+            .bind(shop.map(ShopCode::as_str))
+            .bind(after.map(ScheduleId::as_str))
+            .bind(limit)
+            .fetch_all_rows(&mut *self.writer_read_connection().await?)
+            .await?;
         rows.iter().map(decode_schedule).collect()
+    }
+
+    /// One schedule, whatever its status.
+    pub async fn schedule(&self, id: &ScheduleId) -> Result<Option<ScheduleRecord>, StoreError> {
+        let row = statement(concat!(
+            select_schedules!(),
+            " WHERE shelf_schedule.id = $1"
+        ))
+        .bind(id.as_str())
+        .fetch_optional_row(&mut *self.writer_read_connection().await?)
+        .await?;
+        row.as_ref().map(decode_schedule).transpose()
     }
 
     /// Records shelf operations to apply at `due_at`.
@@ -139,11 +295,15 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
+        if let Some(refusal) = pending_cap_refusal(&mut *transaction, scheduling).await? {
+            let response = renderer.rejected(&refusal);
+            return commit_with_answer(transaction, claim, response).await;
+        }
         let mut results = Vec::with_capacity(scheduling.targets.len());
         for (id, target) in &scheduling.targets {
             statement(
-                "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at) \
-                 VALUES ($1, $2, $3, $4, 'PENDING', $5, $6, $7, $8)",
+                "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at, series_id, recurrence) \
+                 VALUES ($1, $2, $3, $4, 'PENDING', $5, $6, $7, $8, $1, $9)",
             )
             .bind(id.as_str())
             .bind(target.sku.as_str())
@@ -153,6 +313,7 @@ impl<B: Backend> Units<B> {
             .bind(target.shop.as_ref().map(ShopCode::as_str))
             .bind(&scheduling.remark)
             .bind(now.unix_milliseconds())
+            .bind(scheduling.recurrence.map(Recurrence::as_str))
             .execute(&mut *transaction)
             .await?;
             results.push(ShelfResult {
@@ -189,7 +350,16 @@ impl<B: Backend> Units<B> {
         let mut transaction = self.begin_write().await?;
         let due = claim_due_schedules(&mut *transaction, now, limit).await?;
         let mut applied = Vec::with_capacity(due.len());
-        for (id, sku, operation, remark, target) in due {
+        for DueSchedule {
+            id,
+            sku,
+            operation,
+            remark,
+            due_at,
+            recurrence,
+            target,
+        } in due
+        {
             let actor = Actor::scheduler();
             let current = load_shelf_state(&mut *transaction, &sku).await?;
             let (status, outcome) = if current
@@ -233,33 +403,106 @@ impl<B: Backend> Units<B> {
                 }
             };
             // Claimed `PENDING` under its lock: it settles through the table, once.
-            let from = ScheduleStatus::Pending;
-            if !from.may_become(status) {
-                return Err(invariant(format!(
-                    "schedule {id} cannot go from {} to {}",
-                    from.as_str(),
-                    status.as_str()
-                )));
-            }
-            let updated = statement(
-                "UPDATE shelf_schedule SET status = $2, outcome = $3, applied_at = $4 WHERE id = $1 AND status = $5",
-            )
-            .bind(id.as_str())
-            .bind(status.as_str())
-            .bind(&outcome)
-            .bind(now.unix_milliseconds())
-            .bind(from.as_str())
-            .execute(&mut *transaction)
-            .await?;
+            let updated = settle_schedule(&mut *transaction, &id, status, &outcome, now).await?;
             expect_one_row(updated, "settling a claimed schedule")?;
+            // A daily series goes on in the same transaction, so an occurrence is
+            // never settled without its successor or left twice. A deleted SKU ends
+            // it; a refused change does not (the product may be complete tomorrow).
+            let next = match recurrence {
+                Some(recurrence) if status != ScheduleStatus::Skipped => Some(
+                    leave_next_occurrence(&mut *transaction, &id, recurrence, due_at, now).await?,
+                ),
+                _ => None,
+            };
             applied.push(AppliedSchedule {
                 id,
                 sku,
                 status: status.as_str(),
                 outcome,
+                next,
             });
         }
         transaction.commit().await?;
         Ok(applied)
+    }
+}
+
+impl<B: Backend> Units<B> {
+    /// Withdraws the pending occurrence of the series `id` belongs to: the schedule
+    /// itself while it is pending, or the next occurrence a daily one left. The
+    /// caller has checked that `actor` may change the schedule's shop.
+    pub async fn cancel_schedule(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &ScheduleId,
+        actor: &Actor,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let series: Option<String> =
+            statement("SELECT series_id FROM shelf_schedule WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional_scalar(&mut *transaction)
+                .await?;
+        let Some(series) = series else {
+            let refusal = Rejection::new(
+                ErrorCode::NotFound,
+                format!("schedule '{id}' does not exist"),
+            );
+            let response = renderer.rejected(&refusal);
+            return commit_with_answer(transaction, claim, response).await;
+        };
+        let outcome = format!("cancelled by {}", actor.operator);
+        let mut cancelled = None;
+        // Twice at most: a schedule worker settling the pending occurrence while the
+        // first look waited for its row leaves the next one, committed after that
+        // statement began and so unseen by it; the second look sees it.
+        for _ in 0..2 {
+            let pending: Vec<(String,)> = statement(
+                "SELECT id FROM shelf_schedule WHERE series_id = $1 AND status = $2 ORDER BY due_at, id",
+            )
+            .bind(&series)
+            .bind(ScheduleStatus::Pending.as_str())
+            .fetch_all_as(&mut *transaction)
+            .await?;
+            for (pending_id,) in pending {
+                let pending_id = parse_stored("schedule id", &pending_id, ScheduleId::parse)?;
+                let updated = settle_schedule(
+                    &mut *transaction,
+                    &pending_id,
+                    ScheduleStatus::Cancelled,
+                    &outcome,
+                    now,
+                )
+                .await?;
+                if updated == 1 {
+                    cancelled = Some(pending_id);
+                }
+            }
+            if cancelled.is_some() {
+                break;
+            }
+        }
+        let response = match cancelled {
+            Some(cancelled) => {
+                let record = statement(concat!(select_schedules!(), " WHERE shelf_schedule.id = $1"))
+                    .bind(cancelled.as_str())
+                    .fetch_one_row(&mut *transaction)
+                    .await?;
+                renderer.schedule_cancelled(&decode_schedule(&record)?)
+            }
+            None => renderer.rejected(&Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!(
+                    "schedule '{id}' has nothing pending to cancel: it has settled and no later occurrence of it is to come"
+                ),
+            )),
+        };
+        commit_with_answer(transaction, claim, response).await
     }
 }
