@@ -37,6 +37,7 @@ mirrored_tests!(
     a_shopper_found_at_the_limit_is_refused_before_taking_a_place_within_the_bound,
     a_shopper_refused_more_than_the_headroom_may_still_take_what_fits,
     a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hold_not_sold_out,
+    a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_after_the_end,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1365,4 +1366,58 @@ async fn a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hol
     );
     assert!(retried.replayed(), "{retried:?}");
     app.assert_audit_clean().await;
+}
+
+/// A request that named its running campaign and was answered 201 (the answer lost on
+/// the way), retried after the campaign ended (and closed): the key holds the answer,
+/// and the retry hears it, not "the campaign ended" or "no such campaign".
+async fn a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_after_the_end(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HAT", 10).await;
+    let id = running_campaign(&app, "HAT", 4, 2, None).await;
+    let hold = || {
+        Call::post("/v1/reservations").key("hat-hold").json(&json!({
+            "lines": [{"sku": "HAT", "quantity": 1}], "campaign_id": id,
+        }))
+    };
+    let order = || {
+        Call::post("/v1/orders").key("hat-order").json(&json!({
+            "user_id": "ann", "lines": [{"sku": "HAT", "quantity": 1}], "campaign_id": id,
+        }))
+    };
+    let held = app.send(hold()).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    assert_drew_from_a_bucket(&held.json());
+    let ordered = app.send(order()).await;
+    assert_eq!(ordered.status, 201, "{ordered:?}");
+    let reservation = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.confirm(&reservation, "hat-confirm").await.status, 200);
+    let order_id = ordered.json()["order_id"].as_str().unwrap().to_owned();
+    let cancelled = app
+        .send(Call::post(format!("/v1/orders/{order_id}/cancel")).key("hat-cancel"))
+        .await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+
+    app.clock.advance_seconds(2 * HOUR_SECONDS);
+    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1, "closed");
+    let contents = app.contents().await;
+
+    for (first, retried) in [
+        (held, app.send(hold()).await),
+        (ordered, app.send(order()).await),
+    ] {
+        assert_eq!(retried.status, 201, "{retried:?}");
+        assert!(retried.replayed(), "{retried:?}");
+        assert_eq!(retried.body, first.body);
+    }
+    assert_eq!(app.contents().await, contents, "nothing held again");
+    // A new key naming the closed campaign is refused as before.
+    let fresh = app
+        .send(Call::post("/v1/reservations").key("hat-late").json(&json!({
+            "lines": [{"sku": "HAT", "quantity": 1}], "campaign_id": id,
+        })))
+        .await;
+    assert!(matches!(fresh.status, 404 | 409), "{fresh:?}");
 }

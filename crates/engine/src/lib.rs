@@ -385,10 +385,22 @@ impl Engine {
             .scope_of_skus(principal, Action::Reserve, &skus)
             .await?;
         let memory_may_refuse = sold_out::memory_may_refuse(claim, reference.order_ref.is_some());
-        let routed = self.route_lines(&lines, memory_may_refuse)?;
-        if let Some(campaign) = &campaign {
-            self.check_named_campaign(campaign, &lines)?;
-        }
+        let checked = self
+            .route_lines(&lines, memory_may_refuse)
+            .and_then(|routed| {
+                if let Some(campaign) = &campaign {
+                    self.check_named_campaign(campaign, &lines)?;
+                }
+                Ok(routed)
+            });
+        let routed = match checked {
+            Ok(routed) => routed,
+            Err(refusal) => {
+                return cold(self.first_answer_or("reserve", claim, refusal))
+                    .await
+                    .map(Held::Answered);
+            }
+        };
         let now = self.now();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
@@ -855,6 +867,21 @@ impl Engine {
     /// The answer already stored under this key, if any. A use case looks it up before
     /// any check whose answer can change with time or state (a minute that passed, a
     /// catalog that changed): a retry gets the first result whatever happened since.
+    /// `refusal`, from a check that depends on the moment (which campaigns run, and
+    /// their phase), unless the key already holds an answer: a retry of a request
+    /// that passed the check when it first ran hears that first answer.
+    pub(crate) async fn first_answer_or(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+        refusal: EngineError,
+    ) -> Result<Reply, EngineError> {
+        match self.first_answer(operation, claim).await? {
+            Some(first) => Ok(first),
+            None => Err(refusal),
+        }
+    }
+
     pub(crate) async fn first_answer(
         &self,
         operation: &'static str,

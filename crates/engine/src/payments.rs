@@ -145,8 +145,12 @@ impl Engine {
         let shop = self
             .scope_of_skus(principal, Action::PlaceOrder, &skus)
             .await?;
-        if let Some(campaign) = &campaign {
-            self.check_named_campaign(campaign, &lines)?;
+        if let Some(campaign) = &campaign
+            && let Err(refusal) = self.check_named_campaign(campaign, &lines)
+        {
+            return crate::cold(self.first_answer_or("create_order", claim, refusal))
+                .await
+                .map(crate::Held::Answered);
         }
         let now = self.now();
         let ttl_seconds = ttl.map_or(
@@ -181,7 +185,14 @@ impl Engine {
     ) -> Result<crate::Held, EngineError> {
         let memory_may_refuse =
             crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some());
-        let routed = self.route_lines(&order.lines, memory_may_refuse)?;
+        let routed = match self.route_lines(&order.lines, memory_may_refuse) {
+            Ok(routed) => routed,
+            Err(refusal) => {
+                return crate::cold(self.first_answer_or(operation, claim, refusal))
+                    .await
+                    .map(crate::Held::Answered);
+            }
+        };
         let Some(routed) = routed else {
             return self
                 .decide_order(operation, claim.clone(), order, None)
