@@ -38,6 +38,7 @@ mirrored_tests!(
     a_shopper_refused_more_than_the_headroom_may_still_take_what_fits,
     a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hold_not_sold_out,
     a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_after_the_end,
+    campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1420,4 +1421,34 @@ async fn a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_afte
         })))
         .await;
     assert!(matches!(fresh.status, 404 | 409), "{fresh:?}");
+}
+
+async fn campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("RUSH", 100).await;
+    let calls = (0..8)
+        .map(|attempt| {
+            Call::post("/v1/admin/campaigns")
+                .admin()
+                .key(&format!("rush-{attempt}"))
+                .json(&json!({
+                    "sku": "RUSH", "quantity": 5, "buckets": 2,
+                    "starts_at": START.to_rfc3339(),
+                    "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+                }))
+        })
+        .collect();
+
+    let answers = acceptance::send_concurrently(&app, calls).await;
+
+    let created = answers.iter().filter(|answer| answer.status == 201).count();
+    assert_eq!(created, 1, "{answers:?}");
+    for answer in answers.iter().filter(|answer| answer.status != 201) {
+        assert_eq!(answer.status, 409, "{answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("failed_precondition"));
+    }
+    let winner = answers.iter().find(|answer| answer.status == 201).unwrap();
+    let opened = campaign(&app, winner.json()["campaign_id"].as_str().unwrap()).await;
+    assert_eq!(opened["left"], 5, "{opened}");
+    app.assert_audit_clean().await;
 }

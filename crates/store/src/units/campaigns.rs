@@ -265,6 +265,10 @@ async fn carve<C: Dialect>(
     campaign: &NewCampaign,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
+    // The SKU's stock rows first (as a shelf change or a movement takes them): two
+    // creations for one SKU then look for an open campaign one after the other, and
+    // the second finds the first's instead of breaking `campaign_open_sku` (a 500).
+    transaction.lock_stock_of_skus(&[&campaign.sku]).await?;
     let open: Option<String> = statement("SELECT id FROM campaign WHERE open_sku = $1")
         .bind(campaign.sku.as_str())
         .fetch_optional_scalar(&mut *transaction)
