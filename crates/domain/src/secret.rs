@@ -34,31 +34,69 @@ impl fmt::Display for Secret {
     }
 }
 
-/// `url` with any password replaced by `<redacted>`, for logs and evidence:
-/// `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`. Text that
-/// is not a URL with credentials comes back unchanged.
+/// `url` with any password replaced by `<redacted>`, for logs, metrics labels and
+/// evidence: `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`,
+/// and a query parameter that carries a secret (`?password=…`, which libpq and sqlx
+/// accept too, `sslpassword`, a token) keeps its name and loses its value. Text that is
+/// not a URL comes back unchanged.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
-    let Some((credentials, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
+    let authority = match authority.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split(':').next().unwrap_or("");
+            if credentials.contains(':') {
+                format!("{user}:<redacted>@{host}")
+            } else {
+                format!("{user}@{host}")
+            }
+        }
+        None => authority.to_owned(),
     };
-    let user = credentials.split(':').next().unwrap_or("");
-    if credentials.contains(':') {
-        format!("{scheme}://{user}:<redacted>@{host}{tail}")
-    } else {
-        format!("{scheme}://{user}@{host}{tail}")
-    }
+    format!("{scheme}://{authority}{}", redact_query(tail))
 }
 
-/// Replaces every URL's password in `text` (an error message that quotes a URL).
+/// The path, query and fragment of a URL with secret-bearing parameters' values
+/// replaced.
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((query, fragment)) => (query, Some(fragment)),
+        None => (query, None),
+    };
+    let parameters: Vec<String> = query
+        .split('&')
+        .map(|parameter| match parameter.split_once('=') {
+            Some((name, _)) if names_a_secret(name) => format!("{name}=<redacted>"),
+            _ => parameter.to_owned(),
+        })
+        .collect();
+    let mut redacted = format!("{path}?{}", parameters.join("&"));
+    if let Some(fragment) = fragment {
+        redacted.push('#');
+        redacted.push_str(fragment);
+    }
+    redacted
+}
+
+/// Whether a query parameter's name says it carries a secret.
+fn names_a_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token"]
+        .iter()
+        .any(|marker| name.contains(marker))
+}
+
+/// Replaces every URL's secrets in `text` (an error message that quotes a URL).
 pub fn redact_urls_in(text: &str) -> String {
     text.split(' ')
         .map(|word| {
-            if word.contains("://") && word.contains('@') {
+            if word.contains("://") {
                 redact_url(word)
             } else {
                 word.to_owned()
@@ -97,6 +135,28 @@ mod tests {
         assert_eq!(
             redact_urls_in("cannot reach postgres://a:b@h/d: refused"),
             "cannot reach postgres://a:<redacted>@h/d: refused"
+        );
+    }
+
+    #[test]
+    fn a_password_in_the_query_string_is_redacted_whatever_else_the_url_holds() {
+        assert_eq!(
+            redact_url("postgres://stockd@db2/shop?password=s3cret"),
+            "postgres://stockd@db2/shop?password=<redacted>"
+        );
+        assert_eq!(
+            redact_url(
+                "postgres://db2:5433/shop?user=stockd&PassWord=s3cret&sslmode=require&sslpassword=k3y#x"
+            ),
+            "postgres://db2:5433/shop?user=stockd&PassWord=<redacted>&sslmode=require&sslpassword=<redacted>#x"
+        );
+        assert_eq!(
+            redact_urls_in("replica postgres://h/d?password=s3cret failed"),
+            "replica postgres://h/d?password=<redacted> failed"
+        );
+        assert_eq!(
+            redact_url("postgres://u:p@h/d?password=q"),
+            "postgres://u:<redacted>@h/d?password=<redacted>"
         );
     }
 }
