@@ -39,6 +39,7 @@ mirrored_tests!(
     a_key_whose_caller_went_away_before_its_hold_was_answered_hears_its_hold_not_sold_out,
     a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_after_the_end,
     campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest,
+    a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign_sold_out,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1430,7 +1431,7 @@ async fn campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest(backe
         .map(|attempt| {
             Call::post("/v1/admin/campaigns")
                 .admin()
-                .key(&format!("rush-{attempt}"))
+                .key(format!("rush-{attempt}"))
                 .json(&json!({
                     "sku": "RUSH", "quantity": 5, "buckets": 2,
                     "starts_at": START.to_rfc3339(),
@@ -1451,4 +1452,43 @@ async fn campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest(backe
     let opened = campaign(&app, winner.json()["campaign_id"].as_str().unwrap()).await;
     assert_eq!(opened["left"], 5, "{opened}");
     app.assert_audit_clean().await;
+}
+
+/// The campaign's memory, as the SKU's: a key answered before a restart is replayed
+/// where memory finds the campaign sold out.
+async fn a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign_sold_out(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CONSOLE", 10).await;
+    running_campaign(&app, "CONSOLE", 1, 1, Some(1)).await;
+    let held = app
+        .send(reserve_call("console-ann", "CONSOLE", "ann"))
+        .await;
+    assert_eq!(held.status, 201, "{held:?}");
+    assert_drew_from_a_bucket(&held.json());
+    let app = app.restart().await;
+    app.engine.campaign_step().await.unwrap();
+    let refused = app
+        .send(reserve_call("console-bob", "CONSOLE", "bob"))
+        .await;
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("insufficient_stock"),
+        "{refused:?}"
+    );
+    let from_memory = app
+        .send(reserve_call("console-cat", "CONSOLE", "cat"))
+        .await;
+    assert!(from_memory.body.contains("sold out"), "{from_memory:?}");
+    let contents = app.contents().await;
+
+    let retried = app
+        .send(reserve_call("console-ann", "CONSOLE", "ann"))
+        .await;
+
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, held.body);
+    assert_eq!(app.contents().await, contents, "nothing held twice");
 }

@@ -22,6 +22,7 @@ mirrored_tests!(
     a_request_naming_an_order_ref_is_decided_by_the_database_while_its_sku_is_sold_out,
     an_expiry_or_a_payment_after_the_hold_here_forgets_what_was_found_sold_out,
     a_key_whose_caller_went_away_before_its_hold_was_answered_is_never_answered_from_memory,
+    a_key_answered_before_a_restart_replays_where_memory_finds_the_sku_sold_out,
 );
 
 /// The words of a sold-out answer given from this process's memory (not the database).
@@ -576,4 +577,40 @@ async fn a_key_whose_caller_went_away_before_its_hold_was_answered_is_never_answ
     );
     assert!(retried.replayed(), "{retried:?}");
     app.assert_audit_clean().await;
+}
+
+/// A key answered 201 before a restart (the answer lost on the way; as for a key
+/// another instance answered, this process never sent it) and retried after the
+/// restarted instance found the SKU sold out: the retry hears its 201, replayed, and
+/// the same key with another body hears `idempotency_key_reused`, not memory's "sold
+/// out". A key nobody answered is still refused from memory.
+async fn a_key_answered_before_a_restart_replays_where_memory_finds_the_sku_sold_out(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 1).await;
+    let held = app.reserve("tv-held", &[("TV", 1)]).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    let app = app.restart().await;
+    let refused = app.reserve("tv-refused", &[("TV", 1)]).await;
+    assert_eq!(refused.code().as_deref(), Some("insufficient_stock"));
+    assert!(
+        !refused.body.contains(FROM_MEMORY),
+        "decided by the database"
+    );
+    let from_memory = app.reserve("tv-fresh", &[("TV", 1)]).await;
+    assert!(from_memory.body.contains(FROM_MEMORY), "{from_memory:?}");
+    let contents = app.contents().await;
+
+    let retried = app.reserve("tv-held", &[("TV", 1)]).await;
+    let reused = app.reserve("tv-held", &[("TV", 2)]).await;
+
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, held.body);
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
+    assert_eq!(app.contents().await, contents, "nothing held twice");
+    let still = app.reserve("tv-fresh-2", &[("TV", 1)]).await;
+    assert!(still.body.contains(FROM_MEMORY), "{still:?}");
 }

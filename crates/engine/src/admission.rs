@@ -415,7 +415,9 @@ impl Engine {
             && self.memory_answers_sold_out(claim, routed)
         {
             // No place for a request the buckets cannot serve: `decide` answers it from
-            // memory (or replays the key's first answer) without the database.
+            // memory (or replays the key's first answer) without the database, or,
+            // when the key probe finds the key answered elsewhere, asks the database
+            // for that answer.
             return decide().await.map(Held::Answered);
         }
         if let Some(limit) = route.per_user_limit {
@@ -442,7 +444,9 @@ impl Engine {
             if let Some(shopper) = shopper
                 && route.known_at_limit(shopper, quantity, now, recheck)
                 && self.inner.campaigns.remembered(claim).is_none()
-                && self.memory_may_answer(claim, routed.memory_may_refuse)
+                && self
+                    .memory_may_refuse_now(claim, routed.memory_may_refuse)
+                    .await
             {
                 return Err(EngineError::Refused {
                     code: ErrorCode::PurchaseLimitExceeded,

@@ -564,7 +564,7 @@ impl Engine {
             .ring(start)
             .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
             .collect();
-        if candidates.is_empty() && !self.memory_answers_sold_out(claim, routed) {
+        if candidates.is_empty() && !self.memory_refuses_sold_out(claim, routed).await {
             candidates.push(start);
         }
         let Some((&last, others)) = candidates.split_last() else {
@@ -626,6 +626,16 @@ impl Engine {
     ) -> bool {
         self.inner.campaigns.remembered(claim).is_some()
             || self.memory_may_answer(claim, routed.memory_may_refuse)
+    }
+
+    /// [`Engine::memory_answers_sold_out`], with the key probe's word that a key
+    /// this process did not answer holds no answer elsewhere
+    /// ([`Engine::memory_may_refuse_now`]).
+    async fn memory_refuses_sold_out(&self, claim: &IdempotencyClaim, routed: &Routed) -> bool {
+        self.inner.campaigns.remembered(claim).is_some()
+            || self
+                .memory_may_refuse_now(claim, routed.memory_may_refuse)
+                .await
     }
 
     fn remember_answer(&self, claim: &IdempotencyClaim, decided: &store::Idempotent) {

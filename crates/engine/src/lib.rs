@@ -16,6 +16,7 @@ pub mod duplicates;
 pub mod error;
 pub mod events;
 pub mod in_flight;
+pub mod key_probe;
 pub mod payments;
 pub mod relay;
 pub mod retry;
@@ -111,6 +112,8 @@ struct Inner {
     /// Lines outside campaigns this process found short (the sold-out answer from
     /// memory for a SKU).
     short_lines: sold_out::ShortLines,
+    /// Whether keys memory would refuse hold an answer, asked in batches.
+    key_probe: key_probe::KeyProbe,
 }
 
 /// What one expiry step did.
@@ -148,6 +151,7 @@ impl Engine {
             Arc::clone(&renderer),
             &config,
         );
+        let key_probe = key_probe::KeyProbe::start(store.clone());
         let room_bounds = campaigns::RoomBounds {
             in_flight_max: config.campaign_in_flight_max,
             places_max: config.campaign_waiting_room_max,
@@ -172,6 +176,7 @@ impl Engine {
                 live_audit_started: std::sync::Mutex::new(None),
                 campaigns: campaigns::CampaignRegistry::new(room_bounds),
                 short_lines: sold_out::ShortLines::default(),
+                key_probe,
             }),
         }
     }
@@ -864,9 +869,6 @@ impl Engine {
         }))
     }
 
-    /// The answer already stored under this key, if any. A use case looks it up before
-    /// any check whose answer can change with time or state (a minute that passed, a
-    /// catalog that changed): a retry gets the first result whatever happened since.
     /// `refusal`, from a check that depends on the moment (which campaigns run, and
     /// their phase), unless the key already holds an answer: a retry of a request
     /// that passed the check when it first ran hears that first answer.
@@ -882,6 +884,9 @@ impl Engine {
         }
     }
 
+    /// The answer already stored under this key, if any. A use case looks it up before
+    /// any check whose answer can change with time or state (a minute that passed, a
+    /// catalog that changed): a retry gets the first result whatever happened since.
     pub(crate) async fn first_answer(
         &self,
         operation: &'static str,

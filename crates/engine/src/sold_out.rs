@@ -336,7 +336,7 @@ impl Engine {
         let memory = &self.inner.short_lines;
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         if let Some(line) = memory.refusing(lines, self.now(), recheck)
-            && self.memory_may_answer(claim, memory_may_refuse)
+            && self.memory_may_refuse_now(claim, memory_may_refuse).await
         {
             memory
                 .sold_out_from_memory
@@ -375,6 +375,22 @@ impl Engine {
         memory_may_refuse: bool,
     ) -> bool {
         memory_may_refuse && !self.inner.short_lines.sent_from_here(claim.key.as_str())
+    }
+
+    /// Whether memory refuses this request now: memory may answer it
+    /// ([`Engine::memory_may_answer`]), and its key holds no answer in the database
+    /// (sent there from another instance, or from this one before a restart or past
+    /// the bound of keys remembered): a retry of a request answered 201 hears its 201.
+    /// Asked through the key probe, with the other requests memory refuses meanwhile;
+    /// when that cannot be known, memory does not answer.
+    pub(crate) async fn memory_may_refuse_now(
+        &self,
+        claim: &IdempotencyClaim,
+        memory_may_refuse: bool,
+    ) -> bool {
+        self.memory_may_answer(claim, memory_may_refuse)
+            && crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await
+                == Some(false)
     }
 
     /// Notes a request's key as it is sent to the database: once it was, the key may

@@ -273,6 +273,8 @@ forward! {
     fn ledger_movement(&self, id: &domain::LedgerMovementId) -> Result<Option<LedgerMovement>, StoreError>;
     /// The shops of these SKUs (the ones that exist). A SKU's shop never changes.
     fn sku_shops(&self, codes: &[&SkuCode]) -> Result<std::collections::HashMap<SkuCode, ShopCode>, StoreError>;
+    /// Which of `keys` hold an idempotency record.
+    fn keys_with_records(&self, keys: &[&str]) -> Result<std::collections::HashSet<String>, StoreError>;
     fn idempotency_record(&self, key: &ScopedKey) -> Result<Option<(String, StoredResponse)>, StoreError>;
     fn store_response(&self, claim: &IdempotencyClaim, response: &StoredResponse, now: Timestamp) -> Result<Idempotent, StoreError>;
     fn upsert_sku(&self, claim: &IdempotencyClaim, code: &SkuCode, changes: &SkuChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

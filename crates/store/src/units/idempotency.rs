@@ -145,6 +145,17 @@ impl<B: Backend> Units<B> {
         Ok(Idempotent::Executed(response.clone()))
     }
 
+    /// Which of `keys` hold a committed record. One read for many keys: what stands
+    /// behind an answer from memory, for each of a burst's requests.
+    pub async fn keys_with_records(
+        &self,
+        keys: &[&str],
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let mut connection = self.writer_read_connection().await?;
+        let found = connection.existing_records(keys).await?;
+        Ok(found.into_keys().collect())
+    }
+
     /// The committed record of `key`, if any: `(fingerprint, response)`.
     pub async fn idempotency_record(
         &self,
