@@ -73,15 +73,41 @@
     return `console-${Date.now()}-${Math.random().toString(16).slice(2)}`;
   }
 
-  // Every call carries the token; every change its own Idempotency-Key (a retry of
-  // the same click would reuse it, a new click is a new request).
+  // Changes whose outcome is not known (the connection failed, or a 5xx, 429 or
+  // "in progress" came back), by request, with the Idempotency-Key they went with: the
+  // same change submitted again goes with the same key, so the server answers it once
+  // (a receipt booked once, not twice). A final answer (2xx or another 4xx) forgets it.
+  const UNKNOWN_OUTCOMES_MAX = 50;
+  const unknownOutcomes = new Map();
+
+  function outcomeKnown(status, data) {
+    if (status >= 500 || status === 429) return false;
+    return !(status === 409 && data && data.code === "request_in_progress");
+  }
+
+  // Every call carries the token; every change an Idempotency-Key: a new one for a
+  // new change, the same one for a change submitted again after an unknown outcome.
   async function api(method, path, body) {
     const headers = { authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}`, accept: "application/json" };
-    if (method !== "GET") headers["idempotency-key"] = idempotencyKey();
+    const request = `${method} ${path} ${JSON.stringify(body === undefined ? null : body)}`;
+    if (method !== "GET") {
+      const key = unknownOutcomes.get(request) || idempotencyKey();
+      unknownOutcomes.delete(request);
+      unknownOutcomes.set(request, key);
+      if (unknownOutcomes.size > UNKNOWN_OUTCOMES_MAX) unknownOutcomes.delete(unknownOutcomes.keys().next().value);
+      headers["idempotency-key"] = key;
+    }
     if (body !== undefined) headers["content-type"] = "application/json";
-    const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    let response;
+    try {
+      response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    } catch (error) {
+      if (method === "GET") throw error;
+      throw new Error("The connection failed, so whether this change was made is not known. Submit it again as it is: it goes with the same Idempotency-Key, so it cannot be made twice.");
+    }
     const type = response.headers.get("content-type") || "";
     const data = type.includes("json") ? await response.json() : await response.text();
+    if (method !== "GET" && outcomeKnown(response.status, data)) unknownOutcomes.delete(request);
     if (response.status === 401 && path !== "/v1/me") {
       sessionStorage.removeItem(TOKEN_KEY);
       location.hash = "#login";

@@ -150,6 +150,32 @@ try {
   await page.getByRole("row", { name: /Total/ }).getByText("25", { exact: true }).first().waitFor();
   await shot("stock");
 
+  step("a receipt whose answer was lost, submitted again, is booked once");
+  const movementKeys = [];
+  let loseTheAnswer = true;
+  await page.route("**/v1/skus/OAT-1L/stock-movements", async (route) => {
+    movementKeys.push(route.request().headers()["idempotency-key"]);
+    if (loseTheAnswer) {
+      // The server books it; the answer never reaches the page.
+      loseTheAnswer = false;
+      await route.fetch();
+      await route.abort("connectionreset");
+    } else {
+      await route.continue();
+    }
+  });
+  await page.getByLabel("Quantity").fill("5");
+  await page.getByRole("button", { name: "Record…" }).click();
+  await confirmDialog("Record");
+  await page.getByRole("alert").getByText(/whether this change was made is not known/).waitFor();
+  await page.getByRole("button", { name: "Record…" }).click();
+  await confirmDialog("Record");
+  await page.getByRole("row", { name: /Total/ }).getByText("30", { exact: true }).first().waitFor();
+  await page.unrouteAll();
+  assert.equal(movementKeys.length, 2);
+  assert.equal(movementKeys[0], movementKeys[1], "submitted again with the same key");
+  assert.equal((await call("GET", "/v1/skus/OAT-1L")).available, 30, "booked once");
+
   step("cancel an order");
   const order = await call("POST", "/v1/orders", { user_id: "ui-shopper", lines: [{ sku: "OAT-1L", quantity: 2 }] });
   await page.getByRole("link", { name: "Orders" }).click();
@@ -210,7 +236,7 @@ try {
   const product = (await call("GET", "/v1/admin/products?category=dairy&supplier=oat-co")).products[0];
   assert.equal(product.skus[0].sale_status, "ON_SHELF", "the stranger changed nothing");
   const stock = await call("GET", "/v1/skus/OAT-1L");
-  assert.equal(stock.available, 25);
+  assert.equal(stock.available, 30);
 
   step("a service key is not let into the console");
   const key = await call("POST", "/v1/admin/service-keys", { shop: "demo-market", name: "browser-test" });
