@@ -40,6 +40,7 @@ mirrored_tests!(
     a_retried_hold_or_order_naming_its_campaign_hears_its_first_answer_after_the_end,
     campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest,
     a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign_sold_out,
+    a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1491,4 +1492,70 @@ async fn a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign
     assert!(retried.replayed(), "{retried:?}");
     assert_eq!(retried.body, held.body);
     assert_eq!(app.contents().await, contents, "nothing held twice");
+}
+
+/// A key of the service principal whose walk through `buckets` starts at `bucket`.
+async fn key_starting_at(app: &TestApp, prefix: &str, bucket: u32, buckets: u32) -> String {
+    let principal = app.service_principal().await;
+    (0..1000)
+        .map(|attempt| format!("{prefix}-{attempt}"))
+        .find(|key| {
+            let scoped =
+                store::ScopedKey::new(&principal, &domain::IdempotencyKey::parse(key).unwrap());
+            engine::campaigns::first_bucket_of_key(scoped.as_str(), buckets) == bucket
+        })
+        .expect("one key in a thousand starts there")
+}
+
+/// Seed 000's buckets: `insufficient_stock` only when every bucket is empty. A bucket
+/// this instance found short, refilled by a release on another instance within the
+/// re-check bound: a request that finds its other bucket empty must try the refilled
+/// one before a refusal is stored under its key for good.
+async fn a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // Two instances on one SQLite file are not a deployment stockd supports.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let elsewhere = app.another_instance().await;
+    app.stocked_sku("CAMERA", 10).await;
+    running_campaign(&app, "CAMERA", 2, 2, None).await;
+    let first = key_starting_at(&app, "camera-first", 0, 2).await;
+    let second = key_starting_at(&app, "camera-second", 0, 2).await;
+    let third = key_starting_at(&app, "camera-third", 1, 2).await;
+    let taken = app.reserve(&first, &[("CAMERA", 1)]).await;
+    assert_eq!(taken.status, 201, "{taken:?}");
+    assert!(
+        taken.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .ends_with("-0")
+    );
+    // Bucket 0 is empty: found short here, and bucket 1 sells.
+    let next = app.reserve(&second, &[("CAMERA", 1)]).await;
+    assert!(
+        next.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .ends_with("-1"),
+        "{next:?}"
+    );
+    let id = taken.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(elsewhere.release(&id, "camera-release").await.status, 200);
+
+    let refilled = app.reserve(&third, &[("CAMERA", 1)]).await;
+
+    assert_eq!(
+        refilled.status, 201,
+        "bucket 0 holds a unit again: {refilled:?}"
+    );
+    assert!(
+        refilled.json()["lines"][0]["warehouse"]
+            .as_str()
+            .unwrap()
+            .ends_with("-0")
+    );
+    app.assert_audit_clean().await;
 }

@@ -359,9 +359,15 @@ fn created(decided: &store::Idempotent) -> bool {
 /// The bucket a request starts at: spread by its key, so concurrent requests spread
 /// over the buckets and a retry tries them in the same order.
 pub(crate) fn first_bucket(claim: &IdempotencyClaim, buckets: u32) -> u32 {
+    first_bucket_of_key(claim.key.as_str(), buckets)
+}
+
+/// [`first_bucket`] of a stored key (`store::ScopedKey::as_str`): public so a test can
+/// choose keys that start where it needs them to.
+pub fn first_bucket_of_key(scoped_key: &str, buckets: u32) -> u32 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut hasher = DefaultHasher::new();
-    claim.key.as_str().hash(&mut hasher);
+    scoped_key.hash(&mut hasher);
     u32::try_from(hasher.finish() % u64::from(buckets.max(1))).unwrap_or(0)
 }
 
@@ -541,11 +547,13 @@ impl Engine {
     }
 
     /// Runs `attempt` with the routed line in each bucket in turn, from the request's
-    /// own first bucket, skipping those this process found short within the re-check
-    /// bound; a bucket that turns out short is marked and the next one tried. The last
-    /// bucket decides for good. When every one is known short, the request is refused
-    /// from memory, or, when memory may not refuse it (`sold_out::memory_may_refuse`),
-    /// its first bucket decides.
+    /// own first bucket, those this process found short within the re-check bound
+    /// last; a bucket that turns out short is marked and the next one tried. The last
+    /// bucket decides for good, so a refusal stored under the key is the database's
+    /// word on every bucket, never memory's on some (a unit released back into a
+    /// bucket known short is found). When every one is known short, the request is
+    /// refused from memory, or, when memory may not refuse it
+    /// (`sold_out::memory_may_refuse`, or its key holds an answer), walks them all.
     pub(crate) async fn through_buckets<Attempt, Future>(
         &self,
         claim: &IdempotencyClaim,
@@ -560,14 +568,16 @@ impl Engine {
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         let now = self.now();
         let start = first_bucket(claim, route.buckets);
-        let mut candidates: Vec<u32> = route
+        let (fresh, known_short): (Vec<u32>, Vec<u32>) = route
             .ring(start)
-            .filter(|bucket| !route.known_short(*bucket, routed.units, now, recheck))
-            .collect();
-        if candidates.is_empty() && !self.memory_refuses_sold_out(claim, routed).await {
-            candidates.push(start);
-        }
-        let Some((&last, others)) = candidates.split_last() else {
+            .partition(|bucket| !route.known_short(*bucket, routed.units, now, recheck));
+        let walk: Vec<u32> =
+            if fresh.is_empty() && self.memory_refuses_sold_out(claim, routed).await {
+                Vec::new()
+            } else {
+                fresh.into_iter().chain(known_short).collect()
+            };
+        let Some((&last, others)) = walk.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
             // that answer again; any other is refused without the database (one it
             // sent there before was not: `memory_may_answer`).
