@@ -109,6 +109,9 @@ def _shelf_rules_hold(body):
     at = body.get("scheduled_at")
     if scheduled != (at is not None):
         return False
+    # "repeat with on_at and off_at only"
+    if body.get("repeat") is not None and not scheduled:
+        return False
     if scheduled:
         import datetime
 

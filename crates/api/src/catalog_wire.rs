@@ -86,7 +86,8 @@ pub enum RepeatWire {
 /// `POST /v1/admin/shelf`. The targets are the SKUs of `product_ids`, `sku_ids`,
 /// `category` and `supplier` together: name at least one, at most 1,000 `product_ids`
 /// and `sku_ids` together, resolving to at most 1,000 SKUs. `scheduled_at` goes with
-/// `on_at` and `off_at` and only with them: a minute in the future, within a year.
+/// `on_at` and `off_at` and only with them: a minute in the future, within a year;
+/// `repeat` goes with `on_at` and `off_at` only.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShelfOperationRequest {
