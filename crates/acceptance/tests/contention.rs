@@ -16,6 +16,7 @@ mirrored_tests!(
     a_key_repeated_in_a_batch_after_its_answer_was_stored_replays_that_answer,
     closing_a_pool_of_its_own_leaves_the_store_it_came_from_open,
     the_pool_gauges_count_the_combiners_own_connections_with_the_stores,
+    a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch,
 );
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
@@ -734,4 +735,41 @@ mod postgres_only {
             .expect("the dead connection was replaced, not used");
         assert_ne!(first, second);
     }
+}
+
+/// A batch that meets a row locked past the bound (a long transaction elsewhere) is
+/// run again request by request: the requests for other SKUs are decided, and only
+/// those for the locked one answer `lock_timeout`.
+async fn a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: a held lock holds every SKU, there is no other row to decide.
+        return;
+    }
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 300).await;
+    app.stocked_sku("LOCKED", 5).await;
+    app.stocked_sku("FREE", 5).await;
+    let mut lock = app.database.hold_stock_row_lock("LOCKED").await;
+    // The first request waits in the database; the next two queue behind it and go
+    // to the database together, as one batch.
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("locked-1", &[("LOCKED", 1)]).await })
+    };
+    app.database.wait_until_blocked_by(&mut lock).await;
+
+    let (free, locked) = tokio::join!(
+        app.reserve("free-1", &[("FREE", 1)]),
+        app.reserve("locked-2", &[("LOCKED", 1)])
+    );
+
+    assert_eq!(
+        free.status, 201,
+        "another SKU's request is decided: {free:?}"
+    );
+    assert_eq!(locked.code().as_deref(), Some("lock_timeout"), "{locked:?}");
+    assert_eq!(first.await.unwrap().code().as_deref(), Some("lock_timeout"));
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.counters("FREE").await, (4, 1));
+    assert_eq!(app.counters("LOCKED").await, (5, 0));
+    app.assert_audit_clean().await;
 }

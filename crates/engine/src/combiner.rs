@@ -356,11 +356,28 @@ async fn execute(
             )
         }
         // One key of the batch is held by another process's open transaction (only
-        // possible across processes). Run the requests one by one so only that one
-        // waits and answers `request_in_progress`.
-        Err(StoreError::KeyInFlight) if requests.len() > 1 => {
+        // possible across processes), or one of its rows by another transaction past
+        // the lock bound (a long shelf or campaign transaction, a console session).
+        // Run the requests one by one so only those wait and answer
+        // `request_in_progress` or `lock_timeout`; the others are decided. A request
+        // naming a SKU that a request before it timed out on answers `lock_timeout` at
+        // once, so the batch waits out the bound once per locked SKU, not per request.
+        Err(StoreError::KeyInFlight | StoreError::LockTimeout(_)) if requests.len() > 1 => {
             let mut outcomes = Vec::with_capacity(requests.len());
+            let mut timed_out: std::collections::HashSet<domain::SkuCode> =
+                std::collections::HashSet::new();
             for request in requests {
+                if let Some(line) = request
+                    .lines
+                    .iter()
+                    .find(|line| timed_out.contains(&line.sku))
+                {
+                    outcomes.push(Err(StoreError::LockTimeout(format!(
+                        "sku '{}' stayed locked past the bound for a request before this one",
+                        line.sku
+                    ))));
+                    continue;
+                }
                 let single = std::slice::from_ref(request);
                 let skus = skus_of(&request.lines);
                 let outcome = with_retries_on(&context.config, "reserve", &skus, || async {
@@ -376,6 +393,9 @@ async fn execute(
                         StoreError::Invariant("a batch of one returned nothing".into())
                     })
                 });
+                if matches!(outcome, Err(StoreError::LockTimeout(_))) {
+                    timed_out.extend(request.lines.iter().map(|line| line.sku.clone()));
+                }
                 outcomes.push(outcome);
             }
             (outcomes, None)
