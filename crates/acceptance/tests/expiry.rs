@@ -15,6 +15,7 @@ mirrored_tests!(
     confirming_or_releasing_an_expired_reservation_is_an_illegal_transition,
     a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs,
     the_backlog_counts_the_due_holds_only,
+    a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
 );
 
 async fn reserve_with_ttl(
@@ -227,4 +228,42 @@ async fn the_backlog_counts_the_due_holds_only(backend: Backend) {
     assert_eq!(app.store.expiry_backlog(app.clock_now()).await.unwrap(), 2);
     app.engine.expire_step().await.unwrap();
     assert_eq!(app.store.expiry_backlog(app.clock_now()).await.unwrap(), 0);
+}
+
+/// A stock row edited by hand to hold fewer units reserved than a due hold: that hold
+/// cannot be released, and stays `RESERVED` for a person (reported by the step); the
+/// other due holds are released all the same, now and in every later step.
+async fn a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("BROKEN", 5).await;
+    app.stocked_sku("SOUND", 5).await;
+    let broken = reserve_with_ttl(&app, "broken-hold", "BROKEN", 2, 60).await;
+    let sound = reserve_with_ttl(&app, "sound-hold", "SOUND", 1, 61).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET reserved = 0 WHERE sku = 'BROKEN'")
+        .await
+        .unwrap();
+    app.clock.advance_seconds(120);
+
+    let step = app.engine.expire_step().await.unwrap();
+
+    let released: Vec<String> = step.released.iter().map(ToString::to_string).collect();
+    assert_eq!(released, std::slice::from_ref(&sound), "{step:?}");
+    assert_eq!(status_of(&app, &sound).await, "RELEASED");
+    assert_eq!(status_of(&app, &broken).await, "RESERVED");
+    assert_eq!(app.counters("SOUND").await, (5, 0));
+    // The next step meets the broken hold again, and nothing else is stopped by it.
+    let later = reserve_with_ttl(&app, "later-hold", "SOUND", 1, 1).await;
+    app.clock.advance_seconds(5);
+    let next = app.engine.expire_step().await.unwrap();
+    let released: Vec<String> = next.released.iter().map(ToString::to_string).collect();
+    assert_eq!(released, [later], "{next:?}");
+}
+
+async fn status_of(app: &TestApp, reservation: &str) -> String {
+    let read = app
+        .send(Call::get(format!("/v1/reservations/{reservation}")))
+        .await;
+    read.json()["status"].as_str().unwrap().to_owned()
 }

@@ -667,10 +667,15 @@ impl Engine {
             .await?;
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
+        for (reservation, failure) in &outcome.stuck {
+            tracing::error!(%reservation, %failure, "a due reservation could not be released; the others were");
+            metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);
+        }
         if outcome.released.is_empty() {
             given_back.nothing_given_back();
         }
-        let more_waiting = i64::try_from(outcome.released.len()).unwrap_or(i64::MAX) >= limit;
+        let claimed = outcome.released.len() + outcome.stuck.len();
+        let more_waiting = i64::try_from(claimed).unwrap_or(i64::MAX) >= limit;
         Ok(ExpiryStep {
             released: outcome.released,
             more_waiting,

@@ -268,6 +268,9 @@ pub enum ReservationAction {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExpiryOutcome {
     pub released: Vec<ReservationId>,
+    /// Claimed, due, and left `RESERVED` because releasing them failed on their data
+    /// (with why): a person's to look at; the others were released.
+    pub stuck: Vec<(ReservationId, String)>,
 }
 
 /// Counts the metrics endpoint reports.

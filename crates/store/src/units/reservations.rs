@@ -397,6 +397,13 @@ pub(crate) async fn settle_order_reservation<C: Dialect>(
     )
 }
 
+/// Whether an error says something about the rows a unit of work touched (a broken
+/// invariant, a constraint the database refused), not about the database's state
+/// (a deadlock, a lock wait, a lost connection: those retry the whole unit).
+fn is_about_the_data(error: &StoreError) -> bool {
+    matches!(error, StoreError::Invariant(_) | StoreError::Database(_))
+}
+
 impl<B: Backend> Units<B> {
     pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
         let mut transaction = self.begin_writer_read().await?;
@@ -469,17 +476,76 @@ impl<B: Backend> Units<B> {
                 reason: ReleaseReason::Expired,
             })
             .collect();
-        // Claimed rows are locked and `RESERVED` and held by no order: each moves.
-        let outcomes = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await?;
-        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
-            return Err(invariant(format!(
-                "a claimed expired reservation could not be released: {}",
-                refused.detail
-            )));
+        // Claimed rows are locked and `RESERVED` and held by no order: each moves,
+        // unless the data around one is broken (a stock row holding fewer units
+        // reserved than the hold, by a hand edit or a defect). Then the batch is
+        // moved again one reservation at a time, each under a savepoint, and the ones
+        // that cannot move are reported and left `RESERVED` for a person, rather than
+        // stopping every expiry behind the first of them, for good.
+        statement("SAVEPOINT expiry_batch")
+            .execute(&mut *transaction)
+            .await?;
+        let whole = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await;
+        let failure = match whole {
+            Ok(outcomes) => outcomes
+                .into_iter()
+                .find_map(Result::err)
+                .map(|refused| refused.detail),
+            Err(error) if is_about_the_data(&error) => Some(error.to_string()),
+            Err(error) => return Err(error),
+        };
+        let Some(failure) = failure else {
+            statement("RELEASE SAVEPOINT expiry_batch")
+                .execute(&mut *transaction)
+                .await?;
+            transaction.commit().await?;
+            return Ok(ExpiryOutcome {
+                released: ids,
+                stuck: Vec::new(),
+            });
+        };
+        tracing::warn!(%failure, "an expiry batch could not be released whole: one by one");
+        statement("ROLLBACK TO SAVEPOINT expiry_batch")
+            .execute(&mut *transaction)
+            .await?;
+        let mut released = Vec::with_capacity(moves.len());
+        let mut stuck = Vec::new();
+        for single in &moves {
+            statement("SAVEPOINT expiry_one")
+                .execute(&mut *transaction)
+                .await?;
+            let moved = settle_reservations(
+                &mut *transaction,
+                std::slice::from_ref(single),
+                Mover::Client,
+                now,
+            )
+            .await;
+            let failure = match moved {
+                Ok(mut outcomes) => outcomes
+                    .pop()
+                    .and_then(Result::err)
+                    .map(|refused| refused.detail),
+                Err(error) if is_about_the_data(&error) => Some(error.to_string()),
+                Err(error) => return Err(error),
+            };
+            match failure {
+                None => {
+                    statement("RELEASE SAVEPOINT expiry_one")
+                        .execute(&mut *transaction)
+                        .await?;
+                    released.push(single.id.clone());
+                }
+                Some(failure) => {
+                    statement("ROLLBACK TO SAVEPOINT expiry_one")
+                        .execute(&mut *transaction)
+                        .await?;
+                    stuck.push((single.id.clone(), failure));
+                }
+            }
         }
-        let released = ids;
         transaction.commit().await?;
-        Ok(ExpiryOutcome { released })
+        Ok(ExpiryOutcome { released, stuck })
     }
 
     /// Open holds and the expiry backlog, for the metrics endpoint (once per scrape).
