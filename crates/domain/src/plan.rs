@@ -30,9 +30,12 @@ pub struct PlanRequest<'a> {
     pub lines: &'a [ReservationLine],
     pub shop: &'a ShopScope,
     pub user: Option<&'a UserId>,
-    /// The request's order number is taken (by a committed request with another key,
-    /// or an earlier request of the batch): refused before anything else.
+    /// The request's order number is taken by a committed request with another key:
+    /// refused before anything else.
     pub order_ref_taken: bool,
+    /// The request's order number, if any: an earlier request of the batch that was
+    /// accepted with it takes it (one that was refused does not).
+    pub order_ref: Option<&'a crate::OrderRef>,
     /// A campaign's request sent to one of its buckets while others may still hold
     /// units: when its bucket is short (and no other line is) it is left undecided
     /// (nothing stored), for the engine to send to another bucket, instead of refused
@@ -88,8 +91,20 @@ pub fn plan_batch<'a>(
         purchases_added: BTreeMap::new(),
         undecided: Vec::new(),
     };
+    let mut order_refs_accepted: std::collections::HashSet<(ShopCode, &str)> =
+        std::collections::HashSet::new();
     for (index, request) in requests.into_iter().enumerate() {
-        let decision = check_request(request, skus, &remaining, tallies, &plan);
+        let decision =
+            check_request(request, skus, &remaining, tallies, &plan).and_then(|shop| match request
+                .order_ref
+            {
+                Some(order_ref)
+                    if order_refs_accepted.contains(&(shop.clone(), order_ref.as_str())) =>
+                {
+                    Err(order_ref_reused())
+                }
+                _ => Ok(shop),
+            });
         if request.undecided_when_short
             && matches!(&decision, Err(rejection) if rejection.code == ErrorCode::InsufficientStock)
             && only_buckets_short(request.lines, &remaining)
@@ -97,6 +112,9 @@ pub fn plan_batch<'a>(
             plan.undecided.push(index);
         }
         if let Ok(shop) = &decision {
+            if let Some(order_ref) = request.order_ref {
+                order_refs_accepted.insert((shop.clone(), order_ref.as_str()));
+            }
             for line in request.lines {
                 let key = (line.sku.clone(), line.warehouse.clone());
                 let quantity = line.quantity.get();
@@ -201,6 +219,13 @@ pub fn limit_of(line: &ReservationLine, skus: &HashMap<SkuCode, SkuFacts>) -> Op
         .and_then(|facts| facts.per_user_limit)
 }
 
+fn order_ref_reused() -> Rejection {
+    Rejection::new(
+        ErrorCode::OrderRefReused,
+        "this order_ref was used by a request with another Idempotency-Key; send that key to read its answer",
+    )
+}
+
 fn check_request(
     request: PlanRequest<'_>,
     skus: &HashMap<SkuCode, SkuFacts>,
@@ -209,10 +234,7 @@ fn check_request(
     plan: &BatchPlan,
 ) -> Result<ShopCode, Rejection> {
     if request.order_ref_taken {
-        return Err(Rejection::new(
-            ErrorCode::OrderRefReused,
-            "this order_ref was used by a request with another Idempotency-Key; send that key to read its answer",
-        ));
+        return Err(order_ref_reused());
     }
     let shop = shop_of_request(request, skus)?;
     for line in request.lines {
@@ -374,6 +396,41 @@ mod tests {
     }
 
     #[test]
+    fn an_order_ref_is_taken_in_a_batch_only_by_a_request_that_was_accepted() {
+        let skus = on_shelf(&["A"]);
+        let available = BTreeMap::from([(key("A"), 2)]);
+        let too_many = [line("A", 5)];
+        let fits = [line("A", 1)];
+        let order_ref = crate::OrderRef::parse("SO-1").unwrap();
+        let with_ref = |lines| PlanRequest {
+            order_ref: Some(&order_ref),
+            ..anonymous(lines)
+        };
+
+        let plan = plan_batch(
+            [with_ref(&too_many), with_ref(&fits), with_ref(&fits)],
+            &skus,
+            &available,
+            &Tallies::default(),
+        );
+
+        let codes: Vec<Option<ErrorCode>> = plan
+            .decisions
+            .iter()
+            .map(|decision| decision.as_ref().err().map(|rejection| rejection.code))
+            .collect();
+        assert_eq!(
+            codes,
+            [
+                Some(ErrorCode::InsufficientStock),
+                None,
+                Some(ErrorCode::OrderRefReused)
+            ]
+        );
+        assert_eq!(plan.totals, BTreeMap::from([(key("A"), 1)]));
+    }
+
+    #[test]
     fn only_a_short_bucket_leaves_a_campaign_request_undecided() {
         let bucket = WarehouseCode::parse("campaign-0123456789ab-0").unwrap();
         let in_bucket = ReservationLine {
@@ -420,6 +477,7 @@ mod tests {
             shop: &ANY,
             user: None,
             order_ref_taken: false,
+            order_ref: None,
             undecided_when_short: false,
         }
     }
@@ -528,6 +586,7 @@ mod tests {
                     shop: &north,
                     user: None,
                     order_ref_taken: false,
+                    order_ref: None,
                     undecided_when_short: false,
                 },
                 PlanRequest {
@@ -535,6 +594,7 @@ mod tests {
                     shop: &ANY,
                     user: None,
                     order_ref_taken: false,
+                    order_ref: None,
                     undecided_when_short: false,
                 },
                 PlanRequest {
@@ -542,6 +602,7 @@ mod tests {
                     shop: &north,
                     user: None,
                     order_ref_taken: false,
+                    order_ref: None,
                     undecided_when_short: false,
                 },
             ],
@@ -581,6 +642,7 @@ mod tests {
             shop: &ANY,
             user: Some(user),
             order_ref_taken: false,
+            order_ref: None,
             undecided_when_short: false,
         };
         let tallies = Tallies {
@@ -656,6 +718,7 @@ mod tests {
             shop: &ANY,
             user: Some(&alice),
             order_ref_taken: false,
+            order_ref: None,
             undecided_when_short: false,
         };
         let plan = plan_batch([request, request], &skus, &available, &tallies);

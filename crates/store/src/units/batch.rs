@@ -263,10 +263,10 @@ pub(crate) fn answer_decided<'a>(
     accepted
 }
 
-/// The claimed requests whose order number is taken: by a committed request (with
-/// another key: a request with the same key was replayed before this point), or by
-/// an earlier request of this batch. A request's shop is its first SKU's (a request
-/// across shops is refused anyway).
+/// The claimed requests whose order number is taken by a committed request (with
+/// another key: a request with the same key was replayed before this point); within
+/// the batch, `plan_batch` gives a number to the first request accepted with it. A
+/// request's shop is its first SKU's (a request across shops is refused anyway).
 pub(crate) async fn order_refs_taken<C: Dialect>(
     connection: &mut C,
     requests: &[ReserveRequest],
@@ -274,7 +274,6 @@ pub(crate) async fn order_refs_taken<C: Dialect>(
     skus: &HashMap<SkuCode, SkuFacts>,
 ) -> Result<HashSet<usize>, StoreError> {
     let mut taken = HashSet::new();
-    let mut seen: HashSet<(&str, &str)> = HashSet::new();
     for index in claimed {
         let request = &requests[*index];
         let (Some(order_ref), Some(facts)) = (
@@ -283,10 +282,9 @@ pub(crate) async fn order_refs_taken<C: Dialect>(
         ) else {
             continue;
         };
-        let shop = facts.shop.as_str();
-        if !seen.insert((shop, order_ref.as_str()))
-            || order_ref_exists(connection, shop, order_ref).await?
-        {
+        // Two requests of this batch with one number: `plan_batch` gives it to the
+        // first that is accepted, not merely the first.
+        if order_ref_exists(connection, facts.shop.as_str(), order_ref).await? {
             taken.insert(*index);
         }
     }
@@ -473,6 +471,7 @@ impl<B: Backend> Units<B> {
                     shop: &request.shop,
                     user: request.user.as_ref(),
                     order_ref_taken: taken.contains(index),
+                    order_ref: request.reference.order_ref.as_ref(),
                     undecided_when_short: request.undecided_when_short,
                 }
             }),

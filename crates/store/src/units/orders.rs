@@ -783,6 +783,7 @@ impl<B: Backend> Units<B> {
                 shop: &order.shop,
                 user: Some(&order.user),
                 order_ref_taken,
+                order_ref: None,
                 undecided_when_short: order.undecided_when_short,
             }],
             &skus,

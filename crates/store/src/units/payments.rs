@@ -144,6 +144,7 @@ pub(crate) async fn plan_late_sale<C: Dialect>(
             user: Some(&shopper.1),
             // The order's number was claimed with it at creation.
             order_ref_taken: false,
+            order_ref: None,
             undecided_when_short: false,
         }],
         &skus,
