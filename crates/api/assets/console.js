@@ -85,10 +85,26 @@
     return !(status === 409 && data && data.code === "request_in_progress");
   }
 
+  // The newest Stockd-Consistency-Token a change's answer carried: every read sends it
+  // back, so a page refreshed after a change shows the change even when a replica
+  // serves the read (it waits for the replica, or goes to the primary).
+  let consistencyToken = null;
+
+  function position(token) {
+    const [high, low] = token.split("/").map((part) => parseInt(part, 16));
+    return Number.isFinite(high) && Number.isFinite(low) ? high * 2 ** 32 + low : null;
+  }
+
+  function noteConsistencyToken(token) {
+    if (!token || position(token) === null) return;
+    if (consistencyToken === null || position(token) > position(consistencyToken)) consistencyToken = token;
+  }
+
   // Every call carries the token; every change an Idempotency-Key: a new one for a
   // new change, the same one for a change submitted again after an unknown outcome.
   async function api(method, path, body) {
     const headers = { authorization: `Bearer ${sessionStorage.getItem(TOKEN_KEY) || ""}`, accept: "application/json" };
+    if (method === "GET" && consistencyToken !== null) headers["stockd-consistency-token"] = consistencyToken;
     const request = `${method} ${path} ${JSON.stringify(body === undefined ? null : body)}`;
     if (method !== "GET") {
       const key = unknownOutcomes.get(request) || idempotencyKey();
@@ -105,6 +121,7 @@
       if (method === "GET") throw error;
       throw new Error("The connection failed, so whether this change was made is not known. Submit it again as it is: it goes with the same Idempotency-Key, so it cannot be made twice.");
     }
+    if (method !== "GET") noteConsistencyToken(response.headers.get("stockd-consistency-token"));
     const type = response.headers.get("content-type") || "";
     const data = type.includes("json") ? await response.json() : await response.text();
     if (method !== "GET" && outcomeKnown(response.status, data)) unknownOutcomes.delete(request);

@@ -152,6 +152,18 @@ try {
 
   step("a receipt whose answer was lost, submitted again, is booked once");
   const movementKeys = [];
+  const skuReadTokens = [];
+  let movementToken = null;
+  page.on("request", (request) => {
+    if (request.method() === "GET" && new URL(request.url()).pathname === "/v1/skus/OAT-1L") {
+      skuReadTokens.push(request.headers()["stockd-consistency-token"]);
+    }
+  });
+  page.on("response", (response) => {
+    if (response.request().method() === "POST" && response.url().endsWith("/v1/skus/OAT-1L/stock-movements")) {
+      movementToken = response.headers()["stockd-consistency-token"];
+    }
+  });
   let loseTheAnswer = true;
   await page.route("**/v1/skus/OAT-1L/stock-movements", async (route) => {
     movementKeys.push(route.request().headers()["idempotency-key"]);
@@ -175,6 +187,10 @@ try {
   assert.equal(movementKeys.length, 2);
   assert.equal(movementKeys[0], movementKeys[1], "submitted again with the same key");
   assert.equal((await call("GET", "/v1/skus/OAT-1L")).available, 30, "booked once");
+  // The card was read again after the receipt with the receipt's position: a replica
+  // behind it could not have shown the old figure.
+  assert.ok(movementToken, "the receipt's answer carries a consistency token");
+  assert.equal(skuReadTokens[skuReadTokens.length - 1], movementToken, "the read after it sends it back");
 
   step("cancel an order");
   const order = await call("POST", "/v1/orders", { user_id: "ui-shopper", lines: [{ sku: "OAT-1L", quantity: 2 }] });
