@@ -224,25 +224,42 @@ impl Engine {
     {
         let wait_limit = Duration::from_millis(self.inner.config.idempotency_wait_milliseconds);
         let mut rounds = 0;
-        let _guard = loop {
+        let guard = loop {
             match self.inner.in_flight.enter(claim.key.as_str()) {
                 Entry::Owner(guard) => break guard,
                 Entry::Busy(finished) => {
                     rounds += 1;
-                    if rounds > IN_FLIGHT_ROUNDS_MAX || !wait_for_owner(finished, wait_limit).await
+                    if rounds > IN_FLIGHT_ROUNDS_MAX
+                        || !wait_for_owner(finished.clone(), wait_limit).await
                     {
                         return Err(EngineError::RequestInProgress);
                     }
-                    // The original finished. If it stored a response, that is the answer;
-                    // if it failed without one, this request runs in its place. A rare
+                    let finished_answer = finished.shared_answer(&claim.fingerprint);
+                    // The original finished. If it answered from memory, a copy of it
+                    // hears the same; if it stored a response, that is the answer; if
+                    // it failed without one, this request runs in its place. A rare
                     // branch: boxed, so every request's future does not carry it.
+                    if let Some(shared) = finished_answer {
+                        return Err(shared);
+                    }
                     if let Some(first) = cold(self.first_answer(operation, claim)).await? {
                         return Ok(first);
                     }
                 }
             }
         };
-        match work().await? {
+        let worked = work().await;
+        if let Err(answer @ EngineError::Refused { code, .. }) = &worked
+            && matches!(
+                code,
+                domain::ErrorCode::InsufficientStock | domain::ErrorCode::PurchaseLimitExceeded
+            )
+        {
+            // Refused inside the key's guard without being stored: memory's answer.
+            guard.share_answer(&claim.fingerprint, answer);
+        }
+        drop(guard);
+        match worked? {
             Idempotent::Executed(response) => Ok(Reply {
                 response,
                 replayed: false,
