@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under,
     a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
     every_transition_in_the_table_changes_the_status_and_is_logged,
     refused_transitions_answer_illegal_transition_and_change_nothing,
@@ -849,4 +850,47 @@ async fn the_demo_catalog_loads_once_however_often_it_is_seeded(backend: Backend
         "no image: still pending review"
     );
     app.assert_audit_clean().await;
+}
+
+/// Seed 000's per-user limit in a flash sale: a campaign counts each shopper's units
+/// under `campaign-<code>`; a SKU of that code would lend its own limit to them.
+async fn a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let standalone = app
+        .send(
+            Call::put("/v1/skus/campaign-0123456789ab")
+                .admin()
+                .key("alias-sku")
+                .json(&json!({"per_user_limit": 1000000})),
+        )
+        .await;
+    let in_product = app
+        .send(
+            Call::post("/v1/products")
+                .admin()
+                .key("alias-product")
+                .json(&json!({
+                    "title": "Alias", "category": "c", "supplier": "s", "shop": "north",
+                    "skus": [{"sku": "campaign-0123456789ab", "price": 1, "currency": "CNY"}]
+                })),
+        )
+        .await;
+
+    for refused in [&standalone, &in_product] {
+        assert_eq!(refused.status, 409, "{refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("already_exists"));
+    }
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    // Any other code, "campaign" within it included, is the shop's to take.
+    let ordinary = app
+        .send(
+            Call::put("/v1/skus/MY-campaign-1")
+                .admin()
+                .key("ordinary-sku")
+                .json(&json!({})),
+        )
+        .await;
+    assert_eq!(ordinary.status, 201, "{ordinary:?}");
 }

@@ -84,6 +84,9 @@ impl Engine {
                 "a SKU code appears twice".into(),
             ));
         }
+        for sku in &draft.skus {
+            crate::refuse_stockds_own_sku_code(&sku.code)?;
+        }
         let now = self.now();
         let product = NewProduct {
             id: ProductId::generate(now, rand::random()),

@@ -325,11 +325,14 @@ impl Engine {
         let mut changes = changes.clone();
         let shop = match self.shop_of(code).await? {
             Some(existing) => existing,
-            None => changes
-                .shop
-                .clone()
-                .or_else(|| principal.shop().cloned())
-                .unwrap_or_else(domain::ShopCode::default_shop),
+            None => {
+                refuse_stockds_own_sku_code(code)?;
+                changes
+                    .shop
+                    .clone()
+                    .or_else(|| principal.shop().cloned())
+                    .unwrap_or_else(domain::ShopCode::default_shop)
+            }
         };
         authorize(principal, Action::EditCatalog, Some(&shop)).map_err(forbidden)?;
         if changes.shop.is_none() {
@@ -945,6 +948,25 @@ pub(crate) fn cold<F: Future>(future: F) -> std::pin::Pin<Box<F>> {
 }
 
 /// A refusal of the trust model, as the engine reports it.
+/// A new SKU may not take a code stockd counts a campaign's per-user purchases under
+/// (`campaign-…`, `domain::campaign::tally_sku`): a SKU of that code would lend its own
+/// limit to the campaign's shoppers. Taken, as an operator named `admin` is.
+pub(crate) fn refuse_stockds_own_sku_code(code: &SkuCode) -> Result<(), EngineError> {
+    if code
+        .as_str()
+        .starts_with(domain::campaign::BUCKET_WAREHOUSE_PREFIX)
+    {
+        return Err(EngineError::Refused {
+            code: domain::ErrorCode::AlreadyExists,
+            detail: format!(
+                "sku codes starting with '{}' are stockd's own (a campaign's purchases are counted under them): '{code}' is taken",
+                domain::campaign::BUCKET_WAREHOUSE_PREFIX
+            ),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn forbidden(denied: domain::Denied) -> EngineError {
     EngineError::Forbidden(denied.0)
 }
