@@ -41,6 +41,8 @@ mirrored_tests!(
     campaigns_of_one_sku_created_at_once_open_one_and_refuse_the_rest,
     a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign_sold_out,
     a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored,
+    campaigns_kept_open_by_a_held_unit_do_not_hold_back_the_end_of_later_ones,
+    units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1557,5 +1559,85 @@ async fn a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_r
             .unwrap()
             .ends_with("-0")
     );
+    app.assert_audit_clean().await;
+}
+
+fn reserve_for_a_day(key: &str, sku: &str) -> Call {
+    Call::post("/v1/reservations").key(key).json(&json!({
+        "lines": [{"sku": sku, "quantity": 1}], "ttl_seconds": 86_400,
+    }))
+}
+
+/// A campaign that ended with a unit still held stays open (for that unit); the end
+/// step looks at a bounded number of campaigns, and goes on after the last of a full
+/// step, so such campaigns cannot keep a later one's units from going back.
+async fn campaigns_kept_open_by_a_held_unit_do_not_hold_back_the_end_of_later_ones(
+    backend: Backend,
+) {
+    let config = engine::EngineConfig {
+        campaigns_ended_per_step_max: 1,
+        ..acceptance::test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("KEPT", 10).await;
+    app.stocked_sku("LATER", 10).await;
+    running_campaign(&app, "KEPT", 3, 1, None).await;
+    // A second later: LATER's id sorts after KEPT's (ids begin with their minting time).
+    app.clock.advance_seconds(1);
+    let later = create_campaign(
+        &app,
+        "later-campaign",
+        json!({
+            "sku": "LATER", "quantity": 5, "buckets": 1,
+            "starts_at": START.plus_seconds(1).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(later.status, 201, "{later:?}");
+    let later = later.json()["campaign_id"].as_str().unwrap().to_owned();
+    let held = app.send(reserve_for_a_day("kept-hold", "KEPT")).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    app.clock.advance_seconds(3 * HOUR_SECONDS);
+
+    let first = app.engine.campaign_step().await.unwrap();
+    let second = app.engine.campaign_step().await.unwrap();
+
+    assert!(
+        first.is_empty(),
+        "KEPT stays open for its held unit: {first:?}"
+    );
+    assert_eq!(
+        second.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        std::slice::from_ref(&later),
+        "the next step goes on to LATER"
+    );
+    assert_eq!(campaign(&app, &later).await["returned"], 5);
+    app.assert_audit_clean().await;
+}
+
+/// Units an end step moves back from a campaign that stays open (a unit is still held)
+/// are stock come back: a "sold out" this instance found for the SKU's regular stock
+/// before is forgotten, and the next request buys one at once.
+async fn units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("ALLIN", 10).await;
+    running_campaign(&app, "ALLIN", 10, 1, None).await;
+    let held = app.send(reserve_for_a_day("allin-hold", "ALLIN")).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    app.clock.advance_seconds(2 * HOUR_SECONDS);
+    // After the end, regular stock is empty until the step: found short here.
+    let refused = app.reserve("allin-before", &[("ALLIN", 1)]).await;
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("insufficient_stock"),
+        "{refused:?}"
+    );
+
+    let closed = app.engine.campaign_step().await.unwrap();
+    let after = app.reserve("allin-after", &[("ALLIN", 1)]).await;
+
+    assert!(closed.is_empty(), "a unit is still held");
+    assert_eq!(after.status, 201, "the 9 units are back: {after:?}");
     app.assert_audit_clean().await;
 }

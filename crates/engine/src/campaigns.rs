@@ -26,7 +26,8 @@ use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 /// which a campaign created on another instance is routed here).
 pub const REGISTRY_REFRESH_MILLISECONDS: u64 = 1_000;
 
-/// Campaigns ended per step of the campaign worker.
+/// Campaigns ended per step of the campaign worker, by default
+/// (`EngineConfig::campaigns_ended_per_step_max`).
 pub const CAMPAIGNS_ENDED_PER_STEP_MAX: i64 = 100;
 
 /// A campaign as a caller asks for it.
@@ -222,6 +223,9 @@ pub struct CampaignRegistry {
     /// `stockd_campaign_sold_out_from_memory_total`, registered at its first answer
     /// instead of looked up at each.
     sold_out_from_memory: OnceLock<metrics::Counter>,
+    /// Where the campaign worker's next end step starts: after the last campaign of a
+    /// full step.
+    end_cursor: std::sync::Mutex<Option<CampaignId>>,
 }
 
 /// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first, each
@@ -264,7 +268,22 @@ impl CampaignRegistry {
             answered: std::sync::Mutex::default(),
             tickets: Tickets::default(),
             sold_out_from_memory: OnceLock::new(),
+            end_cursor: std::sync::Mutex::new(None),
         }
+    }
+
+    fn end_cursor(&self) -> Option<CampaignId> {
+        self.end_cursor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn set_end_cursor(&self, after: Option<CampaignId>) {
+        *self
+            .end_cursor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = after;
     }
 
     pub fn route_of(&self, sku: &SkuCode) -> Option<Arc<CampaignRoute>> {
@@ -455,15 +474,28 @@ impl Engine {
     pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
         // What is left of a closed campaign goes back to regular stock.
         let given_back = self.stock_may_come_back();
-        let closed = self
+        let after = self.inner.campaigns.end_cursor();
+        let step = self
             .inner
             .store
-            .end_campaigns(self.now(), CAMPAIGNS_ENDED_PER_STEP_MAX)
+            .end_campaigns(
+                self.now(),
+                self.inner.config.campaigns_ended_per_step_max,
+                after.as_ref(),
+            )
             .await
             .map_err(|error| log_store_error("end_campaigns", error))?;
-        if closed.is_empty() {
+        // A full step goes on after its last campaign next time; a short one has seen
+        // every campaign past its end and starts over.
+        self.inner
+            .campaigns
+            .set_end_cursor(step.last.filter(|_| step.full));
+        // Units moved back are stock that came back, closed or not (a campaign stays
+        // open while a unit is held): what this process found short may sell again.
+        if step.units_returned == 0 {
             given_back.nothing_given_back();
         }
+        let closed = step.closed;
         let open = self
             .inner
             .store

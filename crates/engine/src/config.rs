@@ -116,6 +116,9 @@ pub struct EngineConfig {
     /// A transaction open longer than this counts in `stockd_db_long_transactions`:
     /// stockd's own last milliseconds, so anything near this is someone else's.
     pub long_transaction_milliseconds: i64,
+    /// Campaigns past their end the campaign worker looks at per step (the next step
+    /// goes on after the last of a full one).
+    pub campaigns_ended_per_step_max: i64,
     /// Pause between rounds of the live auditor.
     pub live_audit_interval_milliseconds: u64,
     /// Ledger rows older than this join the live auditor's running sums: longer than
@@ -134,6 +137,7 @@ impl Default for EngineConfig {
             idempotency_purge_batch_size: 1_000,
             idempotency_purge_interval_milliseconds: 60_000,
             expiry_batch_size: 200,
+            campaigns_ended_per_step_max: crate::campaigns::CAMPAIGNS_ENDED_PER_STEP_MAX,
             expiry_interval_milliseconds: 1_000,
             reservation_ttl_seconds_default: domain::limits::RESERVATION_TTL_SECONDS_DEFAULT,
             audits_concurrent_max: 1,

@@ -284,6 +284,19 @@ pub struct ScheduleRecord {
     pub recurrence: Option<String>,
 }
 
+/// What one step of the campaign worker did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndStep {
+    /// The campaigns it closed.
+    pub closed: Vec<domain::CampaignId>,
+    /// Units it moved from buckets back to their SKUs' rows.
+    pub units_returned: i64,
+    /// The last campaign it looked at.
+    pub last: Option<domain::CampaignId>,
+    /// It looked at as many as it was allowed: more may be due after `last`.
+    pub full: bool,
+}
+
 /// A campaign to create: its id and terms, checked by the engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewCampaign {

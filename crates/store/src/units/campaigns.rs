@@ -11,7 +11,7 @@ use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::{NewEvent, Sequence, append_event};
 use super::stock::{LedgerEntry, STOCK_ON_HAND_MAX, insert_ledger_row};
 use crate::backend::{Backend, Dialect, Finish};
-use crate::catalog::{Campaign, NewCampaign};
+use crate::catalog::{Campaign, EndStep, NewCampaign};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::sql::{Row, statement};
@@ -222,40 +222,54 @@ impl<B: Backend> Units<B> {
         rows.iter().map(decode_campaign).collect()
     }
 
-    /// One step of the campaign worker: every campaign past its end that is not closed
-    /// gives what its buckets have available back to its SKU's row (ledgered); one
-    /// whose buckets hold nothing more is closed. Each campaign in a transaction of its
-    /// own, its row locked first: two processes running the step move each unit once.
+    /// One step of the campaign worker: up to `limit` campaigns past their end and not
+    /// closed, by id after `after`, give what their buckets have available back to
+    /// their SKU's row (ledgered); one whose buckets hold nothing more is closed. Each
+    /// campaign in a transaction of its own, its row locked first: two processes running
+    /// the step move each unit once. The caller passes the last id of a full step as
+    /// the next step's `after` (and `None` after a short one), so campaigns kept open by
+    /// a unit still held cannot hold the ones after them back for good.
     pub async fn end_campaigns(
         &self,
         now: Timestamp,
         limit: i64,
-    ) -> Result<Vec<CampaignId>, StoreError> {
+        after: Option<&CampaignId>,
+    ) -> Result<EndStep, StoreError> {
         let due: Vec<String> = statement(
-            "SELECT id FROM campaign WHERE closed_at IS NULL AND ends_at <= $1 ORDER BY ends_at, id LIMIT $2",
+            "SELECT id FROM campaign WHERE closed_at IS NULL AND ends_at <= $1 \
+             AND ($3 IS NULL OR id > $3) ORDER BY id LIMIT $2",
         )
         .bind(now.unix_milliseconds())
         .bind(limit)
+        .bind(after.map(CampaignId::as_str))
         .fetch_all_scalar(&mut *self.writer_read_connection().await?)
         .await?;
-        let mut closed = Vec::new();
+        let mut step = EndStep {
+            closed: Vec::new(),
+            units_returned: 0,
+            last: None,
+            full: i64::try_from(due.len()).unwrap_or(i64::MAX) >= limit,
+        };
         for id in due {
             let id = parse_stored("campaign id", &id, CampaignId::parse)?;
             let mut transaction = self.begin_write().await?;
             let outcome = end_campaign(&mut *transaction, &id, now).await;
             match outcome {
-                Ok(true) => {
+                Ok((closed, returned)) => {
                     transaction.commit().await?;
-                    closed.push(id);
+                    step.units_returned += returned;
+                    if closed {
+                        step.closed.push(id.clone());
+                    }
                 }
-                Ok(false) => transaction.commit().await?,
                 Err(error) => {
                     transaction.rollback().await?;
                     return Err(error);
                 }
             }
+            step.last = Some(id);
         }
-        Ok(closed)
+        Ok(step)
     }
 }
 
@@ -344,12 +358,12 @@ async fn carve<C: Dialect>(
 }
 
 /// Returns what the buckets have available to the SKU's row; closes the campaign when
-/// they hold nothing more. Answers whether it closed.
+/// they hold nothing more. Answers whether it closed, and how many units went back.
 async fn end_campaign<C: Dialect>(
     transaction: &mut C,
     id: &CampaignId,
     now: Timestamp,
-) -> Result<bool, StoreError> {
+) -> Result<(bool, i64), StoreError> {
     // The campaign's row first: a second worker waits here, then finds nothing to move.
     let locked = statement(
         "UPDATE campaign SET ended_at = COALESCE(ended_at, $2), open_sku = NULL \
@@ -360,7 +374,7 @@ async fn end_campaign<C: Dialect>(
     .execute(&mut *transaction)
     .await?;
     if locked != 1 {
-        return Ok(false);
+        return Ok((false, 0));
     }
     let Some(mut campaign) = load_campaign(transaction, id).await? else {
         return Err(invariant("a campaign vanished under its lock"));
@@ -429,7 +443,7 @@ async fn end_campaign<C: Dialect>(
     .execute(&mut *transaction)
     .await?;
     expect_one_row(updated, "recording a campaign's return")?;
-    Ok(closed)
+    Ok((closed, returned))
 }
 
 /// After goods came back into `warehouse` (an after-sale return): when it is a bucket of
