@@ -456,18 +456,12 @@ impl Engine {
             .await
             .map_err(|error| log_store_error("schedule", error))?;
         if let Some(schedule) = &schedule {
-            match (principal.shop(), schedule.shop.as_ref()) {
-                (Some(own), Some(theirs)) if own != theirs => {
-                    return Err(forbidden(Denied(format!(
-                        "this credential acts only within its own shop, not shop '{theirs}'"
-                    ))));
-                }
-                (Some(_), None) => {
-                    return Err(forbidden(Denied(
-                        "a standalone SKU's schedule is the admin's".into(),
-                    )));
-                }
-                _ => {}
+            authorize(principal, Action::ChangeShelf, schedule.shop.as_ref()).map_err(forbidden)?;
+            // `authorize` lets any shop's staff near what no shop owns.
+            if schedule.shop.is_none() && principal.shop().is_some() {
+                return Err(forbidden(Denied(
+                    "a standalone SKU's schedule is the admin's".into(),
+                )));
             }
         }
         let actor = Actor::of(principal);

@@ -451,7 +451,7 @@ impl Dialect for MySqlConnection {
          AND ledger.sku = line.sku AND ledger.warehouse = line.warehouse \
          GROUP BY reservation.id, reservation.status, line.sku, line.warehouse, line.quantity \
          ORDER BY reservation.id, line.sku, line.warehouse";
-    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence FROM shelf_schedule \
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const SELECT_ORDER_FOR_UPDATE: &'static str =
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";

@@ -277,7 +277,7 @@ impl Dialect for PgConnection {
     const MIGRATION_LOCK: Option<&'static str> =
         Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
     /// `SKIP LOCKED`: a schedule another process is applying is left to it.
-    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence FROM shelf_schedule \
+    const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
 
     const SELECT_ORDER_FOR_UPDATE: &'static str =

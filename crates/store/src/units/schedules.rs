@@ -67,6 +67,21 @@ macro_rules! select_schedules {
     };
 }
 
+/// One schedule, whatever its status, on `connection`.
+async fn load_schedule<C: Dialect>(
+    connection: &mut C,
+    id: &ScheduleId,
+) -> Result<Option<ScheduleRecord>, StoreError> {
+    let row = statement(concat!(
+        select_schedules!(),
+        " WHERE shelf_schedule.id = $1"
+    ))
+    .bind(id.as_str())
+    .fetch_optional_row(connection)
+    .await?;
+    row.as_ref().map(decode_schedule).transpose()
+}
+
 /// A claimed schedule and the target it changes.
 pub(crate) struct DueSchedule {
     id: ScheduleId,
@@ -75,6 +90,7 @@ pub(crate) struct DueSchedule {
     remark: String,
     due_at: Timestamp,
     recurrence: Option<Recurrence>,
+    series: ScheduleId,
     target: ShelfTarget,
 }
 
@@ -90,10 +106,13 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     let claimed = statement(C::CLAIM_DUE_SCHEDULES)
         .bind(now.unix_milliseconds())
         .bind(limit)
-        .fetch_all_as::<(String, String, String, String, i64, Option<String>)>(&mut *transaction)
+        .fetch_all_as::<(String, String, String, String, i64, Option<String>, String)>(
+            &mut *transaction,
+        )
         .await?;
     let mut due = Vec::with_capacity(claimed.len());
-    for (id, sku, operation, remark, due_at, recurrence) in claimed {
+    for (id, sku, operation, remark, due_at, recurrence, series) in claimed {
+        let series = parse_stored("schedule id", &series, ScheduleId::parse)?;
         let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
         let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
         let operation = parse_stored("operation", &operation, ShelfOperation::parse)?;
@@ -122,6 +141,7 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
             remark,
             due_at: Timestamp::from_unix_milliseconds(due_at),
             recurrence,
+            series,
             target,
         });
     }
@@ -169,23 +189,19 @@ async fn settle_schedule<C: Dialect>(
     .await
 }
 
-/// Inserts the occurrence after `settled` (due at `due_at`) of its daily series: the
+/// Inserts the occurrence after `settled` (due at `due_at`) of its daily `series`: the
 /// same SKU, operation, operator, shop, remark and series, due at the first slot
 /// after `now`.
 async fn leave_next_occurrence<C: Dialect>(
     transaction: &mut C,
     settled: &ScheduleId,
+    series: &ScheduleId,
     recurrence: Recurrence,
     due_at: Timestamp,
     now: Timestamp,
 ) -> Result<ScheduleId, StoreError> {
     let next_due = recurrence.next_due(due_at, now);
-    let series: String = statement("SELECT series_id FROM shelf_schedule WHERE id = $1")
-        .bind(settled.as_str())
-        .fetch_one_scalar(&mut *transaction)
-        .await?;
-    let series = parse_stored("schedule id", &series, ScheduleId::parse)?;
-    let next = next_occurrence_id(&series, next_due);
+    let next = next_occurrence_id(series, next_due);
     let inserted = statement(
         "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at, series_id, recurrence) \
          SELECT $1, sku, operation, $2, 'PENDING', operator_id, shop, remark, $3, series_id, recurrence \
@@ -272,14 +288,7 @@ impl<B: Backend> Units<B> {
 
     /// One schedule, whatever its status.
     pub async fn schedule(&self, id: &ScheduleId) -> Result<Option<ScheduleRecord>, StoreError> {
-        let row = statement(concat!(
-            select_schedules!(),
-            " WHERE shelf_schedule.id = $1"
-        ))
-        .bind(id.as_str())
-        .fetch_optional_row(&mut *self.writer_read_connection().await?)
-        .await?;
-        row.as_ref().map(decode_schedule).transpose()
+        load_schedule(&mut *self.writer_read_connection().await?, id).await
     }
 
     /// Records shelf operations to apply at `due_at`.
@@ -357,6 +366,7 @@ impl<B: Backend> Units<B> {
             remark,
             due_at,
             recurrence,
+            series,
             target,
         } in due
         {
@@ -410,7 +420,8 @@ impl<B: Backend> Units<B> {
             // it; a refused change does not (the product may be complete tomorrow).
             let next = match recurrence {
                 Some(recurrence) if status != ScheduleStatus::Skipped => Some(
-                    leave_next_occurrence(&mut *transaction, &id, recurrence, due_at, now).await?,
+                    leave_next_occurrence(&mut *transaction, &id, &series, recurrence, due_at, now)
+                        .await?,
                 ),
                 _ => None,
             };
@@ -490,11 +501,10 @@ impl<B: Backend> Units<B> {
         }
         let response = match cancelled {
             Some(cancelled) => {
-                let record = statement(concat!(select_schedules!(), " WHERE shelf_schedule.id = $1"))
-                    .bind(cancelled.as_str())
-                    .fetch_one_row(&mut *transaction)
-                    .await?;
-                renderer.schedule_cancelled(&decode_schedule(&record)?)
+                let record = load_schedule(&mut *transaction, &cancelled)
+                    .await?
+                    .ok_or_else(|| invariant("a cancelled schedule vanished inside its own transaction"))?;
+                renderer.schedule_cancelled(&record)
             }
             None => renderer.rejected(&Rejection::new(
                 ErrorCode::IllegalTransition,
