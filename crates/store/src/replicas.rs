@@ -124,6 +124,11 @@ pub struct ReplicaConfig {
     pub lag_seconds_max: f64,
     /// Longest wait for a replica's connection before the read goes to the primary.
     pub acquire_timeout_milliseconds: u64,
+    /// Longest wait for a replica's answer to a lag sample or to the position check
+    /// before a read. A replica that does not answer (a frozen host, a network that
+    /// drops packets without resetting the connection) counts as failed: it leaves
+    /// the rotation, and neither the monitor nor a read waits on it longer.
+    pub answer_timeout_milliseconds: u64,
 }
 
 /// Default of `STOCKD_REPLICA_LAG_SECONDS_MAX`.
@@ -135,6 +140,7 @@ impl Default for ReplicaConfig {
             urls: Vec::new(),
             lag_seconds_max: REPLICA_LAG_SECONDS_MAX_DEFAULT,
             acquire_timeout_milliseconds: 1_000,
+            answer_timeout_milliseconds: 1_000,
         }
     }
 }

@@ -64,6 +64,8 @@ pub(crate) struct ReplicaSet {
     members: Vec<Member>,
     next: AtomicUsize,
     lag_seconds_max: f64,
+    /// Longest wait for a replica's answer ([`ReplicaConfig::answer_timeout_milliseconds`]).
+    answer_timeout: Duration,
 }
 
 impl ReplicaSet {
@@ -93,6 +95,7 @@ impl ReplicaSet {
             members,
             next: AtomicUsize::new(0),
             lag_seconds_max: config.lag_seconds_max,
+            answer_timeout: Duration::from_millis(config.answer_timeout_milliseconds.max(1)),
         })
     }
 
@@ -102,6 +105,7 @@ impl ReplicaSet {
             members: Vec::new(),
             next: AtomicUsize::new(0),
             lag_seconds_max: 0.0,
+            answer_timeout: Duration::from_millis(1),
         }
     }
 
@@ -121,6 +125,25 @@ impl ReplicaSet {
     /// A read-only transaction on replica `index`, when it can serve a read carrying
     /// `token`; otherwise why not, and nothing is held.
     pub async fn begin_on(
+        &self,
+        index: usize,
+        token: Option<ConsistencyToken>,
+    ) -> Result<(sqlx::Transaction<'static, Postgres>, Served), Fallback> {
+        // Bounded: a replica that stopped answering must not hold the read (it would
+        // answer only when the request's own bound cut it, with the replica still in
+        // the rotation for every read after it).
+        match tokio::time::timeout(self.answer_timeout, self.checked_begin(index, token)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                let error =
+                    StoreError::Unavailable(format!("no answer within {:?}", self.answer_timeout));
+                self.failed(index, &error);
+                Err(Fallback::ReplicaFailed)
+            }
+        }
+    }
+
+    async fn checked_begin(
         &self,
         index: usize,
         token: Option<ConsistencyToken>,
@@ -177,15 +200,24 @@ impl ReplicaSet {
     /// Samples every replica's lag against the writer's position and moves each into
     /// or out of the rotation. One step of the replica monitor.
     pub async fn sample(&self, writer: &PgPool) -> Vec<ReplicaHealth> {
-        let writer_position: Option<ConsistencyToken> =
-            sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text")
-                .fetch_one(writer)
+        let writer_position: Option<ConsistencyToken> = tokio::time::timeout(
+            self.answer_timeout,
+            sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text").fetch_one(writer),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .and_then(|text| position(&text).ok());
+        // All at once, each bounded: one replica that does not answer must neither
+        // stay in the rotation nor hold up the others' samples.
+        let samples = futures_util::future::join_all(self.members.iter().map(|member| async {
+            tokio::time::timeout(self.answer_timeout, sample_member(member, writer_position))
                 .await
-                .ok()
-                .and_then(|text| position(&text).ok());
+                .unwrap_or(LagSample::Unhealthy)
+        }))
+        .await;
         let mut health = Vec::with_capacity(self.members.len());
-        for member in &self.members {
-            let sample = sample_member(member, writer_position).await;
+        for (member, sample) in self.members.iter().zip(samples) {
             let mut was_in = false;
             let after = member.update(|state| {
                 was_in = state.rotation.is_in();
