@@ -22,6 +22,48 @@ pub struct GatewayConfig {
     pub timeout_milliseconds: u64,
 }
 
+/// The API key `stockd serve` sends when none is set: the sandbox's. A real gateway
+/// refuses it (401 on every call).
+pub const SANDBOX_API_KEY: &str = "sk_test_stockd";
+
+impl GatewayConfig {
+    /// Whether this reaches a gateway safely: an http(s) URL, and off this machine TLS
+    /// and a key of the shop's own. Over plain HTTP the key and every payment would
+    /// travel in clear text; with the sandbox's key a real gateway answers 401 to every
+    /// call, which stockd must read as "unknown" (the key may be rotated back), so each
+    /// shopper's payment would hold its stock until an operator noticed.
+    pub fn check(&self) -> Result<(), String> {
+        let url = reqwest::Url::parse(&self.base_url)
+            .map_err(|error| format!("STOCKD_GATEWAY_URL is not a URL: {error}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(
+                "STOCKD_GATEWAY_URL must start with https:// (or http:// on this machine)".into(),
+            );
+        }
+        let host = url.host_str().unwrap_or("");
+        let loopback = host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|address| address.is_loopback());
+        if loopback {
+            return Ok(());
+        }
+        if url.scheme() != "https" {
+            return Err(format!(
+                "STOCKD_GATEWAY_URL must be https:// for a gateway off this machine ({host}): the API key would travel in clear text"
+            ));
+        }
+        if self.api_key.trim().is_empty() || self.api_key == SANDBOX_API_KEY {
+            return Err(format!(
+                "STOCKD_GATEWAY_API_KEY must be the gateway's own secret key for {host}, not empty or the sandbox's default"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The key never reaches a log through `{:?}`.
 impl std::fmt::Debug for GatewayConfig {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,6 +119,7 @@ pub fn install_crypto_provider() {
 
 impl GatewayClient {
     pub fn new(config: GatewayConfig) -> Result<GatewayClient, String> {
+        config.check()?;
         install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.timeout_milliseconds))
@@ -265,6 +308,19 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
         // about the payment itself: asked again later, once an operator fixed the key.
         400..=499 if !matches!(status, 401 | 403 | 409 | 429) => {
             let error = serde_json::from_str::<ErrorBody>(body).ok();
+            // The key is taken by a request with other parameters (a later stockd that
+            // builds the request differently, replaying a call whose answer was lost).
+            // That first request may have charged the card: this says nothing about
+            // the payment, so it is not a refusal of it.
+            if let Some(error) = error
+                .as_ref()
+                .filter(|error| error.error.kind == "idempotency_error")
+            {
+                let message = error.error.message.as_deref().unwrap_or("");
+                return CallOutcome::Unknown(format!(
+                    "the gateway holds another request under this Idempotency-Key ({status}): {message}"
+                ));
+            }
             let code = error.as_ref().and_then(|error| error.error.code.clone());
             let message = error
                 .and_then(|error| error.error.message)
@@ -457,6 +513,60 @@ mod tests {
         assert!(matches!(
             interpret::<PaymentIntent>(409, in_flight),
             CallOutcome::Unknown(_)
+        ));
+    }
+
+    fn config(base_url: &str, api_key: &str) -> GatewayConfig {
+        GatewayConfig {
+            base_url: base_url.into(),
+            api_key: api_key.into(),
+            timeout_milliseconds: 5_000,
+        }
+    }
+
+    #[test]
+    fn a_gateway_off_this_machine_needs_tls_and_a_key_of_its_own() {
+        assert!(
+            config("https://api.stripe.com", "sk_live_shop")
+                .check()
+                .is_ok()
+        );
+        for (url, key, named) in [
+            ("http://api.stripe.com", "sk_live_shop", "https://"),
+            (
+                "https://api.stripe.com",
+                SANDBOX_API_KEY,
+                "STOCKD_GATEWAY_API_KEY",
+            ),
+            ("https://api.stripe.com", " ", "STOCKD_GATEWAY_API_KEY"),
+            ("", "sk_live_shop", "not a URL"),
+            ("ftp://api.stripe.com", "sk_live_shop", "https://"),
+        ] {
+            let refused = config(url, key).check().expect_err(url);
+            assert!(refused.contains(named), "{url} {key}: {refused}");
+        }
+        // The sandbox on this machine: plain HTTP and its default key are fine.
+        for url in [
+            "http://127.0.0.1:8090",
+            "http://localhost:8090",
+            "http://[::1]:8090",
+        ] {
+            assert!(config(url, SANDBOX_API_KEY).check().is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_key_taken_by_other_parameters_is_unknown_because_the_first_request_may_have_charged() {
+        let taken = r#"{"error":{"type":"idempotency_error","message":"this Idempotency-Key was used with different parameters"}}"#;
+        assert!(matches!(
+            interpret::<PaymentIntent>(400, taken),
+            CallOutcome::Unknown(_)
+        ));
+        // Other refusals of the request itself stay refusals.
+        let invalid = r#"{"error":{"type":"invalid_request_error","code":"parameter_missing","message":"amount"}}"#;
+        assert!(matches!(
+            interpret::<PaymentIntent>(400, invalid),
+            CallOutcome::Refused { .. }
         ));
     }
 }

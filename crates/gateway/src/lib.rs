@@ -6,5 +6,7 @@ pub mod client;
 pub mod protocol;
 pub mod signature;
 
-pub use client::{CallOutcome, GatewayClient, GatewayConfig, install_crypto_provider};
+pub use client::{
+    CallOutcome, GatewayClient, GatewayConfig, SANDBOX_API_KEY, install_crypto_provider,
+};
 pub use protocol::{CreatePaymentIntent, Event, PaymentIntent, PaymentIntentStatus, Refund};

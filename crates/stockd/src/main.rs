@@ -338,6 +338,41 @@ struct ServeArguments {
     payments: PaymentArguments,
 }
 
+impl ServeArguments {
+    fn check(&self) -> Result<(), String> {
+        self.database.check()?;
+        self.limits.check()?;
+        self.campaigns.check()?;
+        self.combiner.check()?;
+        self.payments.check()?;
+        if domain::TtlSeconds::new(self.reservation_ttl_seconds_default).is_err() {
+            return Err(
+                "STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into(),
+            );
+        }
+        bounded(
+            "STOCKD_EXPIRY_INTERVAL_MILLISECONDS",
+            self.expiry_interval_milliseconds,
+            10,
+            3_600_000,
+        )?;
+        // A client's retries must find their key: below an hour a retry after an outage
+        // would make a second reservation, at or below zero every key would go at once.
+        bounded(
+            "STOCKD_IDEMPOTENCY_RETENTION_SECONDS",
+            u64::try_from(self.idempotency_retention_seconds).unwrap_or(0),
+            3_600,
+            31_536_000,
+        )?;
+        bounded(
+            "STOCKD_SHUTDOWN_GRACE_SECONDS",
+            self.shutdown_grace_seconds,
+            0,
+            3_600,
+        )
+    }
+}
+
 /// Bounds on what callers may do and how long the server waits for them.
 #[derive(Args, Clone)]
 struct LimitArguments {
@@ -390,6 +425,18 @@ struct LimitArguments {
 
 impl LimitArguments {
     fn check(&self) -> Result<(), String> {
+        let rate = self.rate_limit_requests_per_second;
+        if !(rate.is_finite() && (0.0..=1_000_000_000.0).contains(&rate)) {
+            return Err(format!(
+                "STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND must be between 0 (no limit) and 1000000000, not {rate}"
+            ));
+        }
+        bounded(
+            "STOCKD_RATE_LIMIT_BURST",
+            u64::from(self.rate_limit_burst),
+            1,
+            1_000_000_000,
+        )?;
         bounded(
             "STOCKD_HEADER_READ_TIMEOUT_MILLISECONDS",
             self.header_read_timeout_milliseconds,
@@ -458,7 +505,7 @@ struct PaymentArguments {
         long,
         env = "STOCKD_GATEWAY_API_KEY",
         hide_env_values = true,
-        default_value = "sk_test_stockd"
+        default_value = gateway::SANDBOX_API_KEY
     )]
     gateway_api_key: String,
     /// The secret webhooks are signed with (required with --gateway-url).
@@ -476,6 +523,54 @@ struct PaymentArguments {
     /// a `stockd gateway-sandbox` and its fault payment methods are allowed.
     #[arg(long, env = "STOCKD_GATEWAY")]
     gateway: Option<String>,
+}
+
+/// Shortest webhook secret taken: a gateway's are far longer (Stripe's `whsec_` and 32
+/// characters); an empty one would let anyone sign a "payment succeeded".
+const WEBHOOK_SECRET_CHARACTERS_MIN: usize = 16;
+
+fn check_webhook_secret(secret: &str) -> Result<(), String> {
+    if secret.trim() != secret || secret.chars().count() < WEBHOOK_SECRET_CHARACTERS_MIN {
+        return Err(format!(
+            "STOCKD_WEBHOOK_SECRET must be at least {WEBHOOK_SECRET_CHARACTERS_MIN} characters without surrounding spaces: anyone could sign webhooks with a short or empty one"
+        ));
+    }
+    Ok(())
+}
+
+impl PaymentArguments {
+    /// The gateway's URL as given: an empty `STOCKD_GATEWAY_URL=` counts as unset, as
+    /// the other URLs' do.
+    fn gateway_url(&self) -> Option<&str> {
+        self.gateway_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(secret) = &self.webhook_secret {
+            check_webhook_secret(secret)?;
+        }
+        bounded(
+            "STOCKD_GATEWAY_TIMEOUT_MILLISECONDS",
+            self.gateway_timeout_milliseconds,
+            100,
+            120_000,
+        )?;
+        if let Some(url) = self.gateway_url() {
+            if self.webhook_secret.is_none() {
+                return Err("STOCKD_GATEWAY_URL needs STOCKD_WEBHOOK_SECRET".into());
+            }
+            gateway::GatewayConfig {
+                base_url: url.to_owned(),
+                api_key: self.gateway_api_key.clone(),
+                timeout_milliseconds: self.gateway_timeout_milliseconds,
+            }
+            .check()?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args)]
@@ -582,12 +677,35 @@ struct CombinerArguments {
 }
 
 impl CombinerArguments {
+    fn check(&self) -> Result<(), String> {
+        // On PostgreSQL each batch in flight of each shard holds a connection.
+        bounded("STOCKD_COMBINER_SHARDS", self.combiner_shards as u64, 0, 64)?;
+        bounded(
+            "STOCKD_COMBINER_BATCHES_IN_FLIGHT",
+            self.combiner_batches_in_flight as u64,
+            0,
+            64,
+        )?;
+        bounded(
+            "STOCKD_COMBINER_BATCH_SIZE_MAX",
+            self.combiner_batch_size_max as u64,
+            1,
+            10_000,
+        )?;
+        bounded(
+            "STOCKD_COMBINER_QUEUE_DEPTH_MAX",
+            self.combiner_queue_depth_max as u64,
+            1,
+            1_000_000,
+        )
+    }
+
     fn apply(self, config: EngineConfig) -> EngineConfig {
         EngineConfig {
             combiner_shards: self.combiner_shards,
             combiner_batches_in_flight: self.combiner_batches_in_flight,
-            combiner_batch_size_max: self.combiner_batch_size_max.clamp(1, 10_000),
-            combiner_queue_depth_max: self.combiner_queue_depth_max.clamp(1, 1_000_000),
+            combiner_batch_size_max: self.combiner_batch_size_max,
+            combiner_queue_depth_max: self.combiner_queue_depth_max,
             ..config
         }
     }
@@ -616,20 +734,50 @@ fn parse_lag_seconds(text: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("expected seconds above 0 and at most 86400, got '{text}'"))
 }
 
-fn init_logging(arguments: &DatabaseArguments) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&arguments.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logging as `STOCKD_LOG` and `STOCKD_LOG_FORMAT` ask; a typo in either is refused
+/// (before, it silently meant `info` and text, hiding the debug lines asked for).
+fn init_logging(arguments: &DatabaseArguments) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&arguments.log).map_err(|error| {
+        format!(
+            "STOCKD_LOG is not a log filter ({error}): '{}'",
+            arguments.log
+        )
+    })?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if arguments.log_format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
+    match arguments.log_format.as_str() {
+        "json" => builder.json().init(),
+        "text" => builder.init(),
+        other => {
+            return Err(format!(
+                "STOCKD_LOG_FORMAT must be text or json, not '{other}'"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl DatabaseArguments {
+    fn check(&self) -> Result<(), String> {
+        bounded(
+            "STOCKD_DATABASE_POOL_SIZE",
+            u64::from(self.database_pool_size),
+            1,
+            10_000,
+        )?;
+        // PostgreSQL reads 0 as "wait forever", SQLite as "fail at once".
+        bounded(
+            "STOCKD_LOCK_TIMEOUT_MILLISECONDS",
+            self.lock_timeout_milliseconds,
+            10,
+            600_000,
+        )
     }
 }
 
 async fn connect_and_migrate(arguments: &DatabaseArguments) -> Result<Store, String> {
+    arguments.check()?;
     connect_and_migrate_with(store_config(arguments)).await
 }
 
@@ -658,8 +806,9 @@ async fn connect_and_migrate_with(config: StoreConfig) -> Result<Store, String> 
 }
 
 async fn serve(arguments: ServeArguments) -> Result<(), String> {
-    arguments.limits.check()?;
-    arguments.campaigns.check()?;
+    // Every setting is checked before the database is opened: a binary refusing its
+    // configuration must not have migrated the schema first.
+    arguments.check()?;
     let mut store_config = store_config(&arguments.database);
     store_config.limits.open_holds_max = arguments.limits.user_open_holds_max;
     let store = connect_and_migrate_with(store_config).await?;
@@ -672,9 +821,6 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         refund_retry_milliseconds: arguments.refund_retry_milliseconds,
         ..arguments.campaigns.apply(EngineConfig::default())
     });
-    if domain::TtlSeconds::new(config.reservation_ttl_seconds_default).is_err() {
-        return Err("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into());
-    }
     let listener = tokio::net::TcpListener::bind(&arguments.listen)
         .await
         .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
@@ -830,7 +976,7 @@ fn choose_gateway(
             ));
         }
     };
-    match (&arguments.gateway_url, explicit_sandbox) {
+    match (arguments.gateway_url(), explicit_sandbox) {
         (Some(_), sandbox) => Ok(GatewayChoice::Configured { sandbox }),
         (None, true) => Ok(GatewayChoice::InProcessSandbox),
         (None, false) if address.ip().is_loopback() => Ok(GatewayChoice::InProcessSandbox),
@@ -879,14 +1025,14 @@ async fn attach_payments(
     arguments: &PaymentArguments,
     choice: GatewayChoice,
 ) -> Result<Option<(sandbox::Sandbox, std::net::SocketAddr)>, String> {
-    let timeout_milliseconds = arguments.gateway_timeout_milliseconds.clamp(100, 120_000);
-    if let (GatewayChoice::Configured { sandbox }, Some(url)) = (choice, &arguments.gateway_url) {
+    let timeout_milliseconds = arguments.gateway_timeout_milliseconds;
+    if let (GatewayChoice::Configured { sandbox }, Some(url)) = (choice, arguments.gateway_url()) {
         let secret = arguments
             .webhook_secret
             .clone()
             .ok_or("--gateway-url needs --webhook-secret (STOCKD_WEBHOOK_SECRET)")?;
         let gateway = gateway::GatewayClient::new(gateway::GatewayConfig {
-            base_url: url.clone(),
+            base_url: url.to_owned(),
             api_key: arguments.gateway_api_key.clone(),
             timeout_milliseconds,
         })?;
@@ -924,6 +1070,7 @@ async fn attach_payments(
 }
 
 async fn gateway_sandbox(arguments: SandboxArguments) -> Result<bool, String> {
+    check_webhook_secret(&arguments.webhook_secret)?;
     let mut config = sandbox::SandboxConfig::new(arguments.webhook_secret);
     config.webhook_url = arguments.webhook_url;
     config.api_key = arguments.api_key;
@@ -1174,26 +1321,26 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async move {
         match cli.command {
             Command::Serve(arguments) => {
-                init_logging(&arguments.database);
+                init_logging(&arguments.database)?;
                 serve(*arguments).await.map(|()| true)
             }
             Command::Migrate(arguments) => {
-                init_logging(&arguments);
+                init_logging(&arguments)?;
                 let store = connect_and_migrate(&arguments).await?;
                 println!("stockd: database is migrated ({})", store.backend_name());
                 store.close().await;
                 Ok(true)
             }
             Command::Audit(arguments) => {
-                init_logging(&arguments);
+                init_logging(&arguments)?;
                 audit(arguments).await
             }
             Command::Seed(arguments) => {
-                init_logging(&arguments);
+                init_logging(&arguments)?;
                 seed(arguments).await
             }
             Command::RotateAdminToken(arguments) => {
-                init_logging(&arguments);
+                init_logging(&arguments)?;
                 rotate_admin_token(arguments).await
             }
             Command::GatewaySandbox(arguments) => gateway_sandbox(arguments).await,

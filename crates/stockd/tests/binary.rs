@@ -562,6 +562,123 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
     assert_eq!(audit.status.code(), Some(0));
 }
 
+/// Runs `stockd serve` with `environment` in a scratch directory; answers its exit code,
+/// its error output and whether it created the database.
+fn serve_refusal(environment: &[(&str, &str)]) -> (Option<i32>, String, bool) {
+    let directory = ScratchDirectory::new();
+    let mut command = stockd(&directory.0);
+    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    for (name, value) in environment {
+        command.env(name, value);
+    }
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (exited, exit) = std::sync::mpsc::channel();
+    std::thread::spawn(move || exited.send(child.wait_with_output()));
+    // A serve that took the setting runs until stopped: this guard stops it so that the
+    // test fails by its assertions instead of waiting forever.
+    let output = match exit.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(output) => output,
+        Err(_) => {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            exit.recv().unwrap()
+        }
+    }
+    .unwrap();
+    let opened = directory.0.join("stockd-data").exists();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        opened,
+    )
+}
+
+#[test]
+fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
+    for (variable, value) in [
+        ("STOCKD_WEBHOOK_SECRET", "short"),
+        ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "-1"),
+        ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "60"),
+        ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "0"),
+        ("STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND", "NaN"),
+        ("STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND", "-5"),
+        ("STOCKD_LOG", "stockd=[{"),
+        ("STOCKD_LOG_FORMAT", "yaml"),
+        ("STOCKD_GATEWAY_TIMEOUT_MILLISECONDS", "0"),
+        ("STOCKD_COMBINER_BATCH_SIZE_MAX", "0"),
+        ("STOCKD_COMBINER_SHARDS", "100000"),
+        ("STOCKD_EXPIRY_INTERVAL_MILLISECONDS", "0"),
+        ("STOCKD_DATABASE_POOL_SIZE", "0"),
+        ("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT", "0"),
+    ] {
+        let (code, message, opened) = serve_refusal(&[(variable, value)]);
+        assert_eq!(code, Some(2), "{variable}={value}: {message}");
+        assert!(message.contains(variable), "{variable}={value}: {message}");
+        assert!(!opened, "{variable}={value}: the database was opened first");
+    }
+}
+
+#[test]
+fn serve_refuses_a_real_gateway_without_tls_or_with_the_sandbox_key_or_an_empty_secret() {
+    let secret = ("STOCKD_WEBHOOK_SECRET", "whsec_a_real_looking_secret");
+    for (environment, named) in [
+        (
+            vec![("STOCKD_GATEWAY_URL", "https://api.stripe.com"), secret],
+            "STOCKD_GATEWAY_API_KEY",
+        ),
+        (
+            vec![
+                ("STOCKD_GATEWAY_URL", "http://pay.example.com"),
+                ("STOCKD_GATEWAY_API_KEY", "sk_live_the_shops_own"),
+                secret,
+            ],
+            "https://",
+        ),
+        (
+            vec![
+                ("STOCKD_GATEWAY_URL", "https://api.stripe.com"),
+                ("STOCKD_GATEWAY_API_KEY", "sk_live_the_shops_own"),
+            ],
+            "STOCKD_WEBHOOK_SECRET",
+        ),
+        (
+            vec![
+                ("STOCKD_GATEWAY_URL", "https://api.stripe.com"),
+                ("STOCKD_GATEWAY_API_KEY", "sk_live_the_shops_own"),
+                ("STOCKD_WEBHOOK_SECRET", ""),
+            ],
+            "STOCKD_WEBHOOK_SECRET",
+        ),
+    ] {
+        let (code, message, opened) = serve_refusal(&environment);
+        assert_eq!(code, Some(2), "{environment:?}: {message}");
+        assert!(message.contains(named), "{environment:?}: {message}");
+        assert!(!opened, "{environment:?}: the database was opened first");
+    }
+}
+
+#[test]
+fn the_gateway_sandbox_refuses_an_empty_webhook_secret() {
+    let directory = ScratchDirectory::new();
+    let output = stockd(&directory.0)
+        .args([
+            "gateway-sandbox",
+            "--listen",
+            "127.0.0.1:0",
+            "--webhook-secret",
+            "",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("STOCKD_WEBHOOK_SECRET"), "{message}");
+}
+
 #[test]
 fn serving_a_public_address_with_the_payment_sandbox_exits_two_unless_chosen() {
     let directory = ScratchDirectory::new();
