@@ -17,7 +17,89 @@ mirrored_tests!(
     closing_a_pool_of_its_own_leaves_the_store_it_came_from_open,
     the_pool_gauges_count_the_combiners_own_connections_with_the_stores,
     a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch,
+    first_receipts_into_a_new_warehouse_at_once_all_count,
 );
+
+/// The first receipt into a (SKU, warehouse) creates its stock row. Receipts arriving
+/// together each find no row; all but one then meet the row another just inserted.
+/// On MySQL that meeting read as "the bound is exceeded", and the refusal was stored
+/// under the key: goods that arrived never reached the counters, even on retry.
+/// There the test makes the meeting certain: a gap lock where the row will go holds
+/// every receipt's insert (each has found no row) until two of them wait.
+async fn first_receipts_into_a_new_warehouse_at_once_all_count(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.create_sku("ARRIVING").await;
+    let mut gap = None;
+    if backend == Backend::Mysql {
+        let mut holder = app.database.raw_connection().await;
+        holder
+            .execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            .await
+            .unwrap();
+        holder.execute("BEGIN").await.unwrap();
+        holder
+            .execute(
+                "SELECT * FROM stock WHERE sku = 'ARRIVING' AND warehouse = 'dock-7' FOR UPDATE",
+            )
+            .await
+            .unwrap();
+        gap = Some(holder);
+    }
+    let receipts: u32 = 40;
+    let calls: Vec<Call> = (0..receipts)
+        .map(|index| {
+            Call::post("/v1/skus/ARRIVING/stock-movements")
+                .admin()
+                .key(format!("receipt-{index}"))
+                .json(&serde_json::json!({"kind": "receive", "quantity": 1, "warehouse": "dock-7"}))
+        })
+        .collect();
+    let sending = tokio::spawn({
+        let app = app.clone();
+        async move { acceptance::send_concurrently(&app, calls).await }
+    });
+    if let Some(mut holder) = gap {
+        wait_until_inserts_wait(&app, 2).await;
+        holder.execute("COMMIT").await.unwrap();
+    }
+    let answers = sending.await.unwrap();
+    for answer in &answers {
+        assert_eq!(answer.status, 201, "{answer:?}");
+    }
+    let shown = app
+        .send(Call::get("/v1/skus/ARRIVING").admin())
+        .await
+        .json();
+    assert_eq!(shown["available"], i64::from(receipts), "{shown}");
+    app.assert_audit_clean().await;
+}
+
+/// Until `count` sessions of the test's MySQL database wait in an `INSERT INTO stock`.
+async fn wait_until_inserts_wait(app: &TestApp, count: i64) {
+    let database = app
+        .database
+        .schema
+        .clone()
+        .expect("MySQL tests use a database");
+    let acceptance::RawConnection::Mysql(mut observer) = app.database.raw_connection().await else {
+        unreachable!("a MySQL test database");
+    };
+    for _ in 0..12_000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE DB = ? AND INFO LIKE 'INSERT INTO stock %' AND TIME_MS > 20",
+        )
+        .bind(database.as_str())
+        .fetch_one(&mut observer)
+        .await
+        .expect("observe the waiting inserts");
+        if waiting >= count {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("gave up waiting for {count} receipts to wait on the gap lock");
+}
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
     backend: Backend,

@@ -692,18 +692,12 @@ impl Dialect for MySqlConnection {
         now: Timestamp,
         on_hand_max: i64,
     ) -> Result<Option<(i64, i64)>, StoreError> {
-        let updated = statement(
-            "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
-             WHERE sku = $1 AND warehouse = $2 AND available + reserved + $3 <= $5",
-        )
-        .bind(sku)
-        .bind(warehouse)
-        .bind(received)
-        .bind(now.unix_milliseconds())
-        .bind(on_hand_max)
-        .execute(&mut *self)
-        .await?;
-        if updated == 0 {
+        // MySQL has no conditional upsert whose row count says which way it went: add
+        // to the row, else create it. A receipt that found no row can meet the one a
+        // concurrent receipt just created (its insert waits for that commit, then
+        // inserts nothing); the row is there now, so it adds to it. Only a row that is
+        // there and would pass the bound is a refusal.
+        if add_received(self, sku, warehouse, received, now, on_hand_max).await? == 0 {
             if received > on_hand_max {
                 return Ok(None);
             }
@@ -717,7 +711,9 @@ impl Dialect for MySqlConnection {
             .bind(now.unix_milliseconds())
             .execute(&mut *self)
             .await?;
-            if inserted == 0 {
+            if inserted == 0
+                && add_received(self, sku, warehouse, received, now, on_hand_max).await? == 0
+            {
                 return Ok(None);
             }
         }
@@ -946,6 +942,28 @@ impl Dialect for MySqlConnection {
         }
         Ok(written)
     }
+}
+
+/// Adds `received` to an existing stock row within the on-hand bound; the rows changed.
+async fn add_received(
+    connection: &mut MySqlConnection,
+    sku: &str,
+    warehouse: &str,
+    received: i64,
+    now: Timestamp,
+    on_hand_max: i64,
+) -> Result<u64, StoreError> {
+    statement(
+        "UPDATE stock SET available = available + $3, version = version + 1, updated_at = $4 \
+         WHERE sku = $1 AND warehouse = $2 AND available + reserved + $3 <= $5",
+    )
+    .bind(sku)
+    .bind(warehouse)
+    .bind(received)
+    .bind(now.unix_milliseconds())
+    .bind(on_hand_max)
+    .execute(connection)
+    .await
 }
 
 /// A stock row's counters, read under the lock the caller's update holds.
