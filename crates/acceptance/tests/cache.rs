@@ -18,6 +18,7 @@ mirrored_tests!(
     a_fill_that_read_before_a_change_cannot_store_the_old_state,
     a_read_that_sends_its_consistency_token_is_not_served_from_the_cache,
     nothing_that_decides_a_sale_reads_the_cache,
+    a_new_price_or_title_reaches_the_product_view_with_its_event,
 );
 
 // These read counters of the process-wide metrics recorder.
@@ -128,6 +129,41 @@ async fn a_shelf_change_reaches_a_cart_at_once_and_the_product_view_with_its_eve
         "cache",
         "cached again, now off the shelf"
     );
+}
+
+async fn a_new_price_or_title_reaches_the_product_view_with_its_event(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 5).await;
+    assert_eq!(view(&app, &product).await.1["skus"][0]["price"], 250);
+    assert_eq!(view(&app, &product).await.0, "cache");
+
+    let repriced = app
+        .send(
+            Call::put("/v1/skus/MILK-1L")
+                .admin()
+                .key("reprice")
+                .json(&json!({"price": 300})),
+        )
+        .await;
+    assert_eq!(repriced.status, 200, "{repriced:?}");
+    propagate(&app, &mut cursor).await;
+    let (served_by, shown) = view(&app, &product).await;
+    assert_eq!(served_by, "primary", "the change dropped the cached view");
+    assert_eq!(shown["skus"][0]["price"], 300, "{shown}");
+
+    let renamed = app
+        .send(
+            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                .admin()
+                .key("rename")
+                .json(&json!({"title": "Oat milk"})),
+        )
+        .await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    propagate(&app, &mut cursor).await;
+    let (served_by, shown) = view(&app, &product).await;
+    assert_eq!(served_by, "primary", "the change dropped the cached view");
+    assert_eq!(shown["title"], "Oat milk", "{shown}");
 }
 
 async fn the_sale_of_the_last_unit_reaches_the_product_view_with_its_event(backend: Backend) {

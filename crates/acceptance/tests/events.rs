@@ -12,6 +12,7 @@ use engine::EngineConfig;
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_change_to_what_a_shopper_sees_of_a_sku_is_announced,
     every_new_reservation_announces_itself_once_numbered_one,
     confirm_release_and_expiry_are_the_second_and_last_event_of_a_reservation,
     an_order_announces_each_status_it_enters_numbered_by_its_version,
@@ -276,6 +277,75 @@ async fn stock_movements_and_shelf_changes_are_numbered_per_sku(backend: Backend
     assert_eq!(changes.len(), 2, "{shelf:?}");
     assert_eq!(changes[0].0, 1);
     assert_eq!(changes[1], (2, json!("OFF_SHELF")));
+    assert_gap_free_per_aggregate(&events);
+}
+
+/// A product's title, image, category or supplier, and a SKU's own title, price or
+/// limit, are what a shopper is shown: a change to them announces `sku.changed` for
+/// each SKU it shows on (the display cache drops its views by it). A product's SKUs
+/// show its title as theirs and follow a new one.
+async fn a_change_to_what_a_shopper_sees_of_a_sku_is_announced(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("default", &["MILK-1L", "MILK-2L"]))
+        .await;
+    let renamed = app
+        .send(
+            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                .admin()
+                .key("rename")
+                .json(&json!({"title": "Oat milk", "image_url": "https://images.example.com/oat.jpg"})),
+        )
+        .await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    let repriced = app
+        .send(
+            Call::put("/v1/skus/MILK-1L")
+                .admin()
+                .key("reprice")
+                .json(&json!({"price": 300})),
+        )
+        .await;
+    assert_eq!(repriced.status, 200, "{repriced:?}");
+
+    let events = app.all_events().await;
+    let changed: Vec<(Value, i64, Value, Value)> = of_type(&events, "sku.changed")
+        .iter()
+        .map(|event| {
+            (
+                event["aggregate_id"].clone(),
+                event["sequence"].as_i64().unwrap(),
+                event["data"]["product_id"].clone(),
+                event["data"]["fields"].clone(),
+            )
+        })
+        .collect();
+    let product_id = json!(product);
+    assert_eq!(
+        changed,
+        vec![
+            (
+                json!("MILK-1L"),
+                1,
+                product_id.clone(),
+                json!(["title", "image_url"])
+            ),
+            (
+                json!("MILK-2L"),
+                1,
+                product_id.clone(),
+                json!(["title", "image_url"])
+            ),
+            (json!("MILK-1L"), 2, product_id, json!(["price"])),
+        ]
+    );
+    for sku in ["MILK-1L", "MILK-2L"] {
+        let shown = app
+            .send(Call::get(format!("/v1/skus/{sku}")).admin())
+            .await
+            .json();
+        assert_eq!(shown["title"], "Oat milk", "{shown}");
+    }
     assert_gap_free_per_aggregate(&events);
 }
 

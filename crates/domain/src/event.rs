@@ -56,10 +56,13 @@ pub enum EventType {
     PaymentSettled,
     StockMoved,
     SkuSaleStatusChanged,
+    /// What a shopper is shown of a SKU changed: its own fields (title, price, limit),
+    /// or its product's (title, image, category, supplier).
+    SkuChanged,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 8] = [
+    pub const ALL: [EventType; 9] = [
         EventType::ReservationCreated,
         EventType::ReservationConfirmed,
         EventType::ReservationReleased,
@@ -68,6 +71,7 @@ impl EventType {
         EventType::PaymentSettled,
         EventType::StockMoved,
         EventType::SkuSaleStatusChanged,
+        EventType::SkuChanged,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +84,7 @@ impl EventType {
             EventType::PaymentSettled => "payment.settled",
             EventType::StockMoved => "stock.moved",
             EventType::SkuSaleStatusChanged => "sku.sale_status_changed",
+            EventType::SkuChanged => "sku.changed",
         }
     }
 
@@ -99,7 +104,7 @@ impl EventType {
             EventType::OrderStatusChanged => Aggregate::Order,
             EventType::PaymentSettled => Aggregate::Payment,
             EventType::StockMoved => Aggregate::Stock,
-            EventType::SkuSaleStatusChanged => Aggregate::Sku,
+            EventType::SkuSaleStatusChanged | EventType::SkuChanged => Aggregate::Sku,
         }
     }
 

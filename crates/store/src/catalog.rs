@@ -42,6 +42,21 @@ pub struct ProductChanges {
     pub supplier: Option<SupplierCode>,
 }
 
+impl ProductChanges {
+    /// The names of the fields this sets, as `sku.changed` lists them.
+    pub fn field_names(&self) -> Vec<&'static str> {
+        [
+            ("title", self.title.is_some()),
+            ("image_url", self.image_url.is_some()),
+            ("category", self.category.is_some()),
+            ("supplier", self.supplier.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+}
+
 /// Which SKUs a shelf operation names: the union of the listed products and SKUs and
 /// the products of a category or supplier — within `shop` when given.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

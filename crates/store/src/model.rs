@@ -161,6 +161,22 @@ pub struct SkuChanges {
     pub per_user_limit: Option<Option<i64>>,
 }
 
+impl SkuChanges {
+    /// The names of the fields this sets, as `sku.changed` lists them.
+    pub fn field_names(&self) -> Vec<&'static str> {
+        [
+            ("title", self.title.is_some()),
+            ("price", self.price.is_some()),
+            ("currency", self.currency.is_some()),
+            ("low_stock_threshold", self.low_stock_threshold.is_some()),
+            ("per_user_limit", self.per_user_limit.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MovementKind {
     /// Goods arrived: available grows.

@@ -5,6 +5,7 @@
 
 use super::decode::{invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::outbox::announce_sku_changed;
 use super::stock::load_sku;
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
@@ -14,8 +15,8 @@ use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
 use domain::{
-    CategoryCode, ErrorCode, ImageUrl, Product, ProductId, ShopCode, SkuCode, SupplierCode,
-    Timestamp, Title,
+    CategoryCode, ErrorCode, ImageUrl, Product, ProductId, SaleStatus, ShopCode, SkuCode,
+    SupplierCode, Timestamp, Title,
 };
 
 async fn load_products_page<C: Dialect>(
@@ -192,6 +193,20 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
+        if let Some(title) = &changes.title {
+            // A product's SKUs show its title as their own (carts, orders, the SKU view):
+            // those still showing the product's old one take the new one; a SKU given a
+            // title of its own keeps it.
+            statement(
+                "UPDATE sku SET title = $2, version = version + 1, updated_at = $3 \
+                 WHERE product_id = $1 AND title = (SELECT title FROM product WHERE id = $1 AND deleted_at IS NULL)",
+            )
+            .bind(id.as_str())
+            .bind(title.as_str())
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+        }
         let updated = statement(
             "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
              category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
@@ -209,6 +224,22 @@ impl<B: Backend> Units<B> {
             let product = load_product(&mut *transaction, id)
                 .await?
                 .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+            let fields = changes.field_names();
+            for sku in product
+                .skus
+                .iter()
+                .filter(|sku| sku.sale_status != SaleStatus::Deleted)
+            {
+                announce_sku_changed(
+                    &mut *transaction,
+                    sku.code.as_str(),
+                    product.shop.as_str(),
+                    Some(product.id.as_str()),
+                    &fields,
+                    now,
+                )
+                .await?;
+            }
             renderer.product_saved(&product, false)
         } else {
             renderer.rejected(&Rejection::new(

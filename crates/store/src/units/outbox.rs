@@ -79,6 +79,35 @@ pub(crate) async fn append_event<C: Dialect>(
     Ok(())
 }
 
+/// Announces `sku.changed`: the `fields` of the SKU (or, with `product`, of its
+/// product) a change set, for the display cache and the feed's readers.
+pub(crate) async fn announce_sku_changed<C: Dialect>(
+    transaction: &mut C,
+    sku: &str,
+    shop: &str,
+    product: Option<&str>,
+    fields: &[&str],
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    append_event(
+        transaction,
+        NewEvent {
+            event_type: EventType::SkuChanged,
+            aggregate_id: sku,
+            shop,
+            sequence: Sequence::Counted,
+            data: json!({
+                "sku": sku,
+                "shop": shop,
+                "product_id": product,
+                "fields": fields,
+            }),
+        },
+        now,
+    )
+    .await
+}
+
 /// The body of a `reservation.created` event, from the reservation's own rows.
 fn reservation_created(
     id: &str,

@@ -7,7 +7,7 @@
 
 use super::decode::{corrupt, expect_one_row, invariant, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
-use super::outbox::{NewEvent, Sequence, append_event};
+use super::outbox::{NewEvent, Sequence, announce_sku_changed, append_event};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
@@ -476,6 +476,19 @@ impl<B: Backend> Units<B> {
         let sku = load_sku(&mut *transaction, code)
             .await?
             .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
+        // A change to a SKU a shopper may have been shown; a new one has not been
+        // shown anywhere yet (no product view holds it), and announces nothing.
+        if !created {
+            announce_sku_changed(
+                &mut *transaction,
+                sku.code.as_str(),
+                sku.shop.as_str(),
+                sku.product_id.as_ref().map(|product| product.as_str()),
+                &changes.field_names(),
+                now,
+            )
+            .await?;
+        }
         let response = renderer.sku_saved(&sku, created);
         commit_with_answer(transaction, claim, response).await
     }
