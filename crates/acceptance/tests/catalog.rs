@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_blank_product_title_is_refused_and_changes_nothing,
     a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under,
     a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
     every_transition_in_the_table_changes_the_status_and_is_logged,
@@ -30,6 +31,38 @@ mirrored_tests!(
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
 );
+
+/// A product on sale is found and shown by its title: one made blank later (the
+/// shelf checks it only on the way on) would put a nameless product on sale.
+async fn a_blank_product_title_is_refused_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["NAMED"]).await;
+    let before = app.contents().await;
+    for (index, blank) in ["", "   ", "\u{3000}"].into_iter().enumerate() {
+        let patched = app
+            .send(
+                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                    .admin()
+                    .key(format!("blank-{index}"))
+                    .json(&json!({"title": blank})),
+            )
+            .await;
+        assert_eq!(patched.status, 400, "{blank:?}: {patched:?}");
+        assert_eq!(patched.code().as_deref(), Some("invalid_argument"));
+        let created = app
+            .send(Call::post("/v1/products").admin().key(format!("new-blank-{index}")).json(&json!({
+                "title": blank,
+                "category": "dairy",
+                "supplier": "test-supplier",
+                "shop": "north",
+                "skus": [{"sku": format!("NAMELESS-{index}"), "price": 100, "currency": "CNY", "spec": "1"}],
+            })))
+            .await;
+        assert_eq!(created.status, 400, "{blank:?}: {created:?}");
+        assert_eq!(created.code().as_deref(), Some("invalid_argument"));
+    }
+    assert_eq!(app.contents().await, before);
+}
 
 async fn on_shelf_product(app: &TestApp, shop: &str, skus: &[&str]) -> String {
     let product = app.create_product(ProductSpec::complete(shop, skus)).await;

@@ -13,7 +13,9 @@ use domain::limits::{
     LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX, REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX,
     SPEC_LENGTH_MAX,
 };
-use domain::{ErrorCode, ProductId, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId};
+use domain::{
+    ErrorCode, ProductId, ProductTitle, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId,
+};
 use engine::catalog::{DraftSku, ProductDraft, ShelfRequest};
 use store::{ProductChanges, ReadHandle, ShelfLogQuery, TargetSelector};
 
@@ -81,7 +83,7 @@ pub async fn create_product(
         });
     }
     let draft = ProductDraft {
-        title: request.title,
+        title: request.title.into_title(),
         image_url: request.image_url,
         category: request.category,
         supplier: request.supplier,
@@ -115,7 +117,7 @@ pub async fn update_product(
     let claim = body.claim(&caller, key);
     let request = body.value;
     let changes = ProductChanges {
-        title: request.title,
+        title: request.title.map(ProductTitle::into_title),
         image_url: request.image_url,
         category: request.category,
         supplier: request.supplier,

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use domain::{
     Availability, CategoryCode, Currency, ImageUrl, OperatorId, PriceMinor, Product, ProductId,
-    Quantity, SaleStatus, ShelfLogEntry, ShopCode, Sku, SkuCode, SupplierCode, Timestamp, Title,
-    TtlSeconds,
+    ProductTitle, Quantity, SaleStatus, ShelfLogEntry, ShopCode, Sku, SkuCode, SupplierCode,
+    Timestamp, TtlSeconds,
 };
 use serde::{Deserialize, Serialize};
 use store::{Cart, ShelfOutcome, ShelfResult, SkippedLine};
@@ -35,8 +35,8 @@ pub struct NewSkuRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateProductRequest {
-    #[schema(value_type = crate::openapi::schemas::Title)]
-    pub title: Title,
+    #[schema(value_type = crate::openapi::schemas::ProductTitle)]
+    pub title: ProductTitle,
     #[serde(default)]
     #[schema(value_type = Option<crate::openapi::schemas::ImageUrl>)]
     pub image_url: Option<ImageUrl>,
@@ -55,8 +55,8 @@ pub struct CreateProductRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateProductRequest {
-    #[schema(value_type = Option<crate::openapi::schemas::Title>)]
-    pub title: Option<Title>,
+    #[schema(value_type = Option<crate::openapi::schemas::ProductTitle>)]
+    pub title: Option<ProductTitle>,
     #[schema(value_type = Option<crate::openapi::schemas::ImageUrl>)]
     pub image_url: Option<ImageUrl>,
     #[schema(value_type = Option<crate::openapi::schemas::CategoryCode>)]

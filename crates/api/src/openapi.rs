@@ -197,6 +197,11 @@ pub mod schemas {
         "description": "A name for people: any text without control characters.",
         "examples": ["Whole milk 1 L"],
     }));
+    named_schema!(ProductTitle => json!({
+        "type": "string", "minLength": 1, "maxLength": TITLE_LENGTH_MAX, "pattern": NON_BLANK_TEXT_PATTERN,
+        "description": "A product's name for shoppers: text without control characters, not blank.",
+        "examples": ["Whole milk 1 L"],
+    }));
     named_schema!(Spec => json!({
         "type": "string", "maxLength": SPEC_LENGTH_MAX, "pattern": TEXT_PATTERN,
         "description": "What distinguishes this SKU of the product (size, colour).",
@@ -334,6 +339,7 @@ pub mod schemas {
             OrderRef,
             RequestSource,
             Title,
+            ProductTitle,
             Spec,
             Remark,
             ServiceKeyName,
@@ -1474,6 +1480,9 @@ mod tests {
                 domain::RequestSource::parse(text).is_ok()
             }),
             ("Title", |text| domain::Title::parse(text).is_ok()),
+            ("ProductTitle", |text| {
+                domain::ProductTitle::parse(text).is_ok()
+            }),
             ("ImageUrl", |text| domain::ImageUrl::parse(text).is_ok()),
             ("Currency", |text| domain::Currency::parse(text).is_ok()),
             ("PaymentMethod", |text| {

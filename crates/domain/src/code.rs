@@ -238,6 +238,29 @@ impl Title {
 
 string_newtype_conversions!(Title);
 
+/// A product's title: a [`Title`] with something to read in it. Shoppers find the
+/// product by it and its SKUs show it as theirs, and a product goes on the shelf only
+/// with one (seed 003 §1.2); a blank one set later would put a nameless product on sale.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ProductTitle(String);
+
+impl ProductTitle {
+    pub fn parse(text: &str) -> Result<ProductTitle, ParseError> {
+        let title = Title::parse(text)?;
+        if title.as_str().trim().is_empty() {
+            return Err(ParseError::new("a product's title must not be blank"));
+        }
+        Ok(ProductTitle(title.0))
+    }
+
+    pub fn into_title(self) -> Title {
+        Title(self.0)
+    }
+}
+
+string_newtype_conversions!(ProductTitle);
+
 #[cfg(test)]
 mod title_tests {
     use super::*;
@@ -249,6 +272,16 @@ mod title_tests {
         assert!(Title::parse(&"é".repeat(200)).is_ok());
         assert!(Title::parse(&"é".repeat(201)).is_err());
         assert!(Title::parse("line\nbreak").is_err());
+    }
+
+    #[test]
+    fn a_product_title_has_something_to_read_in_it() {
+        assert!(ProductTitle::parse("Oat milk").is_ok());
+        assert!(ProductTitle::parse(" milk ").is_ok());
+        for blank in ["", "   ", "\u{3000}"] {
+            assert!(ProductTitle::parse(blank).is_err(), "{blank:?}");
+        }
+        assert!(ProductTitle::parse(&"é".repeat(201)).is_err());
     }
 }
 

@@ -34,8 +34,8 @@ pub use catalog::{
     next_occurrence_id, operation_label,
 };
 pub use code::{
-    CategoryCode, ImageUrl, OperatorId, OrderRef, RequestSource, ShopCode, SkuCode, SupplierCode,
-    Title, UserId, WarehouseCode,
+    CategoryCode, ImageUrl, OperatorId, OrderRef, ProductTitle, RequestSource, ShopCode, SkuCode,
+    SupplierCode, Title, UserId, WarehouseCode,
 };
 pub use decision::{Rejection, ShopScope};
 pub use error::{ErrorCode, ParseError};
