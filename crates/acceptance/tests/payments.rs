@@ -14,6 +14,7 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
@@ -994,6 +995,36 @@ async fn webhooks_with_a_bad_or_stale_signature_are_refused_and_change_nothing(b
         .await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// A stock row edited by hand to hold fewer units reserved than a due order's hold:
+/// that order cannot give its stock back and stays as it is, reported; the other due
+/// orders expire all the same, now and in every later step.
+async fn an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    app.stocked_sku("BROKEN", 5).await;
+    let broken = app.order_of("user-1", &[("BROKEN", 2)]).await;
+    let sound = app.order_of("user-2", &[(SKU, 1)]).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET reserved = 0 WHERE sku = 'BROKEN'")
+        .await
+        .unwrap();
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+
+    let expired = app.engine.order_expiry_step().await.expect("expiry");
+
+    let expired: Vec<String> = expired.iter().map(ToString::to_string).collect();
+    assert_eq!(expired, std::slice::from_ref(&sound));
+    assert_statuses(&app, &sound, ("EXPIRED", "RELEASED", "none")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(app.order(&broken).await["status"], "PENDING_PAYMENT");
+    // The next step meets the broken order again, and nothing else is stopped by it.
+    let later = app.order_of("user-3", &[(SKU, 1)]).await;
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    let next = app.engine.order_expiry_step().await.expect("expiry");
+    let next: Vec<String> = next.iter().map(ToString::to_string).collect();
+    assert_eq!(next, [later]);
 }
 
 async fn an_unpaid_order_past_its_hold_expires_and_cannot_be_paid(backend: Backend) {

@@ -690,13 +690,18 @@ impl Engine {
     /// expire and give their stock back.
     pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
         let given_back = self.stock_may_come_back();
-        let expired = self
+        let expiry = self
             .retried("expire_orders", || {
                 self.inner
                     .store
                     .expire_orders(self.now(), self.inner.config.order_expiry_batch_size)
             })
             .await?;
+        for (order, failure) in &expiry.stuck {
+            tracing::error!(%order, %failure, "a due order's stock could not be given back; the others were");
+            metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);
+        }
+        let expired = expiry.expired;
         metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
         if expired.is_empty() {
             given_back.nothing_given_back();

@@ -211,3 +211,12 @@ pub struct PaymentGauges {
     /// Refunds the gateway refused outright: each needs a person.
     pub refunds_failed: i64,
 }
+
+/// One step of the order expiry.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OrderExpiry {
+    pub expired: Vec<OrderId>,
+    /// Claimed, due, and left as they were because giving their stock back failed on
+    /// its data (with why): a person's to look at; the others expired.
+    pub stuck: Vec<(OrderId, String)>,
+}

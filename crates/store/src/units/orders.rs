@@ -12,7 +12,8 @@ use super::outbox::{NewEvent, Sequence, append_event};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
-    Move, Mover, load_reservation, settle_order_reservation, settle_reservations,
+    Move, Mover, failure_on_the_data, load_reservation, settle_order_reservation,
+    settle_reservations,
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, read_tallies};
@@ -23,8 +24,8 @@ use crate::model::{
     IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, StoredResponse,
 };
 use crate::orders::{
-    CancelRights, NewOrder, Order, OrderHistoryEntry, OrderLine, OrderSummary, PaymentAttempt,
-    RefundRecord,
+    CancelRights, NewOrder, Order, OrderExpiry, OrderHistoryEntry, OrderLine, OrderSummary,
+    PaymentAttempt, RefundRecord,
 };
 use crate::plan::{BatchPlan, PlanRequest, PurchaseKey, StockKey, plan_batch};
 use crate::replicas::{Displayed, ReadHandle};
@@ -662,6 +663,41 @@ pub(crate) async fn order_answer<C: Dialect>(
     })
 }
 
+/// Expires `orders` (locked, unpaid, holding stock): their reservations go back, in
+/// the one global lock order, then each order moves to `EXPIRED`. A refused move comes
+/// back as the refusal ([`failure_on_the_data`] reads it).
+async fn expire_these<C: Dialect>(
+    transaction: &mut C,
+    orders: &[(OrderId, OrderStatus, ReservationId)],
+    now: Timestamp,
+) -> Result<Vec<Result<(), Rejection>>, StoreError> {
+    let moves: Vec<Move<'_>> = orders
+        .iter()
+        .map(|(_, _, reservation)| Move {
+            id: reservation,
+            action: ReservationAction::Release,
+            reason: ReleaseReason::Expired,
+        })
+        .collect();
+    let outcomes =
+        settle_reservations(&mut *transaction, &moves, Mover::HoldingOrders, now).await?;
+    if outcomes.iter().any(Result::is_err) {
+        return Ok(outcomes);
+    }
+    for (order, status, _) in orders {
+        move_order(
+            &mut *transaction,
+            order,
+            *status,
+            OrderStatus::Expired,
+            "hold ended unpaid",
+            now,
+        )
+        .await?;
+    }
+    Ok(outcomes)
+}
+
 impl<B: Backend> Units<B> {
     /// An order and its reservation, in one transaction: all lines reserved or none,
     /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
@@ -871,7 +907,7 @@ impl<B: Backend> Units<B> {
         &self,
         now: Timestamp,
         limit: i64,
-    ) -> Result<Vec<OrderId>, StoreError> {
+    ) -> Result<OrderExpiry, StoreError> {
         let mut transaction = self.begin_write().await?;
         let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS)
             .bind(now.unix_milliseconds())
@@ -893,37 +929,53 @@ impl<B: Backend> Units<B> {
                 expiring.push((order, status, reservation));
             }
         }
-        let moves: Vec<Move<'_>> = expiring
-            .iter()
-            .map(|(_, _, reservation)| Move {
-                id: reservation,
-                action: ReservationAction::Release,
-                reason: ReleaseReason::Expired,
-            })
-            .collect();
-        let outcomes =
-            settle_reservations(&mut *transaction, &moves, Mover::HoldingOrders, now).await?;
-        if let Some(refused) = outcomes.iter().find_map(|outcome| outcome.as_ref().err()) {
-            return Err(invariant(format!(
-                "an expired order's reservation could not be released: {}",
-                refused.detail
-            )));
-        }
-        let mut expired = Vec::with_capacity(expiring.len());
-        for (order, status, _) in expiring {
-            move_order(
-                &mut *transaction,
-                &order,
-                status,
-                OrderStatus::Expired,
-                "hold ended unpaid",
-                now,
-            )
+        // As the reservation expiry does: the whole claim under a savepoint, and when
+        // the data around one order is broken (its stock row holding fewer units
+        // reserved than its hold, by a hand edit or a defect), one order at a time,
+        // each under a savepoint. The broken one stays as it is, reported for a
+        // person; before, it rolled the whole step back, and, claimed first again by
+        // every later step, stopped every unpaid order of every shop expiring.
+        statement("SAVEPOINT order_expiry_batch")
+            .execute(&mut *transaction)
             .await?;
-            expired.push(order);
+        let whole = expire_these(&mut *transaction, &expiring, now).await;
+        let Some(failure) = failure_on_the_data(whole)? else {
+            statement("RELEASE SAVEPOINT order_expiry_batch")
+                .execute(&mut *transaction)
+                .await?;
+            transaction.commit().await?;
+            return Ok(OrderExpiry {
+                expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
+                stuck: Vec::new(),
+            });
+        };
+        tracing::warn!(%failure, "an order expiry batch could not be applied whole: one by one");
+        statement("ROLLBACK TO SAVEPOINT order_expiry_batch")
+            .execute(&mut *transaction)
+            .await?;
+        let mut expiry = OrderExpiry::default();
+        for single in expiring {
+            statement("SAVEPOINT order_expiry_one")
+                .execute(&mut *transaction)
+                .await?;
+            let moved = expire_these(&mut *transaction, std::slice::from_ref(&single), now).await;
+            match failure_on_the_data(moved)? {
+                None => {
+                    statement("RELEASE SAVEPOINT order_expiry_one")
+                        .execute(&mut *transaction)
+                        .await?;
+                    expiry.expired.push(single.0);
+                }
+                Some(failure) => {
+                    statement("ROLLBACK TO SAVEPOINT order_expiry_one")
+                        .execute(&mut *transaction)
+                        .await?;
+                    expiry.stuck.push((single.0, failure));
+                }
+            }
         }
         transaction.commit().await?;
-        Ok(expired)
+        Ok(expiry)
     }
 
     /// `POST /v1/orders/{id}/cancel`: an unpaid order gives its stock back; a paid one

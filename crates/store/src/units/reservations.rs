@@ -404,6 +404,21 @@ fn is_about_the_data(error: &StoreError) -> bool {
     matches!(error, StoreError::Invariant(_) | StoreError::Database(_))
 }
 
+/// Why settling failed on the data it met (a refused move, a broken row): `None` when
+/// every move went through. Any other error (the connection, a lock wait) is passed on.
+pub(crate) fn failure_on_the_data(
+    settled: Result<Vec<Result<(), Rejection>>, StoreError>,
+) -> Result<Option<String>, StoreError> {
+    match settled {
+        Ok(outcomes) => Ok(outcomes
+            .into_iter()
+            .find_map(Result::err)
+            .map(|refused| refused.detail)),
+        Err(error) if is_about_the_data(&error) => Ok(Some(error.to_string())),
+        Err(error) => Err(error),
+    }
+}
+
 impl<B: Backend> Units<B> {
     pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
         let mut transaction = self.begin_writer_read().await?;
@@ -486,15 +501,7 @@ impl<B: Backend> Units<B> {
             .execute(&mut *transaction)
             .await?;
         let whole = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await;
-        let failure = match whole {
-            Ok(outcomes) => outcomes
-                .into_iter()
-                .find_map(Result::err)
-                .map(|refused| refused.detail),
-            Err(error) if is_about_the_data(&error) => Some(error.to_string()),
-            Err(error) => return Err(error),
-        };
-        let Some(failure) = failure else {
+        let Some(failure) = failure_on_the_data(whole)? else {
             statement("RELEASE SAVEPOINT expiry_batch")
                 .execute(&mut *transaction)
                 .await?;
@@ -521,15 +528,7 @@ impl<B: Backend> Units<B> {
                 now,
             )
             .await;
-            let failure = match moved {
-                Ok(mut outcomes) => outcomes
-                    .pop()
-                    .and_then(Result::err)
-                    .map(|refused| refused.detail),
-                Err(error) if is_about_the_data(&error) => Some(error.to_string()),
-                Err(error) => return Err(error),
-            };
-            match failure {
+            match failure_on_the_data(moved)? {
                 None => {
                     statement("RELEASE SAVEPOINT expiry_one")
                         .execute(&mut *transaction)
