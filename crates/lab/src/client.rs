@@ -145,8 +145,14 @@ impl WireReply {
 /// request carries an Idempotency-Key, so sending it again is safe: that is the point.
 const SEND_ATTEMPTS_MAX: u32 = 3;
 
+/// Longest wait for one answer, connecting and retries included. The server answers
+/// within its own request bound (30 s by default); past this one the server is not
+/// answering at all (stopped, or not stockd), and a load run must still end by itself.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct HttpConnection {
     address: SocketAddr,
+    answer_timeout: std::time::Duration,
     /// The `Host` header, formatted once: formatting the address for every request
     /// was about 1 % of a flash sale's instructions, the load generator's share of the
     /// same two cores (docs/BENCHMARKS.md, twenty-third session).
@@ -158,6 +164,7 @@ impl HttpConnection {
     pub fn new(address: SocketAddr) -> HttpConnection {
         HttpConnection {
             address,
+            answer_timeout: ANSWER_TIMEOUT,
             host: HeaderValue::try_from(address.to_string())
                 .expect("a socket address is a valid header value"),
             sender: None,
@@ -178,7 +185,26 @@ impl HttpConnection {
         Ok(sender)
     }
 
+    /// This connection with another answer bound.
+    pub fn with_answer_timeout(mut self, answer_timeout: std::time::Duration) -> HttpConnection {
+        self.answer_timeout = answer_timeout;
+        self
+    }
+
+    /// Sends `request` and reads its answer, within the answer bound; a connection
+    /// that gave no answer in time is dropped.
     pub async fn send(&mut self, request: &WireRequest) -> Result<WireReply, String> {
+        let bound = self.answer_timeout;
+        match tokio::time::timeout(bound, self.send_unbounded(request)).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                self.sender = None;
+                Err(format!("no answer within {bound:?}"))
+            }
+        }
+    }
+
+    async fn send_unbounded(&mut self, request: &WireRequest) -> Result<WireReply, String> {
         let mut last_error = String::new();
         for _ in 0..SEND_ATTEMPTS_MAX {
             if self.sender.as_ref().is_none_or(SendRequest::is_closed) {
@@ -254,6 +280,32 @@ impl HttpConnection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_server_that_never_answers_ends_the_request_with_an_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        // Accepts, reads nothing, answers nothing, keeps the connection open.
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let mut connection =
+            HttpConnection::new(address).with_answer_timeout(std::time::Duration::from_millis(100));
+        // Without the bound the send waits forever; the guard only keeps that from
+        // holding the run.
+        let sent = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            connection.send(&WireRequest::get("/healthz")),
+        )
+        .await
+        .expect("the send ends by itself");
+        let error = sent.expect_err("no answer came");
+        assert!(error.contains("no answer within"), "{error}");
+        silent.abort();
+    }
 
     fn reply(status: u16, body: &str) -> WireReply {
         WireReply {

@@ -1065,7 +1065,7 @@ async fn drop_before_commit_checks(
 }
 
 /// The `host:port` text of a database URL (after the credentials, before the path).
-fn upstream_text(url: &str) -> Result<String, String> {
+pub(crate) fn upstream_text(url: &str) -> Result<String, String> {
     let rest = url
         .split_once("://")
         .map(|(_, rest)| rest)

@@ -189,7 +189,10 @@ pub struct CampaignSummary {
     pub campaign_id: String,
     pub quantity: i64,
     pub buckets: usize,
+    /// The limit the run asked for, which the shoppers are judged by.
     pub per_user_limit: i64,
+    /// The limit the campaign shows.
+    pub per_user_limit_shown: i64,
     pub sold: i64,
     pub held: i64,
     pub left: i64,
@@ -352,6 +355,12 @@ pub fn campaign_violations(campaign: &CampaignSummary) -> Vec<String> {
             campaign.campaign_id, campaign.quantity, campaign.sold, campaign.held, campaign.left
         ));
     }
+    if campaign.per_user_limit_shown != campaign.per_user_limit {
+        found.push(format!(
+            "campaign {}: shows a per-user limit of {}, the run asked for {}",
+            campaign.campaign_id, campaign.per_user_limit_shown, campaign.per_user_limit
+        ));
+    }
     if campaign.most_units_one_buyer_got > campaign.per_user_limit {
         found.push(format!(
             "PURCHASE LIMIT: a shopper got {} units, the limit is {}",
@@ -359,6 +368,14 @@ pub fn campaign_violations(campaign: &CampaignSummary) -> Vec<String> {
         ));
     }
     found
+}
+
+/// A fixed-size plan whose answers are not all recorded: a client that ended early
+/// (a panic) took its answers with it, and what it sent was never judged.
+pub fn missing_answers(planned: Option<u64>, recorded: usize) -> Option<String> {
+    let planned = planned?;
+    (recorded as u64 != planned)
+        .then(|| format!("{planned} requests in the plan, {recorded} answers recorded"))
 }
 
 /// Everything that makes a run fail, in words an operator can act on.
@@ -643,6 +660,7 @@ mod tests {
             quantity: 10,
             buckets: 4,
             per_user_limit: 1,
+            per_user_limit_shown: 1,
             sold,
             held,
             left,
@@ -656,6 +674,29 @@ mod tests {
         assert!(campaign_violations(&sale(0, 10, 0, 1)).is_empty());
         assert_eq!(campaign_violations(&sale(0, 9, 1, 1)).len(), 1);
         assert_eq!(campaign_violations(&sale(0, 10, 0, 2)).len(), 1);
+    }
+
+    #[test]
+    fn a_run_missing_answers_fails_and_a_timed_run_is_not_counted() {
+        assert!(missing_answers(Some(1000), 1000).is_none());
+        assert!(missing_answers(Some(1000), 995).is_some());
+        assert!(missing_answers(None, 995).is_none());
+    }
+
+    #[test]
+    fn a_flash_sale_is_judged_by_the_limit_the_run_asked_for_not_the_one_the_server_shows() {
+        // The server stored 5 where 1 was asked, and a shopper got 3: both are found.
+        let stored_wrong = CampaignSummary {
+            per_user_limit_shown: 5,
+            ..sale(0, 10, 0, 3)
+        };
+        let found = campaign_violations(&stored_wrong);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.contains("PURCHASE LIMIT"))
+        );
     }
 
     #[test]

@@ -13,7 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::client::{HttpConnection, WireReply, WireRequest};
 use crate::report::{
     AuditSummary, BatchSizes, CampaignSummary, Class, Latency, Record, Report, SkuCounters,
-    campaign_violations, class_counts, taken_by_successes, units_by_user, violations,
+    campaign_violations, class_counts, missing_answers, taken_by_successes, units_by_user,
+    violations,
 };
 use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
 use crate::target::{RawDatabase, Target};
@@ -206,11 +207,19 @@ async fn read_campaign(
             .ok_or_else(|| format!("the campaign has no {field}"))
     };
     let units = units_by_user(records, |key_index| plan.user_of(key_index));
+    let asked = plan
+        .campaign
+        .as_ref()
+        .map(|campaign| campaign.per_user_limit)
+        .ok_or("the run has no campaign")?;
     Ok(CampaignSummary {
         campaign_id: id.to_owned(),
         quantity: number("quantity")?,
         buckets: body["buckets"].as_array().map_or(0, Vec::len),
-        per_user_limit: number("per_user_limit")?,
+        // The shoppers are judged by the limit the run asked for, not by what the
+        // server says it holds: a server that stored another would pass its own test.
+        per_user_limit: asked,
+        per_user_limit_shown: number("per_user_limit")?,
         sold: number("sold")?,
         held: number("held")?,
         left: number("left")?,
@@ -387,8 +396,10 @@ async fn drive_range(
     }
     let mut records = Vec::with_capacity(end.map_or(0, |end| (end - first) as usize));
     for task in tasks {
-        if let Ok(mut from_client) = task.await {
-            records.append(&mut from_client);
+        match task.await {
+            Ok(mut from_client) => records.append(&mut from_client),
+            // Its answers are lost; the judge counts them missing.
+            Err(error) => eprintln!("lab: a load client ended without its answers: {error}"),
         }
     }
     records
@@ -551,6 +562,7 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         .ok()
         .and_then(|reply| BatchSizes::parse(&String::from_utf8_lossy(&reply.body)));
     let mut found = violations(&records, &counters, &audit, plan.expected_successes);
+    found.extend(missing_answers(plan.request_count(), records.len()));
     if let Some(campaign) = &campaign {
         found.extend(campaign_violations(campaign));
     }

@@ -92,8 +92,44 @@ pub struct StrategyResult {
 }
 
 impl StrategyResult {
+    /// Whether more was sold than there was, by the clients' successes or by what the
+    /// database holds: a deduction whose commit went through while its client heard
+    /// an error counts in the records, not in the successes.
     pub fn oversold_visibly(&self) -> bool {
-        self.oversold > 0
+        self.oversold > 0 || self.deduction_records > self.stock || self.final_available < 0
+    }
+}
+
+#[cfg(test)]
+mod result_tests {
+    use super::*;
+
+    fn result(successes: u64, deduction_records: i64, final_available: i64) -> StrategyResult {
+        StrategyResult {
+            case: "last unit",
+            strategy: Strategy::ConditionalUpdate,
+            stock: 10,
+            requests: 100,
+            successes,
+            oversold: successes.saturating_sub(10),
+            deduction_records,
+            final_available,
+            latency: Latency::of_microseconds(Vec::new()),
+            retries: 0,
+            lock_errors: 0,
+            other_errors: 0,
+        }
+    }
+
+    #[test]
+    fn an_oversell_shows_in_the_successes_or_in_the_database() {
+        assert!(!result(10, 10, 0).oversold_visibly());
+        assert!(result(11, 11, 0).oversold_visibly(), "by the successes");
+        assert!(
+            result(10, 11, 0).oversold_visibly(),
+            "a record whose client heard an error"
+        );
+        assert!(result(10, 10, -1).oversold_visibly(), "a negative counter");
     }
 }
 

@@ -267,6 +267,31 @@ async fn serve_in_process(
     }
 }
 
+/// Load runs and drills reach only a database on this machine (a loopback host, or a
+/// Unix socket: no host), as they reach only a stockd on it: they create schemas there
+/// and send it thousands of writes a second.
+pub fn database_on_this_machine(url: &str) -> Result<(), String> {
+    let authority = crate::fault_drills::upstream_text(url)?;
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(host, _)| host),
+    };
+    let local = host.is_empty()
+        || host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback());
+    if local {
+        Ok(())
+    } else {
+        Err(format!(
+            "load tests and drills only reach a database on this machine; '{host}' is not a loopback address"
+        ))
+    }
+}
+
 impl Target {
     /// A stockd at `url` (`http://host:port`), reached with `admin_token`.
     pub async fn remote(url: &str, admin_token: domain::Secret) -> Result<Target, String> {
@@ -319,6 +344,12 @@ impl Target {
         server_url: Option<&str>,
         options: InProcessOptions,
     ) -> Result<Target, String> {
+        if let Some(url) = server_url {
+            database_on_this_machine(url)?;
+        }
+        for url in &options.replica_urls {
+            database_on_this_machine(url)?;
+        }
         let InProcessOptions {
             pool_size,
             engine_config,
@@ -499,6 +530,31 @@ async fn stop_in_process(in_process: InProcess) {
                     .execute(&mut connection)
                     .await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod database_tests {
+    use super::database_on_this_machine;
+
+    #[test]
+    fn only_a_database_on_this_machine_is_a_target() {
+        for url in [
+            "postgres://postgres@127.0.0.1:5432/postgres",
+            "postgres://postgres:secret@localhost/postgres",
+            "mysql://root@127.0.0.1:3306",
+            "postgres://postgres@[::1]:5432/postgres",
+            "postgres:///postgres?host=/var/run/postgresql",
+        ] {
+            assert!(database_on_this_machine(url).is_ok(), "{url}");
+        }
+        for url in [
+            "postgres://postgres@db.example.com:5432/shop",
+            "mysql://root@10.0.0.7:3306",
+            "postgres://postgres@[2001:db8::1]:5432/shop",
+        ] {
+            assert!(database_on_this_machine(url).is_err(), "{url}");
         }
     }
 }

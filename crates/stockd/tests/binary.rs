@@ -210,6 +210,23 @@ fn an_unreachable_database_is_reported_with_exit_code_two() {
 }
 
 #[test]
+fn a_bench_refuses_a_database_off_this_machine_before_it_connects() {
+    let directory = ScratchDirectory::new();
+    let output = stockd(&directory.0)
+        .args([
+            "bench",
+            "hot",
+            "--database-url",
+            "postgres://postgres@db.example.com:5432/shop",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("not a loopback address"), "{message}");
+}
+
+#[test]
 fn a_bench_refuses_a_campaign_waiting_room_setting_out_of_range_before_it_starts() {
     let directory = ScratchDirectory::new();
     let output = stockd(&directory.0)
