@@ -478,6 +478,48 @@ mod postgres_only {
         app.assert_audit_clean().await;
     }
 
+    /// Instances started together migrate one after the other: a start that waits for
+    /// another's migration longer than the lock bound (a migration may build an index
+    /// for minutes) keeps waiting and then finds the schema migrated, instead of
+    /// failing its start with `lock_timeout`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_start_waiting_past_the_lock_bound_for_another_migration_migrates_after_it() {
+        if !Backend::Postgres.available().await {
+            return;
+        }
+        let mut database = acceptance::TestDatabase::create(Backend::Postgres).await;
+        database.lock_timeout_milliseconds = 200;
+        let first = database.connect().await;
+        let mut other_instance = database.raw_connection().await;
+        other_instance.execute("BEGIN").await.unwrap();
+        other_instance
+            .execute(
+                "SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))",
+            )
+            .await
+            .unwrap();
+        let second = store::Store::connect(&database.store_config())
+            .await
+            .expect("connect");
+        let migrating = tokio::spawn({
+            let second = second.clone();
+            async move { second.migrate().await }
+        });
+
+        database
+            .wait_until_blocked_for(&mut other_instance, std::time::Duration::from_millis(600))
+            .await;
+        other_instance.execute("COMMIT").await.unwrap();
+
+        let applied = migrating.await.unwrap().expect("migrated after the other");
+        assert!(
+            applied.is_empty(),
+            "the first had applied them all: {applied:?}"
+        );
+        second.close().await;
+        first.close().await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn three_instances_hammering_one_sku_never_oversell() {
         if !Backend::Postgres.available().await {

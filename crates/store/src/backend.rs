@@ -130,8 +130,9 @@ pub trait Dialect: Connection {
     /// Sequential scans of the stock table since the statistics were reset
     /// (`stockd_db_stock_sequential_scans_total`).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str>;
-    /// Taken at the start of each migration's transaction, when the database needs a
-    /// lock to serialize migrations across processes.
+    /// Run (as a script) at the start of each migration's transaction, when the
+    /// database needs a lock to serialize migrations across processes: it takes the
+    /// lock, waiting as long as another process's migration may take.
     const MIGRATION_LOCK: Option<&'static str>;
     /// The backend's migrations, in order.
     const MIGRATIONS: &'static [Migration];

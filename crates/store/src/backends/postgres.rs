@@ -274,8 +274,18 @@ impl Dialect for PgConnection {
          WHERE relname = 'stock' AND schemaname = current_schema()",
     );
     /// Serializes migrations of one schema across processes; released at commit.
-    const MIGRATION_LOCK: Option<&'static str> =
-        Some("SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema()))");
+    // A migration is not a request: it may run (an index built on a large table) and
+    // be waited for (instances started together) far past the request path's bounds,
+    // under which simultaneous starts failed with lock_timeout and a long migration
+    // could never apply. The DDL's own lock waits keep the configured bound: a
+    // migration waiting behind a long transaction fails fast rather than queue every
+    // request behind its lock.
+    const MIGRATION_LOCK: Option<&'static str> = Some(
+        "SET LOCAL statement_timeout = 0; \
+         SET LOCAL lock_timeout = '15min'; \
+         SELECT pg_advisory_xact_lock(hashtext('stockd_migrate:' || current_schema())); \
+         SET LOCAL lock_timeout TO DEFAULT",
+    );
     /// `SKIP LOCKED`: a schedule another process is applying is left to it.
     const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";

@@ -26,7 +26,7 @@ impl<B: Backend> Units<B> {
         for (version, name, sql) in <B::Connection as Dialect>::MIGRATIONS {
             let mut transaction = self.begin_write().await?;
             if let Some(lock) = <B::Connection as Dialect>::MIGRATION_LOCK {
-                statement(lock).execute(&mut *transaction).await?;
+                transaction.execute_script(lock).await?;
             }
             let applied: Option<String> =
                 statement("SELECT name FROM schema_migration WHERE version = $1")
