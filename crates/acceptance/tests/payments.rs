@@ -14,6 +14,7 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold,
     an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
@@ -995,6 +996,56 @@ async fn webhooks_with_a_bad_or_stale_signature_are_refused_and_change_nothing(b
         .await;
     assert_eq!(response.status, 200, "{response:?}");
     assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// What a shopper is charged for and can return is the order's lines; what left stock
+/// for it is its reservation's lines, which the ledger checks. A line or an amount
+/// written around stockd is a difference the audit reports.
+async fn the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    app.assert_audit_clean().await;
+    let mut connection = app.database.raw_connection().await;
+
+    connection
+        .execute(&format!(
+            "UPDATE order_line SET quantity = quantity + 1 WHERE order_id = '{order}'"
+        ))
+        .await
+        .unwrap();
+    let audit = app.audit().await;
+    assert_eq!(audit["ok"], false, "{audit:#}");
+    let checks: Vec<&str> = audit["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|difference| difference["check"].as_str().unwrap())
+        .collect();
+    assert!(
+        checks.contains(&"order_line_vs_reservation_line"),
+        "{audit:#}"
+    );
+    assert!(checks.contains(&"order_amount_vs_lines"), "{audit:#}");
+
+    connection
+        .execute(&format!(
+            "UPDATE order_line SET quantity = quantity - 1 WHERE order_id = '{order}'"
+        ))
+        .await
+        .unwrap();
+    app.assert_audit_clean().await;
+    connection
+        .execute(&format!(
+            "UPDATE customer_order SET amount_minor = 1 WHERE id = '{order}'"
+        ))
+        .await
+        .unwrap();
+    let audit = app.audit().await;
+    assert_eq!(
+        audit["differences"][0]["check"], "order_amount_vs_lines",
+        "{audit:#}"
+    );
+    assert_eq!(audit["differences_total"], 1, "{audit:#}");
 }
 
 /// A stock row edited by hand to hold fewer units reserved than a due order's hold:

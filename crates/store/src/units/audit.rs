@@ -51,6 +51,28 @@ pub(crate) const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, led
      GROUP BY ledger.reference, ledger.sku, ledger.warehouse \
      ORDER BY ledger.reference, ledger.sku, ledger.warehouse";
 
+/// An order's lines against the lines its reservation holds, (sku, warehouse) by
+/// (sku, warehouse): what the shopper is charged for and can return (its lines) must be
+/// what left or is held in stock for it (its reservation's lines, which the ledger
+/// checks). Portable without FULL JOIN: both sides in one UNION, compared by group.
+pub(crate) const AUDIT_ORDER_LINES: &str = "SELECT sides.order_id, sides.sku, sides.warehouse, \
+     CAST(SUM(sides.ordered) AS BIGINT), CAST(SUM(sides.held) AS BIGINT) FROM ( \
+         SELECT order_id, sku, warehouse, quantity AS ordered, 0 AS held FROM order_line \
+         UNION ALL \
+         SELECT customer_order.id, line.sku, line.warehouse, 0, line.quantity FROM customer_order \
+         JOIN reservation_line line ON line.reservation_id = customer_order.reservation_id \
+     ) sides GROUP BY sides.order_id, sides.sku, sides.warehouse \
+     HAVING SUM(sides.ordered) <> SUM(sides.held) \
+     ORDER BY sides.order_id, sides.sku, sides.warehouse";
+
+/// An order's amount against its lines' prices times their quantities.
+pub(crate) const AUDIT_ORDER_AMOUNTS: &str = "SELECT customer_order.id, customer_order.shop, customer_order.amount_minor, \
+     CAST(COALESCE(SUM(line.quantity * line.unit_price_minor), 0) AS BIGINT) FROM customer_order \
+     LEFT JOIN order_line line ON line.order_id = customer_order.id \
+     GROUP BY customer_order.id, customer_order.shop, customer_order.amount_minor \
+     HAVING customer_order.amount_minor <> COALESCE(SUM(line.quantity * line.unit_price_minor), 0) \
+     ORDER BY customer_order.id";
+
 /// What an audit found: every difference counted, the first
 /// [`AUDIT_DIFFERENCES_REPORTED_MAX`] kept.
 #[derive(Default)]
@@ -435,6 +457,41 @@ pub(crate) async fn audit_returns<C: Dialect>(
     Ok(())
 }
 
+pub(crate) async fn audit_order_lines<C: Dialect>(
+    transaction: &mut C,
+    findings: &mut Findings,
+) -> Result<(), StoreError> {
+    let mut lines = statement(AUDIT_ORDER_LINES)
+        .fetch_as::<(String, String, String, i64, i64)>(&mut *transaction);
+    while let Some((order, sku, warehouse, ordered, held)) = lines.try_next().await? {
+        findings.note(AuditDifference {
+            check: "order_line_vs_reservation_line",
+            sku: Some(sku),
+            warehouse: Some(warehouse),
+            reference: Some(order),
+            shop: None,
+            expected: held,
+            actual: ordered,
+        });
+    }
+    drop(lines);
+    let mut amounts =
+        statement(AUDIT_ORDER_AMOUNTS).fetch_as::<(String, String, i64, i64)>(&mut *transaction);
+    while let Some((order, shop, amount, priced)) = amounts.try_next().await? {
+        findings.note(AuditDifference {
+            check: "order_amount_vs_lines",
+            sku: None,
+            warehouse: None,
+            reference: Some(order),
+            shop: Some(shop),
+            expected: priced,
+            actual: amount,
+        });
+    }
+    drop(amounts);
+    Ok(())
+}
+
 /// The tables `contents` dumps, each with the query that lists its rows in a fixed
 /// order (NULLs spelled as values, so every cell is text or an integer).
 const CONTENTS_QUERIES: &[(&str, &str)] = &[
@@ -572,6 +629,7 @@ impl<B: Backend> Units<B> {
         audit_orphan_ledger_rows(&mut *transaction, &mut findings).await?;
         let orders_checked = audit_orders(&mut *transaction, &mut findings).await?;
         audit_returns(&mut *transaction, &mut findings).await?;
+        audit_order_lines(&mut *transaction, &mut findings).await?;
         audit_campaigns(&mut *transaction, &mut findings).await?;
         let ledger_rows_checked: i64 = statement("SELECT COUNT(*) FROM stock_ledger")
             .fetch_one_scalar(&mut *transaction)
