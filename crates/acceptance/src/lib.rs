@@ -420,6 +420,25 @@ impl RawConnection {
                 .map_err(|error| error.to_string()),
         }
     }
+
+    /// The text column of every row `query` answers, in its order (NULL as `None`).
+    pub async fn texts(&mut self, query: &str) -> Vec<Option<String>> {
+        let query = sqlx::AssertSqlSafe(query.to_owned());
+        match self {
+            RawConnection::Sqlite(connection) => sqlx::query_scalar(query)
+                .fetch_all(connection)
+                .await
+                .expect("a text query"),
+            RawConnection::Postgres(connection) => sqlx::query_scalar(query)
+                .fetch_all(connection)
+                .await
+                .expect("a text query"),
+            RawConnection::Mysql(connection) => sqlx::query_scalar(query)
+                .fetch_all(connection)
+                .await
+                .expect("a text query"),
+        }
+    }
 }
 
 impl TestDatabase {

@@ -7,6 +7,7 @@ use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently, test
 use serde_json::json;
 
 mirrored_tests!(
+    every_ledger_row_of_a_keyed_request_carries_its_key,
     last_unit_goes_to_exactly_one_of_a_hundred_concurrent_buyers_and_retries_replay,
     ten_units_go_to_exactly_ten_of_a_thousand_concurrent_buyers,
     multi_line_reservations_taking_skus_in_opposite_orders_never_surface_a_deadlock,
@@ -613,4 +614,40 @@ async fn a_key_answered_before_a_restart_replays_where_memory_finds_the_sku_sold
     assert_eq!(app.contents().await, contents, "nothing held twice");
     let still = app.reserve("tv-fresh-2", &[("TV", 1)]).await;
     assert!(still.body.contains(FROM_MEMORY), "{still:?}");
+}
+
+/// DESIGN principle 6: a ledger row names its reference and the idempotency key of the
+/// request that moved the stock, a confirm or a release as much as a reservation.
+async fn every_ledger_row_of_a_keyed_request_carries_its_key(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    let confirmed = app.reserve("hold-to-confirm", &[("KEYED", 1)]).await;
+    let released = app.reserve("hold-to-release", &[("KEYED", 1)]).await;
+    let confirmed = confirmed.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let released = released.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(app.confirm(&confirmed, "the-confirm").await.status, 200);
+    assert_eq!(app.release(&released, "the-release").await.status, 200);
+
+    let mut connection = app.database.raw_connection().await;
+    for (reference, kind, key) in [
+        (&confirmed, "reserve", "hold-to-confirm"),
+        (&confirmed, "confirm", "the-confirm"),
+        (&released, "reserve", "hold-to-release"),
+        (&released, "release", "the-release"),
+    ] {
+        let keys = connection
+            .texts(&format!(
+                "SELECT idempotency_key FROM stock_ledger WHERE reference = '{reference}' AND kind = '{kind}'"
+            ))
+            .await;
+        assert_eq!(keys.len(), 1, "{kind} of {reference}: {keys:?}");
+        let stored = keys[0].clone().unwrap_or_default();
+        assert!(stored.ends_with(key), "{kind} of {reference}: {stored:?}");
+    }
 }

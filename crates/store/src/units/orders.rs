@@ -116,9 +116,8 @@ pub(crate) async fn release_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,
-    from: OrderStatus,
-    to: OrderStatus,
-    why: &str,
+    (from, to): (OrderStatus, OrderStatus),
+    (why, key): (&str, Option<&str>),
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let reason = match to {
@@ -129,8 +128,8 @@ pub(crate) async fn release_order<C: Dialect>(
         transaction,
         order,
         reservation,
-        ReservationAction::Release,
-        reason,
+        (ReservationAction::Release, reason),
+        key,
         now,
     )
     .await?
@@ -677,6 +676,7 @@ async fn expire_these<C: Dialect>(
             id: reservation,
             action: ReservationAction::Release,
             reason: ReleaseReason::Expired,
+            key: None,
         })
         .collect();
     let outcomes =
@@ -1030,9 +1030,8 @@ impl<B: Backend> Units<B> {
                     &mut *transaction,
                     order,
                     &reservation,
-                    status,
-                    OrderStatus::Cancelled,
-                    "cancelled",
+                    (status, OrderStatus::Cancelled),
+                    ("cancelled", Some(claim.key.as_str())),
                     now,
                 )
                 .await?;

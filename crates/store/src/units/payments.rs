@@ -201,12 +201,14 @@ pub(crate) async fn take_stock_again<C: Dialect>(
         .execute(&mut *transaction)
         .await?;
     expect_one_row(updated, "giving a locked order its new reservation")?;
+    // A gateway's answer settles it, from whichever path heard it first (the pay
+    // call, a webhook, reconciliation): no request key of its own.
     let Ok(()) = settle_order_reservation(
         transaction,
         order,
         &reservation,
-        ReservationAction::Confirm,
-        ReleaseReason::Requested,
+        (ReservationAction::Confirm, ReleaseReason::Requested),
+        None,
         now,
     )
     .await?
@@ -433,12 +435,14 @@ pub(crate) async fn pay_holding_order<C: Dialect>(
         now,
         ..
     } = *settling;
+    // A gateway's answer settles it, from whichever path heard it first: no request
+    // key of its own.
     let Ok(()) = settle_order_reservation(
         transaction,
         order,
         reservation,
-        ReservationAction::Confirm,
-        ReleaseReason::Requested,
+        (ReservationAction::Confirm, ReleaseReason::Requested),
+        None,
         now,
     )
     .await?
@@ -570,9 +574,8 @@ pub(crate) async fn apply_failure<C: Dialect>(
                 transaction,
                 order,
                 reservation,
-                order_status,
-                OrderStatus::Expired,
-                &format!("payment abandoned: {reason} ({source})"),
+                (order_status, OrderStatus::Expired),
+                (&format!("payment abandoned: {reason} ({source})"), None),
                 now,
             )
             .await?;
@@ -696,9 +699,8 @@ pub(crate) async fn answer_without_paying<C: Dialect>(
                 transaction,
                 order,
                 &reservation,
-                status,
-                OrderStatus::Expired,
-                "hold ended before payment",
+                (status, OrderStatus::Expired),
+                ("hold ended before payment", None),
                 now,
             )
             .await?;

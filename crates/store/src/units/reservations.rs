@@ -160,12 +160,17 @@ pub(crate) struct Move<'a> {
     pub(crate) action: ReservationAction,
     /// Why, when it is released.
     pub(crate) reason: ReleaseReason,
+    /// The idempotency key of the request that moves it, which its ledger rows carry
+    /// (DESIGN principle 6); `None` for a worker's move (expiry, a gateway's answer),
+    /// whose rows name the reservation and, through it, the order.
+    pub(crate) key: Option<&'a str>,
 }
 
 /// A reservation moved, with what must be settled for it.
 pub(crate) struct Moved<'a> {
     pub(crate) id: &'a ReservationId,
     pub(crate) action: ReservationAction,
+    pub(crate) key: Option<&'a str>,
     pub(crate) shopper: Option<ShopperKey>,
     pub(crate) lines: Vec<ReservationLine>,
 }
@@ -195,19 +200,15 @@ pub(crate) async fn settle_reservations<C: Dialect>(
             Err(rejection) => outcomes[index] = Err(rejection),
         }
     }
-    let mut settlements: Vec<(&ReservationLine, ReservationAction, &ReservationId)> = moved
+    let mut settlements: Vec<(&ReservationLine, &Moved<'_>)> = moved
         .iter()
-        .flat_map(|done| {
-            done.lines
-                .iter()
-                .map(move |line| (line, done.action, done.id))
-        })
+        .flat_map(|done| done.lines.iter().map(move |line| (line, done)))
         .collect();
-    settlements.sort_by(|(left, _, _), (right, _, _)| {
+    settlements.sort_by(|(left, _), (right, _)| {
         (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
     });
-    for (line, action, id) in settlements {
-        settle_line(transaction, line, action, id, now).await?;
+    for (line, done) in settlements {
+        settle_line(transaction, line, done.action, done.id, done.key, now).await?;
     }
     give_back_tallies(transaction, &moved).await?;
     Ok(outcomes)
@@ -370,6 +371,7 @@ pub(crate) async fn move_reservation<'a, C: Dialect>(
     Ok(Ok(Moved {
         id,
         action: step.action,
+        key: step.key,
         shopper,
         lines,
     }))
@@ -381,14 +383,15 @@ pub(crate) async fn settle_order_reservation<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
     reservation: &ReservationId,
-    action: ReservationAction,
-    reason: ReleaseReason,
+    (action, reason): (ReservationAction, ReleaseReason),
+    key: Option<&str>,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
     let step = Move {
         id: reservation,
         action,
         reason,
+        key,
     };
     Ok(
         settle_reservations(transaction, &[step], Mover::Order(order), now)
@@ -445,7 +448,12 @@ impl<B: Backend> Units<B> {
         let reason = ReleaseReason::Requested;
         let outcome = settle_reservations(
             &mut *transaction,
-            &[Move { id, action, reason }],
+            &[Move {
+                id,
+                action,
+                reason,
+                key: Some(claim.key.as_str()),
+            }],
             Mover::Client,
             now,
         )
@@ -489,6 +497,7 @@ impl<B: Backend> Units<B> {
                 id,
                 action: ReservationAction::Release,
                 reason: ReleaseReason::Expired,
+                key: None,
             })
             .collect();
         // Claimed rows are locked and `RESERVED` and held by no order: each moves,

@@ -132,6 +132,7 @@ pub(crate) async fn settle_line<C: Dialect>(
     line: &ReservationLine,
     action: ReservationAction,
     reservation: &ReservationId,
+    key: Option<&str>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     let quantity = line.quantity.get();
@@ -167,7 +168,7 @@ pub(crate) async fn settle_line<C: Dialect>(
             available_delta,
             reserved_delta: -quantity,
             reference: reservation.as_str(),
-            idempotency_key: None,
+            idempotency_key: key,
         },
         now,
     )
