@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    two_renames_of_a_product_at_once_leave_its_skus_showing_its_title,
     a_blank_product_title_is_refused_and_changes_nothing,
     a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under,
     a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
@@ -31,6 +32,67 @@ mirrored_tests!(
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
 );
+
+/// A product's SKUs show its title as theirs. Two renames at once (held at the first
+/// SKU's row until both have started) end with the SKUs showing the title the product
+/// ends with; before, the second rename read the old title from its own snapshot,
+/// matched no SKU, and left them on the first rename's title for good.
+async fn two_renames_of_a_product_at_once_leave_its_skus_showing_its_title(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: two renames cannot interleave.
+        return;
+    }
+    // A lock bound well past the time the test holds the row.
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 10_000).await;
+    let product = app
+        .create_product(ProductSpec::complete(
+            "default",
+            &["RENAMED-1", "RENAMED-2"],
+        ))
+        .await;
+    let mut holder = app.database.raw_connection().await;
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT version FROM sku WHERE code = 'RENAMED-1' FOR UPDATE")
+        .await
+        .unwrap();
+    let rename = |title: &'static str| {
+        let app = app.clone();
+        let product = product.clone();
+        tokio::spawn(async move {
+            app.send(
+                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                    .admin()
+                    .key(format!("rename-{}", title.replace(' ', "-")))
+                    .json(&json!({ "title": title })),
+            )
+            .await
+        })
+    };
+    let first = rename("Oat milk");
+    let second = rename("Soy milk");
+    app.database
+        .wait_until_blocked_for(&mut holder, std::time::Duration::from_millis(300))
+        .await;
+    holder.execute("COMMIT").await.unwrap();
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+
+    let shown = app
+        .send(Call::get(format!("/v1/products/{product}")).admin())
+        .await
+        .json();
+    let title = shown["title"].as_str().unwrap().to_owned();
+    for sku in ["RENAMED-1", "RENAMED-2"] {
+        let sku_title = app
+            .send(Call::get(format!("/v1/skus/{sku}")).admin())
+            .await
+            .json()["title"]
+            .clone();
+        assert_eq!(sku_title, title.as_str(), "{sku}");
+    }
+}
 
 /// A product on sale is found and shown by its title: one made blank later (the
 /// shelf checks it only on the way on) would put a nameless product on sale.

@@ -628,6 +628,11 @@ impl Engine {
                 None => {
                     metrics::counter!("stockd_reconciliations_total", "result" => "still_unknown")
                         .increment(1);
+                    if let CallOutcome::Unknown(why) = &call {
+                        // Why, for the person the unknown-payment alert calls: an
+                        // unreachable gateway, or a key it holds for other parameters.
+                        tracing::warn!(attempt = %attempt.attempt_id, %why, "payment still unknown");
+                    }
                     None
                 }
             };

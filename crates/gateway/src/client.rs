@@ -119,7 +119,6 @@ pub fn install_crypto_provider() {
 
 impl GatewayClient {
     pub fn new(config: GatewayConfig) -> Result<GatewayClient, String> {
-        config.check()?;
         install_crypto_provider();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_millis(config.timeout_milliseconds))

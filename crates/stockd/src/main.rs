@@ -562,6 +562,11 @@ impl PaymentArguments {
             if self.webhook_secret.is_none() {
                 return Err("STOCKD_GATEWAY_URL needs STOCKD_WEBHOOK_SECRET".into());
             }
+            // `STOCKD_GATEWAY=sandbox` says the URL is a `stockd gateway-sandbox`, which
+            // serves plain HTTP with the sandbox's key, wherever it runs (staging).
+            if self.gateway.as_deref() == Some("sandbox") {
+                return Ok(());
+            }
             gateway::GatewayConfig {
                 base_url: url.to_owned(),
                 api_key: self.gateway_api_key.clone(),

@@ -663,6 +663,16 @@ fn serve_refuses_a_real_gateway_without_tls_or_with_the_sandbox_key_or_an_empty_
             "STOCKD_WEBHOOK_SECRET",
         ),
         (
+            // A sandbox chosen on purpose may run elsewhere, over plain HTTP with its
+            // key; its secret is still checked.
+            vec![
+                ("STOCKD_GATEWAY_URL", "http://gateway-sandbox.staging:8090"),
+                ("STOCKD_GATEWAY", "sandbox"),
+                ("STOCKD_WEBHOOK_SECRET", "short"),
+            ],
+            "STOCKD_WEBHOOK_SECRET",
+        ),
+        (
             vec![
                 ("STOCKD_GATEWAY_URL", "https://api.stripe.com"),
                 ("STOCKD_GATEWAY_API_KEY", "sk_live_the_shops_own"),

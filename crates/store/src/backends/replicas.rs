@@ -66,6 +66,8 @@ pub(crate) struct ReplicaSet {
     lag_seconds_max: f64,
     /// Longest wait for a replica's answer ([`ReplicaConfig::answer_timeout_milliseconds`]).
     answer_timeout: Duration,
+    /// Longest wait for a replica's connection (the pool's own bound).
+    acquire_timeout: Duration,
 }
 
 impl ReplicaSet {
@@ -96,6 +98,7 @@ impl ReplicaSet {
             next: AtomicUsize::new(0),
             lag_seconds_max: config.lag_seconds_max,
             answer_timeout: Duration::from_millis(config.answer_timeout_milliseconds.max(1)),
+            acquire_timeout: Duration::from_millis(config.acquire_timeout_milliseconds),
         })
     }
 
@@ -106,6 +109,7 @@ impl ReplicaSet {
             next: AtomicUsize::new(0),
             lag_seconds_max: 0.0,
             answer_timeout: Duration::from_millis(1),
+            acquire_timeout: Duration::from_millis(1),
         }
     }
 
@@ -131,12 +135,13 @@ impl ReplicaSet {
     ) -> Result<(sqlx::Transaction<'static, Postgres>, Served), Fallback> {
         // Bounded: a replica that stopped answering must not hold the read (it would
         // answer only when the request's own bound cut it, with the replica still in
-        // the rotation for every read after it).
-        match tokio::time::timeout(self.answer_timeout, self.checked_begin(index, token)).await {
+        // the rotation for every read after it). The bound leaves a new connection
+        // the pool's own time to open (a distant replica needs several round trips).
+        let bound = self.acquire_timeout + self.answer_timeout;
+        match tokio::time::timeout(bound, self.checked_begin(index, token)).await {
             Ok(outcome) => outcome,
             Err(_) => {
-                let error =
-                    StoreError::Unavailable(format!("no answer within {:?}", self.answer_timeout));
+                let error = StoreError::Unavailable(format!("no answer within {bound:?}"));
                 self.failed(index, &error);
                 Err(Fallback::ReplicaFailed)
             }
@@ -210,11 +215,11 @@ impl ReplicaSet {
         .and_then(|text| position(&text).ok());
         // All at once, each bounded: one replica that does not answer must neither
         // stay in the rotation nor hold up the others' samples.
-        let samples = futures_util::future::join_all(self.members.iter().map(|member| async {
-            tokio::time::timeout(self.answer_timeout, sample_member(member, writer_position))
-                .await
-                .unwrap_or(LagSample::Unhealthy)
-        }))
+        let samples = futures_util::future::join_all(
+            self.members
+                .iter()
+                .map(|member| sample_member(member, writer_position, self.answer_timeout)),
+        )
         .await;
         let mut health = Vec::with_capacity(self.members.len());
         for (member, sample) in self.members.iter().zip(samples) {
@@ -259,14 +264,34 @@ impl ReplicaSet {
 }
 
 /// One replica's lag: bytes behind the writer's position, and seconds since the last
-/// transaction it replayed unless it has replayed everything the writer had.
-async fn sample_member(member: &Member, writer_position: Option<ConsistencyToken>) -> LagSample {
-    let row: Result<(bool, Option<String>, Option<i64>), sqlx::Error> = sqlx::query_as(
-        "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, \
-         (EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint",
+/// transaction it replayed unless it has replayed everything the writer had. A
+/// connection is waited for within the pool's bound, its answer within
+/// `answer_timeout`; no answer counts as unhealthy.
+async fn sample_member(
+    member: &Member,
+    writer_position: Option<ConsistencyToken>,
+    answer_timeout: Duration,
+) -> LagSample {
+    let Ok(mut connection) = member.pool.acquire().await else {
+        return LagSample::Unhealthy;
+    };
+    let asked = tokio::time::timeout(
+        answer_timeout,
+        sqlx::query_as::<_, (bool, Option<String>, Option<i64>)>(
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, \
+             (EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) * 1000)::bigint",
+        )
+        .fetch_one(&mut *connection),
     )
-    .fetch_one(&member.pool)
     .await;
+    let row = match asked {
+        Ok(row) => row,
+        Err(_) => {
+            // Its state is unknown mid-query: closed, not handed to the next caller.
+            connection.close_on_drop();
+            return LagSample::Unhealthy;
+        }
+    };
     let Ok((true, Some(replayed), replay_age_milliseconds)) = row else {
         return LagSample::Unhealthy;
     };

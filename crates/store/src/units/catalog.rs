@@ -3,7 +3,7 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::decode::{invariant, parse_stored};
+use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::announce_sku_changed;
 use super::stock::load_sku;
@@ -193,18 +193,59 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
+        // Locks in the order a shelf change takes them (its SKU rows by code, their
+        // event counters, then the product), so the two never wait on each other in a
+        // cycle; and two edits of one product queue at its first SKU row, so the
+        // second reads the title the first left.
+        let skus: Vec<(String, String)> =
+            statement("SELECT code, sale_status FROM sku WHERE product_id = $1 ORDER BY code")
+                .bind(id.as_str())
+                .fetch_all_as(&mut *transaction)
+                .await?;
+        for (code, _) in &skus {
+            statement(<B::Connection as Dialect>::LOCK_SKU_ROW)
+                .bind(code.as_str())
+                .fetch_optional_row(&mut *transaction)
+                .await?;
+        }
+        let current: Option<(String, String)> =
+            statement("SELECT title, shop FROM product WHERE id = $1 AND deleted_at IS NULL")
+                .bind(id.as_str())
+                .fetch_optional_as(&mut *transaction)
+                .await?;
+        let Some((old_title, shop)) = current else {
+            let response = renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("product '{id}' does not exist or was deleted"),
+            ));
+            return commit_with_answer(transaction, claim, response).await;
+        };
         if let Some(title) = &changes.title {
             // A product's SKUs show its title as their own (carts, orders, the SKU view):
             // those still showing the product's old one take the new one; a SKU given a
             // title of its own keeps it.
             statement(
                 "UPDATE sku SET title = $2, version = version + 1, updated_at = $3 \
-                 WHERE product_id = $1 AND title = (SELECT title FROM product WHERE id = $1 AND deleted_at IS NULL)",
+                 WHERE product_id = $1 AND title = $4",
             )
             .bind(id.as_str())
             .bind(title.as_str())
             .bind(now.unix_milliseconds())
+            .bind(old_title.as_str())
             .execute(&mut *transaction)
+            .await?;
+        }
+        let fields = changes.field_names();
+        let deleted = SaleStatus::Deleted.as_str();
+        for (code, _) in skus.iter().filter(|(_, status)| status != deleted) {
+            announce_sku_changed(
+                &mut *transaction,
+                code,
+                &shop,
+                Some(id.as_str()),
+                &fields,
+                now,
+            )
             .await?;
         }
         let updated = statement(
@@ -220,33 +261,11 @@ impl<B: Backend> Units<B> {
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
-        let response = if updated == 1 {
-            let product = load_product(&mut *transaction, id)
-                .await?
-                .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
-            let fields = changes.field_names();
-            for sku in product
-                .skus
-                .iter()
-                .filter(|sku| sku.sale_status != SaleStatus::Deleted)
-            {
-                announce_sku_changed(
-                    &mut *transaction,
-                    sku.code.as_str(),
-                    product.shop.as_str(),
-                    Some(product.id.as_str()),
-                    &fields,
-                    now,
-                )
-                .await?;
-            }
-            renderer.product_saved(&product, false)
-        } else {
-            renderer.rejected(&Rejection::new(
-                ErrorCode::NotFound,
-                format!("product '{id}' does not exist or was deleted"),
-            ))
-        };
+        expect_one_row(updated, "updating a product read in its own transaction")?;
+        let product = load_product(&mut *transaction, id)
+            .await?
+            .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+        let response = renderer.product_saved(&product, false);
         commit_with_answer(transaction, claim, response).await
     }
 
