@@ -81,24 +81,23 @@ async fn wait_until_inserts_wait(app: &TestApp, count: i64) {
         .schema
         .clone()
         .expect("MySQL tests use a database");
-    let acceptance::RawConnection::Mysql(mut observer) = app.database.raw_connection().await else {
-        unreachable!("a MySQL test database");
-    };
-    for _ in 0..12_000 {
+    let observer = sqlx::MySqlPool::connect(&app.database.url)
+        .await
+        .expect("observer connection");
+    let (observer, database) = (&observer, database.as_str());
+    acceptance::wait_until_async("the receipts wait on the gap lock", || async move {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
              WHERE DB = ? AND INFO LIKE 'INSERT INTO stock %' AND TIME_MS > 20",
         )
-        .bind(database.as_str())
-        .fetch_one(&mut observer)
+        .bind(database)
+        .fetch_one(observer)
         .await
         .expect("observe the waiting inserts");
-        if waiting >= count {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("gave up waiting for {count} receipts to wait on the gap lock");
+        waiting >= count
+    })
+    .await;
+    observer.close().await;
 }
 
 async fn a_lock_held_past_the_lock_timeout_answers_lock_timeout_and_changes_nothing(
