@@ -34,6 +34,18 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Whether a URL's host names this machine: `localhost` or a loopback address (IPv6
+/// with or without its brackets). Where stockd insists on reaching only itself (a
+/// gateway reached without TLS, a load test's database).
+pub fn is_loopback_host(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
 /// `url` with any password replaced by `<redacted>`, for logs, metrics labels and
 /// evidence: `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`,
 /// and a query parameter that carries a secret (`?password=…`, which libpq and sqlx
@@ -158,5 +170,20 @@ mod tests {
             redact_url("postgres://u:p@h/d?password=q"),
             "postgres://u:<redacted>@h/d?password=<redacted>"
         );
+    }
+}
+
+#[cfg(test)]
+mod loopback_tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn only_this_machine_is_a_loopback_host() {
+        for host in ["localhost", "127.0.0.1", "127.9.9.9", "::1", "[::1]"] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in ["", "db.example.com", "10.0.0.7", "[2001:db8::1]", "0.0.0.0"] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
     }
 }

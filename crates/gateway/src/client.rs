@@ -41,13 +41,7 @@ impl GatewayConfig {
             );
         }
         let host = url.host_str().unwrap_or("");
-        let loopback = host == "localhost"
-            || host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|address| address.is_loopback());
-        if loopback {
+        if domain::is_loopback_host(host) {
             return Ok(());
         }
         if url.scheme() != "https" {

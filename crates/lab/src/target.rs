@@ -278,12 +278,8 @@ pub fn database_on_this_machine(url: &str) -> Result<(), String> {
             .rsplit_once(':')
             .map_or(authority.as_str(), |(host, _)| host),
     };
-    let local = host.is_empty()
-        || host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|address| address.is_loopback());
-    if local {
+    // No host: a Unix socket.
+    if host.is_empty() || domain::is_loopback_host(host) {
         Ok(())
     } else {
         Err(format!(
