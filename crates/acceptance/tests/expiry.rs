@@ -16,6 +16,7 @@ mirrored_tests!(
     a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs,
     the_backlog_counts_the_due_holds_only,
     a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
+    a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
 );
 
 async fn reserve_with_ttl(
@@ -259,6 +260,53 @@ async fn a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring(back
     let next = app.engine.expire_step().await.unwrap();
     let released: Vec<String> = next.released.iter().map(ToString::to_string).collect();
     assert_eq!(released, [later], "{next:?}");
+}
+
+/// As many broken holds as one step claims, due first: the next step claims the due
+/// holds behind them instead of the same broken ones again (which, before, would have
+/// kept every other hold from expiring, with the worker running without pause).
+/// Once a claim reaches the end of the due holds, the next pass tries the broken ones
+/// again.
+async fn a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring(
+    backend: Backend,
+) {
+    let config = engine::EngineConfig {
+        expiry_batch_size: 2,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("BROKEN", 5).await;
+    app.stocked_sku("SOUND", 5).await;
+    let broken = [
+        reserve_with_ttl(&app, "broken-hold-1", "BROKEN", 1, 60).await,
+        reserve_with_ttl(&app, "broken-hold-2", "BROKEN", 1, 60).await,
+    ];
+    let sound = reserve_with_ttl(&app, "sound-hold", "SOUND", 1, 61).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET reserved = 0 WHERE sku = 'BROKEN'")
+        .await
+        .unwrap();
+    app.clock.advance_seconds(120);
+
+    let first = app.engine.expire_step().await.unwrap();
+    assert!(first.released.is_empty(), "{first:?}");
+    assert!(first.more_waiting, "a full claim: {first:?}");
+
+    let second = app.engine.expire_step().await.unwrap();
+    let released: Vec<String> = second.released.iter().map(ToString::to_string).collect();
+    assert_eq!(released, std::slice::from_ref(&sound), "{second:?}");
+    assert!(!second.more_waiting, "the end of the due holds: {second:?}");
+    assert_eq!(app.counters("SOUND").await, (5, 0));
+
+    // The next pass starts from the beginning: the broken holds are claimed (and
+    // reported) again, and still nothing moves them.
+    let third = app.engine.expire_step().await.unwrap();
+    assert!(third.released.is_empty(), "{third:?}");
+    assert!(third.more_waiting, "{third:?}");
+    for hold in &broken {
+        assert_eq!(status_of(&app, hold).await, "RESERVED");
+    }
 }
 
 async fn status_of(app: &TestApp, reservation: &str) -> String {

@@ -16,6 +16,7 @@ mirrored_tests_alone!(
 mirrored_tests!(
     the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold,
     an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
+    a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expiring,
     a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
@@ -1076,6 +1077,59 @@ async fn an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring(ba
     let next = app.engine.order_expiry_step().await.expect("expiry");
     let next: Vec<String> = next.iter().map(ToString::to_string).collect();
     assert_eq!(next, [later]);
+}
+
+/// As many broken orders as one step claims, due first: the next step claims the due
+/// orders behind them instead of the same broken ones again; the pass after that
+/// starts from the beginning and tries the broken ones again.
+async fn a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expiring(
+    backend: Backend,
+) {
+    let config = engine::EngineConfig {
+        order_expiry_batch_size: 2,
+        ..acceptance::test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku(SKU, STOCK).await;
+    app.stocked_sku("BROKEN", 5).await;
+    let broken = [
+        app.order_of("user-1", &[("BROKEN", 1)]).await,
+        app.order_of("user-2", &[("BROKEN", 1)]).await,
+    ];
+    app.clock.advance_seconds(1);
+    let sound = app.order_of("user-3", &[(SKU, 1)]).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute("UPDATE stock SET reserved = 0 WHERE sku = 'BROKEN'")
+        .await
+        .unwrap();
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+
+    let first = app.engine.order_expiry_step().await.expect("expiry");
+    assert!(first.is_empty(), "{first:?}");
+
+    let second = app.engine.order_expiry_step().await.expect("expiry");
+    let second: Vec<String> = second.iter().map(ToString::to_string).collect();
+    assert_eq!(second, std::slice::from_ref(&sound));
+    assert_statuses(&app, &sound, ("EXPIRED", "RELEASED", "none")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+
+    for order in &broken {
+        assert_eq!(app.order(order).await["status"], "PENDING_PAYMENT");
+    }
+    // Mended by a person, the broken orders expire in the next pass, which starts
+    // from the beginning again.
+    connection
+        .execute("UPDATE stock SET reserved = 2 WHERE sku = 'BROKEN'")
+        .await
+        .unwrap();
+    let third = app.engine.order_expiry_step().await.expect("expiry");
+    let mut third: Vec<String> = third.iter().map(ToString::to_string).collect();
+    third.sort();
+    let mut broken = broken.to_vec();
+    broken.sort();
+    assert_eq!(third, broken);
+    app.assert_audit_clean().await;
 }
 
 async fn an_unpaid_order_past_its_hold_expires_and_cannot_be_paid(backend: Backend) {

@@ -33,9 +33,9 @@ use domain::{
     TtlSeconds, UserId, WarehouseCode, authorize, check_lines,
 };
 use store::{
-    AuditReport, Displayed, IdempotencyClaim, Idempotent, MovementQuantity, ReadHandle,
-    ReplicaHealth, ReservationAction, ReservationGauges, ReserveRequest, ResponseRenderer,
-    SkuChanges, StockMovement, Store, StoreError, StoredResponse,
+    AuditReport, Displayed, ExpiryCursor, IdempotencyClaim, Idempotent, MovementQuantity,
+    ReadHandle, ReplicaHealth, ReservationAction, ReservationGauges, ReserveRequest,
+    ResponseRenderer, SkuChanges, StockMovement, Store, StoreError, StoredResponse,
 };
 use tokio::sync::Semaphore;
 
@@ -107,6 +107,8 @@ struct Inner {
     duplicate_skus: duplicates::DuplicateTally,
     /// When this process's previous live-audit round started.
     live_audit_started: std::sync::Mutex<Option<Timestamp>>,
+    /// Where this process's next expiry claims resume: plain holds, then orders.
+    expiry_cursors: [std::sync::Mutex<Option<ExpiryCursor>>; 2],
     /// The open campaigns, as this process routes by them.
     campaigns: campaigns::CampaignRegistry,
     /// Lines outside campaigns this process found short (the sold-out answer from
@@ -115,6 +117,11 @@ struct Inner {
     /// Whether keys memory would refuse hold an answer, asked in batches.
     key_probe: key_probe::KeyProbe,
 }
+
+/// The expiry worker of plain holds, in `Inner::expiry_cursors`.
+const RESERVATION_EXPIRY: usize = 0;
+/// The expiry worker of orders, in `Inner::expiry_cursors`.
+const ORDER_EXPIRY: usize = 1;
 
 /// What one expiry step did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +181,7 @@ impl Engine {
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
                 live_audit_started: std::sync::Mutex::new(None),
+                expiry_cursors: Default::default(),
                 campaigns: campaigns::CampaignRegistry::new(room_bounds),
                 short_lines: sold_out::ShortLines::default(),
                 key_probe,
@@ -680,11 +688,15 @@ impl Engine {
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
         let given_back = self.stock_may_come_back();
+        let cursor = self.expiry_cursor(RESERVATION_EXPIRY);
         let outcome = self
             .retried("expire", || {
-                self.inner.store.expire_batch(self.now(), limit)
+                self.inner
+                    .store
+                    .expire_batch(self.now(), limit, cursor.as_ref())
             })
             .await?;
+        self.resume_expiry_after(RESERVATION_EXPIRY, outcome.resume_after.clone());
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
         for (reservation, failure) in &outcome.stuck {
@@ -700,6 +712,21 @@ impl Engine {
             released: outcome.released,
             more_waiting,
         })
+    }
+
+    /// Where the expiry worker `which` ([`RESERVATION_EXPIRY`] or [`ORDER_EXPIRY`])
+    /// resumes its claim.
+    pub(crate) fn expiry_cursor(&self, which: usize) -> Option<ExpiryCursor> {
+        self.inner.expiry_cursors[which]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn resume_expiry_after(&self, which: usize, cursor: Option<ExpiryCursor>) {
+        *self.inner.expiry_cursors[which]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = cursor;
     }
 
     /// The writer's position after every commit finished so far: the

@@ -695,13 +695,17 @@ impl Engine {
     /// expire and give their stock back.
     pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
         let given_back = self.stock_may_come_back();
+        let cursor = self.expiry_cursor(crate::ORDER_EXPIRY);
         let expiry = self
             .retried("expire_orders", || {
-                self.inner
-                    .store
-                    .expire_orders(self.now(), self.inner.config.order_expiry_batch_size)
+                self.inner.store.expire_orders(
+                    self.now(),
+                    self.inner.config.order_expiry_batch_size,
+                    cursor.as_ref(),
+                )
             })
             .await?;
+        self.resume_expiry_after(crate::ORDER_EXPIRY, expiry.resume_after.clone());
         for (order, failure) in &expiry.stuck {
             tracing::error!(%order, %failure, "a due order's stock could not be given back; the others were");
             metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);

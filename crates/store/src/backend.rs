@@ -92,7 +92,8 @@ pub type LockedTallies = (HashMap<ShopperKey, i64>, HashMap<PurchaseKey, i64>);
 pub trait Dialect: Connection {
     /// A reservation's row, locked until the commit where the database has row locks.
     const SELECT_RESERVATION_FOR_UPDATE: &'static str;
-    /// Open reservations past their hold, skipping those another worker holds.
+    /// Open reservations past their hold (`$1`), at most `$2`, past the cursor (`$3`,
+    /// `$4`: [`crate::ExpiryCursor::bounds`]), skipping those another worker holds.
     const CLAIM_EXPIRED_RESERVATIONS: &'static str;
     /// The audit's join of every reservation line with its ledger rows.
     const AUDIT_RESERVATION_LINES: &'static str;
@@ -108,7 +109,8 @@ pub trait Dialect: Connection {
     /// A SKU's own row, locked: a shelf change (scheduled or not) reads its version and
     /// changes it with nothing (a title edit, say) slipping in between.
     const LOCK_SKU_ROW: &'static str;
-    /// Orders past their hold that still hold stock, skipping locked ones.
+    /// Orders past their hold that still hold stock, bound as
+    /// [`Dialect::CLAIM_EXPIRED_RESERVATIONS`] is, skipping locked ones.
     const CLAIM_EXPIRED_ORDERS: &'static str;
     /// Payment attempts whose outcome is due to be asked about, skipping locked ones.
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str;

@@ -281,7 +281,7 @@ forward! {
     fn record_movement(&self, claim: &IdempotencyClaim, movement: &StockMovement, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn reserve_batch(&self, requests: &[ReserveRequest], now: Timestamp, renderer: &dyn ResponseRenderer, turn: &mut LockTurn) -> Result<BatchApplied, StoreError>;
     fn change_reservation(&self, claim: &IdempotencyClaim, id: &ReservationId, action: ReservationAction, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
-    fn expire_batch(&self, now: Timestamp, limit: i64) -> Result<ExpiryOutcome, StoreError>;
+    fn expire_batch(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<ExpiryOutcome, StoreError>;
     fn purge_idempotency_records(&self, created_before: Timestamp, limit: i64) -> Result<u64, StoreError>;
     fn reservation_gauges(&self, now: Timestamp) -> Result<ReservationGauges, StoreError>;
     fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError>;
@@ -335,7 +335,7 @@ forward! {
     fn apply_payment_event(&self, event_id: &str, event_type: &str, payment_id: &str, attempt: Option<&PaymentAttemptId>, outcome: Option<&GatewayOutcome>, now: Timestamp) -> Result<Option<String>, StoreError>;
     fn payment_attempt(&self, attempt: Option<&PaymentAttemptId>, payment_id: &str) -> Result<Option<AttemptToCall>, StoreError>;
     fn claim_attempts_to_reconcile(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<AttemptToCall>, StoreError>;
-    fn expire_orders(&self, now: Timestamp, limit: i64) -> Result<OrderExpiry, StoreError>;
+    fn expire_orders(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<OrderExpiry, StoreError>;
     fn cancel_order(&self, claim: &IdempotencyClaim, order: &OrderId, rights: CancelRights, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn claim_refunds(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<RefundToIssue>, StoreError>;
     fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;

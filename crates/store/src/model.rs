@@ -287,6 +287,23 @@ pub struct ExpiryOutcome {
     /// Claimed, due, and left `RESERVED` because releasing them failed on their data
     /// (with why): a person's to look at; the others were released.
     pub stuck: Vec<(ReservationId, String)>,
+    /// Where the next step's claim resumes (see [`ExpiryCursor`]).
+    pub resume_after: Option<ExpiryCursor>,
+}
+
+/// Where an expiry claim resumes: after the last row a full claim took, in the claim's
+/// order (the hold's end, then the id). A step that could not move some of what it
+/// claimed (broken data, left for a person) would otherwise claim the same rows first
+/// again at every step: once a whole batch of them stood first in line, no other due
+/// row would ever be claimed, and the worker, always finding a full batch, would run
+/// step after step without pause. With the cursor, the next step claims the rows
+/// behind them; a claim that finds fewer rows than its limit has reached the end of
+/// the due rows, and the next one starts from the beginning again, so stuck rows are
+/// retried once per pass. `None`: from the beginning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiryCursor {
+    pub(crate) expires_at_milliseconds: i64,
+    pub(crate) id: String,
 }
 
 /// Counts the metrics endpoint reports.

@@ -219,4 +219,6 @@ pub struct OrderExpiry {
     /// Claimed, due, and left as they were because giving their stock back failed on
     /// its data (with why): a person's to look at; the others expired.
     pub stuck: Vec<(OrderId, String)>,
+    /// Where the next step's claim resumes (see [`crate::ExpiryCursor`]).
+    pub resume_after: Option<crate::ExpiryCursor>,
 }

@@ -438,8 +438,9 @@ fn list_of_placeholders(count: usize) -> String {
 /// workers claim distinct rows (see the module's header for everything else).
 impl Dialect for MySqlConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
-    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id, expires_at FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         AND expires_at >= $3 AND (expires_at > $3 OR id > $4) \
          ORDER BY expires_at, id LIMIT $2 \
          FOR UPDATE SKIP LOCKED";
     const AUDIT_RESERVATION_LINES: &'static str = "SELECT reservation.id, reservation.status, \
@@ -462,10 +463,11 @@ impl Dialect for MySqlConnection {
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1 FOR UPDATE";
     /// Orders past their hold that still hold their stock: unpaid, or declined. MariaDB
     /// has no `FOR UPDATE OF`: the joined reservation rows are locked too.
-    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
          WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
          AND reservation.status = 'RESERVED' \
+         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
          ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";

@@ -239,8 +239,9 @@ crate::sql::connection_as_written!(PgConnection, query_of, cell);
 impl Dialect for PgConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str = "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1 FOR UPDATE";
     /// `SKIP LOCKED`: a reservation another worker is releasing is left to it.
-    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id, expires_at FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         AND expires_at >= $3 AND (expires_at > $3 OR id > $4) \
          ORDER BY expires_at, id LIMIT $2 \
          FOR UPDATE SKIP LOCKED";
     /// The audit's join of every reservation line with its ledger rows.
@@ -298,10 +299,11 @@ impl Dialect for PgConnection {
         "SELECT sku FROM cart_item WHERE user_id = $1 AND shop = $2 FOR UPDATE";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1 FOR UPDATE";
     /// Orders past their hold that still hold their stock: unpaid, or declined.
-    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
          WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
          AND reservation.status = 'RESERVED' \
+         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
          ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE OF customer_order SKIP LOCKED";
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";

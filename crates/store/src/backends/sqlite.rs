@@ -482,8 +482,9 @@ fn records_and_stock_of(
 impl Dialect for SqliteConnection {
     const SELECT_RESERVATION_FOR_UPDATE: &'static str =
         "SELECT status, order_id, shop, user_id, expires_at FROM reservation WHERE id = $1";
-    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id FROM reservation \
+    const CLAIM_EXPIRED_RESERVATIONS: &'static str = "SELECT id, expires_at FROM reservation \
          WHERE status = 'RESERVED' AND expires_at <= $1 AND order_id IS NULL \
+         AND expires_at >= $3 AND (expires_at > $3 OR id > $4) \
          ORDER BY expires_at, id LIMIT $2";
     /// `INDEXED BY`: without statistics SQLite's planner has picked other plans for
     /// this join (once the (sku, warehouse) index, which made the audit quadratic on a
@@ -508,10 +509,11 @@ impl Dialect for SqliteConnection {
         "SELECT sku FROM cart_item WHERE user_id = $1 AND shop = $2";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1";
     /// Orders past their hold that still hold their stock: unpaid, or declined.
-    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id FROM customer_order \
+    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
          WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
          AND reservation.status = 'RESERVED' \
+         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
          ORDER BY customer_order.expires_at, customer_order.id LIMIT $2";
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2";

@@ -12,8 +12,8 @@ use super::outbox::{NewEvent, Sequence, append_event};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
-    Move, Mover, failure_on_the_data, load_reservation, settle_order_reservation,
-    settle_reservations,
+    Move, Mover, claim_past_cursor, failure_on_the_data, load_reservation,
+    settle_order_reservation, settle_reservations,
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, read_tallies};
@@ -21,7 +21,8 @@ use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
 use crate::model::{
-    IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, StoredResponse,
+    ExpiryCursor, IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer,
+    StoredResponse,
 };
 use crate::orders::{
     CancelRights, NewOrder, Order, OrderExpiry, OrderHistoryEntry, OrderLine, OrderSummary,
@@ -902,18 +903,22 @@ impl<B: Backend> Units<B> {
 
     /// Expires up to `limit` orders still waiting for payment past their hold (unpaid,
     /// or declined and not paid again): their stock goes back. Orders with a payment in
-    /// flight are left to reconciliation.
+    /// flight are left to reconciliation. The claim starts after `cursor` (the previous
+    /// step's [`OrderExpiry::resume_after`], see [`ExpiryCursor`]).
     pub async fn expire_orders(
         &self,
         now: Timestamp,
         limit: i64,
+        cursor: Option<&ExpiryCursor>,
     ) -> Result<OrderExpiry, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS)
-            .bind(now.unix_milliseconds())
-            .bind(limit)
-            .fetch_all_scalar(&mut *transaction)
-            .await?;
+        let (ids, resume_after) = claim_past_cursor(
+            &mut *transaction,
+            <B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS,
+            (now, limit),
+            cursor,
+        )
+        .await?;
         // The claim locked the orders; their reservations and stock rows are then
         // settled together, in the one global lock order (reservation ids, then
         // (sku, warehouse)), never order by order.
@@ -947,13 +952,17 @@ impl<B: Backend> Units<B> {
             return Ok(OrderExpiry {
                 expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
                 stuck: Vec::new(),
+                resume_after,
             });
         };
         tracing::warn!(%failure, "an order expiry batch could not be applied whole: one by one");
         statement("ROLLBACK TO SAVEPOINT order_expiry_batch")
             .execute(&mut *transaction)
             .await?;
-        let mut expiry = OrderExpiry::default();
+        let mut expiry = OrderExpiry {
+            resume_after,
+            ..OrderExpiry::default()
+        };
         for single in expiring {
             statement("SAVEPOINT order_expiry_one")
                 .execute(&mut *transaction)

@@ -13,8 +13,8 @@ use super::tallies::give_back_tallies;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
-    ExpiryOutcome, IdempotencyClaim, Idempotent, Rejection, ReservationAction, ReservationGauges,
-    ReserveRequest, ResponseRenderer, ShopScope,
+    ExpiryCursor, ExpiryOutcome, IdempotencyClaim, Idempotent, Rejection, ReservationAction,
+    ReservationGauges, ReserveRequest, ResponseRenderer, ShopScope,
 };
 use crate::plan::ShopperKey;
 use crate::sql::{Row, statement};
@@ -422,6 +422,41 @@ pub(crate) fn failure_on_the_data(
     }
 }
 
+/// Claims due rows with `query` (one of the expiry claims: `$1` now, `$2` the limit,
+/// `$3` and `$4` the cursor) after `cursor`, or from the beginning: their ids, in the
+/// claim's order, and where the next claim resumes ([`ExpiryCursor`]: after the last
+/// of them when the claim was full, from the beginning when it came back short).
+pub(crate) async fn claim_past_cursor<C: Dialect>(
+    transaction: &mut C,
+    query: &'static str,
+    (now, limit): (Timestamp, i64),
+    cursor: Option<&ExpiryCursor>,
+) -> Result<(Vec<String>, Option<ExpiryCursor>), StoreError> {
+    // From the beginning: every hold ends after `i64::MIN`, every id sorts after "".
+    let (after_expiry, after_id) = cursor.map_or((i64::MIN, ""), |cursor| {
+        (cursor.expires_at_milliseconds, cursor.id.as_str())
+    });
+    let claimed: Vec<(String, i64)> = statement(query)
+        .bind(now.unix_milliseconds())
+        .bind(limit)
+        .bind(after_expiry)
+        .bind(after_id)
+        .fetch_all_as(&mut *transaction)
+        .await?;
+    let full = i64::try_from(claimed.len()).is_ok_and(|claimed| claimed >= limit);
+    let resume_after = claimed
+        .last()
+        .filter(|_| full)
+        .map(|(id, expires_at_milliseconds)| ExpiryCursor {
+            expires_at_milliseconds: *expires_at_milliseconds,
+            id: id.clone(),
+        });
+    Ok((
+        claimed.into_iter().map(|(id, _)| id).collect(),
+        resume_after,
+    ))
+}
+
 impl<B: Backend> Units<B> {
     pub async fn reservation(&self, id: &ReservationId) -> Result<Option<Reservation>, StoreError> {
         let mut transaction = self.begin_writer_read().await?;
@@ -474,20 +509,24 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
-    /// Releases up to `limit` reservations whose hold ended at or before `now`. Several
+    /// Releases up to `limit` reservations whose hold ended at or before `now`, after
+    /// `cursor` (the previous step's [`ExpiryOutcome::resume_after`]). Several
     /// processes may run this at once: each reservation is claimed by exactly one.
     pub async fn expire_batch(
         &self,
         now: Timestamp,
         limit: i64,
+        cursor: Option<&ExpiryCursor>,
     ) -> Result<ExpiryOutcome, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let ids: Vec<String> = statement(<B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS)
-            .bind(now.unix_milliseconds())
-            .bind(limit)
-            .fetch_all_scalar(&mut *transaction)
-            .await?;
-        let ids = ids
+        let (claimed, resume_after) = claim_past_cursor(
+            &mut *transaction,
+            <B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS,
+            (now, limit),
+            cursor,
+        )
+        .await?;
+        let ids = claimed
             .iter()
             .map(|id| ReservationId::parse(id).map_err(|error| corrupt("reservation id", error)))
             .collect::<Result<Vec<_>, _>>()?;
@@ -518,6 +557,7 @@ impl<B: Backend> Units<B> {
             return Ok(ExpiryOutcome {
                 released: ids,
                 stuck: Vec::new(),
+                resume_after,
             });
         };
         tracing::warn!(%failure, "an expiry batch could not be released whole: one by one");
@@ -553,7 +593,11 @@ impl<B: Backend> Units<B> {
             }
         }
         transaction.commit().await?;
-        Ok(ExpiryOutcome { released, stuck })
+        Ok(ExpiryOutcome {
+            released,
+            stuck,
+            resume_after,
+        })
     }
 
     /// Open holds and the expiry backlog, for the metrics endpoint (once per scrape).
