@@ -22,6 +22,7 @@ mirrored_tests!(
     beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing,
     a_caller_that_prefers_to_wait_gets_a_ticket_served_in_order_and_answered_once,
     a_request_without_a_ticket_waits_its_turn_with_the_connection_held,
+    a_retry_of_a_request_waiting_in_line_is_not_refused_from_memory,
     the_limit_and_one_place_per_shopper_are_checked_before_a_place_is_taken,
     a_retried_create_gets_its_first_answer_even_after_the_campaign_ended,
     buckets_written_as_a_whole_number_with_a_fraction_are_that_number,
@@ -828,6 +829,65 @@ async fn a_request_without_a_ticket_waits_its_turn_with_the_connection_held(back
     let answer = waiting.await.unwrap();
 
     assert_eq!(answer.status, 201, "{answer:?}");
+    app.assert_audit_clean().await;
+}
+
+/// A request waiting in the campaign's line (here with a ticket) will be answered by
+/// the database under its key. A retry of that key while this process knows the
+/// campaign sold out is told the request is waiting, not "sold out" from memory: the
+/// waiting request could still hold a unit given back meanwhile, and store a 201
+/// under the key that had heard "sold out".
+async fn a_retry_of_a_request_waiting_in_line_is_not_refused_from_memory(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("WAITED", 10).await;
+    running_campaign(&app, "WAITED", 1, 1, None).await;
+    let first = app.send(reserve_call("w-ann", "WAITED", "ann")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let (room, held) = hold_the_line(&app, "WAITED").await;
+    let ben = app
+        .send(waiting_reserve_call("w-ben", "WAITED", "ben"))
+        .await;
+    assert_eq!(ben.status, 202, "{ben:?}");
+    // A place of the test's between ben's and cat's keeps cat waiting after ben.
+    let between = room.enter(None).expect("a place");
+    let cat = app
+        .send(waiting_reserve_call("w-cat", "WAITED", "cat"))
+        .await;
+    assert_eq!(cat.status, 202, "{cat:?}");
+    drop(held);
+    let ben = answered_ticket(&app, ben.json()["poll"].as_str().unwrap()).await;
+    assert_eq!(ben["answer"]["body"]["code"], "insufficient_stock", "{ben}");
+    let now = app.clock_now();
+    let route = app
+        .engine
+        .campaign_route(&domain::SkuCode::parse("WAITED").unwrap())
+        .unwrap();
+    assert!(
+        route.known_sold_out(
+            1,
+            now,
+            acceptance::test_engine_config().sold_out_recheck_milliseconds
+        ),
+        "ben's answer taught this process the campaign is sold out"
+    );
+
+    let retry = app.send(reserve_call("w-cat", "WAITED", "cat")).await;
+
+    assert_eq!(retry.status, 429, "{retry:?}");
+    assert_eq!(retry.code().as_deref(), Some("rate_limited"), "{retry:?}");
+    // Ann gives her unit back; cat's request, at its turn, holds it, and her key's
+    // answer is that hold from then on.
+    let ann = first.json()["reservation_id"].as_str().unwrap().to_owned();
+    let released = app
+        .send(Call::post(format!("/v1/reservations/{ann}/release")).key("w-ann-release"))
+        .await;
+    assert_eq!(released.status, 200, "{released:?}");
+    drop(between);
+    let cat = answered_ticket(&app, cat.json()["poll"].as_str().unwrap()).await;
+    assert_eq!(cat["answer"]["status"], 201, "{cat}");
+    let replay = app.send(reserve_call("w-cat", "WAITED", "cat")).await;
+    assert_eq!(replay.status, 201, "{replay:?}");
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     app.assert_audit_clean().await;
 }
 

@@ -476,6 +476,11 @@ impl Engine {
                 detail,
             }
         })?;
+        // From here the request will reach the database under its key (unless its
+        // caller goes away while waiting), so a retry of the key meanwhile must not
+        // be refused from memory: the request still waiting could then hold a unit
+        // and store a 201 under the key memory said "sold out" to.
+        self.note_sent(claim, routed.memory_may_refuse);
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
             let answer = decide().await;
