@@ -13,11 +13,17 @@
 //!   a change cannot put the old state back after the change's invalidation.
 //! - **Bounded**: every value expires after `value_ttl`, every call gives up after
 //!   `timeout`; Redis down means the caller reads the database (and counts an error).
+//!   One request at a time connects, and no other waits for it.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
+use tokio::time::Instant;
+
+/// After a connection attempt failed, requests go to the database without trying
+/// again for this long (then the next request tries).
+pub const CONNECT_RETRY_PAUSE: Duration = Duration::from_secs(1);
 
 /// Why the cache could not answer (the caller reads the database instead).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,8 +97,51 @@ pub enum Lookup {
 /// The cache of one process (the connection is shared by every request).
 pub struct DisplayCache {
     client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    link: Mutex<Link>,
     config: CacheConfig,
+}
+
+/// Where the shared connection stands. One request at a time connects; the others
+/// never wait for it (they read the database), so Redis unreachable at start costs
+/// each request nothing, instead of each waiting its turn to try.
+#[derive(Default)]
+enum Link {
+    /// Not connected: the next request may try, from `retry_at` on when an attempt
+    /// failed.
+    #[default]
+    Down,
+    Failed {
+        retry_at: Instant,
+    },
+    Connecting,
+    Up(ConnectionManager),
+}
+
+/// The attempt of the request that connects: a request that goes away mid-attempt
+/// (its caller gone) leaves the link for the next request to try at once.
+struct ConnectAttempt<'a> {
+    link: &'a Mutex<Link>,
+    settled: bool,
+}
+
+impl ConnectAttempt<'_> {
+    fn settle(mut self, outcome: Link) {
+        *lock(self.link) = outcome;
+        self.settled = true;
+    }
+}
+
+impl Drop for ConnectAttempt<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            *lock(self.link) = Link::Down;
+        }
+    }
+}
+
+fn lock(link: &Mutex<Link>) -> MutexGuard<'_, Link> {
+    link.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl std::fmt::Debug for DisplayCache {
@@ -130,31 +179,62 @@ impl DisplayCache {
             .map_err(|error| CacheError(format!("STOCKD_REDIS_URL: {error}")))?;
         Ok(DisplayCache {
             client,
-            connection: OnceCell::new(),
+            link: Mutex::new(Link::Down),
             config,
         })
     }
 
+    /// The shared connection; or, while another request is connecting or within
+    /// [`CONNECT_RETRY_PAUSE`] of a failed attempt, an error at once.
     async fn connection(&self) -> Result<ConnectionManager, CacheError> {
+        let attempt = {
+            let mut link = lock(&self.link);
+            match &*link {
+                Link::Up(connection) => return Ok(connection.clone()),
+                Link::Connecting => {
+                    return Err(CacheError(
+                        "not connected yet (another request is connecting)".into(),
+                    ));
+                }
+                Link::Failed { retry_at } if Instant::now() < *retry_at => {
+                    return Err(CacheError(format!(
+                        "not connected (the last attempt failed; the next within {CONNECT_RETRY_PAUSE:?})"
+                    )));
+                }
+                Link::Failed { .. } | Link::Down => {
+                    *link = Link::Connecting;
+                    ConnectAttempt {
+                        link: &self.link,
+                        settled: false,
+                    }
+                }
+            }
+        };
         let timeout = self.config.timeout;
-        let connection = self
-            .connection
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_secs(1));
-                tokio::time::timeout(
-                    timeout,
-                    self.client.get_connection_manager_with_config(config),
-                )
-                .await
-                .map_err(|_| CacheError("connecting timed out".into()))?
-                .map_err(|error| CacheError(error.to_string()))
-            })
-            .await?;
-        Ok(connection.clone())
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_secs(1));
+        let connected = tokio::time::timeout(
+            timeout,
+            self.client.get_connection_manager_with_config(config),
+        )
+        .await
+        .map_err(|_| CacheError("connecting timed out".into()))
+        .and_then(|connected| connected.map_err(|error| CacheError(error.to_string())));
+        match connected {
+            Ok(connection) => {
+                attempt.settle(Link::Up(connection.clone()));
+                Ok(connection)
+            }
+            Err(error) => {
+                attempt.settle(Link::Failed {
+                    retry_at: Instant::now() + CONNECT_RETRY_PAUSE,
+                });
+                Err(error)
+            }
+        }
     }
 
     /// The value, or a ticket to fill it.
@@ -232,4 +312,75 @@ fn milliseconds(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use tokio::net::TcpListener;
+
+    /// A "Redis" that takes connections and never answers, and the cache pointed at
+    /// it, with a bound long enough that an attempt cannot end during the test.
+    async fn silent_redis() -> (TcpListener, Arc<DisplayCache>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("its address");
+        let config = CacheConfig {
+            timeout: Duration::from_secs(600),
+            ..CacheConfig::new(format!("redis://{address}"))
+        };
+        (
+            listener,
+            Arc::new(DisplayCache::new(config).expect("a cache")),
+        )
+    }
+
+    fn key() -> CacheKey {
+        CacheKey::ProductView("product-1".into())
+    }
+
+    #[tokio::test]
+    async fn while_one_request_connects_the_others_go_to_the_database_without_waiting() {
+        let (listener, cache) = silent_redis().await;
+        let connecting = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.lookup(&key()).await }
+        });
+        let (_unanswered, _) = listener.accept().await.expect("the first connection");
+
+        let other = cache.lookup(&key()).await;
+
+        assert!(other.is_err(), "{other:?}");
+        assert!(
+            !connecting.is_finished(),
+            "answered while the first request was still connecting"
+        );
+        connecting.abort();
+    }
+
+    #[tokio::test]
+    async fn a_request_that_goes_away_while_connecting_lets_the_next_one_connect() {
+        let (listener, cache) = silent_redis().await;
+        let connecting = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.lookup(&key()).await }
+        });
+        let (_first, _) = listener.accept().await.expect("the first connection");
+        connecting.abort();
+        assert!(connecting.await.is_err_and(|error| error.is_cancelled()));
+
+        let mut next = tokio::spawn({
+            let cache = Arc::clone(&cache);
+            async move { cache.lookup(&key()).await }
+        });
+        tokio::select! {
+            accepted = listener.accept() => {
+                accepted.expect("a second attempt");
+            }
+            answered = &mut next => {
+                panic!("answered without trying to connect: {answered:?}");
+            }
+        }
+        next.abort();
+    }
 }
