@@ -495,10 +495,25 @@ impl TestDatabase {
         holder: &mut RawConnection,
         minimum: std::time::Duration,
     ) {
+        self.wait_until_waiting(holder, minimum, 1).await
+    }
+
+    /// [`TestDatabase::wait_until_blocked_by`], until `waiters` statements wait.
+    pub async fn wait_until_blocking(&self, holder: &mut RawConnection, waiters: i64) {
+        self.wait_until_waiting(holder, std::time::Duration::ZERO, waiters)
+            .await
+    }
+
+    async fn wait_until_waiting(
+        &self,
+        holder: &mut RawConnection,
+        minimum: std::time::Duration,
+        waiters: i64,
+    ) {
         let minimum_milliseconds = i64::try_from(minimum.as_millis()).unwrap_or(i64::MAX);
         if let RawConnection::Mysql(holder) = holder {
             return self
-                .wait_until_blocked_by_mysql(holder, minimum_milliseconds)
+                .wait_until_blocked_by_mysql(holder, minimum_milliseconds, waiters)
                 .await;
         }
         let RawConnection::Postgres(holder) = holder else {
@@ -514,11 +529,19 @@ impl TestDatabase {
         let observer = &observer;
         wait_until_async("another backend waits for the held lock", || async move {
             sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) \
-                 AND clock_timestamp() - query_start >= $2 * INTERVAL '1 millisecond')",
+                // Waiters queue behind one another on a row: the second waits for the
+                // first (its tuple lock), not for the holder, so waiters are counted
+                // through the chain.
+                "WITH RECURSIVE blocked(pid) AS ( \
+                 SELECT pid FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)) \
+                 AND clock_timestamp() - query_start >= $2 * INTERVAL '1 millisecond' \
+                 UNION SELECT activity.pid FROM pg_stat_activity activity, blocked \
+                 WHERE blocked.pid = ANY (pg_blocking_pids(activity.pid))) \
+                 SELECT COUNT(*) >= $3 FROM blocked",
             )
             .bind(holder_pid)
             .bind(minimum_milliseconds)
+            .bind(waiters)
             .fetch_one(observer)
             .await
             .expect("observe lock waits")
@@ -536,6 +559,7 @@ impl TestDatabase {
         &self,
         holder: &mut sqlx::MySqlConnection,
         minimum_milliseconds: i64,
+        waiters: i64,
     ) {
         let holder_id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
             .fetch_one(&mut *holder)
@@ -559,7 +583,7 @@ impl TestDatabase {
             .fetch_one(&mut *observer)
             .await
             .expect("observe running statements");
-            if running > 0 {
+            if running >= waiters {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

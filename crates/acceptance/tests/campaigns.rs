@@ -13,6 +13,7 @@ mirrored_tests!(
     before_its_start_a_campaign_is_refused_by_name_and_regular_sales_go_on,
     a_shopper_buys_no_more_than_the_campaigns_limit_however_many_requests_race,
     orders_and_checkouts_draw_from_the_campaign_too,
+    a_cart_sees_and_checks_out_the_units_of_a_running_campaign,
     at_its_end_what_is_left_goes_back_to_regular_stock_ledgered,
     a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_only,
     a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh,
@@ -376,6 +377,42 @@ async fn orders_and_checkouts_draw_from_the_campaign_too(backend: Backend) {
         .await;
     assert_eq!(checkout.status, 201, "{checkout:?}");
     assert_eq!(campaign(&app, &id).await["held"], 2);
+    app.assert_audit_clean().await;
+}
+
+/// A shop that puts all of a SKU's stock into its flash sale: while the campaign runs,
+/// a cart counts the campaign's units (a checkout's line draws from them), and a
+/// checkout orders from them. Before, a cart counted the regular stock only, found
+/// none, and the checkout refused the line.
+async fn a_cart_sees_and_checks_out_the_units_of_a_running_campaign(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 4).await;
+    let id = running_campaign(&app, "LAMP", 4, 2, None).await;
+    for user in ["bob", "cy"] {
+        let put = app
+            .send(
+                Call::put(format!("/v1/carts/{user}/items/LAMP"))
+                    .key(format!("{user}-cart"))
+                    .json(&json!({"quantity": 2})),
+            )
+            .await;
+        assert_eq!(put.status, 200, "{put:?}");
+    }
+    let cart = app.send(Call::get("/v1/carts/bob")).await.json();
+    assert_eq!(cart["orderable_lines"], 1, "{cart}");
+
+    let checkout = app
+        .send(Call::post("/v1/carts/bob/checkout").key("bob-checkout"))
+        .await;
+
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    assert_drew_from_a_bucket(&checkout.json()["reservation"]);
+    assert_eq!(campaign(&app, &id).await["held"], 2);
+    // Once the campaign has ended, a cart counts the regular stock again: none.
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let cart = app.send(Call::get("/v1/carts/cy")).await.json();
+    assert_eq!(cart["orderable_lines"], 0, "{cart}");
+    assert_eq!(cart["lines"][0]["problem"], "out_of_stock", "{cart}");
     app.assert_audit_clean().await;
 }
 

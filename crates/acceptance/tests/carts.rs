@@ -13,6 +13,8 @@ mirrored_tests!(
     every_path_that_creates_reservations_leaves_the_same_rows,
     a_checkout_of_more_lines_than_an_order_holds_is_refused_and_changes_nothing,
     concurrent_additions_to_a_nearly_full_cart_stop_at_its_line_limit,
+    two_checkouts_of_one_cart_under_different_keys_order_its_lines_once,
+    a_checkout_takes_its_lines_out_of_the_cart_with_its_order,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -427,4 +429,95 @@ async fn concurrent_additions_to_a_nearly_full_cart_stop_at_its_line_limit(backe
     }
     let cart = app.send(Call::get("/v1/carts/dave")).await.json();
     assert_eq!(cart["lines"].as_array().unwrap().len(), limit);
+}
+
+/// A double click in a shop that mints a key per click: two checkouts of one cart,
+/// both having read it before either ordered. The order's transaction takes the lines
+/// out of the cart, so the second finds them gone and orders nothing.
+async fn two_checkouts_of_one_cart_under_different_keys_order_its_lines_once(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: the checkouts cannot both wait inside their transactions.
+        return;
+    }
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 60_000).await;
+    let app = shop_with_stock(&app).await;
+    put_item(&app, "erin", "C-PLENTY", 2).await;
+    // Both checkouts read the cart, then wait for the SKU's stock row.
+    let mut holder = app.database.hold_stock_row_lock("C-PLENTY").await;
+    let checkouts: Vec<_> = ["erin-click-1", "erin-click-2"]
+        .into_iter()
+        .map(|key| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                app.send(Call::post("/v1/carts/erin/checkout").key(key))
+                    .await
+            })
+        })
+        .collect();
+    app.database.wait_until_blocking(&mut holder, 2).await;
+    holder.execute("ROLLBACK").await.unwrap();
+
+    let mut answers = Vec::new();
+    for checkout in checkouts {
+        answers.push(checkout.await.unwrap());
+    }
+
+    answers.sort_by_key(|answer| answer.status);
+    assert_eq!(answers[0].status, 201, "{answers:?}");
+    assert_eq!(answers[1].status, 409, "{answers:?}");
+    assert_eq!(answers[1].code().as_deref(), Some("version_conflict"));
+    assert_eq!(app.counters("C-PLENTY").await, (8, 2), "ordered once");
+    let cart = app.send(Call::get("/v1/carts/erin")).await.json();
+    assert_eq!(
+        problems(&cart),
+        Vec::new(),
+        "the ordered line left the cart"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// The order and the cart's change commit together: once the checkout answered, the
+/// cart no longer holds what it ordered (there is no later step that may not run), and
+/// a line whose quantity changed since the cart was read is not ordered at the old one.
+async fn a_checkout_takes_its_lines_out_of_the_cart_with_its_order(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: the cart cannot change while the checkout waits in its transaction.
+        return;
+    }
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 60_000).await;
+    let app = shop_with_stock(&app).await;
+    put_item(&app, "finn", "C-PLENTY", 2).await;
+    let mut holder = app.database.hold_stock_row_lock("C-PLENTY").await;
+    let checkout = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.send(Call::post("/v1/carts/finn/checkout").key("finn-checkout"))
+                .await
+        })
+    };
+    app.database.wait_until_blocked_by(&mut holder).await;
+    // The shopper changes the line while the checkout waits with the cart it read.
+    let changed = put_item(&app, "finn", "C-PLENTY", 3).await;
+    assert_eq!(changed.status, 200, "{changed:?}");
+    holder.execute("ROLLBACK").await.unwrap();
+
+    let refused = checkout.await.unwrap();
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("version_conflict"));
+    assert_eq!(app.counters("C-PLENTY").await, (10, 0), "nothing ordered");
+    let again = app
+        .send(Call::post("/v1/carts/finn/checkout").key("finn-checkout-2"))
+        .await;
+    assert_eq!(again.status, 201, "{again:?}");
+    assert_eq!(
+        again.json()["reservation"]["lines"][0]["quantity"],
+        3,
+        "the quantity in the cart now"
+    );
+    let cart = app.send(Call::get("/v1/carts/finn")).await.json();
+    assert_eq!(problems(&cart), Vec::new());
+    app.assert_audit_clean().await;
 }

@@ -572,6 +572,7 @@ pub const OPERATIONS: &[Operation] = &[
             OffShelf,
             PurchaseLimitExceeded,
             FailedPrecondition,
+            VersionConflict,
         ],
     ),
 ];

@@ -18,7 +18,8 @@ pub struct CartSku {
     pub price: Option<PriceMinor>,
     pub currency: Option<Currency>,
     pub sale_status: SaleStatus,
-    /// Available in the default warehouse, where carts check out from.
+    /// Available to a checkout: in the default warehouse, where carts check out from,
+    /// or, while a campaign runs on the SKU there, in the campaign's buckets.
     pub available: i64,
 }
 

@@ -540,7 +540,7 @@ impl Engine {
         authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         self.inner
             .store
-            .cart(principal.shop(), user)
+            .cart(principal.shop(), user, self.now())
             .await
             .map_err(|error| log_store_error("cart", error))
     }
@@ -612,10 +612,6 @@ impl Engine {
                 },
                 other => other,
             })?;
-        let ordered: Vec<(SkuCode, i64)> = lines
-            .iter()
-            .map(|line| (line.sku.clone(), line.quantity.get()))
-            .collect();
         let ttl_seconds = ttl.map_or(
             self.inner.config.reservation_ttl_seconds_default,
             TtlSeconds::get,
@@ -623,23 +619,11 @@ impl Engine {
         let order = checkout_order(self.now(), shop, user, lines, skipped, ttl_seconds);
         // A checkout waits in a campaign's line with its connection held: carts offer
         // no ticket.
-        let reply = self
-            .place_order(principal, "checkout", claim, order, false)
+        // The order's transaction takes the ordered lines out of the cart, or refuses
+        // when the cart changed since it was read here.
+        self.place_order(principal, "checkout", claim, order, false)
             .await?
-            .answered()?;
-        if reply.response.status == 201 {
-            // The ordered lines leave the cart (unless changed meanwhile). Best effort:
-            // the order stands either way.
-            if let Err(error) = self
-                .inner
-                .store
-                .remove_ordered_cart_items(user, &ordered)
-                .await
-            {
-                tracing::warn!(%error, "could not remove ordered lines from a cart");
-            }
-        }
-        Ok(reply)
+            .answered()
     }
 }
 

@@ -103,8 +103,9 @@ pub trait Dialect: Connection {
     const SELECT_ORDER_FOR_UPDATE: &'static str;
     /// A payment attempt's status, locked.
     const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str;
-    /// A shopper's cart lines in one shop, locked: two requests adding lines to one
-    /// cart count its lines one after the other.
+    /// A shopper's cart lines in one shop (`sku`, `quantity`), locked: two requests
+    /// adding lines to one cart count its lines one after the other, and two checkouts
+    /// of one cart order its lines once.
     const LOCK_CART_LINES: &'static str;
     /// A SKU's own row, locked: a shelf change (scheduled or not) reads its version and
     /// changes it with nothing (a title edit, say) slipping in between.

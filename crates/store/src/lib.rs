@@ -323,8 +323,7 @@ forward! {
     fn admin_credential_exists(&self) -> Result<bool, StoreError>;
     fn replace_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<(), StoreError>;
     fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
-    fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError>;
-    fn remove_ordered_cart_items(&self, user: &UserId, ordered: &[(SkuCode, i64)]) -> Result<(), StoreError>;
+    fn cart(&self, shop: Option<&ShopCode>, user: &UserId, now: Timestamp) -> Result<Cart, StoreError>;
     fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError>;
     fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError>;

@@ -296,7 +296,7 @@ impl Dialect for PgConnection {
     const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
         "SELECT status FROM payment_attempt WHERE id = $1 FOR UPDATE";
     const LOCK_CART_LINES: &'static str =
-        "SELECT sku FROM cart_item WHERE user_id = $1 AND shop = $2 FOR UPDATE";
+        "SELECT sku, quantity FROM cart_item WHERE user_id = $1 AND shop = $2 FOR UPDATE";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1 FOR UPDATE";
     /// Orders past their hold that still hold their stock: unpaid, or declined.
     const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \

@@ -506,7 +506,7 @@ impl Dialect for SqliteConnection {
         "SELECT status FROM payment_attempt WHERE id = $1";
     // One writer: requests on a cart run one after the other anyway.
     const LOCK_CART_LINES: &'static str =
-        "SELECT sku FROM cart_item WHERE user_id = $1 AND shop = $2";
+        "SELECT sku, quantity FROM cart_item WHERE user_id = $1 AND shop = $2";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1";
     /// Orders past their hold that still hold their stock: unpaid, or declined.
     const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \

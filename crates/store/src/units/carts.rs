@@ -1,10 +1,12 @@
 //! Carts: setting a line, reading a cart with what stands in each line's way, and
-//! removing the lines an order took.
+//! (inside a checkout's order transaction) checking and removing the lines it takes.
 //!
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
-use super::decode::{parse_stored, price_of};
+use std::collections::HashMap;
+
+use super::decode::{invariant, parse_stored, price_of};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
@@ -13,28 +15,114 @@ use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::statement;
-use domain::{ErrorCode, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
+use domain::campaign::BUCKET_WAREHOUSE_PREFIX;
+use domain::{ErrorCode, ReservationLine, SaleStatus, ShopCode, SkuCode, Timestamp, UserId};
 
+/// Inside a checkout's order transaction: whether the cart still holds every line the
+/// order takes, with the quantity the checkout read. The lines are locked until the
+/// commit, so a second checkout of the same cart (under another key) waits here and
+/// then finds them gone. `Err`: the cart changed since it was read (a line ordered by
+/// another checkout, or its quantity changed); nothing may be ordered.
+pub(crate) async fn cart_lines_as_read<C: Dialect>(
+    transaction: &mut C,
+    shop: &ShopCode,
+    user: &UserId,
+    lines: &[ReservationLine],
+) -> Result<Result<(), Rejection>, StoreError> {
+    let held: HashMap<String, i64> = statement(C::LOCK_CART_LINES)
+        .bind(user.as_str())
+        .bind(shop.as_str())
+        .fetch_all_as::<(String, i64)>(&mut *transaction)
+        .await?
+        .into_iter()
+        .collect();
+    let changed: Vec<&str> = lines
+        .iter()
+        .filter(|line| held.get(line.sku.as_str()) != Some(&line.quantity.get()))
+        .map(|line| line.sku.as_str())
+        .collect();
+    if changed.is_empty() {
+        return Ok(Ok(()));
+    }
+    Ok(Err(Rejection::new(
+        ErrorCode::VersionConflict,
+        format!(
+            "the cart of '{user}' changed while it was checked out ({} no longer as read: ordered by another checkout, or its quantity changed); read the cart and check out again",
+            changed.join(", ")
+        ),
+    )))
+}
+
+/// Takes the lines a checkout's order holds out of the cart, in the order's own
+/// transaction, after [`cart_lines_as_read`] found and locked them.
+pub(crate) async fn remove_checked_out_lines<C: Dialect>(
+    transaction: &mut C,
+    shop: &ShopCode,
+    user: &UserId,
+    lines: &[ReservationLine],
+) -> Result<(), StoreError> {
+    for line in lines {
+        let removed = statement(
+            "DELETE FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku = $3 AND quantity = $4",
+        )
+        .bind(user.as_str())
+        .bind(shop.as_str())
+        .bind(line.sku.as_str())
+        .bind(line.quantity.get())
+        .execute(&mut *transaction)
+        .await?;
+        if removed != 1 {
+            return Err(invariant(format!(
+                "the locked cart line of '{user}' for sku '{}' vanished before the checkout removed it",
+                line.sku
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A shopper's cart at `now`, each line with what a checkout would find: the SKU's
+/// units available in the default warehouse, or, while a campaign runs on the SKU
+/// there, the units left in its buckets (a checkout's line draws from the campaign
+/// then, and the regular stock is not for it).
 pub(crate) async fn load_cart<C: Dialect>(
     connection: &mut C,
     shop: Option<&ShopCode>,
     user: &UserId,
+    now: Timestamp,
 ) -> Result<Cart, StoreError> {
     let rows = statement(
         "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
-         COALESCE(stock.available, 0) AS available \
+         COALESCE(stock.available, 0) AS available, campaign.code AS campaign_code \
          FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
          LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
+         LEFT JOIN campaign ON campaign.open_sku = cart_item.sku AND campaign.warehouse = 'default' \
+         AND campaign.starts_at <= $3 AND campaign.ends_at > $3 \
          WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) ORDER BY cart_item.sku",
     )
     .bind(user.as_str())
     .bind(shop.map(ShopCode::as_str))
+    .bind(now.unix_milliseconds())
     .fetch_all_rows(&mut *connection)
     .await?;
     let mut lines = Vec::with_capacity(rows.len());
     for row in &rows {
         let sku: String = row.try_get("sku")?;
         let status: Option<String> = row.try_get("sale_status")?;
+        let campaign: Option<String> = row.try_get("campaign_code")?;
+        let available = match campaign {
+            None => row.try_get("available")?,
+            Some(code) => {
+                // A campaign's code is hex: nothing in the pattern but its `%`.
+                let buckets: Vec<i64> =
+                    statement("SELECT available FROM stock WHERE sku = $1 AND warehouse LIKE $2")
+                        .bind(sku.as_str())
+                        .bind(format!("{BUCKET_WAREHOUSE_PREFIX}{code}-%"))
+                        .fetch_all_scalar(&mut *connection)
+                        .await?;
+                buckets.iter().sum()
+            }
+        };
         let current = match status {
             None => None,
             Some(status) => {
@@ -44,7 +132,7 @@ pub(crate) async fn load_cart<C: Dialect>(
                     price,
                     currency,
                     sale_status: parse_stored("sale status", &status, SaleStatus::parse)?,
-                    available: row.try_get("available")?,
+                    available,
                 })
             }
         };
@@ -108,7 +196,7 @@ impl<B: Backend> Units<B> {
                 statement(<B::Connection as Dialect>::LOCK_CART_LINES)
                     .bind(user.as_str())
                     .bind(shop.as_str())
-                    .fetch_all_as::<(String,)>(&mut *transaction)
+                    .fetch_all_as::<(String, i64)>(&mut *transaction)
                     .await?;
                 let lines: i64 = statement(
                     "SELECT COUNT(*) FROM cart_item WHERE user_id = $1 AND shop = $2 AND sku <> $3",
@@ -145,15 +233,20 @@ impl<B: Backend> Units<B> {
         };
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
-            None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user).await?),
+            None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user, now).await?),
         };
         commit_with_answer(transaction, claim, response).await
     }
 
     /// A shopper's cart: the lines of `shop`, or every line (the admin) with `None`.
-    pub async fn cart(&self, shop: Option<&ShopCode>, user: &UserId) -> Result<Cart, StoreError> {
+    pub async fn cart(
+        &self,
+        shop: Option<&ShopCode>,
+        user: &UserId,
+        now: Timestamp,
+    ) -> Result<Cart, StoreError> {
         let mut transaction = self.begin_writer_read().await?;
-        let cart = load_cart(&mut *transaction, shop, user).await;
+        let cart = load_cart(&mut *transaction, shop, user, now).await;
         transaction.rollback().await?;
         cart
     }
@@ -170,27 +263,9 @@ impl<B: Backend> Units<B> {
         displayed!(self, reader, now, |transaction| load_cart(
             &mut *transaction,
             shop,
-            user
+            user,
+            now
         )
         .await)
-    }
-
-    /// Removes the lines a checkout ordered, unless their quantity changed meanwhile.
-    pub async fn remove_ordered_cart_items(
-        &self,
-        user: &UserId,
-        ordered: &[(SkuCode, i64)],
-    ) -> Result<(), StoreError> {
-        let mut transaction = self.begin_write().await?;
-        for (sku, quantity) in ordered {
-            statement("DELETE FROM cart_item WHERE user_id = $1 AND sku = $2 AND quantity = $3")
-                .bind(user.as_str())
-                .bind(sku.as_str())
-                .bind(quantity)
-                .execute(&mut *transaction)
-                .await?;
-        }
-        transaction.commit().await?;
-        Ok(())
     }
 }

@@ -6,6 +6,7 @@
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::batch::with_unlisted_skus;
+use super::carts::{cart_lines_as_read, remove_checked_out_lines};
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::{NewEvent, Sequence, append_event};
@@ -722,7 +723,18 @@ impl<B: Backend> Units<B> {
             return Ok(Idempotent::Undecided);
         }
         let decided = plan.decisions[0].clone();
+        let checkout = order.skipped.is_some();
         let priced = match decided {
+            Ok(shop) if checkout => {
+                match cart_lines_as_read(&mut *transaction, &shop, &order.user, &order.lines)
+                    .await?
+                {
+                    Ok(()) => price_order(&mut *transaction, order)
+                        .await?
+                        .map(|prices| (shop, prices)),
+                    Err(rejection) => Err(rejection),
+                }
+            }
             Ok(shop) => price_order(&mut *transaction, order)
                 .await?
                 .map(|prices| (shop, prices)),
@@ -732,6 +744,13 @@ impl<B: Backend> Units<B> {
             Err(rejection) => renderer.rejected(&rejection),
             Ok((shop, prices)) => {
                 write_order(&mut *transaction, claim, order, &shop, &plan, &prices, now).await?;
+                if checkout {
+                    // The ordered lines leave the cart with the order, or neither
+                    // happens: a checkout interrupted after its commit leaves no line
+                    // behind to be ordered twice.
+                    remove_checked_out_lines(&mut *transaction, &shop, &order.user, &order.lines)
+                        .await?;
+                }
                 super::batch::record_order_reference(
                     &mut *transaction,
                     &order.reservation_id,
