@@ -22,6 +22,7 @@ mirrored_tests!(
     events_are_pruned_after_the_retention_only_once_the_relay_took_them,
     a_deleted_event_stream_is_created_again_and_the_events_go_on,
     a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can,
+    a_relay_that_cannot_read_its_events_gives_its_lease_up,
 );
 
 /// Relay steps until one publishes nothing; answers the steps' total.
@@ -339,4 +340,48 @@ async fn a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can(backend:
         later.waiting_for_lease,
         "the instance that reaches NATS keeps the lease: {later:?}"
     );
+}
+
+/// An instance that cannot read the events it is to publish (here an event of a kind
+/// this version does not know, as a newer version writes during a rolling upgrade)
+/// gives the lease up instead of renewing it at every step while no event moves: the
+/// other instance claims it at once.
+async fn a_relay_that_cannot_read_its_events_gives_its_lease_up(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+    app.engine.attach_event_relay();
+    other.engine.attach_event_relay();
+    let first = EventRelay::new(nats.bus().await, "relay-first");
+    let second = EventRelay::new(nats.bus().await, "relay-second");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "sold", 2).await;
+    app.sequence_all_events().await;
+    let mut connection = app.database.raw_connection().await;
+    let original = connection
+        .texts("SELECT event_type FROM outbox WHERE position = 1")
+        .await;
+    let unknown = "UPDATE outbox SET event_type = 'stock.weighed' WHERE position = 1";
+    connection.execute(unknown).await.unwrap();
+
+    let failed = app.engine.relay_step(&first).await;
+    assert!(failed.is_err(), "{failed:?}");
+    let next = other.engine.relay_step(&second).await;
+
+    assert!(
+        next.is_err(),
+        "the other instance took the lease and met the same event: {next:?}"
+    );
+    // Once the event reads again (the fleet upgraded), the events go on in order.
+    let known = format!(
+        "UPDATE outbox SET event_type = '{}' WHERE position = 1",
+        original[0].as_deref().expect("an event type")
+    );
+    connection.execute(&known).await.unwrap();
+    other
+        .clock
+        .advance_milliseconds(other.engine.config().relay_stand_aside_milliseconds);
+    let relayed = relay_all(&other, &second).await;
+    assert_eq!(relayed.published, 3, "the receive and two reservations");
+    assert_stream_is_the_feed(&nats, &app).await;
 }

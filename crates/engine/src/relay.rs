@@ -113,7 +113,7 @@ impl Engine {
             }
             relay.stream_ready.store(true, Ordering::Relaxed);
         }
-        let events = self
+        let events = match self
             .inner
             .store
             .events_after(
@@ -122,7 +122,17 @@ impl Engine {
                 config.relay_batch_size,
             )
             .await
-            .map_err(|error| log_store_error("relay_events", error))?;
+        {
+            Ok(events) => events,
+            Err(error) => {
+                // This instance cannot read what it is to publish (its database
+                // connection, or an event of a kind a newer version wrote during a
+                // rolling upgrade): the lease goes to an instance that can, rather
+                // than renewed here at every step while no event moves.
+                self.stand_aside(relay, &error).await?;
+                return Err(log_store_error("relay_events", error));
+            }
+        };
         if events.is_empty() {
             return Ok(RelayStep::default());
         }
@@ -182,11 +192,15 @@ impl Engine {
         Ok(step)
     }
 
-    /// After a step that could not publish: the lease goes back (an instance that
+    /// After a step that could not publish (or read what to publish): the lease goes back (an instance that
     /// reaches NATS takes it at its next step) and this one does not claim it again
     /// for `relay_stand_aside_milliseconds`. Renewing it at every failed step would
     /// keep the others waiting for as long as this instance cannot reach NATS.
-    async fn stand_aside(&self, relay: &EventRelay, failure: &BusError) -> Result<(), EngineError> {
+    async fn stand_aside(
+        &self,
+        relay: &EventRelay,
+        failure: &(dyn std::fmt::Display + Sync),
+    ) -> Result<(), EngineError> {
         let until = self
             .now()
             .plus_milliseconds(self.inner.config.relay_stand_aside_milliseconds);
@@ -196,7 +210,7 @@ impl Engine {
         tracing::warn!(
             %failure,
             holder = relay.holder,
-            "relay could not publish: lease given up, events wait for this or another instance"
+            "relay could not publish or read its events: lease given up, events wait for this or another instance"
         );
         self.release_relay(relay).await
     }
