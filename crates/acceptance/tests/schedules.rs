@@ -19,6 +19,7 @@ mirrored_tests!(
     a_shop_at_its_pending_schedule_limit_is_refused_and_nothing_is_scheduled,
     a_page_of_schedules_goes_on_after_the_last_one_it_showed,
     a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left,
+    one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_claims_them,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -632,4 +633,58 @@ async fn a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left(
     assert_eq!(cancelled.json()["schedule_id"], next.as_str());
     assert_eq!(cancelled.json()["status"], "CANCELLED");
     assert!(pending_schedules(&app).await.is_empty());
+}
+
+/// Two instances catching up on one SKU's "off at minute 1" and "on at minute 2": the
+/// instance that claimed only the later one (the earlier one held by the other, not yet
+/// committed) leaves it for a later step, so the SKU ends on the shelf, as the later
+/// schedule says, not off.
+async fn one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_claims_them(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: a claim cannot be held open while another instance claims.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["EVENING"]).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    for (operation, minute) in [("off_at", 1), ("on_at", 2)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": operation, "product_ids": [product], "scheduled_at": at_minutes(minute)}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+    app.clock.advance_seconds(180);
+    // The other instance's claim of the earlier schedule, not committed yet.
+    let mut other = app.database.raw_connection().await;
+    other.execute("BEGIN").await.unwrap();
+    other
+        .execute(
+            "SELECT id FROM shelf_schedule WHERE status = 'PENDING' ORDER BY due_at LIMIT 1 FOR UPDATE",
+        )
+        .await
+        .unwrap();
+
+    let held_back = app.engine.schedule_step().await.unwrap();
+
+    assert!(held_back.is_empty(), "{held_back:?}");
+    assert_eq!(app.sale_status(&product, "EVENING").await.0, "ON_SHELF");
+    other.execute("ROLLBACK").await.unwrap();
+    let applied = app.engine.schedule_step().await.unwrap();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.sale_status(&product, "EVENING").await.0, "ON_SHELF");
+    let log = app.shelf_log(&format!("&product={product}")).await;
+    let scheduled: Vec<&str> = log
+        .iter()
+        .filter(|entry| entry["operator_type"] == "scheduled")
+        .map(|entry| entry["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(scheduled, ["off_at", "on_at"], "{log:?}");
 }

@@ -156,7 +156,42 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     skus.sort();
     skus.dedup();
     transaction.lock_stock_of_skus(&skus).await?;
-    Ok(due)
+    after_earlier_schedules(transaction, due).await
+}
+
+/// `due` without the schedules an earlier pending schedule of the same SKU outside
+/// this batch must go before: one another instance claimed (its rows skipped by this
+/// claim) and has not committed yet. Those stay pending, for a later step, so one
+/// SKU's changes apply in the order they were due whichever instance applies each
+/// ("off at 20:00" then "on at 20:01", never the other way round). Read after the
+/// locks: an earlier schedule settled meanwhile is no longer pending.
+async fn after_earlier_schedules<C: Dialect>(
+    transaction: &mut C,
+    due: Vec<DueSchedule>,
+) -> Result<Vec<DueSchedule>, StoreError> {
+    let claimed: BTreeSet<String> = due.iter().map(|schedule| schedule.id.to_string()).collect();
+    let mut held_back: BTreeSet<SkuCode> = BTreeSet::new();
+    let mut kept = Vec::with_capacity(due.len());
+    for schedule in due {
+        if !held_back.contains(&schedule.sku) {
+            let earlier: Vec<String> = statement(
+                "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 \
+                 AND (due_at < $2 OR (due_at = $2 AND id < $3))",
+            )
+            .bind(schedule.sku.as_str())
+            .bind(schedule.due_at.unix_milliseconds())
+            .bind(schedule.id.as_str())
+            .fetch_all_scalar(&mut *transaction)
+            .await?;
+            if earlier.iter().any(|id| !claimed.contains(id)) {
+                held_back.insert(schedule.sku.clone());
+            }
+        }
+        if !held_back.contains(&schedule.sku) {
+            kept.push(schedule);
+        }
+    }
+    Ok(kept)
 }
 
 /// Settles a pending schedule as `to` (applied, skipped, refused or cancelled)
