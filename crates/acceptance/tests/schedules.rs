@@ -20,6 +20,7 @@ mirrored_tests!(
     a_page_of_schedules_goes_on_after_the_last_one_it_showed,
     a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left,
     one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_claims_them,
+    a_schedule_naming_expected_versions_is_refused_and_schedules_nothing,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -687,4 +688,24 @@ async fn one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_
         .map(|entry| entry["operation"].as_str().unwrap())
         .collect();
     assert_eq!(scheduled, ["off_at", "on_at"], "{log:?}");
+}
+
+/// A schedule applies at its minute, to whatever version the SKU has then: a version
+/// check asked of it is refused, not silently dropped.
+async fn a_schedule_naming_expected_versions_is_refused_and_schedules_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["VERSIONED"]).await;
+    let before = app.contents().await;
+
+    let refused = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5),
+                   "expected_versions": {"VERSIONED": 1}}),
+        )
+        .await;
+
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents().await, before, "nothing scheduled");
 }

@@ -197,6 +197,15 @@ impl Engine {
                 "repeat goes with on_at or off_at".into(),
             ));
         }
+        // A schedule applies at its minute, to whatever version each SKU has then: a
+        // version check the caller asks for could not be kept, so it is refused
+        // rather than dropped unsaid.
+        if !request.expected_versions.is_empty() && request.scheduled_at.is_some() {
+            return Err(EngineError::InvalidArgument(
+                "expected_versions go with on and off (applied now), not with on_at or off_at"
+                    .into(),
+            ));
+        }
         // The targets a selector names and the minute a schedule may name change with
         // time: a retry answers what the first call answered, before either is checked.
         if let Some(first) = self.first_answer("shelf", claim).await? {
