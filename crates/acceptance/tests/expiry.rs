@@ -17,6 +17,7 @@ mirrored_tests!(
     the_backlog_counts_the_due_holds_only,
     a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
+    the_order_expiry_claim_reads_the_due_orders_through_their_indexes,
 );
 
 async fn reserve_with_ttl(
@@ -314,4 +315,37 @@ async fn status_of(app: &TestApp, reservation: &str) -> String {
         .send(Call::get(format!("/v1/reservations/{reservation}")))
         .await;
     read.json()["status"].as_str().unwrap().to_owned()
+}
+
+/// The order expiry's claim reads the unpaid and the declined orders through their
+/// partial indexes, never the whole order table (which only grows: paid orders stay).
+/// PostgreSQL is told to avoid a sequential scan, so the plan shows whether an index
+/// can answer at all; MySQL's index on (status, expires_at) answers the claim, and its
+/// optimizer's choice on a near-empty table says nothing, so it is not asked.
+async fn the_order_expiry_claim_reads_the_due_orders_through_their_indexes(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut connection = app.database.raw_connection().await;
+    let claim = match backend {
+        Backend::Sqlite => {
+            <sqlx::SqliteConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS
+        }
+        Backend::Postgres => {
+            connection
+                .execute("SET enable_seqscan = off")
+                .await
+                .unwrap();
+            <sqlx::PgConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS
+        }
+        Backend::Mysql => return,
+    };
+    let claim = claim
+        .replace("$1", "1000")
+        .replace("$2", "100")
+        .replace("$3", "0")
+        .replace("$4", "''");
+
+    let plan = connection.plan_of(&claim).await;
+
+    assert!(plan.contains("customer_order_open"), "{plan}");
+    assert!(plan.contains("customer_order_declined"), "{plan}");
 }
