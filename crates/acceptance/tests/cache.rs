@@ -324,3 +324,38 @@ async fn with_redis_stopped_the_reads_are_right_and_the_errors_are_counted(backe
     }
     assert_eq!(shown, "off_shelf", "Redis back: right again");
 }
+
+/// One step's drops go to Redis a few hundred keys per call: every key of a step larger
+/// than one call is dropped all the same, and a fill that read before the drop cannot
+/// store.
+#[tokio::test]
+async fn a_drop_of_more_keys_than_one_call_takes_drops_every_one() {
+    let redis = TestRedis::start().await;
+    let cache = redis.cache();
+    let keys: Vec<CacheKey> = (0..=cache::KEYS_PER_INVALIDATION_MAX)
+        .map(|index| CacheKey::ProductView(format!("product-{index}")))
+        .collect();
+    let mut stale = Vec::new();
+    for key in &keys {
+        let Lookup::Miss(ticket) = cache.lookup(key).await.unwrap() else {
+            panic!("an empty cache misses");
+        };
+        assert!(cache.fill(&ticket, "shown").await.unwrap());
+        let Lookup::Hit(_) = cache.lookup(key).await.unwrap() else {
+            panic!("filled");
+        };
+        stale.push(ticket);
+    }
+
+    cache.invalidate(&keys).await.unwrap();
+
+    for (key, ticket) in keys.iter().zip(&stale) {
+        let Lookup::Miss(_) = cache.lookup(key).await.unwrap() else {
+            panic!("{key:?} was not dropped");
+        };
+        assert!(
+            !cache.fill(ticket, "old").await.unwrap(),
+            "{key:?}: a fill from before the drop stored"
+        );
+    }
+}

@@ -164,13 +164,21 @@ end
 return 0
 ";
 
-/// Moves the generation on and drops the value, together.
+/// For each (value, generation) pair of keys: moves the generation on and drops the
+/// value, together.
 const INVALIDATE_SCRIPT: &str = r"
-redis.call('INCR', KEYS[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[1])
-return 1
+for index = 1, #KEYS, 2 do
+    redis.call('INCR', KEYS[index + 1])
+    redis.call('PEXPIRE', KEYS[index + 1], ARGV[1])
+    redis.call('DEL', KEYS[index])
+end
+return #KEYS / 2
 ";
+
+/// Keys dropped by one script call: a step's drops go in a few calls, not one call
+/// per key (each bounded by the timeout, where one slow answer failed the step), and
+/// no single call keeps Redis busy long.
+pub const KEYS_PER_INVALIDATION_MAX: usize = 500;
 
 impl DisplayCache {
     /// Checks the URL; connects on first use (Redis may be down at start).
@@ -283,15 +291,14 @@ impl DisplayCache {
         }
         let mut connection = self.connection().await?;
         let script = redis::Script::new(INVALIDATE_SCRIPT);
-        for key in keys {
+        for chunk in keys.chunks(KEYS_PER_INVALIDATION_MAX) {
+            let mut invocation = script.prepare_invoke();
+            for key in chunk {
+                invocation.key(key.value_key()).key(key.generation_key());
+            }
+            invocation.arg(milliseconds(self.config.generation_ttl));
             let _: i64 = self
-                .bounded(
-                    script
-                        .key(key.value_key())
-                        .key(key.generation_key())
-                        .arg(milliseconds(self.config.generation_ttl))
-                        .invoke_async(&mut connection),
-                )
+                .bounded(invocation.invoke_async(&mut connection))
                 .await?;
         }
         Ok(())
