@@ -19,7 +19,8 @@ pub struct CartSku {
     pub currency: Option<Currency>,
     pub sale_status: SaleStatus,
     /// Available to a checkout: in the default warehouse, where carts check out from,
-    /// or, while a campaign runs on the SKU there, in the campaign's buckets.
+    /// or, while a campaign runs on the SKU there, in the campaign's fullest bucket (a
+    /// line draws from one).
     pub available: i64,
 }
 

@@ -226,6 +226,68 @@ impl Drop for Turn {
     }
 }
 
+/// Keys of requests holding a place in a campaign's line, waiting for their turn, each
+/// with how many places it holds. Bounded by the lines' places: an entry lives as long
+/// as its place waits.
+#[derive(Debug, Default)]
+pub struct WaitingKeys {
+    /// Places counted here, so the common case (no line) reads no map.
+    places: std::sync::atomic::AtomicUsize,
+    keys: Mutex<HashMap<String, usize>>,
+}
+
+impl WaitingKeys {
+    fn enter(keys: &Arc<WaitingKeys>, key: &str) -> WaitingKey {
+        let mut held = keys
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *held.entry(key.to_owned()).or_default() += 1;
+        keys.places
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        WaitingKey {
+            keys: Arc::clone(keys),
+            key: key.to_owned(),
+        }
+    }
+
+    /// Whether a request under `key` waits in a line now.
+    pub(crate) fn contains(&self, key: &str) -> bool {
+        self.places.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .contains_key(key)
+    }
+}
+
+/// A waiting request's key in [`WaitingKeys`], until its turn comes or it gives up.
+#[derive(Debug)]
+struct WaitingKey {
+    keys: Arc<WaitingKeys>,
+    key: String,
+}
+
+impl Drop for WaitingKey {
+    fn drop(&mut self) {
+        let mut held = self
+            .keys
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(places) = held.get_mut(&self.key) {
+            *places -= 1;
+            if *places == 0 {
+                held.remove(&self.key);
+            }
+        }
+        self.keys
+            .places
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What a ticket says now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TicketState {
@@ -476,13 +538,15 @@ impl Engine {
                 detail,
             }
         })?;
-        // From here the request will reach the database under its key (unless its
-        // caller goes away while waiting), so a retry of the key meanwhile must not
-        // be refused from memory: the request still waiting could then hold a unit
-        // and store a 201 under the key memory said "sold out" to.
-        self.note_sent(claim, routed.memory_may_refuse);
+        // While the request waits for its turn, a retry of its key is not refused from
+        // memory: the waiting request could still hold a unit given back meanwhile and
+        // store a 201 under the key memory said "sold out" to. At its turn the key
+        // leaves the waiting set, and memory may answer the request itself as any.
+        let waiting = (!place.is_turn())
+            .then(|| WaitingKeys::enter(&self.inner.campaigns.waiting_keys, claim.key.as_str()));
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
+            drop(waiting);
             let answer = decide().await;
             drop(turn);
             route.learn_from(shopper, routed, &answer, self.now());
@@ -500,6 +564,7 @@ impl Engine {
         let shopper = shopper.cloned();
         tokio::spawn(async move {
             let turn = place.turn().await;
+            drop(waiting);
             let answer = decide().await;
             drop(turn);
             routed

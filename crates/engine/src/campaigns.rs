@@ -220,6 +220,8 @@ pub struct CampaignRegistry {
     by_sku: RwLock<HashMap<SkuCode, Arc<CampaignRoute>>>,
     answered: std::sync::Mutex<RememberedAnswers>,
     pub(crate) tickets: Tickets,
+    /// Keys of requests waiting in a line for their turn.
+    pub(crate) waiting_keys: Arc<crate::admission::WaitingKeys>,
     /// `stockd_campaign_sold_out_from_memory_total`, registered at its first answer
     /// instead of looked up at each.
     sold_out_from_memory: OnceLock<metrics::Counter>,
@@ -267,6 +269,7 @@ impl CampaignRegistry {
             by_sku: RwLock::default(),
             answered: std::sync::Mutex::default(),
             tickets: Tickets::default(),
+            waiting_keys: Arc::default(),
             sold_out_from_memory: OnceLock::new(),
             end_cursor: std::sync::Mutex::new(None),
         }

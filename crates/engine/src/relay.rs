@@ -128,8 +128,11 @@ impl Engine {
                 // This instance cannot read what it is to publish (its database
                 // connection, or an event of a kind a newer version wrote during a
                 // rolling upgrade): the lease goes to an instance that can, rather
-                // than renewed here at every step while no event moves.
-                self.stand_aside(relay, &error).await?;
+                // than renewed here at every step while no event moves. The read's
+                // error is the step's, whether or not the lease could be given up.
+                if let Err(release) = self.stand_aside(relay, &error).await {
+                    tracing::warn!(%release, "relay lease not given up after a failed read; another instance takes over when it ends");
+                }
                 return Err(log_store_error("relay_events", error));
             }
         };

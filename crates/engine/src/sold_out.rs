@@ -367,14 +367,21 @@ impl Engine {
     }
 
     /// Whether memory may answer this request now: it is of a kind memory may refuse
-    /// ([`memory_may_refuse`]), and its key was not sent to the database from here
-    /// (then the key may hold an answer, and only the database knows which).
+    /// ([`memory_may_refuse`]), its key was not sent to the database from here (then
+    /// the key may hold an answer, and only the database knows which), and no request
+    /// under it waits in a campaign's line (which may yet store one).
     pub(crate) fn memory_may_answer(
         &self,
         claim: &IdempotencyClaim,
         memory_may_refuse: bool,
     ) -> bool {
-        memory_may_refuse && !self.inner.short_lines.sent_from_here(claim.key.as_str())
+        memory_may_refuse
+            && !self.inner.short_lines.sent_from_here(claim.key.as_str())
+            && !self
+                .inner
+                .campaigns
+                .waiting_keys
+                .contains(claim.key.as_str())
     }
 
     /// Whether memory refuses this request now: memory may answer it

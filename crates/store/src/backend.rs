@@ -93,7 +93,7 @@ pub trait Dialect: Connection {
     /// A reservation's row, locked until the commit where the database has row locks.
     const SELECT_RESERVATION_FOR_UPDATE: &'static str;
     /// Open reservations past their hold (`$1`), at most `$2`, past the cursor (`$3`,
-    /// `$4`: [`crate::ExpiryCursor::bounds`]), skipping those another worker holds.
+    /// `$4`: after [`crate::ExpiryCursor`]), skipping those another worker holds.
     const CLAIM_EXPIRED_RESERVATIONS: &'static str;
     /// The audit's join of every reservation line with its ledger rows.
     const AUDIT_RESERVATION_LINES: &'static str;

@@ -83,8 +83,8 @@ pub(crate) async fn remove_checked_out_lines<C: Dialect>(
 
 /// A shopper's cart at `now`, each line with what a checkout would find: the SKU's
 /// units available in the default warehouse, or, while a campaign runs on the SKU
-/// there, the units left in its buckets (a checkout's line draws from the campaign
-/// then, and the regular stock is not for it).
+/// there, the units in its fullest bucket (a checkout's line draws from one of the
+/// campaign's buckets then, and the regular stock is not for it).
 pub(crate) async fn load_cart<C: Dialect>(
     connection: &mut C,
     shop: Option<&ShopCode>,
@@ -113,14 +113,20 @@ pub(crate) async fn load_cart<C: Dialect>(
         let available = match campaign {
             None => row.try_get("available")?,
             Some(code) => {
-                // A campaign's code is hex: nothing in the pattern but its `%`.
-                let buckets: Vec<i64> =
-                    statement("SELECT available FROM stock WHERE sku = $1 AND warehouse LIKE $2")
+                // A checkout's line takes its units from one bucket: what the fullest
+                // bucket holds is what a line can be. Matched in code, not with
+                // `LIKE` (whose case rules differ between the databases).
+                let bucket_prefix = format!("{BUCKET_WAREHOUSE_PREFIX}{code}-");
+                let rows: Vec<(String, i64)> =
+                    statement("SELECT warehouse, available FROM stock WHERE sku = $1")
                         .bind(sku.as_str())
-                        .bind(format!("{BUCKET_WAREHOUSE_PREFIX}{code}-%"))
-                        .fetch_all_scalar(&mut *connection)
+                        .fetch_all_as(&mut *connection)
                         .await?;
-                buckets.iter().sum()
+                rows.iter()
+                    .filter(|(warehouse, _)| warehouse.starts_with(&bucket_prefix))
+                    .map(|(_, available)| *available)
+                    .max()
+                    .unwrap_or(0)
             }
         };
         let current = match status {
