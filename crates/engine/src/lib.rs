@@ -107,8 +107,10 @@ struct Inner {
     duplicate_skus: duplicates::DuplicateTally,
     /// When this process's previous live-audit round started.
     live_audit_started: std::sync::Mutex<Option<Timestamp>>,
-    /// Where this process's next expiry claims resume: plain holds, then orders.
-    expiry_cursors: [std::sync::Mutex<Option<ExpiryCursor>>; 2],
+    /// Where this process's next claim of due plain holds resumes.
+    reservation_expiry_cursor: ExpiryCursorCell,
+    /// Where this process's next claim of due unpaid orders resumes.
+    order_expiry_cursor: ExpiryCursorCell,
     /// The open campaigns, as this process routes by them.
     campaigns: campaigns::CampaignRegistry,
     /// Lines outside campaigns this process found short (the sold-out answer from
@@ -118,10 +120,26 @@ struct Inner {
     key_probe: key_probe::KeyProbe,
 }
 
-/// The expiry worker of plain holds, in `Inner::expiry_cursors`.
-const RESERVATION_EXPIRY: usize = 0;
-/// The expiry worker of orders, in `Inner::expiry_cursors`.
-const ORDER_EXPIRY: usize = 1;
+/// Where an expiry worker's next claim resumes (`store::ExpiryCursor`); each step
+/// reads it and leaves the one its claim answered.
+#[derive(Debug, Default)]
+pub(crate) struct ExpiryCursorCell(std::sync::Mutex<Option<ExpiryCursor>>);
+
+impl ExpiryCursorCell {
+    pub(crate) fn get(&self) -> Option<ExpiryCursor> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, cursor: Option<ExpiryCursor>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = cursor;
+    }
+}
 
 /// What one expiry step did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,7 +199,8 @@ impl Engine {
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
                 live_audit_started: std::sync::Mutex::new(None),
-                expiry_cursors: Default::default(),
+                reservation_expiry_cursor: ExpiryCursorCell::default(),
+                order_expiry_cursor: ExpiryCursorCell::default(),
                 campaigns: campaigns::CampaignRegistry::new(room_bounds),
                 short_lines: sold_out::ShortLines::default(),
                 key_probe,
@@ -688,7 +707,7 @@ impl Engine {
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
         let given_back = self.stock_may_come_back();
-        let cursor = self.expiry_cursor(RESERVATION_EXPIRY);
+        let cursor = self.inner.reservation_expiry_cursor.get();
         let outcome = self
             .retried("expire", || {
                 self.inner
@@ -696,7 +715,9 @@ impl Engine {
                     .expire_batch(self.now(), limit, cursor.as_ref())
             })
             .await?;
-        self.resume_expiry_after(RESERVATION_EXPIRY, outcome.resume_after.clone());
+        self.inner
+            .reservation_expiry_cursor
+            .set(outcome.resume_after.clone());
         metrics::counter!("stockd_reservations_expired_total")
             .increment(outcome.released.len() as u64);
         for (reservation, failure) in &outcome.stuck {
@@ -712,21 +733,6 @@ impl Engine {
             released: outcome.released,
             more_waiting,
         })
-    }
-
-    /// Where the expiry worker `which` ([`RESERVATION_EXPIRY`] or [`ORDER_EXPIRY`])
-    /// resumes its claim.
-    pub(crate) fn expiry_cursor(&self, which: usize) -> Option<ExpiryCursor> {
-        self.inner.expiry_cursors[which]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn resume_expiry_after(&self, which: usize, cursor: Option<ExpiryCursor>) {
-        *self.inner.expiry_cursors[which]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = cursor;
     }
 
     /// The writer's position after every commit finished so far: the

@@ -695,7 +695,7 @@ impl Engine {
     /// expire and give their stock back.
     pub async fn order_expiry_step(&self) -> Result<Vec<OrderId>, EngineError> {
         let given_back = self.stock_may_come_back();
-        let cursor = self.expiry_cursor(crate::ORDER_EXPIRY);
+        let cursor = self.inner.order_expiry_cursor.get();
         let expiry = self
             .retried("expire_orders", || {
                 self.inner.store.expire_orders(
@@ -705,7 +705,9 @@ impl Engine {
                 )
             })
             .await?;
-        self.resume_expiry_after(crate::ORDER_EXPIRY, expiry.resume_after.clone());
+        self.inner
+            .order_expiry_cursor
+            .set(expiry.resume_after.clone());
         for (order, failure) in &expiry.stuck {
             tracing::error!(%order, %failure, "a due order's stock could not be given back; the others were");
             metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);
