@@ -51,6 +51,8 @@ mirrored_tests!(
     an_order_with_a_payment_in_flight_cannot_be_cancelled,
     a_return_puts_the_goods_back_once_and_keeps_the_sale_status,
     reconciliation_on_two_instances_settles_each_attempt_once,
+    reconciliation_asks_about_no_attempt_once_its_lease_could_end_meanwhile,
+    the_refund_worker_issues_no_refund_once_its_lease_could_end_meanwhile,
     malformed_order_and_payment_requests_are_refused_and_change_nothing,
     the_audit_catches_an_order_that_disagrees_with_its_reservation,
     a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
@@ -383,16 +385,51 @@ enum Refuse {
 }
 
 /// A gateway in front of the sandbox that passes calls through, except those it
-/// answers 503 until told to stop.
+/// answers 503 until told to stop. A holding one refuses nothing and keeps each call
+/// until the test lets one through, as a gateway slow to answer would.
 struct FlakyGateway {
     url: String,
     refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Calls that reached the proxy.
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Permits for held calls to go on; `None` when calls are not held.
+    held: Option<std::sync::Arc<tokio::sync::Semaphore>>,
     _shutdown: tokio_util::sync::DropGuard,
 }
 
 impl FlakyGateway {
     async fn start(gateway: &TestGateway, refused: Refuse) -> FlakyGateway {
+        FlakyGateway::spawn(gateway, refused, None).await
+    }
+
+    async fn holding(gateway: &TestGateway) -> FlakyGateway {
+        let proxy = FlakyGateway::spawn(
+            gateway,
+            Refuse::Everything,
+            Some(std::sync::Arc::new(tokio::sync::Semaphore::new(0))),
+        )
+        .await;
+        proxy.stop_refusing();
+        proxy
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn let_one_through(&self) {
+        self.held.as_ref().expect("a holding proxy").add_permits(1);
+    }
+
+    async fn spawn(
+        gateway: &TestGateway,
+        refused: Refuse,
+        held: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    ) -> FlakyGateway {
         let upstream = gateway.url.clone();
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = std::sync::Arc::clone(&calls);
+        let hold = held.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
@@ -406,8 +443,13 @@ impl FlakyGateway {
             let upstream = upstream.clone();
             let client = client.clone();
             let refuse = refuse.load(std::sync::atomic::Ordering::SeqCst);
+            let hold = hold.clone();
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
                 use axum::response::IntoResponse;
+                if let Some(hold) = hold {
+                    hold.acquire().await.expect("the hold stays open").forget();
+                }
                 if refuse
                     && (refused == Refuse::Everything || request.uri().path().ends_with("/cancel"))
                 {
@@ -452,6 +494,8 @@ impl FlakyGateway {
         FlakyGateway {
             url,
             refusing,
+            calls,
+            held,
             _shutdown: shutdown.drop_guard(),
         }
     }
@@ -1356,6 +1400,82 @@ async fn a_return_puts_the_goods_back_once_and_keeps_the_sale_status(backend: Ba
     assert_eq!(app.contents_except_idempotency_records().await, after_first);
     assert_eq!(app.sku(SKU).await["sale_status"], sale_status);
     assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a reconciliation step went on through its whole batch (50
+/// attempts, three gateway calls each, every call up to the gateway's timeout) long
+/// after its 30 s lease had ended and another instance could claim the same attempts.
+/// Now an attempt is only asked about while its worst case ends within the lease.
+async fn reconciliation_asks_about_no_attempt_once_its_lease_could_end_meanwhile(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let mut orders = Vec::new();
+    for _ in 0..2 {
+        let order = app.order_of("user-1", &[(SKU, 1)]).await;
+        let response = app
+            .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+            .await;
+        assert_eq!(response.status, 202, "{response:?}");
+        orders.push(order);
+    }
+    app.clock.advance_seconds(11);
+    let slow = app.another_instance().await;
+    let proxy = FlakyGateway::holding(&gateway).await;
+    proxy.attach(&slow);
+    let step = tokio::spawn(async move { slow.engine.reconcile_step().await });
+    acceptance::wait_until("the first attempt's call reaches the gateway", || {
+        proxy.calls() == 1
+    })
+    .await;
+    // The gateway answers the first attempt only when the lease has run out.
+    app.clock
+        .advance_milliseconds(engine::EngineConfig::default().reconcile_lease_milliseconds);
+    proxy.let_one_through();
+    let resolved = step.await.expect("step task").expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "only the first attempt: {resolved:?}");
+    assert_eq!(proxy.calls(), 1, "the second attempt was not asked about");
+    // The other attempt's lease is over: another instance asks about it.
+    let resolved = app.engine.reconcile_step().await.expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    for order in &orders {
+        assert_statuses(&app, order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+        assert_eq!(gateway.charges_for(order), 1);
+    }
+    app.assert_audit_clean().await;
+}
+
+/// The refund worker's lease bounds its batch the same way.
+async fn the_refund_worker_issues_no_refund_once_its_lease_could_end_meanwhile(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let mut orders = Vec::new();
+    for user in ["user-1", "user-2"] {
+        let order = paid_order(&app, user, 1).await;
+        let cancelled = cancel_as_staff(&app, &order).await;
+        assert_eq!(cancelled.status, 200, "{cancelled:?}");
+        orders.push(order);
+    }
+    let slow = app.another_instance().await;
+    let proxy = FlakyGateway::holding(&gateway).await;
+    proxy.attach(&slow);
+    let step = tokio::spawn(async move { slow.engine.refund_step().await });
+    acceptance::wait_until("the first refund reaches the gateway", || {
+        proxy.calls() == 1
+    })
+    .await;
+    app.clock
+        .advance_milliseconds(engine::EngineConfig::default().refund_retry_milliseconds);
+    proxy.let_one_through();
+    let refunded = step.await.expect("step task").expect("refund step");
+    assert_eq!(refunded.len(), 1, "only the first refund: {refunded:?}");
+    assert_eq!(proxy.calls(), 1, "the second refund was not sent");
+    assert_eq!(gateway.sandbox.stats().refunds, 1);
+    let refunded = app.engine.refund_step().await.expect("refund step");
+    assert_eq!(refunded.len(), 1, "{refunded:?}");
+    assert_eq!(gateway.sandbox.stats().refunds, 2);
+    for order in &orders {
+        assert_statuses(&app, order, ("REFUNDED", "CONFIRMED", "SUCCEEDED")).await;
+    }
     app.assert_audit_clean().await;
 }
 

@@ -21,6 +21,67 @@ use store::{
 
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
+/// Gateway calls one reconciled attempt may make: the keyed create, a read of its
+/// current state, and a cancel (or a read after a refused cancel).
+const RECONCILE_CALLS_PER_ATTEMPT: u64 = 3;
+
+/// Gateway calls one refund may make: the keyed refund, or a read of a pending one.
+const REFUND_CALLS_PER_REFUND: u64 = 1;
+
+/// Room between a row's worst case and its lease's end, for the claim's own commit and
+/// the recording of the answer.
+const LEASE_MARGIN_MILLISECONDS: i64 = 5_000;
+
+/// How long a worker's claim keeps its rows from every other instance, and whether the
+/// next row still fits in it. A row is started only while its worst case (each of its
+/// gateway calls running into the timeout) ends before the lease does: past the lease,
+/// another instance may claim the same row and call the gateway about it at the same
+/// time. The lease is at least one row's worst case, so a step always has room for its
+/// first row.
+#[derive(Debug, Clone, Copy)]
+struct WorkerLease {
+    ends_at: domain::Timestamp,
+    row_milliseconds_max: i64,
+}
+
+impl WorkerLease {
+    /// The lease a claim takes at `now`: the configured one, or longer when the
+    /// gateway's timeout makes one row longer than that.
+    fn claimed_at(
+        now: domain::Timestamp,
+        configured_milliseconds: i64,
+        gateway: &GatewayClient,
+        calls_per_row: u64,
+    ) -> WorkerLease {
+        let row_milliseconds_max = i64::try_from(
+            gateway
+                .config()
+                .timeout_milliseconds
+                .saturating_mul(calls_per_row),
+        )
+        .unwrap_or(i64::MAX);
+        let lease_milliseconds = configured_milliseconds
+            .max(row_milliseconds_max.saturating_add(LEASE_MARGIN_MILLISECONDS));
+        WorkerLease {
+            ends_at: domain::Timestamp::from_unix_milliseconds(
+                now.unix_milliseconds().saturating_add(lease_milliseconds),
+            ),
+            row_milliseconds_max,
+        }
+    }
+
+    fn milliseconds(&self, claimed_at: domain::Timestamp) -> i64 {
+        self.ends_at.unix_milliseconds() - claimed_at.unix_milliseconds()
+    }
+
+    /// Whether a row started at `now` ends, at worst, before the lease does.
+    fn has_room_for_a_row(&self, now: domain::Timestamp) -> bool {
+        now.unix_milliseconds()
+            .saturating_add(self.row_milliseconds_max)
+            <= self.ends_at.unix_milliseconds()
+    }
+}
+
 /// The gateway and the secret its webhooks are signed with.
 #[derive(Debug, Clone)]
 pub struct Payments {
@@ -565,17 +626,35 @@ impl Engine {
     ) -> Result<Vec<(PaymentAttemptId, Option<OrderStatus>)>, EngineError> {
         let payments = self.payments()?;
         let config = &self.inner.config;
+        let claimed_at = self.now();
+        let lease = WorkerLease::claimed_at(
+            claimed_at,
+            config.reconcile_lease_milliseconds,
+            &payments.gateway,
+            RECONCILE_CALLS_PER_ATTEMPT,
+        );
         let attempts = self
             .retried("reconcile", || {
                 self.inner.store.claim_attempts_to_reconcile(
-                    self.now(),
+                    claimed_at,
                     config.reconcile_batch_size,
-                    config.reconcile_lease_milliseconds,
+                    lease.milliseconds(claimed_at),
                 )
             })
             .await?;
-        let mut resolved = Vec::with_capacity(attempts.len());
+        let claimed = attempts.len();
+        let mut resolved = Vec::with_capacity(claimed);
         for attempt in attempts {
+            if !lease.has_room_for_a_row(self.now()) {
+                // The rest of the batch is asked about by whoever claims it after the
+                // lease, this instance or another; never by two at once.
+                tracing::info!(
+                    asked = resolved.len(),
+                    claimed,
+                    "the reconciliation lease ends before another attempt could be asked about; the rest waits for the lease"
+                );
+                break;
+            }
             let mut call = payments
                 .gateway
                 .create_payment_intent(&attempt.gateway_key, &create_request(&attempt))
@@ -725,17 +804,34 @@ impl Engine {
     pub async fn refund_step(&self) -> Result<Vec<RefundId>, EngineError> {
         let payments = self.payments()?;
         let config = &self.inner.config;
+        let claimed_at = self.now();
+        let lease = WorkerLease::claimed_at(
+            claimed_at,
+            config.refund_retry_milliseconds,
+            &payments.gateway,
+            REFUND_CALLS_PER_REFUND,
+        );
         let refunds = self
             .retried("refunds", || {
                 self.inner.store.claim_refunds(
-                    self.now(),
+                    claimed_at,
                     config.refund_batch_size,
-                    config.refund_retry_milliseconds,
+                    lease.milliseconds(claimed_at),
                 )
             })
             .await?;
-        let mut settled = Vec::with_capacity(refunds.len());
-        for refund in refunds {
+        let claimed = refunds.len();
+        let mut settled = Vec::with_capacity(claimed);
+        for (started, refund) in refunds.into_iter().enumerate() {
+            if !lease.has_room_for_a_row(self.now()) {
+                // Asked for by whoever claims it after the lease; never by two at once.
+                tracing::info!(
+                    started,
+                    claimed,
+                    "the refund lease ends before another refund could be issued; the rest waits for the lease"
+                );
+                break;
+            }
             // A refund the gateway answered `pending` is read again, not sent again:
             // sending it with its key would replay that first answer.
             let outcome = match &refund.gateway_refund_id {
