@@ -10,6 +10,8 @@ mirrored_tests_alone!(
     a_counter_tampered_behind_the_ledger_is_found_in_the_next_round,
     an_order_status_edited_by_hand_is_found_in_the_next_round,
     each_round_reads_only_the_ledger_rows_after_its_checkpoint,
+    running_sums_that_missed_a_ledger_row_are_recounted_not_reported,
+    a_tampered_counter_stays_a_difference_after_the_recount,
 );
 
 async fn metrics(app: &TestApp) -> String {
@@ -135,4 +137,77 @@ async fn each_round_reads_only_the_ledger_rows_after_its_checkpoint(backend: Bac
     }
     let sku = app.sku("TEA").await;
     assert_eq!(sku["reserved"].as_i64(), Some(3));
+}
+
+/// A shop with one settled receive and one settled hold: the running sums hold them.
+async fn settled_shop(backend: Backend) -> TestApp {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    assert_eq!(app.reserve("held", &[("TEA", 2)]).await.status, 201);
+    app.clock
+        .advance_milliseconds(app.engine.config().live_audit_settle_milliseconds + 1_000);
+    let settling = app.engine.live_audit_step().await.unwrap();
+    assert!(settling.advanced);
+    assert_eq!(settling.differences_total, 0, "{:?}", settling.differences);
+    app
+}
+
+/// Found in review: a ledger row that commits later than the settle age allows (an
+/// instance's clock behind, a commit stalled on a synchronous standby) was left out of
+/// the running sums for good, and every round then reported a difference the stock did
+/// not have, hiding any real one behind a standing alarm. A round that finds a row
+/// differing from its sums now recounts them from the ledger.
+async fn running_sums_that_missed_a_ledger_row_are_recounted_not_reported(backend: Backend) {
+    let app = settled_shop(backend).await;
+    let mut raw = app.database.raw_connection().await;
+    // The running sums miss the hold's row, as they would had it committed late.
+    raw.execute(
+        "UPDATE audit_running_sum SET available_sum = available_sum + 2, \
+         reserved_sum = reserved_sum - 2 WHERE sku = 'TEA'",
+    )
+    .await
+    .unwrap();
+
+    let round = app.engine.live_audit_step().await.unwrap();
+
+    assert_eq!(round.differences_total, 0, "{:?}", round.differences);
+    assert!(round.recounted);
+    assert_eq!(round.running_sums_corrected, 1);
+    let next = app.engine.live_audit_step().await.unwrap();
+    assert_eq!(next.differences_total, 0, "{:?}", next.differences);
+    // The sums were corrected, not only the round's comparison.
+    assert!(!next.recounted, "nothing differs: nothing to recount");
+    assert_eq!(
+        sample(
+            &metrics(&app).await,
+            "stockd_audit_running_sums_corrected_total"
+        ),
+        Some(1.0)
+    );
+}
+
+/// The recount corrects only the sums: a counter that disagrees with the ledger is
+/// still found, and the whole ledger is read again only after the recount interval.
+async fn a_tampered_counter_stays_a_difference_after_the_recount(backend: Backend) {
+    let app = settled_shop(backend).await;
+    let mut raw = app.database.raw_connection().await;
+    raw.execute("UPDATE stock SET available = available + 1 WHERE sku = 'TEA'")
+        .await
+        .unwrap();
+
+    let round = app.engine.live_audit_step().await.unwrap();
+    let soon_after = app.engine.live_audit_step().await.unwrap();
+    app.clock
+        .advance_milliseconds(app.engine.config().live_audit_recount_interval_milliseconds);
+    let later = app.engine.live_audit_step().await.unwrap();
+
+    for found in [&round, &soon_after, &later] {
+        assert_eq!(found.differences_total, 1, "{:?}", found.differences);
+        assert_eq!(found.differences[0].check, "ledger_vs_available");
+        assert_eq!(found.running_sums_corrected, 0);
+    }
+    assert_eq!(
+        (round.recounted, soon_after.recounted, later.recounted),
+        (true, false, true)
+    );
 }

@@ -22,6 +22,7 @@ mirrored_tests!(
     an_operators_audit_finds_its_shops_differences_behind_a_thousand_of_another_shops,
     readiness_never_shows_the_database_error,
     the_service_key_secret_is_shown_once_and_listed_never,
+    a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transaction_and_changes_nothing,
 );
 
 /// Shop `north` with a product (two SKUs on sale, stock), an order, a plain
@@ -1014,5 +1015,71 @@ async fn the_service_key_secret_is_shown_once_and_listed_never(backend: Backend)
     assert!(
         keys.iter()
             .any(|key| key["name"] == "north checkout" && key["shop"] == "north")
+    );
+}
+
+/// Found in review: the engine checks the caller's shop against a SKU's before the
+/// transaction, but a SKU it did not know then (created since, maybe by another shop)
+/// passed unchecked. A stock movement was then applied to another shop's SKU, and a
+/// cart's refusal of another shop's SKU was stored as the key's answer. The store is
+/// called here as the engine calls it after finding no such SKU: shop `north` required,
+/// the SKU in shop `default`.
+async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transaction_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SOUTH-1", 5).await;
+    let before = app.contents().await;
+    let now = app.clock_now();
+    let north = domain::ShopCode::parse("north").expect("shop");
+    let sku = domain::SkuCode::parse("SOUTH-1").expect("sku");
+    let claim = |key: &str| store::IdempotencyClaim {
+        key: store::ScopedKey::new(
+            &domain::Principal::Admin,
+            &domain::IdempotencyKey::parse(key).expect("key"),
+        ),
+        fingerprint: key.to_owned(),
+    };
+    let movement = store::StockMovement {
+        id: domain::MovementId::generate(now, 1),
+        shop: domain::ShopScope::Required(north.clone()),
+        sku: sku.clone(),
+        warehouse: domain::WarehouseCode::default_warehouse(),
+        quantity: store::MovementQuantity::Adjust(
+            serde_json::from_str::<domain::AdjustmentQuantity>("-5").expect("quantity"),
+        ),
+    };
+
+    let moved = app
+        .store
+        .record_movement(&claim("move"), &movement, now, api::renderer().as_ref())
+        .await
+        .expect("record movement");
+    let carted = app
+        .store
+        .set_cart_item(
+            &claim("cart"),
+            &north,
+            &domain::UserId::parse("alice").expect("user"),
+            &sku,
+            Some(1),
+            now,
+            api::renderer().as_ref(),
+        )
+        .await
+        .expect("set cart item");
+
+    assert!(
+        matches!(moved, store::Idempotent::Forbidden(_)),
+        "{moved:?}"
+    );
+    assert!(
+        matches!(carted, store::Idempotent::Forbidden(_)),
+        "{carted:?}"
+    );
+    assert_eq!(
+        app.contents().await,
+        before,
+        "no stock moved, no cart line, no key stored"
     );
 }

@@ -124,6 +124,9 @@ pub struct EngineConfig {
     /// Ledger rows older than this join the live auditor's running sums: longer than
     /// any stockd transaction lasts, so no row with a lower id can still commit.
     pub live_audit_settle_milliseconds: i64,
+    /// Shortest time between two recounts of the live auditor's running sums from the
+    /// whole ledger, done when a round finds a stock row differing from its sums.
+    pub live_audit_recount_interval_milliseconds: i64,
 }
 
 impl Default for EngineConfig {
@@ -177,6 +180,7 @@ impl Default for EngineConfig {
             long_transaction_milliseconds: 10_000,
             live_audit_interval_milliseconds: 30_000,
             live_audit_settle_milliseconds: 60_000,
+            live_audit_recount_interval_milliseconds: 600_000,
         }
     }
 }

@@ -288,7 +288,7 @@ forward! {
     fn audit(&self, now: Timestamp, shop: Option<&ShopCode>) -> Result<AuditReport, StoreError>;
     /// One round of the live auditor: the counters, open holds and recently changed
     /// orders checked from the checkpoint on.
-    fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders_since: Timestamp) -> Result<LiveAuditRound, StoreError>;
+    fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders_since: Timestamp, recount: bool) -> Result<LiveAuditRound, StoreError>;
     fn contents(&self) -> Result<String, StoreError>;
     fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

@@ -220,6 +220,9 @@ impl MovementQuantity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StockMovement {
     pub id: MovementId,
+    /// The shop the SKU must belong to: checked again under the transaction, for a SKU
+    /// the engine did not know when it checked (created since, maybe in another shop).
+    pub shop: ShopScope,
     pub sku: SkuCode,
     pub warehouse: WarehouseCode,
     pub quantity: MovementQuantity,

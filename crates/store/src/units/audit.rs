@@ -123,6 +123,15 @@ impl Findings {
         }
     }
 
+    /// Adds another check's findings after these (same scope).
+    pub(crate) fn absorb(&mut self, other: Findings) {
+        let unkept = other.total - other.differences.len() as i64;
+        for difference in other.differences {
+            self.note(difference);
+        }
+        self.total += unkept;
+    }
+
     pub(crate) fn note(&mut self, difference: AuditDifference) {
         if let Some(scope) = &self.scope {
             let ours = match (&difference.shop, &difference.sku) {

@@ -178,11 +178,17 @@ impl<B: Backend> Units<B> {
                 .bind(sku.as_str())
                 .fetch_optional_as(&mut *transaction)
                 .await?;
+        if let Some((owner, _)) = &owner
+            && owner != shop.as_str()
+        {
+            // Checked before the transaction too; a SKU created in another shop since
+            // is refused here the same way: a 403 stores nothing, not even the key.
+            transaction.rollback().await?;
+            return Ok(Idempotent::Forbidden(format!(
+                "sku '{sku}' belongs to another shop"
+            )));
+        }
         let refusal = match (quantity, owner) {
-            (_, Some((owner, _))) if owner != shop.as_str() => Some(Rejection::new(
-                ErrorCode::Forbidden,
-                format!("sku '{sku}' belongs to another shop"),
-            )),
             (Some(_), None) => Some(Rejection::new(
                 ErrorCode::NotFound,
                 format!("sku '{sku}' does not exist"),

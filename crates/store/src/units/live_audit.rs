@@ -11,11 +11,20 @@
 //! older. The stock table and the open reservations are read whole each round: both
 //! are as large as the catalog and the live holds, not as the history.
 //!
+//! A running sum that missed a row (a transaction that committed later than the settle
+//! age allows: a clock behind, a commit stalled on a synchronous standby) would raise
+//! the same difference in every round for ever. So a round that finds a stock row's
+//! counters differ from its ledger sums may recount the running sums from the whole
+//! ledger through the checkpoint, in the same snapshot, and compare again: a running
+//! sum that was wrong is corrected with the checkpoint's move; a counter that is wrong
+//! stays a difference. The engine allows one recount per ten minutes
+//! (`EngineConfig::live_audit_recount_interval_milliseconds`): it reads the whole ledger.
+//!
 //! What the round does not repeat (reservation lines against their ledger rows,
 //! orphaned ledger rows, returns) is the full audit's (`stockd audit`,
 //! `GET /v1/audit`).
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::Units;
 use super::audit::{Findings, audit_orders_changed_since};
@@ -43,6 +52,27 @@ const LIVE_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.availabl
      ON held.sku = stock.sku AND held.warehouse = stock.warehouse \
      ORDER BY stock.sku, stock.warehouse";
 
+/// The running sums' correction: for each stock row, what the ledger through the
+/// checkpoint `$1` adds up to, less its running sums, where the two differ. A running
+/// sum without ledger rows through the checkpoint is not looked for: no round writes
+/// one.
+const RUNNING_SUM_CORRECTIONS: &str = "SELECT counted.sku, counted.warehouse, \
+     counted.available - COALESCE(sums.available_sum, 0), \
+     counted.reserved - COALESCE(sums.reserved_sum, 0) \
+     FROM (SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT) AS available, \
+         CAST(SUM(reserved_delta) AS BIGINT) AS reserved \
+         FROM stock_ledger WHERE id <= $1 GROUP BY sku, warehouse) AS counted \
+     LEFT JOIN audit_running_sum sums ON sums.sku = counted.sku AND sums.warehouse = counted.warehouse \
+     WHERE counted.available <> COALESCE(sums.available_sum, 0) \
+        OR counted.reserved <> COALESCE(sums.reserved_sum, 0) \
+     ORDER BY counted.sku, counted.warehouse";
+
+/// Running sums corrected in one recount, at most; the rest wait for the next one.
+const RUNNING_SUM_CORRECTIONS_MAX: usize = 10_000;
+
+/// One running sum's correction: (sku, warehouse, available, reserved).
+type SumsOfRow = (String, String, i64, i64);
+
 /// What one round found and how far it got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveAuditRound {
@@ -58,6 +88,46 @@ pub struct LiveAuditRound {
     /// Whether this round moved the checkpoint (another instance's round may have
     /// moved it first; then the next round reads from there).
     pub advanced: bool,
+    /// Whether this round recounted the running sums from the whole ledger.
+    pub recounted: bool,
+    /// Running sums the recount found wrong and corrected (with the checkpoint's move;
+    /// none when another round moved it first).
+    pub running_sums_corrected: i64,
+}
+
+/// Compares every stock row's counters with its ledger sums (the running sums, plus
+/// `corrections`, plus the rows after `through`) and its open holds. Returns the rows
+/// checked and how many of them differ from their ledger sums.
+async fn compare_stock_rows<C: crate::backend::Dialect>(
+    connection: &mut C,
+    through: i64,
+    corrections: &std::collections::HashMap<(String, String), (i64, i64)>,
+    findings: &mut Findings,
+) -> Result<(i64, i64), StoreError> {
+    let mut checked = 0_i64;
+    let mut differing = 0_i64;
+    let mut rows =
+        statement(LIVE_STOCK_ROWS)
+            .bind(through)
+            .fetch_as::<(String, String, i64, i64, i64, i64, i64)>(connection);
+    while let Some((sku, warehouse, available, reserved, ledger_available, ledger_reserved, open)) =
+        rows.try_next().await?
+    {
+        checked += 1;
+        let (available_correction, reserved_correction) = corrections
+            .get(&(sku.clone(), warehouse.clone()))
+            .copied()
+            .unwrap_or((0, 0));
+        let ledger = (
+            ledger_available + available_correction,
+            ledger_reserved + reserved_correction,
+        );
+        if ledger != (available, reserved) {
+            differing += 1;
+        }
+        findings.compare_stock_row(&sku, &warehouse, (available, reserved), ledger, open);
+    }
+    Ok((checked, differing))
 }
 
 impl<B: Backend> Units<B> {
@@ -68,6 +138,7 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
         settle_before: Timestamp,
         orders_since: Timestamp,
+        recount: bool,
     ) -> Result<LiveAuditRound, StoreError> {
         // The comparisons, on one snapshot: counters and ledger rows of the same
         // commits.
@@ -87,36 +158,20 @@ impl<B: Backend> Units<B> {
         .bind(settle_before.unix_milliseconds())
         .fetch_one_scalar(&mut *transaction)
         .await?;
-        let mut findings = Findings::default();
-        let mut stock_rows_checked = 0_i64;
-        let mut rows =
-            statement(LIVE_STOCK_ROWS)
-                .bind(through)
-                .fetch_as::<(String, String, i64, i64, i64, i64, i64)>(&mut *transaction);
-        while let Some((
-            sku,
-            warehouse,
-            available,
-            reserved,
-            ledger_available,
-            ledger_reserved,
-            open,
-        )) = rows.try_next().await?
-        {
-            stock_rows_checked += 1;
-            findings.compare_stock_row(
-                &sku,
-                &warehouse,
-                (available, reserved),
-                (ledger_available, ledger_reserved),
-                open,
-            );
-        }
-        drop(rows);
+        let no_corrections = std::collections::HashMap::new();
+        let mut stock_findings = Findings::default();
+        let (stock_rows_checked, differing) = compare_stock_rows(
+            &mut *transaction,
+            through,
+            &no_corrections,
+            &mut stock_findings,
+        )
+        .await?;
+        let mut order_findings = Findings::default();
         let orders_checked =
-            audit_orders_changed_since(&mut *transaction, Some(orders_since), &mut findings)
+            audit_orders_changed_since(&mut *transaction, Some(orders_since), &mut order_findings)
                 .await?;
-        let settled: Vec<(String, String, i64, i64)> = statement(
+        let settled: Vec<SumsOfRow> = statement(
             "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), CAST(SUM(reserved_delta) AS BIGINT) \
              FROM stock_ledger WHERE id > $1 AND id <= $2 GROUP BY sku, warehouse ORDER BY sku, warehouse",
         )
@@ -125,15 +180,58 @@ impl<B: Backend> Units<B> {
         .fetch_as(&mut *transaction)
         .try_collect()
         .await?;
+        // The recount comes last: when it fails (a statement timeout on a very large
+        // ledger), the round still reports what it found without it.
+        let recounted = recount && differing > 0 && through > 0;
+        let mut corrections: Vec<SumsOfRow> = Vec::new();
+        if recounted {
+            let recount: Result<Vec<SumsOfRow>, StoreError> = statement(RUNNING_SUM_CORRECTIONS)
+                .bind(through)
+                .fetch_as::<SumsOfRow>(&mut *transaction)
+                .take(RUNNING_SUM_CORRECTIONS_MAX)
+                .try_collect()
+                .await;
+            match recount {
+                Ok(found) if !found.is_empty() => {
+                    let corrected = found
+                        .iter()
+                        .map(|(sku, warehouse, available, reserved)| {
+                            ((sku.clone(), warehouse.clone()), (*available, *reserved))
+                        })
+                        .collect();
+                    stock_findings = Findings::default();
+                    compare_stock_rows(&mut *transaction, through, &corrected, &mut stock_findings)
+                        .await?;
+                    corrections = found;
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(
+                    %error,
+                    "the live audit could not recount its running sums; its differences stand"
+                ),
+            }
+        }
+        let mut findings = stock_findings;
+        findings.absorb(order_findings);
         transaction.rollback().await?;
 
         // The checkpoint moves in a write transaction of its own, from the value the
         // snapshot read: of two instances' rounds, the second changes nothing.
-        let advanced = if settled_through > through {
-            self.advance_live_audit(through, settled_through, &settled, now)
+        // A correction is of the running sums through `through`: it is written only
+        // together with the move from `through`, and added like the settled rows.
+        let moved = if settled_through > through || !corrections.is_empty() {
+            let mut changes = settled;
+            changes.extend(corrections.iter().cloned());
+            self.advance_live_audit(through, settled_through, &changes, now)
                 .await?
         } else {
             false
+        };
+        let advanced = moved && settled_through > through;
+        let running_sums_corrected = if moved {
+            i64::try_from(corrections.len()).unwrap_or(i64::MAX)
+        } else {
+            0
         };
         Ok(LiveAuditRound {
             through_ledger_id: if advanced { settled_through } else { through },
@@ -143,16 +241,19 @@ impl<B: Backend> Units<B> {
             differences: findings.differences,
             differences_total: findings.total,
             advanced,
+            recounted,
+            running_sums_corrected,
         })
     }
 
-    /// Adds the settled rows' sums to the running sums and moves the checkpoint from
-    /// `through` to `settled_through`, unless another round moved it meanwhile.
+    /// Adds the settled rows' sums (and a recount's corrections) to the running sums and
+    /// moves the checkpoint from `through` to `settled_through`, unless another round
+    /// moved it meanwhile.
     async fn advance_live_audit(
         &self,
         through: i64,
         settled_through: i64,
-        settled: &[(String, String, i64, i64)],
+        settled: &[SumsOfRow],
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let mut transaction = self.begin_write().await?;

@@ -13,7 +13,7 @@ use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{
     IdempotencyClaim, Idempotent, LedgerMovement, MovementRecord, Rejection, ReservationAction,
-    ResponseRenderer, SkuChanges, StockMovement,
+    ResponseRenderer, ShopScope, SkuChanges, StockMovement,
 };
 use crate::replicas::{Displayed, ReadHandle};
 use crate::sql::{Row, statement};
@@ -192,6 +192,14 @@ pub(crate) async fn apply_movement<C: Dialect>(
             format!("sku '{}' does not exist", movement.sku),
         )));
     };
+    if let ShopScope::Verified(required) | ShopScope::Required(required) = &movement.shop
+        && required.as_str() != shop
+    {
+        return Ok(Err(Rejection::new(
+            ErrorCode::Forbidden,
+            format!("this credential acts only within its own shop, not shop '{shop}'"),
+        )));
+    }
     let delta = movement.quantity.available_delta();
     let counters = if delta > 0 {
         transaction
@@ -508,6 +516,13 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let outcome = apply_movement(&mut *transaction, movement, now).await?;
+        if let Err(rejection) = &outcome
+            && rejection.code == ErrorCode::Forbidden
+        {
+            // A 403 stores nothing, not even the key.
+            transaction.rollback().await?;
+            return Ok(Idempotent::Forbidden(rejection.detail.clone()));
+        }
         let response = match outcome {
             Ok(record) => {
                 insert_ledger_row(
