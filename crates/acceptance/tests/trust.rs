@@ -23,6 +23,7 @@ mirrored_tests!(
     readiness_never_shows_the_database_error,
     the_service_key_secret_is_shown_once_and_listed_never,
     a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transaction_and_changes_nothing,
+    an_operator_sees_only_its_shops_skus_on_the_metrics_page,
 );
 
 /// Shop `north` with a product (two SKUs on sale, stock), an order, a plain
@@ -1081,5 +1082,48 @@ async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transactio
         app.contents().await,
         before,
         "no stock moved, no cart line, no key stored"
+    );
+}
+
+/// Found in review: `/metrics` named every shop's most retried SKUs, with their counts,
+/// to the operator of any shop. An operator now sees only its shop's SKUs there; the
+/// admin (and the metrics token) all of them.
+async fn an_operator_sees_only_its_shops_skus_on_the_metrics_page(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let shop = north_shop(&app).await;
+    app.stocked_sku("SOUTH-1", 5).await;
+    for _ in 0..2 {
+        let north = shop.north.reserve("north-again", &[("N-2", 1)]).await;
+        assert_eq!(north.status, 201, "{north:?}");
+        let south = app.reserve("south-again", &[("SOUTH-1", 1)]).await;
+        assert_eq!(south.status, 201, "{south:?}");
+    }
+    let operator = app.create_operator("nora", "north").await;
+
+    let seen_by_operator = app.send(Call::get("/metrics").bearer(&operator)).await;
+    let seen_by_admin = app.send(Call::get("/metrics").admin()).await;
+
+    assert_eq!(seen_by_operator.status, 200);
+    let north_line = "stockd_hot_sku_duplicate_requests_total{sku=\"N-2\"} 1";
+    let south_line = "stockd_hot_sku_duplicate_requests_total{sku=\"SOUTH-1\"} 1";
+    assert!(
+        seen_by_operator.body.contains(north_line),
+        "{}",
+        seen_by_operator.body
+    );
+    assert!(
+        !seen_by_operator.body.contains("SOUTH-1"),
+        "{}",
+        seen_by_operator.body
+    );
+    assert!(
+        seen_by_admin.body.contains(north_line),
+        "{}",
+        seen_by_admin.body
+    );
+    assert!(
+        seen_by_admin.body.contains(south_line),
+        "{}",
+        seen_by_admin.body
     );
 }

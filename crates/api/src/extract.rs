@@ -381,8 +381,9 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
-/// A reader of `/metrics`: the metrics token, or a credential that may audit.
-pub struct MetricsReader;
+/// A reader of `/metrics`: the metrics token, or a credential that may audit. An
+/// operator's reading is of its shop: `Some(shop)`.
+pub struct MetricsReader(pub Option<domain::ShopCode>);
 
 impl FromRequestParts<AppState> for MetricsReader {
     type Rejection = ApiError;
@@ -391,12 +392,12 @@ impl FromRequestParts<AppState> for MetricsReader {
         if let (Some(token), Some(expected)) = (bearer_token(parts), &state.http.metrics_token_hash)
             && constant_time_equal(&Sha256::digest(token.as_bytes()), expected)
         {
-            return Ok(MetricsReader);
+            return Ok(MetricsReader(None));
         }
         let Caller(principal) = Caller::from_request_parts(parts, state).await?;
         authorize(&principal, Action::Audit, None)
             .map_err(|denied| ApiError::new(ErrorCode::Forbidden, denied.0))?;
-        Ok(MetricsReader)
+        Ok(MetricsReader(principal.shop().cloned()))
     }
 }
 

@@ -229,7 +229,7 @@ const GAUGE_QUERY_TIMEOUT_MILLISECONDS: u64 = 1_000;
 )]
 pub async fn render(
     State(state): State<AppState>,
-    _reader: crate::extract::MetricsReader,
+    crate::extract::MetricsReader(shop): crate::extract::MetricsReader,
 ) -> Response {
     // First, before the gauges that need a connection: a scrape that waits for one
     // would report the pool after the wait.
@@ -261,7 +261,8 @@ pub async fn render(
     body.push_str(&engine::duplicates::render_hot_skus(
         &state
             .engine
-            .hot_duplicate_skus(engine::duplicates::HOT_SKUS_EXPORTED),
+            .hot_duplicate_skus_of(shop.as_ref(), engine::duplicates::HOT_SKUS_EXPORTED)
+            .await,
     ));
     let mut response = body.into_response();
     response.headers_mut().insert(

@@ -87,7 +87,7 @@ struct Inner {
     renderer: Arc<dyn ResponseRenderer>,
     config: EngineConfig,
     in_flight: InFlight,
-    audits: Semaphore,
+    audits: AuditSlots,
     combiner: Combiner,
     /// The payment gateway, once attached.
     payments: std::sync::OnceLock<payments::Payments>,
@@ -158,7 +158,7 @@ impl Engine {
         renderer: Arc<dyn ResponseRenderer>,
         config: EngineConfig,
     ) -> Engine {
-        let audits = Semaphore::new(config.audits_concurrent_max.max(1));
+        let audits = AuditSlots::new(config.audits_concurrent_max);
         let mut config = config;
         if config.combiner_shards == 0 {
             // Measured on two cores (docs/BENCHMARKS.md): one queue whose batches mix
@@ -565,6 +565,33 @@ impl Engine {
         self.inner.duplicate_skus.top(limit)
     }
 
+    /// The most duplicated SKUs as `/metrics` shows them to `shop`'s operator: only
+    /// that shop's, since the labels name products and their traffic; all of them for
+    /// the admin and the metrics token (`None`). A SKU whose shop cannot be read is
+    /// left out.
+    pub async fn hot_duplicate_skus_of(
+        &self,
+        shop: Option<&domain::ShopCode>,
+        limit: usize,
+    ) -> Vec<(String, u64)> {
+        let top = self.hot_duplicate_skus(limit);
+        let Some(shop) = shop else {
+            return top;
+        };
+        let codes: Vec<SkuCode> = top
+            .iter()
+            .filter_map(|(sku, _)| SkuCode::parse(sku).ok())
+            .collect();
+        let Ok(shops) = self.shops_of(&codes.iter().collect::<Vec<_>>()).await else {
+            return Vec::new();
+        };
+        top.into_iter()
+            .filter(|(sku, _)| {
+                SkuCode::parse(sku).ok().and_then(|code| shops.get(&code)) == Some(shop)
+            })
+            .collect()
+    }
+
     /// `POST /v1/reservations/{id}/confirm` and `/release`. A reservation held by an
     /// order is moved only by that order's flow: refused here, nothing stored (who
     /// holds a reservation never changes).
@@ -680,11 +707,7 @@ impl Engine {
     /// sees the differences of its own shop.
     pub async fn audit(&self, principal: &Principal) -> Result<AuditReport, EngineError> {
         authorize(principal, Action::Audit, None).map_err(forbidden)?;
-        let _permit = self
-            .inner
-            .audits
-            .try_acquire()
-            .map_err(|_| EngineError::Unavailable("an audit is already running".into()))?;
+        let _permit = self.inner.audits.take(principal)?;
         // An operator's audit keeps its own shop's differences only, counted before
         // the reported ones are cut.
         let report = self
@@ -1056,9 +1079,63 @@ pub(crate) fn counted_display<T>(displayed: Displayed<T>) -> Displayed<T> {
     displayed
 }
 
+/// Who may start an audit now. Each audit scans the whole database, so at most
+/// `audits_concurrent_max` run at once; the operators' audits (of every shop) take
+/// turns in those slots, and the admin has one of its own: an operator calling
+/// `GET /v1/audit` in a loop can hold up another shop's operator, never the admin.
+struct AuditSlots {
+    staff: Semaphore,
+    admin: Semaphore,
+}
+
+impl AuditSlots {
+    fn new(concurrent_max: usize) -> AuditSlots {
+        AuditSlots {
+            staff: Semaphore::new(concurrent_max.max(1)),
+            admin: Semaphore::new(1),
+        }
+    }
+
+    fn take(&self, principal: &Principal) -> Result<tokio::sync::SemaphorePermit<'_>, EngineError> {
+        let slots = if principal.shop().is_some() {
+            &self.staff
+        } else {
+            &self.admin
+        };
+        slots
+            .try_acquire()
+            .map_err(|_| EngineError::Unavailable("an audit is already running".into()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Found in review: one slot served every audit, so an operator of any shop
+    /// calling `GET /v1/audit` in a loop refused the admin's audits with 503.
+    #[test]
+    fn operators_audits_take_turns_but_never_hold_up_the_admins() {
+        let slots = super::AuditSlots::new(1);
+        let operator = |shop: &str| domain::Principal::Operator {
+            id: domain::OperatorId::parse("nora").unwrap(),
+            shop: domain::ShopCode::parse(shop).unwrap(),
+        };
+        let north = slots.take(&operator("north")).expect("a free slot");
+        assert!(matches!(
+            slots.take(&operator("south")),
+            Err(EngineError::Unavailable(_))
+        ));
+        let admin = slots
+            .take(&domain::Principal::Admin)
+            .expect("the admin's own slot");
+        assert!(matches!(
+            slots.take(&domain::Principal::Admin),
+            Err(EngineError::Unavailable(_))
+        ));
+        drop((north, admin));
+        assert!(slots.take(&operator("south")).is_ok());
+    }
 
     use domain::{Reservation, Sku};
     use store::{MovementRecord, Rejection, StoreConfig};
