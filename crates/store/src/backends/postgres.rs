@@ -429,6 +429,11 @@ impl Dialect for PgConnection {
             "schedule_series",
             include_str!("../../migrations/postgres/0023_schedule_series.sql"),
         ),
+        (
+            24,
+            "ledger_no_truncate",
+            include_str!("../../migrations/postgres/0024_ledger_no_truncate.sql"),
+        ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a
     /// transaction (begin, key lookup, lock, write, commit) on the hot row.
