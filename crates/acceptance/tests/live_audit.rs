@@ -9,6 +9,7 @@ mirrored_tests_alone!(
     a_clean_shop_passes_the_live_audit_and_records_its_success,
     a_counter_tampered_behind_the_ledger_is_found_in_the_next_round,
     an_order_status_edited_by_hand_is_found_in_the_next_round,
+    two_orders_on_one_reservation_are_found_by_both_audits,
     each_round_reads_only_the_ledger_rows_after_its_checkpoint,
     running_sums_that_missed_a_ledger_row_are_recounted_not_reported,
     a_tampered_counter_stays_a_difference_after_the_recount,
@@ -209,5 +210,55 @@ async fn a_tampered_counter_stays_a_difference_after_the_recount(backend: Backen
     assert_eq!(
         (round.recounted, soon_after.recounted, later.recounted),
         (true, false, true)
+    );
+}
+
+/// Found in review: an order pointed at another order's reservation agreed with it in
+/// every check (same lines, same statuses), though the one hold then backed two
+/// orders: its stock sold twice. Both audits now check that an order's reservation is
+/// held for that order.
+async fn two_orders_on_one_reservation_are_found_by_both_audits(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let first = app.order_of("ann", &[("TEA", 1)]).await;
+    let second = app.order_of("bob", &[("TEA", 1)]).await;
+    assert_eq!(
+        app.engine
+            .live_audit_step()
+            .await
+            .unwrap()
+            .differences_total,
+        0
+    );
+    let now = app.engine.now().unix_milliseconds();
+    let mut raw = app.database.raw_connection().await;
+    raw.execute(&format!(
+        "UPDATE customer_order SET reservation_id = \
+         (SELECT reservation_id FROM (SELECT reservation_id FROM customer_order WHERE id = '{first}') AS held), \
+         updated_at = {now} WHERE id = '{second}'"
+    ))
+    .await
+    .unwrap();
+
+    let round = app.engine.live_audit_step().await.unwrap();
+    let audit = app.send(Call::get("/v1/audit").admin()).await;
+
+    assert_eq!(round.differences_total, 1, "{:?}", round.differences);
+    let reference = round.differences[0].reference.clone().unwrap_or_default();
+    assert!(
+        reference.starts_with(&format!(
+            "{second}: its reservation is held by order '{first}'"
+        )),
+        "{reference}"
+    );
+    assert_eq!(audit.status, 200, "{audit:?}");
+    let found = &audit.json()["differences"];
+    assert!(
+        found
+            .as_array()
+            .is_some_and(|all| all.iter().any(|difference| difference["reference"]
+                .as_str()
+                .is_some_and(|text| text.starts_with(&format!("{second}: its reservation"))))),
+        "{found:#}"
     );
 }

@@ -28,16 +28,12 @@ const RECONCILE_CALLS_PER_ATTEMPT: u64 = 3;
 /// Gateway calls one refund may make: the keyed refund, or a read of a pending one.
 const REFUND_CALLS_PER_REFUND: u64 = 1;
 
-/// Room between a row's worst case and its lease's end, for the claim's own commit and
-/// the recording of the answer.
-const LEASE_MARGIN_MILLISECONDS: i64 = 5_000;
-
 /// How long a worker's claim keeps its rows from every other instance, and whether the
 /// next row still fits in it. A row is started only while its worst case (each of its
 /// gateway calls running into the timeout) ends before the lease does: past the lease,
 /// another instance may claim the same row and call the gateway about it at the same
-/// time. The lease is at least one row's worst case, so a step always has room for its
-/// first row.
+/// time. The first row of a step always starts, so a lease configured shorter than one
+/// row's worst case still moves (one row per step, whose calls may outlive it).
 #[derive(Debug, Clone, Copy)]
 struct WorkerLease {
     ends_at: domain::Timestamp,
@@ -45,40 +41,33 @@ struct WorkerLease {
 }
 
 impl WorkerLease {
-    /// The lease a claim takes at `now`: the configured one, or longer when the
-    /// gateway's timeout makes one row longer than that.
     fn claimed_at(
         now: domain::Timestamp,
-        configured_milliseconds: i64,
+        lease_milliseconds: i64,
         gateway: &GatewayClient,
         calls_per_row: u64,
     ) -> WorkerLease {
-        let row_milliseconds_max = i64::try_from(
-            gateway
-                .config()
-                .timeout_milliseconds
-                .saturating_mul(calls_per_row),
-        )
-        .unwrap_or(i64::MAX);
-        let lease_milliseconds = configured_milliseconds
-            .max(row_milliseconds_max.saturating_add(LEASE_MARGIN_MILLISECONDS));
         WorkerLease {
             ends_at: domain::Timestamp::from_unix_milliseconds(
                 now.unix_milliseconds().saturating_add(lease_milliseconds),
             ),
-            row_milliseconds_max,
+            row_milliseconds_max: i64::try_from(
+                gateway
+                    .config()
+                    .timeout_milliseconds
+                    .saturating_mul(calls_per_row),
+            )
+            .unwrap_or(i64::MAX),
         }
     }
 
-    fn milliseconds(&self, claimed_at: domain::Timestamp) -> i64 {
-        self.ends_at.unix_milliseconds() - claimed_at.unix_milliseconds()
-    }
-
-    /// Whether a row started at `now` ends, at worst, before the lease does.
-    fn has_room_for_a_row(&self, now: domain::Timestamp) -> bool {
-        now.unix_milliseconds()
-            .saturating_add(self.row_milliseconds_max)
-            <= self.ends_at.unix_milliseconds()
+    /// Whether a step that has started `started` rows may start another at `now`.
+    fn has_room_for_a_row(&self, now: domain::Timestamp, started: usize) -> bool {
+        started == 0
+            || now
+                .unix_milliseconds()
+                .saturating_add(self.row_milliseconds_max)
+                <= self.ends_at.unix_milliseconds()
     }
 }
 
@@ -638,14 +627,14 @@ impl Engine {
                 self.inner.store.claim_attempts_to_reconcile(
                     claimed_at,
                     config.reconcile_batch_size,
-                    lease.milliseconds(claimed_at),
+                    config.reconcile_lease_milliseconds,
                 )
             })
             .await?;
         let claimed = attempts.len();
         let mut resolved = Vec::with_capacity(claimed);
         for attempt in attempts {
-            if !lease.has_room_for_a_row(self.now()) {
+            if !lease.has_room_for_a_row(self.now(), resolved.len()) {
                 // The rest of the batch is asked about by whoever claims it after the
                 // lease, this instance or another; never by two at once.
                 tracing::info!(
@@ -816,14 +805,14 @@ impl Engine {
                 self.inner.store.claim_refunds(
                     claimed_at,
                     config.refund_batch_size,
-                    lease.milliseconds(claimed_at),
+                    config.refund_retry_milliseconds,
                 )
             })
             .await?;
         let claimed = refunds.len();
         let mut settled = Vec::with_capacity(claimed);
         for (started, refund) in refunds.into_iter().enumerate() {
-            if !lease.has_room_for_a_row(self.now()) {
+            if !lease.has_room_for_a_row(self.now(), started) {
                 // Asked for by whoever claims it after the lease; never by two at once.
                 tracing::info!(
                     started,

@@ -1155,8 +1155,21 @@ async fn rotate_admin_token(arguments: DatabaseArguments) -> Result<bool, String
     Ok(true)
 }
 
+/// Longest one statement of `stockd audit` may run. Its statements read the whole
+/// ledger, which only grows: the service's 30 s bound would fail the audit of a large
+/// one (about 10 s at 10 million rows, docs/BENCHMARKS.md), and an operator running the
+/// command waits for its answer.
+const AUDIT_STATEMENT_TIMEOUT_MILLISECONDS: u64 = 3_600_000;
+
+/// The store `stockd audit` opens: the service's, with the audit's statement bound.
+fn audit_store_config(arguments: &DatabaseArguments) -> StoreConfig {
+    let mut config = store_config(arguments);
+    config.statement_timeout_milliseconds = AUDIT_STATEMENT_TIMEOUT_MILLISECONDS;
+    config
+}
+
 async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
-    let store = Store::connect(&store_config(&arguments))
+    let store = Store::connect(&audit_store_config(&arguments))
         .await
         .map_err(|error| {
             format!(
@@ -1364,5 +1377,28 @@ fn main() -> ExitCode {
             eprintln!("stockd: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `stockd audit` reads the whole ledger in one snapshot: the service's 30 s
+    /// statement bound would fail it on a large ledger, so the command has its own.
+    #[test]
+    fn the_audit_command_runs_under_its_own_statement_bound_not_the_services() {
+        let cli = Cli::parse_from(["stockd", "audit", "--database-url", "sqlite://audit.db"]);
+        let Command::Audit(arguments) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert_eq!(
+            audit_store_config(&arguments).statement_timeout_milliseconds,
+            AUDIT_STATEMENT_TIMEOUT_MILLISECONDS
+        );
+        assert_eq!(
+            store_config(&arguments).statement_timeout_milliseconds,
+            30_000
+        );
     }
 }

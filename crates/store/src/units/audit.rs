@@ -294,6 +294,7 @@ macro_rules! orders_with_their_holds {
     ($filter:literal) => {
         concat!(
             "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
+             COALESCE(reservation.order_id, ''), \
              CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END \
              FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
              LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
@@ -330,12 +331,26 @@ pub(crate) async fn audit_orders_changed_since<C: Dialect>(
         ))
         .bind(since.unix_milliseconds()),
     };
-    let mut orders =
-        query.fetch_as::<(String, String, String, String, Option<String>)>(&mut *transaction);
-    while let Some((id, shop, order_status, reservation_status, attempt_status)) =
+    let mut orders = query
+        .fetch_as::<(String, String, String, String, String, Option<String>)>(&mut *transaction);
+    while let Some((id, shop, order_status, reservation_status, holder, attempt_status)) =
         orders.try_next().await?
     {
         orders_checked += 1;
+        if holder != id {
+            // Its reservation is held for another order (or for none): two orders on
+            // one hold would each agree with it, and sell its stock twice.
+            findings.note(AuditDifference {
+                check: "order_vs_reservation_and_payment",
+                sku: None,
+                warehouse: None,
+                reference: Some(format!("{id}: its reservation is held by order '{holder}'")),
+                shop: Some(shop),
+                expected: 1,
+                actual: 0,
+            });
+            continue;
+        }
         let agrees = match (
             OrderStatus::parse(&order_status),
             ReservationStatus::parse(&reservation_status),
