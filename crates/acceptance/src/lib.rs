@@ -281,10 +281,12 @@ impl RawConnection {
                     .map(|row| {
                         let access: Option<String> = row.try_get("type").ok().flatten();
                         let key: Option<String> = row.try_get("key").ok().flatten();
+                        let possible: Option<String> = row.try_get("possible_keys").ok().flatten();
                         format!(
-                            "type={} key={}",
+                            "type={} key={} possible_keys={}",
                             access.unwrap_or_default(),
-                            key.unwrap_or_default()
+                            key.unwrap_or_default(),
+                            possible.unwrap_or_default()
                         )
                     })
                     .collect::<Vec<_>>()

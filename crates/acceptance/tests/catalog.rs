@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released,
     two_renames_of_a_product_at_once_leave_its_skus_showing_its_title,
     a_blank_product_title_is_refused_and_changes_nothing,
     a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under,
@@ -14,6 +15,8 @@ mirrored_tests!(
     refused_transitions_answer_illegal_transition_and_change_nothing,
     an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing,
     going_on_sale_reports_every_missing_field,
+    a_sku_priced_zero_cannot_go_on_sale,
+    a_deleted_sku_takes_no_stock_and_no_campaign_but_its_stock_can_be_written_off,
     going_on_the_shelf_without_stock_says_temporarily_out_of_stock,
     a_take_down_naming_no_version_waits_for_an_edit_of_the_sku_and_applies,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
@@ -988,4 +991,122 @@ async fn a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under(backend:
         )
         .await;
     assert_eq!(ordinary.status, 201, "{ordinary:?}");
+}
+
+/// Found in review: a plain hold taken before its SKU went off the shelf (or was
+/// deleted) could still be confirmed, selling what is no longer on sale (seed 003:
+/// "商品已下架但用户还能付款成功"; an order's pay already refused it). Confirming now
+/// answers 409 `off_shelf` and changes nothing; the hold can be released.
+async fn a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("MILK", 5).await;
+    app.stocked_sku("TEA", 5).await;
+    for (sku, operation) in [("MILK", "off"), ("TEA", "delete")] {
+        let held = app.reserve(&format!("{sku}-hold"), &[(sku, 2)]).await;
+        assert_eq!(held.status, 201, "{held:?}");
+        let id = held.json()["reservation_id"].as_str().unwrap().to_owned();
+        let changed = app
+            .shelf(None, json!({"operation": operation, "sku_ids": [sku]}))
+            .await;
+        assert_eq!(outcomes(&changed), vec!["changed"], "{changed:?}");
+        let before = app.contents_except_idempotency_records().await;
+
+        let confirmed = app.confirm(&id, &format!("{sku}-confirm")).await;
+
+        assert_eq!(confirmed.status, 409, "{sku}: {confirmed:?}");
+        assert_eq!(confirmed.code().as_deref(), Some("off_shelf"));
+        assert_eq!(app.contents_except_idempotency_records().await, before);
+        let released = app.release(&id, &format!("{sku}-release")).await;
+        assert_eq!(released.status, 200, "{sku}: {released:?}");
+        assert_eq!(released.json()["status"], "RELEASED");
+        assert_eq!(app.counters(sku).await, (5, 0));
+    }
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a price of 0 counted as a price, so a SKU went on sale, showed
+/// `on_sale` and took cart lines, and then every order of it was refused (nothing to
+/// charge). Going on sale now needs a price above zero.
+async fn a_sku_priced_zero_cannot_go_on_sale(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let created = app
+        .send(
+            Call::post("/v1/products")
+                .admin()
+                .key("free-product")
+                .json(&json!({
+                    "title": "Free sample",
+                    "image_url": "https://images.example.com/free.jpg",
+                    "category": "dairy",
+                    "supplier": "test-supplier",
+                    "shop": "north",
+                    "skus": [{"sku": "FREE", "price": 0, "currency": "CNY"}],
+                })),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let product = created.json()["product_id"].as_str().unwrap().to_owned();
+
+    let refused = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.json()["results"][0]["missing"], json!(["price"]));
+    assert_eq!(app.sale_status(&product, "FREE").await.0, "PENDING_REVIEW");
+}
+
+/// Found in review: a deleted SKU (terminal: seed 003, 已删除状态禁止任何流转) still
+/// took received stock and a flash sale carved out of its units, neither of which
+/// anything could ever sell. Both are refused; writing off what it holds still works.
+async fn a_deleted_sku_takes_no_stock_and_no_campaign_but_its_stock_can_be_written_off(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("GONE", 5).await;
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["GONE"]}))
+        .await;
+    assert_eq!(outcomes(&deleted), vec!["changed"], "{deleted:?}");
+    let before = app.contents_except_idempotency_records().await;
+
+    let received = app
+        .send(
+            Call::post("/v1/skus/GONE/stock-movements")
+                .admin()
+                .key("receive-gone")
+                .json(&json!({"kind": "receive", "quantity": 10})),
+        )
+        .await;
+    let campaign = app
+        .send(
+            Call::post("/v1/admin/campaigns")
+                .admin()
+                .key("campaign-gone")
+                .json(&json!({
+                    "sku": "GONE", "quantity": 2,
+                    "starts_at": acceptance::START.to_rfc3339(),
+                    "ends_at": acceptance::START.plus_seconds(3_600).to_rfc3339(),
+                })),
+        )
+        .await;
+
+    for refused in [&received, &campaign] {
+        assert_eq!(refused.status, 409, "{refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
+    }
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let written_off = app
+        .send(
+            Call::post("/v1/skus/GONE/stock-movements")
+                .admin()
+                .key("write-off-gone")
+                .json(&json!({"kind": "adjust", "quantity": -5})),
+        )
+        .await;
+    assert_eq!(written_off.status, 201, "{written_off:?}");
+    assert_eq!(app.counters("GONE").await, (0, 0));
+    app.assert_audit_clean().await;
 }

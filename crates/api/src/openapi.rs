@@ -436,13 +436,23 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "record_movement",
         &[Action::MoveStock],
-        &[NotFound, InsufficientStock, FailedPrecondition],
+        &[
+            NotFound,
+            InsufficientStock,
+            FailedPrecondition,
+            IllegalTransition,
+        ],
     ),
     operation("get_stock_movement", &[Action::ViewStock], &[NotFound]),
     operation(
         "create_campaign",
         &[Action::MoveStock],
-        &[NotFound, InsufficientStock, FailedPrecondition],
+        &[
+            NotFound,
+            InsufficientStock,
+            FailedPrecondition,
+            IllegalTransition,
+        ],
     ),
     operation("get_campaign", &[Action::ViewStock], &[NotFound]),
     operation(
@@ -467,7 +477,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "confirm_reservation",
         &[Action::Reserve],
-        &[NotFound, IllegalTransition],
+        &[NotFound, IllegalTransition, OffShelf],
     ),
     operation(
         "release_reservation",

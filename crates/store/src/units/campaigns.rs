@@ -17,7 +17,8 @@ use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::sql::{Row, statement};
 use domain::campaign::{bucket_of, is_bucket_warehouse, split};
 use domain::{
-    CampaignCode, CampaignId, ErrorCode, EventType, ShopCode, SkuCode, Timestamp, WarehouseCode,
+    CampaignCode, CampaignId, ErrorCode, EventType, SaleStatus, ShopCode, SkuCode, Timestamp,
+    WarehouseCode,
 };
 use serde_json::json;
 
@@ -283,6 +284,22 @@ async fn carve<C: Dialect>(
     // creations for one SKU then look for an open campaign one after the other, and
     // the second finds the first's instead of breaking `campaign_open_sku` (a 500).
     transaction.lock_stock_of_skus(&[&campaign.sku]).await?;
+    // A deleted SKU is never sold again (seed 003: 已删除状态禁止任何流转): its units
+    // would sit in buckets nothing may draw from. Read after its stock rows' locks,
+    // which a shelf change takes first.
+    let status: Option<String> = statement("SELECT sale_status FROM sku WHERE code = $1")
+        .bind(campaign.sku.as_str())
+        .fetch_optional_scalar(&mut *transaction)
+        .await?;
+    if status.as_deref() == Some(SaleStatus::Deleted.as_str()) {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!(
+                "sku '{}' is deleted: it cannot be sold in a campaign",
+                campaign.sku
+            ),
+        )));
+    }
     let open: Option<String> = statement("SELECT id FROM campaign WHERE open_sku = $1")
         .bind(campaign.sku.as_str())
         .fetch_optional_scalar(&mut *transaction)

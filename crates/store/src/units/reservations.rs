@@ -276,6 +276,21 @@ pub(crate) fn decide_move(
     Ok(Ok((current, target)))
 }
 
+/// The first of a reservation's SKUs that is not on sale now, with its status.
+async fn first_held_sku_not_on_sale<C: Dialect>(
+    transaction: &mut C,
+    id: &ReservationId,
+) -> Result<Option<(String, String)>, StoreError> {
+    statement(
+        "SELECT sku.code, sku.sale_status FROM reservation_line JOIN sku ON sku.code = reservation_line.sku \
+         WHERE reservation_line.reservation_id = $1 AND sku.sale_status <> 'ON_SHELF' \
+         ORDER BY sku.code LIMIT 1",
+    )
+    .bind(id.as_str())
+    .fetch_optional_as::<(String, String)>(&mut *transaction)
+    .await
+}
+
 /// A reservation's lines.
 pub(crate) async fn reservation_lines_of<C: Dialect>(
     transaction: &mut C,
@@ -481,7 +496,13 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let reason = ReleaseReason::Requested;
-        let outcome = settle_reservations(
+        let confirming = action == ReservationAction::Confirm;
+        if confirming {
+            statement("SAVEPOINT confirm_hold")
+                .execute(&mut *transaction)
+                .await?;
+        }
+        let mut outcome = settle_reservations(
             &mut *transaction,
             &[Move {
                 id,
@@ -494,6 +515,24 @@ impl<B: Backend> Units<B> {
         )
         .await?
         .remove(0);
+        // A SKU taken off the shelf (or deleted) is not sold, also from a hold taken
+        // before (seed 003: the deduction must see the shelf change at once). Read with
+        // the hold's stock rows locked by the settlement, and a shelf change locks them
+        // first: it either committed before this read or waits for this commit.
+        if confirming
+            && outcome.is_ok()
+            && let Some((sku, status)) = first_held_sku_not_on_sale(&mut *transaction, id).await?
+        {
+            statement("ROLLBACK TO SAVEPOINT confirm_hold")
+                .execute(&mut *transaction)
+                .await?;
+            outcome = Err(Rejection::new(
+                ErrorCode::OffShelf,
+                format!(
+                    "sku '{sku}' is not on sale ({status}): the hold cannot be confirmed; release it"
+                ),
+            ));
+        }
         let response = match outcome {
             Ok(()) => {
                 let reservation =

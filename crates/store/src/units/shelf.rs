@@ -42,7 +42,7 @@ pub(crate) async fn load_shelf_state<C: Dialect>(
     sku: &SkuCode,
 ) -> Result<Option<ShelfState>, StoreError> {
     let row = statement(
-        "SELECT sku.sale_status, sku.version, sku.title AS sku_title, sku.price_minor, sku.product_id, \
+        "SELECT sku.sale_status, sku.version, sku.title AS sku_title, sku.price_minor, sku.currency, sku.product_id, \
          product.title AS product_title, product.image_url FROM sku \
          LEFT JOIN product ON product.id = sku.product_id WHERE sku.code = $1",
     )
@@ -53,6 +53,10 @@ pub(crate) async fn load_shelf_state<C: Dialect>(
     let status: String = row.try_get("sale_status")?;
     let product_id: Option<String> = row.try_get("product_id")?;
     let price: Option<i64> = row.try_get("price_minor")?;
+    let currency: Option<String> = row.try_get("currency")?;
+    // A price an order can charge: above zero (an order of nothing to pay is refused)
+    // and in a currency.
+    let has_price = price.is_some_and(|minor| minor > 0) && currency.is_some();
     let completeness = match product_id {
         // A product needs its title, image and price before its SKUs go on sale.
         Some(_) => {
@@ -61,7 +65,7 @@ pub(crate) async fn load_shelf_state<C: Dialect>(
             Completeness {
                 has_title: title.is_some_and(|title| !title.trim().is_empty()),
                 has_image: image_url.is_some_and(|url| !url.is_empty()),
-                has_price: price.is_some(),
+                has_price,
             }
         }
         // A SKU created on its own (`PUT /v1/skus`) has no product and no image.
@@ -70,7 +74,7 @@ pub(crate) async fn load_shelf_state<C: Dialect>(
             Completeness {
                 has_title: !title.trim().is_empty(),
                 has_image: true,
-                has_price: price.is_some(),
+                has_price,
             }
         }
     };

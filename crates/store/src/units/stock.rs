@@ -182,11 +182,12 @@ pub(crate) async fn apply_movement<C: Dialect>(
     movement: &StockMovement,
     now: Timestamp,
 ) -> Result<Result<MovementRecord, Rejection>, StoreError> {
-    let sku_shop: Option<String> = statement("SELECT shop FROM sku WHERE code = $1")
-        .bind(movement.sku.as_str())
-        .fetch_optional_scalar(&mut *transaction)
-        .await?;
-    let Some(shop) = sku_shop else {
+    let sku_row: Option<(String, String)> =
+        statement("SELECT shop, sale_status FROM sku WHERE code = $1")
+            .bind(movement.sku.as_str())
+            .fetch_optional_as(&mut *transaction)
+            .await?;
+    let Some((shop, sale_status)) = sku_row else {
         return Ok(Err(Rejection::new(
             ErrorCode::NotFound,
             format!("sku '{}' does not exist", movement.sku),
@@ -201,6 +202,17 @@ pub(crate) async fn apply_movement<C: Dialect>(
         )));
     }
     let delta = movement.quantity.available_delta();
+    // A deleted SKU is never sold again: units received into it could never leave but
+    // by a write-off, which stays allowed (an adjust down) for what it still holds.
+    if delta > 0 && sale_status == SaleStatus::Deleted.as_str() {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!(
+                "sku '{}' is deleted: stock cannot be added to it (an adjust down still writes off what it holds)",
+                movement.sku
+            ),
+        )));
+    }
     let counters = if delta > 0 {
         transaction
             .receive_stock(
