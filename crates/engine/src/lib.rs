@@ -702,9 +702,10 @@ impl Engine {
         Ok(movement)
     }
 
-    /// The three-way check. At most `audits_concurrent_max` run at once; more are
-    /// refused with `unavailable` rather than queued behind a full scan. An operator
-    /// sees the differences of its own shop.
+    /// The three-way check. At most `audits_concurrent_max` operators' audits run at
+    /// once, and one of the admin's ([`AuditSlots`]); more are refused with
+    /// `unavailable` rather than queued behind a full scan. An operator sees the
+    /// differences of its own shop.
     pub async fn audit(&self, principal: &Principal) -> Result<AuditReport, EngineError> {
         authorize(principal, Action::Audit, None).map_err(forbidden)?;
         let _permit = self.inner.audits.take(principal)?;

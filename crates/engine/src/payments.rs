@@ -22,8 +22,8 @@ use store::{
 use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 
 /// Gateway calls one reconciled attempt may make: the keyed create, a read of its
-/// current state, and a cancel (or a read after a refused cancel).
-const RECONCILE_CALLS_PER_ATTEMPT: u64 = 3;
+/// current state, a cancel, and a read after a refused cancel.
+const RECONCILE_CALLS_PER_ATTEMPT: u64 = 4;
 
 /// Gateway calls one refund may make: the keyed refund, or a read of a pending one.
 const REFUND_CALLS_PER_REFUND: u64 = 1;
@@ -633,15 +633,30 @@ impl Engine {
             .await?;
         let claimed = attempts.len();
         let mut resolved = Vec::with_capacity(claimed);
-        for attempt in attempts {
+        let mut attempts = attempts.into_iter();
+        while let Some(attempt) = attempts.next() {
             if !lease.has_room_for_a_row(self.now(), resolved.len()) {
-                // The rest of the batch is asked about by whoever claims it after the
-                // lease, this instance or another; never by two at once.
+                // The rest of the batch goes back, due at once and not counted as a
+                // try: asked about by the next step, here or elsewhere; never by two
+                // at once.
+                let rest: Vec<PaymentAttemptId> = std::iter::once(attempt)
+                    .chain(attempts)
+                    .map(|attempt| attempt.attempt_id)
+                    .collect();
                 tracing::info!(
                     asked = resolved.len(),
-                    claimed,
-                    "the reconciliation lease ends before another attempt could be asked about; the rest waits for the lease"
+                    given_back = rest.len(),
+                    "the reconciliation lease ends before another attempt could be asked about; the rest goes back"
                 );
+                // Not given back, they wait for their lease, as a crashed step's do.
+                if let Err(error) = self
+                    .retried("reconcile", || {
+                        self.inner.store.give_back_attempts(&rest, self.now())
+                    })
+                    .await
+                {
+                    tracing::warn!(%error, "claimed rows not started could not be given back; they wait for their lease");
+                }
                 break;
             }
             let mut call = payments
@@ -809,16 +824,30 @@ impl Engine {
                 )
             })
             .await?;
-        let claimed = refunds.len();
-        let mut settled = Vec::with_capacity(claimed);
-        for (started, refund) in refunds.into_iter().enumerate() {
+        let mut settled = Vec::with_capacity(refunds.len());
+        let mut refunds = refunds.into_iter().enumerate();
+        while let Some((started, refund)) = refunds.next() {
             if !lease.has_room_for_a_row(self.now(), started) {
-                // Asked for by whoever claims it after the lease; never by two at once.
+                // The rest goes back, due at once and not counted as a try: sent by
+                // the next step, here or elsewhere; never by two at once.
+                let rest: Vec<RefundId> = std::iter::once(refund)
+                    .chain(refunds.map(|(_, refund)| refund))
+                    .map(|refund| refund.refund_id)
+                    .collect();
                 tracing::info!(
                     started,
-                    claimed,
-                    "the refund lease ends before another refund could be issued; the rest waits for the lease"
+                    given_back = rest.len(),
+                    "the refund lease ends before another refund could be issued; the rest goes back"
                 );
+                // Not given back, they wait for their lease, as a crashed step's do.
+                if let Err(error) = self
+                    .retried("refunds", || {
+                        self.inner.store.give_back_refunds(&rest, self.now())
+                    })
+                    .await
+                {
+                    tracing::warn!(%error, "claimed rows not started could not be given back; they wait for their lease");
+                }
                 break;
             }
             // A refund the gateway answered `pending` is read again, not sent again:

@@ -334,9 +334,11 @@ forward! {
     fn apply_payment_event(&self, event_id: &str, event_type: &str, payment_id: &str, attempt: Option<&PaymentAttemptId>, outcome: Option<&GatewayOutcome>, now: Timestamp) -> Result<Option<String>, StoreError>;
     fn payment_attempt(&self, attempt: Option<&PaymentAttemptId>, payment_id: &str) -> Result<Option<AttemptToCall>, StoreError>;
     fn claim_attempts_to_reconcile(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<AttemptToCall>, StoreError>;
+    fn give_back_attempts(&self, attempts: &[PaymentAttemptId], now: Timestamp) -> Result<(), StoreError>;
     fn expire_orders(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<OrderExpiry, StoreError>;
     fn cancel_order(&self, claim: &IdempotencyClaim, order: &OrderId, rights: CancelRights, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn claim_refunds(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<RefundToIssue>, StoreError>;
+    fn give_back_refunds(&self, refunds: &[RefundId], now: Timestamp) -> Result<(), StoreError>;
     fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn note_refund_at_gateway(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn return_order(&self, claim: &IdempotencyClaim, order: &OrderId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

@@ -52,11 +52,12 @@ const LIVE_STOCK_ROWS: &str = "SELECT stock.sku, stock.warehouse, stock.availabl
      ON held.sku = stock.sku AND held.warehouse = stock.warehouse \
      ORDER BY stock.sku, stock.warehouse";
 
-/// The running sums' correction: for each stock row, what the ledger through the
-/// checkpoint `$1` adds up to, less its running sums, where the two differ. A running
-/// sum without ledger rows through the checkpoint is not looked for: no round writes
-/// one.
-const RUNNING_SUM_CORRECTIONS: &str = "SELECT counted.sku, counted.warehouse, \
+/// The running sums' recount: for each stock row whose running sums differ from what
+/// the ledger through the checkpoint `$1` adds up to, that sum, and the difference. A
+/// running sum without ledger rows through the checkpoint is not looked for: no round
+/// writes one.
+const RUNNING_SUM_RECOUNT: &str = "SELECT counted.sku, counted.warehouse, \
+     counted.available, counted.reserved, \
      counted.available - COALESCE(sums.available_sum, 0), \
      counted.reserved - COALESCE(sums.reserved_sum, 0) \
      FROM (SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT) AS available, \
@@ -70,8 +71,12 @@ const RUNNING_SUM_CORRECTIONS: &str = "SELECT counted.sku, counted.warehouse, \
 /// Running sums corrected in one recount, at most; the rest wait for the next one.
 const RUNNING_SUM_CORRECTIONS_MAX: usize = 10_000;
 
-/// One running sum's correction: (sku, warehouse, available, reserved).
+/// One stock row's sums, or their change: (sku, warehouse, available, reserved).
 type SumsOfRow = (String, String, i64, i64);
+
+/// One recounted running sum: (sku, warehouse, available, reserved as the ledger adds
+/// them up, and how far the running sums were from that).
+type Recounted = (String, String, i64, i64, i64, i64);
 
 /// What one round found and how far it got.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,28 +188,43 @@ impl<B: Backend> Units<B> {
         // The recount comes last: when it fails (a statement timeout on a very large
         // ledger), the round still reports what it found without it.
         let recounted = recount && differing > 0 && through > 0;
-        let mut corrections: Vec<SumsOfRow> = Vec::new();
+        // The recounted sums, written as they are (not as a change): two instances'
+        // rounds that both recount write the same values.
+        let mut corrected_sums: Vec<SumsOfRow> = Vec::new();
         if recounted {
-            let recount: Result<Vec<SumsOfRow>, StoreError> = statement(RUNNING_SUM_CORRECTIONS)
+            let recount: Result<Vec<Recounted>, StoreError> = statement(RUNNING_SUM_RECOUNT)
                 .bind(through)
-                .fetch_as::<SumsOfRow>(&mut *transaction)
+                .fetch_as::<Recounted>(&mut *transaction)
                 .take(RUNNING_SUM_CORRECTIONS_MAX)
                 .try_collect()
                 .await;
-            match recount {
+            let compared_again = match recount {
                 Ok(found) if !found.is_empty() => {
-                    let corrected = found
+                    let changes = found
                         .iter()
-                        .map(|(sku, warehouse, available, reserved)| {
+                        .map(|(sku, warehouse, _, _, available, reserved)| {
                             ((sku.clone(), warehouse.clone()), (*available, *reserved))
                         })
                         .collect();
-                    stock_findings = Findings::default();
-                    compare_stock_rows(&mut *transaction, through, &corrected, &mut stock_findings)
-                        .await?;
-                    corrections = found;
+                    let mut recompared = Findings::default();
+                    compare_stock_rows(&mut *transaction, through, &changes, &mut recompared)
+                        .await
+                        .map(|_| Some((found, recompared)))
                 }
-                Ok(_) => {}
+                Ok(_) => Ok(None),
+                Err(error) => Err(error),
+            };
+            match compared_again {
+                Ok(Some((found, recompared))) => {
+                    stock_findings = recompared;
+                    corrected_sums = found
+                        .into_iter()
+                        .map(|(sku, warehouse, available, reserved, _, _)| {
+                            (sku, warehouse, available, reserved)
+                        })
+                        .collect();
+                }
+                Ok(None) => {}
                 Err(error) => tracing::warn!(
                     %error,
                     "the live audit could not recount its running sums; its differences stand"
@@ -216,20 +236,18 @@ impl<B: Backend> Units<B> {
         transaction.rollback().await?;
 
         // The checkpoint moves in a write transaction of its own, from the value the
-        // snapshot read: of two instances' rounds, the second changes nothing.
-        // A correction is of the running sums through `through`: it is written only
-        // together with the move from `through`, and added like the settled rows.
-        let moved = if settled_through > through || !corrections.is_empty() {
-            let mut changes = settled;
-            changes.extend(corrections.iter().cloned());
-            self.advance_live_audit(through, settled_through, &changes, now)
+        // snapshot read: of two instances' rounds, the second changes nothing. A
+        // recount is of the running sums through `through`: written only together with
+        // the move from `through`, before the settled rows are added.
+        let moved = if settled_through > through || !corrected_sums.is_empty() {
+            self.advance_live_audit(through, settled_through, &corrected_sums, &settled, now)
                 .await?
         } else {
             false
         };
         let advanced = moved && settled_through > through;
         let running_sums_corrected = if moved {
-            i64::try_from(corrections.len()).unwrap_or(i64::MAX)
+            i64::try_from(corrected_sums.len()).unwrap_or(i64::MAX)
         } else {
             0
         };
@@ -246,13 +264,14 @@ impl<B: Backend> Units<B> {
         })
     }
 
-    /// Adds the settled rows' sums (and a recount's corrections) to the running sums and
-    /// moves the checkpoint from `through` to `settled_through`, unless another round
-    /// moved it meanwhile.
+    /// Sets the recounted running sums, adds the settled rows' sums, and moves the
+    /// checkpoint from `through` to `settled_through`, unless another round moved it
+    /// meanwhile.
     async fn advance_live_audit(
         &self,
         through: i64,
         settled_through: i64,
+        recounted: &[SumsOfRow],
         settled: &[SumsOfRow],
         now: Timestamp,
     ) -> Result<bool, StoreError> {
@@ -271,6 +290,30 @@ impl<B: Backend> Units<B> {
         if moved != 1 {
             transaction.rollback().await?;
             return Ok(false);
+        }
+        for (sku, warehouse, available, reserved) in recounted {
+            let updated = statement(
+                "UPDATE audit_running_sum SET available_sum = $3, reserved_sum = $4 \
+                 WHERE sku = $1 AND warehouse = $2",
+            )
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .bind(*available)
+            .bind(*reserved)
+            .execute(&mut *transaction)
+            .await?;
+            if updated == 0 {
+                statement(
+                    "INSERT INTO audit_running_sum (sku, warehouse, available_sum, reserved_sum) \
+                     VALUES ($1, $2, $3, $4)",
+                )
+                .bind(sku.as_str())
+                .bind(warehouse.as_str())
+                .bind(*available)
+                .bind(*reserved)
+                .execute(&mut *transaction)
+                .await?;
+            }
         }
         for (sku, warehouse, available, reserved) in settled {
             let updated = statement(

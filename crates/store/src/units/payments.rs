@@ -1112,6 +1112,30 @@ impl<B: Backend> Units<B> {
         Ok(attempts)
     }
 
+    /// Gives back attempts a reconciliation step claimed but did not ask about (its
+    /// lease had no room left for them): due again at once, their tries as before the
+    /// claim. Only while the claim's lease lasts: past it, another instance may hold
+    /// one.
+    pub async fn give_back_attempts(
+        &self,
+        attempts: &[PaymentAttemptId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        for attempt in attempts {
+            statement(
+                "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries - 1 \
+                 WHERE id = $1 AND reconcile_after > $2 AND reconcile_tries > 0",
+            )
+            .bind(attempt.as_str())
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
     /// Orders past their hold that still wait for payment (exported as a gauge).
     pub async fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError> {
         let (unresolved, oldest): (i64, Option<i64>) = statement(

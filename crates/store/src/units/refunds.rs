@@ -85,6 +85,29 @@ async fn move_refund<C: Dialect>(
 }
 
 impl<B: Backend> Units<B> {
+    /// Gives back refunds a step claimed but did not send (its lease had no room left
+    /// for them): due again at once, their tries as before the claim. Only while the
+    /// claim's lease lasts: past it, another instance may hold one.
+    pub async fn give_back_refunds(
+        &self,
+        refunds: &[RefundId],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut transaction = self.begin_write().await?;
+        for refund in refunds {
+            statement(
+                "UPDATE refund SET next_try_at = $2, tries = tries - 1 \
+                 WHERE id = $1 AND status = 'PENDING' AND next_try_at > $2 AND tries > 0",
+            )
+            .bind(refund.as_str())
+            .bind(now.unix_milliseconds())
+            .execute(&mut *transaction)
+            .await?;
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
     /// Pending refunds due for a try, leased like attempts.
     pub async fn claim_refunds(
         &self,

@@ -182,6 +182,9 @@ pub(crate) async fn apply_movement<C: Dialect>(
     movement: &StockMovement,
     now: Timestamp,
 ) -> Result<Result<MovementRecord, Rejection>, StoreError> {
+    // The SKU's stock rows first, as a shelf change takes them: a delete either
+    // committed before the status is read here or waits for this movement.
+    transaction.lock_stock_of_skus(&[&movement.sku]).await?;
     let sku_row: Option<(String, String)> =
         statement("SELECT shop, sale_status FROM sku WHERE code = $1")
             .bind(movement.sku.as_str())
