@@ -59,6 +59,7 @@ mirrored_tests!(
     sandbox_payment_methods_are_refused_when_the_gateway_is_real,
     a_return_is_refused_for_an_order_whose_stock_was_given_back,
     the_audit_catches_a_return_of_goods_that_were_never_sold,
+    the_audit_catches_a_return_row_that_takes_units_away,
     a_success_after_the_hold_ended_is_refunded_when_the_sku_went_off_the_shelf,
     a_success_after_the_hold_ended_is_refunded_when_the_sku_was_deleted,
     an_order_whose_total_is_zero_is_refused_and_changes_nothing,
@@ -1829,6 +1830,34 @@ async fn the_audit_catches_a_return_of_goods_that_were_never_sold(backend: Backe
     assert_eq!(differences[0]["reference"], order.as_str());
     assert_eq!(differences[0]["expected"], 0);
     assert_eq!(differences[0]["actual"], 2);
+}
+
+/// Found in review: a `return` row that took units away passed the audit whenever the
+/// order's returns still summed to no more than it sold, with the counters moved along
+/// (the units lost, unseen). Every return row must put units back.
+async fn the_audit_catches_a_return_row_that_takes_units_away(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let sold = paid_order(&app, "user-2", 3).await;
+    let returned = return_goods(&app, &sold, true).await;
+    assert_eq!(returned.status, 200, "{returned:?}");
+    app.assert_audit_clean().await;
+    let mut connection = app.database.raw_connection().await;
+    let insert = format!(
+        "INSERT INTO stock_ledger (sku, warehouse, kind, available_delta, reserved_delta, reference, idempotency_key, created_at) \
+         VALUES ('{SKU}', 'default', 'return', -1, 0, '{sold}', NULL, 0)"
+    );
+    assert_eq!(connection.execute(&insert).await, Ok(1));
+    let lose = format!("UPDATE stock SET available = available - 1 WHERE sku = '{SKU}'");
+    assert_eq!(connection.execute(&lose).await, Ok(1));
+
+    let audit = app.audit().await;
+
+    assert_eq!(audit["ok"], false, "{audit:#}");
+    let differences = audit["differences"].as_array().expect("differences");
+    assert_eq!(differences.len(), 1, "{audit:#}");
+    assert_eq!(differences[0]["check"], "return_not_an_increase");
+    assert_eq!(differences[0]["reference"], sold.as_str());
+    assert_eq!(differences[0]["actual"], -1);
 }
 
 /// Issue 13, defect 2: a success after the hold ended takes the stock again only as a

@@ -323,7 +323,7 @@ pub struct ReservationGauges {
 pub struct AuditDifference {
     /// What was compared: `ledger_vs_available`, `ledger_vs_reserved`,
     /// `open_reservations_vs_reserved`, `reservation_ledger`, `orphan_ledger_row`,
-    /// `order_vs_reservation_and_payment`, `returned_more_than_sold`,
+    /// `order_vs_reservation_and_payment`, `returned_more_than_sold`, `return_not_an_increase`,
     /// `campaign_bucket_units`, `campaign_source_units`, `campaign_closed_bucket_units`.
     pub check: &'static str,
     pub sku: Option<String>,

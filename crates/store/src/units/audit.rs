@@ -40,7 +40,7 @@ pub(crate) const AUDIT_MISSING_STOCK_ROWS: &str = "SELECT named.sku, named.wareh
 /// Every (order, SKU, warehouse) with returned goods: the units returned and the units
 /// the order sold there (its reservation's lines, when that reservation is confirmed).
 pub(crate) const AUDIT_RETURNS: &str = "SELECT ledger.reference, ledger.sku, ledger.warehouse, \
-     CAST(SUM(ledger.available_delta) AS BIGINT), \
+     CAST(SUM(ledger.available_delta) AS BIGINT), CAST(MIN(ledger.available_delta) AS BIGINT), \
      CAST(COALESCE((SELECT SUM(line.quantity) FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
              AND reservation.status = 'CONFIRMED' \
@@ -462,9 +462,22 @@ pub(crate) async fn audit_returns<C: Dialect>(
     // that left stock (a confirmed reservation), at most as many as were sold. A
     // `return` row for anything else would make counters and ledger agree on stock
     // created from nothing.
-    let mut returns =
-        statement(AUDIT_RETURNS).fetch_as::<(String, String, String, i64, i64)>(&mut *transaction);
-    while let Some((order, sku, warehouse, returned, sold)) = returns.try_next().await? {
+    let mut returns = statement(AUDIT_RETURNS)
+        .fetch_as::<(String, String, String, i64, i64, i64)>(&mut *transaction);
+    while let Some((order, sku, warehouse, returned, smallest, sold)) = returns.try_next().await? {
+        // A return only ever puts units back: a row taking them away would lose stock
+        // with counters and ledger agreeing, and hide inside a sum that still fits.
+        if smallest <= 0 {
+            findings.note(AuditDifference {
+                check: "return_not_an_increase",
+                sku: Some(sku.clone()),
+                warehouse: Some(warehouse.clone()),
+                reference: Some(order.clone()),
+                shop: None,
+                expected: 1,
+                actual: smallest,
+            });
+        }
         if returned > sold {
             findings.note(AuditDifference {
                 check: "returned_more_than_sold",
