@@ -606,6 +606,29 @@ impl Engine {
         Ok(ours.then_some(claimed))
     }
 
+    /// Gives back the rows a worker step claimed but did not start, its lease having
+    /// no room left for them ([`WorkerLease`]). Rows the store cannot take back wait
+    /// for their lease, as a crashed step's do.
+    async fn give_back_unstarted<Attempt>(
+        &self,
+        worker: &'static str,
+        started: usize,
+        unstarted: usize,
+        give_back: impl Fn() -> Attempt,
+    ) where
+        Attempt: std::future::Future<Output = Result<(), store::StoreError>>,
+    {
+        tracing::info!(
+            worker,
+            started,
+            given_back = unstarted,
+            "the lease ends before another row's gateway calls could end within it; the rest goes back"
+        );
+        if let Err(error) = self.retried(worker, give_back).await {
+            tracing::warn!(%error, "claimed rows not started could not be given back; they wait for their lease");
+        }
+    }
+
     /// One step of the reconciliation worker: asks the gateway about attempts still
     /// unresolved past the threshold, with their own idempotency key, and applies the
     /// answer. Past the order's hold, an attempt the gateway has not completed is
@@ -643,20 +666,10 @@ impl Engine {
                     .chain(attempts)
                     .map(|attempt| attempt.attempt_id)
                     .collect();
-                tracing::info!(
-                    asked = resolved.len(),
-                    given_back = rest.len(),
-                    "the reconciliation lease ends before another attempt could be asked about; the rest goes back"
-                );
-                // Not given back, they wait for their lease, as a crashed step's do.
-                if let Err(error) = self
-                    .retried("reconcile", || {
-                        self.inner.store.give_back_attempts(&rest, self.now())
-                    })
-                    .await
-                {
-                    tracing::warn!(%error, "claimed rows not started could not be given back; they wait for their lease");
-                }
+                self.give_back_unstarted("reconcile", resolved.len(), rest.len(), || {
+                    self.inner.store.give_back_attempts(&rest, self.now())
+                })
+                .await;
                 break;
             }
             let mut call = payments
@@ -834,20 +847,10 @@ impl Engine {
                     .chain(refunds.map(|(_, refund)| refund))
                     .map(|refund| refund.refund_id)
                     .collect();
-                tracing::info!(
-                    started,
-                    given_back = rest.len(),
-                    "the refund lease ends before another refund could be issued; the rest goes back"
-                );
-                // Not given back, they wait for their lease, as a crashed step's do.
-                if let Err(error) = self
-                    .retried("refunds", || {
-                        self.inner.store.give_back_refunds(&rest, self.now())
-                    })
-                    .await
-                {
-                    tracing::warn!(%error, "claimed rows not started could not be given back; they wait for their lease");
-                }
+                self.give_back_unstarted("refunds", started, rest.len(), || {
+                    self.inner.store.give_back_refunds(&rest, self.now())
+                })
+                .await;
                 break;
             }
             // A refund the gateway answered `pending` is read again, not sent again:

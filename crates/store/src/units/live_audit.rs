@@ -291,52 +291,33 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(false);
         }
-        for (sku, warehouse, available, reserved) in recounted {
-            let updated = statement(
-                "UPDATE audit_running_sum SET available_sum = $3, reserved_sum = $4 \
-                 WHERE sku = $1 AND warehouse = $2",
-            )
-            .bind(sku.as_str())
-            .bind(warehouse.as_str())
-            .bind(*available)
-            .bind(*reserved)
-            .execute(&mut *transaction)
-            .await?;
-            if updated == 0 {
-                statement(
-                    "INSERT INTO audit_running_sum (sku, warehouse, available_sum, reserved_sum) \
-                     VALUES ($1, $2, $3, $4)",
-                )
-                .bind(sku.as_str())
-                .bind(warehouse.as_str())
-                .bind(*available)
-                .bind(*reserved)
-                .execute(&mut *transaction)
-                .await?;
-            }
-        }
-        for (sku, warehouse, available, reserved) in settled {
-            let updated = statement(
-                "UPDATE audit_running_sum SET available_sum = available_sum + $3, \
-                 reserved_sum = reserved_sum + $4 WHERE sku = $1 AND warehouse = $2",
-            )
-            .bind(sku.as_str())
-            .bind(warehouse.as_str())
-            .bind(*available)
-            .bind(*reserved)
-            .execute(&mut *transaction)
-            .await?;
-            if updated == 0 {
-                statement(
-                    "INSERT INTO audit_running_sum (sku, warehouse, available_sum, reserved_sum) \
-                     VALUES ($1, $2, $3, $4)",
-                )
-                .bind(sku.as_str())
-                .bind(warehouse.as_str())
-                .bind(*available)
-                .bind(*reserved)
-                .execute(&mut *transaction)
-                .await?;
+        // The recounted values first, then the settled rows' sums on top.
+        let set = "UPDATE audit_running_sum SET available_sum = $3, reserved_sum = $4 \
+                   WHERE sku = $1 AND warehouse = $2";
+        let add = "UPDATE audit_running_sum SET available_sum = available_sum + $3, \
+                   reserved_sum = reserved_sum + $4 WHERE sku = $1 AND warehouse = $2";
+        for (update, rows) in [(set, recounted), (add, settled)] {
+            for (sku, warehouse, available, reserved) in rows {
+                let updated = statement(update)
+                    .bind(sku.as_str())
+                    .bind(warehouse.as_str())
+                    .bind(*available)
+                    .bind(*reserved)
+                    .execute(&mut *transaction)
+                    .await?;
+                if updated == 0 {
+                    // No sums yet for this row: both start from zero.
+                    statement(
+                        "INSERT INTO audit_running_sum (sku, warehouse, available_sum, reserved_sum) \
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(sku.as_str())
+                    .bind(warehouse.as_str())
+                    .bind(*available)
+                    .bind(*reserved)
+                    .execute(&mut *transaction)
+                    .await?;
+                }
             }
         }
         transaction.commit().await?;

@@ -1121,16 +1121,31 @@ impl<B: Backend> Units<B> {
         attempts: &[PaymentAttemptId],
         now: Timestamp,
     ) -> Result<(), StoreError> {
+        self.give_back_claimed(
+            "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries - 1 \
+             WHERE id = $1 AND reconcile_after > $2 AND reconcile_tries > 0",
+            attempts.iter().map(PaymentAttemptId::as_str),
+            now,
+        )
+        .await
+    }
+
+    /// Runs `give_back` (`$1` a claimed row's id, `$2` now) for each of `ids`, in one
+    /// transaction: the shared half of [`Units::give_back_attempts`] and
+    /// [`Units::give_back_refunds`].
+    pub(crate) async fn give_back_claimed(
+        &self,
+        give_back: &'static str,
+        ids: impl Iterator<Item = &str>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
-        for attempt in attempts {
-            statement(
-                "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries - 1 \
-                 WHERE id = $1 AND reconcile_after > $2 AND reconcile_tries > 0",
-            )
-            .bind(attempt.as_str())
-            .bind(now.unix_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
+        for id in ids {
+            statement(give_back)
+                .bind(id)
+                .bind(now.unix_milliseconds())
+                .execute(&mut *transaction)
+                .await?;
         }
         transaction.commit().await?;
         Ok(())

@@ -93,19 +93,13 @@ impl<B: Backend> Units<B> {
         refunds: &[RefundId],
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut transaction = self.begin_write().await?;
-        for refund in refunds {
-            statement(
-                "UPDATE refund SET next_try_at = $2, tries = tries - 1 \
-                 WHERE id = $1 AND status = 'PENDING' AND next_try_at > $2 AND tries > 0",
-            )
-            .bind(refund.as_str())
-            .bind(now.unix_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
-        }
-        transaction.commit().await?;
-        Ok(())
+        self.give_back_claimed(
+            "UPDATE refund SET next_try_at = $2, tries = tries - 1 \
+             WHERE id = $1 AND status = 'PENDING' AND next_try_at > $2 AND tries > 0",
+            refunds.iter().map(RefundId::as_str),
+            now,
+        )
+        .await
     }
 
     /// Pending refunds due for a try, leased like attempts.
