@@ -12,7 +12,7 @@ mirrored_tests!(
     a_new_sku_cannot_take_a_code_a_campaign_counts_purchases_under,
     a_new_product_waits_for_review_and_shoppers_see_it_off_shelf,
     every_transition_in_the_table_changes_the_status_and_is_logged,
-    refused_transitions_answer_illegal_transition_and_change_nothing,
+    refused_transitions_and_edits_of_a_deleted_sku_answer_illegal_transition_and_change_nothing,
     an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing,
     going_on_sale_reports_every_missing_field,
     a_sku_priced_zero_cannot_go_on_sale,
@@ -236,7 +236,9 @@ async fn every_transition_in_the_table_changes_the_status_and_is_logged(backend:
     );
 }
 
-async fn refused_transitions_answer_illegal_transition_and_change_nothing(backend: Backend) {
+async fn refused_transitions_and_edits_of_a_deleted_sku_answer_illegal_transition_and_change_nothing(
+    backend: Backend,
+) {
     let app = TestApp::spawn(backend).await;
     app.create_product(ProductSpec::complete("north", &["GONE"]))
         .await;
@@ -256,11 +258,30 @@ async fn refused_transitions_answer_illegal_transition_and_change_nothing(backen
         assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
         assert_eq!(refused.json()["results"][0]["outcome"], "refused");
     }
+    for (index, edit) in [
+        json!({"price": 300}),
+        json!({"title": "back again"}),
+        json!({}),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let refused = app
+            .send(
+                Call::put("/v1/skus/GONE")
+                    .admin()
+                    .key(format!("edit-{index}"))
+                    .json(edit),
+            )
+            .await;
+        assert_eq!(refused.status, 409, "{edit}: {refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
+    }
 
     assert_eq!(
         app.contents_except_idempotency_records().await,
         before,
-        "DELETED is terminal"
+        "DELETED is terminal: no status, field, version or event changed"
     );
 }
 

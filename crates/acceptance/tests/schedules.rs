@@ -9,7 +9,9 @@ mirrored_tests!(
     a_schedule_applies_at_the_start_of_its_minute_and_is_logged_as_scheduled,
     a_schedule_due_while_the_process_was_down_is_applied_after_the_restart,
     two_instances_apply_one_schedule_once,
-    a_schedule_of_a_deleted_sku_is_skipped_and_logged,
+    deleting_a_sku_cancels_its_pending_schedules_and_ends_its_daily_series,
+    a_schedule_whose_sku_was_deleted_while_the_worker_held_it_is_skipped_and_logged,
+    a_deleted_sku_is_never_scheduled_and_the_rest_of_the_request_is,
     schedules_in_the_past_or_without_a_time_are_refused,
     a_retried_schedule_whose_minute_has_passed_replays_its_first_answer,
     a_schedule_waits_for_an_edit_of_its_sku_and_is_applied_after_it,
@@ -116,36 +118,135 @@ async fn two_instances_apply_one_schedule_once(backend: Backend) {
     assert!(first.engine.schedule_step().await.unwrap().is_empty());
 }
 
-async fn a_schedule_of_a_deleted_sku_is_skipped_and_logged(backend: Backend) {
+/// Seed 003: a deleted SKU is terminal, so a schedule of it could only ever be
+/// skipped. The delete cancels them in its own transaction: they stop counting against
+/// the shop's cap, stop showing among what is to come, and a daily series ends.
+async fn deleting_a_sku_cancels_its_pending_schedules_and_ends_its_daily_series(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["DOOMED", "KEPT"]).await;
+    let once = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(30)}),
+        )
+        .await;
+    assert_eq!(once.status, 200, "{once:?}");
+    let daily = app
+        .shelf(
+            None,
+            json!({"operation": "off_at", "sku_ids": ["DOOMED"], "scheduled_at": at_minutes(40),
+                   "repeat": "daily"}),
+        )
+        .await;
+    assert_eq!(daily.status, 200, "{daily:?}");
+    assert_eq!(pending_schedules(&app).await.len(), 3);
+
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["DOOMED"]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+
+    let pending = pending_schedules(&app).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["sku"], "KEPT");
+    let cancelled = app
+        .send(Call::get("/v1/admin/schedules?status=CANCELLED").admin())
+        .await;
+    let cancelled = cancelled.json()["schedules"].as_array().unwrap().clone();
+    assert_eq!(cancelled.len(), 2, "{cancelled:?}");
+    for schedule in &cancelled {
+        assert_eq!(schedule["sku"], "DOOMED");
+        assert_eq!(schedule["outcome"], "cancelled: the SKU was deleted");
+        assert_eq!(schedule["applied_at"], START.to_rfc3339());
+    }
+    app.clock.advance_seconds(2 * DAY_SECONDS);
+    let applied = app.engine.schedule_step().await.unwrap();
+    assert_eq!(applied.len(), 1, "only KEPT's: {applied:?}");
+    assert_eq!(applied[0].sku.as_str(), "KEPT");
+    assert_eq!(applied[0].status, "APPLIED");
+    assert!(pending_schedules(&app).await.is_empty(), "the series ended");
+    assert_eq!(app.sale_status(&product, "DOOMED").await.0, "DELETED");
+}
+
+/// A schedule the worker had claimed when the delete ran is not cancelled by it (the
+/// delete skips rows another transaction holds); the worker, once the delete's locks
+/// are gone, finds the SKU deleted and skips it. The SKU is marked deleted by hand
+/// here, as that interleaving leaves it.
+async fn a_schedule_whose_sku_was_deleted_while_the_worker_held_it_is_skipped_and_logged(
+    backend: Backend,
+) {
     let app = TestApp::spawn(backend).await;
     let product = pending_product(&app, &["DOOMED"]).await;
     app.shelf(
         None,
-        json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(30)}),
+        json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(30),
+               "repeat": "daily"}),
     )
     .await;
-    let deleted = app
-        .send(
-            Call::new(
-                axum::http::Method::DELETE,
-                format!("/v1/products/{product}"),
-            )
-            .admin()
-            .key("delete"),
-        )
-        .await;
-    assert_eq!(deleted.status, 200);
+    let mut connection = app.database.raw_connection().await;
+    let marked = connection
+        .execute("UPDATE sku SET sale_status = 'DELETED' WHERE code = 'DOOMED'")
+        .await
+        .unwrap();
+    assert_eq!(marked, 1);
 
     app.clock.advance_seconds(1800);
     let applied = app.engine.schedule_step().await.unwrap();
 
+    assert_eq!(applied.len(), 1, "{applied:?}");
     assert_eq!(applied[0].status, "SKIPPED");
+    assert_eq!(applied[0].next, None, "a deleted SKU ends its series");
     let log = app.shelf_log(&format!("&product={product}")).await;
     let last = log.last().unwrap();
     assert_eq!(last["operation"], "on_at");
     assert_eq!(last["to"], "DELETED");
     assert!(last["remark"].as_str().unwrap().contains("skipped"));
-    assert_eq!(app.sale_status(&product, "DOOMED").await.0, "DELETED");
+    assert!(pending_schedules(&app).await.is_empty());
+}
+
+async fn a_deleted_sku_is_never_scheduled_and_the_rest_of_the_request_is(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["GONE-1", "STAYS-1"]).await;
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["GONE-1"]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let before = app.contents_except_idempotency_records().await;
+
+    let only_deleted = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "sku_ids": ["GONE-1"], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(only_deleted.status, 409, "{only_deleted:?}");
+    assert_eq!(only_deleted.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(only_deleted.json()["results"][0]["outcome"], "refused");
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+
+    let both = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(5)}),
+        )
+        .await;
+    assert_eq!(both.status, 200, "{both:?}");
+    let results = both.json()["results"].as_array().unwrap().clone();
+    let outcome_of = |sku: &str| {
+        results
+            .iter()
+            .find(|result| result["sku"] == sku)
+            .map(|result| result["outcome"].clone())
+    };
+    assert_eq!(outcome_of("GONE-1"), Some(json!("refused")), "{results:?}");
+    assert_eq!(
+        outcome_of("STAYS-1"),
+        Some(json!("scheduled")),
+        "{results:?}"
+    );
+    let pending = pending_schedules(&app).await;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["sku"], "STAYS-1");
 }
 
 async fn schedules_in_the_past_or_without_a_time_are_refused(backend: Backend) {

@@ -99,6 +99,9 @@ pub trait Dialect: Connection {
     const AUDIT_RESERVATION_LINES: &'static str;
     /// Pending schedules that are due, skipping those another worker holds.
     const CLAIM_DUE_SCHEDULES: &'static str;
+    /// A SKU's (`$1`) pending schedules, skipping those another worker holds: the
+    /// worker applying one finds the SKU deleted and skips it.
+    const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str;
     /// An order's row, locked.
     const SELECT_ORDER_FOR_UPDATE: &'static str;
     /// A payment attempt's status, locked.

@@ -290,6 +290,7 @@ impl Dialect for PgConnection {
     /// `SKIP LOCKED`: a schedule another process is applying is left to it.
     const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str = "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 ORDER BY id FOR UPDATE SKIP LOCKED";
 
     const SELECT_ORDER_FOR_UPDATE: &'static str =
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";
@@ -433,6 +434,11 @@ impl Dialect for PgConnection {
             24,
             "ledger_no_truncate",
             include_str!("../../migrations/postgres/0024_ledger_no_truncate.sql"),
+        ),
+        (
+            25,
+            "schedule_sku_pending",
+            include_str!("../../migrations/postgres/0025_schedule_sku_pending.sql"),
         ),
     ];
     /// PostgreSQL takes the whole-batch fast path: it saves the round trips of a

@@ -500,6 +500,8 @@ impl Dialect for SqliteConnection {
          ORDER BY reservation.id, line.sku, line.warehouse";
     const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2";
+    const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str =
+        "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 ORDER BY id";
     const SELECT_ORDER_FOR_UPDATE: &'static str =
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1";
     const SELECT_ATTEMPT_STATUS_FOR_UPDATE: &'static str =
@@ -611,6 +613,11 @@ impl Dialect for SqliteConnection {
             16,
             "schedule_series",
             include_str!("../../migrations/sqlite/0016_schedule_series.sql"),
+        ),
+        (
+            17,
+            "schedule_sku_pending",
+            include_str!("../../migrations/sqlite/0017_schedule_sku_pending.sql"),
         ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.

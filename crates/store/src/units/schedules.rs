@@ -224,6 +224,36 @@ async fn settle_schedule<C: Dialect>(
     .await
 }
 
+/// Cancels the pending schedules of `sku`, deleted in `transaction`: a deleted SKU is
+/// never changed again, so they could only ever be skipped, and left pending they
+/// would count against the shop's cap and show among what is still to come. A daily
+/// series ends with its pending occurrence. A schedule the worker holds is skipped
+/// here: the worker waits for this delete's locks, then finds the SKU deleted and
+/// settles it as skipped.
+pub(crate) async fn cancel_schedules_of_deleted_sku<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    let pending: Vec<String> = statement(C::CLAIM_PENDING_SCHEDULES_OF_SKU)
+        .bind(sku.as_str())
+        .fetch_all_scalar(&mut *transaction)
+        .await?;
+    for id in pending {
+        let id = parse_stored("schedule id", &id, ScheduleId::parse)?;
+        let updated = settle_schedule(
+            &mut *transaction,
+            &id,
+            ScheduleStatus::Cancelled,
+            "cancelled: the SKU was deleted",
+            now,
+        )
+        .await?;
+        expect_one_row(updated, "cancelling a deleted SKU's schedule")?;
+    }
+    Ok(())
+}
+
 /// Inserts the occurrence after `settled` (due at `due_at`) of its daily `series`: the
 /// same SKU, operation, operator, shop, remark and series, due at the first slot
 /// after `now`.
@@ -253,20 +283,17 @@ async fn leave_next_occurrence<C: Dialect>(
 }
 
 /// A refusal when these schedules would take a shop past
-/// [`SCHEDULES_PENDING_PER_SHOP_MAX`] pending ones. Each shop's lock is held first
-/// (in code order, as a shelf change takes them), so two requests cannot both count
-/// the room that only one of them fits in. Standalone SKUs (no shop, the admin's) are
-/// counted together, without a lock: only the admin schedules them.
+/// [`SCHEDULES_PENDING_PER_SHOP_MAX`] pending ones. The caller holds each shop's lock
+/// ([`lock_shops_of`]), so two requests cannot both count the room that only one of
+/// them fits in. Standalone SKUs (no shop, the admin's) are counted together, without
+/// a lock: only the admin schedules them.
 async fn pending_cap_refusal<C: Dialect>(
     transaction: &mut C,
-    scheduling: &ShelfScheduling,
+    targets: &[&ShelfTarget],
 ) -> Result<Option<Rejection>, StoreError> {
     let mut per_shop: BTreeMap<Option<&ShopCode>, i64> = BTreeMap::new();
-    for (_, target) in &scheduling.targets {
+    for target in targets {
         *per_shop.entry(target.shop.as_ref()).or_default() += 1;
-    }
-    for shop in per_shop.keys().flatten() {
-        transaction.lock_shop(shop).await?;
     }
     for (shop, adding) in per_shop {
         let pending: i64 = statement(
@@ -290,6 +317,32 @@ async fn pending_cap_refusal<C: Dialect>(
         }
     }
     Ok(None)
+}
+
+/// Takes the locks a schedule request holds while it decides: each shop's (in code
+/// order, as a shelf change takes them), then each SKU's own row (in code order). A
+/// delete takes both before it changes the SKU and cancels its schedules, so a
+/// schedule is stored either before a delete (and cancelled by it) or after it (and
+/// refused here), never left pending on a deleted SKU.
+async fn lock_schedule_targets<C: Dialect>(
+    transaction: &mut C,
+    targets: &[(ScheduleId, ShelfTarget)],
+) -> Result<(), StoreError> {
+    let shops: BTreeSet<&ShopCode> = targets
+        .iter()
+        .filter_map(|(_, target)| target.shop.as_ref())
+        .collect();
+    for shop in shops {
+        transaction.lock_shop(shop).await?;
+    }
+    let skus: BTreeSet<&SkuCode> = targets.iter().map(|(_, target)| &target.sku).collect();
+    for sku in skus {
+        statement(C::LOCK_SKU_ROW)
+            .bind(sku.as_str())
+            .fetch_optional_scalar::<i64>(&mut *transaction)
+            .await?;
+    }
+    Ok(())
 }
 
 impl<B: Backend> Units<B> {
@@ -339,12 +392,43 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        if let Some(refusal) = pending_cap_refusal(&mut *transaction, scheduling).await? {
+        lock_schedule_targets(&mut *transaction, &scheduling.targets).await?;
+        // A deleted SKU never changes again: a schedule of it could only be skipped.
+        let mut deleted = BTreeSet::new();
+        for (_, target) in &scheduling.targets {
+            let state = load_shelf_state(&mut *transaction, &target.sku).await?;
+            if state.is_some_and(|state| state.status == SaleStatus::Deleted) {
+                deleted.insert(&target.sku);
+            }
+        }
+        let live: Vec<&ShelfTarget> = scheduling
+            .targets
+            .iter()
+            .map(|(_, target)| target)
+            .filter(|target| !deleted.contains(&target.sku))
+            .collect();
+        if let Some(refusal) = pending_cap_refusal(&mut *transaction, &live).await? {
             let response = renderer.rejected(&refusal);
             return commit_with_answer(transaction, claim, response).await;
         }
         let mut results = Vec::with_capacity(scheduling.targets.len());
         for (id, target) in &scheduling.targets {
+            if deleted.contains(&target.sku) {
+                results.push(ShelfResult {
+                    sku: target.sku.clone(),
+                    product_id: target.product_id.clone(),
+                    outcome: ShelfOutcome::Refused {
+                        code: ErrorCode::IllegalTransition,
+                        reason: format!(
+                            "sku '{}' is deleted: a deleted SKU is never scheduled",
+                            target.sku
+                        ),
+                        missing: Vec::new(),
+                    },
+                    availability: None,
+                });
+                continue;
+            }
             statement(
                 "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at, series_id, recurrence) \
                  VALUES ($1, $2, $3, $4, 'PENDING', $5, $6, $7, $8, $1, $9)",

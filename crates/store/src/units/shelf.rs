@@ -7,6 +7,7 @@
 use super::decode::parse_stored;
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::{NewEvent, Sequence, append_event};
+use super::schedules::cancel_schedules_of_deleted_sku;
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
@@ -165,6 +166,9 @@ pub(crate) async fn change_sale_status<C: Dialect>(
         remark: &step.change.remark,
     };
     insert_shelf_log(transaction, line, now).await?;
+    if step.to == SaleStatus::Deleted {
+        cancel_schedules_of_deleted_sku(&mut *transaction, &step.target.sku, now).await?;
+    }
     let shop = match &step.target.shop {
         Some(shop) => shop.as_str().to_owned(),
         None => {

@@ -321,7 +321,7 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
          currency = COALESCE($4, currency), \
          low_stock_threshold = COALESCE($5, low_stock_threshold), \
          per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
-         version = version + 1, updated_at = $8 WHERE code = $1",
+         version = version + 1, updated_at = $8 WHERE code = $1 AND sale_status <> $9",
     )
     .bind(code.as_str())
     .bind(changes.title.as_deref())
@@ -331,8 +331,18 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     .bind(i64::from(changes.per_user_limit.is_some()))
     .bind(changes.per_user_limit.flatten())
     .bind(now.unix_milliseconds())
+    .bind(SaleStatus::Deleted.as_str())
     .execute(&mut *transaction)
     .await?;
+    // The row exists (its shop was read above) and a SKU is never removed: no row
+    // updated means it is deleted, which is terminal, so its fields, its version and
+    // its event feed stay as the delete left them.
+    if updated == 0 {
+        return Ok(Err(Rejection::new(
+            ErrorCode::IllegalTransition,
+            format!("sku '{code}' is deleted: a deleted SKU is never edited"),
+        )));
+    }
     expect_one_row(updated, "updating a sku")?;
     Ok(Ok(()))
 }
