@@ -45,6 +45,9 @@ mirrored_tests!(
     a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored,
     campaigns_kept_open_by_a_held_unit_do_not_hold_back_the_end_of_later_ones,
     units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open,
+    a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it,
+    a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
+    a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1736,5 +1739,170 @@ async fn units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open(b
 
     assert!(closed.is_empty(), "a unit is still held");
     assert_eq!(after.status, 201, "the 9 units are back: {after:?}");
+    app.assert_audit_clean().await;
+}
+
+/// A retry hears its key's first answer even when a campaign that started since would
+/// refuse the same request at its door: more units than the campaign's limit, or no
+/// user. Both were holds of regular stock when they were first answered.
+async fn a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LAMP", 10).await;
+    let later = create_campaign(
+        &app,
+        "lamp-campaign",
+        json!({
+            "sku": "LAMP", "quantity": 4, "per_user_limit": 1,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(later.status, 201, "{later:?}");
+    let two_lamps = |key: &str| {
+        Call::post("/v1/reservations").key(key).json(&json!({
+            "lines": [{"sku": "LAMP", "quantity": 2}], "user_id": "alice",
+        }))
+    };
+    let anonymous = |key: &str| {
+        Call::post("/v1/reservations")
+            .key(key)
+            .json(&json!({"lines": [{"sku": "LAMP", "quantity": 1}]}))
+    };
+    let first_two = app.send(two_lamps("two-lamps")).await;
+    let first_anonymous = app.send(anonymous("one-lamp")).await;
+    for first in [&first_two, &first_anonymous] {
+        assert_eq!(first.status, 201, "{first:?}");
+        assert_eq!(first.json()["lines"][0]["warehouse"], "default");
+    }
+
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let retried_two = app.send(two_lamps("two-lamps")).await;
+    let retried_anonymous = app.send(anonymous("one-lamp")).await;
+
+    for (retried, first) in [
+        (&retried_two, &first_two),
+        (&retried_anonymous, &first_anonymous),
+    ] {
+        assert_eq!(retried.status, 201, "{retried:?}");
+        assert!(retried.replayed(), "{retried:?}");
+        assert_eq!(
+            retried.json()["reservation_id"],
+            first.json()["reservation_id"]
+        );
+    }
+    // New requests of the same shapes are refused at the campaign's door.
+    let more = app.send(two_lamps("two-more-lamps")).await;
+    assert_eq!(
+        more.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{more:?}"
+    );
+    let nameless = app.send(anonymous("another-lamp")).await;
+    assert_eq!(
+        nameless.code().as_deref(),
+        Some("failed_precondition"),
+        "{nameless:?}"
+    );
+}
+
+/// Time spent waiting in a campaign's line is not taken out of the hold: its ttl runs
+/// from its turn, so a ticket is never answered with a hold that already expired.
+async fn a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("PATIENT", 10).await;
+    running_campaign(&app, "PATIENT", 3, 1, None).await;
+    let (_room, held) = hold_the_line(&app, "PATIENT").await;
+    let ticket = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("patient")
+                .header("prefer", "respond-async")
+                .json(&json!({
+                    "lines": [{"sku": "PATIENT", "quantity": 1}], "user_id": "pat",
+                    "ttl_seconds": 60,
+                })),
+        )
+        .await;
+    let order_ticket = app
+        .send(
+            Call::post("/v1/orders")
+                .key("patient-order")
+                .header("prefer", "respond-async")
+                .json(&json!({
+                    "lines": [{"sku": "PATIENT", "quantity": 1}], "user_id": "quinn",
+                    "ttl_seconds": 60,
+                })),
+        )
+        .await;
+    for waiting in [&ticket, &order_ticket] {
+        assert_eq!(waiting.status, 202, "{waiting:?}");
+    }
+
+    app.clock.advance_seconds(120);
+    drop(held);
+    for waiting in [&ticket, &order_ticket] {
+        let answered = answered_ticket(&app, waiting.json()["poll"].as_str().unwrap()).await;
+        assert_eq!(answered["answer"]["status"], 201, "{answered}");
+        assert_eq!(
+            answered["answer"]["body"]["expires_at"],
+            START.plus_seconds(180).to_rfc3339(),
+            "sixty seconds from its turn: {answered}"
+        );
+    }
+    app.assert_audit_clean().await;
+}
+
+/// A request still waiting in a campaign's line when the campaign ends takes no unit
+/// of it at its turn: it is decided as one arriving then would be, from regular stock,
+/// and one that named the campaign is refused (not stored under its key).
+async fn a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("LATE", 10).await;
+    running_campaign(&app, "LATE", 3, 1, None).await;
+    let id = running_id(&app, "LATE");
+    let (_room, held) = hold_the_line(&app, "LATE").await;
+    let unnamed = app
+        .send(waiting_reserve_call("late-ann", "LATE", "ann"))
+        .await;
+    let named_call = || {
+        Call::post("/v1/reservations")
+            .key("late-bob")
+            .header("prefer", "respond-async")
+            .json(&json!({
+                "lines": [{"sku": "LATE", "quantity": 1}], "user_id": "bob", "campaign_id": id,
+            }))
+    };
+    let named = app.send(named_call()).await;
+    for ticket in [&unnamed, &named] {
+        assert_eq!(ticket.status, 202, "{ticket:?}");
+    }
+
+    app.clock.advance_seconds(HOUR_SECONDS);
+    drop(held);
+    let unnamed = answered_ticket(&app, unnamed.json()["poll"].as_str().unwrap()).await;
+    let named = answered_ticket(&app, named.json()["poll"].as_str().unwrap()).await;
+
+    assert_eq!(unnamed["answer"]["status"], 201, "{unnamed}");
+    assert_eq!(
+        unnamed["answer"]["body"]["lines"][0]["warehouse"], "default",
+        "{unnamed}"
+    );
+    assert_eq!(named["answer"]["status"], 409, "{named}");
+    assert_eq!(
+        named["answer"]["body"]["code"], "failed_precondition",
+        "{named}"
+    );
+    assert_eq!(campaign(&app, &id).await["held"], 0);
+    let retried = app.send(named_call()).await;
+    assert_eq!(retried.status, 409, "{retried:?}");
+    assert!(
+        !retried.replayed(),
+        "the refusal was not stored: {retried:?}"
+    );
     app.assert_audit_clean().await;
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use std::future::Future;
 
-use domain::{CampaignId, ErrorCode, Principal, TicketId, Timestamp, UserId};
+use domain::{CampaignId, CampaignPhase, ErrorCode, Principal, TicketId, Timestamp, UserId};
 use tokio::sync::oneshot;
 
 use crate::campaigns::{CampaignRoute, Routed};
@@ -449,6 +449,21 @@ impl Held {
     }
 }
 
+/// A request on a running campaign, as it comes to the campaign's line.
+pub(crate) struct LineRequest<'a> {
+    pub principal: &'a Principal,
+    /// The use case, whose stored answers a refusal at the door looks up.
+    pub operation: &'static str,
+    pub claim: &'a store::IdempotencyClaim,
+    pub routed: &'a Routed,
+    pub shopper: Option<&'a UserId>,
+    /// The request named the campaign (`campaign_id`): once the campaign ended, it is
+    /// refused rather than decided from regular stock.
+    pub named_campaign: bool,
+    /// `Prefer: respond-async`: a ticket rather than a wait with the connection open.
+    pub respond_async: bool,
+}
+
 impl Engine {
     /// Runs `decide` for a request on a running campaign once its turn in the
     /// campaign's line comes: at once while fewer than the in-flight bound run; after
@@ -458,17 +473,22 @@ impl Engine {
     /// per-user limit against the line's quantity, one place per shopper.
     pub(crate) async fn through_line<Decide, Decided>(
         &self,
-        principal: &Principal,
-        claim: &store::IdempotencyClaim,
-        routed: &Routed,
-        shopper: Option<&UserId>,
-        respond_async: bool,
+        request: LineRequest<'_>,
         decide: Decide,
     ) -> Result<Held, EngineError>
     where
-        Decide: FnOnce() -> Decided + Send + 'static,
+        Decide: FnOnce(Option<Routed>) -> Decided + Send + 'static,
         Decided: Future<Output = Result<Reply, EngineError>> + Send + 'static,
     {
+        let LineRequest {
+            principal,
+            operation,
+            claim,
+            routed,
+            shopper,
+            named_campaign,
+            respond_async,
+        } = request;
         let route = &routed.route;
         let quantity = routed.units;
         let now = self.now();
@@ -480,26 +500,35 @@ impl Engine {
             // memory (or replays the key's first answer) without the database, or,
             // when the key probe finds the key answered elsewhere, asks the database
             // for that answer.
-            return decide().await.map(Held::Answered);
+            return decide(Some(routed.clone())).await.map(Held::Answered);
         }
         if let Some(limit) = route.per_user_limit {
-            if shopper.is_none() {
-                return Err(EngineError::Refused {
+            // Refusals a request's own shape decides. Its key may hold an answer from
+            // before the campaign started (a hold from regular stock, bigger than the
+            // limit or without a user): a retry hears that answer, not this refusal.
+            let refusal = if shopper.is_none() {
+                Some(EngineError::Refused {
                     code: ErrorCode::FailedPrecondition,
                     detail: format!(
                         "sku '{}' has a per-user limit in campaign '{}': the request must name its user_id",
                         route.sku, route.id
                     ),
-                });
-            }
-            if quantity > limit {
-                return Err(EngineError::Refused {
+                })
+            } else if quantity > limit {
+                Some(EngineError::Refused {
                     code: ErrorCode::PurchaseLimitExceeded,
                     detail: format!(
                         "campaign '{}' sells at most {limit} of sku '{}' per user; requested {quantity}",
                         route.id, route.sku
                     ),
-                });
+                })
+            } else {
+                None
+            };
+            if let Some(refusal) = refusal {
+                return crate::cold(self.first_answer_or(operation, claim, refusal))
+                    .await
+                    .map(Held::Answered);
             }
             // A key this process answered gets its answer again; any other request of
             // a shopper found at the limit is refused without a place.
@@ -547,9 +576,13 @@ impl Engine {
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
             drop(waiting);
-            let answer = decide().await;
+            let (answer, through_campaign) = self
+                .decide_at_turn(operation, claim, routed, named_campaign, decide)
+                .await;
             drop(turn);
-            route.learn_from(shopper, routed, &answer, self.now());
+            if through_campaign {
+                route.learn_from(shopper, routed, &answer, self.now());
+            }
             return answer.map(Held::Answered);
         }
         let id = TicketId::generate(now, rand::random());
@@ -562,14 +595,19 @@ impl Engine {
         let engine = self.clone();
         let routed = routed.clone();
         let shopper = shopper.cloned();
+        let claim = claim.clone();
         tokio::spawn(async move {
             let turn = place.turn().await;
             drop(waiting);
-            let answer = decide().await;
+            let (answer, through_campaign) = engine
+                .decide_at_turn(operation, &claim, &routed, named_campaign, decide)
+                .await;
             drop(turn);
-            routed
-                .route
-                .learn_from(shopper.as_ref(), &routed, &answer, engine.now());
+            if through_campaign {
+                routed
+                    .route
+                    .learn_from(shopper.as_ref(), &routed, &answer, engine.now());
+            }
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(
                 &id,
@@ -580,6 +618,44 @@ impl Engine {
             );
         });
         Ok(Held::Waiting(view))
+    }
+
+    /// Decides a request whose turn in the campaign's line came, by the campaign's
+    /// phase now, not at its arrival: a request that waited past the campaign's end
+    /// takes no campaign unit. It goes to regular stock as one arriving now would,
+    /// or, when it named the campaign, is refused without storing the refusal (a
+    /// retry hears the key's first answer, if any). Answers whether it went through
+    /// the campaign.
+    async fn decide_at_turn<Decide, Decided>(
+        &self,
+        operation: &'static str,
+        claim: &store::IdempotencyClaim,
+        routed: &Routed,
+        named_campaign: bool,
+        decide: Decide,
+    ) -> (Result<Reply, EngineError>, bool)
+    where
+        Decide: FnOnce(Option<Routed>) -> Decided,
+        Decided: Future<Output = Result<Reply, EngineError>>,
+    {
+        let route = &routed.route;
+        if route.phase(self.now()) == CampaignPhase::Running {
+            return (decide(Some(routed.clone())).await, true);
+        }
+        if !named_campaign {
+            return (decide(None).await, false);
+        }
+        let refusal = EngineError::Refused {
+            code: ErrorCode::FailedPrecondition,
+            detail: format!(
+                "campaign '{}' ended at {} while the request waited its turn",
+                route.id, route.ends_at
+            ),
+        };
+        (
+            crate::cold(self.first_answer_or(operation, claim, refusal)).await,
+            false,
+        )
     }
 
     /// The open campaign of `sku` as this process routes by it, with its waiting

@@ -630,7 +630,7 @@ impl Engine {
         // no ticket.
         // The order's transaction takes the ordered lines out of the cart, or refuses
         // when the cart changed since it was read here.
-        self.place_order(principal, "checkout", claim, order, false)
+        self.place_order(principal, "checkout", claim, order, false, false)
             .await?
             .answered()
     }

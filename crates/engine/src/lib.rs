@@ -481,15 +481,22 @@ impl Engine {
         };
         let shopper = request.user.clone();
         let engine = self.clone();
-        let route = routed.clone();
-        self.through_line(
+        let line = admission::LineRequest {
             principal,
+            operation: "reserve",
             claim,
-            &routed,
-            shopper.as_ref(),
+            routed: &routed,
+            shopper: shopper.as_ref(),
+            named_campaign: campaign.is_some(),
             respond_async,
-            move || async move { engine.decide_reservation(request, Some(route)).await },
-        )
+        };
+        self.through_line(line, move |routed| async move {
+            // The hold lasts its ttl from its turn: time spent in line is not
+            // taken out of it.
+            let mut request = request;
+            request.expires_at = engine.now().plus_seconds(ttl_seconds);
+            engine.decide_reservation(request, routed).await
+        })
         .await
     }
 

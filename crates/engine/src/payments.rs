@@ -218,8 +218,16 @@ impl Engine {
             reference,
             undecided_when_short: false,
         };
-        self.place_order(principal, "create_order", claim, order, respond_async)
-            .await
+        let named_campaign = campaign.is_some();
+        self.place_order(
+            principal,
+            "create_order",
+            claim,
+            order,
+            named_campaign,
+            respond_async,
+        )
+        .await
     }
 
     /// Creates an order (a new order, or a cart's checkout) under its key; a line of a
@@ -231,8 +239,10 @@ impl Engine {
         operation: &'static str,
         claim: &IdempotencyClaim,
         order: NewOrder,
+        named_campaign: bool,
         respond_async: bool,
     ) -> Result<crate::Held, EngineError> {
+        let arrived_at = self.now();
         let memory_may_refuse =
             crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some());
         let routed = match self.route_lines(&order.lines, memory_may_refuse) {
@@ -251,20 +261,29 @@ impl Engine {
         };
         let shopper = order.user.clone();
         let engine = self.clone();
-        let route = routed.clone();
         let owned_claim = claim.clone();
-        self.through_line(
+        let line = crate::admission::LineRequest {
             principal,
+            operation,
             claim,
-            &routed,
-            Some(&shopper),
+            routed: &routed,
+            shopper: Some(&shopper),
+            named_campaign,
             respond_async,
-            move || async move {
-                engine
-                    .decide_order(operation, owned_claim, order, Some(route))
-                    .await
-            },
-        )
+        };
+        self.through_line(line, move |routed| async move {
+            // The hold lasts its ttl from its turn: time spent in line is not
+            // taken out of it.
+            let mut order = order;
+            let waited_milliseconds =
+                engine.now().unix_milliseconds() - arrived_at.unix_milliseconds();
+            order.expires_at = order
+                .expires_at
+                .plus_milliseconds(waited_milliseconds.max(0));
+            engine
+                .decide_order(operation, owned_claim, order, routed)
+                .await
+        })
         .await
     }
 
