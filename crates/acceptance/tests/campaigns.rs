@@ -48,6 +48,7 @@ mirrored_tests!(
     a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it,
     a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
     a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit,
+    a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1904,5 +1905,64 @@ async fn a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit(bac
         !retried.replayed(),
         "the refusal was not stored: {retried:?}"
     );
+    app.assert_audit_clean().await;
+}
+
+/// A campaign whose end fails (here its SKU's stock row is held past the lock bound)
+/// rolls back alone: the step still ends the other due campaigns and reads the open
+/// campaigns again, so one created on another instance is routed here, and the next
+/// step ends the one that failed.
+async fn a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    for sku in ["STUCK", "FREED", "NEWER"] {
+        app.stocked_sku(sku, 10).await;
+    }
+    let stuck = running_campaign(&app, "STUCK", 2, 1, None).await;
+    // A campaign's id begins with its creation time: STUCK's end is tried first.
+    app.clock.advance_seconds(1);
+    let freed = running_campaign(&app, "FREED", 2, 1, None).await;
+    assert!(stuck < freed);
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let elsewhere = app.another_instance().await;
+    let newer = create_campaign(
+        &elsewhere,
+        "newer-campaign",
+        json!({
+            "sku": "NEWER", "quantity": 2,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(newer.status, 201, "{newer:?}");
+    let newer_sku = domain::SkuCode::parse("NEWER").unwrap();
+    assert!(
+        app.engine.campaign_route(&newer_sku).is_none(),
+        "not read yet"
+    );
+    let mut held = app.database.hold_stock_row_lock("STUCK").await;
+
+    let failed = app.engine.campaign_step().await;
+
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(
+        app.engine.campaign_route(&newer_sku).is_some(),
+        "the open campaigns were read again"
+    );
+    assert!(campaign(&app, &stuck).await["closed_at"].is_null());
+    // SQLite's one writer: the held lock stops every end, not only STUCK's.
+    if app.backend() != Backend::Sqlite {
+        let freed_now = campaign(&app, &freed).await;
+        assert!(!freed_now["closed_at"].is_null(), "{freed_now:#}");
+    }
+    held.execute("ROLLBACK").await.unwrap();
+    app.engine.campaign_step().await.unwrap();
+    for id in [&stuck, &freed] {
+        let ended = campaign(&app, id).await;
+        assert!(!ended["closed_at"].is_null(), "{ended:#}");
+        assert_eq!(ended["returned"], 2, "{ended:#}");
+    }
     app.assert_audit_clean().await;
 }

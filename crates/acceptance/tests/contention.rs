@@ -18,6 +18,7 @@ mirrored_tests!(
     the_pool_gauges_count_the_combiners_own_connections_with_the_stores,
     a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch,
     first_receipts_into_a_new_warehouse_at_once_all_count,
+    a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
 );
 
 /// The first receipt into a (SKU, warehouse) creates its stock row. Receipts arriving
@@ -894,5 +895,41 @@ async fn a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch(back
     lock.execute("ROLLBACK").await.unwrap();
     assert_eq!(app.counters("FREE").await, (4, 1));
     assert_eq!(app.counters("LOCKED").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// A reservation locks its own stock rows and nothing else exclusively. Its SKU's row
+/// is read, not locked for update: batches on several rows of one SKU (a campaign's
+/// buckets) then commit side by side, where an exclusive lock on the SKU's row would
+/// line them up. Other SKUs' stock rows are not touched, even on a table so small
+/// that MariaDB's optimizer would rather scan it (a scan's `FOR UPDATE` waits for every
+/// row it passes). Here another session holds a share lock on the SKU's row, as a
+/// concurrent batch may, and an exclusive lock on a neighbour's stock row.
+async fn a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock(
+    backend: Backend,
+) {
+    let share = match backend {
+        // One writer: there are no row locks to take.
+        Backend::Sqlite => return,
+        Backend::Postgres => "SELECT 1 FROM sku WHERE code = 'SHARED' FOR SHARE",
+        Backend::Mysql => "SELECT 1 FROM sku WHERE code = 'SHARED' LOCK IN SHARE MODE",
+    };
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 300).await;
+    for sku in ["A-BEFORE", "SHARED", "Z-AFTER"] {
+        app.stocked_sku(sku, 5).await;
+    }
+    let mut neighbour = app.database.hold_stock_row_lock("Z-AFTER").await;
+    let mut reader = app.database.raw_connection().await;
+    reader.execute("BEGIN").await.unwrap();
+    reader.execute(share).await.unwrap();
+
+    let reserved = app.reserve("shared-1", &[("SHARED", 1)]).await;
+    let before = app.reserve("before-1", &[("A-BEFORE", 1)]).await;
+
+    assert_eq!(reserved.status, 201, "{reserved:?}");
+    assert_eq!(before.status, 201, "{before:?}");
+    reader.execute("ROLLBACK").await.unwrap();
+    neighbour.execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.counters("SHARED").await, (4, 1));
     app.assert_audit_clean().await;
 }

@@ -473,9 +473,25 @@ impl Engine {
     }
 
     /// One step of the campaign worker: ends what is due (what is left goes back) and
-    /// reads the open campaigns again. Answers the campaigns closed now.
+    /// reads the open campaigns again. Answers the campaigns closed now, or the first
+    /// error, once the open campaigns were read again: an end that fails (one
+    /// campaign's, or the whole step's) must not keep campaigns created elsewhere
+    /// from being routed here.
     pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
-        // What is left of a closed campaign goes back to regular stock.
+        let ended = self.end_due_campaigns().await;
+        let open = self
+            .inner
+            .store
+            .open_campaigns()
+            .await
+            .map_err(|error| log_store_error("open_campaigns", error))?;
+        self.inner.campaigns.replace(&open);
+        ended
+    }
+
+    /// The ending half of [`Engine::campaign_step`]: what is left of a closed campaign
+    /// goes back to regular stock.
+    async fn end_due_campaigns(&self) -> Result<Vec<CampaignId>, EngineError> {
         let given_back = self.stock_may_come_back();
         let after = self.inner.campaigns.end_cursor();
         let step = self
@@ -498,15 +514,17 @@ impl Engine {
         if step.units_returned == 0 {
             given_back.nothing_given_back();
         }
-        let closed = step.closed;
-        let open = self
-            .inner
-            .store
-            .open_campaigns()
-            .await
-            .map_err(|error| log_store_error("open_campaigns", error))?;
-        self.inner.campaigns.replace(&open);
-        Ok(closed)
+        for (campaign, error) in &step.failed {
+            metrics::counter!("stockd_campaign_end_failures_total").increment(1);
+            tracing::warn!(%campaign, %error, "a campaign's end failed; the next step tries it again");
+        }
+        match step.failed.first() {
+            Some((campaign, error)) => Err(EngineError::Unavailable(format!(
+                "the end of campaign '{campaign}' failed ({error}); {} other(s) failed with it",
+                step.failed.len() - 1
+            ))),
+            None => Ok(step.closed),
+        }
     }
 
     /// The campaign a request's lines draw from, if one of its SKUs has one running

@@ -310,6 +310,10 @@ pub struct EndStep {
     pub last: Option<domain::CampaignId>,
     /// It looked at as many as it was allowed: more may be due after `last`.
     pub full: bool,
+    /// The campaigns whose end failed (a lock timeout, a difference it refused to
+    /// move), with the error: each rolled back alone, and the step went on to the
+    /// next, so one campaign cannot hold back the end of the others.
+    pub failed: Vec<(domain::CampaignId, String)>,
 }
 
 /// A campaign to create: its id and terms, checked by the engine.

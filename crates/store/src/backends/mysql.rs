@@ -36,12 +36,12 @@
 //! Durability is the server's: run it with `innodb_flush_log_at_trx_commit=1` and, with
 //! a binary log, `sync_binlog=1` (docs/OPERATIONS.md).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use domain::{ShopCode, SkuCode, Timestamp};
+use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlRow};
@@ -56,8 +56,7 @@ use crate::sql::{
     Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
 };
 use crate::units::decode::{
-    LockedStockRow, SkuFactsRow, TallyKey, locked_stock_of, sku_facts_of, stored_response,
-    tallies_of,
+    SkuFactsRow, TallyKey, corrupt, sku_facts_of, stored_response, tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -788,7 +787,7 @@ impl Dialect for MySqlConnection {
             return Ok(());
         }
         let mut locking = built_statement(format!(
-            "SELECT 1 FROM stock WHERE sku IN ({}) ORDER BY sku, warehouse FOR UPDATE",
+            "SELECT 1 FROM stock FORCE INDEX (PRIMARY) WHERE sku IN ({}) ORDER BY sku, warehouse FOR UPDATE",
             list_of_placeholders(skus.len())
         ));
         for sku in skus {
@@ -817,24 +816,40 @@ impl Dialect for MySqlConnection {
         Ok(records)
     }
 
-    /// Locks the rows (and their SKUs' rows, read at their newest version once the
-    /// locks are granted) in primary-key order.
+    /// Locks the rows in primary-key order, then reads their SKUs' facts.
+    ///
+    /// The rows alone are locked, through the primary key whatever the table's size:
+    /// on a small table MariaDB's optimizer scans instead, and a scan's `FOR UPDATE`
+    /// waits for (and locks) every row it passes, so a batch of one SKU waited for a
+    /// batch of another. MariaDB has no `FOR UPDATE OF`: a join would lock the SKUs'
+    /// rows too, exclusively, and a campaign's buckets (rows of one SKU) would commit
+    /// one after another instead of side by side. The facts are a second, plain read:
+    /// it starts after the stock locks are granted, and every writer of a SKU's status
+    /// or limit takes its stock rows first, so READ COMMITTED reads them as they are.
     async fn lock_stock_rows(&mut self, wanted: &[StockKey]) -> Result<LockedStock, StoreError> {
         if wanted.is_empty() {
             return Ok((BTreeMap::new(), HashMap::new()));
         }
         let mut locking = built_statement(format!(
-            "SELECT stock.sku, stock.warehouse, stock.available, sku.sale_status, sku.shop, \
-             sku.per_user_limit FROM stock JOIN sku ON sku.code = stock.sku \
-             WHERE (stock.sku, stock.warehouse) IN ({}) \
-             ORDER BY stock.sku, stock.warehouse FOR UPDATE",
+            "SELECT sku, warehouse, available FROM stock FORCE INDEX (PRIMARY) \
+             WHERE (sku, warehouse) IN ({}) ORDER BY sku, warehouse FOR UPDATE",
             rows_from_template(wanted.len(), "(?, ?)")
         ));
         for (sku, warehouse) in wanted {
             locking = locking.bind(sku.as_str()).bind(warehouse.as_str());
         }
-        let found: Vec<LockedStockRow> = locking.fetch_all_as(self).await?;
-        locked_stock_of(found)
+        let found: Vec<(String, String, i64)> = locking.fetch_all_as(&mut *self).await?;
+        let mut available = BTreeMap::new();
+        for (sku, warehouse, count) in found {
+            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
+            let warehouse =
+                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+            available.insert((sku, warehouse), count);
+        }
+        let skus: BTreeSet<&SkuCode> = available.keys().map(|(sku, _)| sku).collect();
+        let skus: Vec<&SkuCode> = skus.into_iter().collect();
+        let facts = self.sku_facts(&skus).await?;
+        Ok((available, facts))
     }
 
     /// All the shoppers' tallies in one statement, locked in primary-key order like
@@ -845,7 +860,7 @@ impl Dialect for MySqlConnection {
     ) -> Result<HashMap<ShopperKey, i64>, StoreError> {
         lock_tallies(
             self,
-            "SELECT shop, user_id, open_holds FROM shopper_hold \
+            "SELECT shop, user_id, open_holds FROM shopper_hold FORCE INDEX (PRIMARY) \
              WHERE (shop, user_id) IN ({keys}) ORDER BY shop, user_id FOR UPDATE",
             shoppers,
         )
@@ -860,7 +875,7 @@ impl Dialect for MySqlConnection {
     ) -> Result<HashMap<PurchaseKey, i64>, StoreError> {
         lock_tallies(
             self,
-            "SELECT shop, user_id, sku, quantity FROM shopper_purchase \
+            "SELECT shop, user_id, sku, quantity FROM shopper_purchase FORCE INDEX (PRIMARY) \
              WHERE (shop, user_id, sku) IN ({keys}) ORDER BY shop, user_id, sku FOR UPDATE",
             purchases,
         )

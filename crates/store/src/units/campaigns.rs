@@ -250,6 +250,7 @@ impl<B: Backend> Units<B> {
             units_returned: 0,
             last: None,
             full: i64::try_from(due.len()).unwrap_or(i64::MAX) >= limit,
+            failed: Vec::new(),
         };
         for id in due {
             let id = parse_stored("campaign id", &id, CampaignId::parse)?;
@@ -265,7 +266,7 @@ impl<B: Backend> Units<B> {
                 }
                 Err(error) => {
                     transaction.rollback().await?;
-                    return Err(error);
+                    step.failed.push((id.clone(), error.to_string()));
                 }
             }
             step.last = Some(id);
