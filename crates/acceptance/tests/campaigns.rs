@@ -49,6 +49,7 @@ mirrored_tests!(
     a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
     a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit,
     a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes,
+    a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -1965,4 +1966,56 @@ async fn a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_ro
         assert_eq!(ended["returned"], 2, "{ended:#}");
     }
     app.assert_audit_clean().await;
+}
+
+/// Memory refuses a request for a sold-out campaign without the database only when the
+/// key probe finds no answer under its key. When the probe cannot tell (here its read
+/// waits past the lock bound behind a lock on the keys' table), the request may walk
+/// every bucket: it takes a place in the campaign's line like any other, so the line's
+/// bounds hold while the probe is down, and a full line answers 429 storing nothing.
+async fn a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out(
+    backend: Backend,
+) {
+    if backend != Backend::Postgres {
+        // The probe's read is stalled by a table lock: SQLite's readers never wait,
+        // and MySQL's table locks wait on a bound of their own (`lock_wait_timeout`).
+        return;
+    }
+    let app = TestApp::spawn_with_lock_timeout(backend, narrow_line(1), 300).await;
+    app.stocked_sku("FLOODED", 5).await;
+    running_campaign(&app, "FLOODED", 1, 1, None).await;
+    let sold = app.send(reserve_call("f-ann", "FLOODED", "ann")).await;
+    assert_eq!(sold.status, 201, "{sold:?}");
+    let refused = app.send(reserve_call("f-ben", "FLOODED", "ben")).await;
+    assert_eq!(refused.code().as_deref(), Some("insufficient_stock"));
+    let route = app
+        .engine
+        .campaign_route(&domain::SkuCode::parse("FLOODED").unwrap())
+        .unwrap();
+    let recheck = acceptance::test_engine_config().sold_out_recheck_milliseconds;
+    assert!(route.known_sold_out(1, app.clock_now(), recheck));
+    let (room, held) = hold_the_line(&app, "FLOODED").await;
+    let place = room.enter(None).expect("the one place");
+    let before = app.contents().await;
+    let mut keys_locked = app.database.raw_connection().await;
+    keys_locked.execute("BEGIN").await.unwrap();
+    keys_locked
+        .execute("LOCK TABLE idempotency_record IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+
+    let unjudged = app.send(reserve_call("f-cat", "FLOODED", "cat")).await;
+
+    keys_locked.execute("ROLLBACK").await.unwrap();
+    assert_eq!(unjudged.status, 429, "{unjudged:?}");
+    assert_eq!(unjudged.code().as_deref(), Some("rate_limited"));
+    assert_eq!(app.contents().await, before, "nothing was stored");
+    drop(place);
+    drop(held);
+    let judged = app.send(reserve_call("f-dan", "FLOODED", "dan")).await;
+    assert_eq!(
+        judged.code().as_deref(),
+        Some("insufficient_stock"),
+        "{judged:?}"
+    );
 }

@@ -494,13 +494,16 @@ impl Engine {
         let now = self.now();
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         if route.known_sold_out(quantity, now, recheck)
-            && self.memory_answers_sold_out(claim, routed)
+            && let Some(verdict) = self.sold_out_verdict(claim, routed).await
         {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database, or,
             // when the key probe finds the key answered elsewhere, asks the database
-            // for that answer.
-            return decide(Some(routed.clone())).await.map(Held::Answered);
+            // for that answer (one round trip). A request memory cannot judge takes a
+            // place below: it may walk every bucket.
+            let mut routed = routed.clone();
+            routed.verdict = Some(verdict);
+            return decide(Some(routed)).await.map(Held::Answered);
         }
         if let Some(limit) = route.per_user_limit {
             // Refusals a request's own shape decides. Its key may hold an answer from

@@ -367,6 +367,21 @@ pub(crate) struct Routed {
     pub alone: bool,
     /// Whether memory may refuse the request (`sold_out::memory_may_refuse`).
     pub memory_may_refuse: bool,
+    /// What memory made of the request before the campaign's line, when this process
+    /// knew the campaign sold out ([`Engine::sold_out_verdict`]); `None` when it was
+    /// not asked, or could not tell (the request then took a place in the line).
+    pub verdict: Option<SoldOutVerdict>,
+}
+
+/// What memory makes of a request for a campaign this process knows sold out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SoldOutVerdict {
+    /// Refused from memory, or answered with the key's remembered answer: no database
+    /// round trip, no place in the line.
+    FromMemory,
+    /// The key holds an answer in the database: the first bucket's attempt replays it,
+    /// one round trip, so it needs no place in the line either.
+    Replay,
 }
 
 /// Whether a request's answer is a hold taken.
@@ -562,6 +577,7 @@ impl Engine {
                 units: line.quantity.get(),
                 alone: lines.len() == 1,
                 memory_may_refuse,
+                verdict: None,
             });
         }
         Ok(routed)
@@ -624,12 +640,17 @@ impl Engine {
         let (fresh, known_short): (Vec<u32>, Vec<u32>) = route
             .ring(start)
             .partition(|bucket| !route.known_short(*bucket, routed.units, now, recheck));
-        let walk: Vec<u32> =
-            if fresh.is_empty() && self.memory_refuses_sold_out(claim, routed).await {
-                Vec::new()
-            } else {
-                fresh.into_iter().chain(known_short).collect()
+        let refused_from_memory = fresh.is_empty()
+            && match routed.verdict {
+                Some(SoldOutVerdict::FromMemory) => true,
+                Some(SoldOutVerdict::Replay) => false,
+                None => self.memory_refuses_sold_out(claim, routed).await,
             };
+        let walk: Vec<u32> = if refused_from_memory {
+            Vec::new()
+        } else {
+            fresh.into_iter().chain(known_short).collect()
+        };
         let Some((&last, others)) = walk.split_last() else {
             // Sold out, as far as this process knows: a key it answered before gets
             // that answer again; any other is refused without the database (one it
@@ -680,15 +701,29 @@ impl Engine {
         Ok(decided)
     }
 
-    /// Whether a request for a campaign this process knows sold out is answered from
-    /// memory: with the key's remembered answer, or refused when memory may answer it.
-    pub(crate) fn memory_answers_sold_out(
+    /// What memory makes of a request for a campaign this process knows sold out,
+    /// before the campaign's line: answered from memory (the key's remembered answer,
+    /// or refused when memory may answer it and the key probe finds no answer under
+    /// its key), or replayed from the database (the probe found one). `None` when
+    /// memory may not answer it, or the probe could not tell (its queue full, its read
+    /// failed): such a request may walk every bucket, so it takes a place in the line
+    /// like any other.
+    pub(crate) async fn sold_out_verdict(
         &self,
         claim: &IdempotencyClaim,
         routed: &Routed,
-    ) -> bool {
-        self.inner.campaigns.remembered(claim).is_some()
-            || self.memory_may_answer(claim, routed.memory_may_refuse)
+    ) -> Option<SoldOutVerdict> {
+        if self.inner.campaigns.remembered(claim).is_some() {
+            return Some(SoldOutVerdict::FromMemory);
+        }
+        if !self.memory_may_answer(claim, routed.memory_may_refuse) {
+            return None;
+        }
+        match crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await {
+            Some(false) => Some(SoldOutVerdict::FromMemory),
+            Some(true) => Some(SoldOutVerdict::Replay),
+            None => None,
+        }
     }
 
     /// [`Engine::memory_answers_sold_out`], with the key probe's word that a key
