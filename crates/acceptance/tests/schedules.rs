@@ -23,6 +23,7 @@ mirrored_tests!(
     a_cancel_that_waited_for_a_settling_occurrence_cancels_the_one_it_left,
     one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_claims_them,
     a_schedule_naming_expected_versions_is_refused_and_schedules_nothing,
+    the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_any,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -809,4 +810,53 @@ async fn a_schedule_naming_expected_versions_is_refused_and_schedules_nothing(ba
     assert_eq!(refused.status, 400, "{refused:?}");
     assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
     assert_eq!(app.contents().await, before, "nothing scheduled");
+}
+
+/// A product edit locks its SKUs' rows in code order. The schedule worker must too,
+/// before its first change: applying B (due first) before locking A, it would hold
+/// B's row while waiting for A's, which the edit holds while waiting for B's. Here a
+/// session holds A's row as the edit would; the worker, waiting for it, must hold
+/// nothing of B's yet, so the session takes B's row at once (`NOWAIT`).
+async fn the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_any(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: no row locks, no cycle.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["ORDER-A", "ORDER-B"]).await;
+    on_sale_now(&app, &product).await;
+    // B's schedule first: a schedule's id begins with its creation time, and schedules
+    // due at one minute apply in id order.
+    for sku in ["ORDER-B", "ORDER-A"] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": "off_at", "sku_ids": [sku], "scheduled_at": at_minutes(5)}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+        app.clock.advance_seconds(1);
+    }
+    app.clock.advance_seconds(300);
+    let mut edit = app.database.raw_connection().await;
+    edit.execute("BEGIN").await.unwrap();
+    edit.execute("SELECT version FROM sku WHERE code = 'ORDER-A' FOR UPDATE")
+        .await
+        .unwrap();
+    let engine = app.engine.clone();
+    let step = tokio::spawn(async move { engine.schedule_step().await });
+    app.database.wait_until_blocked_by(&mut edit).await;
+
+    let next_row = edit
+        .execute("SELECT version FROM sku WHERE code = 'ORDER-B' FOR UPDATE NOWAIT")
+        .await;
+
+    assert!(next_row.is_ok(), "the worker held B's row: {next_row:?}");
+    edit.execute("ROLLBACK").await.unwrap();
+    let applied = step.await.unwrap().unwrap();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.sale_status(&product, "ORDER-A").await.0, "OFF_SHELF");
+    assert_eq!(app.sale_status(&product, "ORDER-B").await.0, "OFF_SHELF");
 }

@@ -156,6 +156,16 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     skus.sort();
     skus.dedup();
     transaction.lock_stock_of_skus(&skus).await?;
+    // Then every SKU's own row, in code order, before the first change: applied one by
+    // one, the batch would lock a later-due SKU's row (and its product's) before an
+    // earlier code's, and a product edit, which locks its SKUs' rows in code order,
+    // could hold the earlier one waiting for the later: a deadlock.
+    for sku in &skus {
+        statement(C::LOCK_SKU_ROW)
+            .bind(sku.as_str())
+            .fetch_optional_scalar::<i64>(&mut *transaction)
+            .await?;
+    }
     after_earlier_schedules(transaction, due).await
 }
 
