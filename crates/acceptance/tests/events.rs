@@ -28,6 +28,9 @@ mirrored_tests!(
     the_outbox_worker_prunes_a_backlog_of_many_batches_without_waiting_between_them,
     a_reader_whose_cursor_is_older_than_the_kept_events_is_told_so,
     a_shops_reader_moves_past_other_shops_events_and_is_not_told_it_missed_them,
+    a_cursor_past_the_newest_event_is_refused_not_paged_from,
+    pruning_takes_only_a_prefix_of_the_old_events_so_the_feed_never_has_a_hole,
+    an_instance_without_nats_prunes_nothing_the_relay_has_not_sent,
 );
 
 fn of_type<'a>(events: &'a [Value], event_type: &str) -> Vec<&'a Value> {
@@ -919,4 +922,109 @@ async fn a_shops_reader_moves_past_other_shops_events_and_is_not_told_it_missed_
 
     assert_eq!(next["events"].as_array().unwrap().len(), 1, "{next}");
     assert_eq!(next["events"][0]["data"]["sku"], "TEA", "{next}");
+}
+
+/// The positions of the events after `cursor`, oldest first, once all are numbered.
+async fn positions_after(app: &TestApp, cursor: domain::FeedCursor) -> Vec<i64> {
+    app.sequence_all_events().await;
+    let page = app
+        .engine
+        .events_page(&domain::Principal::Admin, None, cursor, 1000)
+        .await
+        .unwrap();
+    page.events.iter().map(|event| event.position).collect()
+}
+
+async fn all_positions(app: &TestApp) -> Vec<i64> {
+    positions_after(app, domain::FeedCursor::START).await
+}
+
+/// A cursor past every position this database numbered (another database's, or one
+/// from before a restore) would page on silently past events it never saw.
+async fn a_cursor_past_the_newest_event_is_refused_not_paged_from(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    let newest = *all_positions(&app).await.last().unwrap();
+
+    let past = domain::FeedCursor::of_position(newest + 10);
+    let refused = app
+        .send(Call::get(format!("/v1/events?after={past}")).admin())
+        .await;
+    let at_the_head = domain::FeedCursor::of_position(newest);
+    let head = app
+        .send(Call::get(format!("/v1/events?after={at_the_head}")).admin())
+        .await;
+
+    assert_eq!(refused.status, 404, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("not_found"));
+    assert!(
+        refused.body.contains("past the newest event"),
+        "{refused:?}"
+    );
+    assert_eq!(head.status, 200, "{head:?}");
+    assert!(head.json()["events"].as_array().unwrap().is_empty());
+}
+
+/// An event's time is its request's start and positions follow commits, so a later
+/// position can be older. Pruning deletes only the oldest positions, up to the first
+/// young one: deleting a later, older event first would leave a hole a reader pages
+/// across without being told.
+async fn pruning_takes_only_a_prefix_of_the_old_events_so_the_feed_never_has_a_hole(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    for _ in 0..3 {
+        app.receive("TEA", 1).await;
+    }
+    let positions = all_positions(&app).await;
+    assert!(positions.len() >= 4, "{positions:?}");
+    app.clock.advance_seconds(4 * 24 * 3600);
+    // The second event stands for one whose request started late and committed early.
+    let young = positions[1];
+    let mut connection = app.database.raw_connection().await;
+    let updated = connection
+        .execute(&format!(
+            "UPDATE outbox SET occurred_at = {} WHERE position = {young}",
+            app.clock_now().unix_milliseconds()
+        ))
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+
+    let pruned = app.engine.outbox_prune_step().await.unwrap();
+
+    assert_eq!(pruned, 1, "only the first, the prefix before the young one");
+    let shown = positions_after(&app, domain::FeedCursor::of_position(positions[0])).await;
+    assert_eq!(shown, positions[1..], "nothing missing after the first");
+}
+
+/// Whether pruning waits for the NATS relay is the fleet's, not one instance's: an
+/// instance started without `STOCKD_NATS_URL` beside relaying ones prunes nothing the
+/// relay has not acknowledged while its lease was held within the retention.
+async fn an_instance_without_nats_prunes_nothing_the_relay_has_not_sent(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    for _ in 0..3 {
+        app.receive("TEA", 1).await;
+    }
+    let positions = all_positions(&app).await;
+    app.clock.advance_seconds(4 * 24 * 3600);
+    // Another instance relays, and has sent the first event only.
+    let mut connection = app.database.raw_connection().await;
+    let relayed = connection
+        .execute(&format!(
+            "UPDATE outbox_relay SET holder = 'elsewhere', lease_until = {}, through_position = {} \
+             WHERE name = 'nats'",
+            app.clock_now().plus_seconds(30).unix_milliseconds(),
+            positions[0]
+        ))
+        .await
+        .unwrap();
+    assert_eq!(relayed, 1);
+
+    let pruned = app.engine.outbox_prune_step().await.unwrap();
+
+    assert_eq!(pruned, 1, "only what the relay sent");
+    assert_eq!(all_positions(&app).await, positions[1..]);
 }

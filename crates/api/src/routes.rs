@@ -562,7 +562,7 @@ pub async fn method_not_allowed() -> ApiError {
 
 /// The outbox's events in commit order
 ///
-/// The caller's shop's (the admin's: every shop's, or `shop`'s). Start at `after=0` and pass each page's `next_cursor` on; a page that is not full moves the cursor to the newest numbered event (an empty page at the head keeps it). A cursor older than the oldest kept event is answered 404 `not_found`.
+/// The caller's shop's (the admin's: every shop's, or `shop`'s). Start at `after=0` and pass each page's `next_cursor` on; a page that is not full moves the cursor to the newest numbered event (an empty page at the head keeps it). A cursor older than the oldest kept event, or past the newest, is answered 404 `not_found`.
 #[utoipa::path(
     get,
     path = "/v1/events",

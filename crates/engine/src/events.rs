@@ -38,6 +38,15 @@ impl Engine {
             .latest_event_position()
             .await
             .map_err(|error| log_store_error("events", error))?;
+        // A cursor past every position ever numbered was not given by this database:
+        // another one's, or this one's before a restore from an older backup. Paging
+        // on would skip, silently, every event numbered up to it.
+        let after = cursor.position();
+        if after > latest {
+            return Err(EngineError::NotFound(format!(
+                "cursor {after} is past the newest event ({latest}): it was not given by this database (another one's, or one restored from before it); read again from after=0 and reconcile"
+            )));
+        }
         let events = self
             .inner
             .store
@@ -47,7 +56,6 @@ impl Engine {
         // A page that does not start right after the cursor may have a gap: the
         // shop's events are a part of every shop's, or events were pruned. A reader
         // whose cursor is older than what is kept hears so instead of skipping on.
-        let after = cursor.position();
         if after > 0 && events.first().map(|first| first.position) != Some(after + 1) {
             let first_kept = self
                 .inner

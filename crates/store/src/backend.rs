@@ -148,9 +148,6 @@ pub trait Dialect: Connection {
     /// The sequencer's `outbox_relay` row (its last position), locked until the commit.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =
         "SELECT through_position FROM outbox_relay WHERE name = 'sequencer' FOR UPDATE";
-    /// Deletes up to `$3` events numbered through `$1` that occurred before `$2`.
-    const PRUNE_OUTBOX: &'static str = "DELETE FROM outbox WHERE id IN (\
-         SELECT id FROM outbox WHERE position <= $1 AND occurred_at < $2 ORDER BY position LIMIT $3)";
     /// Whether a batch of reservations that all fit is written by one statement
     /// outside any transaction ([`Backend::reserve_whole_batch`]).
     const WHOLE_BATCH_FAST_PATH: bool;

@@ -529,9 +529,6 @@ impl Dialect for MySqlConnection {
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =
         "DELETE FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2";
     const WHOLE_BATCH_FAST_PATH: bool = false;
-    /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
-    const PRUNE_OUTBOX: &'static str =
-        "DELETE FROM outbox WHERE position <= $1 AND occurred_at < $2 ORDER BY position LIMIT $3";
 
     /// InnoDB reads the rows an `UPDATE … JOIN` selects with shared locks, so the
     /// join would wait for a transaction that wrote an event and has not committed;

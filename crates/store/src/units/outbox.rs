@@ -474,7 +474,17 @@ impl<B: Backend> Units<B> {
     }
 
     /// Deletes up to `limit` events that occurred before `before` and that every
-    /// reader took: numbered, and (with the relay named) acknowledged by it.
+    /// reader took: numbered, and acknowledged by the NATS relay when this instance
+    /// relays (`relay`), or when any instance held the relay's lease since `before`:
+    /// an instance started without NATS beside ones with it must not delete what the
+    /// relay has not sent yet.
+    ///
+    /// Only a prefix of the numbered events goes, the oldest positions first, up to
+    /// the first one that is still young: an event's time is its request's start and
+    /// positions follow commits, so a later position can be older, and deleting it
+    /// before an earlier one would leave a hole in the middle of the feed that the
+    /// stale-cursor check (everything before the oldest kept position is gone) could
+    /// not see.
     pub async fn prune_events(
         &self,
         before: Timestamp,
@@ -482,14 +492,42 @@ impl<B: Backend> Units<B> {
         limit: i64,
     ) -> Result<u64, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let through: i64 = statement("SELECT through_position FROM outbox_relay WHERE name = $1")
-            .bind(relay.unwrap_or(SEQUENCER))
-            .fetch_one_scalar(&mut *transaction)
-            .await?;
-        let deleted = statement(<B::Connection as Dialect>::PRUNE_OUTBOX)
-            .bind(through)
-            .bind(before.unix_milliseconds())
-            .bind(limit.clamp(1, EVENTS_PER_STEP_MAX))
+        let through: Option<i64> = statement(
+            "SELECT MIN(through_position) FROM outbox_relay WHERE name = $1 \
+             OR (name = $2 AND ($3 = 1 OR lease_until >= $4))",
+        )
+        .bind(SEQUENCER)
+        .bind(NATS_RELAY)
+        .bind(i64::from(relay.is_some()))
+        .bind(before.unix_milliseconds())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+        let first: Option<i64> =
+            statement("SELECT MIN(position) FROM outbox WHERE position IS NOT NULL")
+                .fetch_one_scalar(&mut *transaction)
+                .await?;
+        let (Some(through), Some(first)) = (through, first) else {
+            transaction.rollback().await?;
+            return Ok(0);
+        };
+        let last = through.min(first.saturating_add(limit.clamp(1, EVENTS_PER_STEP_MAX) - 1));
+        let young: Option<i64> = statement(
+            "SELECT MIN(position) FROM outbox WHERE position >= $1 AND position <= $2 \
+             AND occurred_at >= $3",
+        )
+        .bind(first)
+        .bind(last)
+        .bind(before.unix_milliseconds())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+        let last = young.map_or(last, |young| young - 1);
+        if last < first {
+            transaction.rollback().await?;
+            return Ok(0);
+        }
+        let deleted = statement("DELETE FROM outbox WHERE position >= $1 AND position <= $2")
+            .bind(first)
+            .bind(last)
             .execute(&mut *transaction)
             .await?;
         transaction.commit().await?;
