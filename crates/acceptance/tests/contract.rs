@@ -189,7 +189,10 @@ async fn a_feed_cursor_longer_than_eighteen_digits_is_refused(backend: Backend) 
     // Eighteen digits parse; no database numbered that many events, so the cursor is
     // past the newest one.
     assert_eq!(eighteen.status, 404, "{eighteen:?}");
-    assert!(eighteen.body.contains("past the newest event"), "{eighteen:?}");
+    assert!(
+        eighteen.body.contains("past the newest event"),
+        "{eighteen:?}"
+    );
     assert_eq!(nineteen.status, 400, "{nineteen:?}");
     assert_eq!(nineteen.code().as_deref(), Some("invalid_argument"));
 }

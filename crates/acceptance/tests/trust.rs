@@ -278,11 +278,26 @@ async fn assert_each_refused(
     status: u16,
     code: &str,
 ) {
+    assert_each_refused_unnamed(app, calls, status, code, None).await;
+}
+
+/// [`assert_each_refused`], and no refusal names `hidden` (another shop's code: a
+/// caller must not learn which shop holds what it named).
+async fn assert_each_refused_unnamed(
+    app: &TestApp,
+    calls: Vec<(&'static str, Call)>,
+    status: u16,
+    code: &str,
+    hidden: Option<&str>,
+) {
     let before = app.contents().await;
     for (label, call) in calls {
         let response = app.send(call).await;
         assert_eq!(response.status, status, "{label}: {response:?}");
         assert_eq!(response.code().as_deref(), Some(code), "{label}");
+        if let Some(hidden) = hidden {
+            assert!(!response.body.contains(hidden), "{label}: {response:?}");
+        }
         assert_eq!(
             response.content_type(),
             "application/problem+json",
@@ -369,7 +384,7 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         })
         .collect();
     assert_eq!(calls.len(), staff_routes.len() + service_routes.len());
-    assert_each_refused(&app, calls, 403, "forbidden").await;
+    assert_each_refused_unnamed(&app, calls, 403, "forbidden", Some("'north'")).await;
     // What a south key reads of a shopper's cart is south's lines: none.
     let cart = app
         .send(Call::get("/v1/carts/alice").bearer(&south_service))

@@ -51,7 +51,7 @@ pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
     REFUND_TRANSITIONS, RefundStatus,
 };
-pub use principal::{Action, Denied, Principal, Role, authorize};
+pub use principal::{Action, Denied, Principal, Role, authorize, outside_own_shop};
 pub use quantity::{
     AdjustmentQuantity, CampaignBuckets, LowStockThreshold, PerUserLimit, Quantity, TtlSeconds,
     Version,

@@ -202,12 +202,9 @@ fn shop_of_request(
         .cloned()
         .ok_or_else(|| Rejection::new(ErrorCode::InvalidArgument, "a reservation needs lines"))?;
     match request.shop {
-        ShopScope::Verified(required) | ShopScope::Required(required) if *required != shop => {
-            Err(Rejection::new(
-                ErrorCode::Forbidden,
-                format!("this credential acts only within its own shop, not shop '{shop}'"),
-            ))
-        }
+        ShopScope::Verified(required) | ShopScope::Required(required) if *required != shop => Err(
+            Rejection::new(ErrorCode::Forbidden, crate::outside_own_shop(required)),
+        ),
         _ => Ok(shop),
     }
 }

@@ -223,11 +223,17 @@ pub fn authorize(
     if let Some(shop) = shop
         && !principal.may_touch(shop)
     {
-        return Err(Denied(format!(
-            "this credential acts only within its own shop, not shop '{shop}'"
-        )));
+        let own = principal.shop().unwrap_or(shop);
+        return Err(Denied(outside_own_shop(own)));
     }
     Ok(())
+}
+
+/// The refusal of a credential of shop `own` reaching outside it. It names the
+/// caller's own shop, never the other: a SKU, schedule or campaign of another shop
+/// would otherwise tell a caller which shop holds it.
+pub fn outside_own_shop(own: &ShopCode) -> String {
+    format!("this credential acts only within its own shop ('{own}')")
 }
 
 /// Names an operator may not take: stockd writes them into the shelf log itself.

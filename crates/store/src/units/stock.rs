@@ -201,7 +201,7 @@ pub(crate) async fn apply_movement<C: Dialect>(
     {
         return Ok(Err(Rejection::new(
             ErrorCode::Forbidden,
-            format!("this credential acts only within its own shop, not shop '{shop}'"),
+            domain::outside_own_shop(required),
         )));
     }
     let delta = movement.quantity.available_delta();
