@@ -50,6 +50,7 @@ mirrored_tests!(
     a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit,
     a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes,
     a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out,
+    a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2018,4 +2019,50 @@ async fn a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_camp
         Some("insufficient_stock"),
         "{judged:?}"
     );
+}
+
+/// A campaign the worker ended stays open while a unit of it is held, and a new one of
+/// the same SKU may start meanwhile. Requests go to the new one, even when its id
+/// sorts first (ids begin with the creating instance's clock, here one running behind).
+async fn a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 10).await;
+    let first = running_campaign(&app, "KETTLE", 2, 1, None).await;
+    let held = app.send(reserve_for_a_day("kettle-held", "KETTLE")).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    app.clock.advance_seconds(HOUR_SECONDS);
+    app.engine.campaign_step().await.unwrap();
+    assert!(
+        campaign(&app, &first).await["closed_at"].is_null(),
+        "a unit is held"
+    );
+    // An instance whose clock runs two hours behind creates the next campaign.
+    app.clock.advance_seconds(-2 * HOUR_SECONDS);
+    let next = create_campaign(
+        &app,
+        "kettle-again",
+        json!({
+            "sku": "KETTLE", "quantity": 3,
+            "starts_at": app.clock_now().to_rfc3339(),
+            "ends_at": app.clock_now().plus_seconds(4 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(next.status, 201, "{next:?}");
+    let next = next.json()["campaign_id"].as_str().unwrap().to_owned();
+    assert!(next < first, "the new id sorts first");
+    app.clock.advance_seconds(2 * HOUR_SECONDS);
+
+    app.engine.campaign_step().await.unwrap();
+    let sold = app.reserve("kettle-new", &[("KETTLE", 1)]).await;
+
+    assert_eq!(sold.status, 201, "{sold:?}");
+    let next_buckets = bucket_warehouse(&next, 0).trim_end_matches('0').to_owned();
+    let warehouse = sold.json()["lines"][0]["warehouse"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(warehouse.starts_with(&next_buckets), "{sold:?}");
+    assert_eq!(running_id(&app, "KETTLE"), next);
+    app.assert_audit_clean().await;
 }

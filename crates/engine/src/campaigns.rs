@@ -304,8 +304,24 @@ impl CampaignRegistry {
             .by_sku
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut fresh = HashMap::with_capacity(campaigns.len());
+        // One route per SKU. A campaign the worker ended stays open while a unit of it
+        // is held, and a new one of the same SKU may be created meanwhile: the one not
+        // ended yet is the one that sells, whichever id sorts later (ids begin with
+        // their creating instance's clock).
+        let mut chosen: HashMap<&SkuCode, &Campaign> = HashMap::with_capacity(campaigns.len());
         for campaign in campaigns {
+            let rank = |campaign: &Campaign| (campaign.ended_at.is_none(), campaign.id.clone());
+            chosen
+                .entry(&campaign.sku)
+                .and_modify(|current| {
+                    if rank(campaign) > rank(current) {
+                        *current = campaign;
+                    }
+                })
+                .or_insert(campaign);
+        }
+        let mut fresh = HashMap::with_capacity(chosen.len());
+        for campaign in chosen.into_values() {
             let kept = by_sku
                 .get(&campaign.sku)
                 .filter(|route| route.id == campaign.id)
