@@ -51,6 +51,7 @@ mirrored_tests!(
     a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes,
     a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out,
     a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open,
+    a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2065,4 +2066,51 @@ async fn a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open(b
     assert!(warehouse.starts_with(&next_buckets), "{sold:?}");
     assert_eq!(running_id(&app, "KETTLE"), next);
     app.assert_audit_clean().await;
+}
+
+/// Memory's "sold out" is dated when the request that found it was sent, not when the
+/// answer came back: a slow round trip (here the bucket's row held by another session
+/// while the clock moves) does not stretch the re-check bound.
+async fn a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // Its writers queue inside the process: no session outside holds a row.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SLOW", 5).await;
+    let id = running_campaign(&app, "SLOW", 1, 1, None).await;
+    assert_eq!(app.reserve("slow-1", &[("SLOW", 1)]).await.status, 201);
+    let mut lock = app.database.raw_connection().await;
+    lock.execute("BEGIN").await.unwrap();
+    lock.execute(&format!(
+        "SELECT available FROM stock WHERE sku = 'SLOW' AND warehouse = '{}' FOR UPDATE",
+        bucket_warehouse(&id, 0)
+    ))
+    .await
+    .unwrap();
+    let request = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("slow-2", &[("SLOW", 1)]).await })
+    };
+    app.database.wait_until_blocked_by(&mut lock).await;
+    let recheck = acceptance::test_engine_config().sold_out_recheck_milliseconds;
+    app.clock.advance_milliseconds(recheck - 100);
+    lock.execute("ROLLBACK").await.unwrap();
+    let refused = request.await.unwrap();
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("insufficient_stock"),
+        "{refused:?}"
+    );
+
+    app.clock.advance_milliseconds(200);
+
+    let route = app
+        .engine
+        .campaign_route(&domain::SkuCode::parse("SLOW").unwrap())
+        .unwrap();
+    assert!(
+        !route.known_sold_out(1, app.clock_now(), recheck),
+        "the finding is older than the bound, counted from when its request was sent"
+    );
 }

@@ -685,12 +685,16 @@ impl Engine {
             });
         };
         self.note_sent(claim, routed.memory_may_refuse);
+        // A finding is dated when its request was sent, not when the answer came: a
+        // unit given back after the database decided and before the answer arrived is
+        // then hidden for at most the re-check bound, however slow the round trip.
         for bucket in others {
+            let asked_at = self.now();
             match attempt(route.code.bucket_warehouse(*bucket), true).await? {
                 // Left undecided only when the bucket's own line was short
                 // (`plan::undecided_when_short`).
                 store::Idempotent::Undecided => {
-                    route.mark_short(*bucket, routed.units, self.now());
+                    route.mark_short(*bucket, routed.units, asked_at);
                 }
                 decided => {
                     if created(&decided) {
@@ -701,6 +705,7 @@ impl Engine {
                 }
             }
         }
+        let asked_at = self.now();
         let decided = attempt(route.code.bucket_warehouse(last), false).await?;
         if created(&decided) {
             route.mark_available(last);
@@ -711,7 +716,7 @@ impl Engine {
             // With no other line, a refusal for stock is the bucket's: it holds fewer
             // than the line asked for. (With other lines it may be theirs; a replayed
             // refusal may be old.)
-            route.mark_short(last, routed.units, self.now());
+            route.mark_short(last, routed.units, asked_at);
         }
         self.remember_answer(claim, &decided);
         Ok(decided)
