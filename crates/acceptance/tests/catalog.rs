@@ -34,6 +34,7 @@ mirrored_tests!(
     returning_stock_never_puts_a_sku_back_on_the_shelf,
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
+    renaming_a_product_leaves_its_deleted_skus_as_they_were,
 );
 
 /// A product's SKUs show its title as theirs. Two renames at once (held at the first
@@ -1130,4 +1131,41 @@ async fn a_deleted_sku_takes_no_stock_and_no_campaign_but_its_stock_can_be_writt
     assert_eq!(written_off.status, 201, "{written_off:?}");
     assert_eq!(app.counters("GONE").await, (0, 0));
     app.assert_audit_clean().await;
+}
+
+/// A deleted SKU is terminal: renaming its product renames the SKUs still in use and
+/// leaves the deleted one's title and version as the delete left them.
+async fn renaming_a_product_leaves_its_deleted_skus_as_they_were(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["OLD-1", "LIVE-1"]))
+        .await;
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["OLD-1"]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let sku_view = |sku: &'static str| {
+        let app = app.clone();
+        async move {
+            app.send(Call::get(format!("/v1/skus/{sku}")).admin())
+                .await
+                .json()
+        }
+    };
+    let before = sku_view("OLD-1").await;
+
+    let renamed = app
+        .send(
+            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                .admin()
+                .key("rename")
+                .json(&json!({"title": "Fresh title"})),
+        )
+        .await;
+
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    assert_eq!(sku_view("LIVE-1").await["title"], "Fresh title");
+    let after = sku_view("OLD-1").await;
+    assert_eq!(after["title"], before["title"], "{after}");
+    assert_eq!(after["version"], before["version"], "{after}");
 }

@@ -1027,4 +1027,17 @@ async fn an_instance_without_nats_prunes_nothing_the_relay_has_not_sent(backend:
 
     assert_eq!(pruned, 1, "only what the relay sent");
     assert_eq!(all_positions(&app).await, positions[1..]);
+    // A relay that stands aside (or stops cleanly) gives its lease up; it still held it
+    // within the retention, so pruning waits for it.
+    app.store
+        .release_relay("nats", "elsewhere", app.clock_now())
+        .await
+        .unwrap();
+    assert_eq!(app.engine.outbox_prune_step().await.unwrap(), 0);
+    // Once nobody held it for longer than the retention, the relay is retired.
+    app.clock.advance_seconds(4 * 24 * 3600);
+    assert_eq!(
+        app.engine.outbox_prune_step().await.unwrap(),
+        positions.len() as u64 - 1
+    );
 }

@@ -529,6 +529,13 @@ impl Engine {
                 None
             };
             if let Some(refusal) = refusal {
+                // The key probe first, as memory's other refusals ask it: a flood of
+                // malformed requests costs its batched reads, not a read each.
+                if crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await
+                    == Some(false)
+                {
+                    return Err(refusal);
+                }
                 return crate::cold(self.first_answer_or(operation, claim, refusal))
                     .await
                     .map(Held::Answered);

@@ -547,7 +547,7 @@ impl Engine {
         }
         for (campaign, error) in &step.failed {
             metrics::counter!("stockd_campaign_end_failures_total").increment(1);
-            tracing::warn!(%campaign, %error, "a campaign's end failed; the next step tries it again");
+            tracing::warn!(%campaign, %error, "a campaign's end failed; it is tried again when the end step comes back to it");
         }
         match step.failed.first() {
             Some((campaign, error)) => Err(EngineError::Unavailable(format!(
@@ -747,7 +747,7 @@ impl Engine {
         }
     }
 
-    /// [`Engine::memory_answers_sold_out`], with the key probe's word that a key
+    /// [`Engine::sold_out_verdict`], with the key probe's word that a key
     /// this process did not answer holds no answer elsewhere
     /// ([`Engine::memory_may_refuse_now`]).
     async fn memory_refuses_sold_out(&self, claim: &IdempotencyClaim, routed: &Routed) -> bool {

@@ -223,7 +223,7 @@ impl Engine {
     pub async fn release_relay(&self, relay: &EventRelay) -> Result<(), EngineError> {
         self.inner
             .store
-            .release_relay(store::NATS_RELAY, &relay.holder)
+            .release_relay(store::NATS_RELAY, &relay.holder, self.now())
             .await
             .map_err(|error| log_store_error("release_relay", error))
     }

@@ -350,7 +350,7 @@ forward! {
     fn prune_events(&self, before: Timestamp, relay: Option<&str>, limit: i64) -> Result<u64, StoreError>;
     fn claim_relay(&self, relay: &str, holder: &str, now: Timestamp, lease_until: Timestamp) -> Result<Option<i64>, StoreError>;
     fn mark_relayed(&self, relay: &str, holder: &str, position: i64) -> Result<bool, StoreError>;
-    fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError>;
+    fn release_relay(&self, relay: &str, holder: &str, now: Timestamp) -> Result<(), StoreError>;
     fn latest_event_position(&self) -> Result<i64, StoreError>;
     fn first_kept_event_position(&self) -> Result<i64, StoreError>;
     fn products_of_skus(&self, skus: &[String]) -> Result<Vec<String>, StoreError>;

@@ -613,8 +613,8 @@ impl<B: Backend> Units<B> {
     }
 
     /// Locks the stock rows the claimed requests touch, in (sku, warehouse) order,
-    /// reading their SKUs' sale status, shop and per-user limit with them, and passes
-    /// the turn. `read_stock`, when the rows were read with the keys' records, holds
+    /// reading their SKUs' sale status, shop and per-user limit once they are locked
+    /// (in the same statement, or on MySQL in a second one), and passes the turn. `read_stock`, when the rows were read with the keys' records, holds
     /// them already, and other requests' rows besides (only the claimed requests'
     /// lines are ever looked up in them). A shelf change (or a new limit) locks the
     /// same rows first, so it cannot slip between this read and the commit. Then the

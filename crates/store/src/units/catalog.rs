@@ -226,12 +226,14 @@ impl<B: Backend> Units<B> {
             // title of its own keeps it.
             statement(
                 "UPDATE sku SET title = $2, version = version + 1, updated_at = $3 \
-                 WHERE product_id = $1 AND title = $4",
+                 WHERE product_id = $1 AND title = $4 AND sale_status <> $5",
             )
             .bind(id.as_str())
             .bind(title.as_str())
             .bind(now.unix_milliseconds())
             .bind(old_title.as_str())
+            // A deleted SKU is terminal: it keeps the title it was deleted with.
+            .bind(SaleStatus::Deleted.as_str())
             .execute(&mut *transaction)
             .await?;
         }

@@ -590,15 +590,25 @@ impl<B: Backend> Units<B> {
         Ok(marked == 1)
     }
 
-    /// Gives the relay's lease up (a relay that stops cleanly), so another instance
-    /// need not wait for it to run out.
-    pub async fn release_relay(&self, relay: &str, holder: &str) -> Result<(), StoreError> {
+    /// Gives the relay's lease up (a relay that stops cleanly, or stands aside), so
+    /// another instance need not wait for it to run out. The lease ends `now`, not at
+    /// time zero: pruning reads when a relay last held it ([`Units::prune_events`]), and
+    /// a relay standing aside for a few seconds must not look retired.
+    pub async fn release_relay(
+        &self,
+        relay: &str,
+        holder: &str,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
         let mut transaction = self.begin_write().await?;
         statement(
-            "UPDATE outbox_relay SET holder = NULL, lease_until = 0 WHERE name = $1 AND holder = $2",
+            "UPDATE outbox_relay SET holder = NULL, \
+             lease_until = CASE WHEN lease_until > $3 THEN $3 ELSE lease_until END \
+             WHERE name = $1 AND holder = $2",
         )
         .bind(relay)
         .bind(holder)
+        .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
         .await?;
         transaction.commit().await?;
