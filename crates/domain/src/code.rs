@@ -84,6 +84,12 @@ macro_rules! string_newtype_conversions {
                 formatter.write_str(&self.0)
             }
         }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
     };
 }
 

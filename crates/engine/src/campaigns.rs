@@ -660,7 +660,9 @@ impl Engine {
             && match routed.verdict {
                 Some(SoldOutVerdict::FromMemory) => true,
                 Some(SoldOutVerdict::Replay) => false,
-                None => self.memory_refuses_sold_out(claim, routed).await,
+                None => {
+                    self.sold_out_verdict(claim, routed).await == Some(SoldOutVerdict::FromMemory)
+                }
             };
         let walk: Vec<u32> = if refused_from_memory {
             Vec::new()
@@ -745,16 +747,6 @@ impl Engine {
             Some(true) => Some(SoldOutVerdict::Replay),
             None => None,
         }
-    }
-
-    /// [`Engine::sold_out_verdict`], with the key probe's word that a key
-    /// this process did not answer holds no answer elsewhere
-    /// ([`Engine::memory_may_refuse_now`]).
-    async fn memory_refuses_sold_out(&self, claim: &IdempotencyClaim, routed: &Routed) -> bool {
-        self.inner.campaigns.remembered(claim).is_some()
-            || self
-                .memory_may_refuse_now(claim, routed.memory_may_refuse)
-                .await
     }
 
     fn remember_answer(&self, claim: &IdempotencyClaim, decided: &store::Idempotent) {

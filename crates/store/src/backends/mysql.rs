@@ -41,7 +41,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use domain::{ShopCode, SkuCode, Timestamp, WarehouseCode};
+use domain::{ShopCode, SkuCode, Timestamp};
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
 use sqlx::mysql::{MySqlArguments, MySqlConnectOptions, MySqlRow};
@@ -56,7 +56,7 @@ use crate::sql::{
     Cell, Connection, Row, Statement, Text, Value, built_statement, rows_of, statement, stream_of,
 };
 use crate::units::decode::{
-    SkuFactsRow, TallyKey, corrupt, sku_facts_of, stored_response, tallies_of,
+    SkuFactsRow, TallyKey, sku_facts_of, stock_key_of, stored_response, tallies_of,
 };
 use crate::{StoreConfig, StoreLimits};
 
@@ -838,10 +838,7 @@ impl Dialect for MySqlConnection {
         let found: Vec<(String, String, i64)> = locking.fetch_all_as(&mut *self).await?;
         let mut available = BTreeMap::new();
         for (sku, warehouse, count) in found {
-            let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
-            let warehouse =
-                WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
-            available.insert((sku, warehouse), count);
+            available.insert(stock_key_of(&sku, &warehouse)?, count);
         }
         let skus: BTreeSet<&SkuCode> = available.keys().map(|(sku, _)| sku).collect();
         let skus: Vec<&SkuCode> = skus.into_iter().collect();

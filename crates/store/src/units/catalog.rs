@@ -6,6 +6,7 @@
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::announce_sku_changed;
+use super::shelf::lock_sku_rows;
 use super::stock::load_sku;
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish};
@@ -202,12 +203,8 @@ impl<B: Backend> Units<B> {
                 .bind(id.as_str())
                 .fetch_all_as(&mut *transaction)
                 .await?;
-        for (code, _) in &skus {
-            statement(<B::Connection as Dialect>::LOCK_SKU_ROW)
-                .bind(code.as_str())
-                .fetch_optional_row(&mut *transaction)
-                .await?;
-        }
+        let codes: Vec<&str> = skus.iter().map(|(code, _)| code.as_str()).collect();
+        lock_sku_rows(&mut *transaction, &codes).await?;
         let current: Option<(String, String)> =
             statement("SELECT title, shop FROM product WHERE id = $1 AND deleted_at IS NULL")
                 .bind(id.as_str())

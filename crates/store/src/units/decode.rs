@@ -170,9 +170,7 @@ pub(crate) fn locked_stock_of(found: Vec<LockedStockRow>) -> Result<LockedStock,
     let mut available = BTreeMap::new();
     let mut facts = HashMap::new();
     for (sku, warehouse, count, status, shop, per_user_limit) in found {
-        let sku = SkuCode::parse(&sku).map_err(|error| corrupt("sku code", error))?;
-        let warehouse =
-            WarehouseCode::parse(&warehouse).map_err(|error| corrupt("warehouse", error))?;
+        let (sku, warehouse) = stock_key_of(&sku, &warehouse)?;
         facts.insert(
             sku.clone(),
             decode_sku_facts(&status, &shop, per_user_limit)?,
@@ -180,6 +178,14 @@ pub(crate) fn locked_stock_of(found: Vec<LockedStockRow>) -> Result<LockedStock,
         available.insert((sku, warehouse), count);
     }
     Ok((available, facts))
+}
+
+/// A stock row's (sku, warehouse) as stored.
+pub(crate) fn stock_key_of(sku: &str, warehouse: &str) -> Result<crate::plan::StockKey, StoreError> {
+    Ok((
+        SkuCode::parse(sku).map_err(|error| corrupt("sku code", error))?,
+        WarehouseCode::parse(warehouse).map_err(|error| corrupt("warehouse", error))?,
+    ))
 }
 
 /// The SKUs' facts, by code.

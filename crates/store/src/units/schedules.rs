@@ -7,7 +7,10 @@
 use super::Units;
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
-use super::shelf::{LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, shelf_target};
+use super::shelf::{
+    LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, lock_shops_of, lock_sku_rows,
+    shelf_target,
+};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
     Actor, AppliedSchedule, ScheduleRecord, ShelfChange, ShelfOutcome, ShelfResult,
@@ -145,13 +148,8 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
             target,
         });
     }
-    let shops: BTreeSet<&ShopCode> = due
-        .iter()
-        .filter_map(|schedule| schedule.target.shop.as_ref())
-        .collect();
-    for shop in shops {
-        transaction.lock_shop(shop).await?;
-    }
+    let targets: Vec<&ShelfTarget> = due.iter().map(|schedule| &schedule.target).collect();
+    lock_shops_of(&mut *transaction, &targets).await?;
     let mut skus: Vec<&SkuCode> = due.iter().map(|schedule| &schedule.sku).collect();
     skus.sort();
     skus.dedup();
@@ -160,12 +158,7 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     // one, the batch would lock a later-due SKU's row (and its product's) before an
     // earlier code's, and a product edit, which locks its SKUs' rows in code order,
     // could hold the earlier one waiting for the later: a deadlock.
-    for sku in &skus {
-        statement(C::LOCK_SKU_ROW)
-            .bind(sku.as_str())
-            .fetch_optional_scalar::<i64>(&mut *transaction)
-            .await?;
-    }
+    lock_sku_rows(&mut *transaction, &skus).await?;
     after_earlier_schedules(transaction, due).await
 }
 
@@ -338,21 +331,11 @@ async fn lock_schedule_targets<C: Dialect>(
     transaction: &mut C,
     targets: &[(ScheduleId, ShelfTarget)],
 ) -> Result<(), StoreError> {
-    let shops: BTreeSet<&ShopCode> = targets
-        .iter()
-        .filter_map(|(_, target)| target.shop.as_ref())
-        .collect();
-    for shop in shops {
-        transaction.lock_shop(shop).await?;
-    }
-    let skus: BTreeSet<&SkuCode> = targets.iter().map(|(_, target)| &target.sku).collect();
-    for sku in skus {
-        statement(C::LOCK_SKU_ROW)
-            .bind(sku.as_str())
-            .fetch_optional_scalar::<i64>(&mut *transaction)
-            .await?;
-    }
-    Ok(())
+    let targets: Vec<&ShelfTarget> = targets.iter().map(|(_, target)| target).collect();
+    lock_shops_of(&mut *transaction, &targets).await?;
+    let skus: BTreeSet<&SkuCode> = targets.iter().map(|target| &target.sku).collect();
+    let skus: Vec<&SkuCode> = skus.into_iter().collect();
+    lock_sku_rows(transaction, &skus).await
 }
 
 impl<B: Backend> Units<B> {

@@ -23,6 +23,7 @@ use domain::{
     decide_shelf_change, operation_label,
 };
 use serde_json::json;
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 
 #[allow(unused_imports)]
@@ -292,6 +293,37 @@ pub(crate) async fn shelf_outcome<C: Dialect>(
     Ok(outcome)
 }
 
+/// Locks the shops of `targets`, each once, in code order: every writer of a shop's
+/// shelf takes them so, and two batches of one shop never interleave.
+pub(crate) async fn lock_shops_of<C: Dialect, T: Borrow<ShelfTarget> + Sync>(
+    transaction: &mut C,
+    targets: &[T],
+) -> Result<(), StoreError> {
+    let shops: BTreeSet<&ShopCode> = targets
+        .iter()
+        .filter_map(|target| target.borrow().shop.as_ref())
+        .collect();
+    for shop in shops {
+        transaction.lock_shop(shop).await?;
+    }
+    Ok(())
+}
+
+/// Locks the SKUs' own rows, in the order given (callers give code order, the order
+/// every writer of a SKU's row takes them in).
+pub(crate) async fn lock_sku_rows<C: Dialect, S: AsRef<str> + Sync>(
+    transaction: &mut C,
+    skus: &[S],
+) -> Result<(), StoreError> {
+    for sku in skus {
+        statement(C::LOCK_SKU_ROW)
+            .bind(sku.as_ref())
+            .fetch_optional_scalar::<i64>(&mut *transaction)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Applies one shelf operation to its targets inside `transaction`: locks the shops
 /// (so batches of one shop never interleave) and the targets' stock rows, then
 /// decides each target through the transition table and writes the change and its
@@ -301,14 +333,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
     change: &ShelfChange,
     now: Timestamp,
 ) -> Result<Vec<ShelfResult>, StoreError> {
-    let shops: BTreeSet<&ShopCode> = change
-        .targets
-        .iter()
-        .filter_map(|target| target.shop.as_ref())
-        .collect();
-    for shop in shops {
-        transaction.lock_shop(shop).await?;
-    }
+    lock_shops_of(transaction, &change.targets).await?;
     let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
     targets.sort();
     targets.dedup_by(|left, right| left.sku == right.sku);
@@ -319,12 +344,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
     // could commit between the version read and the change, and an operation that
     // named no version (a scheduled one, an urgent take-down) would be refused as
     // "changed concurrently".
-    for sku in &skus {
-        statement(C::LOCK_SKU_ROW)
-            .bind(sku.as_str())
-            .fetch_optional_scalar::<i64>(&mut *transaction)
-            .await?;
-    }
+    lock_sku_rows(transaction, &skus).await?;
 
     let operation = operation_label(change.operation, change.scheduled);
     let mut results = Vec::with_capacity(targets.len());
