@@ -181,7 +181,10 @@ pub(crate) fn locked_stock_of(found: Vec<LockedStockRow>) -> Result<LockedStock,
 }
 
 /// A stock row's (sku, warehouse) as stored.
-pub(crate) fn stock_key_of(sku: &str, warehouse: &str) -> Result<crate::plan::StockKey, StoreError> {
+pub(crate) fn stock_key_of(
+    sku: &str,
+    warehouse: &str,
+) -> Result<crate::plan::StockKey, StoreError> {
     Ok((
         SkuCode::parse(sku).map_err(|error| corrupt("sku code", error))?,
         WarehouseCode::parse(warehouse).map_err(|error| corrupt("warehouse", error))?,
