@@ -13,6 +13,7 @@ mirrored_tests!(
     the_audit_reports_ledger_rows_of_a_stock_row_that_does_not_exist,
     the_ledger_refuses_updates_and_deletes,
     unknown_routes_and_methods_answer_with_problem_documents,
+    the_stores_database_connections_send_small_packets_at_once,
 );
 
 async fn health_and_readiness_answer_when_the_database_is_reachable(backend: Backend) {
@@ -337,6 +338,57 @@ fn the_openapi_document_describes_every_route() {
         assert!(
             codes.contains(&code.as_str()),
             "{code} is missing from openapi.json"
+        );
+    }
+}
+
+/// Every socket of this process connected to the test database, as its own duplicate
+/// (`pidfd_getfd`): the store's pooled connections among them.
+fn sockets_to(port: u16) -> Vec<std::os::fd::OwnedFd> {
+    use rustix::process::{PidfdFlags, PidfdGetfdFlags, getpid, pidfd_getfd, pidfd_open};
+    let this_process = pidfd_open(getpid(), PidfdFlags::empty()).expect("pidfd of this process");
+    let descriptors = std::fs::read_dir("/proc/self/fd").expect("the process's descriptors");
+    descriptors
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|descriptor| {
+            pidfd_getfd(&this_process, descriptor, PidfdGetfdFlags::empty()).ok()
+        })
+        .filter(|socket| {
+            let peer = rustix::net::getpeername(socket).ok().flatten();
+            peer.and_then(|peer| std::net::SocketAddr::try_from(peer).ok())
+                .is_some_and(|peer| peer.port() == port)
+        })
+        .collect()
+}
+
+/// Nagle's algorithm holds a small packet sent while an earlier one is unacknowledged.
+/// MySQL's `COM_STMT_CLOSE` (sent when the statement cache evicts) has no reply, so
+/// the statement sent right after it waited for the server's delayed ACK, about 40 ms:
+/// a flash sale on MariaDB ran at a sixth of its rate (docs/BENCHMARKS.md, thirty-
+/// seventh session). Every connection to the database must send at once.
+async fn the_stores_database_connections_send_small_packets_at_once(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return; // a file, no socket
+    }
+    let app = TestApp::spawn(backend).await;
+    let url = reqwest::Url::parse(&app.database.url).expect("the database URL");
+    if url.host_str().is_none_or(str::is_empty) {
+        return; // a Unix socket: no Nagle
+    }
+    app.stocked_sku("TEA", 5).await;
+    assert_eq!(app.reserve("nagle", &[("TEA", 1)]).await.status, 201);
+    let port = url.port().unwrap_or(match backend {
+        Backend::Mysql => 3306,
+        _ => 5432,
+    });
+
+    let sockets = sockets_to(port);
+
+    assert!(!sockets.is_empty(), "no socket to port {port} found");
+    for socket in &sockets {
+        assert!(
+            rustix::net::sockopt::tcp_nodelay(socket).expect("TCP_NODELAY readable"),
+            "a connection to the database has Nagle's algorithm on"
         );
     }
 }
