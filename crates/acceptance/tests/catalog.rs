@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing,
     a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released,
     two_renames_of_a_product_at_once_leave_its_skus_showing_its_title,
     a_blank_product_title_is_refused_and_changes_nothing,
@@ -1168,4 +1169,90 @@ async fn renaming_a_product_leaves_its_deleted_skus_as_they_were(backend: Backen
     let after = sku_view("OLD-1").await;
     assert_eq!(after["title"], before["title"], "{after}");
     assert_eq!(after["version"], before["version"], "{after}");
+}
+
+/// Two editors read a product at one version and both save: the second names the
+/// version it saw, which the first's edit moved past, so it is refused with 409
+/// `version_conflict` instead of overwriting the first's title (seed 003 §3.3), and
+/// changes nothing: the product, its SKUs and the event feed stay as the first left
+/// them. Its retry hears the same refusal; an edit naming the current version applies.
+async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["EDIT-1", "EDIT-2"]))
+        .await;
+    let staff_view = || {
+        let app = app.clone();
+        let product = product.clone();
+        async move {
+            let view = app
+                .send(Call::get(format!("/v1/admin/products/{product}")).admin())
+                .await;
+            assert_eq!(view.status, 200, "{view:?}");
+            view.json()
+        }
+    };
+    let edit = |key: &'static str, body: serde_json::Value| {
+        Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            .admin()
+            .key(key)
+            .json(&body)
+    };
+    let seen = staff_view().await["version"].as_i64().unwrap();
+    let first = app
+        .send(edit(
+            "first-editor",
+            json!({"title": "Oat milk", "expected_version": seen}),
+        ))
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let before = staff_view().await;
+    let events_before = event_count(&app).await;
+
+    let stale = edit(
+        "second-editor",
+        json!({"title": "Soy milk", "category": "plant", "expected_version": seen}),
+    );
+    let refused = app.send(stale.clone()).await;
+    let retried = app.send(stale).await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("version_conflict"));
+    assert_eq!(retried.status, 409);
+    assert_eq!(retried.body, refused.body);
+    let after = staff_view().await;
+    assert_eq!(after, before);
+    assert_eq!(after["title"], "Oat milk");
+    for sku in ["EDIT-1", "EDIT-2"] {
+        let shown = app.send(Call::get(format!("/v1/skus/{sku}")).admin()).await;
+        assert_eq!(shown.json()["title"], "Oat milk", "{sku}");
+    }
+    assert_eq!(event_count(&app).await, events_before);
+    let current = before["version"].as_i64().unwrap();
+    let applied = app
+        .send(edit(
+            "third-editor",
+            json!({"title": "Soy milk", "expected_version": current}),
+        ))
+        .await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert_eq!(staff_view().await["version"], current + 1);
+}
+
+/// How many events the feed holds, every one numbered first.
+async fn event_count(app: &TestApp) -> usize {
+    app.sequence_all_events().await;
+    let page = app
+        .engine
+        .events_page(
+            &domain::Principal::Admin,
+            None,
+            domain::FeedCursor::START,
+            1000,
+        )
+        .await
+        .unwrap();
+    page.events.len()
 }

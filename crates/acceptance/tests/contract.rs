@@ -13,6 +13,7 @@ mirrored_tests!(
     a_service_key_name_is_bounded_as_sent_not_as_trimmed,
     a_feed_cursor_longer_than_eighteen_digits_is_refused,
     expected_versions_are_non_negative_integers,
+    a_products_expected_version_is_a_non_negative_integer,
     the_document_states_the_constraints_the_server_enforces,
 );
 
@@ -226,6 +227,49 @@ async fn expected_versions_are_non_negative_integers(backend: Backend) {
     let whole = shelf("whole", json!({"SHELF-1": version as f64})).await;
     assert_eq!(whole.status, 200, "{whole:?}");
     assert_eq!(whole.json()["changed"], 1);
+}
+
+async fn a_products_expected_version_is_a_non_negative_integer(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("default", &["EDITED-1"]))
+        .await;
+    let edit = |key: &'static str, version: Value| {
+        let app = app.clone();
+        let product = product.clone();
+        async move {
+            app.send(
+                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                    .admin()
+                    .key(key)
+                    .json(&json!({"title": "Renamed", "expected_version": version})),
+            )
+            .await
+        }
+    };
+    let before = app.contents().await;
+
+    let refused = [
+        edit("negative", json!(-1)).await,
+        edit("text", json!("1")).await,
+        edit("fraction", json!(1.5)).await,
+        edit("past-i64", json!(9_223_372_036_854_775_808_u64)).await,
+        edit("null-object", json!({})).await,
+    ];
+
+    for answer in &refused {
+        assert_eq!(answer.status, 400, "{answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("invalid_argument"));
+    }
+    assert_eq!(app.contents().await, before);
+    let version = app
+        .send(Call::get(format!("/v1/admin/products/{product}")).admin())
+        .await
+        .json()["version"]
+        .as_i64()
+        .unwrap();
+    let whole = edit("whole", json!(version as f64)).await;
+    assert_eq!(whole.status, 200, "{whole:?}");
 }
 
 /// A few of the constraints the document must state, read back from `/openapi.json`

@@ -121,6 +121,7 @@ pub async fn update_product(
         image_url: request.image_url,
         category: request.category,
         supplier: request.supplier,
+        expected_version: request.expected_version.map(domain::Version::get),
     };
     Ok(reply_response(
         state

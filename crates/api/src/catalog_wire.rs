@@ -63,6 +63,12 @@ pub struct UpdateProductRequest {
     pub category: Option<CategoryCode>,
     #[schema(value_type = Option<crate::openapi::schemas::SupplierCode>)]
     pub supplier: Option<SupplierCode>,
+    /// The product's `version` the editor saw: when it moved since (another edit, a
+    /// delete), the edit is refused with 409 `version_conflict` and changes nothing,
+    /// instead of overwriting what the other editor saved. Without it the edit applies
+    /// to the product as it is.
+    #[schema(value_type = Option<i64>, minimum = 0)]
+    pub expected_version: Option<domain::Version>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, ToSchema)]

@@ -40,6 +40,9 @@ pub struct ProductChanges {
     pub image_url: Option<ImageUrl>,
     pub category: Option<CategoryCode>,
     pub supplier: Option<SupplierCode>,
+    /// The product's version the editor saw; a product that moved since is refused
+    /// with `version_conflict` rather than overwritten.
+    pub expected_version: Option<i64>,
 }
 
 impl ProductChanges {

@@ -205,18 +205,33 @@ impl<B: Backend> Units<B> {
                 .await?;
         let codes: Vec<&str> = skus.iter().map(|(code, _)| code.as_str()).collect();
         lock_sku_rows(&mut *transaction, &codes).await?;
-        let current: Option<(String, String)> =
-            statement("SELECT title, shop FROM product WHERE id = $1 AND deleted_at IS NULL")
-                .bind(id.as_str())
-                .fetch_optional_as(&mut *transaction)
-                .await?;
-        let Some((old_title, shop)) = current else {
+        let current: Option<(String, String, i64)> = statement(
+            "SELECT title, shop, version FROM product WHERE id = $1 AND deleted_at IS NULL",
+        )
+        .bind(id.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
+        let Some((old_title, shop, version)) = current else {
             let response = renderer.rejected(&Rejection::new(
                 ErrorCode::NotFound,
                 format!("product '{id}' does not exist or was deleted"),
             ));
             return commit_with_answer(transaction, claim, response).await;
         };
+        // Read under the product's SKU rows' locks: every writer of the product's version
+        // (an edit, a shelf change of one of its SKUs) takes one of them first, so the
+        // version cannot move between this check and the update.
+        if let Some(expected) = changes.expected_version
+            && expected != version
+        {
+            let response = renderer.rejected(&Rejection::new(
+                ErrorCode::VersionConflict,
+                format!(
+                    "product '{id}' is at version {version}, not {expected}: it changed since it was read"
+                ),
+            ));
+            return commit_with_answer(transaction, claim, response).await;
+        }
         if let Some(title) = &changes.title {
             // A product's SKUs show its title as their own (carts, orders, the SKU view):
             // those still showing the product's old one take the new one; a SKU given a
@@ -250,7 +265,8 @@ impl<B: Backend> Units<B> {
         let updated = statement(
             "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
              category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
-             version = version + 1, updated_at = $6 WHERE id = $1 AND deleted_at IS NULL",
+             version = version + 1, updated_at = $6 \
+             WHERE id = $1 AND deleted_at IS NULL AND version = $7",
         )
         .bind(id.as_str())
         .bind(changes.title.as_ref().map(Title::as_str))
@@ -258,9 +274,10 @@ impl<B: Backend> Units<B> {
         .bind(changes.category.as_ref().map(CategoryCode::as_str))
         .bind(changes.supplier.as_ref().map(SupplierCode::as_str))
         .bind(now.unix_milliseconds())
+        .bind(version)
         .execute(&mut *transaction)
         .await?;
-        expect_one_row(updated, "updating a product read in its own transaction")?;
+        expect_one_row(updated, "updating a product read under its SKU rows' locks")?;
         let product = load_product(&mut *transaction, id)
             .await?
             .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
