@@ -149,7 +149,17 @@ pub(crate) async fn create_mysql_database(url: &str, database: &str) -> Result<S
     .await
     .map_err(|error| format!("cannot create database {database}: {error}"))?;
     let _ = sqlx::Connection::close(connection).await;
-    let server = url.split('?').next().unwrap_or(url);
+    Ok(url_of_database(url, database))
+}
+
+/// `url` naming `database` instead of the one it named, if any; its options (`?socket=`,
+/// `?statement-cache-capacity=`, …) kept, so the in-process server connects the way
+/// the run asked.
+fn url_of_database(url: &str, database: &str) -> String {
+    let (server, options) = match url.find('?') {
+        Some(start) => url.split_at(start),
+        None => (url, ""),
+    };
     let server = match server.find("://").map(|start| start + 3) {
         Some(host_start) => match server[host_start..].find('/') {
             Some(path_start) => &server[..host_start + path_start],
@@ -157,7 +167,7 @@ pub(crate) async fn create_mysql_database(url: &str, database: &str) -> Result<S
         },
         None => server,
     };
-    Ok(format!("{server}/{database}"))
+    format!("{server}/{database}{options}")
 }
 
 /// Drops a scratch database on the MySQL server at `url`.
@@ -532,7 +542,30 @@ async fn stop_in_process(in_process: InProcess) {
 
 #[cfg(test)]
 mod database_tests {
-    use super::database_on_this_machine;
+    use super::{database_on_this_machine, url_of_database};
+
+    #[test]
+    fn a_scratch_database_url_keeps_the_servers_options() {
+        assert_eq!(
+            url_of_database("mysql://root@127.0.0.1:3306", "scratch"),
+            "mysql://root@127.0.0.1:3306/scratch"
+        );
+        assert_eq!(
+            url_of_database("mysql://root@127.0.0.1:3306/shop", "scratch"),
+            "mysql://root@127.0.0.1:3306/scratch"
+        );
+        assert_eq!(
+            url_of_database(
+                "mysql://root@localhost/shop?socket=/run/mysqld/mysqld.sock&statement-cache-capacity=500",
+                "scratch"
+            ),
+            "mysql://root@localhost/scratch?socket=/run/mysqld/mysqld.sock&statement-cache-capacity=500"
+        );
+        assert_eq!(
+            url_of_database("mysql://root@127.0.0.1:3306?ssl-mode=disabled", "scratch"),
+            "mysql://root@127.0.0.1:3306/scratch?ssl-mode=disabled"
+        );
+    }
 
     #[test]
     fn only_a_database_on_this_machine_is_a_target() {
