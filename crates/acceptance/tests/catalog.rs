@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 mirrored_tests!(
     an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing,
+    of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_moves_it_too,
     a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released,
     two_renames_of_a_product_at_once_leave_its_skus_showing_its_title,
     a_blank_product_title_is_refused_and_changes_nothing,
@@ -1239,6 +1240,60 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
         .await;
     assert_eq!(applied.status, 200, "{applied:?}");
     assert_eq!(staff_view().await["version"], current + 1);
+}
+
+/// Two editors save at once, both naming the version they read: the product's SKU
+/// row locks queue them, so exactly one applies and the other hears
+/// `version_conflict`. A shelf change of one of the product's SKUs moves the product's
+/// version as well, so an edit read before it is refused too.
+async fn of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_moves_it_too(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["RACE-1", "RACE-2"]))
+        .await;
+    let version = || {
+        let app = app.clone();
+        let product = product.clone();
+        async move {
+            app.send(Call::get(format!("/v1/admin/products/{product}")).admin())
+                .await
+                .json()["version"]
+                .as_i64()
+                .unwrap()
+        }
+    };
+    let edit = |key: &'static str, title: &'static str, seen: i64| {
+        Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            .admin()
+            .key(key)
+            .json(&json!({"title": title, "expected_version": seen}))
+    };
+    let seen = version().await;
+
+    let answers = send_concurrently(
+        &app,
+        vec![
+            edit("editor-a", "Oat milk", seen),
+            edit("editor-b", "Soy milk", seen),
+        ],
+    )
+    .await;
+
+    let mut statuses: Vec<u16> = answers.iter().map(|answer| answer.status).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, vec![200, 409], "{answers:?}");
+    assert_eq!(version().await, seen + 1);
+    let before_shelf = version().await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "sku_ids": ["RACE-1"]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    assert!(version().await > before_shelf);
+    let stale = app.send(edit("editor-c", "Rice milk", before_shelf)).await;
+    assert_eq!(stale.status, 409, "{stale:?}");
+    assert_eq!(stale.code().as_deref(), Some("version_conflict"));
 }
 
 /// How many events the feed holds, every one numbered first.

@@ -260,8 +260,23 @@ async fn a_products_expected_version_is_a_non_negative_integer(backend: Backend)
     for answer in &refused {
         assert_eq!(answer.status, 400, "{answer:?}");
         assert_eq!(answer.code().as_deref(), Some("invalid_argument"));
+        assert!(answer.body.contains("expected_version"), "{answer:?}");
     }
     assert_eq!(app.contents().await, before);
+    // The bounds themselves are versions: stale here, so refused by the product.
+    for (key, bound) in [("zero", json!(0)), ("largest", json!(i64::MAX))] {
+        let stale = edit(key, bound).await;
+        assert_eq!(stale.status, 409, "{stale:?}");
+        assert_eq!(stale.code().as_deref(), Some("version_conflict"));
+    }
+    let before_refusals = before
+        .split("idempotency_record\n")
+        .next()
+        .unwrap_or_default();
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        before_refusals
+    );
     let version = app
         .send(Call::get(format!("/v1/admin/products/{product}")).admin())
         .await
@@ -270,6 +285,8 @@ async fn a_products_expected_version_is_a_non_negative_integer(backend: Backend)
         .unwrap();
     let whole = edit("whole", json!(version as f64)).await;
     assert_eq!(whole.status, 200, "{whole:?}");
+    let absent = edit("null", Value::Null).await;
+    assert_eq!(absent.status, 200, "{absent:?}");
 }
 
 /// A few of the constraints the document must state, read back from `/openapi.json`

@@ -63,10 +63,11 @@ pub struct UpdateProductRequest {
     pub category: Option<CategoryCode>,
     #[schema(value_type = Option<crate::openapi::schemas::SupplierCode>)]
     pub supplier: Option<SupplierCode>,
-    /// The product's `version` the editor saw: when it moved since (another edit, a
-    /// delete), the edit is refused with 409 `version_conflict` and changes nothing,
-    /// instead of overwriting what the other editor saved. Without it the edit applies
-    /// to the product as it is.
+    /// The product's `version` the editor saw: when it moved since (another edit, or a
+    /// shelf change of one of its SKUs, scheduled ones included), the edit is refused
+    /// with 409 `version_conflict` and changes nothing, instead of overwriting what the
+    /// other editor saved. A deleted product answers 404 either way. Without it the
+    /// edit applies to the product as it is.
     #[schema(value_type = Option<i64>, minimum = 0)]
     pub expected_version: Option<domain::Version>,
 }
