@@ -5,6 +5,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::json;
 
 mirrored_tests!(
+    the_admins_view_of_a_user_id_names_the_shop_of_each_line,
     a_cart_holds_no_stock_and_shows_every_invalid_line_with_its_reason,
     checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what_it_ordered,
     a_sku_taken_off_the_shelf_between_cart_and_checkout_is_not_sold,
@@ -520,4 +521,60 @@ async fn a_checkout_takes_its_lines_out_of_the_cart_with_its_order(backend: Back
     let cart = app.send(Call::get("/v1/carts/finn")).await.json();
     assert_eq!(problems(&cart), Vec::new());
     app.assert_audit_clean().await;
+}
+
+/// A user id is a shop's own name for its shopper: two shops' "alice" are two people.
+/// Each shop's service key sees its own lines; the admin sees both shops' lines under
+/// the one user id, each naming the shop it was put in for.
+async fn the_admins_view_of_a_user_id_names_the_shop_of_each_line(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    for (shop, sku) in [("south", "S-1"), ("north", "N-1")] {
+        let product = app
+            .create_product(ProductSpec::complete(shop, &[sku]))
+            .await;
+        let on = app
+            .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+            .await;
+        assert_eq!(on.status, 200, "{on:?}");
+        let service = app.as_service_of(shop).await;
+        let put = service
+            .send(
+                Call::put(format!("/v1/carts/alice/items/{sku}"))
+                    .key(format!("{shop}-cart"))
+                    .json(&json!({"quantity": 1})),
+            )
+            .await;
+        assert_eq!(put.status, 200, "{put:?}");
+    }
+    let shops_and_skus = |cart: serde_json::Value| -> Vec<(String, String)> {
+        cart["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|line| {
+                (
+                    line["shop"].as_str().unwrap_or("(none)").to_owned(),
+                    line["sku"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+
+    let north = app.as_service_of("north").await;
+    let north_view = north.send(Call::get("/v1/carts/alice")).await;
+    let admin_view = app.send(Call::get("/v1/carts/alice").admin()).await;
+
+    assert_eq!(north_view.status, 200, "{north_view:?}");
+    assert_eq!(
+        shops_and_skus(north_view.json()),
+        vec![("north".to_owned(), "N-1".to_owned())]
+    );
+    assert_eq!(admin_view.status, 200, "{admin_view:?}");
+    assert_eq!(
+        shops_and_skus(admin_view.json()),
+        vec![
+            ("north".to_owned(), "N-1".to_owned()),
+            ("south".to_owned(), "S-1".to_owned()),
+        ]
+    );
 }

@@ -479,6 +479,10 @@ impl<'a> ShelfLogEntryBody<'a> {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CartLineBody<'a> {
+    /// The shop the line was put in for: a service key sees its own shop's lines only,
+    /// the admin every shop's, told apart by this.
+    #[schema(value_type = crate::openapi::schemas::ShopCode)]
+    pub shop: &'a str,
     pub sku: &'a str,
     pub quantity: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -509,6 +513,7 @@ impl<'a> CartBody<'a> {
             .map(|line| {
                 let problem = line.problem();
                 CartLineBody {
+                    shop: line.shop.as_str(),
                     sku: line.sku.as_str(),
                     quantity: line.quantity,
                     title: line.current.as_ref().map(|current| current.title.as_str()),

@@ -2,11 +2,15 @@
 //! could be ordered: a snapshot for the shopper, never the decision (the reservation
 //! at checkout decides).
 
-use crate::{Currency, ErrorCode, PriceMinor, SaleStatus, SkuCode};
+use crate::{Currency, ErrorCode, PriceMinor, SaleStatus, ShopCode, SkuCode};
 
 /// A cart line with what the catalog says about its SKU now (`None`: unknown SKU).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CartLine {
+    /// The shop the line was put in for. A user id is a shop's own name for its
+    /// shopper, so the admin, who sees every shop's lines under one user id, tells the
+    /// shops' shoppers apart by it.
+    pub shop: ShopCode,
     pub sku: SkuCode,
     pub quantity: i64,
     pub current: Option<CartSku>,
@@ -82,6 +86,7 @@ mod tests {
 
     fn line(quantity: i64, sale_status: SaleStatus, available: i64) -> CartLine {
         CartLine {
+            shop: ShopCode::default_shop(),
             sku: SkuCode::parse("MILK").unwrap(),
             quantity,
             current: Some(CartSku {

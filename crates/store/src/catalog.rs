@@ -224,6 +224,7 @@ mod tests {
 
     fn line(quantity: i64, status: SaleStatus, available: i64) -> CartLine {
         CartLine {
+            shop: domain::ShopCode::default_shop(),
             sku: SkuCode::parse("S").unwrap(),
             quantity,
             current: Some(CartSku {
@@ -260,9 +261,8 @@ mod tests {
             Some(CartProblem::Deleted)
         );
         let unknown = CartLine {
-            sku: SkuCode::parse("S").unwrap(),
-            quantity: 1,
             current: None,
+            ..line(1, SaleStatus::OnShelf, 1)
         };
         assert_eq!(unknown.problem(), Some(CartProblem::NotFound));
     }

@@ -92,13 +92,14 @@ pub(crate) async fn load_cart<C: Dialect>(
     now: Timestamp,
 ) -> Result<Cart, StoreError> {
     let rows = statement(
-        "SELECT cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
+        "SELECT cart_item.shop, cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
          COALESCE(stock.available, 0) AS available, campaign.code AS campaign_code \
          FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
          LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
          LEFT JOIN campaign ON campaign.open_sku = cart_item.sku AND campaign.warehouse = 'default' \
          AND campaign.starts_at <= $3 AND campaign.ends_at > $3 \
-         WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) ORDER BY cart_item.sku",
+         WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) \
+         ORDER BY cart_item.shop, cart_item.sku",
     )
     .bind(user.as_str())
     .bind(shop.map(ShopCode::as_str))
@@ -142,7 +143,9 @@ pub(crate) async fn load_cart<C: Dialect>(
                 })
             }
         };
+        let line_shop: String = row.try_get("shop")?;
         lines.push(CartLine {
+            shop: parse_stored("shop", &line_shop, ShopCode::parse)?,
             sku: parse_stored("sku code", &sku, SkuCode::parse)?,
             quantity: row.try_get("quantity")?,
             current,
