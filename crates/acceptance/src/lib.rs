@@ -801,6 +801,10 @@ impl Call {
         Call::new(Method::PUT, path)
     }
 
+    pub fn patch(path: impl Into<String>) -> Call {
+        Call::new(Method::PATCH, path)
+    }
+
     pub fn key(mut self, key: impl Into<String>) -> Call {
         self.idempotency_key = Some(key.into());
         self

@@ -153,7 +153,7 @@ async fn a_new_price_or_title_reaches_the_product_view_with_its_event(backend: B
 
     let renamed = app
         .send(
-            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            Call::patch(format!("/v1/products/{product}"))
                 .admin()
                 .key("rename")
                 .json(&json!({"title": "Oat milk"})),

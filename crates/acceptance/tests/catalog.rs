@@ -68,7 +68,7 @@ async fn two_renames_of_a_product_at_once_leave_its_skus_showing_its_title(backe
         let product = product.clone();
         tokio::spawn(async move {
             app.send(
-                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                Call::patch(format!("/v1/products/{product}"))
                     .admin()
                     .key(format!("rename-{}", title.replace(' ', "-")))
                     .json(&json!({ "title": title })),
@@ -109,7 +109,7 @@ async fn a_blank_product_title_is_refused_and_changes_nothing(backend: Backend) 
     for (index, blank) in ["", "   ", "\u{3000}"].into_iter().enumerate() {
         let patched = app
             .send(
-                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                Call::patch(format!("/v1/products/{product}"))
                     .admin()
                     .key(format!("blank-{index}"))
                     .json(&json!({"title": blank})),
@@ -418,7 +418,7 @@ async fn going_on_sale_reports_every_missing_field(backend: Backend) {
     assert_eq!(app.sale_status(&product, "BARE").await.0, "PENDING_REVIEW");
     let patched = app
         .send(
-            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            Call::patch(format!("/v1/products/{product}"))
                 .admin()
                 .key("add-image")
                 .json(&json!({"image_url": "https://images.example.com/bare.jpg"})),
@@ -494,7 +494,7 @@ async fn an_operator_touching_another_shop_is_forbidden_and_changes_nothing(back
         .await;
     let update = app
         .send(
-            Call::new(axum::http::Method::PATCH, format!("/v1/products/{theirs}"))
+            Call::patch(format!("/v1/products/{theirs}"))
                 .bearer(&token)
                 .key("hijack")
                 .json(&json!({"title": "Mine now"})),
@@ -1158,7 +1158,7 @@ async fn renaming_a_product_leaves_its_deleted_skus_as_they_were(backend: Backen
 
     let renamed = app
         .send(
-            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            Call::patch(format!("/v1/products/{product}"))
                 .admin()
                 .key("rename")
                 .json(&json!({"title": "Fresh title"})),
@@ -1184,24 +1184,15 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
     let product = app
         .create_product(ProductSpec::complete("north", &["EDIT-1", "EDIT-2"]))
         .await;
-    let staff_view = || {
-        let app = app.clone();
-        let product = product.clone();
-        async move {
-            let view = app
-                .send(Call::get(format!("/v1/admin/products/{product}")).admin())
-                .await;
-            assert_eq!(view.status, 200, "{view:?}");
-            view.json()
-        }
-    };
     let edit = |key: &'static str, body: serde_json::Value| {
-        Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+        Call::patch(format!("/v1/products/{product}"))
             .admin()
             .key(key)
             .json(&body)
     };
-    let seen = staff_view().await["version"].as_i64().unwrap();
+    let seen = app.staff_product(&product).await["version"]
+        .as_i64()
+        .unwrap();
     let first = app
         .send(edit(
             "first-editor",
@@ -1209,8 +1200,8 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
         ))
         .await;
     assert_eq!(first.status, 200, "{first:?}");
-    let before = staff_view().await;
-    let events_before = event_count(&app).await;
+    let before = app.staff_product(&product).await;
+    let events_before = app.all_events().await.len();
 
     let stale = edit(
         "second-editor",
@@ -1223,14 +1214,14 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
     assert_eq!(refused.code().as_deref(), Some("version_conflict"));
     assert_eq!(retried.status, 409);
     assert_eq!(retried.body, refused.body);
-    let after = staff_view().await;
+    let after = app.staff_product(&product).await;
     assert_eq!(after, before);
     assert_eq!(after["title"], "Oat milk");
     for sku in ["EDIT-1", "EDIT-2"] {
         let shown = app.send(Call::get(format!("/v1/skus/{sku}")).admin()).await;
         assert_eq!(shown.json()["title"], "Oat milk", "{sku}");
     }
-    assert_eq!(event_count(&app).await, events_before);
+    assert_eq!(app.all_events().await.len(), events_before);
     let current = before["version"].as_i64().unwrap();
     let applied = app
         .send(edit(
@@ -1239,7 +1230,7 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
         ))
         .await;
     assert_eq!(applied.status, 200, "{applied:?}");
-    assert_eq!(staff_view().await["version"], current + 1);
+    assert_eq!(app.staff_product(&product).await["version"], current + 1);
 }
 
 /// Two editors save at once, both naming the version they read: the product's SKU
@@ -1253,19 +1244,13 @@ async fn of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_
     let product = app
         .create_product(ProductSpec::complete("north", &["RACE-1", "RACE-2"]))
         .await;
-    let version = || {
-        let app = app.clone();
-        let product = product.clone();
-        async move {
-            app.send(Call::get(format!("/v1/admin/products/{product}")).admin())
-                .await
-                .json()["version"]
-                .as_i64()
-                .unwrap()
-        }
+    let version = || async {
+        app.staff_product(&product).await["version"]
+            .as_i64()
+            .unwrap()
     };
     let edit = |key: &'static str, title: &'static str, seen: i64| {
-        Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+        Call::patch(format!("/v1/products/{product}"))
             .admin()
             .key(key)
             .json(&json!({"title": title, "expected_version": seen}))
@@ -1294,20 +1279,4 @@ async fn of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_
     let stale = app.send(edit("editor-c", "Rice milk", before_shelf)).await;
     assert_eq!(stale.status, 409, "{stale:?}");
     assert_eq!(stale.code().as_deref(), Some("version_conflict"));
-}
-
-/// How many events the feed holds, every one numbered first.
-async fn event_count(app: &TestApp) -> usize {
-    app.sequence_all_events().await;
-    let page = app
-        .engine
-        .events_page(
-            &domain::Principal::Admin,
-            None,
-            domain::FeedCursor::START,
-            1000,
-        )
-        .await
-        .unwrap();
-    page.events.len()
 }

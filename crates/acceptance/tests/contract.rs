@@ -239,7 +239,7 @@ async fn a_products_expected_version_is_a_non_negative_integer(backend: Backend)
         let product = product.clone();
         async move {
             app.send(
-                Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+                Call::patch(format!("/v1/products/{product}"))
                     .admin()
                     .key(key)
                     .json(&json!({"title": "Renamed", "expected_version": version})),
@@ -277,10 +277,7 @@ async fn a_products_expected_version_is_a_non_negative_integer(backend: Backend)
         app.contents_except_idempotency_records().await,
         before_refusals
     );
-    let version = app
-        .send(Call::get(format!("/v1/admin/products/{product}")).admin())
-        .await
-        .json()["version"]
+    let version = app.staff_product(&product).await["version"]
         .as_i64()
         .unwrap();
     let whole = edit("whole", json!(version as f64)).await;

@@ -294,7 +294,7 @@ async fn a_change_to_what_a_shopper_sees_of_a_sku_is_announced(backend: Backend)
         .await;
     let renamed = app
         .send(
-            Call::new(axum::http::Method::PATCH, format!("/v1/products/{product}"))
+            Call::patch(format!("/v1/products/{product}"))
                 .admin()
                 .key("rename")
                 .json(&json!({"title": "Oat milk", "image_url": "https://images.example.com/oat.jpg"})),

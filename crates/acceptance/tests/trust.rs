@@ -197,7 +197,7 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
         ),
         (
             "update product",
-            Call::new(Method::PATCH, format!("/v1/products/{product}"))
+            Call::patch(format!("/v1/products/{product}"))
                 .key("t-patch")
                 .json(&json!({"title": "renamed"})),
         ),
