@@ -52,6 +52,7 @@ mirrored_tests!(
     a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out,
     a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open,
     a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered,
+    a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after_it_was_created,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -567,6 +568,7 @@ async fn malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_
     app.stocked_sku("CAMERA", 5).await;
     let south = app.create_operator("sam", "south").await;
     let before = app.contents().await;
+    let rows_before = app.contents_except_idempotency_records().await;
     let start = START.to_rfc3339();
     let end = START.plus_seconds(HOUR_SECONDS).to_rfc3339();
     for (label, body, status) in [
@@ -611,13 +613,14 @@ async fn malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_
             400,
         ),
         (
-            "unknown sku",
-            json!({"sku": "NOPE", "quantity": 2, "starts_at": start, "ends_at": end}),
-            404,
+            "unknown sku, more buckets than units",
+            json!({"sku": "NOPE", "quantity": 2, "buckets": 3, "starts_at": start, "ends_at": end}),
+            400,
         ),
     ] {
         let answer = create_campaign(&app, &format!("bad-{}", label.replace(' ', "-")), body).await;
         assert_eq!(answer.status, status, "{label}: {answer:?}");
+        assert_eq!(app.contents().await, before, "{label}: nothing stored");
     }
     let foreign = app
         .send(
@@ -629,6 +632,18 @@ async fn malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_
         .await;
     assert_eq!(foreign.status, 403, "{foreign:?}");
     assert_eq!(app.contents().await, before, "refusals change nothing");
+    let unknown = create_campaign(
+        &app,
+        "bad-unknown-sku",
+        json!({"sku": "NOPE", "quantity": 2, "starts_at": start, "ends_at": end}),
+    )
+    .await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        rows_before,
+        "a refusal of the SKU stores its answer and nothing else"
+    );
     let too_big = create_campaign(
         &app,
         "too-big",
@@ -2113,4 +2128,38 @@ async fn a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered(back
         !route.known_sold_out(1, app.clock_now(), recheck),
         "the finding is older than the bound, counted from when its request was sent"
     );
+}
+
+/// A campaign of a SKU that does not exist is refused (404) and the refusal is
+/// stored under the key: once the SKU is created and stocked, the retry hears the
+/// same 404 rather than carving a campaign nobody was told of. A caller that may
+/// create no campaign hears 403 whether the SKU exists or not.
+async fn a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after_it_was_created(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let body = json!({
+        "sku": "LATER",
+        "quantity": 2,
+        "starts_at": START.to_rfc3339(),
+        "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+    });
+    let service = app
+        .send(
+            Call::post("/v1/admin/campaigns")
+                .key("service-campaign")
+                .json(&body),
+        )
+        .await;
+    let refused = create_campaign(&app, "campaign-later", body.clone()).await;
+    app.stocked_sku("LATER", 5).await;
+
+    let retried = create_campaign(&app, "campaign-later", body).await;
+
+    assert_eq!(service.status, 403, "{service:?}");
+    assert_eq!(refused.status, 404, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("not_found"));
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, refused.body);
+    assert_eq!(app.counters("LATER").await, (5, 0), "no unit carved out");
 }

@@ -16,6 +16,7 @@ mirrored_tests!(
     concurrent_additions_to_a_nearly_full_cart_stop_at_its_line_limit,
     two_checkouts_of_one_cart_under_different_keys_order_its_lines_once,
     a_checkout_takes_its_lines_out_of_the_cart_with_its_order,
+    a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_changed,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -137,7 +138,7 @@ async fn a_checkout_of_more_lines_than_an_order_holds_is_refused_and_changes_not
         app.stocked_sku(&sku, 5).await;
         assert_eq!(put_item(&app, "carol", &sku, 1).await.status, 200);
     }
-    let before = app.contents().await;
+    let before = app.contents_except_idempotency_records().await;
 
     let refused = app
         .send(Call::post("/v1/carts/carol/checkout").key("carol-checkout"))
@@ -146,7 +147,27 @@ async fn a_checkout_of_more_lines_than_an_order_holds_is_refused_and_changes_not
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
     assert!(refused.body.contains("at most 50"), "{refused:?}");
-    assert_eq!(app.contents().await, before, "no order, no hold, no key");
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        before,
+        "no order, no hold, the cart kept"
+    );
+    let removed = app
+        .send(
+            Call::new(axum::http::Method::DELETE, "/v1/carts/carol/items/MANY-0")
+                .key("carol-remove"),
+        )
+        .await;
+    assert_eq!(removed.status, 200, "{removed:?}");
+    let retried = app
+        .send(Call::post("/v1/carts/carol/checkout").key("carol-checkout"))
+        .await;
+    assert!(
+        retried.replayed(),
+        "the refusal is the key's answer: {retried:?}"
+    );
+    assert_eq!(retried.body, refused.body);
+    assert_eq!(app.counters("MANY-1").await, (5, 0), "nothing ordered");
 }
 
 async fn checkout_reserves_the_orderable_lines_reports_the_rest_and_empties_what_it_ordered(
@@ -246,6 +267,7 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
     let app = TestApp::spawn(backend).await;
     let app = shop_with_stock(&app).await;
     let before = app.contents().await;
+    let rows_before = app.contents_except_idempotency_records().await;
 
     for (label, call) in [
         (
@@ -310,7 +332,11 @@ async fn malformed_cart_requests_are_refused_and_change_nothing(backend: Backend
         .await;
     assert_eq!(empty.status, 404, "{empty:?}");
     assert_eq!(empty.code().as_deref(), Some("not_found"));
-    assert_eq!(app.contents().await, before, "checkout of an empty cart");
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        rows_before,
+        "checkout of an empty cart: its refusal stored under its key, nothing else"
+    );
 }
 
 /// Issue 14: one reservation writer per backend. The same two lines reserved four ways
@@ -577,4 +603,48 @@ async fn the_admins_view_of_a_user_id_names_the_shop_of_each_line(backend: Backe
             ("south".to_owned(), "S-1".to_owned()),
         ]
     );
+}
+
+/// A checkout refused for the cart as it stood (empty; nothing on sale) stores its
+/// refusal under the key, as a refusal inside the order's transaction is: the retry
+/// hears it again after the cart changed, instead of ordering what the first request
+/// was told it could not.
+async fn a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_changed(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let app = shop_with_stock(&app).await;
+    let checkout = |user: &str| {
+        Call::post(format!("/v1/carts/{user}/checkout")).key(format!("{user}-checkout"))
+    };
+
+    let empty = app.send(checkout("erin")).await;
+    put_item(&app, "erin", "C-PLENTY", 1).await;
+    let empty_retried = app.send(checkout("erin")).await;
+    put_item(&app, "frank", "C-OFF", 1).await;
+    take_c_off_off_the_shelf(&app).await;
+    let off = app.send(checkout("frank")).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "sku_ids": ["C-OFF"]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    let off_retried = app.send(checkout("frank")).await;
+
+    assert_eq!(empty.status, 404, "{empty:?}");
+    assert_eq!(empty.code().as_deref(), Some("not_found"));
+    assert!(empty_retried.replayed(), "{empty_retried:?}");
+    assert_eq!(empty_retried.body, empty.body);
+    assert_eq!(off.status, 409, "{off:?}");
+    assert_eq!(off.code().as_deref(), Some("off_shelf"));
+    assert!(off_retried.replayed(), "{off_retried:?}");
+    assert_eq!(off_retried.body, off.body);
+    assert_eq!(app.counters("C-PLENTY").await, (10, 0), "nothing ordered");
+    assert_eq!(app.counters("C-OFF").await, (5, 0), "nothing ordered");
+    for user in ["erin", "frank"] {
+        let cart = app
+            .send(Call::get(format!("/v1/carts/{user}")))
+            .await
+            .json();
+        assert_eq!(cart["lines"].as_array().unwrap().len(), 1, "{user}: {cart}");
+    }
 }

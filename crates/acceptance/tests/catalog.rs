@@ -37,6 +37,11 @@ mirrored_tests!(
     the_shelf_log_pages_forward_and_operators_see_only_their_shop,
     the_demo_catalog_loads_once_however_often_it_is_seeded,
     renaming_a_product_leaves_its_deleted_skus_as_they_were,
+    an_edit_that_sets_no_field_changes_nothing_and_still_checks_the_version,
+    a_shelf_operation_refused_for_a_sku_that_does_not_exist_is_refused_again_on_retry_after_it_was_created,
+    an_edit_of_a_product_that_does_not_exist_is_stored_under_its_key,
+    a_malformed_shelf_operation_or_one_naming_another_shops_sku_stores_nothing,
+    a_sku_put_naming_no_field_changes_nothing_and_a_deleted_sku_still_refuses_it,
 );
 
 /// A product's SKUs show its title as theirs. Two renames at once (held at the first
@@ -295,7 +300,7 @@ async fn an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_who
     let product = on_shelf_product(&app, "north", &["REAL-1", "REAL-2"]).await;
     let ghost_product =
         domain::ProductId::generate(domain::Timestamp::from_unix_milliseconds(0), 7).to_string();
-    let before = app.contents().await;
+    let before = app.contents_except_idempotency_records().await;
 
     for (selector, missing) in [
         (json!({"sku_ids": ["REAL-1", "GHOST"]}), "sku 'GHOST'"),
@@ -315,7 +320,7 @@ async fn an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_who
         assert_eq!(refused.code().as_deref(), Some("not_found"));
         assert!(refused.body.contains(missing), "{selector}: {refused:?}");
         assert_eq!(
-            app.contents().await,
+            app.contents_except_idempotency_records().await,
             before,
             "{selector}: the SKUs that exist stayed on the shelf"
         );
@@ -668,7 +673,7 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
         Backend::Sqlite | Backend::Postgres => format!("{numbers} {insert} {rows}"),
     };
     connection.execute(&statement).await.unwrap();
-    let before = app.contents().await;
+    let before = app.contents_except_idempotency_records().await;
 
     for selector in [
         json!({"category": "dairy"}),
@@ -691,7 +696,11 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
                 .is_some_and(|detail| detail.contains(&format!("more than {limit} SKUs"))),
             "{selector}: {response:?}"
         );
-        assert_eq!(app.contents().await, before, "{selector}");
+        assert_eq!(
+            app.contents_except_idempotency_records().await,
+            before,
+            "{selector}: the refusal stored under its key, nothing else"
+        );
     }
 }
 
@@ -1279,4 +1288,175 @@ async fn of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_
     let stale = app.send(edit("editor-c", "Rice milk", before_shelf)).await;
     assert_eq!(stale.status, 409, "{stale:?}");
     assert_eq!(stale.code().as_deref(), Some("version_conflict"));
+}
+
+/// An edit naming no field (`{}`, or only the version the editor saw) changes nothing:
+/// the product keeps its version, no `sku.changed` naming no field is published, and
+/// the answer is the product as it stands. Naming a version the product moved past is
+/// still refused, so such an edit checks that a product read earlier is unchanged.
+async fn an_edit_that_sets_no_field_changes_nothing_and_still_checks_the_version(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["QUIET-1"]))
+        .await;
+    let edit = |key: &str, body: Value| {
+        Call::patch(format!("/v1/products/{product}"))
+            .admin()
+            .key(key)
+            .json(&body)
+    };
+    let stale = app.staff_product(&product).await["version"]
+        .as_i64()
+        .unwrap();
+    let renamed = app.send(edit("rename", json!({"title": "Oat milk"}))).await;
+    assert_eq!(renamed.status, 200, "{renamed:?}");
+    let before = app.staff_product(&product).await;
+    let current = before["version"].as_i64().unwrap();
+    let events_before = app.all_events().await.len();
+
+    for (key, body) in [
+        ("empty", json!({})),
+        ("current-version", json!({"expected_version": current})),
+    ] {
+        let answer = app.send(edit(key, body)).await;
+        assert_eq!(answer.status, 200, "{key}: {answer:?}");
+        assert_eq!(answer.json()["version"], current, "{key}: {answer:?}");
+        assert_eq!(answer.json()["title"], "Oat milk", "{key}");
+    }
+    let refused = app
+        .send(edit("stale-version", json!({"expected_version": stale})))
+        .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("version_conflict"));
+    assert_eq!(app.staff_product(&product).await, before);
+    assert_eq!(app.all_events().await.len(), events_before);
+}
+
+/// Taking off the shelf a SKU that does not exist is refused whole (404). The
+/// refusal is stored under the key like any refusal of the catalog as it stands: once
+/// the SKU is created, the retry hears the same 404 instead of taking both SKUs off.
+async fn a_shelf_operation_refused_for_a_sku_that_does_not_exist_is_refused_again_on_retry_after_it_was_created(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["LATE-1"]).await;
+    let off = || {
+        Call::post("/v1/admin/shelf")
+            .admin()
+            .key("off-late")
+            .json(&json!({"operation": "off", "sku_ids": ["LATE-1", "LATE-2"]}))
+    };
+    let refused = app.send(off()).await;
+    assert_eq!(refused.status, 404, "{refused:?}");
+    assert!(refused.body.contains("sku 'LATE-2'"), "{refused:?}");
+    app.stocked_sku("LATE-2", 1).await;
+
+    let retried = app.send(off()).await;
+
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.status, 404);
+    assert_eq!(retried.body, refused.body);
+    for sku in ["LATE-1", "LATE-2"] {
+        let shown = app.send(Call::get(format!("/v1/skus/{sku}")).admin()).await;
+        assert_eq!(shown.json()["sale_status"], "ON_SHELF", "{sku}: {shown:?}");
+    }
+}
+
+/// An edit of a product id that names nothing is answered 404 and stored: its retry
+/// is a replay, and the same key on another edit is a reused key.
+async fn an_edit_of_a_product_that_does_not_exist_is_stored_under_its_key(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let ghost =
+        domain::ProductId::generate(domain::Timestamp::from_unix_milliseconds(0), 7).to_string();
+    let edit = |title: &str| {
+        Call::patch(format!("/v1/products/{ghost}"))
+            .admin()
+            .key("ghost-edit")
+            .json(&json!({"title": title}))
+    };
+
+    let refused = app.send(edit("Oat milk")).await;
+    let retried = app.send(edit("Oat milk")).await;
+    let reused = app.send(edit("Soy milk")).await;
+
+    assert_eq!(refused.status, 404, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("not_found"));
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, refused.body);
+    assert_eq!(reused.status, 422, "{reused:?}");
+    assert_eq!(reused.code().as_deref(), Some("idempotency_key_reused"));
+}
+
+/// What decides a shelf operation before the catalog is read stores nothing under the
+/// key: another shop's SKU is refused as such (403, though the operation also names a
+/// SKU that does not exist), and a schedule for a past minute is a bad request (400),
+/// whatever its targets.
+async fn a_malformed_shelf_operation_or_one_naming_another_shops_sku_stores_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["OWN-1"]).await;
+    on_shelf_product(&app, "south", &["THEIRS-1"]).await;
+    let nora = app.create_operator("nora", "north").await;
+    let before = app.contents().await;
+
+    let foreign = app
+        .send(
+            Call::post("/v1/admin/shelf")
+                .bearer(&nora)
+                .key("foreign-and-ghost")
+                .json(&json!({"operation": "off", "sku_ids": ["THEIRS-1", "GHOST"]})),
+        )
+        .await;
+    let past = app
+        .send(
+            Call::post("/v1/admin/shelf")
+                .admin()
+                .key("past-ghost")
+                .json(&json!({
+                    "operation": "off_at",
+                    "sku_ids": ["GHOST"],
+                    "scheduled_at": acceptance::START.plus_seconds(-3600).to_rfc3339(),
+                })),
+        )
+        .await;
+
+    assert_eq!(foreign.status, 403, "{foreign:?}");
+    assert_eq!(past.status, 400, "{past:?}");
+    assert_eq!(past.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(app.contents().await, before, "no key stored");
+}
+
+/// `PUT /v1/skus/{sku}` naming no field, on a SKU that exists, changes nothing: the
+/// SKU keeps its version and no `sku.changed` naming no field is published. A
+/// deleted SKU refuses it as it refuses any edit.
+async fn a_sku_put_naming_no_field_changes_nothing_and_a_deleted_sku_still_refuses_it(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("PLAIN", 1).await;
+    app.stocked_sku("GONE", 0).await;
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["GONE"]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    let put_nothing = |sku: &str| {
+        Call::put(format!("/v1/skus/{sku}"))
+            .admin()
+            .key(format!("nothing-{sku}"))
+            .json(&json!({}))
+    };
+    let version_before = app.sku("PLAIN").await["version"].clone();
+    let events_before = app.all_events().await.len();
+
+    let unchanged = app.send(put_nothing("PLAIN")).await;
+    let refused = app.send(put_nothing("GONE")).await;
+
+    assert_eq!(unchanged.status, 200, "{unchanged:?}");
+    assert_eq!(unchanged.json()["version"], version_before, "{unchanged:?}");
+    assert_eq!(app.sku("PLAIN").await["version"], version_before);
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
+    assert_eq!(app.all_events().await.len(), events_before);
 }

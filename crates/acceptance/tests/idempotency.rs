@@ -13,6 +13,7 @@ mirrored_tests!(
     a_retry_that_waits_for_its_original_gets_the_original_answer,
     a_second_instance_replays_what_the_first_stored,
     records_past_the_retention_are_purged_in_bounded_batches,
+    a_reservation_across_two_shops_hears_its_stored_refusal_though_a_sku_was_created_since,
 );
 
 async fn a_retry_returns_the_first_response_byte_for_byte(backend: Backend) {
@@ -269,5 +270,48 @@ mod postgres_only {
         assert_eq!(app.counters("KEYED").await, (5, 0));
         assert_eq!(app.ledger_rows("KEYED", "reserve").await, 0);
         app.assert_audit_clean().await;
+    }
+}
+
+/// A SKU's shop is checked before the transaction for the SKUs known then. A
+/// reservation naming a SKU of shop `north` and one that did not exist is refused 404
+/// by its transaction, stored. Once the second SKU is created in shop `south`, the
+/// check before the transaction finds two shops; the retry still hears its stored 404.
+/// A new key for the same lines hears "two shops" (409), stored as well.
+async fn a_reservation_across_two_shops_hears_its_stored_refusal_though_a_sku_was_created_since(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let put_sku = |sku: &str, shop: &str| {
+        Call::put(format!("/v1/skus/{sku}"))
+            .admin()
+            .key(format!("put-{sku}"))
+            .json(&serde_json::json!({"title": sku, "price": 100, "currency": "CNY", "shop": shop}))
+    };
+    assert_eq!(app.send(put_sku("TWO-N", "north")).await.status, 201);
+    app.receive("TWO-N", 5).await;
+    let reserve = |key: &str| {
+        Call::post("/v1/reservations").admin().key(key).json(
+            &serde_json::json!({"lines": [{"sku": "TWO-N", "quantity": 1}, {"sku": "TWO-S", "quantity": 1}]}),
+        )
+    };
+
+    let unknown = app.send(reserve("two-shops")).await;
+    assert_eq!(app.send(put_sku("TWO-S", "south")).await.status, 201);
+    app.receive("TWO-S", 5).await;
+    let retried = app.send(reserve("two-shops")).await;
+    let two_shops = app.send(reserve("two-shops-again")).await;
+    let two_shops_retried = app.send(reserve("two-shops-again")).await;
+
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, unknown.body);
+    assert_eq!(two_shops.status, 409, "{two_shops:?}");
+    assert_eq!(two_shops.code().as_deref(), Some("failed_precondition"));
+    assert!(two_shops_retried.replayed(), "{two_shops_retried:?}");
+    assert_eq!(two_shops_retried.body, two_shops.body);
+    for sku in ["TWO-N", "TWO-S"] {
+        let shown = app.send(Call::get(format!("/v1/skus/{sku}")).admin()).await;
+        assert_eq!(shown.json()["reserved"], 0, "{sku}: {shown:?}");
     }
 }

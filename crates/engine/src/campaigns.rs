@@ -432,10 +432,8 @@ impl Engine {
         claim: &IdempotencyClaim,
         campaign: CampaignRequest,
     ) -> Result<Reply, EngineError> {
-        let shop = self.shop_of(&campaign.sku).await?.ok_or_else(|| {
-            EngineError::NotFound(format!("sku '{}' does not exist", campaign.sku))
-        })?;
-        authorize(principal, Action::MoveStock, Some(&shop)).map_err(forbidden)?;
+        // A caller that may create no campaign is told so, not whether the SKU exists.
+        authorize(principal, Action::MoveStock, None).map_err(forbidden)?;
         domain::campaign::check_campaign(
             campaign.quantity,
             campaign.buckets,
@@ -458,6 +456,15 @@ impl Engine {
                 "ends_at must be in the future".into(),
             ));
         }
+        // After the request's own checks, so a malformed one stores nothing. Stored: a
+        // retry after the SKU is created hears it again, not a campaign.
+        let Some(shop) = self.shop_of(&campaign.sku).await? else {
+            let refusal = EngineError::NotFound(format!("sku '{}' does not exist", campaign.sku));
+            return self
+                .refusal_under_key("create_campaign", claim, refusal)
+                .await;
+        };
+        authorize(principal, Action::MoveStock, Some(&shop)).map_err(forbidden)?;
         let campaign = NewCampaign {
             id: CampaignId::generate(self.now(), rand::random()),
             shop,

@@ -57,7 +57,8 @@ const MINUTE_MILLISECONDS: i64 = 60_000;
 /// A shelf change to schedule, its targets resolved.
 struct Scheduled {
     operation: ShelfOperation,
-    scheduled_at: Timestamp,
+    /// The start of the minute it applies at, checked by [`due_minute`].
+    due_at: Timestamp,
     recurrence: Option<Recurrence>,
     targets: Vec<ShelfTarget>,
     actor: Actor,
@@ -167,7 +168,15 @@ impl Engine {
     ) -> Result<Reply, EngineError> {
         // A product's shop never changes, so checking it before the transaction holds.
         authorize(principal, Action::EditCatalog, None).map_err(forbidden)?;
-        let product = self.product(id).await?;
+        // A product that does not exist is answered like one deleted: stored.
+        let product = match self.product(id).await {
+            Ok(product) => product,
+            Err(refusal) => {
+                return self
+                    .refusal_under_key("update_product", claim, refusal)
+                    .await;
+            }
+        };
         authorize(principal, Action::EditCatalog, Some(&product.shop)).map_err(forbidden)?;
         let renderer = self.inner.renderer.as_ref();
         self.idempotent("update_product", claim, || {
@@ -211,12 +220,24 @@ impl Engine {
         if let Some(first) = self.first_answer("shelf", claim).await? {
             return Ok(first);
         }
+        // The request's own checks before the catalog's: a malformed one stores nothing.
+        let due_at = request
+            .scheduled_at
+            .map(|scheduled_at| due_minute(request.operation, scheduled_at, self.now()))
+            .transpose()?;
         let actor = Actor::of(principal);
-        let targets = self
+        // Targets that name nothing, too much or what does not exist are a refusal of
+        // the catalog as it stands: stored, so a retry after a SKU is created hears it
+        // again rather than applying.
+        let targets = match self
             .shelf_targets(principal, action, &actor, request.selector)
-            .await?;
+            .await
+        {
+            Ok(targets) => targets,
+            Err(refusal) => return self.refusal_under_key("shelf", claim, refusal).await,
+        };
         let renderer = self.inner.renderer.as_ref();
-        match request.scheduled_at {
+        match due_at {
             None => {
                 let change = ShelfChange {
                     operation: request.operation,
@@ -235,10 +256,10 @@ impl Engine {
                 })
                 .await
             }
-            Some(scheduled_at) => {
+            Some(due_at) => {
                 let scheduled = Scheduled {
                     operation: request.operation,
-                    scheduled_at,
+                    due_at,
                     recurrence: request.recurrence,
                     targets,
                     actor,
@@ -283,6 +304,11 @@ impl Engine {
             .resolve_shelf_targets(&selector)
             .await
             .map_err(|error| log_store_error("resolve_shelf_targets", error))?;
+        // The caller's shop first: another shop's SKU is refused as such (403, not
+        // stored), before a refusal of what was not found, which is stored.
+        for target in &targets {
+            authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
+        }
         if targets.is_empty() {
             return Err(EngineError::NotFound("the operation names no SKU".into()));
         }
@@ -297,44 +323,18 @@ impl Engine {
             });
         }
         refuse_unmatched_names(&selector, &targets)?;
-        for target in &targets {
-            authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
-        }
         Ok(targets)
     }
 
-    /// Records a shelf change for the start of the minute it names (a minute in the
-    /// future, within a year).
+    /// Records a shelf change for the start of the minute it names.
     async fn schedule_shelf(
         &self,
         claim: &IdempotencyClaim,
         scheduled: Scheduled,
     ) -> Result<Reply, EngineError> {
-        let scheduled_at = scheduled.scheduled_at;
         let renderer = self.inner.renderer.as_ref();
-        if scheduled.operation == ShelfOperation::Delete {
-            return Err(EngineError::InvalidArgument(
-                "deletes cannot be scheduled".into(),
-            ));
-        }
         let now = self.now();
-        // Minute precision: the change applies at the start of the named minute.
-        let due_at = Timestamp::from_unix_milliseconds(
-            scheduled_at
-                .unix_milliseconds()
-                .div_euclid(MINUTE_MILLISECONDS)
-                * MINUTE_MILLISECONDS,
-        );
-        if due_at <= now {
-            return Err(EngineError::InvalidArgument(format!(
-                "scheduled_at must be a minute in the future (now is {now})"
-            )));
-        }
-        if due_at > now.plus_seconds(SCHEDULE_HORIZON_SECONDS_MAX) {
-            return Err(EngineError::InvalidArgument(
-                "scheduled_at is more than a year ahead".into(),
-            ));
-        }
+        let due_at = scheduled.due_at;
         let scheduling = ShelfScheduling {
             operation: scheduled.operation,
             targets: scheduled
@@ -586,6 +586,29 @@ impl Engine {
         if let Some(first) = self.first_answer("checkout", claim).await? {
             return Ok(first);
         }
+        // A refusal of the cart as read here is stored under the key like one the
+        // order's transaction reaches, and a retry of a checkout that ordered meanwhile
+        // (the cart now empty, or holding only what it skipped) hears the order.
+        let order = match self.checkout_order(principal, user, ttl).await {
+            Ok(order) => order,
+            Err(refusal) => return self.refusal_under_key("checkout", claim, refusal).await,
+        };
+        // A checkout waits in a campaign's line with its connection held: carts offer
+        // no ticket.
+        // The order's transaction takes the ordered lines out of the cart, or refuses
+        // when the cart changed since it was read here.
+        self.place_order(principal, "checkout", claim, order, false, false)
+            .await?
+            .answered()
+    }
+
+    /// The order a checkout of the cart as read now places, or why it places none.
+    async fn checkout_order(
+        &self,
+        principal: &Principal,
+        user: &UserId,
+        ttl: Option<TtlSeconds>,
+    ) -> Result<NewOrder, EngineError> {
         let cart = self.cart(principal, user).await?;
         // Nothing to check out: the request is well formed, the cart holds no line.
         if cart.lines.is_empty() {
@@ -625,15 +648,47 @@ impl Engine {
             self.inner.config.reservation_ttl_seconds_default,
             TtlSeconds::get,
         );
-        let order = checkout_order(self.now(), shop, user, lines, skipped, ttl_seconds);
-        // A checkout waits in a campaign's line with its connection held: carts offer
-        // no ticket.
-        // The order's transaction takes the ordered lines out of the cart, or refuses
-        // when the cart changed since it was read here.
-        self.place_order(principal, "checkout", claim, order, false, false)
-            .await?
-            .answered()
+        Ok(new_checkout_order(
+            self.now(),
+            shop,
+            user,
+            lines,
+            skipped,
+            ttl_seconds,
+        ))
     }
+}
+
+/// The start of the minute a shelf change scheduled for `scheduled_at` applies at: a
+/// minute in the future, within a year; deletes are never scheduled.
+fn due_minute(
+    operation: ShelfOperation,
+    scheduled_at: Timestamp,
+    now: Timestamp,
+) -> Result<Timestamp, EngineError> {
+    if operation == ShelfOperation::Delete {
+        return Err(EngineError::InvalidArgument(
+            "deletes cannot be scheduled".into(),
+        ));
+    }
+    // Minute precision: the change applies at the start of the named minute.
+    let due_at = Timestamp::from_unix_milliseconds(
+        scheduled_at
+            .unix_milliseconds()
+            .div_euclid(MINUTE_MILLISECONDS)
+            * MINUTE_MILLISECONDS,
+    );
+    if due_at <= now {
+        return Err(EngineError::InvalidArgument(format!(
+            "scheduled_at must be a minute in the future (now is {now})"
+        )));
+    }
+    if due_at > now.plus_seconds(SCHEDULE_HORIZON_SECONDS_MAX) {
+        return Err(EngineError::InvalidArgument(
+            "scheduled_at is more than a year ahead".into(),
+        ));
+    }
+    Ok(due_at)
 }
 
 /// Names in an operation shown at most in a refusal's detail.
@@ -726,7 +781,7 @@ fn orderable_lines(cart: &Cart) -> Result<(Vec<ReservationLine>, Vec<SkippedLine
 
 /// The order a checkout places: the orderable lines, held for `ttl_seconds`, with the
 /// lines it skipped for the answer.
-fn checkout_order(
+fn new_checkout_order(
     now: Timestamp,
     shop: store::ShopScope,
     user: &UserId,

@@ -17,8 +17,10 @@ pub enum EngineError {
     /// The gateway has not said whether the money moved; nothing was guessed. Asked
     /// again later (same key), or resolved by webhook or reconciliation.
     PaymentUnknown(String),
-    /// A business refusal that is answered, not stored (nothing was attempted): its
-    /// code says why (`off_shelf`, `insufficient_stock`, …).
+    /// A business refusal reached outside a unit of work: its code says why
+    /// (`off_shelf`, `insufficient_stock`, …). Stored under the key where the use case
+    /// passes it to `Engine::refusal_under_key`; an answer from memory (sold out, a
+    /// limit reached) is not stored.
     Refused {
         code: ErrorCode,
         detail: String,

@@ -438,9 +438,17 @@ impl Engine {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
         // The caller's shop first: another shop's caller learns nothing of a campaign.
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
-        let shop = self
-            .scope_of_skus(principal, Action::Reserve, &skus)
-            .await?;
+        // SKUs of several shops are refused as the transaction would refuse them
+        // (stored); a retry of a request answered meanwhile hears its answer, not a
+        // refusal of a SKU created since.
+        let shop = match self.scope_of_skus(principal, Action::Reserve, &skus).await {
+            Ok(shop) => shop,
+            Err(refusal) => {
+                return cold(self.refusal_under_key("reserve", claim, refusal))
+                    .await
+                    .map(Held::Answered);
+            }
+        };
         let memory_may_refuse = sold_out::memory_may_refuse(claim, reference.order_ref.is_some());
         let checked = self
             .route_lines(&lines, memory_may_refuse)
@@ -1002,6 +1010,55 @@ impl Engine {
             Some(first) => Ok(first),
             None => Err(refusal),
         }
+    }
+
+    /// `refusal`, reached before the use case's own transaction, answered as that
+    /// transaction would have: a refusal of the stored state (`not_found`, a failed
+    /// precondition, `off_shelf`, …) is stored under the key, so a retry hears it again
+    /// whatever changed since (README, "What a replay returns"), and a retry of a
+    /// request whose answer was committed meanwhile hears that answer, not a refusal
+    /// of the state the first request left behind (an emptied cart, a SKU created).
+    /// The credential's refusal is answered as is; any other (a transient failure) is
+    /// not stored but gives way to an answer committed meanwhile. A caller runs the
+    /// request's own checks first: a malformed request stores nothing.
+    pub(crate) async fn refusal_under_key(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+        refusal: EngineError,
+    ) -> Result<Reply, EngineError> {
+        use domain::ErrorCode;
+        let rejection = match &refusal {
+            EngineError::NotFound(detail) => {
+                domain::Rejection::new(ErrorCode::NotFound, detail.clone())
+            }
+            EngineError::Refused {
+                code:
+                    code @ (ErrorCode::NotFound
+                    | ErrorCode::InsufficientStock
+                    | ErrorCode::OffShelf
+                    | ErrorCode::IllegalTransition
+                    | ErrorCode::VersionConflict
+                    | ErrorCode::PurchaseLimitExceeded
+                    | ErrorCode::FailedPrecondition),
+                detail,
+            } => domain::Rejection::new(*code, detail.clone()),
+            // The credential's refusal comes before the key is looked at, as for any
+            // other call: it depends on who asks, and is answered whatever the key.
+            EngineError::Forbidden(_) | EngineError::Unauthorized(_) => return Err(refusal),
+            // A refusal that is not the state's (waiting room full, a transient
+            // failure) is not stored; the answer committed meanwhile still wins.
+            _ => return self.first_answer_or(operation, claim, refusal).await,
+        };
+        let response = self.inner.renderer.rejected(&rejection);
+        self.idempotent(operation, claim, || {
+            self.retried(operation, || {
+                self.inner
+                    .store
+                    .store_response(claim, &response, self.now())
+            })
+        })
+        .await
     }
 
     /// The answer already stored under this key, if any. A use case looks it up before

@@ -192,9 +192,18 @@ impl Engine {
         check_lines(&lines).map_err(|error| EngineError::InvalidArgument(error.0))?;
         // The caller's shop first: another shop's caller learns nothing of a campaign.
         let skus: Vec<&SkuCode> = lines.iter().map(|line| &line.sku).collect();
-        let shop = self
+        // As a reservation's: refused as the transaction would refuse it.
+        let shop = match self
             .scope_of_skus(principal, Action::PlaceOrder, &skus)
-            .await?;
+            .await
+        {
+            Ok(shop) => shop,
+            Err(refusal) => {
+                return crate::cold(self.refusal_under_key("create_order", claim, refusal))
+                    .await
+                    .map(crate::Held::Answered);
+            }
+        };
         if let Some(campaign) = &campaign
             && let Err(refusal) = self.check_named_campaign(campaign, &lines)
         {

@@ -232,6 +232,17 @@ impl<B: Backend> Units<B> {
             ));
             return commit_with_answer(transaction, claim, response).await;
         }
+        let fields = changes.field_names();
+        if fields.is_empty() {
+            // An edit that sets nothing (`{}`, or only the version it expects) changes
+            // nothing: no new version, no `sku.changed` naming no field. It answers the
+            // product as it stands, a check that the version is still the one seen.
+            let product = load_product(&mut *transaction, id)
+                .await?
+                .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
+            let response = renderer.product_saved(&product, false);
+            return commit_with_answer(transaction, claim, response).await;
+        }
         if let Some(title) = &changes.title {
             // A product's SKUs show its title as their own (carts, orders, the SKU view):
             // those still showing the product's old one take the new one; a SKU given a
@@ -249,7 +260,6 @@ impl<B: Backend> Units<B> {
             .execute(&mut *transaction)
             .await?;
         }
-        let fields = changes.field_names();
         let deleted = SaleStatus::Deleted.as_str();
         for (code, _) in skus.iter().filter(|(_, status)| status != deleted) {
             announce_sku_changed(

@@ -299,10 +299,11 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     changes: &SkuChanges,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
-    let existing_shop: String = statement("SELECT shop FROM sku WHERE code = $1")
-        .bind(code.as_str())
-        .fetch_one_scalar(&mut *transaction)
-        .await?;
+    let (existing_shop, status): (String, String) =
+        statement("SELECT shop, sale_status FROM sku WHERE code = $1")
+            .bind(code.as_str())
+            .fetch_one_as(&mut *transaction)
+            .await?;
     if let Some(wanted) = &changes.shop
         && wanted.as_str() != existing_shop
     {
@@ -312,6 +313,14 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
                 "sku '{code}' already exists in shop '{existing_shop}'; a SKU's shop never changes"
             ),
         )));
+    }
+    if changes.field_names().is_empty() {
+        // A PUT naming no field changes nothing: no new version, no `sku.changed`
+        // naming nothing. A deleted SKU answers as it does to an edit.
+        if status == SaleStatus::Deleted.as_str() {
+            return Ok(Err(deleted_sku_is_never_edited(code)));
+        }
+        return Ok(Ok(()));
     }
     if changes.per_user_limit.is_some() {
         transaction.lock_stock_of_skus(&[code]).await?;
@@ -338,13 +347,17 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     // updated means it is deleted, which is terminal, so its fields, its version and
     // its event feed stay as the delete left them.
     if updated == 0 {
-        return Ok(Err(Rejection::new(
-            ErrorCode::IllegalTransition,
-            format!("sku '{code}' is deleted: a deleted SKU is never edited"),
-        )));
+        return Ok(Err(deleted_sku_is_never_edited(code)));
     }
     expect_one_row(updated, "updating a sku")?;
     Ok(Ok(()))
+}
+
+fn deleted_sku_is_never_edited(code: &SkuCode) -> Rejection {
+    Rejection::new(
+        ErrorCode::IllegalTransition,
+        format!("sku '{code}' is deleted: a deleted SKU is never edited"),
+    )
 }
 
 impl<B: Backend> Units<B> {
@@ -512,7 +525,7 @@ impl<B: Backend> Units<B> {
             .ok_or_else(|| invariant("a sku vanished inside its own transaction"))?;
         // A change to a SKU a shopper may have been shown; a new one has not been
         // shown anywhere yet (no product view holds it), and announces nothing.
-        if !created {
+        if !created && !changes.field_names().is_empty() {
             announce_sku_changed(
                 &mut *transaction,
                 sku.code.as_str(),
