@@ -96,13 +96,32 @@ impl TestGateway {
         self.attach_as(app, true);
     }
 
-    fn attach_as(&self, app: &TestApp, sandbox_methods_allowed: bool) {
-        let client = gateway::GatewayClient::new(gateway::GatewayConfig {
+    /// A client of this sandbox, as stockd's engine has one.
+    fn client(&self) -> gateway::GatewayClient {
+        gateway::GatewayClient::new(gateway::GatewayConfig {
             base_url: self.url.clone(),
             api_key: GATEWAY_API_KEY.to_owned(),
             timeout_milliseconds: GATEWAY_TIMEOUT_MILLISECONDS,
         })
-        .expect("gateway client");
+        .expect("gateway client")
+    }
+
+    /// Cancels an intent at the gateway over HTTP, as the shop's own staff might in the
+    /// gateway's dashboard: stockd hears of it only by webhook or by asking.
+    pub async fn cancel_intent(
+        &self,
+        payment_intent: &str,
+    ) -> gateway::CallOutcome<gateway::PaymentIntent> {
+        self.client()
+            .cancel_payment_intent(
+                &format!("dashboard-cancel-{payment_intent}"),
+                payment_intent,
+            )
+            .await
+    }
+
+    fn attach_as(&self, app: &TestApp, sandbox_methods_allowed: bool) {
+        let client = self.client();
         app.engine.attach_payments(engine::payments::Payments {
             gateway: client,
             webhook_secret: domain::Secret::new(WEBHOOK_SECRET),

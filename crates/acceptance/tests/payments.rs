@@ -14,6 +14,8 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    a_stale_failure_webhook_of_a_payment_charged_meanwhile_pays_the_order,
+    a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it,
     the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold,
     an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expiring,
@@ -921,11 +923,27 @@ fn signed_event(
     intent: &gateway::PaymentIntent,
     timestamp_offset_seconds: i64,
 ) -> (String, String) {
+    signed_event_of_kind(
+        app,
+        event_id,
+        "payment_intent.succeeded",
+        intent,
+        timestamp_offset_seconds,
+    )
+}
+
+fn signed_event_of_kind(
+    app: &TestApp,
+    event_id: &str,
+    kind: &str,
+    intent: &gateway::PaymentIntent,
+    timestamp_offset_seconds: i64,
+) -> (String, String) {
     let now_seconds = app.clock_now().unix_milliseconds().div_euclid(1000);
     let payload = json!({
         "id": event_id,
         "object": "event",
-        "type": "payment_intent.succeeded",
+        "type": kind,
         "created": now_seconds,
         "data": {"object": intent},
     })
@@ -2600,4 +2618,82 @@ async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(gateway.charges_for(&order), 1);
     app.assert_audit_clean().await;
+}
+
+/// Found in review: the pay call's answer was lost after the charge, so stockd knows
+/// neither the outcome nor the intent's id; then a stale `payment_failed` of the same
+/// intent arrives (webhooks come in any order), before the success, which is lost.
+/// The failure was applied as the event said: the attempt failed, and the order gave
+/// its stock back when its hold ended, with the money taken and nothing to refund it.
+/// The intent's state at the gateway now decides: it succeeded, so the order is paid.
+async fn a_stale_failure_webhook_of_a_payment_charged_meanwhile_pays_the_order(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = charged_but_unheard(&app, &gateway).await;
+    let mut stale = intent.clone();
+    stale.status = gateway::PaymentIntentStatus::RequiresPaymentMethod;
+    let (payload, signature) = signed_event_of_kind(
+        &app,
+        "evt_stale_failure",
+        "payment_intent.payment_failed",
+        &stale,
+        0,
+    );
+
+    let delivered = app.send(webhook_call(&payload, Some(&signature))).await;
+
+    assert_eq!(delivered.status, 200, "{delivered:?}");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// A failure webhook is applied as far as the gateway's own state confirms it: while
+/// the intent still awaits the shopper's action, a `payment_failed` changes nothing
+/// (the hold stays, reconciliation asks again); once the intent is cancelled at the
+/// gateway, a `canceled` event fails the attempt and the order.
+async fn a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let paying = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(paying.status, 202, "{paying:?}");
+    let intent = intent_of(&gateway, &order);
+    let mut claimed_failed = intent.clone();
+    claimed_failed.status = gateway::PaymentIntentStatus::RequiresPaymentMethod;
+    let (early, early_signature) = signed_event_of_kind(
+        &app,
+        "evt_early_failure",
+        "payment_intent.payment_failed",
+        &claimed_failed,
+        0,
+    );
+
+    let unconfirmed = app.send(webhook_call(&early, Some(&early_signature))).await;
+
+    assert_eq!(unconfirmed.status, 200, "{unconfirmed:?}");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    let cancelled = match gateway.cancel_intent(&intent.id).await {
+        gateway::CallOutcome::Answered(cancelled) => cancelled,
+        other => panic!("the sandbox cancels an intent awaiting action: {other:?}"),
+    };
+    let (late, late_signature) = signed_event_of_kind(
+        &app,
+        "evt_cancelled",
+        "payment_intent.canceled",
+        &cancelled,
+        0,
+    );
+    let confirmed = app.send(webhook_call(&late, Some(&late_signature))).await;
+    assert_eq!(confirmed.status, 200, "{confirmed:?}");
+    let (order_status, _, payment_status) = app.order_statuses(&order).await;
+    assert_eq!(
+        (order_status.as_str(), payment_status.as_str()),
+        ("PAYMENT_FAILED", "FAILED")
+    );
+    assert_eq!(gateway.charges_for(&order), 0);
 }

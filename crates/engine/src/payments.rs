@@ -630,8 +630,31 @@ impl Engine {
                 intent = %intent.id,
                 "a webhook names an intent stockd did not create for its attempt; ignored"
             );
+            return Ok(None);
         }
-        Ok(ours.then_some(claimed))
+        match claimed {
+            GatewayOutcome::Succeeded { .. } => Ok(Some(claimed)),
+            // A failure is news of one try, and webhooks come in any order: a stale
+            // `payment_failed` of an intent that has since been charged would fail
+            // an attempt whose money moved, and a failed attempt's order gives its
+            // stock back with no refund. The intent's own state decides: a success
+            // is applied as one, a try still running changes nothing (reconciliation
+            // asks again), and only a failure the gateway confirms is applied.
+            GatewayOutcome::Failed { .. } | GatewayOutcome::Abandoned { .. } => {
+                let current = payments.gateway.retrieve_payment_intent(&intent.id).await;
+                if let CallOutcome::Unknown(reason) = &current {
+                    return Err(EngineError::Unavailable(format!(
+                        "the gateway could not confirm the intent's state ({reason}); deliver again later"
+                    )));
+                }
+                Ok(match &current {
+                    CallOutcome::Answered(answered) if answered.id == intent.id => {
+                        outcome_of(&current)
+                    }
+                    _ => None,
+                })
+            }
+        }
     }
 
     /// Gives back the rows a worker step claimed but did not start, its lease having
