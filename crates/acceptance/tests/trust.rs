@@ -13,6 +13,7 @@ mirrored_tests!(
     confirming_or_releasing_an_order_held_reservation_is_refused_and_the_order_flow_still_works,
     two_principals_sending_the_same_key_at_once_get_two_independent_effects,
     a_shopper_never_passes_a_per_user_limit_however_many_requests_race,
+    one_request_over_the_limit_across_two_warehouses_is_refused_and_fails_no_one_else,
     many_shoppers_racing_at_once_each_get_their_limit_and_their_tallies_count_it,
     a_shopper_at_the_open_hold_bound_is_refused_until_a_hold_ends,
     a_revoked_service_key_is_refused_here_at_once_and_elsewhere_within_the_cache_bound,
@@ -1141,4 +1142,48 @@ async fn an_operator_sees_only_its_shops_skus_on_the_metrics_page(backend: Backe
         "{}",
         seen_by_admin.body
     );
+}
+
+/// Found in review: the limit was checked line by line, so one request for a SKU
+/// limited to 1 per shopper, one unit from each of two warehouses, passed the plan;
+/// the database's tally check (which sees the SKU's units together) then refused the
+/// batch's write on every retry, and the request, with every request batched with it,
+/// heard 503. It is now refused by itself (409) and the others are served.
+async fn one_request_over_the_limit_across_two_warehouses_is_refused_and_fails_no_one_else(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.create_sku("SPLIT").await;
+    app.receive_in("SPLIT", 5, Some("east")).await;
+    app.receive_in("SPLIT", 5, Some("west")).await;
+    set_per_user_limit(&app, "SPLIT", json!(1)).await;
+    let both = Call::post("/v1/reservations").key("ann-both").json(&json!({
+        "lines": [
+            {"sku": "SPLIT", "warehouse": "east", "quantity": 1},
+            {"sku": "SPLIT", "warehouse": "west", "quantity": 1},
+        ],
+        "user_id": "ann",
+    }));
+    let others = (0..4).map(|index| {
+        Call::post("/v1/reservations")
+            .key(format!("other-{index}"))
+            .json(&json!({
+                "lines": [{"sku": "SPLIT", "warehouse": "east", "quantity": 1}],
+                "user_id": format!("shopper-{index}"),
+            }))
+    });
+
+    let answers =
+        acceptance::send_concurrently(&app, std::iter::once(both).chain(others).collect()).await;
+
+    assert_eq!(answers[0].status, 409, "{:?}", answers[0]);
+    assert_eq!(
+        answers[0].code().as_deref(),
+        Some("purchase_limit_exceeded")
+    );
+    for other in &answers[1..] {
+        assert_eq!(other.status, 201, "{other:?}");
+    }
+    assert_eq!(app.counters("SPLIT").await, (6, 4));
+    app.assert_audit_clean().await;
 }

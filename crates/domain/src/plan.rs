@@ -303,6 +303,11 @@ fn check_shopper_limits(
             ),
         ));
     }
+    // A request's own lines count together: one SKU in two warehouses (or a
+    // campaign's SKU in two buckets) is one tally, which the database's check sees
+    // whole; judged line by line, both lines passed here and the batch's tally write
+    // was refused on every retry, failing every request batched with this one.
+    let mut asked: HashMap<(ShopCode, UserId, SkuCode), i64> = HashMap::new();
     for line in lines {
         let Some(limit) = limit_of(line, skus) else {
             continue;
@@ -314,11 +319,13 @@ fn check_shopper_limits(
         );
         let taken = tallies.purchased.get(&key).copied().unwrap_or(0)
             + plan.purchases_added.get(&key).copied().unwrap_or(0);
-        if taken.saturating_add(line.quantity.get()) > limit {
+        let asked = asked.entry(key).or_insert(0);
+        *asked = asked.saturating_add(line.quantity.get());
+        if taken.saturating_add(*asked) > limit {
             return Err(Rejection::new(
                 ErrorCode::PurchaseLimitExceeded,
                 format!(
-                    "user '{user}' holds or bought {taken} of sku '{}'; the limit is {limit} per user",
+                    "user '{user}' holds or bought {taken} of sku '{}' and asks for {asked}; the limit is {limit} per user",
                     line.sku
                 ),
             ));
