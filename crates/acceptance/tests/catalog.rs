@@ -42,6 +42,7 @@ mirrored_tests!(
     an_edit_of_a_product_that_does_not_exist_is_stored_under_its_key,
     a_malformed_shelf_operation_or_one_naming_another_shops_sku_stores_nothing,
     a_sku_put_naming_no_field_changes_nothing_and_a_deleted_sku_still_refuses_it,
+    a_product_edit_locks_its_skus_in_byte_order_whatever_the_databases_collation,
 );
 
 /// A product's SKUs show its title as theirs. Two renames at once (held at the first
@@ -1459,4 +1460,59 @@ async fn a_sku_put_naming_no_field_changes_nothing_and_a_deleted_sku_still_refus
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.code().as_deref(), Some("illegal_transition"));
     assert_eq!(app.all_events().await.len(), events_before);
+}
+
+/// Found in review: a product edit locked its SKU rows in `ORDER BY code`, the
+/// database's collation, while shelf changes and the schedule worker lock in byte
+/// order. On a PostgreSQL database whose collation is not bytewise (a UTF-8 locale,
+/// the default of many installs), `sku-a` sorts before `SKU-B` there and after it in
+/// bytes, so an edit and a shelf change of both could wait on each other in a cycle.
+/// Here the column takes the ICU root collation; the edit, blocked at `SKU-B`, must
+/// not hold `sku-a` meanwhile.
+async fn a_product_edit_locks_its_skus_in_byte_order_whatever_the_databases_collation(
+    backend: Backend,
+) {
+    if backend != Backend::Postgres {
+        // SQLite compares codes bytewise and takes no row locks; MySQL's test database
+        // is utf8mb4_bin, as the migrations require.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(ProductSpec::complete("north", &["sku-a", "SKU-B"]))
+        .await;
+    let mut shelf_change = app.database.raw_connection().await;
+    shelf_change
+        .execute(r#"ALTER TABLE sku ALTER COLUMN code TYPE TEXT COLLATE "und-x-icu""#)
+        .await
+        .unwrap();
+    // Statements prepared before the change no longer fit the table: an instance
+    // started after it edits.
+    let editor = app.another_instance().await;
+    shelf_change.execute("BEGIN").await.unwrap();
+    // The row a shelf change of both takes first: `SKU-B` comes first in bytes.
+    shelf_change
+        .execute("SELECT version FROM sku WHERE code = 'SKU-B' FOR UPDATE")
+        .await
+        .unwrap();
+    let edit = tokio::spawn(async move {
+        editor
+            .send(
+                Call::patch(format!("/v1/products/{product}"))
+                    .admin()
+                    .key("rename-both")
+                    .json(&json!({"title": "Oat milk"})),
+            )
+            .await
+    });
+    app.database.wait_until_blocked_by(&mut shelf_change).await;
+
+    let next_row = shelf_change
+        .execute("SELECT version FROM sku WHERE code = 'sku-a' FOR UPDATE NOWAIT")
+        .await;
+
+    assert!(next_row.is_ok(), "the edit held sku-a's row: {next_row:?}");
+    shelf_change.execute("ROLLBACK").await.unwrap();
+    let edited = edit.await.unwrap();
+    assert_eq!(edited.status, 200, "{edited:?}");
 }

@@ -24,6 +24,7 @@ mirrored_tests!(
     one_skus_schedules_apply_in_the_order_they_were_due_whichever_instance_claims_them,
     a_schedule_naming_expected_versions_is_refused_and_schedules_nothing,
     the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_any,
+    an_operators_page_of_schedules_never_goes_on_from_another_shops_schedule,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -859,4 +860,58 @@ async fn the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_a
     assert_eq!(applied.len(), 2, "{applied:?}");
     assert_eq!(app.sale_status(&product, "ORDER-A").await.0, "OFF_SHELF");
     assert_eq!(app.sale_status(&product, "ORDER-B").await.0, "OFF_SHELF");
+}
+
+/// Found in review: the page cursor `after` was read across shops, so an operator who
+/// named another shop's schedule got its own list cut at that schedule's due time, and
+/// comparing pages narrowed it down. Another shop's schedule names nothing here: the
+/// page is empty, as for an id that does not exist.
+async fn an_operators_page_of_schedules_never_goes_on_from_another_shops_schedule(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let north = pending_product(&app, &["NORTH-EARLY", "NORTH-LATE"]).await;
+    let south = app
+        .create_product(ProductSpec::complete("south", &["SOUTH-MID"]))
+        .await;
+    for (product, minutes) in [(&north, 10), (&south, 20)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(minutes)}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+    let late = app
+        .shelf(
+            None,
+            json!({"operation": "off_at", "sku_ids": ["NORTH-LATE"], "scheduled_at": at_minutes(30)}),
+        )
+        .await;
+    assert_eq!(late.status, 200, "{late:?}");
+    let south_schedule = pending_schedules(&app)
+        .await
+        .into_iter()
+        .find(|schedule| schedule["sku"] == "SOUTH-MID")
+        .expect("south's schedule")["schedule_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let nora = app.create_operator("nora", "north").await;
+
+    let page = app
+        .send(Call::get(format!("/v1/admin/schedules?after={south_schedule}")).bearer(&nora))
+        .await;
+
+    assert_eq!(page.status, 200, "{page:?}");
+    assert_eq!(page.json()["schedules"], json!([]), "{page:?}");
+    let own = app
+        .send(Call::get("/v1/admin/schedules").bearer(&nora))
+        .await;
+    assert_eq!(
+        own.json()["schedules"].as_array().unwrap().len(),
+        3,
+        "{own:?}"
+    );
 }

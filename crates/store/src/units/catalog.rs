@@ -203,7 +203,10 @@ impl<B: Backend> Units<B> {
                 .bind(id.as_str())
                 .fetch_all_as(&mut *transaction)
                 .await?;
-        let codes: Vec<&str> = skus.iter().map(|(code, _)| code.as_str()).collect();
+        // Byte order, as every other writer sorts its SKUs: `ORDER BY code` follows the
+        // database's collation, which on PostgreSQL need not be bytewise.
+        let mut codes: Vec<&str> = skus.iter().map(|(code, _)| code.as_str()).collect();
+        codes.sort_unstable();
         lock_sku_rows(&mut *transaction, &codes).await?;
         let current: Option<(String, String, i64)> = statement(
             "SELECT title, shop, version FROM product WHERE id = $1 AND deleted_at IS NULL",

@@ -349,12 +349,16 @@ impl<B: Backend> Units<B> {
         limit: i64,
     ) -> Result<Vec<ScheduleRecord>, StoreError> {
         // A page goes on from the (due time, id) of the last schedule of the one
-        // before; a schedule's due time never changes, so the cursor stays put.
+        // before; a schedule's due time never changes, so the cursor stays put. The
+        // cursor is read within the shop too: another shop's schedule names nothing
+        // here (an empty page), rather than cutting this shop's list at its due time.
         let rows = statement(concat!(
             select_schedules!(),
             " WHERE shelf_schedule.status = $1 AND ($2 IS NULL OR shelf_schedule.shop = $2) \
-             AND ($3 IS NULL OR shelf_schedule.due_at > (SELECT due_at FROM shelf_schedule WHERE id = $3) \
-                  OR (shelf_schedule.due_at = (SELECT due_at FROM shelf_schedule WHERE id = $3) \
+             AND ($3 IS NULL OR shelf_schedule.due_at > (SELECT last_shown.due_at FROM shelf_schedule last_shown \
+                      WHERE last_shown.id = $3 AND ($2 IS NULL OR last_shown.shop = $2)) \
+                  OR (shelf_schedule.due_at = (SELECT last_shown.due_at FROM shelf_schedule last_shown \
+                      WHERE last_shown.id = $3 AND ($2 IS NULL OR last_shown.shop = $2)) \
                       AND shelf_schedule.id > $3)) \
              ORDER BY shelf_schedule.due_at, shelf_schedule.id LIMIT $4"
         ))
