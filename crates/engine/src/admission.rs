@@ -53,9 +53,6 @@ struct RoomState {
     served: u64,
     /// Shoppers holding a place (waiting or running).
     shoppers: HashSet<UserId>,
-    /// Places in `line` whose holder gave up: they stay until their turn comes (then
-    /// passed over), but no longer count against `places_max`.
-    given_up: usize,
 }
 
 fn lock(state: &Mutex<RoomState>) -> std::sync::MutexGuard<'_, RoomState> {
@@ -104,7 +101,7 @@ impl WaitingRoom {
         let turn = if state.in_flight < self.in_flight_max && state.line.is_empty() {
             state.in_flight += 1;
             None
-        } else if state.line.len() - state.given_up >= self.places_max {
+        } else if state.line.len() >= self.places_max {
             return Err(NoPlace::Full);
         } else {
             let (sender, receiver) = oneshot::channel();
@@ -135,8 +132,7 @@ impl WaitingRoom {
 
     /// Requests waiting for their turn now.
     pub fn waiting(&self) -> usize {
-        let state = lock(&self.state);
-        state.line.len() - state.given_up
+        lock(&self.state).line.len()
     }
 
     /// Hands a finished request's slot to the first place still waiting, or frees it.
@@ -147,7 +143,6 @@ impl WaitingRoom {
                 state.served = number;
                 return;
             }
-            state.given_up = state.given_up.saturating_sub(1);
         }
         state.in_flight = state.in_flight.saturating_sub(1);
     }
@@ -197,14 +192,20 @@ impl Drop for Place {
         }
         if let Some(mut turn) = self.turn.take() {
             // Given up while waiting: if the turn was handed over meanwhile, pass it on;
-            // otherwise the place stops counting. Under the room's lock, so a turn is
-            // either handed over before the close or finds the place given up.
+            // otherwise the place leaves the line at once. Under the room's lock, so a
+            // turn is either handed over before the close or finds the place gone. A
+            // place given up that stayed in the line until its turn (counted apart)
+            // let callers who time out and retry grow the line without bound.
             let handed_over = {
                 let mut state = lock(&self.room.state);
                 turn.close();
                 let handed_over = turn.try_recv().is_ok();
-                if !handed_over {
-                    state.given_up += 1;
+                if !handed_over
+                    && let Ok(index) = state
+                        .line
+                        .binary_search_by_key(&self.number, |(number, _)| *number)
+                {
+                    state.line.remove(index);
                 }
                 handed_over
             };
@@ -741,6 +742,29 @@ mod tests {
                 .await
                 .is_ok(),
             "the freed slot reaches the next place"
+        );
+    }
+
+    #[tokio::test]
+    async fn places_given_up_leave_the_line_at_once_however_many_come_and_go() {
+        let room = WaitingRoom::new(1, 1);
+        let running = room.enter(None).expect("a place").turn().await;
+        let alice = user("alice");
+        for _ in 0..10_000 {
+            let waiting = room.enter(Some(&alice)).expect("a place in line");
+            drop(waiting);
+            assert!(lock(&room.state).line.len() <= 1);
+        }
+        assert_eq!(room.waiting(), 0);
+        let next = room.enter(None).expect("a place in line");
+        let later = room.enter(None);
+        assert_eq!(later.map(|_| ()), Err(NoPlace::Full));
+        drop(running);
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), next.turn())
+                .await
+                .is_ok(),
+            "the slot reaches the one place left in the line"
         );
     }
 
