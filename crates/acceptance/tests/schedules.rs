@@ -25,6 +25,7 @@ mirrored_tests!(
     a_schedule_naming_expected_versions_is_refused_and_schedules_nothing,
     the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_any,
     an_operators_page_of_schedules_never_goes_on_from_another_shops_schedule,
+    two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot_would,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -913,5 +914,48 @@ async fn an_operators_page_of_schedules_never_goes_on_from_another_shops_schedul
         own.json()["schedules"].as_array().unwrap().len(),
         3,
         "{own:?}"
+    );
+}
+
+/// Seed 003's fresh food: off daily at one minute, back on daily at another. Found in
+/// review: after the worker missed a day, the two late occurrences applied in the
+/// order of their stale due times (yesterday's off, then today's on), and the SKU
+/// stayed on sale through the night the last missed slot (today's off) had taken it
+/// off. A late occurrence now applies at the place of the last slot it missed.
+async fn two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot_would(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["FRESH"]).await;
+    on_sale_now(&app, &product).await;
+    for (operation, minutes) in [("off_at", 10), ("on_at", 600)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": operation, "product_ids": [product],
+                       "scheduled_at": at_minutes(minutes), "repeat": "daily"}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+
+    // Nothing ran for a day: now is a minute after the second off's slot.
+    app.clock.advance_seconds(DAY_SECONDS + 11 * 60);
+    let applied = app.engine.schedule_step().await.unwrap();
+
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.sale_status(&product, "FRESH").await.0, "OFF_SHELF");
+    let mut next: Vec<serde_json::Value> = pending_schedules(&app)
+        .await
+        .into_iter()
+        .map(|schedule| schedule["due_at"].clone())
+        .collect();
+    next.sort_by_key(|due| due.as_str().unwrap_or_default().to_owned());
+    assert_eq!(
+        next,
+        [
+            json!(at_minutes(1440 + 600)),
+            json!(at_minutes(2 * 1440 + 10))
+        ]
     );
 }

@@ -228,9 +228,19 @@ impl Recurrence {
     /// days) are not replayed one by one: the one that settles stands for them, as
     /// the last of them would have left the shelf the same way.
     pub fn next_due(self, due_at: Timestamp, now: Timestamp) -> Timestamp {
+        let latest = self.latest_slot(due_at, now).unix_milliseconds();
+        Timestamp::from_unix_milliseconds(latest.saturating_add(DAY_MILLISECONDS))
+    }
+
+    /// The last slot at or before `now` of a series whose occurrence was due at
+    /// `due_at` (`due_at` itself when it is not late by a whole period): the time a
+    /// late occurrence stands for. One SKU's late occurrences of several series (off
+    /// at 20:00, on at 06:00) apply in the order of these slots, so the SKU ends as
+    /// the last missed slot would have left it.
+    pub fn latest_slot(self, due_at: Timestamp, now: Timestamp) -> Timestamp {
         let due = due_at.unix_milliseconds();
         let late = now.unix_milliseconds().saturating_sub(due).max(0);
-        let periods = late / DAY_MILLISECONDS + 1;
+        let periods = late / DAY_MILLISECONDS;
         Timestamp::from_unix_milliseconds(due.saturating_add(periods * DAY_MILLISECONDS))
     }
 }
@@ -291,6 +301,13 @@ mod schedule_tests {
         assert_eq!(
             daily.next_due(due, one_day).unix_milliseconds(),
             due.unix_milliseconds() + 2 * DAY_MILLISECONDS
+        );
+        // The slots a late occurrence stands for: its own when not a day late, else
+        // the last one passed.
+        assert_eq!(daily.latest_slot(due, due), due);
+        assert_eq!(
+            daily.latest_slot(due, late).unix_milliseconds(),
+            due.unix_milliseconds() + 3 * DAY_MILLISECONDS
         );
         assert_eq!(Recurrence::parse(daily.as_str()), Some(daily));
         assert_eq!(Recurrence::parse("weekly"), None);

@@ -473,7 +473,18 @@ impl<B: Backend> Units<B> {
         limit: i64,
     ) -> Result<Vec<AppliedSchedule>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let due = claim_due_schedules(&mut *transaction, now, limit).await?;
+        let mut due = claim_due_schedules(&mut *transaction, now, limit).await?;
+        // A daily occurrence late by more than a day stands for the last slot it
+        // missed, and applies at that slot's place among its SKU's other schedules:
+        // "off daily at 20:00" from yesterday and "on daily at 06:00" from today,
+        // both missed, leave the SKU off, as 20:00 today left it. By their stale due
+        // times the off applied first and the SKU stayed on sale all night.
+        due.sort_by_key(|schedule| {
+            let slot = schedule.recurrence.map_or(schedule.due_at, |recurrence| {
+                recurrence.latest_slot(schedule.due_at, now)
+            });
+            (slot, schedule.due_at, schedule.id.clone())
+        });
         let mut applied = Vec::with_capacity(due.len());
         for DueSchedule {
             id,
