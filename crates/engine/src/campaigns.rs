@@ -228,6 +228,9 @@ pub struct CampaignRegistry {
     /// Where the campaign worker's next end step starts: after the last campaign of a
     /// full step.
     end_cursor: std::sync::Mutex<Option<CampaignId>>,
+    /// Campaigns this process created ([`CampaignRegistry::add`]) so far: a refresh
+    /// whose read began before one of them was added does not replace the copy.
+    added: std::sync::atomic::AtomicU64,
 }
 
 /// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first, each
@@ -272,7 +275,14 @@ impl CampaignRegistry {
             waiting_keys: Arc::default(),
             sold_out_from_memory: OnceLock::new(),
             end_cursor: std::sync::Mutex::new(None),
+            added: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many campaigns this process has added so far: taken before a refresh reads
+    /// the open campaigns, and handed to [`CampaignRegistry::replace`].
+    fn added_so_far(&self) -> u64 {
+        self.added.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn end_cursor(&self) -> Option<CampaignId> {
@@ -297,13 +307,20 @@ impl CampaignRegistry {
             .cloned()
     }
 
-    /// Replaces the copy with `campaigns`, keeping what is known of the buckets of the
-    /// ones that stay.
-    fn replace(&self, campaigns: &[Campaign]) {
+    /// Replaces the copy with `campaigns`, read when `added_before_read` campaigns had
+    /// been added here, keeping what is known of the buckets of the ones that stay. A
+    /// campaign added since that read began may be missing from it: the copy is then
+    /// left as it is until the next refresh, rather than this process losing the
+    /// campaign it just created (routing its SKU to regular stock meanwhile) and
+    /// building it a second route and waiting room at the next refresh.
+    fn replace(&self, campaigns: &[Campaign], added_before_read: u64) {
         let mut by_sku = self
             .by_sku
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.added_so_far() != added_before_read {
+            return;
+        }
         // One route per SKU. A campaign the worker ended stays open while a unit of it
         // is held, and a new one of the same SKU may be created meanwhile: the one not
         // ended yet is the one that sells, whichever id sorts later (ids begin with
@@ -360,13 +377,25 @@ impl CampaignRegistry {
     }
 
     fn add(&self, campaign: &Campaign) {
-        self.by_sku
+        let mut by_sku = self
+            .by_sku
             .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(
-                campaign.sku.clone(),
-                Arc::new(CampaignRoute::of(campaign, self.bounds)),
-            );
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Counted under the copy's lock: a replace holding it either ran before this
+        // add (which then lands) or sees the count moved and stands aside.
+        self.added.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // A refresh that read the campaign first built its route already: that one
+        // stays, with its waiting room and what it knows of the buckets.
+        if by_sku
+            .get(&campaign.sku)
+            .is_some_and(|route| route.id == campaign.id)
+        {
+            return;
+        }
+        by_sku.insert(
+            campaign.sku.clone(),
+            Arc::new(CampaignRoute::of(campaign, self.bounds)),
+        );
     }
 }
 
@@ -517,13 +546,14 @@ impl Engine {
     /// from being routed here.
     pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
         let ended = self.end_due_campaigns().await;
+        let added_before_read = self.inner.campaigns.added_so_far();
         let open = self
             .inner
             .store
             .open_campaigns()
             .await
             .map_err(|error| log_store_error("open_campaigns", error))?;
-        self.inner.campaigns.replace(&open);
+        self.inner.campaigns.replace(&open, added_before_read);
         ended
     }
 
@@ -762,5 +792,75 @@ impl Engine {
         {
             self.inner.campaigns.remember(claim, response);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign_of(sku: &str) -> Campaign {
+        let now = Timestamp::from_unix_milliseconds(1_767_225_600_000);
+        let id = CampaignId::generate(now, 7);
+        Campaign {
+            code: domain::CampaignCode::of(&id),
+            id,
+            shop: domain::ShopCode::default_shop(),
+            sku: SkuCode::parse(sku).unwrap(),
+            warehouse: domain::WarehouseCode::default_warehouse(),
+            quantity: 10,
+            buckets: 2,
+            per_user_limit: None,
+            starts_at: now,
+            ends_at: now.plus_seconds(3600),
+            created_at: now,
+            ended_at: None,
+            closed_at: None,
+            left: 10,
+            held: 0,
+            returned: 0,
+            bucket_counts: vec![(5, 0), (5, 0)],
+        }
+    }
+
+    fn registry() -> CampaignRegistry {
+        CampaignRegistry::new(RoomBounds {
+            in_flight_max: 1,
+            places_max: 1,
+        })
+    }
+
+    #[test]
+    fn a_refresh_read_before_a_campaign_was_created_here_does_not_drop_its_route() {
+        let registry = registry();
+        let created = campaign_of("TV");
+        let sku = created.sku.clone();
+        let added_before_read = registry.added_so_far();
+
+        registry.add(&created);
+        registry.replace(&[], added_before_read);
+
+        let route = registry
+            .route_of(&sku)
+            .expect("the route this process created");
+        assert_eq!(route.id, created.id);
+        // A refresh that began after the add decides: the campaign is gone there.
+        registry.replace(&[], registry.added_so_far());
+        assert!(registry.route_of(&sku).is_none());
+    }
+
+    #[test]
+    fn adding_a_campaign_a_refresh_routed_first_keeps_that_route() {
+        let registry = registry();
+        let created = campaign_of("TV");
+        registry.replace(std::slice::from_ref(&created), registry.added_so_far());
+        let routed = registry
+            .route_of(&created.sku)
+            .expect("routed by the refresh");
+
+        registry.add(&created);
+
+        let kept = registry.route_of(&created.sku).expect("still routed");
+        assert!(Arc::ptr_eq(&routed, &kept), "one route, one waiting room");
     }
 }
