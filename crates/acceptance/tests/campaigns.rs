@@ -53,6 +53,7 @@ mirrored_tests!(
     a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open,
     a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered,
     a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after_it_was_created,
+    a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_answered,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2162,4 +2163,58 @@ async fn a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after
     assert!(retried.replayed(), "{retried:?}");
     assert_eq!(retried.body, refused.body);
     assert_eq!(app.counters("LATER").await, (5, 0), "no unit carved out");
+}
+
+/// Found in review: as a bucket's finding, a shopper found at the campaign's limit is
+/// dated when the request went to the database, not when it was answered: a hold of
+/// theirs released while the request waited is not outlived by more than the bound.
+async fn a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_answered(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // Its writers queue inside the process: no session outside holds a row.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SLOWLIM", 5).await;
+    let id = running_campaign(&app, "SLOWLIM", 4, 1, Some(1)).await;
+    let first = app.send(reserve_call("alice-1", "SLOWLIM", "alice")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let recheck = acceptance::test_engine_config().sold_out_recheck_milliseconds;
+    // What the first hold taught memory is past its bound: the next request goes to
+    // the database.
+    app.clock.advance_milliseconds(recheck + 1);
+    let mut lock = app.database.raw_connection().await;
+    lock.execute("BEGIN").await.unwrap();
+    lock.execute(&format!(
+        "SELECT available FROM stock WHERE sku = 'SLOWLIM' AND warehouse = '{}' FOR UPDATE",
+        bucket_warehouse(&id, 0)
+    ))
+    .await
+    .unwrap();
+    let request = {
+        let app = app.clone();
+        tokio::spawn(async move { app.send(reserve_call("alice-2", "SLOWLIM", "alice")).await })
+    };
+    app.database.wait_until_blocked_by(&mut lock).await;
+    app.clock.advance_milliseconds(recheck - 100);
+    lock.execute("ROLLBACK").await.unwrap();
+    let refused = request.await.unwrap();
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{refused:?}"
+    );
+
+    app.clock.advance_milliseconds(200);
+
+    let route = app
+        .engine
+        .campaign_route(&domain::SkuCode::parse("SLOWLIM").unwrap())
+        .unwrap();
+    let alice = domain::UserId::parse("alice").unwrap();
+    assert!(
+        !route.known_at_limit(&alice, 1, app.clock_now(), recheck),
+        "the finding is older than the bound, counted from when its request was sent"
+    );
 }

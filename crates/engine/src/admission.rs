@@ -587,12 +587,16 @@ impl Engine {
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
             drop(waiting);
+            // A finding is dated when its request was sent, not answered: a hold
+            // released while the request was in flight is not outlived by more than
+            // the bound (as the buckets' findings are dated).
+            let sent_at = self.now();
             let (answer, through_campaign) = self
                 .decide_at_turn(operation, claim, routed, named_campaign, decide)
                 .await;
             drop(turn);
             if through_campaign {
-                route.learn_from(shopper, routed, &answer, self.now());
+                route.learn_from(shopper, routed, &answer, sent_at);
             }
             return answer.map(Held::Answered);
         }
@@ -610,6 +614,7 @@ impl Engine {
         tokio::spawn(async move {
             let turn = place.turn().await;
             drop(waiting);
+            let sent_at = engine.now();
             let (answer, through_campaign) = engine
                 .decide_at_turn(operation, &claim, &routed, named_campaign, decide)
                 .await;
@@ -617,7 +622,7 @@ impl Engine {
             if through_campaign {
                 routed
                     .route
-                    .learn_from(shopper.as_ref(), &routed, &answer, engine.now());
+                    .learn_from(shopper.as_ref(), &routed, &answer, sent_at);
             }
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(

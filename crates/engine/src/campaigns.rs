@@ -99,7 +99,7 @@ impl CampaignRoute {
     /// Whether `shopper` was found unable to take `units` more within the last
     /// `recheck_milliseconds` (a finding in the future, after a clock step back, is
     /// not trusted).
-    pub(crate) fn known_at_limit(
+    pub fn known_at_limit(
         &self,
         shopper: &UserId,
         units: i64,
@@ -117,13 +117,14 @@ impl CampaignRoute {
     /// after a hold of the whole limit taken now; as many as it asked for after the
     /// database's `purchase_limit_exceeded` to a request with no other line (with
     /// other lines the refusal may be theirs). An answer from memory or a replay
-    /// teaches nothing new (it would only stretch an old finding).
+    /// teaches nothing new (it would only stretch an old finding). The finding is
+    /// dated `sent_at`, when the request went to the database.
     pub(crate) fn learn_from(
         &self,
         shopper: Option<&UserId>,
         routed: &Routed,
         answer: &Result<crate::Reply, EngineError>,
-        now: Timestamp,
+        sent_at: Timestamp,
     ) {
         let (Some(limit), Some(shopper), Ok(reply)) = (self.per_user_limit, shopper, answer) else {
             return;
@@ -148,7 +149,7 @@ impl CampaignRoute {
         if at_limit.len() >= SHOPPERS_AT_LIMIT_REMEMBERED_MAX {
             at_limit.clear();
         }
-        at_limit.insert(shopper.clone(), (now.unix_milliseconds(), fewest));
+        at_limit.insert(shopper.clone(), (sent_at.unix_milliseconds(), fewest));
     }
 
     pub fn phase(&self, now: Timestamp) -> CampaignPhase {
