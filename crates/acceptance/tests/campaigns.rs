@@ -54,6 +54,7 @@ mirrored_tests!(
     a_sold_out_finding_is_dated_when_its_request_was_sent_not_answered,
     a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after_it_was_created,
     a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_answered,
+    a_key_whose_record_was_purged_is_not_replayed_from_memory,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2217,4 +2218,43 @@ async fn a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_ans
         !route.known_at_limit(&alice, 1, app.clock_now(), recheck),
         "the finding is older than the bound, counted from when its request was sent"
     );
+}
+
+/// Found in review: memory kept a campaign's answers by count only, while the database
+/// purges a key's record once the retention has passed. A key sent again after that,
+/// while the campaign was known sold out, was answered the day-old 201 from memory,
+/// though for the database it was a new request. Memory now forgets an answer with
+/// its record: the resent key hears what a new request hears, sold out.
+async fn a_key_whose_record_was_purged_is_not_replayed_from_memory(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 5).await;
+    let created = create_campaign(
+        &app,
+        "campaign-kettle",
+        json!({
+            "sku": "KETTLE",
+            "quantity": 1,
+            "starts_at": START.to_rfc3339(),
+            "ends_at": START.plus_seconds(3 * 24 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let first = app.send(reserve_call("kettle-1", "KETTLE", "alice")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let retention = acceptance::test_engine_config().idempotency_retention_seconds;
+    app.clock.advance_seconds(retention + 60);
+    app.engine.purge_step().await.expect("purge step");
+    // Sold out, freshly known: memory answers the campaign's requests now.
+    let refused = app.send(reserve_call("kettle-2", "KETTLE", "bob")).await;
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("insufficient_stock"),
+        "{refused:?}"
+    );
+
+    let resent = app.send(reserve_call("kettle-1", "KETTLE", "alice")).await;
+
+    assert_eq!(resent.status, 409, "{resent:?}");
+    assert_eq!(resent.code().as_deref(), Some("insufficient_stock"));
 }

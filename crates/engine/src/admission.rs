@@ -545,7 +545,7 @@ impl Engine {
             // a shopper found at the limit is refused without a place.
             if let Some(shopper) = shopper
                 && route.known_at_limit(shopper, quantity, now, recheck)
-                && self.inner.campaigns.remembered(claim).is_none()
+                && self.remembered_answer(claim).is_none()
                 && self
                     .memory_may_refuse_now(claim, routed.memory_may_refuse)
                     .await

@@ -235,7 +235,7 @@ pub struct CampaignRegistry {
 }
 
 /// The last [`ANSWERS_REMEMBERED_MAX`] campaign answers, oldest dropped first, each
-/// with the fingerprint of the request it answered.
+/// with the fingerprint of the request it answered and when it was stored.
 #[derive(Debug, Default)]
 struct RememberedAnswers {
     by_key: HashMap<String, RememberedAnswer>,
@@ -246,14 +246,23 @@ struct RememberedAnswers {
 struct RememberedAnswer {
     fingerprint: String,
     response: store::StoredResponse,
+    /// When the answer was stored under its key: the database purges the record once
+    /// the retention has passed, and a key sent again then is a new request there.
+    stored_at: Timestamp,
 }
 
 impl RememberedAnswers {
-    fn remember(&mut self, claim: &IdempotencyClaim, response: &store::StoredResponse) {
+    fn remember(
+        &mut self,
+        claim: &IdempotencyClaim,
+        response: &store::StoredResponse,
+        stored_at: Timestamp,
+    ) {
         let key = claim.key.as_str();
         let answer = RememberedAnswer {
             fingerprint: claim.fingerprint.clone(),
             response: response.clone(),
+            stored_at,
         };
         if self.by_key.insert(key.to_owned(), answer).is_none() {
             self.order.push_back(key.to_owned());
@@ -352,22 +361,35 @@ impl CampaignRegistry {
         *by_sku = fresh;
     }
 
-    fn remember(&self, claim: &IdempotencyClaim, response: &store::StoredResponse) {
+    fn remember(
+        &self,
+        claim: &IdempotencyClaim,
+        response: &store::StoredResponse,
+        stored_at: Timestamp,
+    ) {
         self.answered
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remember(claim, response);
+            .remember(claim, response, stored_at);
     }
 
     /// The key's first answer when `claim` is the request it answered; `KeyReused`
     /// when the key answered another request (another body, another endpoint), as the
-    /// database would say; nothing when this process does not remember the key.
-    pub(crate) fn remembered(&self, claim: &IdempotencyClaim) -> Option<store::Idempotent> {
+    /// database would say; nothing when this process does not remember the key, or
+    /// when the database may have purged its record (stored a retention ago).
+    pub(crate) fn remembered(
+        &self,
+        claim: &IdempotencyClaim,
+        now: Timestamp,
+        retention_seconds: i64,
+    ) -> Option<store::Idempotent> {
+        let purged_before = now.plus_seconds(-retention_seconds);
         self.answered
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .by_key
             .get(claim.key.as_str())
+            .filter(|answer| answer.stored_at > purged_before)
             .map(|answer| {
                 if answer.fingerprint == claim.fingerprint {
                     store::Idempotent::Replayed(answer.response.clone())
@@ -711,7 +733,7 @@ impl Engine {
             // Sold out, as far as this process knows: a key it answered before gets
             // that answer again; any other is refused without the database (one it
             // sent there before was not: `memory_may_answer`).
-            if let Some(answer) = self.inner.campaigns.remembered(claim) {
+            if let Some(answer) = self.remembered_answer(claim) {
                 return Ok(answer);
             }
             self.inner
@@ -774,7 +796,7 @@ impl Engine {
         claim: &IdempotencyClaim,
         routed: &Routed,
     ) -> Option<SoldOutVerdict> {
-        if self.inner.campaigns.remembered(claim).is_some() {
+        if self.remembered_answer(claim).is_some() {
             return Some(SoldOutVerdict::FromMemory);
         }
         if !self.memory_may_answer(claim, routed.memory_may_refuse) {
@@ -787,12 +809,22 @@ impl Engine {
         }
     }
 
+    /// Remembers an answer this process stored now. A replay is not remembered: when
+    /// its record was stored is not known here, so neither is when the database purges
+    /// it (the key probe asks the database instead).
     fn remember_answer(&self, claim: &IdempotencyClaim, decided: &store::Idempotent) {
-        if let store::Idempotent::Executed(response) | store::Idempotent::Replayed(response) =
-            decided
-        {
-            self.inner.campaigns.remember(claim, response);
+        if let store::Idempotent::Executed(response) = decided {
+            self.inner.campaigns.remember(claim, response, self.now());
         }
+    }
+
+    /// [`CampaignRegistry::remembered`] now, within the idempotency retention.
+    pub(crate) fn remembered_answer(&self, claim: &IdempotencyClaim) -> Option<store::Idempotent> {
+        self.inner.campaigns.remembered(
+            claim,
+            self.now(),
+            self.inner.config.idempotency_retention_seconds,
+        )
     }
 }
 
