@@ -105,8 +105,11 @@ struct Inner {
     display_cache: std::sync::OnceLock<Arc<cache::DisplayCache>>,
     /// The SKUs of duplicate requests, for `stockd_hot_sku_duplicate_requests_total`.
     duplicate_skus: duplicates::DuplicateTally,
-    /// When this process's previous live-audit round started.
+    /// When this process's previous clean live-audit round started: the next round
+    /// checks the orders changed since (the settle age before it).
     live_audit_started: std::sync::Mutex<Option<Timestamp>>,
+    /// Differences the admin's last full audit here found (0 before any).
+    full_audit_differences: std::sync::Mutex<i64>,
     /// When this process's live auditor last recounted its running sums.
     live_audit_recounted: std::sync::Mutex<Option<Timestamp>>,
     /// Where this process's next claim of due plain holds resumes.
@@ -201,6 +204,7 @@ impl Engine {
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
                 live_audit_started: std::sync::Mutex::new(None),
+                full_audit_differences: std::sync::Mutex::new(0),
                 live_audit_recounted: std::sync::Mutex::new(None),
                 reservation_expiry_cursor: ExpiryCursorCell::default(),
                 order_expiry_cursor: ExpiryCursorCell::default(),
@@ -733,6 +737,11 @@ impl Engine {
             .await
             .map_err(|error| log_store_error("audit", error))?;
         if principal.shop().is_none() {
+            *self
+                .inner
+                .full_audit_differences
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = report.differences_total;
             metrics::gauge!("stockd_audit_differences").set(report.differences_total as f64);
         }
         Ok(report)
@@ -912,12 +921,26 @@ impl Engine {
                 "the live audit's running sums differed from the ledger and were recounted"
             );
         }
-        *self
+        // A round that found differences leaves the orders' window where it was: the
+        // order it found stays in the next round's window, so the difference stays
+        // counted (and the alert firing) until it is gone, not until its order ages
+        // out of the window a minute and a half later.
+        if round.differences_total == 0 {
+            *self
+                .inner
+                .live_audit_started
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(now);
+        }
+        // The admin's full audit checks more than a round does (returns, campaigns,
+        // order lines): what it found stays on the gauge until another full audit.
+        let full_audit_differences = *self
             .inner
-            .live_audit_started
+            .full_audit_differences
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(now);
-        metrics::gauge!("stockd_audit_differences").set(round.differences_total as f64);
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        metrics::gauge!("stockd_audit_differences")
+            .set(round.differences_total.max(full_audit_differences) as f64);
         metrics::gauge!("stockd_audit_last_success_timestamp_seconds")
             .set(now.unix_milliseconds() as f64 / 1_000.0);
         metrics::counter!("stockd_audit_ledger_rows_read_total")
