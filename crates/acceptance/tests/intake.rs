@@ -23,6 +23,7 @@ mirrored_tests!(
     two_shops_commands_with_the_same_key_are_two_requests,
     a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_database_and_stored,
     a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice,
+    deleted_streams_and_consumer_are_created_again_and_commands_go_on,
 );
 
 fn settings() -> IntakeSettings {
@@ -461,4 +462,32 @@ async fn a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice(ba
         "one effect, answered twice"
     );
     app.assert_audit_clean().await;
+}
+
+/// Found in review: the intake built its streams and consumer once, when it attached.
+/// NATS back with an empty store (or an operator's clean-up) left every later fetch
+/// failing until stockd restarted, and commands piled up unanswered. A failed step now
+/// creates them again where missing, and the next commands are answered.
+async fn deleted_streams_and_consumer_are_created_again_and_commands_go_on(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    nats.delete_stream("STOCKD_COMMANDS").await;
+    nats.delete_stream("STOCKD_RESULTS").await;
+
+    let failed = intake.step(&state(&app)).await;
+    assert!(
+        failed.is_err(),
+        "the consumer went with its stream: {failed:?}"
+    );
+    nats.publish_command(&command("HOT", 2), Some("after-the-clean-up"), "message-1")
+        .await;
+    let answered = answer(&intake, &app, 1).await;
+
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "after-the-clean-up", 1);
+    assert_eq!(answers[0].headers["Stockd-Status"], "201");
+    assert_eq!(app.counters("HOT").await, (8, 2));
 }

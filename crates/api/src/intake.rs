@@ -32,7 +32,10 @@ use crate::wire::CreateReservationRequest;
 /// The intake of one instance.
 pub struct ReserveIntake {
     bus: Bus,
-    consumer: ReserveConsumer,
+    /// The consumer steps fetch from: built again after a step fails, in case the
+    /// streams or the consumer were deleted (NATS back with an empty store, an
+    /// operator's clean-up), which no fetch would ever recover from.
+    consumer: std::sync::Mutex<Arc<ReserveConsumer>>,
     config: IntakeSettings,
 }
 
@@ -77,9 +80,34 @@ impl ReserveIntake {
         let consumer = bus.reserve_consumer(&config.consumer).await?;
         Ok(ReserveIntake {
             bus,
-            consumer,
+            consumer: std::sync::Mutex::new(Arc::new(consumer)),
             config,
         })
+    }
+
+    fn consumer(&self) -> Arc<ReserveConsumer> {
+        Arc::clone(
+            &self
+                .consumer
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    /// Creates the streams and the consumer again where missing (an existing one is
+    /// found as it is), for the steps after a failed one.
+    async fn attach_again(&self) {
+        match self.bus.reserve_consumer(&self.config.consumer).await {
+            Ok(consumer) => {
+                *self
+                    .consumer
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(consumer);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "the intake's streams and consumer could not be checked yet");
+            }
+        }
     }
 
     pub fn settings(&self) -> &IntakeSettings {
@@ -88,11 +116,28 @@ impl ReserveIntake {
 
     /// One intake step: fetches up to a batch of commands and handles them together.
     /// Answers what became of each, in delivery order.
+    /// A step that fails (the fetch, an answer that could not be published, or a
+    /// consumer found gone after an empty fetch) creates the streams and the consumer
+    /// again where missing before it answers its error: the next step fetches from
+    /// them as they are then.
     pub async fn step(&self, state: &AppState) -> Result<Vec<Handled>, BusError> {
-        let commands = self
-            .consumer
+        let stepped = self.fetch_and_handle(state).await;
+        if stepped.is_err() {
+            self.attach_again().await;
+        }
+        stepped
+    }
+
+    async fn fetch_and_handle(&self, state: &AppState) -> Result<Vec<Handled>, BusError> {
+        let consumer = self.consumer();
+        let commands = consumer
             .fetch(self.config.batch_size_max, self.config.fetch_wait)
             .await?;
+        if commands.is_empty() {
+            // Nothing came: an idle queue, or a consumer that is gone. One request
+            // per idle wait tells them apart.
+            consumer.check().await?;
+        }
         let handled = futures_util::future::join_all(
             commands.iter().map(|command| self.handle(state, command)),
         )

@@ -202,4 +202,14 @@ impl ReserveConsumer {
         }
         Ok(commands)
     }
+
+    /// Whether the consumer still exists on the server: a fetch from one deleted (with
+    /// its stream, say) waits out its time and finds nothing, as an idle one does.
+    pub async fn check(&self) -> Result<(), BusError> {
+        self.consumer
+            .get_info()
+            .await
+            .map(|_| ())
+            .map_err(|error| classify(error.to_string()))
+    }
 }
