@@ -587,18 +587,10 @@ impl Engine {
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
             drop(waiting);
-            // A finding is dated when its request was sent, not answered: a hold
-            // released while the request was in flight is not outlived by more than
-            // the bound (as the buckets' findings are dated).
-            let sent_at = self.now();
-            let (answer, through_campaign) = self
-                .decide_at_turn(operation, claim, routed, named_campaign, decide)
-                .await;
-            drop(turn);
-            if through_campaign {
-                route.learn_from(shopper, routed, &answer, sent_at);
-            }
-            return answer.map(Held::Answered);
+            return self
+                .decide_at_turn(turn, operation, claim, routed, named_campaign, decide)
+                .await
+                .map(Held::Answered);
         }
         let id = TicketId::generate(now, rand::random());
         let tickets = &self.inner.campaigns.tickets;
@@ -609,21 +601,13 @@ impl Engine {
             .ok_or_else(|| EngineError::Internal(format!("ticket '{id}' vanished")))?;
         let engine = self.clone();
         let routed = routed.clone();
-        let shopper = shopper.cloned();
         let claim = claim.clone();
         tokio::spawn(async move {
             let turn = place.turn().await;
             drop(waiting);
-            let sent_at = engine.now();
-            let (answer, through_campaign) = engine
-                .decide_at_turn(operation, &claim, &routed, named_campaign, decide)
+            let answer = engine
+                .decide_at_turn(turn, operation, &claim, &routed, named_campaign, decide)
                 .await;
-            drop(turn);
-            if through_campaign {
-                routed
-                    .route
-                    .learn_from(shopper.as_ref(), &routed, &answer, sent_at);
-            }
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(
                 &id,
@@ -640,38 +624,48 @@ impl Engine {
     /// phase now, not at its arrival: a request that waited past the campaign's end
     /// takes no campaign unit. It goes to regular stock as one arriving now would,
     /// or, when it named the campaign, is refused without storing the refusal (a
-    /// retry hears the key's first answer, if any). Answers whether it went through
-    /// the campaign.
+    /// retry hears the key's first answer, if any). The turn ends with the decision;
+    /// what went through the campaign teaches its route about the shopper.
     async fn decide_at_turn<Decide, Decided>(
         &self,
+        turn: Turn,
         operation: &'static str,
         claim: &store::IdempotencyClaim,
         routed: &Routed,
         named_campaign: bool,
         decide: Decide,
-    ) -> (Result<Reply, EngineError>, bool)
+    ) -> Result<Reply, EngineError>
     where
         Decide: FnOnce(Option<Routed>) -> Decided,
         Decided: Future<Output = Result<Reply, EngineError>>,
     {
         let route = &routed.route;
         if route.phase(self.now()) == CampaignPhase::Running {
-            return (decide(Some(routed.clone())).await, true);
+            // A finding is dated when its request was sent, not answered: a hold
+            // released while the request was in flight is not outlived by more than
+            // the bound (as the buckets' findings are dated).
+            let sent_at = self.now();
+            let answer = decide(Some(routed.clone())).await;
+            // The turn's shopper is the request's: it took the place.
+            let shopper = turn.shopper.clone();
+            drop(turn);
+            route.learn_from(shopper.as_ref(), routed, &answer, sent_at);
+            return answer;
         }
-        if !named_campaign {
-            return (decide(None).await, false);
-        }
-        let refusal = EngineError::Refused {
-            code: ErrorCode::FailedPrecondition,
-            detail: format!(
-                "campaign '{}' ended at {} while the request waited its turn",
-                route.id, route.ends_at
-            ),
+        let answer = if named_campaign {
+            let refusal = EngineError::Refused {
+                code: ErrorCode::FailedPrecondition,
+                detail: format!(
+                    "campaign '{}' ended at {} while the request waited its turn",
+                    route.id, route.ends_at
+                ),
+            };
+            crate::cold(self.first_answer_or(operation, claim, refusal)).await
+        } else {
+            decide(None).await
         };
-        (
-            crate::cold(self.first_answer_or(operation, claim, refusal)).await,
-            false,
-        )
+        drop(turn);
+        answer
     }
 
     /// The open campaign of `sku` as this process routes by it, with its waiting
