@@ -236,61 +236,56 @@ impl<B: Backend> Units<B> {
             return commit_with_answer(transaction, claim, response).await;
         }
         let fields = changes.field_names();
-        if fields.is_empty() {
-            // An edit that sets nothing (`{}`, or only the version it expects) changes
-            // nothing: no new version, no `sku.changed` naming no field. It answers the
-            // product as it stands, a check that the version is still the one seen.
-            let product = load_product(&mut *transaction, id)
-                .await?
-                .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
-            let response = renderer.product_saved(&product, false);
-            return commit_with_answer(transaction, claim, response).await;
-        }
-        if let Some(title) = &changes.title {
-            // A product's SKUs show its title as their own (carts, orders, the SKU view):
-            // those still showing the product's old one take the new one; a SKU given a
-            // title of its own keeps it.
-            statement(
-                "UPDATE sku SET title = $2, version = version + 1, updated_at = $3 \
-                 WHERE product_id = $1 AND title = $4 AND sale_status <> $5",
+        // An edit that sets nothing (`{}`, or only the version it expects) changes
+        // nothing: no new version, no `sku.changed` naming no field. It answers the
+        // product as it stands, a check that the version is still the one seen.
+        if !fields.is_empty() {
+            if let Some(title) = &changes.title {
+                // A product's SKUs show its title as their own (carts, orders, the SKU
+                // view): those still showing the product's old one take the new one; a
+                // SKU given a title of its own keeps it.
+                statement(
+                    "UPDATE sku SET title = $2, version = version + 1, updated_at = $3 \
+                     WHERE product_id = $1 AND title = $4 AND sale_status <> $5",
+                )
+                .bind(id.as_str())
+                .bind(title.as_str())
+                .bind(now.unix_milliseconds())
+                .bind(old_title.as_str())
+                // A deleted SKU is terminal: it keeps the title it was deleted with.
+                .bind(SaleStatus::Deleted.as_str())
+                .execute(&mut *transaction)
+                .await?;
+            }
+            let deleted = SaleStatus::Deleted.as_str();
+            for (code, _) in skus.iter().filter(|(_, status)| status != deleted) {
+                announce_sku_changed(
+                    &mut *transaction,
+                    code,
+                    &shop,
+                    Some(id.as_str()),
+                    &fields,
+                    now,
+                )
+                .await?;
+            }
+            let updated = statement(
+                "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
+                 category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
+                 version = version + 1, updated_at = $6 \
+                 WHERE id = $1 AND deleted_at IS NULL AND version = $7",
             )
             .bind(id.as_str())
-            .bind(title.as_str())
+            .bind(changes.title.as_ref().map(Title::as_str))
+            .bind(changes.image_url.as_ref().map(ImageUrl::as_str))
+            .bind(changes.category.as_ref().map(CategoryCode::as_str))
+            .bind(changes.supplier.as_ref().map(SupplierCode::as_str))
             .bind(now.unix_milliseconds())
-            .bind(old_title.as_str())
-            // A deleted SKU is terminal: it keeps the title it was deleted with.
-            .bind(SaleStatus::Deleted.as_str())
+            .bind(version)
             .execute(&mut *transaction)
             .await?;
+            expect_one_row(updated, "updating a product read under its SKU rows' locks")?;
         }
-        let deleted = SaleStatus::Deleted.as_str();
-        for (code, _) in skus.iter().filter(|(_, status)| status != deleted) {
-            announce_sku_changed(
-                &mut *transaction,
-                code,
-                &shop,
-                Some(id.as_str()),
-                &fields,
-                now,
-            )
-            .await?;
-        }
-        let updated = statement(
-            "UPDATE product SET title = COALESCE($2, title), image_url = COALESCE($3, image_url), \
-             category = COALESCE($4, category), supplier = COALESCE($5, supplier), \
-             version = version + 1, updated_at = $6 \
-             WHERE id = $1 AND deleted_at IS NULL AND version = $7",
-        )
-        .bind(id.as_str())
-        .bind(changes.title.as_ref().map(Title::as_str))
-        .bind(changes.image_url.as_ref().map(ImageUrl::as_str))
-        .bind(changes.category.as_ref().map(CategoryCode::as_str))
-        .bind(changes.supplier.as_ref().map(SupplierCode::as_str))
-        .bind(now.unix_milliseconds())
-        .bind(version)
-        .execute(&mut *transaction)
-        .await?;
-        expect_one_row(updated, "updating a product read under its SKU rows' locks")?;
         let product = load_product(&mut *transaction, id)
             .await?
             .ok_or_else(|| invariant("a product vanished inside its own transaction"))?;
