@@ -6,7 +6,9 @@
 //! nothing that decides a sale reads the cache.
 
 use acceptance::redis_server::TestRedis;
-use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, mirrored_tests_alone};
+use acceptance::{
+    Backend, Call, ProductSpec, TestApp, mirrored_tests, mirrored_tests_alone, wait_until_async,
+};
 use cache::{CacheKey, Lookup};
 use domain::FeedCursor;
 use serde_json::{Value, json};
@@ -19,6 +21,7 @@ mirrored_tests!(
     a_read_that_sends_its_consistency_token_is_not_served_from_the_cache,
     nothing_that_decides_a_sale_reads_the_cache,
     a_new_price_or_title_reaches_the_product_view_with_its_event,
+    the_cache_serves_reads_only_once_its_invalidator_knows_where_to_start,
 );
 
 // These read counters of the process-wide metrics recorder.
@@ -26,6 +29,15 @@ mirrored_tests_alone!(with_redis_stopped_the_reads_are_right_and_the_errors_are_
 
 /// A shop with a product on the shelf: (app, product id, invalidation cursor).
 async fn shop(backend: Backend, redis: &TestRedis, stock: i64) -> (TestApp, String, FeedCursor) {
+    let (app, product) = shop_without_cache(backend, stock).await;
+    app.engine.attach_display_cache(redis.cache());
+    app.sequence_all_events().await;
+    let cursor = app.engine.latest_event_cursor().await.unwrap();
+    (app, product, cursor)
+}
+
+/// A shop with a product on the shelf, its reads not yet cached: (app, product id).
+async fn shop_without_cache(backend: Backend, stock: i64) -> (TestApp, String) {
     let app = TestApp::spawn(backend).await;
     let product = app
         .create_product(ProductSpec::complete("default", &["MILK-1L"]))
@@ -35,10 +47,7 @@ async fn shop(backend: Backend, redis: &TestRedis, stock: i64) -> (TestApp, Stri
         .shelf(None, json!({"operation": "on", "product_ids": [product]}))
         .await;
     assert_eq!(on.status, 200, "{on:?}");
-    app.engine.attach_display_cache(redis.cache());
-    app.sequence_all_events().await;
-    let cursor = app.engine.latest_event_cursor().await.unwrap();
-    (app, product, cursor)
+    (app, product)
 }
 
 /// What the outbox worker and the invalidator do on their own: number the events and
@@ -358,4 +367,116 @@ async fn a_drop_of_more_keys_than_one_call_takes_drops_every_one() {
             "{key:?}: a fill from before the drop stored"
         );
     }
+}
+
+/// Redis restarted without persistence (or a generation evicted) forgets every key's
+/// generation. A reader that missed before, and read the database before a change made
+/// since, still cannot store what it read: not when the key had been dropped before
+/// (a count starting over would give the same number again), and not when its
+/// generation was lost after the change's drop (a missing one would read as the
+/// ticket's).
+#[tokio::test]
+async fn a_fill_from_before_redis_restarted_cannot_store_after_a_change() {
+    let mut redis = TestRedis::start().await;
+    let cache = redis.cache();
+    let dropped_before = CacheKey::ProductView("dropped-before".into());
+    let lost_after_the_drop = CacheKey::ProductView("lost-after-the-drop".into());
+    cache
+        .invalidate(std::slice::from_ref(&dropped_before))
+        .await
+        .unwrap();
+    let Lookup::Miss(ticket_of_dropped_before) = cache.lookup(&dropped_before).await.unwrap()
+    else {
+        panic!("a dropped key misses");
+    };
+    let Lookup::Miss(ticket_of_lost_after_the_drop) =
+        cache.lookup(&lost_after_the_drop).await.unwrap()
+    else {
+        panic!("an empty cache misses");
+    };
+    cache
+        .invalidate(std::slice::from_ref(&lost_after_the_drop))
+        .await
+        .unwrap();
+
+    redis.stop();
+    redis.start_again().await;
+    // The change to the first key comes after the restart; its drop reaches Redis once
+    // the connection is back.
+    wait_until_async("the cache reaches Redis again", || {
+        let cache = cache.clone();
+        let key = dropped_before.clone();
+        async move { cache.invalidate(&[key]).await.is_ok() }
+    })
+    .await;
+
+    assert!(
+        !cache.fill(&ticket_of_dropped_before, "old").await.unwrap(),
+        "a fill from before the restart stored over a change made after it"
+    );
+    assert!(
+        !cache
+            .fill(&ticket_of_lost_after_the_drop, "old")
+            .await
+            .unwrap(),
+        "a fill from before a drop whose generation the restart lost stored"
+    );
+    // A reader that misses now fills as usual.
+    for key in [&dropped_before, &lost_after_the_drop] {
+        let Lookup::Miss(ticket) = cache.lookup(key).await.unwrap() else {
+            panic!("{key:?}: nothing was stored, so it misses");
+        };
+        assert!(cache.fill(&ticket, "new").await.unwrap(), "{key:?}");
+        assert_eq!(
+            cache.lookup(key).await.unwrap(),
+            Lookup::Hit("new".into()),
+            "{key:?}"
+        );
+    }
+}
+
+/// The invalidator drops what the events after its start cursor make stale. A value
+/// filled before that cursor was read could hold what a reader saw before a change
+/// whose event lies before the cursor: no step would ever drop it. So reads use the
+/// cache only once the cursor is read.
+async fn the_cache_serves_reads_only_once_its_invalidator_knows_where_to_start(backend: Backend) {
+    let lock_the_start_cursor = match backend {
+        // A SQLite reader never waits for a writer (WAL): the start cursor's read
+        // cannot be held back.
+        Backend::Sqlite => return,
+        Backend::Postgres => "LOCK TABLE outbox_relay IN ACCESS EXCLUSIVE MODE",
+        Backend::Mysql => "LOCK TABLES outbox_relay WRITE",
+    };
+    let redis = TestRedis::start().await;
+    let (app, product) = shop_without_cache(backend, 5).await;
+    let mut held = app.database.raw_connection().await;
+    if backend == Backend::Postgres {
+        held.execute("BEGIN").await.unwrap();
+    }
+    held.execute(lock_the_start_cursor).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let workers = tokio_util::task::TaskTracker::new();
+
+    engine::workers::spawn_cache_invalidator(&app.engine, redis.cache(), &workers, &shutdown);
+    app.database.wait_until_blocked_by(&mut held).await;
+    let served_while_starting = [view(&app, &product).await.0, view(&app, &product).await.0];
+
+    let release = match backend {
+        Backend::Mysql => "UNLOCK TABLES",
+        _ => "ROLLBACK",
+    };
+    held.execute(release).await.unwrap();
+    assert_eq!(
+        served_while_starting,
+        ["primary", "primary"],
+        "no read used the cache before the invalidator's start cursor was read"
+    );
+    wait_until_async(
+        "the invalidator has started and reads use the cache",
+        || async { view(&app, &product).await.0 == "cache" },
+    )
+    .await;
+    shutdown.cancel();
+    workers.close();
+    workers.wait().await;
 }

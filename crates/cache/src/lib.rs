@@ -11,10 +11,15 @@
 //! - **No stale refill**: a fill writes only if the generation is still the one its
 //!   ticket read (a compare-and-set in Lua), so a reader that read the database before
 //!   a change cannot put the old state back after the change's invalidation.
+//!   Generations are tokens never used twice, not counters: Redis restarted without
+//!   persistence, or a generation evicted, forgets them, and a counter would start
+//!   over and hand an old ticket its number again. A missing generation matches no
+//!   ticket; a miss sets one.
 //! - **Bounded**: every value expires after `value_ttl`, every call gives up after
 //!   `timeout`; Redis down means the caller reads the database (and counts an error).
 //!   One request at a time connects, and no other waits for it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,7 +85,8 @@ impl CacheKey {
     }
 }
 
-/// A miss's permission to fill: the key's generation when it missed.
+/// A miss's permission to fill: the key's generation when it missed (set by the miss
+/// when the key had none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fill {
     key: CacheKey,
@@ -99,6 +105,28 @@ pub struct DisplayCache {
     client: redis::Client,
     link: Mutex<Link>,
     config: CacheConfig,
+    generations: GenerationTokens,
+}
+
+/// Generation tokens no process hands out twice: a random start of the process's own
+/// and a count.
+struct GenerationTokens {
+    process: u64,
+    count: AtomicU64,
+}
+
+impl GenerationTokens {
+    fn new() -> GenerationTokens {
+        GenerationTokens {
+            process: rand::random(),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let count = self.count.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}-{count}", self.process)
+    }
 }
 
 /// Where the shared connection stands. One request at a time connects; the others
@@ -153,10 +181,25 @@ impl std::fmt::Debug for DisplayCache {
     }
 }
 
-/// Sets the value only while the generation is the ticket's (a missing generation
-/// counts as "0").
+/// The value; or, on a miss, the key's generation, set to the new token `ARGV[1]` when
+/// the key has none (Redis restarted, the key never dropped or its generation evicted).
+const LOOKUP_SCRIPT: &str = r"
+local value = redis.call('GET', KEYS[1])
+if value then
+    return {value, false}
+end
+local generation = redis.call('GET', KEYS[2])
+if not generation then
+    generation = ARGV[1]
+    redis.call('SET', KEYS[2], generation, 'PX', ARGV[2])
+end
+return {false, generation}
+";
+
+/// Sets the value only while the generation is the ticket's (a missing generation is
+/// no ticket's).
 const FILL_SCRIPT: &str = r"
-local current = redis.call('GET', KEYS[2]) or '0'
+local current = redis.call('GET', KEYS[2])
 if current == ARGV[1] then
     redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
     return 1
@@ -164,12 +207,11 @@ end
 return 0
 ";
 
-/// For each (value, generation) pair of keys: moves the generation on and drops the
-/// value, together.
+/// For each (value, generation) pair of keys: moves the generation on to the new
+/// token `ARGV[1]` and drops the value, together.
 const INVALIDATE_SCRIPT: &str = r"
 for index = 1, #KEYS, 2 do
-    redis.call('INCR', KEYS[index + 1])
-    redis.call('PEXPIRE', KEYS[index + 1], ARGV[1])
+    redis.call('SET', KEYS[index + 1], ARGV[1], 'PX', ARGV[2])
     redis.call('DEL', KEYS[index])
 end
 return #KEYS / 2
@@ -189,6 +231,7 @@ impl DisplayCache {
             client,
             link: Mutex::new(Link::Down),
             config,
+            generations: GenerationTokens::new(),
         })
     }
 
@@ -250,19 +293,24 @@ impl DisplayCache {
         let mut connection = self.connection().await?;
         let (value, generation): (Option<String>, Option<String>) = self
             .bounded(
-                redis::cmd("MGET")
-                    .arg(key.value_key())
-                    .arg(key.generation_key())
-                    .query_async(&mut connection),
+                redis::Script::new(LOOKUP_SCRIPT)
+                    .key(key.value_key())
+                    .key(key.generation_key())
+                    .arg(self.generations.next())
+                    .arg(milliseconds(self.config.generation_ttl))
+                    .invoke_async(&mut connection),
             )
             .await?;
-        Ok(match value {
-            Some(value) => Lookup::Hit(value),
-            None => Lookup::Miss(Fill {
+        match (value, generation) {
+            (Some(value), _) => Ok(Lookup::Hit(value)),
+            (None, Some(generation)) => Ok(Lookup::Miss(Fill {
                 key: key.clone(),
-                generation: generation.unwrap_or_else(|| "0".to_owned()),
-            }),
-        })
+                generation,
+            })),
+            (None, None) => Err(CacheError(
+                "a miss answered no generation to fill with".into(),
+            )),
+        }
     }
 
     /// Stores `value` for the ticket's key unless the key changed since the ticket
@@ -296,7 +344,9 @@ impl DisplayCache {
             for key in chunk {
                 invocation.key(key.value_key()).key(key.generation_key());
             }
-            invocation.arg(milliseconds(self.config.generation_ttl));
+            invocation
+                .arg(self.generations.next())
+                .arg(milliseconds(self.config.generation_ttl));
             let _: i64 = self
                 .bounded(invocation.invoke_async(&mut connection))
                 .await?;

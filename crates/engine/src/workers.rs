@@ -330,11 +330,18 @@ pub fn spawn_cache_invalidator(
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
 ) {
-    engine.attach_display_cache(cache);
-    tracker.spawn(cache_invalidation_loop(engine.clone(), shutdown.clone()));
+    tracker.spawn(cache_invalidation_loop(
+        engine.clone(),
+        cache,
+        shutdown.clone(),
+    ));
 }
 
-async fn cache_invalidation_loop(engine: Engine, shutdown: CancellationToken) {
+async fn cache_invalidation_loop(
+    engine: Engine,
+    cache: std::sync::Arc<cache::DisplayCache>,
+    shutdown: CancellationToken,
+) {
     let interval = Duration::from_millis(engine.config().outbox_interval_milliseconds);
     let retry = Duration::from_millis(engine.config().relay_retry_milliseconds);
     let mut cursor = loop {
@@ -347,6 +354,10 @@ async fn cache_invalidation_loop(engine: Engine, shutdown: CancellationToken) {
             }
         }
     };
+    // Reads use the cache only from here: a value filled before the start cursor was
+    // read could hold a change whose event lies before the cursor, which no step would
+    // drop. Until then reads go to the database.
+    engine.attach_display_cache(cache);
     loop {
         let pause = match engine.cache_invalidation_step(cursor).await {
             Ok(step) => {
