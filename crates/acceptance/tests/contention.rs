@@ -17,6 +17,8 @@ mirrored_tests!(
     closing_a_pool_of_its_own_leaves_the_store_it_came_from_open,
     the_pool_gauges_count_the_combiners_own_connections_with_the_stores,
     a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch,
+    a_request_that_timed_out_on_several_rows_condemns_none_of_them_for_the_others,
+    a_short_finding_is_dated_when_its_request_was_sent_not_answered,
     first_receipts_into_a_new_warehouse_at_once_all_count,
     a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
 );
@@ -895,6 +897,95 @@ async fn a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch(back
     lock.execute("ROLLBACK").await.unwrap();
     assert_eq!(app.counters("FREE").await, (4, 1));
     assert_eq!(app.counters("LOCKED").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// A request of several rows that timed out in a batch's one-by-one run may have waited
+/// on any of them: the requests after it for its other rows, or for its SKU in another
+/// warehouse, are decided, not answered `lock_timeout` on its account.
+async fn a_request_that_timed_out_on_several_rows_condemns_none_of_them_for_the_others(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: a held lock holds every SKU, there is no other row to decide.
+        return;
+    }
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 300).await;
+    app.stocked_sku("LOCKED", 5).await;
+    assert_eq!(app.receive_in("LOCKED", 5, Some("north")).await.status, 201);
+    app.stocked_sku("FREE", 5).await;
+    let mut lock = app.database.hold_stock_row_lock("LOCKED").await;
+    // The first request waits in the database; the next three queue behind it and go
+    // to the database together, as one batch, which times out on the held row.
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("locked-1", &[("LOCKED", 1)]).await })
+    };
+    app.database.wait_until_blocked_by(&mut lock).await;
+    let north = |key: &'static str| {
+        Call::post("/v1/reservations")
+            .key(key)
+            .json(&serde_json::json!({
+                "lines": [{"sku": "LOCKED", "warehouse": "north", "quantity": 1}]
+            }))
+    };
+
+    let (both, free, in_the_north) = tokio::join!(
+        app.reserve("both-1", &[("LOCKED", 1), ("FREE", 1)]),
+        app.reserve("free-1", &[("FREE", 1)]),
+        app.send(north("north-1")),
+    );
+
+    assert_eq!(both.code().as_deref(), Some("lock_timeout"), "{both:?}");
+    assert_eq!(free.status, 201, "its other row is decided: {free:?}");
+    assert_eq!(
+        in_the_north.status, 201,
+        "its SKU in another warehouse is decided: {in_the_north:?}"
+    );
+    assert_eq!(first.await.unwrap().code().as_deref(), Some("lock_timeout"));
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.counters("FREE").await, (4, 1));
+    app.assert_audit_clean().await;
+}
+
+/// A SKU found short is dated when the request went to the database, not when its
+/// answer came back: a unit given back elsewhere while the request waited on a lock is
+/// not outlived by that wait beyond the re-check bound.
+async fn a_short_finding_is_dated_when_its_request_was_sent_not_answered(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // Its writers queue inside the process: no session outside holds a row.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("SCARCE", 1).await;
+    assert_eq!(
+        app.reserve("take-the-unit", &[("SCARCE", 1)]).await.status,
+        201
+    );
+    let recheck = test_engine_config().sold_out_recheck_milliseconds;
+    let mut lock = app.database.hold_stock_row_lock("SCARCE").await;
+    let short = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("short-1", &[("SCARCE", 1)]).await })
+    };
+    app.database.wait_until_blocked_by(&mut lock).await;
+    app.clock.advance_milliseconds(recheck - 100);
+    lock.execute("ROLLBACK").await.unwrap();
+    let short = short.await.unwrap();
+    assert_eq!(
+        short.code().as_deref(),
+        Some("insufficient_stock"),
+        "{short:?}"
+    );
+    // Another instance receives a unit, which this one does not hear of; by then the
+    // finding is older than the bound, counted from when its request was sent.
+    let other = app.another_instance().await;
+    assert_eq!(other.receive_in("SCARCE", 1, None).await.status, 201);
+    app.clock.advance_milliseconds(200);
+
+    let reserved = app.reserve("after-the-bound", &[("SCARCE", 1)]).await;
+
+    assert_eq!(reserved.status, 201, "memory did not answer: {reserved:?}");
     app.assert_audit_clean().await;
 }
 

@@ -18,7 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use domain::ConsistencyToken;
+use domain::{ConsistencyToken, WarehouseCode};
 use futures_util::FutureExt;
 use store::{Idempotent, LockTurn, ReserveRequest, ResponseRenderer, Store, StoreError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -360,21 +360,23 @@ async fn execute(
         // the lock bound (a long shelf or campaign transaction, a console session).
         // Run the requests one by one so only those wait and answer
         // `request_in_progress` or `lock_timeout`; the others are decided. A request
-        // naming a SKU that a request before it timed out on answers `lock_timeout` at
-        // once, so the batch waits out the bound once per locked SKU, not per request.
+        // naming a stock row that a request of that one row alone timed out on answers
+        // `lock_timeout` at once, so the batch waits out the bound once per locked row,
+        // not per request. A request of several rows that timed out proves none of
+        // them locked (it may have waited on any), so it condemns no other request.
         Err(StoreError::KeyInFlight | StoreError::LockTimeout(_)) if requests.len() > 1 => {
             let mut outcomes = Vec::with_capacity(requests.len());
-            let mut timed_out: std::collections::HashSet<domain::SkuCode> =
+            let mut timed_out: std::collections::HashSet<(&domain::SkuCode, &WarehouseCode)> =
                 std::collections::HashSet::new();
             for request in requests {
                 if let Some(line) = request
                     .lines
                     .iter()
-                    .find(|line| timed_out.contains(&line.sku))
+                    .find(|line| timed_out.contains(&(&line.sku, &line.warehouse)))
                 {
                     outcomes.push(Err(StoreError::LockTimeout(format!(
-                        "sku '{}' stayed locked past the bound for a request before this one",
-                        line.sku
+                        "sku '{}' in warehouse '{}' stayed locked past the bound for a request before this one",
+                        line.sku, line.warehouse
                     ))));
                     continue;
                 }
@@ -393,8 +395,10 @@ async fn execute(
                         StoreError::Invariant("a batch of one returned nothing".into())
                     })
                 });
-                if matches!(outcome, Err(StoreError::LockTimeout(_))) {
-                    timed_out.extend(request.lines.iter().map(|line| line.sku.clone()));
+                if let (Err(StoreError::LockTimeout(_)), [line]) =
+                    (&outcome, request.lines.as_slice())
+                {
+                    timed_out.insert((&line.sku, &line.warehouse));
                 }
                 outcomes.push(outcome);
             }

@@ -354,13 +354,17 @@ impl Engine {
         }
         self.note_sent(claim, memory_may_refuse);
         let changes_seen = memory.changes_seen();
+        // A finding is dated when its request went to the database: stock given back
+        // while it waited (elsewhere, unseen here) is then not outlived by the
+        // answer's latency beyond the re-check bound.
+        let sent_at = self.now();
         let decided = attempt().await?;
         if let store::Idempotent::Executed(response) = &decided {
             if response.status == 201 {
                 memory.clear_lines(lines);
             } else if lines.len() == 1 && is_insufficient_stock(response) {
                 // With other lines the refusal may be theirs; a replayed one may be old.
-                memory.record(&lines[0], self.now(), changes_seen);
+                memory.record(&lines[0], sent_at, changes_seen);
             }
         }
         Ok(decided)
