@@ -292,6 +292,19 @@ async fn refused_transitions_and_edits_of_a_deleted_sku_answer_illegal_transitio
         before,
         "DELETED is terminal: no status, field, version or event changed"
     );
+    // The document names the answer a client gets for the edit.
+    let document = app
+        .send(Call::get("/openapi.json").anonymous())
+        .await
+        .json();
+    let conflict = document["paths"]["/v1/skus/{sku}"]["put"]["responses"]["409"]["description"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        conflict.contains("illegal_transition"),
+        "PUT /v1/skus/{{sku}} documents its 409 illegal_transition: {conflict}"
+    );
 }
 
 async fn an_operation_naming_a_sku_or_product_that_does_not_exist_is_refused_whole_and_changes_nothing(

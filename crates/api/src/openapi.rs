@@ -431,7 +431,11 @@ pub const OPERATIONS: &[Operation] = &[
         problems: &[],
     },
     operation("openapi", &[], &[]),
-    operation("save_sku", &[Action::EditCatalog], &[AlreadyExists]),
+    operation(
+        "save_sku",
+        &[Action::EditCatalog],
+        &[AlreadyExists, IllegalTransition],
+    ),
     operation("get_sku", &[Action::ViewStock], &[NotFound]),
     operation(
         "record_movement",
@@ -554,11 +558,8 @@ pub const OPERATIONS: &[Operation] = &[
         &[Action::ManageCredentials],
         &[AlreadyExists],
     ),
-    operation(
-        "create_service_key",
-        &[Action::ManageCredentials],
-        &[AlreadyExists],
-    ),
+    // Its id is minted by stockd: nothing the caller sends can be taken.
+    operation("create_service_key", &[Action::ManageCredentials], &[]),
     operation("service_keys", &[Action::ManageCredentials], &[]),
     operation("revoke_operator", &[Action::ManageCredentials], &[NotFound]),
     operation(

@@ -44,6 +44,26 @@ pub fn token_hash(token: &str) -> String {
 }
 
 /// Compares without an early exit.
+/// Whether a bearer header can carry `token` as the admin token (`serve` checks it
+/// before opening the database). A token no header can carry would lock the admin out
+/// without a word: every call would hear "unknown credential". A header value holds
+/// printable ASCII and tabs; the bearer token is read from it trimmed.
+pub fn check_admin_token(token: &Secret) -> Result<(), EngineError> {
+    let text = token.expose();
+    let carried = |byte: u8| byte == b'\t' || (b' '..=b'~').contains(&byte);
+    if text.is_empty()
+        || text.len() > BEARER_TOKEN_LENGTH_MAX
+        || !text.bytes().all(carried)
+        || text.trim() != text
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "the admin token must be 1 to {BEARER_TOKEN_LENGTH_MAX} printable ASCII characters, not starting or ending with a space (it has {} characters)",
+            text.chars().count()
+        )));
+    }
+    Ok(())
+}
+
 fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
     left.len() == right.len()
         && left
@@ -149,21 +169,7 @@ impl Engine {
     /// Makes `token` the admin token (`STOCKD_ADMIN_TOKEN`); the one stored in the
     /// database, if any, is then refused.
     pub fn configure_admin_token(&self, token: &Secret) -> Result<(), EngineError> {
-        // A token no bearer header can carry would lock the admin out without a word:
-        // every call would hear "unknown credential". A header value holds printable
-        // ASCII and tabs; the bearer token is read from it trimmed.
-        let text = token.expose();
-        let carried = |byte: u8| byte == b'\t' || (b' '..=b'~').contains(&byte);
-        if text.is_empty()
-            || text.len() > BEARER_TOKEN_LENGTH_MAX
-            || !text.bytes().all(carried)
-            || text.trim() != text
-        {
-            return Err(EngineError::InvalidArgument(format!(
-                "the admin token must be 1 to {BEARER_TOKEN_LENGTH_MAX} printable ASCII characters, not starting or ending with a space (it has {} characters)",
-                text.chars().count()
-            )));
-        }
+        check_admin_token(token)?;
         *self
             .inner
             .credentials

@@ -345,6 +345,14 @@ impl ServeArguments {
         self.campaigns.check()?;
         self.combiner.check()?;
         self.payments.check()?;
+        if let Some(token) = self
+            .admin_token
+            .as_deref()
+            .filter(|token| !token.is_empty())
+        {
+            engine::credentials::check_admin_token(&domain::Secret::new(token.to_owned()))
+                .map_err(|error| format!("STOCKD_ADMIN_TOKEN: {error}"))?;
+        }
         if domain::TtlSeconds::new(self.reservation_ttl_seconds_default).is_err() {
             return Err(
                 "STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into(),
@@ -548,7 +556,19 @@ impl PaymentArguments {
             .filter(|url| !url.is_empty())
     }
 
+    /// Whether `STOCKD_GATEWAY=sandbox` says so; any other value is refused.
+    fn explicit_sandbox(&self) -> Result<bool, String> {
+        match self.gateway.as_deref() {
+            None | Some("") => Ok(false),
+            Some("sandbox") => Ok(true),
+            Some(other) => Err(format!(
+                "STOCKD_GATEWAY must be 'sandbox' (or unset), not '{other}'"
+            )),
+        }
+    }
+
     fn check(&self) -> Result<(), String> {
+        self.explicit_sandbox()?;
         if let Some(secret) = &self.webhook_secret {
             check_webhook_secret(secret)?;
         }
@@ -972,16 +992,7 @@ fn choose_gateway(
     arguments: &PaymentArguments,
     address: std::net::SocketAddr,
 ) -> Result<GatewayChoice, String> {
-    let explicit_sandbox = match arguments.gateway.as_deref() {
-        None | Some("") => false,
-        Some("sandbox") => true,
-        Some(other) => {
-            return Err(format!(
-                "STOCKD_GATEWAY must be 'sandbox' (or unset), not '{other}'"
-            ));
-        }
-    };
-    match (arguments.gateway_url(), explicit_sandbox) {
+    match (arguments.gateway_url(), arguments.explicit_sandbox()?) {
         (Some(_), sandbox) => Ok(GatewayChoice::Configured { sandbox }),
         (None, true) => Ok(GatewayChoice::InProcessSandbox),
         (None, false) if address.ip().is_loopback() => Ok(GatewayChoice::InProcessSandbox),

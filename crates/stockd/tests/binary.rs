@@ -631,6 +631,8 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_EXPIRY_INTERVAL_MILLISECONDS", "0"),
         ("STOCKD_DATABASE_POOL_SIZE", "0"),
         ("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT", "0"),
+        ("STOCKD_GATEWAY", "stripe"),
+        ("STOCKD_ADMIN_TOKEN", " padded"),
     ] {
         let (code, message, opened) = serve_refusal(&[(variable, value)]);
         assert_eq!(code, Some(2), "{variable}={value}: {message}");
