@@ -121,10 +121,13 @@ impl Credentials {
             .cache
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // An age below zero is the wall clock stepped back since the answer was read:
+        // kept, it would be trusted for as long as the step, past the bound.
         cache
             .get(key)
             .filter(|entry| {
-                now.unix_milliseconds() - entry.fetched_at.unix_milliseconds() < ttl_milliseconds
+                (0..ttl_milliseconds)
+                    .contains(&(now.unix_milliseconds() - entry.fetched_at.unix_milliseconds()))
             })
             .cloned()
     }
@@ -153,6 +156,13 @@ impl Credentials {
         cache.insert(key, entry);
     }
 
+    /// Forgets every cached answer when dropped: held across a revocation or rotation
+    /// here, so the cache goes however it ends. A commit whose answer was lost, or a
+    /// caller that went away, may have revoked.
+    fn forget_all_when_done(&self) -> ForgetAllWhenDone<'_> {
+        ForgetAllWhenDone(self)
+    }
+
     /// Forgets every cached answer (after a revocation or rotation here).
     pub fn forget_all(&self) {
         let mut cache = self
@@ -162,6 +172,15 @@ impl Credentials {
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         cache.clear();
+    }
+}
+
+/// See [`Credentials::forget_all_when_done`].
+struct ForgetAllWhenDone<'credentials>(&'credentials Credentials);
+
+impl Drop for ForgetAllWhenDone<'_> {
+    fn drop(&mut self) {
+        self.0.forget_all();
     }
 }
 
@@ -200,12 +219,12 @@ impl Engine {
     /// old one for at most the credential cache's bound.
     pub async fn rotate_admin_token(&self) -> Result<Secret, EngineError> {
         let token = Secret::new(random_secret());
+        let _forget = self.inner.credentials.forget_all_when_done();
         self.inner
             .store
             .replace_admin_secret(&token_hash(token.expose()), self.now())
             .await
             .map_err(|error| log_store_error("admin_token", error))?;
-        self.inner.credentials.forget_all();
         Ok(token)
     }
 
@@ -377,6 +396,7 @@ impl Engine {
         authorize(principal, Action::ManageCredentials, None)
             .map_err(|denied| EngineError::Forbidden(denied.0))?;
         let renderer = self.inner.renderer.as_ref();
+        let _forget = self.inner.credentials.forget_all_when_done();
         let reply = self
             .idempotent("revoke_service_key", claim, || {
                 self.retried("revoke_service_key", || {
@@ -386,7 +406,6 @@ impl Engine {
                 })
             })
             .await?;
-        self.inner.credentials.forget_all();
         Ok(reply)
     }
 
@@ -402,6 +421,7 @@ impl Engine {
         authorize(principal, Action::ManageCredentials, None)
             .map_err(|denied| EngineError::Forbidden(denied.0))?;
         let renderer = self.inner.renderer.as_ref();
+        let _forget = self.inner.credentials.forget_all_when_done();
         let reply = self
             .idempotent("revoke_operator", claim, || {
                 self.retried("revoke_operator", || {
@@ -411,7 +431,6 @@ impl Engine {
                 })
             })
             .await?;
-        self.inner.credentials.forget_all();
         Ok(reply)
     }
 }
@@ -449,6 +468,51 @@ mod tests {
             credentials
                 .cached(&token, Timestamp::from_unix_milliseconds(1), 2_000)
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn an_answer_read_after_the_clock_now_is_not_trusted() {
+        let credentials = Credentials::default();
+        let token = digest("read-before-the-clock-stepped-back");
+        let entry = Cached {
+            principal: Some(Arc::new(Principal::Admin)),
+            fetched_at: Timestamp::from_unix_milliseconds(600_000),
+        };
+        credentials.remember(token, entry, credentials.generation());
+        assert!(
+            credentials
+                .cached(&token, Timestamp::from_unix_milliseconds(600_001), 2_000)
+                .is_some()
+        );
+        assert!(
+            credentials
+                .cached(&token, Timestamp::from_unix_milliseconds(0), 2_000)
+                .is_none(),
+            "the wall clock stepped back ten minutes: the answer's age is unknown"
+        );
+    }
+
+    #[test]
+    fn a_revocation_forgets_the_cache_however_it_ends() {
+        let credentials = Credentials::default();
+        let token = digest("revoked-but-the-answer-was-lost");
+        let entry = Cached {
+            principal: Some(Arc::new(Principal::Admin)),
+            fetched_at: Timestamp::from_unix_milliseconds(0),
+        };
+        credentials.remember(token, entry, credentials.generation());
+        let failed_revocation = || -> Result<(), EngineError> {
+            let _forget = credentials.forget_all_when_done();
+            Err(EngineError::Unavailable(
+                "the commit's answer was lost".into(),
+            ))
+        };
+        assert!(failed_revocation().is_err());
+        assert!(
+            credentials
+                .cached(&token, Timestamp::from_unix_milliseconds(1), 2_000)
+                .is_none()
         );
     }
 
