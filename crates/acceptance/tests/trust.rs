@@ -1038,7 +1038,8 @@ async fn the_service_key_secret_is_shown_once_and_listed_never(backend: Backend)
 /// Found in review: the engine checks the caller's shop against a SKU's before the
 /// transaction, but a SKU it did not know then (created since, maybe by another shop)
 /// passed unchecked. A stock movement was then applied to another shop's SKU, and a
-/// cart's refusal of another shop's SKU was stored as the key's answer. The store is
+/// cart's, a reservation's or an order's refusal of another shop's SKU was stored as
+/// the key's answer. The store is
 /// called here as the engine calls it after finding no such SKU: shop `north` required,
 /// the SKU in shop `default`.
 async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transaction_and_changes_nothing(
@@ -1085,6 +1086,49 @@ async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transactio
         )
         .await
         .expect("set cart item");
+    let lines = vec![domain::ReservationLine {
+        sku: sku.clone(),
+        warehouse: domain::WarehouseCode::default_warehouse(),
+        quantity: domain::Quantity::new(1).expect("quantity"),
+    }];
+    let expires_at = now.plus_seconds(600);
+    let reservation = store::ReserveRequest {
+        claim: claim("reserve"),
+        id: domain::ReservationId::generate(now, 2),
+        lines: lines.clone(),
+        expires_at,
+        shop: domain::ShopScope::Required(north.clone()),
+        user: None,
+        reference: domain::OrderReference::default(),
+        undecided_when_short: false,
+    };
+    let reserved = app
+        .store
+        .reserve_batch(
+            std::slice::from_ref(&reservation),
+            now,
+            api::renderer().as_ref(),
+            &mut store::LockTurn::free(),
+        )
+        .await
+        .expect("reserve batch")
+        .outcomes;
+    let order = store::NewOrder {
+        id: domain::OrderId::generate(now, 3),
+        shop: domain::ShopScope::Required(north.clone()),
+        user: domain::UserId::parse("alice").expect("user"),
+        reservation_id: domain::ReservationId::generate(now, 4),
+        lines,
+        expires_at,
+        skipped: None,
+        reference: domain::OrderReference::default(),
+        undecided_when_short: false,
+    };
+    let ordered = app
+        .store
+        .create_order(&claim("order"), &order, now, api::renderer().as_ref())
+        .await
+        .expect("create order");
 
     assert!(
         matches!(moved, store::Idempotent::Forbidden(_)),
@@ -1094,10 +1138,18 @@ async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transactio
         matches!(carted, store::Idempotent::Forbidden(_)),
         "{carted:?}"
     );
+    assert!(
+        matches!(reserved.as_slice(), [store::Idempotent::Forbidden(_)]),
+        "{reserved:?}"
+    );
+    assert!(
+        matches!(ordered, store::Idempotent::Forbidden(_)),
+        "{ordered:?}"
+    );
     assert_eq!(
         app.contents().await,
         before,
-        "no stock moved, no cart line, no key stored"
+        "no stock moved, no cart line, no hold, no order, no key stored"
     );
 }
 

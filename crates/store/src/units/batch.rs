@@ -21,7 +21,7 @@ use crate::plan::{
     totals_if_all_accepted,
 };
 use crate::sql::statement;
-use domain::{ShopCode, SkuCode, Timestamp};
+use domain::{ErrorCode, ShopCode, SkuCode, Timestamp};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Where a request of a reservation batch stands.
@@ -493,6 +493,17 @@ impl<B: Backend> Units<B> {
             renderer,
             now,
         );
+        // A request refused for naming another shop's SKUs (found so only under the
+        // lock: a SKU created meanwhile) stores nothing, as every 403: the key stays
+        // free, and a retry is decided again.
+        for (index, decided) in claimed.iter().zip(&plan.decisions) {
+            if let Err(rejection) = decided
+                && rejection.code == ErrorCode::Forbidden
+            {
+                responses[*index] = None;
+                slots[*index] = BatchSlot::Decided(Idempotent::Forbidden(rejection.detail.clone()));
+            }
+        }
         // An undecided request stores nothing: no record, no answer.
         for position in &plan.undecided {
             let index = claimed[*position];

@@ -740,6 +740,14 @@ impl<B: Backend> Units<B> {
                 .map(|prices| (shop, prices)),
             Err(rejection) => Err(rejection),
         };
+        // Another shop's SKUs (found so only under the lock: a SKU created meanwhile)
+        // store nothing, as every 403: the key stays free, and a retry is decided again.
+        if let Err(rejection) = &priced
+            && rejection.code == ErrorCode::Forbidden
+        {
+            transaction.rollback().await?;
+            return Ok(Idempotent::Forbidden(rejection.detail.clone()));
+        }
         let response = match priced {
             Err(rejection) => renderer.rejected(&rejection),
             Ok((shop, prices)) => {
