@@ -19,6 +19,7 @@ mirrored_tests!(
     a_sku_locked_past_the_bound_fails_only_its_own_requests_in_a_batch,
     a_request_that_timed_out_on_several_rows_condemns_none_of_them_for_the_others,
     a_short_finding_is_dated_when_its_request_was_sent_not_answered,
+    a_batch_of_more_shoppers_units_than_one_statement_takes_is_decided_whole,
     first_receipts_into_a_new_warehouse_at_once_all_count,
     a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
 );
@@ -986,6 +987,42 @@ async fn a_short_finding_is_dated_when_its_request_was_sent_not_answered(backend
     let reserved = app.reserve("after-the-bound", &[("SCARCE", 1)]).await;
 
     assert_eq!(reserved.status, 201, "memory did not answer: {reserved:?}");
+    app.assert_audit_clean().await;
+}
+
+/// MySQL refuses a statement with more than 65,535 placeholders. A batch whose shoppers'
+/// units take more (330 shoppers × 50 lines, four placeholders each, within the
+/// batch-size bound) goes to the database in chunks and is decided whole, not failed.
+async fn a_batch_of_more_shoppers_units_than_one_statement_takes_is_decided_whole(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let skus: Vec<String> = (0..50).map(|index| format!("WIDE-{index:02}")).collect();
+    for sku in &skus {
+        app.stocked_sku(sku, 400).await;
+    }
+    let lines: Vec<(&str, i64)> = skus.iter().map(|sku| (sku.as_str(), 1)).collect();
+    let batch: Vec<ReserveRequest> = (0..330_u64)
+        .map(|index| {
+            let key = format!("wide-{index}");
+            let mut request = request(&key, &key, &lines, index);
+            request.user = Some(domain::UserId::parse(&format!("shopper-{index}")).unwrap());
+            request
+        })
+        .collect();
+
+    let applied = reserve_batch(&app, &batch).await;
+
+    let statuses: Vec<_> = applied.outcomes.iter().map(status_and_code).collect();
+    assert!(
+        statuses
+            .iter()
+            .all(|(kind, status, _)| *kind == "executed" && *status == 201),
+        "{:?}",
+        &statuses[..3]
+    );
+    assert_eq!(app.counters("WIDE-00").await, (70, 330));
+    assert_eq!(app.counters("WIDE-49").await, (70, 330));
     app.assert_audit_clean().await;
 }
 

@@ -64,6 +64,17 @@ use crate::{StoreConfig, StoreLimits};
 /// placeholders stay far below MySQL's limit of 65,535.
 const BATCH_INSERT_ROWS_MAX: usize = 500;
 
+/// Placeholders one statement of a row of placeholders per key takes at most: MySQL
+/// refuses a statement with more than 65,535 (error 1390), and a batch's keys are
+/// bounded only by its requests times their lines (10,000 × 50 shoppers' units). Past
+/// it the keys go in chunks, in their order, so locks are still taken in key order.
+const PLACEHOLDERS_PER_STATEMENT_MAX: usize = 60_000;
+
+/// Keys of `width` placeholders each that one statement takes, with `extra` more.
+fn keys_per_statement(width: usize, extra: usize) -> usize {
+    ((PLACEHOLDERS_PER_STATEMENT_MAX - extra) / width.max(1)).max(1)
+}
+
 /// The MySQL or MariaDB database: one pool, shared by every unit of work.
 #[derive(Debug, Clone)]
 pub struct MysqlBackend {
@@ -599,38 +610,12 @@ impl Dialect for MySqlConnection {
         added: &BTreeMap<ShopperKey, i64>,
         open_holds_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
+        let added: Vec<(&ShopperKey, &i64)> = added.iter().collect();
+        let mut written = 0;
+        for chunk in added.chunks(keys_per_statement(3, 1)) {
+            written += add_open_holds_of(self, chunk, open_holds_max).await?;
         }
-        let keys = union_of_rows(added.len(), &["shop", "user_id", "holds"]);
-        let bound = format!("${}", added.len() * 3 + 1);
-        let bind_all = |mut statement: Statement<'static>| {
-            for ((shop, user), holds) in added {
-                statement = statement
-                    .bind(shop.as_str().to_owned())
-                    .bind(user.as_str().to_owned())
-                    .bind(*holds);
-            }
-            statement.bind(open_holds_max)
-        };
-        let updated = bind_all(built_statement(format!(
-            "UPDATE shopper_hold JOIN ({keys}) AS added \
-             ON shopper_hold.shop = added.shop AND shopper_hold.user_id = added.user_id \
-             SET shopper_hold.open_holds = shopper_hold.open_holds + added.holds \
-             WHERE shopper_hold.open_holds + added.holds <= {bound}"
-        )))
-        .execute(&mut *self)
-        .await?;
-        let inserted = bind_all(built_statement(format!(
-            "INSERT INTO shopper_hold (shop, user_id, open_holds) \
-             SELECT added.shop, added.user_id, added.holds FROM ({keys}) AS added \
-             WHERE added.holds <= {bound} AND NOT EXISTS (SELECT 1 FROM shopper_hold AS tally \
-                 WHERE tally.shop = added.shop AND tally.user_id = added.user_id) \
-             ON CONFLICT (shop, user_id) DO NOTHING"
-        )))
-        .execute(&mut *self)
-        .await?;
-        Ok(updated + inserted)
+        Ok(written)
     }
 
     /// Two statements for all the keys, as [`Self::add_open_holds_of_all`] does, each
@@ -640,47 +625,12 @@ impl Dialect for MySqlConnection {
         added: &BTreeMap<PurchaseKey, i64>,
         quantity_max: i64,
     ) -> Result<u64, StoreError> {
-        if added.is_empty() {
-            return Ok(0);
+        let added: Vec<(&PurchaseKey, &i64)> = added.iter().collect();
+        let mut written = 0;
+        for chunk in added.chunks(keys_per_statement(4, 1)) {
+            written += add_purchases_of(self, chunk, quantity_max).await?;
         }
-        let keys = union_of_rows(added.len(), &["shop", "user_id", "sku", "quantity"]);
-        let limit = format!(
-            "COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
-             (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), ${})",
-            added.len() * 4 + 1
-        );
-        let bind_all = |mut statement: Statement<'static>| {
-            for ((shop, user, sku), quantity) in added {
-                statement = statement
-                    .bind(shop.as_str().to_owned())
-                    .bind(user.as_str().to_owned())
-                    .bind(sku.as_str().to_owned())
-                    .bind(*quantity);
-            }
-            statement.bind(quantity_max)
-        };
-        let updated = bind_all(built_statement(format!(
-            "UPDATE shopper_purchase JOIN ({keys}) AS added \
-             ON shopper_purchase.shop = added.shop AND shopper_purchase.user_id = added.user_id \
-             AND shopper_purchase.sku = added.sku \
-             SET shopper_purchase.quantity = shopper_purchase.quantity + added.quantity \
-             WHERE shopper_purchase.quantity + added.quantity <= {limit}"
-        )))
-        .execute(&mut *self)
-        .await?;
-        let inserted = bind_all(built_statement(format!(
-            "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
-             SELECT added.shop, added.user_id, added.sku, added.quantity FROM ({keys}) AS added \
-             WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
-                    OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
-             AND added.quantity <= {limit} \
-             AND NOT EXISTS (SELECT 1 FROM shopper_purchase AS tally WHERE tally.shop = added.shop \
-                 AND tally.user_id = added.user_id AND tally.sku = added.sku) \
-             ON CONFLICT (shop, user_id, sku) DO NOTHING"
-        )))
-        .execute(&mut *self)
-        .await?;
-        Ok(updated + inserted)
+        Ok(written)
     }
 
     async fn receive_stock(
@@ -827,18 +777,21 @@ impl Dialect for MySqlConnection {
         if wanted.is_empty() {
             return Ok((BTreeMap::new(), HashMap::new()));
         }
-        let mut locking = built_statement(format!(
-            "SELECT sku, warehouse, available FROM stock FORCE INDEX (PRIMARY) \
-             WHERE (sku, warehouse) IN ({}) ORDER BY sku, warehouse FOR UPDATE",
-            rows_from_template(wanted.len(), "(?, ?)")
-        ));
-        for (sku, warehouse) in wanted {
-            locking = locking.bind(sku.as_str()).bind(warehouse.as_str());
-        }
-        let found: Vec<(String, String, i64)> = locking.fetch_all_as(&mut *self).await?;
         let mut available = BTreeMap::new();
-        for (sku, warehouse, count) in found {
-            available.insert(stock_key_of(&sku, &warehouse)?, count);
+        // `wanted` is in key order: chunk after chunk, the locks still are.
+        for chunk in wanted.chunks(keys_per_statement(2, 0)) {
+            let mut locking = built_statement(format!(
+                "SELECT sku, warehouse, available FROM stock FORCE INDEX (PRIMARY) \
+                 WHERE (sku, warehouse) IN ({}) ORDER BY sku, warehouse FOR UPDATE",
+                rows_from_template(chunk.len(), "(?, ?)")
+            ));
+            for (sku, warehouse) in chunk {
+                locking = locking.bind(sku.as_str()).bind(warehouse.as_str());
+            }
+            let found: Vec<(String, String, i64)> = locking.fetch_all_as(&mut *self).await?;
+            for (sku, warehouse, count) in found {
+                available.insert(stock_key_of(&sku, &warehouse)?, count);
+            }
         }
         let skus: BTreeSet<&SkuCode> = available.keys().map(|(sku, _)| sku).collect();
         let skus: Vec<&SkuCode> = skus.into_iter().collect();
@@ -880,17 +833,17 @@ impl Dialect for MySqlConnection {
         &mut self,
         skus: &[&SkuCode],
     ) -> Result<HashMap<SkuCode, SkuFacts>, StoreError> {
-        if skus.is_empty() {
-            return Ok(HashMap::new());
+        let mut found: Vec<SkuFactsRow> = Vec::with_capacity(skus.len());
+        for chunk in skus.chunks(keys_per_statement(1, 0)) {
+            let mut lookup = built_statement(format!(
+                "SELECT code, sale_status, shop, per_user_limit FROM sku WHERE code IN ({})",
+                list_of_placeholders(chunk.len())
+            ));
+            for sku in chunk {
+                lookup = lookup.bind(sku.as_str());
+            }
+            found.extend(lookup.fetch_all_as::<SkuFactsRow>(&mut *self).await?);
         }
-        let mut lookup = built_statement(format!(
-            "SELECT code, sale_status, shop, per_user_limit FROM sku WHERE code IN ({})",
-            list_of_placeholders(skus.len())
-        ));
-        for sku in skus {
-            lookup = lookup.bind(sku.as_str());
-        }
-        let found: Vec<SkuFactsRow> = lookup.fetch_all_as(self).await?;
         sku_facts_of(found)
     }
 
@@ -1002,14 +955,112 @@ async fn lock_tallies<K: TallyKey>(
         return Ok(HashMap::new());
     };
     let row = format!("({})", vec!["?"; width].join(", "));
-    let mut locking =
-        built_statement(statement.replace("{keys}", &rows_from_template(asked.len(), &row)));
-    for key in asked {
-        for column in key.columns() {
-            locking = locking.bind(column);
+    let mut tallies = HashMap::with_capacity(asked.len());
+    // `asked` is in key order: chunk after chunk, the locks still are.
+    for chunk in asked.chunks(keys_per_statement(width, 0)) {
+        let mut locking =
+            built_statement(statement.replace("{keys}", &rows_from_template(chunk.len(), &row)));
+        for key in chunk {
+            for column in key.columns() {
+                locking = locking.bind(column);
+            }
         }
+        tallies.extend(tallies_of(
+            chunk,
+            &locking.fetch_all_rows(&mut *connection).await?,
+        )?);
     }
-    tallies_of(asked, &locking.fetch_all_rows(connection).await?)
+    Ok(tallies)
+}
+
+/// One chunk of [`Dialect::add_open_holds_of_all`]: the update of the tallies that
+/// exist, then the insert of those that do not.
+async fn add_open_holds_of(
+    connection: &mut MySqlConnection,
+    added: &[(&ShopperKey, &i64)],
+    open_holds_max: i64,
+) -> Result<u64, StoreError> {
+    if added.is_empty() {
+        return Ok(0);
+    }
+    let keys = union_of_rows(added.len(), &["shop", "user_id", "holds"]);
+    let bound = format!("${}", added.len() * 3 + 1);
+    let bind_all = |mut statement: Statement<'static>| {
+        for ((shop, user), holds) in added {
+            statement = statement
+                .bind(shop.as_str().to_owned())
+                .bind(user.as_str().to_owned())
+                .bind(**holds);
+        }
+        statement.bind(open_holds_max)
+    };
+    let updated = bind_all(built_statement(format!(
+        "UPDATE shopper_hold JOIN ({keys}) AS added \
+         ON shopper_hold.shop = added.shop AND shopper_hold.user_id = added.user_id \
+         SET shopper_hold.open_holds = shopper_hold.open_holds + added.holds \
+         WHERE shopper_hold.open_holds + added.holds <= {bound}"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    let inserted = bind_all(built_statement(format!(
+        "INSERT INTO shopper_hold (shop, user_id, open_holds) \
+         SELECT added.shop, added.user_id, added.holds FROM ({keys}) AS added \
+         WHERE added.holds <= {bound} AND NOT EXISTS (SELECT 1 FROM shopper_hold AS tally \
+             WHERE tally.shop = added.shop AND tally.user_id = added.user_id) \
+         ON CONFLICT (shop, user_id) DO NOTHING"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    Ok(updated + inserted)
+}
+
+/// One chunk of [`Dialect::add_purchases_of_all`], as [`add_open_holds_of`].
+async fn add_purchases_of(
+    connection: &mut MySqlConnection,
+    added: &[(&PurchaseKey, &i64)],
+    quantity_max: i64,
+) -> Result<u64, StoreError> {
+    if added.is_empty() {
+        return Ok(0);
+    }
+    let keys = union_of_rows(added.len(), &["shop", "user_id", "sku", "quantity"]);
+    let limit = format!(
+        "COALESCE((SELECT per_user_limit FROM sku WHERE sku.code = added.sku), \
+         (SELECT per_user_limit FROM campaign WHERE campaign.tally_sku = added.sku), ${})",
+        added.len() * 4 + 1
+    );
+    let bind_all = |mut statement: Statement<'static>| {
+        for ((shop, user, sku), quantity) in added {
+            statement = statement
+                .bind(shop.as_str().to_owned())
+                .bind(user.as_str().to_owned())
+                .bind(sku.as_str().to_owned())
+                .bind(**quantity);
+        }
+        statement.bind(quantity_max)
+    };
+    let updated = bind_all(built_statement(format!(
+        "UPDATE shopper_purchase JOIN ({keys}) AS added \
+         ON shopper_purchase.shop = added.shop AND shopper_purchase.user_id = added.user_id \
+         AND shopper_purchase.sku = added.sku \
+         SET shopper_purchase.quantity = shopper_purchase.quantity + added.quantity \
+         WHERE shopper_purchase.quantity + added.quantity <= {limit}"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    let inserted = bind_all(built_statement(format!(
+        "INSERT INTO shopper_purchase (shop, user_id, sku, quantity) \
+         SELECT added.shop, added.user_id, added.sku, added.quantity FROM ({keys}) AS added \
+         WHERE (EXISTS (SELECT 1 FROM sku WHERE sku.code = added.sku) \
+                OR EXISTS (SELECT 1 FROM campaign WHERE campaign.tally_sku = added.sku)) \
+         AND added.quantity <= {limit} \
+         AND NOT EXISTS (SELECT 1 FROM shopper_purchase AS tally WHERE tally.shop = added.shop \
+             AND tally.user_id = added.user_id AND tally.sku = added.sku) \
+         ON CONFLICT (shop, user_id, sku) DO NOTHING"
+    )))
+    .execute(&mut *connection)
+    .await?;
+    Ok(updated + inserted)
 }
 
 /// A derived table of `rows` rows of placeholders, numbered on across them, its
