@@ -4,7 +4,7 @@
 use acceptance::{Backend, Call, TestApp, mirrored_tests, test_engine_config, wait_until};
 use domain::{
     IdempotencyKey, Principal, Quantity, ReservationId, ReservationLine, ShopCode, SkuCode,
-    Timestamp, WarehouseCode,
+    WarehouseCode,
 };
 use store::{IdempotencyClaim, Idempotent, ReserveRequest, ScopedKey, ShopScope};
 
@@ -20,6 +20,7 @@ mirrored_tests!(
     a_request_that_timed_out_on_several_rows_condemns_none_of_them_for_the_others,
     a_short_finding_is_dated_when_its_request_was_sent_not_answered,
     a_batch_of_more_shoppers_units_than_one_statement_takes_is_decided_whole,
+    a_hold_lasts_its_ttl_from_when_its_batch_is_decided_not_from_its_arrival,
     first_receipts_into_a_new_warehouse_at_once_all_count,
     a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
 );
@@ -210,7 +211,7 @@ fn request(key: &str, fingerprint: &str, lines: &[(&str, i64)], random: u64) -> 
                 quantity: Quantity::new(*quantity).unwrap(),
             })
             .collect(),
-        expires_at: Timestamp::from_unix_milliseconds(now.unix_milliseconds() + 60_000),
+        ttl_seconds: 60,
         // The SKUs these tests reserve are standalone, of shop `default`.
         shop: ShopScope::Verified(ShopCode::default_shop()),
         user: None,
@@ -1024,6 +1025,66 @@ async fn a_batch_of_more_shoppers_units_than_one_statement_takes_is_decided_whol
     assert_eq!(app.counters("WIDE-00").await, (70, 330));
     assert_eq!(app.counters("WIDE-49").await, (70, 330));
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a hold's expiry was fixed when its request arrived, so time spent
+/// in the combiner's queue (behind a batch waiting for a lock) was taken out of its
+/// ttl, and a short hold could commit already expired. It now lasts its ttl from when
+/// its batch is decided.
+async fn a_hold_lasts_its_ttl_from_when_its_batch_is_decided_not_from_its_arrival(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // Its writers queue inside the process: no session outside holds a row.
+        return;
+    }
+    let config = engine::EngineConfig {
+        combiner_shards: 1,
+        combiner_batches_in_flight: 1,
+        ..test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku("QUEUED", 5).await;
+    let mut lock = app.database.hold_stock_row_lock("QUEUED").await;
+    let reserve = |key: &'static str| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.send(
+                Call::post("/v1/reservations")
+                    .key(key)
+                    .json(&serde_json::json!({
+                        "lines": [{"sku": "QUEUED", "quantity": 1}],
+                        "ttl_seconds": 60,
+                    })),
+            )
+            .await
+        })
+    };
+    let first = reserve("first");
+    app.database.wait_until_blocked_by(&mut lock).await;
+    let queued = reserve("queued");
+    wait_until(
+        "the second request waits in the queue behind the first's batch",
+        || app.engine.reservations_queued() == 1,
+    )
+    .await;
+    app.clock.advance_seconds(30);
+    lock.execute("ROLLBACK").await.unwrap();
+
+    let first = first.await.unwrap();
+    let queued = queued.await.unwrap();
+
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(queued.status, 201, "{queued:?}");
+    let held = queued.json();
+    let at =
+        |field: &str| -> domain::Timestamp { serde_json::from_value(held[field].clone()).unwrap() };
+    assert_eq!(at("created_at"), acceptance::START.plus_seconds(30));
+    assert_eq!(
+        at("expires_at"),
+        at("created_at").plus_seconds(60),
+        "the 30 s in the queue are not taken out of the hold: {held}"
+    );
 }
 
 /// A reservation locks its own stock rows and nothing else exclusively. Its SKU's row

@@ -1096,7 +1096,7 @@ async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transactio
         claim: claim("reserve"),
         id: domain::ReservationId::generate(now, 2),
         lines: lines.clone(),
-        expires_at,
+        ttl_seconds: 600,
         shop: domain::ShopScope::Required(north.clone()),
         user: None,
         reference: domain::OrderReference::default(),

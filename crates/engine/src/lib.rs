@@ -479,7 +479,7 @@ impl Engine {
             claim: claim.clone(),
             id: ReservationId::generate(now, rand::random()),
             lines,
-            expires_at: now.plus_seconds(ttl_seconds),
+            ttl_seconds,
             shop,
             user,
             reference,
@@ -502,11 +502,9 @@ impl Engine {
             named_campaign: campaign.is_some(),
             respond_async,
         };
+        // The hold lasts its ttl from when its batch is decided: time spent in line
+        // is not taken out of it.
         self.through_line(line, move |routed| async move {
-            // The hold lasts its ttl from its turn: time spent in line is not
-            // taken out of it.
-            let mut request = request;
-            request.expires_at = engine.now().plus_seconds(ttl_seconds);
             engine.decide_reservation(request, routed).await
         })
         .await

@@ -61,12 +61,15 @@ pub struct NewReservation<'a> {
 
 impl<'a> NewReservation<'a> {
     /// The accepted requests of a reservation batch (no order holds them).
-    pub fn of_batch(accepted: &[(&'a ReserveRequest, &'a ShopCode)]) -> Vec<NewReservation<'a>> {
+    pub fn of_batch(
+        accepted: &[(&'a ReserveRequest, &'a ShopCode)],
+        now: Timestamp,
+    ) -> Vec<NewReservation<'a>> {
         accepted
             .iter()
             .map(|(request, shop)| NewReservation {
                 id: &request.id,
-                expires_at: request.expires_at,
+                expires_at: now.plus_seconds(request.ttl_seconds),
                 request_key: Some(request.claim.key.as_str()),
                 ledger_key: request.claim.key.as_str(),
                 shop,

@@ -265,7 +265,9 @@ pub struct ReserveRequest {
     pub claim: IdempotencyClaim,
     pub id: ReservationId,
     pub lines: Vec<ReservationLine>,
-    pub expires_at: Timestamp,
+    /// How long the hold lasts, counted from when its batch is decided: time spent in
+    /// the combiner's queue or waiting for a lock is not taken out of it.
+    pub ttl_seconds: i64,
     pub shop: ShopScope,
     /// The shopper, when named: counted against the open-hold bound and per-user limits.
     pub user: Option<UserId>,

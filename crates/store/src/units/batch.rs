@@ -518,7 +518,7 @@ impl<B: Backend> Units<B> {
                     .map(|response| (&requests[*index].claim, response))
             })
             .collect();
-        let reservations = NewReservation::of_batch(&accepted);
+        let reservations = NewReservation::of_batch(&accepted, now);
         let nothing_follows = plan.holds_added.is_empty()
             && plan.purchases_added.is_empty()
             && accepted
@@ -619,7 +619,12 @@ impl<B: Backend> Units<B> {
             .collect();
         let totals = totals_if_all_accepted(claimed.iter().map(|request| request.lines.as_slice()));
         self.backend
-            .reserve_whole_batch(&totals, &NewReservation::of_batch(&accepted), &records, now)
+            .reserve_whole_batch(
+                &totals,
+                &NewReservation::of_batch(&accepted, now),
+                &records,
+                now,
+            )
             .await
     }
 

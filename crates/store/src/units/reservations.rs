@@ -133,7 +133,7 @@ pub(crate) fn new_reservation(
         order_id: None,
         status: ReservationStatus::Reserved,
         release_reason: None,
-        expires_at: request.expires_at,
+        expires_at: now.plus_seconds(request.ttl_seconds),
         created_at: now,
         updated_at: now,
         lines: request.lines.clone(),
