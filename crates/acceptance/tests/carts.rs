@@ -17,6 +17,7 @@ mirrored_tests!(
     two_checkouts_of_one_cart_under_different_keys_order_its_lines_once,
     a_checkout_takes_its_lines_out_of_the_cart_with_its_order,
     a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_changed,
+    a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_checkout_refused,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -647,4 +648,85 @@ async fn a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_chan
             .json();
         assert_eq!(cart["lines"].as_array().unwrap().len(), 1, "{user}: {cart}");
     }
+}
+
+/// Found in review: a SKU on the shelf with no price an order can charge (one created
+/// on its own, or priced 0) showed as orderable, and the checkout then refused the
+/// whole cart with it ("has no price"); priced 0 inside a larger order it went out
+/// free. The cart now names the line `no_price`, the checkout skips it and orders the
+/// rest, and an order naming it is refused.
+async fn a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_checkout_refused(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let north = shop_with_stock(&app).await;
+    for (sku, body) in [
+        ("C-GIFT", json!({"title": "Gift", "shop": "north"})),
+        (
+            "C-FREE",
+            json!({"title": "Free", "shop": "north", "price": 0, "currency": "CNY"}),
+        ),
+    ] {
+        let created = app
+            .send(
+                Call::put(format!("/v1/skus/{sku}"))
+                    .admin()
+                    .key(sku)
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        app.receive(sku, 5).await;
+    }
+    for sku in ["C-PLENTY", "C-GIFT", "C-FREE"] {
+        assert_eq!(put_item(&north, "dora", sku, 1).await.status, 200);
+    }
+
+    let cart = north.send(Call::get("/v1/carts/dora")).await.json();
+    let ordered_with_the_free_one = north
+        .send(Call::post("/v1/orders").key("dora-order").json(
+            &json!({"user_id": "dora", "lines": [
+                {"sku": "C-PLENTY", "quantity": 1}, {"sku": "C-FREE", "quantity": 5}
+            ]}),
+        ))
+        .await;
+    let checkout = north
+        .send(Call::post("/v1/carts/dora/checkout").key("dora-checkout"))
+        .await;
+
+    let mut shown = problems(&cart);
+    shown.sort();
+    assert_eq!(
+        shown,
+        vec![
+            ("C-FREE".to_owned(), Some("no_price".to_owned())),
+            ("C-GIFT".to_owned(), Some("no_price".to_owned())),
+            ("C-PLENTY".to_owned(), None),
+        ]
+    );
+    assert_eq!(
+        ordered_with_the_free_one.code().as_deref(),
+        Some("failed_precondition"),
+        "{ordered_with_the_free_one:?}"
+    );
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    let body = checkout.json();
+    assert_eq!(
+        body["reservation"]["lines"],
+        json!([{"sku": "C-PLENTY", "warehouse": "default", "quantity": 1}])
+    );
+    let mut skipped: Vec<String> = body["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| format!("{} {}", line["sku"], line["problem"]))
+        .collect();
+    skipped.sort();
+    assert_eq!(
+        skipped,
+        vec![r#""C-FREE" "no_price""#, r#""C-GIFT" "no_price""#]
+    );
+    assert_eq!(north.counters("C-FREE").await, (5, 0));
+    assert_eq!(north.counters("C-GIFT").await, (5, 0));
+    app.assert_audit_clean().await;
 }

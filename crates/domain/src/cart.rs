@@ -28,6 +28,14 @@ pub struct CartSku {
     pub available: i64,
 }
 
+impl CartSku {
+    /// Whether an order can charge for it: a price above zero, in a currency (an order
+    /// refuses any other line).
+    pub fn has_price(&self) -> bool {
+        self.price.is_some_and(|price| price.get() > 0) && self.currency.is_some()
+    }
+}
+
 /// Why a cart line cannot be ordered now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CartProblem {
@@ -37,6 +45,9 @@ pub enum CartProblem {
     OutOfStock,
     /// More in the cart than is available.
     QuantityAboveAvailable,
+    /// On the shelf without a price an order can charge (none, zero, or no currency):
+    /// a SKU created on its own can be, and is reserved so, but not ordered.
+    NoPrice,
 }
 
 impl CartProblem {
@@ -47,6 +58,7 @@ impl CartProblem {
             CartProblem::OffShelf => "off_shelf",
             CartProblem::OutOfStock => "out_of_stock",
             CartProblem::QuantityAboveAvailable => "quantity_above_available",
+            CartProblem::NoPrice => "no_price",
         }
     }
 
@@ -57,6 +69,7 @@ impl CartProblem {
             CartProblem::OutOfStock | CartProblem::QuantityAboveAvailable => {
                 ErrorCode::InsufficientStock
             }
+            CartProblem::NoPrice => ErrorCode::FailedPrecondition,
         }
     }
 }
@@ -71,6 +84,7 @@ impl CartLine {
         match current.sale_status {
             SaleStatus::Deleted => Some(CartProblem::Deleted),
             SaleStatus::OffShelf | SaleStatus::PendingReview => Some(CartProblem::OffShelf),
+            SaleStatus::OnShelf if !current.has_price() => Some(CartProblem::NoPrice),
             SaleStatus::OnShelf if current.available == 0 => Some(CartProblem::OutOfStock),
             SaleStatus::OnShelf if current.available < self.quantity => {
                 Some(CartProblem::QuantityAboveAvailable)
@@ -91,12 +105,19 @@ mod tests {
             quantity,
             current: Some(CartSku {
                 title: "Milk".into(),
-                price: None,
-                currency: None,
+                price: Some(PriceMinor::new(199).unwrap()),
+                currency: Some(Currency::parse("EUR").unwrap()),
                 sale_status,
                 available,
             }),
         }
+    }
+
+    fn priced(mut line: CartLine, price: Option<i64>) -> CartLine {
+        if let Some(current) = &mut line.current {
+            current.price = price.map(|minor| PriceMinor::new(minor).unwrap());
+        }
+        line
     }
 
     #[test]
@@ -136,6 +157,16 @@ mod tests {
                 line(3, SaleStatus::OnShelf, 2),
                 CartProblem::QuantityAboveAvailable,
                 ErrorCode::InsufficientStock,
+            ),
+            (
+                priced(line(1, SaleStatus::OnShelf, 5), None),
+                CartProblem::NoPrice,
+                ErrorCode::FailedPrecondition,
+            ),
+            (
+                priced(line(1, SaleStatus::OnShelf, 5), Some(0)),
+                CartProblem::NoPrice,
+                ErrorCode::FailedPrecondition,
             ),
         ];
         for (line, problem, code) in cases {

@@ -229,8 +229,8 @@ mod tests {
             quantity,
             current: Some(CartSku {
                 title: String::new(),
-                price: None,
-                currency: None,
+                price: Some(domain::PriceMinor::new(100).unwrap()),
+                currency: Some(domain::Currency::parse("EUR").unwrap()),
                 sale_status: status,
                 available,
             }),

@@ -304,8 +304,9 @@ pub(crate) async fn price_order<C: Dialect>(
             .bind(line.sku.as_str())
             .fetch_one_as::<(Option<i64>, Option<String>)>(&mut *transaction)
             .await?;
+        // A price of 0 is no price: the line would go out free inside a paid order.
         match price {
-            (Some(price), Some(currency)) => prices.push((price, currency)),
+            (Some(price), Some(currency)) if price > 0 => prices.push((price, currency)),
             _ => {
                 return Ok(Err(Rejection::new(
                     ErrorCode::FailedPrecondition,
