@@ -569,6 +569,16 @@ impl Engine {
     /// from being routed here.
     pub async fn campaign_step(&self) -> Result<Vec<CampaignId>, EngineError> {
         let ended = self.end_due_campaigns().await;
+        self.load_open_campaigns().await?;
+        ended
+    }
+
+    /// Reads the open campaigns and routes by them; answers how many there are. At
+    /// every campaign step, and once at start before the first request is answered: a
+    /// reservation for a running campaign's SKU that found no route would go to the
+    /// regular stock, past the campaign's line and limit, and a "sold out" from there
+    /// would be stored under its key.
+    pub async fn load_open_campaigns(&self) -> Result<usize, EngineError> {
         let added_before_read = self.inner.campaigns.added_so_far();
         let open = self
             .inner
@@ -577,7 +587,7 @@ impl Engine {
             .await
             .map_err(|error| log_store_error("open_campaigns", error))?;
         self.inner.campaigns.replace(&open, added_before_read);
-        ended
+        Ok(open.len())
     }
 
     /// The ending half of [`Engine::campaign_step`]: what is left of a closed campaign

@@ -896,6 +896,13 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         }
         None => "payments through the configured gateway".to_owned(),
     };
+    let campaigns = engine
+        .load_open_campaigns()
+        .await
+        .map_err(|error| format!("cannot read the open campaigns: {error}"))?;
+    if campaigns > 0 {
+        println!("stockd: routing {campaigns} open flash-sale campaign(s)");
+    }
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
     // The last line printed at start-up: scripts wait for it.

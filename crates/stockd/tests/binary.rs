@@ -816,3 +816,96 @@ fn the_duplicate_delivery_drill_holds_and_writes_its_report() {
     assert_eq!(report["checks"].as_array().unwrap().len(), 5);
     assert_eq!(report["figures"]["queue"]["answers"], 3);
 }
+
+/// Found in review: the process routed flash sales only once its campaign worker's
+/// first step had read the open campaigns, which ran beside the first requests; a
+/// reservation for a running campaign's SKU arriving first went to the regular stock,
+/// past the campaign's line and limit, and a "sold out" from there was stored under its
+/// key. `serve` now reads them before it says it is listening.
+#[tokio::test]
+async fn serve_routes_the_open_campaigns_before_it_says_it_is_listening() {
+    let directory = ScratchDirectory::new();
+    let (mut first, address, token) = start_serving(&directory.0);
+    let bearer = format!("Bearer {token}");
+    for (method, path, key, body) in [
+        (
+            "PUT",
+            "/v1/skus/SALE",
+            "sku",
+            r#"{"title":"Sale","price":100,"currency":"CNY"}"#,
+        ),
+        (
+            "POST",
+            "/v1/skus/SALE/stock-movements",
+            "receive",
+            r#"{"kind":"receive","quantity":10}"#,
+        ),
+        (
+            "POST",
+            "/v1/admin/campaigns",
+            "campaign",
+            r#"{"sku":"SALE","quantity":10,"buckets":2,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#,
+        ),
+    ] {
+        let answered = request(
+            address,
+            method,
+            path,
+            &[("Authorization", &bearer), ("Idempotency-Key", key)],
+            Some(body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(answered.status, 201, "{path}: {answered:?}");
+    }
+    assert!(terminate(&mut first).success());
+
+    let mut second = stockd(&directory.0)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut before_listening = Vec::new();
+    for line in BufReader::new(second.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.contains("listening on") {
+            before_listening.push(line);
+            break;
+        }
+        before_listening.push(line);
+    }
+    let address: SocketAddr = before_listening
+        .last()
+        .and_then(|line| line.split("http://").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let reserved = request(
+        address,
+        "POST",
+        "/v1/reservations",
+        &[
+            ("Authorization", &bearer),
+            ("Idempotency-Key", "first-after-start"),
+        ],
+        Some(r#"{"lines":[{"sku":"SALE","quantity":1}]}"#),
+    )
+    .await
+    .unwrap();
+    assert!(terminate(&mut second).success());
+
+    assert!(
+        before_listening
+            .iter()
+            .any(|line| line.contains("routing 1 open flash-sale campaign")),
+        "{before_listening:?}"
+    );
+    assert_eq!(reserved.status, 201, "{reserved:?}");
+    assert!(
+        reserved.body.contains("\"warehouse\":\"campaign-"),
+        "the first request after the start drew from the campaign: {}",
+        reserved.body
+    );
+}
