@@ -100,6 +100,20 @@ impl std::fmt::Debug for Bus {
     }
 }
 
+/// Whether `url` (one server, or several separated by commas) names NATS servers: a
+/// malformed one is refused before the process opens its database.
+pub fn check_url(url: &str) -> Result<(), BusError> {
+    for server in url.split(',') {
+        server
+            .trim()
+            .parse::<async_nats::ServerAddr>()
+            .map_err(|error| {
+                BusError::Unavailable(format!("'{server}' is not a NATS URL: {error}"))
+            })?;
+    }
+    Ok(())
+}
+
 impl Bus {
     /// Connects, or starts connecting: a server that is down at start is retried in
     /// the background (and after any disconnection), and calls fail until it answers.

@@ -353,6 +353,18 @@ impl ServeArguments {
             engine::credentials::check_admin_token(&domain::Secret::new(token.to_owned()))
                 .map_err(|error| format!("STOCKD_ADMIN_TOKEN: {error}"))?;
         }
+        // An address given as one (not a name to resolve) is known now: the in-process
+        // sandbox on a public one is refused before the database is opened.
+        if let Ok(address) = self.listen.parse::<std::net::SocketAddr>() {
+            choose_gateway(&self.payments, address)?;
+        }
+        if let Some(url) = self.redis_url.as_deref().filter(|url| !url.is_empty()) {
+            cache::DisplayCache::new(cache::CacheConfig::new(url))
+                .map_err(|error| error.to_string())?;
+        }
+        if let Some(url) = self.nats_url.as_deref().filter(|url| !url.is_empty()) {
+            bus::check_url(url).map_err(|error| format!("STOCKD_NATS_URL: {error}"))?;
+        }
         if domain::TtlSeconds::new(self.reservation_ttl_seconds_default).is_err() {
             return Err(
                 "STOCKD_RESERVATION_TTL_SECONDS_DEFAULT must be between 1 and 86400".into(),

@@ -633,6 +633,8 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT", "0"),
         ("STOCKD_GATEWAY", "stripe"),
         ("STOCKD_ADMIN_TOKEN", " padded"),
+        ("STOCKD_REDIS_URL", "not a url"),
+        ("STOCKD_NATS_URL", "nats://[bad"),
     ] {
         let (code, message, opened) = serve_refusal(&[(variable, value)]);
         assert_eq!(code, Some(2), "{variable}={value}: {message}");
@@ -720,6 +722,10 @@ fn serving_a_public_address_with_the_payment_sandbox_exits_two_unless_chosen() {
     assert!(
         message.contains("STOCKD_GATEWAY_URL") && message.contains("STOCKD_GATEWAY=sandbox"),
         "{message}"
+    );
+    assert!(
+        !directory.0.join("stockd-data").exists(),
+        "refused before the database was opened"
     );
 
     let (mut child, address, _) =
