@@ -439,6 +439,52 @@ async fn a_full_reservation_queue_answers_429_at_once_and_changes_nothing(backen
     app.assert_audit_clean().await;
 }
 
+/// Found in review: on MySQL, where DDL commits by itself and no transaction's lock
+/// can serialize migrations, instances started together on a new database ran the
+/// same migrations at once (one failing its start on a table the other had just
+/// created). A start now takes a named lock for its whole run of migrations: one
+/// started while another holds it waits, then finds every migration applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_mysql_a_start_waits_for_another_instances_migrations_to_end() {
+    if !Backend::Mysql.available().await {
+        return;
+    }
+    let database = acceptance::TestDatabase::create(Backend::Mysql).await;
+    let mut other_instance = database.raw_connection().await;
+    other_instance
+        .execute("SELECT GET_LOCK(CONCAT('stockd_migrate:', DATABASE()), 0)")
+        .await
+        .unwrap();
+    let store = store::Store::connect(&database.store_config())
+        .await
+        .expect("connect");
+    let migrating = tokio::spawn({
+        let store = store.clone();
+        async move { store.migrate().await }
+    });
+
+    database.wait_until_blocked_by(&mut other_instance).await;
+    let tables_meanwhile = other_instance
+        .texts("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+        .await;
+    other_instance
+        .execute("SELECT RELEASE_LOCK(CONCAT('stockd_migrate:', DATABASE()))")
+        .await
+        .unwrap();
+    let applied = migrating.await.unwrap().expect("migrated after the other");
+
+    assert!(
+        tables_meanwhile.is_empty(),
+        "nothing was created while the other held the lock: {tables_meanwhile:?}"
+    );
+    assert!(!applied.is_empty(), "then it applied them all");
+    assert!(
+        store.migrate().await.expect("again").is_empty(),
+        "a second run finds nothing to apply"
+    );
+    store.close().await;
+}
+
 /// Several stockd processes share one database only on PostgreSQL.
 mod postgres_only {
     use super::*;

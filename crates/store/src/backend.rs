@@ -143,6 +143,10 @@ pub trait Dialect: Connection {
     /// database needs a lock to serialize migrations across processes: it takes the
     /// lock, waiting as long as another process's migration may take.
     const MIGRATION_LOCK: Option<&'static str>;
+    /// Where DDL commits by itself (MySQL), a lock no transaction can hold: taken on one
+    /// session for the whole run of migrations, `(take, give back)`. `take` answers 1
+    /// once the lock is held (0 when another process held it past its own wait).
+    const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = None;
     /// The backend's migrations, in order.
     const MIGRATIONS: &'static [Migration];
     /// Deletes up to `$2` idempotency records created before `$1`, oldest first.

@@ -497,8 +497,13 @@ impl Dialect for MySqlConnection {
     /// (MariaDB's `userstat`); the plan tests stand in (docs/OPERATIONS.md).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
     /// See the module's header: DDL commits by itself, so a lock held by a migration's
-    /// transaction would not serialize it.
+    /// transaction would not serialize it. A named lock belongs to the session, and
+    /// outlives the commits: instances started together migrate one after the other.
     const MIGRATION_LOCK: Option<&'static str> = None;
+    const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = Some((
+        "SELECT GET_LOCK(CONCAT('stockd_migrate:', DATABASE()), 900)",
+        "SELECT RELEASE_LOCK(CONCAT('stockd_migrate:', DATABASE()))",
+    ));
     const MIGRATIONS: &'static [Migration] = &[
         (
             1,

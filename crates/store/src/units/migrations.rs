@@ -15,45 +15,25 @@ impl<B: Backend> Units<B> {
     /// Applies every migration this binary knows and the database lacks, each in its
     /// own transaction, serialized across processes.
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
-        let mut applied_now = Vec::new();
-        self.write_connection()
-            .await?
-            .execute_script(
-                "CREATE TABLE IF NOT EXISTS schema_migration (\
-                 version BIGINT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-            )
-            .await?;
-        for (version, name, sql) in <B::Connection as Dialect>::MIGRATIONS {
-            let mut transaction = self.begin_write().await?;
-            if let Some(lock) = <B::Connection as Dialect>::MIGRATION_LOCK {
-                transaction.execute_script(lock).await?;
-            }
-            let applied: Option<String> =
-                statement("SELECT name FROM schema_migration WHERE version = $1")
-                    .bind(version)
-                    .fetch_optional_scalar(&mut *transaction)
-                    .await?;
-            match applied {
-                Some(applied_name) if applied_name == *name => continue,
-                Some(applied_name) => {
-                    return Err(invariant(format!(
-                        "migration {version} is '{applied_name}' in the database but '{name}' in this binary"
-                    )));
+        let applied_now = match <B::Connection as Dialect>::MIGRATION_SESSION_LOCK {
+            Some((take, give_back)) => {
+                let mut holder = self.write_connection().await?;
+                let taken: Option<i64> = statement(take).fetch_one_scalar(&mut *holder).await?;
+                if taken != Some(1) {
+                    return Err(StoreError::LockTimeout(
+                        "another process held the migration lock for 15 minutes".into(),
+                    ));
                 }
-                None => {}
+                let applied = self.apply_migrations_on(&mut holder).await;
+                let given_back = statement(give_back)
+                    .fetch_one_scalar::<Option<i64>>(&mut *holder)
+                    .await;
+                let applied = applied?;
+                given_back?;
+                applied
             }
-            transaction.execute_script(sql).await?;
-            statement(
-                "INSERT INTO schema_migration (version, name, applied_at) VALUES ($1, $2, $3)",
-            )
-            .bind(version)
-            .bind(*name)
-            .bind(wall_clock_milliseconds())
-            .execute(&mut *transaction)
-            .await?;
-            transaction.commit().await?;
-            applied_now.push(*version);
-        }
+            None => self.apply_migrations_in_transactions().await?,
+        };
         let newest_known = <B::Connection as Dialect>::MIGRATIONS
             .last()
             .map(|(version, _, _)| *version)
@@ -66,6 +46,44 @@ impl<B: Backend> Units<B> {
                 "the database has migration {} but this stockd knows only up to {newest_known}; run a newer stockd",
                 newest_applied.unwrap_or(0)
             )));
+        }
+        Ok(applied_now)
+    }
+
+    /// Each migration in a transaction of its own that starts with the backend's
+    /// migration lock, if it has one.
+    async fn apply_migrations_in_transactions(&self) -> Result<Vec<i64>, StoreError> {
+        let mut applied_now = Vec::new();
+        let mut transaction = self.begin_write().await?;
+        if let Some(lock) = <B::Connection as Dialect>::MIGRATION_LOCK {
+            transaction.execute_script(lock).await?;
+        }
+        create_migration_table(&mut *transaction).await?;
+        transaction.commit().await?;
+        for (version, name, sql) in <B::Connection as Dialect>::MIGRATIONS {
+            let mut transaction = self.begin_write().await?;
+            if let Some(lock) = <B::Connection as Dialect>::MIGRATION_LOCK {
+                transaction.execute_script(lock).await?;
+            }
+            if apply_migration(&mut *transaction, *version, name, sql).await? {
+                transaction.commit().await?;
+                applied_now.push(*version);
+            } else {
+                transaction.rollback().await?;
+            }
+        }
+        Ok(applied_now)
+    }
+
+    /// Every migration on the session that holds the migration lock (each commits by
+    /// itself, as the backend's DDL does).
+    async fn apply_migrations_on(&self, holder: &mut B::Pooled) -> Result<Vec<i64>, StoreError> {
+        let mut applied_now = Vec::new();
+        create_migration_table(&mut **holder).await?;
+        for (version, name, sql) in <B::Connection as Dialect>::MIGRATIONS {
+            if apply_migration(&mut **holder, *version, name, sql).await? {
+                applied_now.push(*version);
+            }
         }
         Ok(applied_now)
     }
@@ -85,4 +103,44 @@ impl<B: Backend> Units<B> {
             .await?;
         Ok(())
     }
+}
+
+async fn create_migration_table<C: Dialect>(connection: &mut C) -> Result<(), StoreError> {
+    connection
+        .execute_script(
+            "CREATE TABLE IF NOT EXISTS schema_migration (\
+             version BIGINT NOT NULL PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+        )
+        .await
+}
+
+/// Applies one migration unless the database has it; answers whether it applied it.
+/// The database naming another migration at its version is refused.
+async fn apply_migration<C: Dialect>(
+    connection: &mut C,
+    version: i64,
+    name: &str,
+    sql: &'static str,
+) -> Result<bool, StoreError> {
+    let applied: Option<String> = statement("SELECT name FROM schema_migration WHERE version = $1")
+        .bind(version)
+        .fetch_optional_scalar(&mut *connection)
+        .await?;
+    match applied {
+        Some(applied_name) if applied_name == name => return Ok(false),
+        Some(applied_name) => {
+            return Err(invariant(format!(
+                "migration {version} is '{applied_name}' in the database but '{name}' in this binary"
+            )));
+        }
+        None => {}
+    }
+    connection.execute_script(sql).await?;
+    statement("INSERT INTO schema_migration (version, name, applied_at) VALUES ($1, $2, $3)")
+        .bind(version)
+        .bind(name.to_owned())
+        .bind(wall_clock_milliseconds())
+        .execute(&mut *connection)
+        .await?;
+    Ok(true)
 }
