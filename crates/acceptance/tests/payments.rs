@@ -14,6 +14,8 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again,
+    a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
     a_stale_failure_webhook_of_a_payment_charged_meanwhile_pays_the_order,
     a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it,
     the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold,
@@ -2696,4 +2698,68 @@ async fn a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it(ba
         ("PAYMENT_FAILED", "FAILED")
     );
     assert_eq!(gateway.charges_for(&order), 0);
+}
+
+/// Found in review: a gateway forgets an idempotency key after a day (Stripe: 24 hours;
+/// the sandbox does the same), and a create sent under a forgotten key runs as a new
+/// payment. Reconciliation sent the create again under the attempt's key at every
+/// look, however old the attempt: a payment unknown for a day was charged a second
+/// time. Past the key's lifetime it sends nothing and leaves the attempt to a person.
+async fn a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    app.clock
+        .advance_seconds(sandbox::KEY_LIFETIME_SECONDS + 3600);
+
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(resolved[0].1, None, "nothing learnt: {resolved:?}");
+    assert_eq!(gateway.charges_for(&order), 1, "the card was charged once");
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        1,
+        "no payment created again"
+    );
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+}
+
+/// The id of a payment an answer named (here one awaiting the customer's action) is
+/// kept, and later looks read the payment by it: a day later, past the key's
+/// lifetime, the action completed meanwhile pays the order once, where sending the
+/// create again would have made a second payment (and abandoned the order for it).
+async fn a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    let intent = intent_of(&gateway, &order).id;
+    assert_eq!(gateway.complete_action(&intent).await, 200);
+    app.clock
+        .advance_seconds(sandbox::KEY_LIFETIME_SECONDS + 3600);
+
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        1,
+        "no payment created again"
+    );
+    assert_paid_once(&app, &gateway, &order, 1).await;
 }

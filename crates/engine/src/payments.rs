@@ -458,6 +458,7 @@ impl Engine {
                 BeginPayment::Answered(answered) => return Ok(answered),
             };
             let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
+            self.note_payment_id(&attempt, &call).await;
             let Some(outcome) = outcome_of(&call) else {
                 metrics::counter!("stockd_payments_total", "outcome" => "unknown").increment(1);
                 let detail = match &call {
@@ -602,6 +603,14 @@ impl Engine {
         }
         let ours = match &known.gateway_payment_id {
             Some(recorded) => *recorded == intent.id,
+            None if !key_still_kept(&known, self.now()) => {
+                tracing::error!(
+                    attempt = %known.attempt_id,
+                    intent = %intent.id,
+                    "a webhook names an attempt whose payment id stockd never heard, past the gateway's key lifetime: it cannot be checked without sending the create again, which could charge twice; ignored, settle the order by hand"
+                );
+                false
+            }
             None => {
                 let call = payments
                     .gateway
@@ -723,15 +732,18 @@ impl Engine {
                 .await;
                 break;
             }
-            let mut call = payments
-                .gateway
-                .create_payment_intent(&attempt.gateway_key, &create_request(&attempt))
-                .await;
+            let Some(mut call) = self.ask_about(payments, &attempt).await else {
+                metrics::counter!("stockd_reconciliations_total", "result" => "key_expired")
+                    .increment(1);
+                resolved.push((attempt.attempt_id, None));
+                continue;
+            };
             // A keyed replay answers what the gateway said the first time; a payment
             // that was still incomplete then (a customer action, for one) may have
             // finished since. Its current state decides.
             if let CallOutcome::Answered(intent) = &call
                 && outcome_of(&call).is_none()
+                && attempt.gateway_payment_id.is_none()
             {
                 let current = payments.gateway.retrieve_payment_intent(&intent.id).await;
                 if matches!(current, CallOutcome::Answered(_)) {
@@ -786,6 +798,62 @@ impl Engine {
             resolved.push((attempt.attempt_id, status));
         }
         Ok(resolved)
+    }
+
+    /// What the gateway says of an attempt now: its payment read by id when stockd
+    /// knows the id; else the create sent again under the attempt's key (a keyed
+    /// replay: the gateway answers what it did the first time, and charges nothing
+    /// again). `None` when neither is safe: the key is older than the gateway keeps
+    /// keys ([`GATEWAY_KEY_LIFETIME_MILLISECONDS`]), and a create under it could run as a
+    /// new payment and charge the card again; a person looks the payment up by its
+    /// metadata (`attempt_id`) and settles the order.
+    async fn ask_about(
+        &self,
+        payments: &Payments,
+        attempt: &AttemptToCall,
+    ) -> Option<CallOutcome<PaymentIntent>> {
+        if let Some(id) = &attempt.gateway_payment_id {
+            return Some(payments.gateway.retrieve_payment_intent(id).await);
+        }
+        if !key_still_kept(attempt, self.now()) {
+            tracing::error!(
+                attempt = %attempt.attempt_id,
+                order = %attempt.order_id,
+                "payment unknown past the gateway's key lifetime: sending its create again could charge twice; look the payment up at the gateway (metadata attempt_id) and settle the order by hand"
+            );
+            return None;
+        }
+        let call = payments
+            .gateway
+            .create_payment_intent(&attempt.gateway_key, &create_request(attempt))
+            .await;
+        self.note_payment_id(attempt, &call).await;
+        Some(call)
+    }
+
+    /// Records the payment's id from an answer that names one while the attempt has
+    /// none (see `store::note_gateway_payment_id`). Best effort: without it, the next
+    /// look sends the create again, as before.
+    async fn note_payment_id(&self, attempt: &AttemptToCall, call: &CallOutcome<PaymentIntent>) {
+        let named = match call {
+            CallOutcome::Answered(intent)
+            | CallOutcome::Declined {
+                intent: Some(intent),
+                ..
+            } => intent,
+            _ => return,
+        };
+        if attempt.gateway_payment_id.is_some() {
+            return;
+        }
+        if let Err(error) = self
+            .inner
+            .store
+            .note_gateway_payment_id(&attempt.attempt_id, &named.id)
+            .await
+        {
+            tracing::warn!(%error, attempt = %attempt.attempt_id, "the payment's id was not recorded; the next look sends the create again");
+        }
     }
 
     /// The hold ended with the payment incomplete (a customer action pending): cancel
@@ -1094,6 +1162,18 @@ impl Engine {
 
 /// What a webhook event claims about its payment (verified with the gateway before it
 /// is applied); `None` for an event that settles nothing.
+/// How long stockd sends an attempt's create again under its key: less than a gateway
+/// keeps keys (Stripe: at least 24 hours; past it, a create under the key runs as a
+/// new payment).
+pub const GATEWAY_KEY_LIFETIME_MILLISECONDS: i64 = 23 * 3600 * 1000;
+
+/// Whether the gateway still holds the attempt's key, so a create sent again under it
+/// is answered from the first one.
+fn key_still_kept(attempt: &AttemptToCall, now: domain::Timestamp) -> bool {
+    now.unix_milliseconds() - attempt.created_at.unix_milliseconds()
+        < GATEWAY_KEY_LIFETIME_MILLISECONDS
+}
+
 fn claimed_outcome(kind: &str, intent: Option<&PaymentIntent>) -> Option<GatewayOutcome> {
     let intent = intent?;
     match kind {

@@ -135,6 +135,10 @@ impl Fault {
     }
 }
 
+/// How long an idempotency key's answer is kept, as Stripe keeps it (at least 24
+/// hours): a request under a key older than this runs as a new one.
+pub const KEY_LIFETIME_SECONDS: i64 = 24 * 3600;
+
 /// A response kept under its idempotency key.
 #[derive(Clone)]
 enum Keyed {
@@ -143,6 +147,8 @@ enum Keyed {
         fingerprint: String,
         status: u16,
         body: String,
+        /// When the answer was kept (the sandbox's clock, seconds).
+        kept_at: i64,
     },
 }
 
@@ -367,7 +373,13 @@ impl Sandbox {
     /// Starts a keyed request: `Err` with the answer when the key was used before.
     fn enter_key(&self, key: Option<&str>, fingerprint: &str) -> Result<(), (u16, String)> {
         let Some(key) = key else { return Ok(()) };
+        let now = (lock(&self.config).clock)();
         let mut books = lock(&self.books);
+        if let Some(Keyed::Done { kept_at, .. }) = books.keys.get(key)
+            && now >= kept_at.saturating_add(KEY_LIFETIME_SECONDS)
+        {
+            books.keys.remove(key);
+        }
         match books.keys.get(key) {
             None => {
                 books.keys.insert(key.to_owned(), Keyed::InFlight);
@@ -383,6 +395,7 @@ impl Sandbox {
                 fingerprint: first,
                 status,
                 body,
+                ..
             }) => {
                 if first == fingerprint {
                     Err((*status, body.clone()))
@@ -400,12 +413,14 @@ impl Sandbox {
 
     fn finish_key(&self, key: Option<&str>, fingerprint: &str, answer: &(u16, String)) {
         if let Some(key) = key {
+            let kept_at = (lock(&self.config).clock)();
             lock(&self.books).keys.insert(
                 key.to_owned(),
                 Keyed::Done {
                     fingerprint: fingerprint.to_owned(),
                     status: answer.0,
                     body: answer.1.clone(),
+                    kept_at,
                 },
             );
         }

@@ -333,6 +333,7 @@ forward! {
     fn settle_payment(&self, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, source: &str, now: Timestamp) -> Result<Option<OrderStatus>, StoreError>;
     fn apply_payment_event(&self, event_id: &str, event_type: &str, payment_id: &str, attempt: Option<&PaymentAttemptId>, outcome: Option<&GatewayOutcome>, now: Timestamp) -> Result<Option<String>, StoreError>;
     fn payment_attempt(&self, attempt: Option<&PaymentAttemptId>, payment_id: &str) -> Result<Option<AttemptToCall>, StoreError>;
+    fn note_gateway_payment_id(&self, attempt: &PaymentAttemptId, payment_id: &str) -> Result<(), StoreError>;
     fn claim_attempts_to_reconcile(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<AttemptToCall>, StoreError>;
     fn give_back_attempts(&self, attempts: &[PaymentAttemptId], now: Timestamp) -> Result<(), StoreError>;
     fn expire_orders(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<OrderExpiry, StoreError>;

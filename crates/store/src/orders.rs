@@ -150,6 +150,9 @@ pub struct AttemptToCall {
     /// The order's hold ends here; past it, an attempt the gateway has not completed
     /// is abandoned and the stock goes back.
     pub order_expires_at: Timestamp,
+    /// When the attempt began: its gateway key was first sent then, and a gateway
+    /// forgets keys after a while (Stripe: 24 hours).
+    pub created_at: Timestamp,
 }
 
 /// What starting a payment found.

@@ -738,11 +738,13 @@ pub(crate) async fn attempt_to_call<C: Dialect>(
 ) -> Result<AttemptToCall, StoreError> {
     let row = statement(
         "SELECT payment_attempt.order_id, gateway_key, gateway_payment_id, payment_method, payment_attempt.amount_minor, \
-         payment_attempt.currency, customer_order.expires_at FROM payment_attempt \
+         payment_attempt.currency, customer_order.expires_at, payment_attempt.created_at FROM payment_attempt \
          JOIN customer_order ON customer_order.id = payment_attempt.order_id WHERE payment_attempt.id = $1",
     )
     .bind(attempt.as_str())
-    .fetch_one_as::<(String, String, Option<String>, String, i64, String, i64)>(&mut *connection)
+    .fetch_one_as::<(String, String, Option<String>, String, i64, String, i64, i64)>(
+        &mut *connection,
+    )
     .await?;
     let (
         order,
@@ -752,6 +754,7 @@ pub(crate) async fn attempt_to_call<C: Dialect>(
         amount_minor,
         currency,
         expires_at,
+        created_at,
     ) = row;
     Ok(AttemptToCall {
         attempt_id: attempt.clone(),
@@ -762,6 +765,7 @@ pub(crate) async fn attempt_to_call<C: Dialect>(
         amount_minor,
         currency,
         order_expires_at: Timestamp::from_unix_milliseconds(expires_at),
+        created_at: Timestamp::from_unix_milliseconds(created_at),
     })
 }
 
@@ -1071,6 +1075,27 @@ impl<B: Backend> Units<B> {
         };
         let found = parse_stored("attempt id", &found, PaymentAttemptId::parse)?;
         attempt_to_call(&mut *connection, &found).await.map(Some)
+    }
+
+    /// Records the id the gateway gave an attempt's payment, when an answer named it
+    /// before the payment was complete (a customer action pending, still processing):
+    /// later looks read the payment by its id instead of sending the create again
+    /// under a key the gateway may have forgotten by then. An id recorded before
+    /// stays.
+    pub async fn note_gateway_payment_id(
+        &self,
+        attempt: &PaymentAttemptId,
+        payment_id: &str,
+    ) -> Result<(), StoreError> {
+        statement(
+            "UPDATE payment_attempt SET gateway_payment_id = $2 \
+             WHERE id = $1 AND gateway_payment_id IS NULL",
+        )
+        .bind(attempt.as_str())
+        .bind(payment_id)
+        .execute(&mut *self.write_connection().await?)
+        .await?;
+        Ok(())
     }
 
     /// Unresolved attempts due for a look, leased for `lease_milliseconds` so several
