@@ -7,6 +7,7 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    instances_started_together_on_a_new_database_keep_one_generated_admin_token,
     every_route_refuses_a_caller_without_a_known_credential_and_changes_nothing,
     a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothing,
     admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys,
@@ -1238,4 +1239,46 @@ async fn one_request_over_the_limit_across_two_warehouses_is_refused_and_fails_n
     }
     assert_eq!(app.counters("SPLIT").await, (6, 4));
     app.assert_audit_clean().await;
+}
+
+/// Found in review: instances started together on a new database each found no admin
+/// token, generated one and replaced whatever was stored: one instance's printed token
+/// (printed once) no longer worked, or a start failed on the other's row. Only the
+/// first stored is kept, and only its instance prints it.
+async fn instances_started_together_on_a_new_database_keep_one_generated_admin_token(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+
+    let (first, second) = tokio::join!(
+        app.engine.ensure_admin_token(),
+        other.engine.ensure_admin_token()
+    );
+
+    let printed: Vec<domain::Secret> = [first.unwrap(), second.unwrap()]
+        .into_iter()
+        .flatten()
+        .collect();
+    assert_eq!(printed.len(), 1, "exactly one instance printed a token");
+    let stored = app
+        .database
+        .raw_connection()
+        .await
+        .texts("SELECT secret_hash FROM credential WHERE kind = 'admin'")
+        .await;
+    assert_eq!(
+        stored,
+        vec![Some(engine::credentials::token_hash(printed[0].expose()))],
+        "the printed token is the one stored"
+    );
+    assert_eq!(
+        app.engine
+            .ensure_admin_token()
+            .await
+            .unwrap()
+            .map(|token| token.expose().to_owned()),
+        None,
+        "a later start keeps it"
+    );
 }

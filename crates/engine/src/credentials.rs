@@ -212,7 +212,16 @@ impl Engine {
         if exists {
             return Ok(None);
         }
-        self.rotate_admin_token().await.map(Some)
+        // Another instance starting on the same new database may store its own first:
+        // then that one is the token (it printed it), and this one is not printed.
+        let token = Secret::new(random_secret());
+        let stored = self
+            .inner
+            .store
+            .store_first_admin_secret(&token_hash(token.expose()), self.now())
+            .await
+            .map_err(|error| log_store_error("admin_token", error))?;
+        Ok(stored.then_some(token))
     }
 
     /// A new admin token: its hash replaces the stored one. Other instances accept the

@@ -321,6 +321,7 @@ forward! {
     fn service_keys(&self, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<ServiceKey>, StoreError>;
     fn principal_by_secret_hash(&self, secret_hash: &str) -> Result<Option<Principal>, StoreError>;
     fn admin_credential_exists(&self) -> Result<bool, StoreError>;
+    fn store_first_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<bool, StoreError>;
     fn replace_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<(), StoreError>;
     fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn cart(&self, shop: Option<&ShopCode>, user: &UserId, now: Timestamp) -> Result<Cart, StoreError>;

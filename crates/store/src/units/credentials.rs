@@ -275,6 +275,27 @@ impl<B: Backend> Units<B> {
         Ok(found.is_some())
     }
 
+    /// Stores the first admin token's hash unless one is stored: answers whether this
+    /// call stored it. Instances started together on a new database each generate a
+    /// token; only the one stored is printed, and none replaces another's.
+    pub async fn store_first_admin_secret(
+        &self,
+        secret_hash: &str,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let credential = NewCredential {
+            kind: CredentialKind::Admin,
+            id: "admin".to_owned(),
+            name: "admin".to_owned(),
+            shop: None,
+            secret_hash: secret_hash.to_owned(),
+        };
+        let stored = insert_credential(&mut *transaction, &credential, now).await?;
+        transaction.commit().await?;
+        Ok(stored)
+    }
+
     /// Stores the admin token's hash, replacing any earlier one (rotation).
     pub async fn replace_admin_secret(
         &self,
