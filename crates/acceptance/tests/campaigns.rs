@@ -55,6 +55,7 @@ mirrored_tests!(
     a_campaign_refused_for_a_sku_that_does_not_exist_is_refused_again_after_it_was_created,
     a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_answered,
     a_key_whose_record_was_purged_is_not_replayed_from_memory,
+    a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2257,4 +2258,39 @@ async fn a_key_whose_record_was_purged_is_not_replayed_from_memory(backend: Back
 
     assert_eq!(resent.status, 409, "{resent:?}");
     assert_eq!(resent.code().as_deref(), Some("insufficient_stock"));
+}
+
+/// Found in review: a ticket's request waited for its turn in a task nobody waited
+/// for, so a shutdown with no connection left closed the store under it: a caller
+/// answered 202 found no ticket when it polled again, and its request never ran. A
+/// shutdown now waits (within its grace) for those requests to run in their turn.
+async fn a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("CLOSING", 10).await;
+    running_campaign(&app, "CLOSING", 4, 1, None).await;
+    let (_, held) = hold_the_line(&app, "CLOSING").await;
+    let ticket = app
+        .send(waiting_reserve_call("closing-ann", "CLOSING", "ann"))
+        .await;
+    assert_eq!(ticket.status, 202, "{ticket:?}");
+    let finishing = tokio::spawn({
+        let engine = app.engine.clone();
+        async move {
+            engine
+                .finish_tickets(std::time::Duration::from_secs(60))
+                .await
+        }
+    });
+
+    drop(held);
+    let all_ran = finishing.await.unwrap();
+
+    assert!(all_ran, "the ticket's request ran within the grace");
+    let answered = app
+        .send(Call::get(ticket.json()["poll"].as_str().unwrap()))
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    assert_eq!(answered.json()["status"], "ANSWERED");
+    let route = running_id(&app, "CLOSING");
+    assert_eq!(campaign(&app, &route).await["held"], 1);
 }

@@ -602,7 +602,7 @@ impl Engine {
         let engine = self.clone();
         let routed = routed.clone();
         let claim = claim.clone();
-        tokio::spawn(async move {
+        self.inner.ticket_tasks.spawn(async move {
             let turn = place.turn().await;
             drop(waiting);
             let answer = engine

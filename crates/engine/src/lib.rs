@@ -123,6 +123,9 @@ struct Inner {
     short_lines: sold_out::ShortLines,
     /// Whether keys memory would refuse hold an answer, asked in batches.
     key_probe: key_probe::KeyProbe,
+    /// The requests of tickets handed out (answered 202), each waiting for its turn:
+    /// a shutdown lets them run within its grace ([`Engine::finish_tickets`]).
+    ticket_tasks: tokio_util::task::TaskTracker,
 }
 
 /// Where an expiry worker's next claim resumes (`store::ExpiryCursor`); each step
@@ -211,12 +214,23 @@ impl Engine {
                 campaigns: campaigns::CampaignRegistry::new(room_bounds),
                 short_lines: sold_out::ShortLines::default(),
                 key_probe,
+                ticket_tasks: tokio_util::task::TaskTracker::new(),
             }),
         }
     }
 
     pub fn store(&self) -> &Store {
         &self.inner.store
+    }
+
+    /// At shutdown, once no request comes in: waits up to `grace` for the requests of
+    /// the tickets handed out to run in their turn (their callers were answered 202
+    /// and poll for the answer, which the store holds only once they ran). Answers
+    /// whether all of them ran.
+    pub async fn finish_tickets(&self, grace: std::time::Duration) -> bool {
+        let tasks = &self.inner.ticket_tasks;
+        tasks.close();
+        tokio::time::timeout(grace, tasks.wait()).await.is_ok()
     }
 
     pub fn config(&self) -> &EngineConfig {

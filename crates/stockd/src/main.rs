@@ -968,6 +968,9 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     )
     .await
     .map_err(|error| format!("server failed: {error}"))?;
+    if !engine.finish_tickets(grace).await {
+        tracing::warn!("requests of tickets handed out did not run within the grace period");
+    }
     workers.close();
     if tokio::time::timeout(grace, workers.wait()).await.is_err() {
         tracing::warn!("workers did not stop within the grace period");
