@@ -298,16 +298,63 @@ async fn sample_member(
     let Ok(replayed) = position(&replayed) else {
         return LagSample::Unhealthy;
     };
+    lag_of(writer_position, replayed, replay_age_milliseconds)
+}
+
+/// A replica's lag from what it answered: caught up with the writer, none; behind it,
+/// the age of the last transaction it replayed. Behind with no such transaction (a
+/// standby restarted that has replayed nothing since, and may not be streaming at
+/// all: `pg_last_xact_replay_timestamp()` is NULL) its lag is unknown: unhealthy, not
+/// 0 s behind.
+fn lag_of(
+    writer_position: Option<ConsistencyToken>,
+    replayed: ConsistencyToken,
+    replay_age_milliseconds: Option<i64>,
+) -> LagSample {
     let bytes = writer_position
         .map(|writer| writer.position().saturating_sub(replayed.position()))
         .unwrap_or(0);
     let caught_up = writer_position.is_some_and(|writer| writer.is_reached_by(replayed));
-    let seconds = if caught_up {
-        0.0
-    } else {
-        replay_age_milliseconds.unwrap_or(0).max(0) as f64 / 1000.0
+    let seconds = match (caught_up, replay_age_milliseconds) {
+        (true, _) => 0.0,
+        (false, Some(age)) => age.max(0) as f64 / 1000.0,
+        (false, None) => return LagSample::Unhealthy,
     };
     LagSample::Measured { seconds, bytes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(position: u64) -> ConsistencyToken {
+        ConsistencyToken::from_position(position)
+    }
+
+    #[test]
+    fn a_replica_behind_the_writer_that_replayed_nothing_since_it_started_is_unhealthy() {
+        assert_eq!(lag_of(Some(at(200)), at(100), None), LagSample::Unhealthy);
+        assert_eq!(
+            lag_of(Some(at(200)), at(100), Some(1_500)),
+            LagSample::Measured {
+                seconds: 1.5,
+                bytes: 100
+            }
+        );
+    }
+
+    #[test]
+    fn a_replica_caught_up_with_the_writer_has_no_lag_whatever_it_last_replayed() {
+        for age in [None, Some(3_600_000)] {
+            assert_eq!(
+                lag_of(Some(at(200)), at(200), age),
+                LagSample::Measured {
+                    seconds: 0.0,
+                    bytes: 0
+                }
+            );
+        }
+    }
 }
 
 /// The writer's log position after a commit, read once for every caller waiting at
