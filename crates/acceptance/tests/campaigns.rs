@@ -56,6 +56,7 @@ mirrored_tests!(
     a_shopper_found_at_the_limit_is_dated_when_the_request_was_sent_not_answered,
     a_key_whose_record_was_purged_is_not_replayed_from_memory,
     a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn,
+    a_tickets_answer_carries_the_position_of_its_write_and_the_202_none,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2293,4 +2294,45 @@ async fn a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn(ba
     assert_eq!(answered.json()["status"], "ANSWERED");
     let route = running_id(&app, "CLOSING");
     assert_eq!(campaign(&app, &route).await["held"], 1);
+}
+
+/// Found in review: the 202 that hands out a ticket carried the writer's position
+/// before its request had run, and the answered ticket carried none: a read sent with
+/// that token could be served by a replica without the hold. The 202 carries none now,
+/// and the answered ticket the position of its request's write.
+async fn a_tickets_answer_carries_the_position_of_its_write_and_the_202_none(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("TOKENED", 10).await;
+    running_campaign(&app, "TOKENED", 4, 1, None).await;
+    let (_, held) = hold_the_line(&app, "TOKENED").await;
+    let ticket = app
+        .send(waiting_reserve_call("tokened-ann", "TOKENED", "ann"))
+        .await;
+    assert_eq!(ticket.status, 202, "{ticket:?}");
+    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
+    drop(held);
+    answered_ticket(&app, &poll).await;
+
+    let answered = app.send(Call::get(&poll)).await;
+
+    assert_eq!(
+        ticket.header("stockd-consistency-token"),
+        None,
+        "the 202 carries no position: {ticket:?}"
+    );
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let token = answered
+        .header("stockd-consistency-token")
+        .expect("the answered ticket carries its write's position");
+    let reservation = answered.json()["answer"]["body"]["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let read = app
+        .send(
+            Call::get(format!("/v1/reservations/{reservation}"))
+                .header("stockd-consistency-token", token),
+        )
+        .await;
+    assert_eq!(read.status, 200, "{read:?}");
 }

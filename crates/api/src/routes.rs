@@ -265,6 +265,12 @@ fn ticket_response(status: StatusCode, ticket: engine::TicketView) -> Response {
             headers.insert(header::LOCATION, location);
         }
         headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        // Nothing was written yet: a position read now would be before the request's
+        // commit, and a read waiting for it could miss what the ticket's answer says.
+        response
+            .extensions_mut()
+            .insert(crate::problem::AnsweredWithoutAWrite);
+        let headers = response.headers_mut();
         if status == StatusCode::ACCEPTED {
             headers.insert(
                 "preference-applied",
@@ -295,11 +301,24 @@ pub async fn get_ticket(
 ) -> Result<Response, ApiError> {
     let id = domain::TicketId::parse(&ticket_id).map_err(|error| ApiError::invalid(error.0))?;
     let ticket = state.engine.ticket(&caller, &id)?;
-    let status = match ticket.state {
-        engine::TicketState::Waiting { .. } => StatusCode::ACCEPTED,
-        engine::TicketState::Answered(_) => StatusCode::OK,
+    let (status, answered_token) = match &ticket.state {
+        engine::TicketState::Waiting { .. } => (StatusCode::ACCEPTED, None),
+        engine::TicketState::Answered(Ok(reply)) => (StatusCode::OK, Some(reply.consistency_token)),
+        engine::TicketState::Answered(Err(_)) => (StatusCode::OK, None),
     };
-    Ok(ticket_response(status, ticket))
+    let mut response = ticket_response(status, ticket);
+    // The request's writes, for a read that must see them (the 202 that handed the
+    // ticket out carries none: the request had not run). The position its batch read
+    // with the commit, or one read now, after the answer was made.
+    let token = match answered_token {
+        Some(Some(token)) => Some(token),
+        Some(None) => state.engine.consistency_token().await,
+        None => None,
+    };
+    if let Some(token) = token {
+        crate::consistency::stamp(&mut response, token);
+    }
+    Ok(response)
 }
 
 /// A reservation
