@@ -57,6 +57,7 @@ mirrored_tests!(
     a_key_whose_record_was_purged_is_not_replayed_from_memory,
     a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn,
     a_tickets_answer_carries_the_position_of_its_write_and_the_202_none,
+    the_product_view_shows_what_a_reservation_could_take_around_a_campaign,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2335,4 +2336,66 @@ async fn a_tickets_answer_carries_the_position_of_its_write_and_the_202_none(bac
         )
         .await;
     assert_eq!(read.status, 200, "{read:?}");
+}
+
+/// Found in review: the shopper's product view summed every stock row of a SKU, a
+/// campaign's buckets included. Before the campaign started it showed the units
+/// carved out for it as on sale while every reservation was refused; it now shows what
+/// a reservation could take: the regular stock before and after, the campaign's
+/// buckets while it runs.
+async fn the_product_view_shows_what_a_reservation_could_take_around_a_campaign(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("default", &["VIEWED"]))
+        .await;
+    app.receive("VIEWED", 10).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    let created = create_campaign(
+        &app,
+        "campaign-VIEWED",
+        json!({
+            "sku": "VIEWED",
+            "quantity": 10,
+            "buckets": 2,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let shown = |app: &TestApp| {
+        let app = app.clone();
+        let product = product.clone();
+        async move {
+            let view = app
+                .send(Call::get(format!("/v1/products/{product}")).anonymous())
+                .await;
+            assert_eq!(view.status, 200, "{view:?}");
+            let sku = view.json()["skus"][0].clone();
+            (
+                sku["availability"].as_str().unwrap().to_owned(),
+                sku["available"].as_i64().unwrap(),
+            )
+        }
+    };
+
+    let before = shown(&app).await;
+    let refused = app.reserve("before-the-start", &[("VIEWED", 1)]).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let during = shown(&app).await;
+
+    assert_eq!(
+        before,
+        ("temporarily_out_of_stock".to_owned(), 0),
+        "every unit waits in the campaign"
+    );
+    assert_eq!(
+        refused.code().as_deref(),
+        Some("insufficient_stock"),
+        "{refused:?}"
+    );
+    assert_eq!(during, ("on_sale".to_owned(), 10), "the campaign's units");
 }

@@ -263,7 +263,10 @@ async fn shopper_product_value(
     }
     Ok((
         displayed.served_by,
-        displayed_json(&displayed, ShopperProductBody::new(product)),
+        displayed_json(
+            &displayed,
+            ShopperProductBody::new(product, |sku| state.engine.shopper_available(sku)),
+        ),
     ))
 }
 

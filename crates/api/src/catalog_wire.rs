@@ -263,7 +263,8 @@ pub struct ShopperProductBody<'a> {
 }
 
 impl<'a> ShopperProductBody<'a> {
-    pub fn new(product: &'a Product) -> ShopperProductBody<'a> {
+    /// `available` says how many units of a SKU a shopper could reserve now.
+    pub fn new(product: &'a Product, available: impl Fn(&Sku) -> i64) -> ShopperProductBody<'a> {
         ShopperProductBody {
             product_id: product.id.as_str(),
             title: &product.title,
@@ -274,7 +275,8 @@ impl<'a> ShopperProductBody<'a> {
                 .iter()
                 .filter(|sku| sku.sale_status != SaleStatus::Deleted)
                 .map(|sku| {
-                    let availability = Availability::of(sku.sale_status, sku.available());
+                    let available = available(sku);
+                    let availability = Availability::of(sku.sale_status, available);
                     ShopperSkuBody {
                         sku: sku.code.as_str(),
                         spec: &sku.spec,
@@ -282,7 +284,7 @@ impl<'a> ShopperProductBody<'a> {
                         currency: sku.currency.as_ref().map(Currency::as_str),
                         availability,
                         available: if availability == Availability::OnSale {
-                            sku.available()
+                            available
                         } else {
                             0
                         },

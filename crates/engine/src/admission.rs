@@ -674,6 +674,32 @@ impl Engine {
         self.inner.campaigns.route_of(sku)
     }
 
+    /// The units of `sku` a shopper's reservation could take now, for the product view:
+    /// while a campaign runs on it, its buckets' (a line in the campaign's warehouse
+    /// draws from one of them) and the SKU's other warehouses'; otherwise its regular
+    /// stock, not the units carved out into a campaign that has not started or whose
+    /// rest has not gone back yet.
+    pub fn shopper_available(&self, sku: &domain::Sku) -> i64 {
+        let running = self.campaign_route(&sku.code).filter(|route| {
+            domain::campaign::CampaignPhase::at(self.now(), route.starts_at, route.ends_at)
+                == domain::campaign::CampaignPhase::Running
+        });
+        sku.stock
+            .iter()
+            .filter(|level| {
+                let bucket = domain::campaign::bucket_of(&level.warehouse);
+                match &running {
+                    Some(route) => match bucket {
+                        Some((code, _)) => code == route.code,
+                        None => level.warehouse != route.warehouse,
+                    },
+                    None => bucket.is_none(),
+                }
+            })
+            .map(|level| level.available)
+            .sum()
+    }
+
     /// The waiting room of the campaign open on `sku` in this process, if any.
     pub fn campaign_waiting_room(&self, sku: &domain::SkuCode) -> Option<Arc<WaitingRoom>> {
         self.campaign_route(sku)
