@@ -2702,9 +2702,10 @@ async fn a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it(ba
 
 /// Found in review: a gateway forgets an idempotency key after a day (Stripe: 24 hours;
 /// the sandbox does the same), and a create sent under a forgotten key runs as a new
-/// payment. Reconciliation sent the create again under the attempt's key at every
-/// look, however old the attempt: a payment unknown for a day was charged a second
-/// time. Past the key's lifetime it sends nothing and leaves the attempt to a person.
+/// payment. Reconciliation (and a second pay) sent the create again under the
+/// attempt's key, however old the attempt: a payment unknown for a day was charged a
+/// second time. Past the key's lifetime neither sends anything, and the attempt is left
+/// to a person.
 async fn a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again(backend: Backend) {
     let (app, gateway) = shop(backend).await;
     gateway.sandbox.stop_webhooks();
@@ -2717,9 +2718,12 @@ async fn a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again
         .advance_seconds(sandbox::KEY_LIFETIME_SECONDS + 3600);
 
     let resolved = app.engine.reconcile_step().await.expect("reconcile");
+    // The customer presses pay again, a day later.
+    let again = app.pay(&order, &key("pay-again"), "pm_card_visa").await;
 
     assert_eq!(resolved.len(), 1, "{resolved:?}");
     assert_eq!(resolved[0].1, None, "nothing learnt: {resolved:?}");
+    assert_eq!(again.status, 202, "still unknown: {again:?}");
     assert_eq!(gateway.charges_for(&order), 1, "the card was charged once");
     assert_eq!(
         gateway.intents_for(&order).len(),

@@ -43,7 +43,6 @@ pub fn token_hash(token: &str) -> String {
     domain::lower_hex(&digest(token))
 }
 
-/// Compares without an early exit.
 /// Whether a bearer header can carry `token` as the admin token (`serve` checks it
 /// before opening the database). A token no header can carry would lock the admin out
 /// without a word: every call would hear "unknown credential". A header value holds
@@ -64,6 +63,7 @@ pub fn check_admin_token(token: &Secret) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// Compares without an early exit.
 fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
     left.len() == right.len()
         && left

@@ -454,11 +454,23 @@ impl Engine {
                 })
                 .await?;
             let attempt = match begun {
-                BeginPayment::Started(attempt) | BeginPayment::InProgress(attempt) => attempt,
+                BeginPayment::Started(attempt) => {
+                    let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
+                    self.note_payment_id(&attempt, &call).await;
+                    (attempt, call)
+                }
+                // An attempt already running (a retry, or a second caller): asked about
+                // as reconciliation asks, by its payment's id when known, and never with a
+                // create the gateway could run as a new payment.
+                BeginPayment::InProgress(attempt) => {
+                    let call = self.ask_about(payments, &attempt).await.unwrap_or_else(|| {
+                        CallOutcome::Unknown("the payment is unknown past the gateway's key lifetime; a person settles it".into())
+                    });
+                    (attempt, call)
+                }
                 BeginPayment::Answered(answered) => return Ok(answered),
             };
-            let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
-            self.note_payment_id(&attempt, &call).await;
+            let (attempt, call) = attempt;
             let Some(outcome) = outcome_of(&call) else {
                 metrics::counter!("stockd_payments_total", "outcome" => "unknown").increment(1);
                 let detail = match &call {
@@ -813,7 +825,17 @@ impl Engine {
         attempt: &AttemptToCall,
     ) -> Option<CallOutcome<PaymentIntent>> {
         if let Some(id) = &attempt.gateway_payment_id {
-            return Some(payments.gateway.retrieve_payment_intent(id).await);
+            // A read of a payment the gateway named refused (a 404 after the account
+            // or URL changed, say) says nothing of whether money moved: unknown, not
+            // failed.
+            return Some(match payments.gateway.retrieve_payment_intent(id).await {
+                CallOutcome::Refused { reason, .. } | CallOutcome::Declined { reason, .. } => {
+                    CallOutcome::Unknown(format!(
+                        "the gateway refused to read payment '{id}': {reason}"
+                    ))
+                }
+                answered => answered,
+            });
         }
         if !key_still_kept(attempt, self.now()) {
             tracing::error!(
@@ -1160,8 +1182,6 @@ impl Engine {
     }
 }
 
-/// What a webhook event claims about its payment (verified with the gateway before it
-/// is applied); `None` for an event that settles nothing.
 /// How long stockd sends an attempt's create again under its key: less than a gateway
 /// keeps keys (Stripe: at least 24 hours; past it, a create under the key runs as a
 /// new payment).
@@ -1174,6 +1194,8 @@ fn key_still_kept(attempt: &AttemptToCall, now: domain::Timestamp) -> bool {
         < GATEWAY_KEY_LIFETIME_MILLISECONDS
 }
 
+/// What a webhook event claims about its payment (verified with the gateway before it
+/// is applied); `None` for an event that settles nothing.
 fn claimed_outcome(kind: &str, intent: Option<&PaymentIntent>) -> Option<GatewayOutcome> {
     let intent = intent?;
     match kind {
