@@ -360,20 +360,14 @@ async fn execute(
         // the lock bound (a long shelf or campaign transaction, a console session).
         // Run the requests one by one so only those wait and answer
         // `request_in_progress` or `lock_timeout`; the others are decided. A request
-        // naming a stock row that a request of that one row alone timed out on answers
-        // `lock_timeout` at once, so the batch waits out the bound once per locked row,
-        // not per request. A request of several rows that timed out proves none of
-        // them locked (it may have waited on any), so it condemns no other request.
+        // naming a stock row found locked answers `lock_timeout` at once, so the batch
+        // waits out the bound about once per locked row, not once per request
+        // ([`LockedRows`]).
         Err(StoreError::KeyInFlight | StoreError::LockTimeout(_)) if requests.len() > 1 => {
             let mut outcomes = Vec::with_capacity(requests.len());
-            let mut timed_out: std::collections::HashSet<(&domain::SkuCode, &WarehouseCode)> =
-                std::collections::HashSet::new();
+            let mut locked = LockedRows::default();
             for request in requests {
-                if let Some(line) = request
-                    .lines
-                    .iter()
-                    .find(|line| timed_out.contains(&(&line.sku, &line.warehouse)))
-                {
+                if let Some(line) = locked.condemns(request) {
                     outcomes.push(Err(StoreError::LockTimeout(format!(
                         "sku '{}' in warehouse '{}' stayed locked past the bound for a request before this one",
                         line.sku, line.warehouse
@@ -395,15 +389,163 @@ async fn execute(
                         StoreError::Invariant("a batch of one returned nothing".into())
                     })
                 });
-                if let (Err(StoreError::LockTimeout(_)), [line]) =
-                    (&outcome, request.lines.as_slice())
-                {
-                    timed_out.insert((&line.sku, &line.warehouse));
-                }
+                locked.learn(request, &outcome);
                 outcomes.push(outcome);
             }
             (outcomes, None)
         }
         Err(error) => (requests.iter().map(|_| Err(error.clone())).collect(), None),
+    }
+}
+
+/// What a batch's one-by-one run learnt of which stock rows stay locked past the bound.
+/// A request that locked only its stock rows (one row, no shopper's tallies, no order
+/// number) and timed out proves that row locked. One of several rows that timed out
+/// may have waited on any of them: a row is taken as locked after two such timeouts
+/// naming it, unless a request decided meanwhile took its lock (then it was free). So
+/// an innocent row is not condemned for its neighbour, and a locked one costs the
+/// batch at most two waits.
+#[derive(Default)]
+struct LockedRows<'a> {
+    condemned: std::collections::HashSet<(&'a domain::SkuCode, &'a WarehouseCode)>,
+    suspected: std::collections::HashMap<(&'a domain::SkuCode, &'a WarehouseCode), u32>,
+    taken: std::collections::HashSet<(&'a domain::SkuCode, &'a WarehouseCode)>,
+}
+
+/// Timeouts of requests of several rows naming a row before it is taken as locked.
+const SUSPECTED_TIMEOUTS_TO_CONDEMN: u32 = 2;
+
+impl<'a> LockedRows<'a> {
+    /// The first line of `request` on a row taken as locked, if any.
+    fn condemns(&self, request: &'a ReserveRequest) -> Option<&'a domain::ReservationLine> {
+        request
+            .lines
+            .iter()
+            .find(|line| self.condemned.contains(&(&line.sku, &line.warehouse)))
+    }
+
+    fn learn(&mut self, request: &'a ReserveRequest, outcome: &Result<Idempotent, StoreError>) {
+        let rows = request
+            .lines
+            .iter()
+            .map(|line| (&line.sku, &line.warehouse));
+        match outcome {
+            // Decided under its locks: every row it names was free then.
+            Ok(Idempotent::Executed(_)) => self.taken.extend(rows),
+            Err(StoreError::LockTimeout(_)) => {
+                let only_stock_rows = request.user.is_none() && request.reference.is_empty();
+                match request.lines.as_slice() {
+                    [line] if only_stock_rows => {
+                        self.condemned.insert((&line.sku, &line.warehouse));
+                    }
+                    _ => {
+                        for row in rows {
+                            let count = self.suspected.entry(row).or_insert(0);
+                            *count += 1;
+                            if *count >= SUSPECTED_TIMEOUTS_TO_CONDEMN && !self.taken.contains(&row)
+                            {
+                                self.condemned.insert(row);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use domain::{
+        IdempotencyKey, Principal, Quantity, ReservationId, ReservationLine, SkuCode, Timestamp,
+        UserId,
+    };
+    use store::{IdempotencyClaim, ScopedKey, ShopScope, StoredResponse};
+
+    fn request(rows: &[(&str, &str)], user: Option<&str>) -> ReserveRequest {
+        ReserveRequest {
+            claim: IdempotencyClaim {
+                key: ScopedKey::new(&Principal::Admin, &IdempotencyKey::parse("k").unwrap()),
+                fingerprint: String::new(),
+            },
+            id: ReservationId::generate(Timestamp::from_unix_milliseconds(0), 1),
+            lines: rows
+                .iter()
+                .map(|(sku, warehouse)| ReservationLine {
+                    sku: SkuCode::parse(sku).unwrap(),
+                    warehouse: WarehouseCode::parse(warehouse).unwrap(),
+                    quantity: Quantity::new(1).unwrap(),
+                })
+                .collect(),
+            ttl_seconds: 60,
+            shop: ShopScope::Any,
+            user: user.map(|user| UserId::parse(user).unwrap()),
+            reference: domain::OrderReference::default(),
+            undecided_when_short: false,
+        }
+    }
+
+    fn timed_out() -> Result<Idempotent, StoreError> {
+        Err(StoreError::LockTimeout("waited".into()))
+    }
+
+    fn decided() -> Result<Idempotent, StoreError> {
+        Ok(Idempotent::Executed(StoredResponse {
+            status: 201,
+            body: String::new(),
+        }))
+    }
+
+    #[test]
+    fn a_request_of_one_stock_row_that_timed_out_condemns_that_row_only() {
+        let locked_alone = request(&[("A", "default")], None);
+        let same_row = request(&[("B", "default"), ("A", "default")], None);
+        let other_warehouse = request(&[("A", "north")], None);
+        let mut locked = LockedRows::default();
+
+        locked.learn(&locked_alone, &timed_out());
+
+        assert!(locked.condemns(&same_row).is_some());
+        assert!(locked.condemns(&other_warehouse).is_none());
+    }
+
+    #[test]
+    fn a_request_that_may_have_waited_on_a_shoppers_tally_condemns_nothing_at_once() {
+        let with_a_shopper = request(&[("A", "default")], Some("ann"));
+        let mut locked = LockedRows::default();
+
+        locked.learn(&with_a_shopper, &timed_out());
+
+        assert!(
+            locked
+                .condemns(&request(&[("A", "default")], None))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn two_timeouts_of_several_rows_condemn_a_row_no_decided_request_took() {
+        let both = request(&[("A", "default"), ("B", "default")], None);
+        let b_alone = request(&[("B", "default")], None);
+        let a_alone = request(&[("A", "default")], None);
+        let mut locked = LockedRows::default();
+
+        locked.learn(&both, &timed_out());
+        let after_one = (
+            locked.condemns(&a_alone).is_some(),
+            locked.condemns(&b_alone).is_some(),
+        );
+        locked.learn(&b_alone, &decided());
+        locked.learn(&both, &timed_out());
+
+        assert_eq!(
+            after_one,
+            (false, false),
+            "one timeout of two rows proves nothing"
+        );
+        assert!(locked.condemns(&a_alone).is_some(), "A timed out twice");
+        assert!(locked.condemns(&b_alone).is_none(), "B was taken meanwhile");
     }
 }
