@@ -968,11 +968,17 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     )
     .await
     .map_err(|error| format!("server failed: {error}"))?;
+    // The tickets' requests and the workers' last steps share one grace, after the
+    // connections' own.
+    let after_connections = tokio::time::Instant::now() + grace;
     if !engine.finish_tickets(grace).await {
         tracing::warn!("requests of tickets handed out did not run within the grace period");
     }
     workers.close();
-    if tokio::time::timeout(grace, workers.wait()).await.is_err() {
+    if tokio::time::timeout_at(after_connections, workers.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("workers did not stop within the grace period");
     }
     store.close().await;

@@ -145,7 +145,9 @@ pub trait Dialect: Connection {
     const MIGRATION_LOCK: Option<&'static str>;
     /// Where DDL commits by itself (MySQL), a lock no transaction can hold: taken on one
     /// session for the whole run of migrations, `(take, give back)`. `take` answers 1
-    /// once the lock is held (0 when another process held it past its own wait).
+    /// once the lock is held, 0 when another process held it past its own wait (kept
+    /// below the statement bound), and is sent again until
+    /// `MIGRATION_LOCK_WAIT_MAX` has passed.
     const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = None;
     /// The backend's migrations, in order.
     const MIGRATIONS: &'static [Migration];

@@ -501,7 +501,7 @@ impl Dialect for MySqlConnection {
     /// outlives the commits: instances started together migrate one after the other.
     const MIGRATION_LOCK: Option<&'static str> = None;
     const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = Some((
-        "SELECT GET_LOCK(CONCAT('stockd_migrate:', DATABASE()), 900)",
+        "SELECT GET_LOCK(CONCAT('stockd_migrate:', DATABASE()), 1)",
         "SELECT RELEASE_LOCK(CONCAT('stockd_migrate:', DATABASE()))",
     ));
     const MIGRATIONS: &'static [Migration] = &[

@@ -11,6 +11,10 @@ use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::sql::{Connection, statement};
 
+/// Longest a start waits for another process's migrations (PostgreSQL's advisory lock
+/// waits as long).
+const MIGRATION_LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
 impl<B: Backend> Units<B> {
     /// Applies every migration this binary knows and the database lacks, each in its
     /// own transaction, serialized across processes.
@@ -18,11 +22,19 @@ impl<B: Backend> Units<B> {
         let applied_now = match <B::Connection as Dialect>::MIGRATION_SESSION_LOCK {
             Some((take, give_back)) => {
                 let mut holder = self.write_connection().await?;
-                let taken: Option<i64> = statement(take).fetch_one_scalar(&mut *holder).await?;
-                if taken != Some(1) {
-                    return Err(StoreError::LockTimeout(
-                        "another process held the migration lock for 15 minutes".into(),
-                    ));
+                // Each wait stays below the session's statement bound; another
+                // process's migration may take longer, so the wait is asked again.
+                let waiting_since = std::time::Instant::now();
+                loop {
+                    let taken: Option<i64> = statement(take).fetch_one_scalar(&mut *holder).await?;
+                    if taken == Some(1) {
+                        break;
+                    }
+                    if waiting_since.elapsed() >= MIGRATION_LOCK_WAIT_MAX {
+                        return Err(StoreError::LockTimeout(format!(
+                            "another process held the migration lock for {MIGRATION_LOCK_WAIT_MAX:?}"
+                        )));
+                    }
                 }
                 let applied = self.apply_migrations_on(&mut holder).await;
                 let given_back = statement(give_back)
