@@ -455,8 +455,7 @@ impl Engine {
                 .await?;
             let attempt = match begun {
                 BeginPayment::Started(attempt) => {
-                    let call = payments.gateway.create_payment_intent(&attempt.gateway_key, &create_request(&attempt)).await;
-                    self.note_payment_id(&attempt, &call).await;
+                    let call = self.create_and_note(payments, &attempt).await;
                     (attempt, call)
                 }
                 // An attempt already running (a retry, or a second caller): asked about
@@ -845,12 +844,22 @@ impl Engine {
             );
             return None;
         }
+        Some(self.create_and_note(payments, attempt).await)
+    }
+
+    /// Sends the attempt's create under its key, and records the payment's id when
+    /// the answer names one.
+    async fn create_and_note(
+        &self,
+        payments: &Payments,
+        attempt: &AttemptToCall,
+    ) -> CallOutcome<PaymentIntent> {
         let call = payments
             .gateway
             .create_payment_intent(&attempt.gateway_key, &create_request(attempt))
             .await;
         self.note_payment_id(attempt, &call).await;
-        Some(call)
+        call
     }
 
     /// Records the payment's id from an answer that names one while the attempt has

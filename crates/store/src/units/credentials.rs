@@ -15,6 +15,17 @@ use crate::sql::statement;
 use domain::{ErrorCode, OperatorId, Principal, ServiceKeyId, ShopCode, Timestamp};
 
 /// Inserts a credential; `false` when its (kind, id) is taken.
+/// The one admin credential, with this token hash.
+fn admin_credential(secret_hash: &str) -> NewCredential {
+    NewCredential {
+        kind: CredentialKind::Admin,
+        id: "admin".to_owned(),
+        name: "admin".to_owned(),
+        shop: None,
+        secret_hash: secret_hash.to_owned(),
+    }
+}
+
 pub(crate) async fn insert_credential<C: Dialect>(
     transaction: &mut C,
     credential: &NewCredential,
@@ -284,13 +295,7 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
     ) -> Result<bool, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let credential = NewCredential {
-            kind: CredentialKind::Admin,
-            id: "admin".to_owned(),
-            name: "admin".to_owned(),
-            shop: None,
-            secret_hash: secret_hash.to_owned(),
-        };
+        let credential = admin_credential(secret_hash);
         let stored = insert_credential(&mut *transaction, &credential, now).await?;
         transaction.commit().await?;
         Ok(stored)
@@ -306,13 +311,7 @@ impl<B: Backend> Units<B> {
         statement("DELETE FROM credential WHERE kind = 'admin'")
             .execute(&mut *transaction)
             .await?;
-        let credential = NewCredential {
-            kind: CredentialKind::Admin,
-            id: "admin".to_owned(),
-            name: "admin".to_owned(),
-            shop: None,
-            secret_hash: secret_hash.to_owned(),
-        };
+        let credential = admin_credential(secret_hash);
         if !insert_credential(&mut *transaction, &credential, now).await? {
             return Err(invariant("the admin credential could not be stored"));
         }
