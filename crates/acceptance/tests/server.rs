@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use acceptance::http::request;
-use acceptance::{Backend, TestApp, mirrored_tests, wait_until};
+use acceptance::{Backend, TestApp, mirrored_tests, wait_until, wait_until_async};
 use tokio_util::sync::CancellationToken;
 
 mirrored_tests!(
@@ -56,6 +56,16 @@ async fn a_shutdown_lets_the_request_in_flight_finish_and_then_stops_serving(bac
     })
     .await;
     shutdown.cancel();
+    // The listening socket closes at the signal, while the request still runs: a new
+    // client is refused at once rather than left in the backlog for the grace period.
+    wait_until_async("a new connection is refused", || async {
+        tokio::net::TcpStream::connect(address).await.is_err()
+    })
+    .await;
+    assert!(
+        !in_flight.is_finished(),
+        "the request still waits on the lock"
+    );
     lock.execute("ROLLBACK").await.unwrap();
 
     let response = in_flight.await.unwrap().unwrap();

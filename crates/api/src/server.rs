@@ -3,8 +3,8 @@
 //! connection), on the connections held at once, and on the graceful shutdown. The
 //! body's and the request's own bounds live in `http` (they are the router's).
 //!
-//! On the signal the server stops accepting, asks every connection to close after its
-//! current request, and waits for them up to the grace period.
+//! On the signal the server closes its listening socket, asks every connection to close
+//! after its current request, and waits for them up to the grace period.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +86,10 @@ pub async fn serve_until(
             }
         }
     }
+    // Closed now, not when the grace ends: a client connecting during the grace is
+    // refused at once and goes to another instance, instead of waiting in the kernel's
+    // backlog for an accept that never comes.
+    drop(listener);
     tracker.close();
     if tokio::time::timeout(grace, tracker.wait()).await.is_ok() {
         Ok(true)

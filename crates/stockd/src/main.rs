@@ -1032,8 +1032,12 @@ fn choose_gateway(
     }
 }
 
-/// Cancels `shutdown` on SIGINT or SIGTERM. The handlers are registered before this
-/// returns, so a signal sent as soon as the start-up lines are printed is not lost
+/// The exit status of a stop forced by a second signal during the grace period.
+const FORCED_STOP_EXIT_CODE: i32 = 1;
+
+/// Cancels `shutdown` on SIGINT or SIGTERM, and exits at once on a second one (an
+/// operator who cannot wait out the grace period). The handlers are registered before
+/// this returns, so a signal sent as soon as the start-up lines are printed is not lost
 /// (with the default disposition it would kill the process mid-start).
 fn cancel_on_signal(shutdown: CancellationToken) {
     #[cfg(unix)]
@@ -1051,8 +1055,21 @@ fn cancel_on_signal(shutdown: CancellationToken) {
                 _ = interrupt.recv() => {},
                 _ = terminate.recv() => {},
             }
-            tracing::info!("shutdown signal received; finishing in-flight requests");
+            tracing::info!(
+                "shutdown signal received; finishing in-flight requests (a second signal stops at once)"
+            );
             shutdown.cancel();
+            tokio::select! {
+                _ = interrupt.recv() => {},
+                _ = terminate.recv() => {},
+            }
+            // As safe as a crash, which the kill -9 drill checks: an answer is sent
+            // only after its transaction committed, and the database rolls back the
+            // rest; clients retry what got no answer under the same key.
+            tracing::warn!(
+                "second shutdown signal: stopping without waiting for in-flight requests"
+            );
+            std::process::exit(FORCED_STOP_EXIT_CODE);
         });
     }
     #[cfg(not(unix))]

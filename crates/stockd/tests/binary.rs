@@ -146,6 +146,132 @@ async fn serve_with_no_flags_creates_the_database_prints_a_token_and_stops_on_si
     assert_eq!(report["ledger_rows_checked"], 2);
 }
 
+/// Sends `signal` (a `kill` name: TERM, INT) to the process.
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight() {
+    let directory = ScratchDirectory::new();
+    let (mut child, address, token) = start_serving_with(
+        &directory.0,
+        &[
+            ("STOCKD_SHUTDOWN_GRACE_SECONDS", "3600"),
+            ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "600000"),
+            ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "600000"),
+        ],
+    );
+    let bearer = format!("Bearer {token}");
+    for (method, path, key, body) in [
+        ("PUT", "/v1/skus/SALT", "sku", r#"{"title":"Salt"}"#),
+        (
+            "POST",
+            "/v1/skus/SALT/stock-movements",
+            "receive",
+            r#"{"kind":"receive","quantity":4}"#,
+        ),
+    ] {
+        let response = request(
+            address,
+            method,
+            path,
+            &[("Authorization", &bearer), ("Idempotency-Key", key)],
+            Some(body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status, 201, "{response:?}");
+    }
+    // Another process holds the database's write lock: the reservation waits on it
+    // for as long as the grace period would let it.
+    let database = format!(
+        "sqlite://{}",
+        directory.0.join("stockd-data/stockd.db").display()
+    );
+    let mut holder = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN IMMEDIATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let in_flight = tokio::spawn({
+        let bearer = bearer.clone();
+        async move {
+            request(
+                address,
+                "POST",
+                "/v1/reservations",
+                &[
+                    ("Authorization", bearer.as_str()),
+                    ("Idempotency-Key", "during-the-stop"),
+                ],
+                Some(r#"{"lines":[{"sku":"SALT","quantity":1}]}"#),
+            )
+            .await
+        }
+    });
+    acceptance::wait_until_async("the reservation is in flight", || async {
+        let metrics = request(
+            address,
+            "GET",
+            "/metrics",
+            &[("Authorization", bearer.as_str())],
+            None,
+        )
+        .await
+        .unwrap();
+        metrics.body.contains("stockd_requests_in_flight 1")
+    })
+    .await;
+
+    signal(&child, "TERM");
+    acceptance::wait_until_async("the listening socket is closed", || async {
+        tokio::net::TcpStream::connect(address).await.is_err()
+    })
+    .await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal waits for the request"
+    );
+    signal(&child, "INT");
+    acceptance::wait_until("the process exits", || child.try_wait().unwrap().is_some()).await;
+
+    assert_eq!(child.wait().unwrap().code(), Some(1), "a forced stop");
+    let answer = in_flight.await.unwrap();
+    assert!(
+        answer.is_err(),
+        "the request in flight got no answer: {answer:?}"
+    );
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    // Nothing half-done: the unanswered reservation was never committed.
+    let audit = stockd(&directory.0).arg("audit").output().unwrap();
+    assert_eq!(
+        audit.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&audit.stdout)
+    );
+    let (available,): (i64,) = sqlx::query_as("SELECT available FROM stock WHERE sku = 'SALT'")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    assert_eq!(available, 4);
+    let (reservations,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM reservation")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    assert_eq!(reservations, 0);
+}
+
 #[tokio::test]
 async fn audit_exits_non_zero_when_a_counter_was_changed_by_hand() {
     let directory = ScratchDirectory::new();
