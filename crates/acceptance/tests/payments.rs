@@ -14,6 +14,7 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
     a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again,
     a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
     a_stale_failure_webhook_of_a_payment_charged_meanwhile_pays_the_order,
@@ -1194,6 +1195,42 @@ async fn a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expir
     let mut broken = broken.to_vec();
     broken.sort();
     assert_eq!(third, broken);
+    app.assert_audit_clean().await;
+}
+
+/// Five due orders, claimed two at a time, with an hour between the worker's steps:
+/// the worker goes on at once after a full claim, so all five expire without waiting
+/// two hours.
+async fn unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval(
+    backend: Backend,
+) {
+    let config = engine::EngineConfig {
+        order_expiry_batch_size: 2,
+        payment_worker_interval_milliseconds: 3_600_000,
+        ..acceptance::test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    app.stocked_sku(SKU, STOCK).await;
+    let mut orders = Vec::new();
+    for user in 0..5 {
+        orders.push(app.order_of(&format!("user-{user}"), &[(SKU, 1)]).await);
+    }
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let workers = tokio_util::task::TaskTracker::new();
+    engine::workers::spawn_workers(&app.engine, &workers, &shutdown);
+    acceptance::wait_until_async("every due order expired", || async {
+        app.counters(SKU).await == (STOCK, 0)
+    })
+    .await;
+    shutdown.cancel();
+    workers.close();
+    workers.wait().await;
+
+    for order in &orders {
+        assert_statuses(&app, order, ("EXPIRED", "RELEASED", "none")).await;
+    }
     app.assert_audit_clean().await;
 }
 

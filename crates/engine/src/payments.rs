@@ -966,6 +966,12 @@ impl Engine {
         Ok(expired)
     }
 
+    /// Whether the last [`Engine::order_expiry_step`] here claimed a full batch, so
+    /// more orders may be due behind it (its pass resumes after them).
+    pub fn order_expiry_has_more_due(&self) -> bool {
+        self.inner.order_expiry_cursor.get().is_some()
+    }
+
     /// One step of the refund worker: issues pending refunds (idempotently, by their
     /// own key) and records the ones the gateway confirmed.
     pub async fn refund_step(&self) -> Result<Vec<RefundId>, EngineError> {

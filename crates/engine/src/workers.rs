@@ -146,16 +146,23 @@ async fn replica_monitor_loop(engine: Engine, shutdown: CancellationToken) {
 
 /// Expires unpaid orders past their hold, giving their stock back. A loop of its own:
 /// the payment loop waits on the gateway (up to its timeout per call), and a slow or
-/// unreachable gateway must not keep stock held past the holds.
+/// unreachable gateway must not keep stock held past the holds. After a full claim the
+/// next step runs at once: after a sale, thousands of unpaid orders fall due together,
+/// and their stock is what the next shoppers wait for.
 async fn order_expiry_loop(engine: Engine, shutdown: CancellationToken) {
     let interval = Duration::from_millis(engine.config().payment_worker_interval_milliseconds);
     loop {
-        if let Err(error) = engine.order_expiry_step().await {
-            metrics::counter!("stockd_worker_errors_total", "worker" => "order_expiry")
-                .increment(1);
-            tracing::warn!(%error, "order expiry step failed");
-        }
-        if !pause_unless_shut_down(&shutdown, interval).await {
+        let pause = match engine.order_expiry_step().await {
+            Ok(_) if engine.order_expiry_has_more_due() => Duration::ZERO,
+            Ok(_) => interval,
+            Err(error) => {
+                metrics::counter!("stockd_worker_errors_total", "worker" => "order_expiry")
+                    .increment(1);
+                tracing::warn!(%error, "order expiry step failed");
+                interval
+            }
+        };
+        if !pause_unless_shut_down(&shutdown, pause).await {
             break;
         }
     }
