@@ -8,6 +8,7 @@ use acceptance::{Backend, Call, START, TestApp, TestResponse, mirrored_tests, se
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    an_answered_ticket_is_gone_once_its_retention_has_passed,
     a_campaign_carves_its_units_out_of_regular_stock_and_sells_only_those,
     an_empty_bucket_sends_requests_on_to_the_others_until_every_one_is_empty,
     before_its_start_a_campaign_is_refused_by_name_and_regular_sales_go_on,
@@ -2336,6 +2337,36 @@ async fn a_tickets_answer_carries_the_position_of_its_write_and_the_202_none(bac
         )
         .await;
     assert_eq!(read.status, 200, "{read:?}");
+}
+
+/// Found in review: answered tickets were dropped only when another ticket was
+/// answered, so the last ones of a campaign were served for ever. Past the retention
+/// the ticket is gone (404), like any other.
+async fn an_answered_ticket_is_gone_once_its_retention_has_passed(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("KEPT", 10).await;
+    running_campaign(&app, "KEPT", 4, 1, None).await;
+    let (_, held) = hold_the_line(&app, "KEPT").await;
+    let ticket = app
+        .send(waiting_reserve_call("kept-ann", "KEPT", "ann"))
+        .await;
+    assert_eq!(ticket.status, 202, "{ticket:?}");
+    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
+    drop(held);
+    answered_ticket(&app, &poll).await;
+    let retention = acceptance::test_engine_config().campaign_ticket_retention_seconds;
+
+    app.clock.advance_seconds(retention);
+    let within = app.send(Call::get(&poll)).await;
+    app.clock.advance_seconds(1);
+    let past = app.send(Call::get(&poll)).await;
+
+    assert_eq!(
+        within.status, 200,
+        "kept for the whole retention: {within:?}"
+    );
+    assert_eq!(past.status, 404, "{past:?}");
+    assert_eq!(past.json()["code"], "not_found");
 }
 
 /// Found in review: the shopper's product view summed every stock row of a SKU, a

@@ -374,20 +374,7 @@ impl Tickets {
             entry.answer = Some((reply, now));
             state.answered.push_back(id.clone());
         }
-        while let Some(oldest) = state.answered.front().cloned() {
-            let expired = state
-                .by_id
-                .get(&oldest)
-                .and_then(|entry| entry.answer.as_ref())
-                .is_none_or(|(_, at)| {
-                    now.unix_milliseconds() - at.unix_milliseconds() > retention_seconds * 1_000
-                });
-            if !expired && state.answered.len() <= answered_max {
-                break;
-            }
-            state.answered.pop_front();
-            state.by_id.remove(&oldest);
-        }
+        state.forget_answered_past(now, retention_seconds, answered_max);
     }
 
     /// Forgets a ticket whose request could not run (the process is stopping).
@@ -395,10 +382,19 @@ impl Tickets {
         self.lock().by_id.remove(id);
     }
 
-    /// The ticket, if it exists and `principal` holds it (anyone else: `None`, as if
-    /// it did not exist).
-    pub fn view(&self, id: &TicketId, principal: &Principal) -> Option<TicketView> {
-        let state = self.lock();
+    /// The ticket, if it exists, `principal` holds it (anyone else: `None`, as if it
+    /// did not exist) and, answered, its answer is at most `retention_seconds` old: the
+    /// answers are also dropped here, not only when another ticket is answered, or the
+    /// last ones of a campaign would be kept, and served, for ever.
+    pub fn view(
+        &self,
+        id: &TicketId,
+        principal: &Principal,
+        now: Timestamp,
+        retention_seconds: i64,
+    ) -> Option<TicketView> {
+        let mut state = self.lock();
+        state.forget_answered_past(now, retention_seconds, usize::MAX);
         let entry = state
             .by_id
             .get(id)
@@ -427,6 +423,32 @@ impl Tickets {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl TicketsState {
+    /// Drops answered tickets, oldest answer first, past `retention_seconds` or beyond
+    /// `answered_max`.
+    fn forget_answered_past(
+        &mut self,
+        now: Timestamp,
+        retention_seconds: i64,
+        answered_max: usize,
+    ) {
+        while let Some(oldest) = self.answered.front().cloned() {
+            let expired = self
+                .by_id
+                .get(&oldest)
+                .and_then(|entry| entry.answer.as_ref())
+                .is_none_or(|(_, at)| {
+                    now.unix_milliseconds() - at.unix_milliseconds() > retention_seconds * 1_000
+                });
+            if !expired && self.answered.len() <= answered_max {
+                break;
+            }
+            self.answered.pop_front();
+            self.by_id.remove(&oldest);
+        }
     }
 }
 
@@ -597,7 +619,12 @@ impl Engine {
         tickets.issue(id.clone(), principal.clone(), route.id.clone(), &place, now);
         metrics::counter!("stockd_campaign_tickets_issued_total").increment(1);
         let view = tickets
-            .view(&id, principal)
+            .view(
+                &id,
+                principal,
+                now,
+                self.inner.config.campaign_ticket_retention_seconds,
+            )
             .ok_or_else(|| EngineError::Internal(format!("ticket '{id}' vanished")))?;
         let engine = self.clone();
         let routed = routed.clone();
@@ -711,7 +738,12 @@ impl Engine {
         self.inner
             .campaigns
             .tickets
-            .view(id, principal)
+            .view(
+                id,
+                principal,
+                self.now(),
+                self.inner.config.campaign_ticket_retention_seconds,
+            )
             .ok_or_else(|| {
                 EngineError::NotFound(format!(
                     "ticket '{id}' does not exist here (tickets live in the instance that issued them; retry the request with its Idempotency-Key)"
