@@ -151,7 +151,8 @@ pub trait Dialect: Connection {
     const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = None;
     /// The backend's migrations, in order.
     const MIGRATIONS: &'static [Migration];
-    /// Deletes up to `$2` idempotency records created before `$1`, oldest first.
+    /// Deletes up to `$2` idempotency records created before `$1` (oldest first where
+    /// the index gives them in order).
     const PURGE_IDEMPOTENCY_RECORDS: &'static str = "DELETE FROM idempotency_record WHERE key IN (\
          SELECT key FROM idempotency_record WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
     /// The sequencer's `outbox_relay` row (its last position), locked until the commit.

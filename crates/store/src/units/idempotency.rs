@@ -48,11 +48,19 @@ pub(crate) async fn claim_key<C: Dialect>(
     if inserted == 1 {
         return Ok(Claim::Taken);
     }
+    // PostgreSQL's DO NOTHING locks nothing: a purge of the record (a retry that came
+    // exactly as its retention ended) can commit between the two statements. The key
+    // is then free; the unit of work runs again and claims it.
     let row =
         statement("SELECT fingerprint, status_code, body FROM idempotency_record WHERE key = $1")
             .bind(claim.key.as_str())
-            .fetch_one_row(&mut *transaction)
-            .await?;
+            .fetch_optional_row(&mut *transaction)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Retryable(
+                    "the key's record was purged between its claim and its read".to_owned(),
+                )
+            })?;
     let response = stored_response(row.try_get("status_code")?, row.try_get("body")?)?;
     Ok(Claim::Existing {
         fingerprint: row.try_get("fingerprint")?,
