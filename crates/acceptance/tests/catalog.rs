@@ -22,6 +22,7 @@ mirrored_tests!(
     going_on_the_shelf_without_stock_says_temporarily_out_of_stock,
     a_take_down_naming_no_version_waits_for_an_edit_of_the_sku_and_applies,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
+    a_version_check_on_a_sku_the_operation_does_not_change_is_refused_and_changes_nothing,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
     only_the_admin_may_delete,
     a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
@@ -491,6 +492,50 @@ async fn concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_
     );
     assert_eq!(after_on[0]["remark"], winner_remark);
     assert_eq!(app.sale_status(&product, "RACE").await.1, version + 1);
+}
+
+/// Found in review: a version named for a SKU the operation does not change (a typo,
+/// a SKU of another product) was ignored, and the operation applied unguarded, answered
+/// as if its check had been kept.
+async fn a_version_check_on_a_sku_the_operation_does_not_change_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["GUARDED"]).await;
+    let (_, version) = app.sale_status(&product, "GUARDED").await;
+    let before = app.contents_except_idempotency_records().await;
+    let too_many: serde_json::Map<String, Value> = (0..=1000)
+        .map(|index| (format!("SKU-{index}"), json!(version)))
+        .collect();
+
+    let typo = app
+        .send(Call::post("/v1/admin/shelf").admin().key("guard-typo").json(&json!({
+            "operation": "off", "product_ids": [product], "expected_versions": {"GUARDED-TYPO": version}
+        })))
+        .await;
+    let beyond = app
+        .send(
+            Call::post("/v1/admin/shelf")
+                .admin()
+                .key("guard-many")
+                .json(&json!({
+                    "operation": "off", "product_ids": [product], "expected_versions": too_many
+                })),
+        )
+        .await;
+
+    for refused in [&typo, &beyond] {
+        assert_eq!(refused.status, 400, "{refused:?}");
+        assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
+    }
+    assert!(typo.body.contains("GUARDED-TYPO"), "{typo:?}");
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let guarded = app
+        .send(Call::post("/v1/admin/shelf").admin().key("guard-kept").json(&json!({
+            "operation": "off", "product_ids": [product], "expected_versions": {"GUARDED": version}
+        })))
+        .await;
+    assert_eq!(guarded.status, 200, "{guarded:?}");
 }
 
 async fn an_operator_touching_another_shop_is_forbidden_and_changes_nothing(backend: Backend) {

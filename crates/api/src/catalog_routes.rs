@@ -327,6 +327,12 @@ pub async fn shelf(
         (false, Some(_)) => return Err(ApiError::invalid("repeat goes with on_at or off_at")),
         (_, None) => None,
     };
+    if request.expected_versions.len() > domain::limits::SHELF_TARGETS_MAX {
+        return Err(ApiError::invalid(format!(
+            "at most {} expected_versions",
+            domain::limits::SHELF_TARGETS_MAX
+        )));
+    }
     let remark = bounded_text("remark", request.remark, REMARK_LENGTH_MAX)?;
     let request = ShelfRequest {
         operation,

@@ -239,6 +239,19 @@ impl Engine {
         let renderer = self.inner.renderer.as_ref();
         match due_at {
             None => {
+                // A version check on a SKU the operation does not change would be
+                // answered as kept without being made: the caller's guard is refused
+                // (changing nothing), not dropped unsaid.
+                if let Some(sku) = request
+                    .expected_versions
+                    .keys()
+                    .filter(|sku| !targets.iter().any(|target| target.sku == **sku))
+                    .min()
+                {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "expected_versions names sku '{sku}', which this operation does not change"
+                    )));
+                }
                 let change = ShelfChange {
                     operation: request.operation,
                     targets,
