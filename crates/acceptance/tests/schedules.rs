@@ -26,6 +26,8 @@ mirrored_tests!(
     the_schedule_worker_locks_its_skus_rows_in_code_order_before_changing_any,
     an_operators_page_of_schedules_never_goes_on_from_another_shops_schedule,
     two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot_would,
+    missed_daily_series_split_by_the_batch_limit_still_apply_in_slot_order,
+    a_sku_whose_later_due_schedule_another_instance_holds_is_held_back,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -958,4 +960,78 @@ async fn two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot
             json!(at_minutes(2 * 1440 + 10))
         ]
     );
+}
+
+/// Two daily series, "off at 00:10" and "on at 10:00", missed for a day (see the test
+/// above), taken into a one-schedule batch: the batch's limit split the SKU's
+/// schedules, the off applied alone and the on, left to the next batch, put the SKU
+/// back on sale. Found in review; a SKU's due schedules are now claimed together.
+async fn missed_daily_series_split_by_the_batch_limit_still_apply_in_slot_order(backend: Backend) {
+    let config = engine::EngineConfig {
+        schedule_batch_size: 1,
+        ..acceptance::test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    let product = pending_product(&app, &["FRESH"]).await;
+    on_sale_now(&app, &product).await;
+    missed_daily_series(&app, &product).await;
+
+    let mut applied = Vec::new();
+    loop {
+        let step = app.engine.schedule_step().await.unwrap();
+        if step.is_empty() {
+            break;
+        }
+        applied.extend(step);
+    }
+
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.sale_status(&product, "FRESH").await.0, "OFF_SHELF");
+}
+
+/// The same series, with another instance holding the later-due one (the on, due at
+/// 10:00 yesterday, whose slot comes before the off's): this step holds the SKU back
+/// instead of applying the off alone, and the next one applies both in slot order.
+async fn a_sku_whose_later_due_schedule_another_instance_holds_is_held_back(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer: a claim cannot be held open while another instance claims.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let product = pending_product(&app, &["FRESH"]).await;
+    on_sale_now(&app, &product).await;
+    missed_daily_series(&app, &product).await;
+    let mut other = app.database.raw_connection().await;
+    other.execute("BEGIN").await.unwrap();
+    other
+        .execute(
+            "SELECT id FROM shelf_schedule WHERE status = 'PENDING' ORDER BY due_at DESC LIMIT 1 FOR UPDATE",
+        )
+        .await
+        .unwrap();
+
+    let held_back = app.engine.schedule_step().await.unwrap();
+
+    assert!(held_back.is_empty(), "{held_back:?}");
+    assert_eq!(app.sale_status(&product, "FRESH").await.0, "ON_SHELF");
+    other.execute("ROLLBACK").await.unwrap();
+    let applied = app.engine.schedule_step().await.unwrap();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.sale_status(&product, "FRESH").await.0, "OFF_SHELF");
+}
+
+/// "off daily at 00:10" and "on daily at 10:00" on `product`, then a day and 11
+/// minutes with nothing run: both are due, the off's last missed slot the later.
+async fn missed_daily_series(app: &TestApp, product: &str) {
+    for (operation, minutes) in [("off_at", 10), ("on_at", 600)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": operation, "product_ids": [product],
+                       "scheduled_at": at_minutes(minutes), "repeat": "daily"}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+    app.clock.advance_seconds(DAY_SECONDS + 11 * 60);
 }

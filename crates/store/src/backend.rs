@@ -102,6 +102,9 @@ pub trait Dialect: Connection {
     const AUDIT_RESERVATION_LINES: &'static str;
     /// Pending schedules that are due, skipping those another worker holds.
     const CLAIM_DUE_SCHEDULES: &'static str;
+    /// The schedules of one SKU (`$2`) due at or before `$1`, with the columns of
+    /// `CLAIM_DUE_SCHEDULES`, skipping those another worker holds.
+    const CLAIM_DUE_SCHEDULES_OF_SKU: &'static str;
     /// A SKU's (`$1`) pending schedules, skipping those another worker holds: the
     /// worker applying one finds the SKU deleted and skips it.
     const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str;

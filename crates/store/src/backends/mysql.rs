@@ -464,6 +464,8 @@ impl Dialect for MySqlConnection {
          ORDER BY reservation.id, line.sku, line.warehouse";
     const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_DUE_SCHEDULES_OF_SKU: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
+         WHERE status = 'PENDING' AND sku = $2 AND due_at <= $1 ORDER BY due_at, id FOR UPDATE SKIP LOCKED";
     const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str = "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 ORDER BY id FOR UPDATE SKIP LOCKED";
     const SELECT_ORDER_FOR_UPDATE: &'static str =
         "SELECT status, reservation_id, expires_at FROM customer_order WHERE id = $1 FOR UPDATE";

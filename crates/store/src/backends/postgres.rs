@@ -290,6 +290,8 @@ impl Dialect for PgConnection {
     /// `SKIP LOCKED`: a schedule another process is applying is left to it.
     const CLAIM_DUE_SCHEDULES: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
          WHERE status = 'PENDING' AND due_at <= $1 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
+    const CLAIM_DUE_SCHEDULES_OF_SKU: &'static str = "SELECT id, sku, operation, remark, due_at, recurrence, series_id FROM shelf_schedule \
+         WHERE status = 'PENDING' AND sku = $2 AND due_at <= $1 ORDER BY due_at, id FOR UPDATE SKIP LOCKED";
     const CLAIM_PENDING_SCHEDULES_OF_SKU: &'static str = "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 ORDER BY id FOR UPDATE SKIP LOCKED";
 
     const SELECT_ORDER_FOR_UPDATE: &'static str =

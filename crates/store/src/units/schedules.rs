@@ -109,10 +109,52 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
     let claimed = statement(C::CLAIM_DUE_SCHEDULES)
         .bind(now.unix_milliseconds())
         .bind(limit)
-        .fetch_all_as::<(String, String, String, String, i64, Option<String>, String)>(
-            &mut *transaction,
-        )
+        .fetch_all_as::<ClaimedRow>(&mut *transaction)
         .await?;
+    let mut due = due_schedules(transaction, claimed).await?;
+    let targets: Vec<&ShelfTarget> = due.iter().map(|schedule| &schedule.target).collect();
+    lock_shops_of(&mut *transaction, &targets).await?;
+    let mut skus: Vec<SkuCode> = due.iter().map(|schedule| schedule.sku.clone()).collect();
+    skus.sort();
+    skus.dedup();
+    transaction
+        .lock_stock_of_skus(&skus.iter().collect::<Vec<_>>())
+        .await?;
+    // Then every SKU's own row, in code order, before the first change: applied one by
+    // one, the batch would lock a later-due SKU's row (and its product's) before an
+    // earlier code's, and a product edit, which locks its SKUs' rows in code order,
+    // could hold the earlier one waiting for the later: a deadlock.
+    lock_sku_rows(&mut *transaction, &skus).await?;
+    // Then the SKUs' other due schedules, which the batch's limit left out: a SKU's
+    // schedules apply together, in the order of their slots (see
+    // `apply_due_schedules`), or a late "on" left to the next batch would apply after
+    // a later-slotted "off" of this one. The locks above make another worker's claim of
+    // the same SKUs wait for this transaction; one that claimed first holds its rows,
+    // which `SKIP LOCKED` leaves to it, and the SKU is then held back below.
+    let claimed_ids: BTreeSet<String> =
+        due.iter().map(|schedule| schedule.id.to_string()).collect();
+    for sku in &skus {
+        let rest: Vec<ClaimedRow> = statement(C::CLAIM_DUE_SCHEDULES_OF_SKU)
+            .bind(now.unix_milliseconds())
+            .bind(sku.as_str())
+            .fetch_all_as::<ClaimedRow>(&mut *transaction)
+            .await?
+            .into_iter()
+            .filter(|row| !claimed_ids.contains(&row.0))
+            .collect();
+        due.extend(due_schedules(transaction, rest).await?);
+    }
+    held_back_behind_other_claims(transaction, due, now).await
+}
+
+/// A claimed schedule's row: id, sku, operation, remark, due_at, recurrence, series.
+type ClaimedRow = (String, String, String, String, i64, Option<String>, String);
+
+/// The claimed rows with the targets they change.
+async fn due_schedules<C: Dialect>(
+    transaction: &mut C,
+    claimed: Vec<ClaimedRow>,
+) -> Result<Vec<DueSchedule>, StoreError> {
     let mut due = Vec::with_capacity(claimed.len());
     for (id, sku, operation, remark, due_at, recurrence, series) in claimed {
         let series = parse_stored("schedule id", &series, ScheduleId::parse)?;
@@ -148,53 +190,42 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
             target,
         });
     }
-    let targets: Vec<&ShelfTarget> = due.iter().map(|schedule| &schedule.target).collect();
-    lock_shops_of(&mut *transaction, &targets).await?;
-    let mut skus: Vec<&SkuCode> = due.iter().map(|schedule| &schedule.sku).collect();
-    skus.sort();
-    skus.dedup();
-    transaction.lock_stock_of_skus(&skus).await?;
-    // Then every SKU's own row, in code order, before the first change: applied one by
-    // one, the batch would lock a later-due SKU's row (and its product's) before an
-    // earlier code's, and a product edit, which locks its SKUs' rows in code order,
-    // could hold the earlier one waiting for the later: a deadlock.
-    lock_sku_rows(&mut *transaction, &skus).await?;
-    after_earlier_schedules(transaction, due).await
+    Ok(due)
 }
 
-/// `due` without the schedules an earlier pending schedule of the same SKU outside
-/// this batch must go before: one another instance claimed (its rows skipped by this
-/// claim) and has not committed yet. Those stay pending, for a later step, so one
-/// SKU's changes apply in the order they were due whichever instance applies each
+/// `due` without the schedules of a SKU that has another due schedule outside this
+/// claim: one another instance claimed (its row skipped by this claim) and has not
+/// committed yet. Those stay pending, for a later step that claims them all, so one
+/// SKU's changes apply in the order of their slots whichever instance applies them
 /// ("off at 20:00" then "on at 20:01", never the other way round). Read after the
-/// locks: an earlier schedule settled meanwhile is no longer pending.
-async fn after_earlier_schedules<C: Dialect>(
+/// locks: a schedule settled meanwhile is no longer pending.
+async fn held_back_behind_other_claims<C: Dialect>(
     transaction: &mut C,
     due: Vec<DueSchedule>,
+    now: Timestamp,
 ) -> Result<Vec<DueSchedule>, StoreError> {
     let claimed: BTreeSet<String> = due.iter().map(|schedule| schedule.id.to_string()).collect();
+    let mut checked: BTreeSet<SkuCode> = BTreeSet::new();
     let mut held_back: BTreeSet<SkuCode> = BTreeSet::new();
-    let mut kept = Vec::with_capacity(due.len());
-    for schedule in due {
-        if !held_back.contains(&schedule.sku) {
-            let earlier: Vec<String> = statement(
-                "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 \
-                 AND (due_at < $2 OR (due_at = $2 AND id < $3))",
-            )
-            .bind(schedule.sku.as_str())
-            .bind(schedule.due_at.unix_milliseconds())
-            .bind(schedule.id.as_str())
-            .fetch_all_scalar(&mut *transaction)
-            .await?;
-            if earlier.iter().any(|id| !claimed.contains(id)) {
-                held_back.insert(schedule.sku.clone());
-            }
+    for schedule in &due {
+        if !checked.insert(schedule.sku.clone()) {
+            continue;
         }
-        if !held_back.contains(&schedule.sku) {
-            kept.push(schedule);
+        let pending: Vec<String> = statement(
+            "SELECT id FROM shelf_schedule WHERE status = 'PENDING' AND sku = $1 AND due_at <= $2",
+        )
+        .bind(schedule.sku.as_str())
+        .bind(now.unix_milliseconds())
+        .fetch_all_scalar(&mut *transaction)
+        .await?;
+        if pending.iter().any(|id| !claimed.contains(id)) {
+            held_back.insert(schedule.sku.clone());
         }
     }
-    Ok(kept)
+    Ok(due
+        .into_iter()
+        .filter(|schedule| !held_back.contains(&schedule.sku))
+        .collect())
 }
 
 /// Settles a pending schedule as `to` (applied, skipped, refused or cancelled)
