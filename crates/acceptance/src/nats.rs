@@ -105,6 +105,23 @@ impl TestNats {
             .expect("JetStream acknowledged the command");
     }
 
+    /// Creates the event stream as an operator might, refusing messages larger than
+    /// `bytes` (the relay keeps a stream's existing configuration).
+    pub async fn create_event_stream_with_message_size_max(&self, bytes: i32) {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to create the stream");
+        jetstream::new(client)
+            .create_stream(jetstream::stream::Config {
+                name: bus::EVENT_STREAM.to_owned(),
+                subjects: vec![bus::EVENT_SUBJECTS.to_owned()],
+                max_message_size: bytes,
+                ..jetstream::stream::Config::default()
+            })
+            .await
+            .expect("create the stream");
+    }
+
     /// Deletes stream `stream`, as an operator (or a server that lost its store) would.
     pub async fn delete_stream(&self, stream: &str) {
         let client = async_nats::connect(self.url())

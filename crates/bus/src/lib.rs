@@ -69,6 +69,9 @@ pub struct Outgoing {
     pub subject: String,
     pub message_id: String,
     pub body: Bytes,
+    /// Messages with the same key (an aggregate's events) must be stored in their
+    /// order: one is sent only once the previous one with its key was acknowledged.
+    pub ordering_key: String,
 }
 
 /// What one ordered publish achieved.
@@ -172,9 +175,17 @@ impl Bus {
     }
 
     /// Publishes `messages` in order, each with its id, pipelined on the one
-    /// connection (which keeps their order), and waits for the acknowledgements.
-    /// Counts the leading ones acknowledged: the caller records those and sends the
-    /// rest again later (JetStream drops a repeat of an id it has seen).
+    /// connection, and waits for the acknowledgements. Counts the leading ones
+    /// acknowledged: the caller records those and sends the rest again later
+    /// (JetStream drops a repeat of an id it has seen).
+    ///
+    /// JetStream stores each message on its own: a message sent after one that fails
+    /// (refused, or lost with the connection while the next ones were still in the
+    /// client's buffer) can be stored before the failed one is sent again. So no two
+    /// messages of one ordering key are in flight at once: before sending a second
+    /// one, the acknowledgements of those sent so far are awaited, and a failure among
+    /// them stops the publish. An aggregate's events are stored in their order;
+    /// different aggregates' may interleave, as the contract allows.
     pub async fn publish_in_order(&self, messages: &[Outgoing]) -> Published {
         if let Err(error) = self.unless_disconnected() {
             return Published {
@@ -182,9 +193,18 @@ impl Bus {
                 ..Published::default()
             };
         }
+        let mut published = Published::default();
         let mut pending = Vec::with_capacity(messages.len());
+        let mut keys_in_flight: std::collections::HashSet<&str> = std::collections::HashSet::new();
         let mut failure = None;
         for message in messages {
+            if keys_in_flight.contains(message.ordering_key.as_str()) {
+                if let Err(error) = self.acknowledged(&mut pending, &mut published).await {
+                    failure = Some(error);
+                    break;
+                }
+                keys_in_flight.clear();
+            }
             let sent = self
                 .jetstream
                 .send_publish(
@@ -195,34 +215,20 @@ impl Bus {
                 )
                 .await;
             match sent {
-                Ok(acknowledgement) => pending.push(acknowledgement),
+                Ok(acknowledgement) => {
+                    pending.push(acknowledgement);
+                    keys_in_flight.insert(message.ordering_key.as_str());
+                }
                 Err(error) => {
                     failure = Some(classify(error.to_string()));
                     break;
                 }
             }
         }
-        let mut published = Published::default();
-        for acknowledgement in pending {
-            match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
-                Ok(Ok(acknowledged)) => {
-                    published.acknowledged += 1;
-                    if acknowledged.duplicate {
-                        published.duplicates += 1;
-                    }
-                }
-                Ok(Err(error)) => {
-                    failure = Some(classify(error.to_string()));
-                    break;
-                }
-                Err(_) => {
-                    failure = Some(BusError::Unavailable(format!(
-                        "no acknowledgement within {:?}",
-                        self.config.request_timeout
-                    )));
-                    break;
-                }
-            }
+        if failure.is_none()
+            && let Err(error) = self.acknowledged(&mut pending, &mut published).await
+        {
+            failure = Some(error);
         }
         published.failure = if published.acknowledged == messages.len() {
             None
@@ -230,6 +236,33 @@ impl Bus {
             failure.or_else(|| Some(BusError::Unavailable("not acknowledged".to_owned())))
         };
         published
+    }
+
+    /// Awaits the acknowledgements in `pending`, in order, counting them into
+    /// `published`, up to the first that fails (the rest are dropped: not counted).
+    async fn acknowledged(
+        &self,
+        pending: &mut Vec<jetstream::context::PublishAckFuture>,
+        published: &mut Published,
+    ) -> Result<(), BusError> {
+        for acknowledgement in pending.drain(..) {
+            match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
+                Ok(Ok(acknowledged)) => {
+                    published.acknowledged += 1;
+                    if acknowledged.duplicate {
+                        published.duplicates += 1;
+                    }
+                }
+                Ok(Err(error)) => return Err(classify(error.to_string())),
+                Err(_) => {
+                    return Err(BusError::Unavailable(format!(
+                        "no acknowledgement within {:?}",
+                        self.config.request_timeout
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Fails at once while the connection is down, rather than queue a message in the
@@ -243,10 +276,13 @@ impl Bus {
     }
 }
 
-/// A NATS error's text to a kind: JetStream's API refusals name an error code;
-/// everything else (timeouts, no responders, a broken connection) is transient.
+/// A NATS error's text to a kind: JetStream's API refusals name an error code (`err_code`
+/// in the raw answer, "error code" in the client's rendering of a refused publish, such
+/// as a message larger than the stream takes); everything else (timeouts, no
+/// responders, a broken connection) is transient.
 fn classify(text: String) -> BusError {
-    if text.contains("err_code") || text.contains("maximum payload") {
+    if text.contains("err_code") || text.contains("error code") || text.contains("maximum payload")
+    {
         BusError::Refused(text)
     } else {
         BusError::Unavailable(text)

@@ -145,6 +145,7 @@ impl Engine {
                 subject: event.event_type.subject(),
                 message_id: event.id.clone(),
                 body: serde_json::to_vec(&event.body()).unwrap_or_default().into(),
+                ordering_key: format!("{}/{}", event.aggregate.as_str(), event.aggregate_id),
             })
             .collect();
         let published = relay.bus.publish_in_order(&messages).await;
