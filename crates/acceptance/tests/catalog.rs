@@ -23,6 +23,7 @@ mirrored_tests!(
     a_take_down_naming_no_version_waits_for_an_edit_of_the_sku_and_applies,
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
     a_version_check_on_a_sku_the_operation_does_not_change_is_refused_and_changes_nothing,
+    a_sku_on_sale_cannot_be_repriced_to_zero,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
     only_the_admin_may_delete,
     a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
@@ -1148,6 +1149,47 @@ async fn a_sku_priced_zero_cannot_go_on_sale(backend: Backend) {
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.json()["results"][0]["missing"], json!(["price"]));
     assert_eq!(app.sale_status(&product, "FREE").await.0, "PENDING_REVIEW");
+}
+
+/// Found in review: a SKU on sale could be repriced to 0 through `PUT /v1/skus`, which
+/// the shelf refuses to put on sale: it showed as on sale and took cart lines while
+/// every checkout of it was refused. The edit is refused while it is on sale; off the
+/// shelf it applies (and the shelf then refuses to put it back on).
+async fn a_sku_on_sale_cannot_be_repriced_to_zero(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = on_shelf_product(&app, "north", &["PRICED"]).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let refused = app
+        .send(
+            Call::put("/v1/skus/PRICED")
+                .admin()
+                .key("free-now")
+                .json(&json!({"price": 0})),
+        )
+        .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let off = app
+        .shelf(None, json!({"operation": "off", "product_ids": [product]}))
+        .await;
+    assert_eq!(off.status, 200, "{off:?}");
+    let repriced = app
+        .send(
+            Call::put("/v1/skus/PRICED")
+                .admin()
+                .key("free-off-the-shelf")
+                .json(&json!({"price": 0})),
+        )
+        .await;
+    assert!(repriced.status < 300, "{repriced:?}");
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 409, "{on:?}");
+    assert_eq!(app.sale_status(&product, "PRICED").await.0, "OFF_SHELF");
 }
 
 /// Found in review: a deleted SKU (terminal: seed 003, 已删除状态禁止任何流转) still

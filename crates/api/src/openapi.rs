@@ -434,7 +434,7 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "save_sku",
         &[Action::EditCatalog],
-        &[AlreadyExists, IllegalTransition],
+        &[AlreadyExists, IllegalTransition, FailedPrecondition],
     ),
     operation("get_sku", &[Action::ViewStock], &[NotFound]),
     operation(

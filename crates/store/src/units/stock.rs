@@ -325,6 +325,26 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     if changes.per_user_limit.is_some() {
         transaction.lock_stock_of_skus(&[code]).await?;
     }
+    // On sale needs a price an order can charge (the shelf's rule, `load_shelf_state`):
+    // an edit must not take it away behind the shelf's back, leaving a SKU that shows
+    // as on sale and takes cart lines while every checkout of it is refused. Read under
+    // the SKU's row lock, which a shelf change takes (after the stock rows, as here)
+    // before it puts the SKU on sale.
+    if changes.price.is_some_and(|price| price.get() == 0) {
+        super::shelf::lock_sku_rows(&mut *transaction, &[code.as_str()]).await?;
+        let status: String = statement("SELECT sale_status FROM sku WHERE code = $1")
+            .bind(code.as_str())
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+        if status == SaleStatus::OnShelf.as_str() {
+            return Ok(Err(Rejection::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "sku '{code}' is on sale, which needs a price above 0: take it off the shelf first"
+                ),
+            )));
+        }
+    }
     let updated = statement(
         "UPDATE sku SET title = COALESCE($2, title), price_minor = COALESCE($3, price_minor), \
          currency = COALESCE($4, currency), \
