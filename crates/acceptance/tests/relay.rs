@@ -11,7 +11,7 @@ use std::sync::Arc;
 use acceptance::nats::TestNats;
 use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
 use bus::Outgoing;
-use engine::relay::{EventRelay, RelayStep};
+use engine::relay::{EventRelay, RelayRead, RelayStep};
 use serde_json::json;
 
 mirrored_tests!(
@@ -23,6 +23,7 @@ mirrored_tests!(
     a_deleted_event_stream_is_created_again_and_the_events_go_on,
     a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can,
     a_relay_that_cannot_read_its_events_gives_its_lease_up,
+    a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
 );
 
 /// Relay steps until one publishes nothing; answers the steps' total.
@@ -431,4 +432,38 @@ async fn a_message_that_fails_keeps_the_later_ones_of_its_aggregate_off_the_stre
         "the same aggregate's later message waits for the failed one: {stored:?}"
     );
     assert_eq!(stored[0], "first", "{stored:?}");
+}
+
+/// Found in review: the lease was checked when a step began and when it recorded, not
+/// when it published. A relay paused between its read and its publish (a stalled
+/// database read, a stopped process) for longer than its lease published a batch its
+/// successor had already published and recorded: past JetStream's duplicate window,
+/// old events again after newer ones. The lease is renewed before publishing now.
+async fn a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "before", 3).await;
+    app.sequence_all_events().await;
+    let paused = EventRelay::new(nats.bus().await, "relay-paused");
+    let RelayRead::Batch { through, events } = app.engine.relay_read(&paused).await.unwrap() else {
+        panic!("the paused relay read a batch");
+    };
+    assert_eq!(events.len(), 4, "the receipt and three reservations");
+
+    app.clock
+        .advance_milliseconds(app.engine.config().relay_lease_milliseconds + 1);
+    let successor = EventRelay::new(nats.bus().await, "relay-successor");
+    assert_eq!(relay_all(&app, &successor).await.published, 4);
+    let resumed = app
+        .engine
+        .relay_publish(&paused, through, &events)
+        .await
+        .unwrap();
+
+    assert_eq!(resumed.published, 0, "{resumed:?}");
+    assert_eq!(resumed.duplicates, 0, "nothing sent again: {resumed:?}");
+    assert!(resumed.waiting_for_lease, "{resumed:?}");
+    assert_stream_is_the_feed(&nats, &app).await;
 }

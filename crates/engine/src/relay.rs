@@ -2,8 +2,8 @@
 //! order, at least once, and records what JetStream acknowledged.
 //!
 //! One instance relays at a time: a step first takes or renews the relay's lease in
-//! the database (`outbox_relay`), so two instances never publish from the same claim
-//! at once; a relay that stops (crash, lost lease) is replaced when its lease runs
+//! the database (`outbox_relay`), and renews it again before it publishes what it
+//! read, so two instances never publish from the same claim; a relay that stops (crash, lost lease) is replaced when its lease runs
 //! out, and its successor starts again after the last acknowledged position. Events
 //! it had published but not recorded go out again with the same `Nats-Msg-Id` (the
 //! event id), which JetStream drops inside its duplicate window. NATS being down only
@@ -77,18 +77,41 @@ pub struct RelayStep {
     pub failure: Option<BusError>,
 }
 
+/// The first half of a relay step: a batch read under the lease, or why there is none.
+#[derive(Debug)]
+pub enum RelayRead {
+    /// Nothing to publish (no lease, standing aside, no events, a failure).
+    Nothing(RelayStep),
+    /// The events after `through`, the acknowledged position the lease's claim read.
+    Batch {
+        through: i64,
+        events: Vec<store::PublishedEvent>,
+    },
+}
+
 impl Engine {
     /// One relay step: takes or renews the lease, publishes up to one batch of the
     /// events after the last acknowledged position, and records how far JetStream
     /// acknowledged them.
     pub async fn relay_step(&self, relay: &EventRelay) -> Result<RelayStep, EngineError> {
+        match self.relay_read(relay).await? {
+            RelayRead::Nothing(step) => Ok(step),
+            RelayRead::Batch { through, events } => {
+                self.relay_publish(relay, through, &events).await
+            }
+        }
+    }
+
+    /// A step's first half: takes or renews the lease and reads the batch to publish.
+    /// Public so that tests can pause a relay between its halves.
+    pub async fn relay_read(&self, relay: &EventRelay) -> Result<RelayRead, EngineError> {
         let config = &self.inner.config;
         let now = self.now();
         if now.unix_milliseconds() < relay.standing_aside_until.load(Ordering::Relaxed) {
-            return Ok(RelayStep {
+            return Ok(RelayRead::Nothing(RelayStep {
                 standing_aside: true,
                 ..RelayStep::default()
-            });
+            }));
         }
         let lease_until = now.plus_milliseconds(config.relay_lease_milliseconds);
         let claimed = self
@@ -98,18 +121,18 @@ impl Engine {
             .await
             .map_err(|error| log_store_error("claim_relay", error))?;
         let Some(through) = claimed else {
-            return Ok(RelayStep {
+            return Ok(RelayRead::Nothing(RelayStep {
                 waiting_for_lease: true,
                 ..RelayStep::default()
-            });
+            }));
         };
         if !relay.stream_ready.load(Ordering::Relaxed) {
             if let Err(error) = relay.bus.ensure_event_stream().await {
                 self.stand_aside(relay, &error).await?;
-                return Ok(RelayStep {
+                return Ok(RelayRead::Nothing(RelayStep {
                     failure: Some(error),
                     ..RelayStep::default()
-                });
+                }));
             }
             relay.stream_ready.store(true, Ordering::Relaxed);
         }
@@ -137,7 +160,45 @@ impl Engine {
             }
         };
         if events.is_empty() {
-            return Ok(RelayStep::default());
+            return Ok(RelayRead::Nothing(RelayStep::default()));
+        }
+        Ok(RelayRead::Batch { through, events })
+    }
+
+    /// A step's second half: publishes `events` (read after `through`) and records how
+    /// far JetStream acknowledged them. The lease is renewed first: the read (and a
+    /// check of the stream) may have outlasted it, and a successor may have claimed
+    /// it and published the same events since; publishing them again past JetStream's
+    /// duplicate window would repeat them after newer ones. Published only while the
+    /// lease is still this instance's and nothing was recorded past `through`.
+    pub async fn relay_publish(
+        &self,
+        relay: &EventRelay,
+        through: i64,
+        events: &[store::PublishedEvent],
+    ) -> Result<RelayStep, EngineError> {
+        let config = &self.inner.config;
+        let now = self.now();
+        let renewed = self
+            .inner
+            .store
+            .claim_relay(
+                store::NATS_RELAY,
+                &relay.holder,
+                now,
+                now.plus_milliseconds(config.relay_lease_milliseconds),
+            )
+            .await
+            .map_err(|error| log_store_error("claim_relay", error))?;
+        if renewed != Some(through) {
+            tracing::warn!(
+                holder = relay.holder,
+                "relay lease lost, or events recorded by another holder, while reading: nothing published"
+            );
+            return Ok(RelayStep {
+                waiting_for_lease: true,
+                ..RelayStep::default()
+            });
         }
         let messages: Vec<Outgoing> = events
             .iter()
