@@ -26,6 +26,9 @@ mirrored_tests!(
     a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
 );
 
+// Reads a counter of the process-wide metrics recorder.
+acceptance::mirrored_tests_alone!(events_pruned_before_any_relay_took_them_are_counted_as_skipped);
+
 /// Relay steps until one publishes nothing; answers the steps' total.
 async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
     app.sequence_all_events().await;
@@ -465,5 +468,35 @@ async fn a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over
     assert_eq!(resumed.published, 0, "{resumed:?}");
     assert_eq!(resumed.duplicates, 0, "nothing sent again: {resumed:?}");
     assert!(resumed.waiting_for_lease, "{resumed:?}");
+    assert_stream_is_the_feed(&nats, &app).await;
+}
+
+/// Found in review: with no relay holding the lease within the retention (NATS
+/// configured again after a long pause), old events are pruned unpublished, and the
+/// relay then went on after the gap without a word. It is counted and logged.
+async fn events_pruned_before_any_relay_took_them_are_counted_as_skipped(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "unrelayed", 3).await;
+    app.sequence_all_events().await;
+    app.clock.advance_seconds(4 * 24 * 3600);
+    assert_eq!(app.engine.outbox_prune_step().await.unwrap(), 4);
+    reserve_many(&app, "relayed", 2).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+
+    assert_eq!(relay_all(&app, &relay).await.published, 2);
+
+    let metrics = app.send(Call::get("/metrics").admin()).await.body;
+    let skipped: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("stockd_outbox_events_skipped_total"))
+        .collect();
+    assert_eq!(
+        skipped,
+        ["stockd_outbox_events_skipped_total 4"],
+        "{metrics}"
+    );
     assert_stream_is_the_feed(&nats, &app).await;
 }

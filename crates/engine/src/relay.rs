@@ -162,6 +162,21 @@ impl Engine {
         if events.is_empty() {
             return Ok(RelayRead::Nothing(RelayStep::default()));
         }
+        // Positions are numbered without holes: a gap after the acknowledged position
+        // is events pruned before any relay published them (no instance held the lease
+        // within the retention: NATS configured again after a long pause). They are in
+        // no stream; say so rather than go on as if nothing was missing.
+        let skipped = events[0].position.saturating_sub(through.saturating_add(1));
+        if skipped > 0 {
+            metrics::counter!("stockd_outbox_events_skipped_total")
+                .increment(u64::try_from(skipped).unwrap_or(0));
+            tracing::error!(
+                after = through,
+                next = events[0].position,
+                skipped,
+                "events were pruned before the relay published them: the stream lacks them"
+            );
+        }
         Ok(RelayRead::Batch { through, events })
     }
 
