@@ -77,8 +77,31 @@
   // "in progress" came back), by request, with the Idempotency-Key they went with: the
   // same change submitted again goes with the same key, so the server answers it once
   // (a receipt booked once, not twice). A final answer (2xx or another 4xx) forgets it.
+  // Kept in the tab's storage, as the token is: reloading the page is what people do
+  // after a failed connection, and the change submitted again must keep its key.
   const UNKNOWN_OUTCOMES_MAX = 50;
-  const unknownOutcomes = new Map();
+  const UNKNOWN_OUTCOMES_KEY = "stockd-console-unknown-outcomes";
+  const unknownOutcomes = new Map(storedUnknownOutcomes());
+
+  function storedUnknownOutcomes() {
+    try {
+      const stored = JSON.parse(sessionStorage.getItem(UNKNOWN_OUTCOMES_KEY) || "[]");
+      if (!Array.isArray(stored)) return [];
+      return stored
+        .filter((entry) => Array.isArray(entry) && entry.length === 2 && entry.every((part) => typeof part === "string"))
+        .slice(-UNKNOWN_OUTCOMES_MAX);
+    } catch (error) {
+      return [];
+    }
+  }
+
+  function storeUnknownOutcomes() {
+    try {
+      sessionStorage.setItem(UNKNOWN_OUTCOMES_KEY, JSON.stringify([...unknownOutcomes]));
+    } catch (error) {
+      // Storage full or refused: the keys still hold until the page is left.
+    }
+  }
 
   function outcomeKnown(status, data) {
     if (status >= 500 || status === 429) return false;
@@ -111,6 +134,7 @@
       unknownOutcomes.delete(request);
       unknownOutcomes.set(request, key);
       if (unknownOutcomes.size > UNKNOWN_OUTCOMES_MAX) unknownOutcomes.delete(unknownOutcomes.keys().next().value);
+      storeUnknownOutcomes();
       headers["idempotency-key"] = key;
     }
     if (body !== undefined) headers["content-type"] = "application/json";
@@ -124,7 +148,10 @@
     if (method !== "GET") noteConsistencyToken(response.headers.get("stockd-consistency-token"));
     const type = response.headers.get("content-type") || "";
     const data = type.includes("json") ? await response.json() : await response.text();
-    if (method !== "GET" && outcomeKnown(response.status, data)) unknownOutcomes.delete(request);
+    if (method !== "GET" && outcomeKnown(response.status, data)) {
+      unknownOutcomes.delete(request);
+      storeUnknownOutcomes();
+    }
     if (response.status === 401 && path !== "/v1/me") {
       sessionStorage.removeItem(TOKEN_KEY);
       location.hash = "#login";
