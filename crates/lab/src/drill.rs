@@ -241,7 +241,14 @@ fn answer_of(result: Result<WireReply, String>) -> Answer {
             },
             Err(error) => Answer::Unknown { reason: error },
         },
-        Ok(reply) if reply.status == 503 || reply.status == 429 || reply.status == 500 => {
+        // A retry can still change these: a server error or overload, and a key whose
+        // first request is still running (`request_in_progress`: retry later).
+        Ok(reply)
+            if reply.status >= 500
+                || reply.status == 429
+                || (reply.status == 409
+                    && reply.code().as_deref() == Some("request_in_progress")) =>
+        {
             Answer::Unknown {
                 reason: format!("{} {}", reply.status, reply.code().unwrap_or_default()),
             }
@@ -436,13 +443,23 @@ async fn failover_on(
     let internal_errors: usize = figures_of_load
         .reasons
         .iter()
-        .filter(|(reason, _)| reason.starts_with("500"))
+        .filter(|(reason, _)| reason.starts_with('5') && !reason.starts_with("503"))
         .map(|(_, count)| count)
         .sum();
     checks.push(check(
-        "every failure during the switch was answered 503, never 500",
+        "every failure during the switch was answered 503, never another 5xx",
         internal_errors == 0,
-        format!("{internal_errors} answers were 500"),
+        format!("{internal_errors} answers were a 5xx other than 503"),
+    ));
+    // The SKU holds far more than the load takes: a refusal is a wrong answer.
+    let refused = sent
+        .iter()
+        .filter(|request| matches!(request.answer, Answer::Refused { .. }))
+        .count();
+    checks.push(check(
+        "no reservation was refused (the stock is ample)",
+        refused == 0,
+        format!("{refused} refused"),
     ));
     checks.extend(points);
     let figures = json!({
@@ -991,6 +1008,12 @@ mod tests {
             body: hyper::body::Bytes::from_static(b"{\"reservation_id\":\"res_1\"}"),
         };
         assert!(matches!(answer_of(Ok(reply(503))), Answer::Unknown { .. }));
+        assert!(matches!(answer_of(Ok(reply(502))), Answer::Unknown { .. }));
+        let in_progress = WireReply {
+            body: hyper::body::Bytes::from_static(b"{\"code\":\"request_in_progress\"}"),
+            ..reply(409)
+        };
+        assert!(matches!(answer_of(Ok(in_progress)), Answer::Unknown { .. }));
         assert!(matches!(
             answer_of(Ok(reply(409))),
             Answer::Refused { status: 409 }

@@ -56,7 +56,16 @@ async fn run(
     scratch: &std::path::Path,
 ) -> Result<DrillReport, String> {
     let (_nats, nats_url) = match &options.nats_url {
-        Some(url) => (None, url.clone()),
+        Some(url) => {
+            // A drill publishes its commands there: this machine's NATS only.
+            crate::target::database_on_this_machine(url).map_err(|_| {
+                format!(
+                    "--nats-url must name a NATS server on this machine, not {}",
+                    domain::redact_url(url)
+                )
+            })?;
+            (None, url.clone())
+        }
         None => {
             let port = free_port()?;
             let binary = std::env::var("STOCKD_NATS_SERVER")

@@ -721,6 +721,9 @@ impl SpawnedDatabase {
         url: Option<&str>,
         scratch: &std::path::Path,
     ) -> Result<SpawnedDatabase, String> {
+        if let Some(url) = url {
+            crate::target::database_on_this_machine(url)?;
+        }
         let name = format!("stockd_drill_{:016x}", rand::random::<u64>());
         match url {
             None => Ok(SpawnedDatabase::Sqlite(format!(

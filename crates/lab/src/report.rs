@@ -457,12 +457,17 @@ pub fn violations(
         .iter()
         .filter(|record| record.class() == Class::Success)
         .count() as u64;
-    if let Some(expected) = expected_successes
-        && successes != expected
-    {
-        found.push(format!(
+    match expected_successes {
+        Some(expected) if successes != expected => found.push(format!(
             "expected exactly {expected} successes, saw {successes}"
-        ));
+        )),
+        // A run with stock to sell and no count known in advance (the timed ones) must
+        // still sell: one that saw only refusals (every answer 503, say) measured
+        // nothing, however well each failure is explained.
+        None if successes == 0 => {
+            found.push("no reservation succeeded: the run measured refusals only".to_owned())
+        }
+        _ => {}
     }
 
     let mut unexplained: BTreeMap<String, u64> = BTreeMap::new();
@@ -483,7 +488,9 @@ pub fn violations(
             *unexplained
                 .entry(format!("no answer: {error}"))
                 .or_insert(0) += 1;
-        } else if record.class() == Class::Other {
+        } else if matches!(record.class(), Class::Other | Class::InvalidArgument) {
+            // The lab's own requests (those not made malformed on purpose) are
+            // valid: a refusal of them as invalid is the lab's or the server's fault.
             *unexplained
                 .entry(format!(
                     "unexplained answer {} {}",
@@ -820,6 +827,36 @@ mod tests {
     }
 
     #[test]
+    fn a_run_with_no_success_count_known_that_sold_nothing_fails() {
+        let refused = vec![
+            record(0, 503, Some("unavailable"), false, 1),
+            record(1, 503, Some("lock_timeout"), false, 2),
+        ];
+        let found = violations(&refused, &counters(5, 0, 5, 0), &clean(), None);
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.starts_with("no reservation succeeded")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_valid_request_refused_as_invalid_is_unexplained() {
+        let records = vec![
+            record(0, 201, None, false, 1),
+            record(1, 400, Some("invalid_argument"), false, 2),
+        ];
+        let found = violations(&records, &counters(5, 1, 4, 1), &clean(), None);
+        assert!(
+            found
+                .iter()
+                .any(|violation| violation.starts_with("unexplained answer 400 invalid_argument")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
     fn a_transient_failure_followed_by_a_success_is_not_a_duplicate_effect() {
         let records = vec![
             record(0, 503, Some("lock_timeout"), false, 1),
@@ -848,7 +885,7 @@ mod tests {
         let mut broken = record(0, 0, None, false, 0);
         broken.error = Some("connection reset".into());
         let records = vec![record(1, 500, Some("internal"), false, 0), broken];
-        let found = violations(&records, &counters(5, 0, 5, 0), &clean(), None);
+        let found = violations(&records, &counters(5, 0, 5, 0), &clean(), Some(0));
         assert_eq!(found.len(), 2, "{found:?}");
     }
 

@@ -341,6 +341,9 @@ impl LabDatabase {
     /// (its sessions at the server's default isolation, `REPEATABLE READ`); anything
     /// else a scratch SQLite file in WAL mode.
     pub async fn open(database_url: &str) -> Result<LabDatabase, String> {
+        if database_url.starts_with("mysql://") || database_url.starts_with("postgres") {
+            crate::target::database_on_this_machine(database_url)?;
+        }
         let suffix = format!("{:016x}", rand::random::<u64>());
         if database_url.starts_with("mysql://") {
             let database = format!("stockd_lab_{suffix}");

@@ -289,6 +289,25 @@ pub fn database_on_this_machine(url: &str) -> Result<(), String> {
             .map_or(authority.as_str(), |(host, _)| host),
     };
     // No host: a Unix socket.
+    loopback_or_socket(host)?;
+    // PostgreSQL's URL names its server again in the query (`?host=`, `?hostaddr=`,
+    // which win over the authority): `postgres://u@127.0.0.1/db?host=db.example.com`
+    // reaches db.example.com.
+    if let Some((_, query)) = url.split_once('?') {
+        for pair in query.split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if matches!(name, "host" | "hostaddr") {
+                let value = percent_decoded(value);
+                if !value.starts_with('/') {
+                    loopback_or_socket(&value)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn loopback_or_socket(host: &str) -> Result<(), String> {
     if host.is_empty() || domain::is_loopback_host(host) {
         Ok(())
     } else {
@@ -296,6 +315,31 @@ pub fn database_on_this_machine(url: &str) -> Result<(), String> {
             "load tests and drills only reach a database on this machine; '{host}' is not a loopback address"
         ))
     }
+}
+
+/// A query value with its `%XX` escapes decoded (`+` stays: libpq and sqlx read it
+/// as itself); an escape that is not one stays as it is.
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escaped = (bytes[index] == b'%')
+            .then(|| value.get(index + 1..index + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                decoded.push(byte);
+                index += 3;
+            }
+            None => {
+                decoded.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 impl Target {
@@ -575,6 +619,8 @@ mod database_tests {
             "mysql://root@127.0.0.1:3306",
             "postgres://postgres@[::1]:5432/postgres",
             "postgres:///postgres?host=/var/run/postgresql",
+            "postgres:///postgres?host=%2Fvar%2Frun%2Fpostgresql",
+            "postgres://postgres@127.0.0.1/postgres?sslmode=disable&hostaddr=127.0.0.1",
         ] {
             assert!(database_on_this_machine(url).is_ok(), "{url}");
         }
@@ -582,6 +628,9 @@ mod database_tests {
             "postgres://postgres@db.example.com:5432/shop",
             "mysql://root@10.0.0.7:3306",
             "postgres://postgres@[2001:db8::1]:5432/shop",
+            "postgres://postgres@127.0.0.1/shop?host=db.example.com",
+            "postgres://postgres@127.0.0.1/shop?sslmode=disable&hostaddr=10.0.0.7",
+            "postgres://postgres@localhost/shop?host=db%2Eexample%2Ecom",
         ] {
             assert!(database_on_this_machine(url).is_err(), "{url}");
         }
