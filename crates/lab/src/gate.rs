@@ -3,7 +3,7 @@
 //! a pass/fail line per item and the release evidence of §十三.3 (database and
 //! version, machine, data size, concurrency model, mean/p95/p99, successes, failures
 //! by class, final reconciliation) written as Markdown. Exit 0 only when every item
-//! that ran held.
+//! ran and held.
 //!
 //! Items: the scenarios stock 1 (with duplicate keys), stock 10, stock 100 in waves,
 //! opposing multi-SKU orders and bad input, each on a fresh stockd; the order-number
@@ -11,7 +11,8 @@
 //! PostgreSQL or MySQL, `duplicate-delivery` a `nats-server` binary, `failover` and
 //! `replica-lag` the local cluster, asked for with `--cluster`); and the three-way
 //! reconciliation over all of them. An item that cannot run here is listed as not run,
-//! with the reason, and does not pass or fail the gate.
+//! with the reason, and leaves the gate INCOMPLETE (exit 1): passed only when every item
+//! ran and held.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -51,9 +52,44 @@ pub struct GateItem {
     pub seconds: f64,
 }
 
+/// The gate's verdict. The seed puts every item in the gate (主库切换 and 消息重复
+/// included): one this machine could not run leaves the gate unproven, not passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every item ran and held.
+    Pass,
+    /// None failed, but some did not run here.
+    Incomplete,
+    /// An item failed.
+    Fail,
+}
+
+impl Verdict {
+    pub fn of(items: &[GateItem]) -> Verdict {
+        if items.iter().any(|item| item.held == Some(false)) {
+            Verdict::Fail
+        } else if items.iter().any(|item| item.held.is_none()) {
+            Verdict::Incomplete
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Pass => "PASS",
+            Verdict::Incomplete => "INCOMPLETE",
+            Verdict::Fail => "FAIL",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct GateReport {
+    /// Every item ran and held (the verdict is `Pass`).
     pub passed: bool,
+    pub verdict: Verdict,
     pub items: Vec<GateItem>,
     #[serde(skip)]
     pub scenarios: Vec<Report>,
@@ -124,9 +160,10 @@ pub async fn gate(options: GateOptions) -> Result<GateReport, String> {
         items.push(item);
     }
     items.push(reconciliation(&scenarios, &items));
-    let passed = items.iter().all(|item| item.held != Some(false));
+    let verdict = Verdict::of(&items);
     let report = GateReport {
-        passed,
+        passed: verdict == Verdict::Pass,
+        verdict,
         items,
         scenarios,
         database,
@@ -370,10 +407,16 @@ pub fn render(report: &GateReport, environment: &Environment, command: &str) -> 
     };
     line("# Release gate".into());
     line(String::new());
-    line(format!(
-        "Result: **{}**",
-        if report.passed { "PASS" } else { "FAIL" }
-    ));
+    line(format!("Result: **{}**", report.verdict.name()));
+    if report.verdict == Verdict::Incomplete {
+        line(String::new());
+        line(
+            "Items marked `not run` could not run on this machine: the gate is not passed \
+             until they run (on the release's database, with `--cluster` where the cluster \
+             exists)."
+                .into(),
+        );
+    }
     line(String::new());
     line(format!("Command: `{command}`"));
     line(String::new());
@@ -496,4 +539,31 @@ pub fn render(report: &GateReport, environment: &Environment, command: &str) -> 
         ));
     }
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(held: Option<bool>) -> GateItem {
+        GateItem {
+            name: "item".into(),
+            held,
+            detail: String::new(),
+            seconds: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_gate_passes_only_when_every_item_ran_and_held() {
+        assert_eq!(
+            Verdict::of(&[item(Some(true)), item(Some(true))]),
+            Verdict::Pass
+        );
+        assert_eq!(
+            Verdict::of(&[item(Some(true)), item(None)]),
+            Verdict::Incomplete
+        );
+        assert_eq!(Verdict::of(&[item(None), item(Some(false))]), Verdict::Fail);
+    }
 }

@@ -1354,7 +1354,7 @@ async fn gate(arguments: GateArguments) -> Result<bool, String> {
     }
     println!(
         "gate: {} (evidence in {})",
-        if report.passed { "PASS" } else { "FAIL" },
+        report.verdict.name(),
         arguments.evidence.display()
     );
     if let Some(path) = &arguments.json {
