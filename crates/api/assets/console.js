@@ -321,16 +321,26 @@
     return text ? `?${text}` : "";
   }
 
+  // Products are listed oldest first, 200 a page: the console follows the pages (up to
+  // 10,000 products), or a product created after the first 200 would never show.
+  const PRODUCT_PAGES_MAX = 50;
+
   async function loadProducts(holder, category, supplier, changed) {
     holder.replaceChildren(element("p", { class: "muted" }, "Loading…"));
-    let page;
+    const products = [];
+    let complete = false;
     try {
-      page = await api("GET", `/v1/admin/products${query({ category, supplier, limit: 200 })}`);
+      let after = null;
+      for (let pages = 0; pages < PRODUCT_PAGES_MAX && !complete; pages += 1) {
+        const page = await api("GET", `/v1/admin/products${query({ category, supplier, limit: 200, after })}`);
+        products.push(...page.products.filter((product) => !product.deleted));
+        after = page.next_after;
+        complete = after === null || after === undefined;
+      }
     } catch (error) {
       holder.replaceChildren(problemBox(error));
       return;
     }
-    const products = page.products.filter((product) => !product.deleted);
     const selected = new Set();
     const rows = products.map((product) => {
       const box = element("input", { type: "checkbox", "aria-label": `Select ${product.title}` });
@@ -377,7 +387,8 @@
       }
     };
     holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "products-title" },
-      element("h2", { id: "products-title" }, `Products (${products.length})`),
+      element("h2", { id: "products-title" }, `Products (${products.length}${complete ? "" : "+"})`),
+      complete ? null : element("p", { class: "muted" }, `Showing the first ${products.length}: choose a category or supplier to see the others.`),
       products.length === 0 ? element("p", { class: "muted" }, "No product matches.") :
         table(["", "Product", "Category", "Supplier", "SKUs", ""], rows),
       element("h3", {}, "Selected products"),
@@ -463,6 +474,7 @@
     holder.replaceChildren(element("h2", { id: "schedules-title" }, "Pending schedules"));
     try {
       const page = await api("GET", "/v1/admin/schedules?limit=200");
+      if (page.schedules.length === 200) holder.append(element("p", { class: "muted" }, "The 200 due soonest; more are pending."));
       holder.append(page.schedules.length === 0 ? element("p", { class: "muted" }, "Nothing scheduled.") :
         table(["Due", "SKU", "Operation", "By", "Remark"], page.schedules.map((schedule) => element("tr", {},
           element("td", {}, time(schedule.due_at)),
@@ -527,7 +539,8 @@
     try {
       const page = await api("GET", `/v1/orders${query({ user_id: text, limit: 200 })}`);
       holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "order-list-title" },
-        element("h2", { id: "order-list-title" }, `Orders of ${text} (${page.orders.length})`),
+        element("h2", { id: "order-list-title" }, `Orders of ${text} (${page.orders.length}${page.next_before ? "+" : ""})`),
+        page.next_before ? element("p", { class: "muted" }, "The newest 200: find an older order by its id.") : null,
         page.orders.length === 0 ? element("p", { class: "muted" }, "None.") :
           table(["Order", "Status", { title: "Amount", number: true }, "Created"], page.orders.map((order) => element("tr", {},
             element("td", {}, element("a", { href: `#orders/${order.order_id}` }, element("code", {}, order.order_id))),

@@ -86,6 +86,23 @@ try {
   await page.getByRole("heading", { name: "Stock" }).waitFor();
   assert.match(await page.locator("#who").textContent(), /admin/);
 
+  step("a shop with more products than one page of the list");
+  // 200 more products than the demo's: the product created next is past the list's
+  // first page, which is all the console read before it followed the pages.
+  for (let batch = 0; batch < 10; batch += 1) {
+    await Promise.all(Array.from({ length: 20 }, (_, index) => {
+      const number = batch * 20 + index;
+      return call("POST", "/v1/products", {
+        title: `Filler ${number}`,
+        image_url: "https://images.example/filler.png",
+        category: "filler",
+        supplier: "filler-co",
+        shop: "demo-market",
+        skus: [{ sku: `FILLER-${number}`, price: 100, currency: "CNY" }],
+      });
+    }));
+  }
+
   step("create a product");
   await page.getByRole("link", { name: "Catalog & shelf" }).click();
   await page.getByRole("heading", { name: "New product" }).waitFor();
