@@ -508,6 +508,16 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// bookkeeping).
     fn write_connection(&self) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send;
 
+    /// The connection a run of migrations holds its session lock on
+    /// (`MIGRATION_SESSION_LOCK`): by default the writer's. A backend whose sessions
+    /// carry a statement bound lifts it here (a migration may rewrite a large table for
+    /// minutes, and one killed half way is not rolled back where DDL commits by itself).
+    fn migration_connection(
+        &self,
+    ) -> impl Future<Output = Result<Self::Pooled, StoreError>> + Send {
+        self.write_connection()
+    }
+
     /// A transaction for a display read: on a replica in the rotation that can serve
     /// `reader` (replayed past its token), otherwise on the writer — the default, for
     /// backends stockd does not replicate. The only way to a replica.

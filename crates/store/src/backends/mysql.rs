@@ -81,6 +81,9 @@ pub struct MysqlBackend {
     pool: MySqlPool,
     limits: StoreLimits,
     watch: crate::backend::PoolWatch,
+    /// MariaDB names the statement bound `max_statement_time`, MySQL
+    /// `max_execution_time` (which bounds only reads).
+    mariadb: bool,
 }
 
 /// The session settings every connection starts with.
@@ -117,7 +120,8 @@ impl MysqlBackend {
             .fetch_one(&mut probe)
             .await?;
         let _ = sqlx::Connection::close(probe).await;
-        let settings = Arc::new(session_settings(config, version.contains("MariaDB")));
+        let mariadb = version.contains("MariaDB");
+        let settings = Arc::new(session_settings(config, mariadb));
         let pool = crate::backend::pool_options()
             .max_connections(config.pool_size.max(1))
             .acquire_timeout(Duration::from_millis(config.acquire_timeout_milliseconds))
@@ -138,6 +142,7 @@ impl MysqlBackend {
             watch: crate::backend::PoolWatch::default(),
             pool,
             limits: config.limits,
+            mariadb,
         })
     }
 }
@@ -158,6 +163,22 @@ impl Backend for MysqlBackend {
     }
 
     const NAME: &'static str = "mysql";
+
+    /// Without the session's statement bound: MariaDB's `max_statement_time` applies
+    /// to DDL too, and killed at 30 s a migration rewriting a large table would stop
+    /// half applied (DDL commits by itself), at every start. The connection is closed
+    /// when the migrations are done, so the unbounded session never serves a request.
+    async fn migration_connection(&self) -> Result<Self::Pooled, StoreError> {
+        let mut connection = self.watch.acquiring(self.pool.acquire()).await?;
+        connection.close_on_drop();
+        let unbounded = if self.mariadb {
+            "SET SESSION max_statement_time = 0"
+        } else {
+            "SET SESSION max_execution_time = 0"
+        };
+        sqlx::raw_sql(unbounded).execute(&mut *connection).await?;
+        Ok(connection)
+    }
 
     /// The audit compares several tables, so it reads them from one snapshot. `SET
     /// TRANSACTION` applies to the next transaction of the session only.

@@ -21,9 +21,10 @@ impl<B: Backend> Units<B> {
     pub async fn migrate(&self) -> Result<Vec<i64>, StoreError> {
         let applied_now = match <B::Connection as Dialect>::MIGRATION_SESSION_LOCK {
             Some((take, give_back)) => {
-                let mut holder = self.write_connection().await?;
-                // Each wait stays below the session's statement bound; another
-                // process's migration may take longer, so the wait is asked again.
+                let mut holder = self.backend.migration_connection().await?;
+                // Each wait is short (a second) and asked again: another process's
+                // migration may take minutes, and this start waits up to
+                // `MIGRATION_LOCK_WAIT_MAX` for it.
                 let waiting_since = std::time::Instant::now();
                 loop {
                     let taken: Option<i64> = statement(take).fetch_one_scalar(&mut *holder).await?;
