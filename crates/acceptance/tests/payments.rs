@@ -28,6 +28,7 @@ mirrored_tests!(
     a_successful_payment_marks_the_order_paid_and_confirms_its_stock,
     a_declined_card_fails_the_attempt_and_the_stock_goes_back_when_the_hold_ends,
     after_a_decline_another_card_pays_the_same_order_while_its_hold_lasts,
+    an_order_takes_a_bounded_number_of_payment_attempts,
     the_database_refuses_a_second_successful_attempt_for_an_order,
     an_abandoned_payment_is_cancelled_at_the_gateway_before_its_stock_goes_back,
     an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
@@ -242,6 +243,42 @@ async fn a_declined_card_fails_the_attempt_and_the_stock_goes_back_when_the_hold
     assert_eq!(late.status, 409, "{late:?}");
     assert_eq!(gateway.charges_for(&order), 0);
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a declined order took payment attempts without end while its hold
+/// lasted (card testing looks like this), each adding rows every view of the order
+/// renders. The attempt past the bound is refused, stored under its key, and sends
+/// nothing to the gateway; the order keeps its hold.
+async fn an_order_takes_a_bounded_number_of_payment_attempts(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let attempts_max = domain::limits::PAYMENT_ATTEMPTS_PER_ORDER_MAX;
+    for attempt in 0..attempts_max {
+        let declined = app
+            .pay(
+                &order,
+                &key(&format!("card-{attempt}")),
+                "pm_card_chargeDeclined",
+            )
+            .await;
+        assert_eq!(declined.json()["status"], "PAYMENT_FAILED", "{declined:?}");
+    }
+
+    let one_too_many = key("card-one-too-many");
+    let refused = app.pay(&order, &one_too_many, "pm_card_visa").await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        usize::try_from(attempts_max).unwrap(),
+        "nothing sent for the attempt past the bound"
+    );
+    assert_eq!(app.order(&order).await["status"], "PAYMENT_FAILED");
+    assert_eq!(app.counters(SKU).await, (STOCK - 2, 2), "the hold is kept");
+    let retried = app.pay(&order, &one_too_many, "pm_card_visa").await;
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, refused.body);
 }
 
 /// Issue 13, defect 8 (seed 000's payment_attempt table): after a decline the shopper

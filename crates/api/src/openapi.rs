@@ -507,7 +507,13 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "pay",
         &[Action::PlaceOrder],
-        &[NotFound, IllegalTransition, OffShelf, PaymentUnknown],
+        &[
+            NotFound,
+            IllegalTransition,
+            OffShelf,
+            FailedPrecondition,
+            PaymentUnknown,
+        ],
     ),
     operation(
         "cancel",

@@ -81,6 +81,10 @@ pub const BEARER_TOKEN_LENGTH_MAX: usize = 128;
 pub const LIST_PAGE_SIZE_MAX: i64 = 200;
 /// Entries of a staff list page when the caller names no `limit`.
 pub const LIST_PAGE_SIZE_DEFAULT: i64 = 50;
+/// Payment attempts one order takes. A declined order may be paid again with another
+/// card while its hold lasts, but each attempt adds rows every view of the order
+/// renders, and a card tried again and again is what card testing looks like.
+pub const PAYMENT_ATTEMPTS_PER_ORDER_MAX: i64 = 10;
 
 #[cfg(test)]
 mod tests {

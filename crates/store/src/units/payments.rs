@@ -882,9 +882,20 @@ impl<B: Backend> Units<B> {
         } else {
             None
         };
+        let attempts_exhausted = if payable && not_on_sale.is_none() {
+            let attempts: i64 =
+                statement("SELECT COUNT(*) FROM payment_attempt WHERE order_id = $1")
+                    .bind(order.as_str())
+                    .fetch_one_scalar(&mut *transaction)
+                    .await?;
+            (attempts >= domain::limits::PAYMENT_ATTEMPTS_PER_ORDER_MAX).then_some(attempts)
+        } else {
+            None
+        };
         if let Some((status, _, _)) = &locked
             && payable
             && not_on_sale.is_none()
+            && attempts_exhausted.is_none()
         {
             let new = NewAttempt {
                 id: attempt,
@@ -927,6 +938,14 @@ impl<B: Backend> Units<B> {
             return Ok(BeginPayment::Answered(answer));
         }
         let response = match (not_on_sale, ended_meanwhile) {
+            (None, None) if let Some(attempts) = attempts_exhausted => {
+                renderer.rejected(&Rejection::new(
+                    ErrorCode::FailedPrecondition,
+                    format!(
+                        "order '{order}' has had {attempts} payment attempts, the most one order takes: it is not charged again; it keeps its hold until it expires or is cancelled"
+                    ),
+                ))
+            }
             (_, Some((attempt, status, reason))) => renderer.rejected(&Rejection::new(
                 ErrorCode::IllegalTransition,
                 format!(
