@@ -78,8 +78,12 @@
   // same change submitted again goes with the same key, so the server answers it once
   // (a receipt booked once, not twice). A final answer (2xx or another 4xx) forgets it.
   // Kept in the tab's storage, as the token is: reloading the page is what people do
-  // after a failed connection, and the change submitted again must keep its key.
+  // after a failed connection, and the change submitted again must keep its key. For
+  // ten minutes only, and forgotten at log-out: an identical change made later (the
+  // next delivery of the same quantity) is a new one, not a retry. An answer that is a
+  // replay says so (`Idempotent-Replayed`), so nothing passes for booked twice.
   const UNKNOWN_OUTCOMES_MAX = 50;
+  const UNKNOWN_OUTCOME_LIFETIME_MILLISECONDS = 10 * 60 * 1000;
   const UNKNOWN_OUTCOMES_KEY = "stockd-console-unknown-outcomes";
   const unknownOutcomes = new Map(storedUnknownOutcomes());
 
@@ -88,11 +92,17 @@
       const stored = JSON.parse(sessionStorage.getItem(UNKNOWN_OUTCOMES_KEY) || "[]");
       if (!Array.isArray(stored)) return [];
       return stored
-        .filter((entry) => Array.isArray(entry) && entry.length === 2 && entry.every((part) => typeof part === "string"))
+        .filter((entry) => Array.isArray(entry) && entry.length === 2 && typeof entry[0] === "string"
+          && entry[1] && typeof entry[1].key === "string" && Number.isFinite(entry[1].at))
         .slice(-UNKNOWN_OUTCOMES_MAX);
     } catch (error) {
       return [];
     }
+  }
+
+  function forgetUnknownOutcomes() {
+    unknownOutcomes.clear();
+    sessionStorage.removeItem(UNKNOWN_OUTCOMES_KEY);
   }
 
   function storeUnknownOutcomes() {
@@ -130,9 +140,11 @@
     if (method === "GET" && consistencyToken !== null) headers["stockd-consistency-token"] = consistencyToken;
     const request = `${method} ${path} ${JSON.stringify(body === undefined ? null : body)}`;
     if (method !== "GET") {
-      const key = unknownOutcomes.get(request) || idempotencyKey();
+      const unknown = unknownOutcomes.get(request);
+      const fresh = unknown && Date.now() - unknown.at < UNKNOWN_OUTCOME_LIFETIME_MILLISECONDS;
+      const key = fresh ? unknown.key : idempotencyKey();
       unknownOutcomes.delete(request);
-      unknownOutcomes.set(request, key);
+      unknownOutcomes.set(request, { key, at: fresh ? unknown.at : Date.now() });
       if (unknownOutcomes.size > UNKNOWN_OUTCOMES_MAX) unknownOutcomes.delete(unknownOutcomes.keys().next().value);
       storeUnknownOutcomes();
       headers["idempotency-key"] = key;
@@ -148,12 +160,16 @@
     if (method !== "GET") noteConsistencyToken(response.headers.get("stockd-consistency-token"));
     const type = response.headers.get("content-type") || "";
     const data = type.includes("json") ? await response.json() : await response.text();
+    if (data && typeof data === "object" && response.headers.get("idempotent-replayed") === "true") {
+      Object.defineProperty(data, "replayed", { value: true });
+    }
     if (method !== "GET" && outcomeKnown(response.status, data)) {
       unknownOutcomes.delete(request);
       storeUnknownOutcomes();
     }
     if (response.status === 401 && path !== "/v1/me") {
       sessionStorage.removeItem(TOKEN_KEY);
+      forgetUnknownOutcomes();
       location.hash = "#login";
       throw new ApiProblem(401, data);
     }
@@ -267,7 +283,9 @@
       if (!(await ask("Record this movement?", element("p", {}, what), "Record"))) return;
       try {
         const recorded = await api("POST", `/v1/skus/${encodeURIComponent(sku.sku)}/stock-movements`, { kind: kind.value, quantity: amount, warehouse: warehouse.value });
-        say(`Recorded ${recorded.movement_id}: available ${recorded.available}, reserved ${recorded.reserved}.`);
+        say(recorded.replayed
+          ? `Already recorded as ${recorded.movement_id} (this movement was submitted before, its answer lost): not booked again. Available ${recorded.available}, reserved ${recorded.reserved}.`
+          : `Recorded ${recorded.movement_id}: available ${recorded.available}, reserved ${recorded.reserved}.`);
         showSku(sku.sku, holder);
       } catch (error) {
         movement.append(problemBox(error));
@@ -817,6 +835,7 @@
 
   logout.addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    forgetUnknownOutcomes();
     me = null;
     location.hash = "#login";
     renderLogin();

@@ -212,7 +212,7 @@ try {
   await page.getByRole("button", { name: "Record…" }).click();
   await confirmDialog("Record");
   assert.equal((await resubmitted).status(), 201);
-  await page.getByText(/Recorded mov_/).waitFor();
+  await page.getByText(/Already recorded as mov_.*not booked again/).waitFor();
   await page.getByRole("row", { name: /Total/ }).getByText("30", { exact: true }).first().waitFor();
   await page.unrouteAll();
   assert.equal(movementKeys.length, 2);
