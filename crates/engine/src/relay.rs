@@ -77,6 +77,35 @@ pub struct RelayStep {
     pub failure: Option<BusError>,
 }
 
+/// Positions are numbered without holes: a batch recorded past a gap after the
+/// acknowledged position went on past events pruned before any relay published them
+/// (no instance held the lease within the retention: NATS configured again after a
+/// long pause). They are in no stream; said once, when the batch after them is
+/// recorded. A relay that never recorded anything (`through` 0: NATS configured for
+/// the first time on an outbox already pruned) starts from the oldest kept event, as
+/// meant, and only says so.
+fn note_skipped_events(through: i64, first: i64) {
+    let skipped = first.saturating_sub(through.saturating_add(1));
+    if skipped <= 0 {
+        return;
+    }
+    if through == 0 {
+        tracing::info!(
+            first,
+            "the relay's first publish starts from the oldest event kept; older ones were pruned before NATS was configured"
+        );
+        return;
+    }
+    metrics::counter!("stockd_outbox_events_skipped_total")
+        .increment(u64::try_from(skipped).unwrap_or(0));
+    tracing::error!(
+        after = through,
+        next = first,
+        skipped,
+        "events were pruned before the relay published them: the stream lacks them"
+    );
+}
+
 /// The first half of a relay step: a batch read under the lease, or why there is none.
 #[derive(Debug)]
 pub enum RelayRead {
@@ -162,21 +191,6 @@ impl Engine {
         if events.is_empty() {
             return Ok(RelayRead::Nothing(RelayStep::default()));
         }
-        // Positions are numbered without holes: a gap after the acknowledged position
-        // is events pruned before any relay published them (no instance held the lease
-        // within the retention: NATS configured again after a long pause). They are in
-        // no stream; say so rather than go on as if nothing was missing.
-        let skipped = events[0].position.saturating_sub(through.saturating_add(1));
-        if skipped > 0 {
-            metrics::counter!("stockd_outbox_events_skipped_total")
-                .increment(u64::try_from(skipped).unwrap_or(0));
-            tracing::error!(
-                after = through,
-                next = events[0].position,
-                skipped,
-                "events were pruned before the relay published them: the stream lacks them"
-            );
-        }
         Ok(RelayRead::Batch { through, events })
     }
 
@@ -253,6 +267,8 @@ impl Engine {
                 tracing::warn!(holder = relay.holder, "relay lease lost during a publish");
                 step.published = 0;
                 step.more_waiting = false;
+            } else {
+                note_skipped_events(through, events[0].position);
             }
             let now = self.now().unix_milliseconds();
             for event in acknowledged {
