@@ -183,8 +183,8 @@ impl Bus {
     /// (refused, or lost with the connection while the next ones were still in the
     /// client's buffer) can be stored before the failed one is sent again. So no two
     /// messages of one ordering key are in flight at once: before sending a second
-    /// one, the acknowledgements of those sent so far are awaited, and a failure among
-    /// them stops the publish. An aggregate's events are stored in their order;
+    /// one, the acknowledgements up to the first are awaited (in order), and a failure
+    /// among them stops the publish. An aggregate's events are stored in their order;
     /// different aggregates' may interleave, as the contract allows.
     pub async fn publish_in_order(&self, messages: &[Outgoing]) -> Published {
         if let Err(error) = self.unless_disconnected() {
@@ -194,16 +194,24 @@ impl Bus {
             };
         }
         let mut published = Published::default();
-        let mut pending = Vec::with_capacity(messages.len());
-        let mut keys_in_flight: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        // Sent and not yet acknowledged, in order, each with its ordering key.
+        let mut pending: std::collections::VecDeque<(&str, jetstream::context::PublishAckFuture)> =
+            std::collections::VecDeque::with_capacity(messages.len());
         let mut failure = None;
         for message in messages {
-            if keys_in_flight.contains(message.ordering_key.as_str()) {
-                if let Err(error) = self.acknowledged(&mut pending, &mut published).await {
-                    failure = Some(error);
-                    break;
-                }
-                keys_in_flight.clear();
+            let key = message.ordering_key.as_str();
+            // The acknowledgements up to this key's previous message, not all of them:
+            // a backlog of one aggregate's chain costs a round trip per event, the
+            // others' stay pipelined.
+            if let Some(previous) = pending
+                .iter()
+                .rposition(|(pending_key, _)| *pending_key == key)
+                && let Err(error) = self
+                    .acknowledged(&mut pending, previous + 1, &mut published)
+                    .await
+            {
+                failure = Some(error);
+                break;
             }
             let sent = self
                 .jetstream
@@ -215,20 +223,18 @@ impl Bus {
                 )
                 .await;
             match sent {
-                Ok(acknowledgement) => {
-                    pending.push(acknowledgement);
-                    keys_in_flight.insert(message.ordering_key.as_str());
-                }
+                Ok(acknowledgement) => pending.push_back((key, acknowledgement)),
                 Err(error) => {
                     failure = Some(classify(error.to_string()));
                     break;
                 }
             }
         }
-        if failure.is_none()
-            && let Err(error) = self.acknowledged(&mut pending, &mut published).await
-        {
-            failure = Some(error);
+        // What was sent before a failure to send is still counted when acknowledged
+        // (after a failed acknowledgement nothing is left here).
+        let all = pending.len();
+        if let Err(error) = self.acknowledged(&mut pending, all, &mut published).await {
+            failure.get_or_insert(error);
         }
         published.failure = if published.acknowledged == messages.len() {
             None
@@ -238,27 +244,38 @@ impl Bus {
         published
     }
 
-    /// Awaits the acknowledgements in `pending`, in order, counting them into
-    /// `published`, up to the first that fails (the rest are dropped: not counted).
+    /// Awaits the first `count` acknowledgements in `pending`, in order, counting them
+    /// into `published`, up to the first that fails; then every other one is dropped
+    /// (not counted: the caller sends them again).
     async fn acknowledged(
         &self,
-        pending: &mut Vec<jetstream::context::PublishAckFuture>,
+        pending: &mut std::collections::VecDeque<(&str, jetstream::context::PublishAckFuture)>,
+        count: usize,
         published: &mut Published,
     ) -> Result<(), BusError> {
-        for acknowledgement in pending.drain(..) {
-            match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
-                Ok(Ok(acknowledged)) => {
+        for _ in 0..count.min(pending.len()) {
+            let Some((_, acknowledgement)) = pending.pop_front() else {
+                break;
+            };
+            let answer =
+                match tokio::time::timeout(self.config.request_timeout, acknowledgement).await {
+                    Ok(Ok(acknowledged)) => Ok(acknowledged),
+                    Ok(Err(error)) => Err(classify(error.to_string())),
+                    Err(_) => Err(BusError::Unavailable(format!(
+                        "no acknowledgement within {:?}",
+                        self.config.request_timeout
+                    ))),
+                };
+            match answer {
+                Ok(acknowledged) => {
                     published.acknowledged += 1;
                     if acknowledged.duplicate {
                         published.duplicates += 1;
                     }
                 }
-                Ok(Err(error)) => return Err(classify(error.to_string())),
-                Err(_) => {
-                    return Err(BusError::Unavailable(format!(
-                        "no acknowledgement within {:?}",
-                        self.config.request_timeout
-                    )));
+                Err(error) => {
+                    pending.clear();
+                    return Err(error);
                 }
             }
         }
