@@ -282,11 +282,13 @@ impl RawConnection {
                         let access: Option<String> = row.try_get("type").ok().flatten();
                         let key: Option<String> = row.try_get("key").ok().flatten();
                         let possible: Option<String> = row.try_get("possible_keys").ok().flatten();
+                        let extra: Option<String> = row.try_get("Extra").ok().flatten();
                         format!(
-                            "type={} key={} possible_keys={}",
+                            "type={} key={} possible_keys={} extra={}",
                             access.unwrap_or_default(),
                             key.unwrap_or_default(),
-                            possible.unwrap_or_default()
+                            possible.unwrap_or_default(),
+                            extra.unwrap_or_default()
                         )
                     })
                     .collect::<Vec<_>>()

@@ -344,7 +344,19 @@ async fn the_purge_reads_a_batch_of_old_records_without_sorting_every_old_one(ba
 
     let plan = connection.plan_of(&purge).await;
 
-    assert!(plan.contains("idempotency_record_created"), "{plan}");
-    assert!(!plan.contains("Sort"), "{plan}");
-    assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    match backend {
+        // The index the statement reads through, and no sort of the old records.
+        Backend::Mysql => {
+            assert!(plan.contains("key=idempotency_record_created"), "{plan}");
+            assert!(!plan.contains("filesort"), "{plan}");
+        }
+        Backend::Postgres => {
+            assert!(plan.contains("idempotency_record_created"), "{plan}");
+            assert!(!plan.contains("Sort"), "{plan}");
+        }
+        Backend::Sqlite => {
+            assert!(plan.contains("idempotency_record_created"), "{plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+        }
+    }
 }

@@ -394,7 +394,8 @@ impl Engine {
         self.shelf(principal, claim, request).await
     }
 
-    /// One step of the schedule worker: applies up to one batch of due schedules.
+    /// One step of the schedule worker: applies a batch of due schedules (with every
+    /// due schedule of its SKUs).
     pub async fn schedule_step(&self) -> Result<Vec<AppliedSchedule>, EngineError> {
         let applied = self
             .retried("apply_schedules", || {

@@ -97,7 +97,8 @@ pub(crate) struct DueSchedule {
     target: ShelfTarget,
 }
 
-/// Claims up to `limit` due schedules and locks what they will change — every shop,
+/// Claims up to `limit` due schedules (and their SKUs' other due ones, past the limit)
+/// and locks what they will change — every shop,
 /// then every stock row, in the order a shelf change takes them — before the first
 /// change: applied one by one, the batch would take a shop's lock after another SKU's
 /// stock rows and could deadlock against a shelf batch or a reservation.
@@ -495,7 +496,8 @@ impl<B: Backend> Units<B> {
         Ok(due.map(Timestamp::from_unix_milliseconds))
     }
 
-    /// Applies up to `limit` schedules due at or before `now`, each exactly once even
+    /// Applies up to `limit` schedules due at or before `now` (more when a SKU's due
+    /// schedules go past the limit: they apply together), each exactly once even
     /// with several processes (claimed with `SKIP LOCKED` on PostgreSQL). A schedule of
     /// a deleted SKU is skipped and logged.
     pub async fn apply_due_schedules(
