@@ -119,7 +119,7 @@ pub struct ShelfOperationRequest {
     pub remark: Option<String>,
     /// Versions the operator saw, per SKU; a SKU that moved since is refused with
     /// `version_conflict` instead of being overwritten. Each must be a SKU the
-    /// operation changes (else 400). With the operations applied
+    /// operation changes (else 409). With the operations applied
     /// now only: a schedule (`on_at`, `off_at`) naming them is refused (400).
     #[serde(default)]
     #[schema(schema_with = expected_versions_schema)]
@@ -130,7 +130,7 @@ pub struct ShelfOperationRequest {
 fn expected_versions_schema() -> utoipa::openapi::schema::Schema {
     serde_json::from_value(serde_json::json!({
         "type": "object",
-        "description": "Versions the operator saw, per SKU code; a SKU that moved since is refused with `version_conflict`. Each must be a SKU the operation changes (else 400 `invalid_argument`). With the operations applied now only: a schedule (`on_at`, `off_at`) naming them is refused with 400 `invalid_argument`.",
+        "description": "Versions the operator saw, per SKU code; a SKU that moved since is refused with `version_conflict`. Each must be a SKU the operation changes (else 409 `failed_precondition`). With the operations applied now only: a schedule (`on_at`, `off_at`) naming them is refused with 400 `invalid_argument`.",
         "maxProperties": domain::limits::SHELF_TARGETS_MAX,
         "propertyNames": {
             "type": "string",

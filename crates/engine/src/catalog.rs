@@ -241,16 +241,21 @@ impl Engine {
             None => {
                 // A version check on a SKU the operation does not change would be
                 // answered as kept without being made: the caller's guard is refused
-                // (changing nothing), not dropped unsaid.
+                // (changing nothing), not dropped unsaid. What the selector resolves
+                // to is the catalog's state: a refusal of it, stored like the others.
                 if let Some(sku) = request
                     .expected_versions
                     .keys()
                     .filter(|sku| !targets.iter().any(|target| target.sku == **sku))
                     .min()
                 {
-                    return Err(EngineError::InvalidArgument(format!(
-                        "expected_versions names sku '{sku}', which this operation does not change"
-                    )));
+                    let refusal = EngineError::Refused {
+                        code: domain::ErrorCode::FailedPrecondition,
+                        detail: format!(
+                            "expected_versions names sku '{sku}', which this operation does not change"
+                        ),
+                    };
+                    return self.refusal_under_key("shelf", claim, refusal).await;
                 }
                 let change = ShelfChange {
                     operation: request.operation,
