@@ -930,19 +930,9 @@ async fn two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot
     let app = TestApp::spawn(backend).await;
     let product = pending_product(&app, &["FRESH"]).await;
     on_sale_now(&app, &product).await;
-    for (operation, minutes) in [("off_at", 10), ("on_at", 600)] {
-        let scheduled = app
-            .shelf(
-                None,
-                json!({"operation": operation, "product_ids": [product],
-                       "scheduled_at": at_minutes(minutes), "repeat": "daily"}),
-            )
-            .await;
-        assert_eq!(scheduled.status, 200, "{scheduled:?}");
-    }
-
     // Nothing ran for a day: now is a minute after the second off's slot.
-    app.clock.advance_seconds(DAY_SECONDS + 11 * 60);
+    missed_daily_series(&app, &product).await;
+
     let applied = app.engine.schedule_step().await.unwrap();
 
     assert_eq!(applied.len(), 2, "{applied:?}");

@@ -453,7 +453,7 @@ impl Engine {
                     )
                 })
                 .await?;
-            let attempt = match begun {
+            let (attempt, call) = match begun {
                 BeginPayment::Started(attempt) => {
                     let call = self.create_and_note(payments, &attempt).await;
                     (attempt, call)
@@ -469,7 +469,6 @@ impl Engine {
                 }
                 BeginPayment::Answered(answered) => return Ok(answered),
             };
-            let (attempt, call) = attempt;
             let Some(outcome) = outcome_of(&call) else {
                 metrics::counter!("stockd_payments_total", "outcome" => "unknown").increment(1);
                 let detail = match &call {

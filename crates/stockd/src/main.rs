@@ -1051,18 +1051,18 @@ fn cancel_on_signal(shutdown: CancellationToken) {
             return;
         };
         tokio::spawn(async move {
-            tokio::select! {
-                _ = interrupt.recv() => {},
-                _ = terminate.recv() => {},
-            }
+            let mut next_signal = async || {
+                tokio::select! {
+                    _ = interrupt.recv() => {},
+                    _ = terminate.recv() => {},
+                }
+            };
+            next_signal().await;
             tracing::info!(
                 "shutdown signal received; finishing in-flight requests (a second signal stops at once)"
             );
             shutdown.cancel();
-            tokio::select! {
-                _ = interrupt.recv() => {},
-                _ = terminate.recv() => {},
-            }
+            next_signal().await;
             // As safe as a crash, which the kill -9 drill checks: an answer is sent
             // only after its transaction committed, and the database rolls back the
             // rest; clients retry what got no answer under the same key.

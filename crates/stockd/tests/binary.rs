@@ -84,6 +84,44 @@ fn start_serving_on(
     (child, address, token)
 }
 
+/// The SQLite database `serve` creates in `directory` by default.
+fn database_url(directory: &Path) -> String {
+    format!(
+        "sqlite://{}",
+        directory.join("stockd-data/stockd.db").display()
+    )
+}
+
+/// Creates `sku` (titled with its code) and receives `quantity` units of it.
+async fn stock_sku(address: SocketAddr, bearer: &str, sku: &str, quantity: i64) {
+    let calls = [
+        (
+            "PUT",
+            format!("/v1/skus/{sku}"),
+            "sku",
+            format!(r#"{{"title":"{sku}"}}"#),
+        ),
+        (
+            "POST",
+            format!("/v1/skus/{sku}/stock-movements"),
+            "receive",
+            format!(r#"{{"kind":"receive","quantity":{quantity}}}"#),
+        ),
+    ];
+    for (method, path, key, body) in calls {
+        let response = request(
+            address,
+            method,
+            &path,
+            &[("Authorization", bearer), ("Idempotency-Key", key)],
+            Some(&body),
+        )
+        .await
+        .unwrap();
+        assert_eq!(response.status, 201, "{response:?}");
+    }
+}
+
 fn terminate(child: &mut Child) -> std::process::ExitStatus {
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -167,32 +205,10 @@ async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight
         ],
     );
     let bearer = format!("Bearer {token}");
-    for (method, path, key, body) in [
-        ("PUT", "/v1/skus/SALT", "sku", r#"{"title":"Salt"}"#),
-        (
-            "POST",
-            "/v1/skus/SALT/stock-movements",
-            "receive",
-            r#"{"kind":"receive","quantity":4}"#,
-        ),
-    ] {
-        let response = request(
-            address,
-            method,
-            path,
-            &[("Authorization", &bearer), ("Idempotency-Key", key)],
-            Some(body),
-        )
-        .await
-        .unwrap();
-        assert_eq!(response.status, 201, "{response:?}");
-    }
+    stock_sku(address, &bearer, "SALT", 4).await;
     // Another process holds the database's write lock: the reservation waits on it
     // for as long as the grace period would let it.
-    let database = format!(
-        "sqlite://{}",
-        directory.0.join("stockd-data/stockd.db").display()
-    );
+    let database = database_url(&directory.0);
     let mut holder = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
         .await
         .unwrap();
@@ -283,31 +299,9 @@ async fn audit_exits_non_zero_when_a_counter_was_changed_by_hand() {
     );
     let (mut child, address, token) = start_serving(&directory.0);
     let bearer = format!("Bearer {token}");
-    for (path, key, body) in [
-        ("/v1/skus/SALT", "sku", r#"{"title":"Salt"}"#),
-        (
-            "/v1/skus/SALT/stock-movements",
-            "receive",
-            r#"{"kind":"receive","quantity":4}"#,
-        ),
-    ] {
-        let method = if key == "sku" { "PUT" } else { "POST" };
-        let response = request(
-            address,
-            method,
-            path,
-            &[("Authorization", &bearer), ("Idempotency-Key", key)],
-            Some(body),
-        )
-        .await
-        .unwrap();
-        assert_eq!(response.status, 201, "{response:?}");
-    }
+    stock_sku(address, &bearer, "SALT", 4).await;
     assert!(terminate(&mut child).success());
-    let database = format!(
-        "sqlite://{}",
-        directory.0.join("stockd-data/stockd.db").display()
-    );
+    let database = database_url(&directory.0);
     let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
         .await
         .unwrap();
@@ -393,26 +387,7 @@ async fn a_killed_server_loses_no_acknowledged_reservation(environment: &[(&str,
     let directory = ScratchDirectory::new();
     let (mut child, address, token) = start_serving_with(&directory.0, environment);
     let bearer = format!("Bearer {token}");
-    for (method, path, key, body) in [
-        ("PUT", "/v1/skus/KILLED", "sku", r#"{"title":"Kill test"}"#),
-        (
-            "POST",
-            "/v1/skus/KILLED/stock-movements",
-            "receive",
-            r#"{"kind":"receive","quantity":1000000}"#,
-        ),
-    ] {
-        let response = request(
-            address,
-            method,
-            path,
-            &[("Authorization", &bearer), ("Idempotency-Key", key)],
-            Some(body),
-        )
-        .await
-        .unwrap();
-        assert_eq!(response.status, 201, "{response:?}");
-    }
+    stock_sku(address, &bearer, "KILLED", 1_000_000).await;
     let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut clients = Vec::new();
     for client in 0..16 {

@@ -89,22 +89,24 @@ pub struct MysqlBackend {
 /// The session settings every connection starts with.
 fn session_settings(config: &StoreConfig, mariadb: bool) -> Vec<String> {
     let lock_wait_seconds = config.lock_timeout_milliseconds.div_ceil(1_000).max(1);
-    let statement_bound = if mariadb {
-        format!(
-            "SET SESSION max_statement_time = {}",
-            config.statement_timeout_milliseconds as f64 / 1_000.0
-        )
-    } else {
-        format!(
-            "SET SESSION max_execution_time = {}",
-            config.statement_timeout_milliseconds
-        )
-    };
     vec![
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
         format!("SET SESSION innodb_lock_wait_timeout = {lock_wait_seconds}"),
-        statement_bound,
+        statement_bound(mariadb, config.statement_timeout_milliseconds),
     ]
+}
+
+/// The session's statement bound, 0 for none: named `max_statement_time` (seconds) on
+/// MariaDB, `max_execution_time` (milliseconds, reads only) on MySQL.
+fn statement_bound(mariadb: bool, milliseconds: u64) -> String {
+    if mariadb {
+        format!(
+            "SET SESSION max_statement_time = {}",
+            milliseconds as f64 / 1_000.0
+        )
+    } else {
+        format!("SET SESSION max_execution_time = {milliseconds}")
+    }
 }
 
 impl MysqlBackend {
@@ -171,12 +173,9 @@ impl Backend for MysqlBackend {
     async fn migration_connection(&self) -> Result<Self::Pooled, StoreError> {
         let mut connection = self.watch.acquiring(self.pool.acquire()).await?;
         connection.close_on_drop();
-        let unbounded = if self.mariadb {
-            "SET SESSION max_statement_time = 0"
-        } else {
-            "SET SESSION max_execution_time = 0"
-        };
-        sqlx::raw_sql(unbounded).execute(&mut *connection).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement_bound(self.mariadb, 0)))
+            .execute(&mut *connection)
+            .await?;
         Ok(connection)
     }
 
