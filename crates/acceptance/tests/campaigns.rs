@@ -792,6 +792,22 @@ async fn answered_ticket(app: &TestApp, poll: &str) -> Value {
     answered.into_inner().unwrap().expect("answered")
 }
 
+/// A campaign running on `sku` (stocked here), a reservation of it by "ann" that got a
+/// ticket while the line was held, and the ticket answered: the 202 and its poll URL.
+async fn a_ticket_answered(app: &TestApp, sku: &str) -> (TestResponse, String) {
+    app.stocked_sku(sku, 10).await;
+    running_campaign(app, sku, 4, 1, None).await;
+    let (_, held) = hold_the_line(app, sku).await;
+    let ticket = app
+        .send(waiting_reserve_call(&format!("{sku}-ann"), sku, "ann"))
+        .await;
+    assert_eq!(ticket.status, 202, "{ticket:?}");
+    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
+    drop(held);
+    answered_ticket(app, &poll).await;
+    (ticket, poll)
+}
+
 async fn beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing(
     backend: Backend,
 ) {
@@ -2304,16 +2320,7 @@ async fn a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn(ba
 /// and the answered ticket the position of its request's write.
 async fn a_tickets_answer_carries_the_position_of_its_write_and_the_202_none(backend: Backend) {
     let app = TestApp::spawn_with(backend, narrow_line(10)).await;
-    app.stocked_sku("TOKENED", 10).await;
-    running_campaign(&app, "TOKENED", 4, 1, None).await;
-    let (_, held) = hold_the_line(&app, "TOKENED").await;
-    let ticket = app
-        .send(waiting_reserve_call("tokened-ann", "TOKENED", "ann"))
-        .await;
-    assert_eq!(ticket.status, 202, "{ticket:?}");
-    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
-    drop(held);
-    answered_ticket(&app, &poll).await;
+    let (ticket, poll) = a_ticket_answered(&app, "TOKENED").await;
 
     let answered = app.send(Call::get(&poll)).await;
 
@@ -2344,16 +2351,7 @@ async fn a_tickets_answer_carries_the_position_of_its_write_and_the_202_none(bac
 /// the ticket is gone (404), like any other.
 async fn an_answered_ticket_is_gone_once_its_retention_has_passed(backend: Backend) {
     let app = TestApp::spawn_with(backend, narrow_line(10)).await;
-    app.stocked_sku("KEPT", 10).await;
-    running_campaign(&app, "KEPT", 4, 1, None).await;
-    let (_, held) = hold_the_line(&app, "KEPT").await;
-    let ticket = app
-        .send(waiting_reserve_call("kept-ann", "KEPT", "ann"))
-        .await;
-    assert_eq!(ticket.status, 202, "{ticket:?}");
-    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
-    drop(held);
-    answered_ticket(&app, &poll).await;
+    let (_, poll) = a_ticket_answered(&app, "KEPT").await;
     let retention = acceptance::test_engine_config().campaign_ticket_retention_seconds;
 
     app.clock.advance_seconds(retention);
