@@ -184,6 +184,7 @@ impl TestGateway {
                 "{}/_sandbox/payment_intents/{payment_intent}/{action}",
                 self.url
             ))
+            .bearer_auth(GATEWAY_API_KEY)
             .send()
             .await
             .expect("sandbox reachable")

@@ -81,6 +81,8 @@ mirrored_tests!(
     a_gateways_long_failure_message_is_recorded_cut_to_the_reason_bound,
     an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold,
     a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment,
+    a_retried_pay_whose_card_failed_does_not_hear_paid_from_another_card,
+    the_sandbox_refuses_what_stripe_refuses_and_asks_every_caller_for_its_key,
 );
 
 const SKU: &str = "TEA-250G";
@@ -2840,4 +2842,130 @@ async fn a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expi
         "no payment created again"
     );
     assert_paid_once(&app, &gateway, &order, 1).await;
+}
+
+/// Found in review: a retry of a pay whose attempt failed while its answer was not
+/// stored yet, after another request's card paid the order, was answered 200 `PAID`
+/// (and that was stored under its key): its client believed the declined card paid.
+async fn a_retried_pay_whose_card_failed_does_not_hear_paid_from_another_card(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let first_key = key("pay");
+    let first = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(first.status, 202, "{first:?}");
+    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.store
+        .settle_payment(
+            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
+            &store::GatewayOutcome::Failed {
+                payment_id: None,
+                reason: "authentication failed".to_owned(),
+            },
+            "webhook",
+            engine::Clock::now(&app.clock),
+        )
+        .await
+        .unwrap();
+    let second = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(second.json()["status"], "PAID");
+
+    let retried = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+
+    assert_eq!(retried.status, 409, "{retried:?}");
+    assert_eq!(retried.code().as_deref(), Some("illegal_transition"));
+    assert!(
+        retried.body.contains(&first_attempt)
+            && retried.body.contains("FAILED")
+            && retried.body.contains("PAID through another payment"),
+        "the retry hears its own attempt's end: {retried:?}"
+    );
+    let again = app
+        .pay(&order, &first_key, "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: stockd's creates lacked `allow_redirects=never`, which Stripe
+/// requires (API 2023-08-16 on) of a confirmation without `return_url`, so every
+/// payment through Stripe would have been refused; the sandbox now refuses the same.
+/// And its reads and controls answered anyone: on staging, `force_success` sends a
+/// signed "succeeded" webhook.
+async fn the_sandbox_refuses_what_stripe_refuses_and_asks_every_caller_for_its_key(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(
+        paid.status, 200,
+        "stockd's own create is accepted: {paid:?}"
+    );
+    let intent = intent_of(&gateway, &order).id;
+    gateway::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let may_redirect = http
+        .post(format!("{}/v1/payment_intents", gateway.url))
+        .bearer_auth(acceptance::payments::GATEWAY_API_KEY)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("amount=100&currency=cny&payment_method=pm_card_visa&confirm=true")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(may_redirect.status().as_u16(), 400);
+    let body: Value = serde_json::from_str(&may_redirect.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("return_url")
+    );
+    for (method, path) in [
+        ("GET", format!("/v1/payment_intents/{intent}")),
+        ("GET", "/_sandbox/stats".to_owned()),
+        (
+            "POST",
+            format!("/_sandbox/payment_intents/{intent}/force_success"),
+        ),
+        (
+            "POST",
+            format!("/_sandbox/payment_intents/{intent}/complete_action"),
+        ),
+    ] {
+        let url = format!("{}{path}", gateway.url);
+        let request = match method {
+            "GET" => http.get(&url),
+            _ => http.post(&url),
+        };
+        let answer = request.send().await.unwrap();
+        assert_eq!(
+            answer.status().as_u16(),
+            401,
+            "{method} {path} without the key"
+        );
+    }
+    let with_key = http
+        .get(format!("{}/v1/payment_intents/{intent}", gateway.url))
+        .bearer_auth(acceptance::payments::GATEWAY_API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_key.status().as_u16(), 200);
+    assert_eq!(
+        gateway.sandbox.stats().intents.len(),
+        1,
+        "nothing else was created"
+    );
+    assert_eq!(gateway.charges_for(&order), 1);
 }

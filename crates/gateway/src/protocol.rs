@@ -136,6 +136,18 @@ impl CreatePaymentIntent {
             ("currency".to_owned(), self.currency.to_ascii_lowercase()),
             ("payment_method".to_owned(), self.payment_method.clone()),
             ("confirm".to_owned(), "true".to_owned()),
+            // Stripe (API 2023-08-16 on) refuses to confirm without a `return_url`
+            // unless redirecting payment methods are excluded: stockd charges a saved
+            // payment method server-side and has no page to send a shopper back to.
+            // A card needing 3-D Secure still answers `requires_action`.
+            (
+                "automatic_payment_methods[enabled]".to_owned(),
+                "true".to_owned(),
+            ),
+            (
+                "automatic_payment_methods[allow_redirects]".to_owned(),
+                "never".to_owned(),
+            ),
         ];
         for (key, value) in &self.metadata {
             pairs.push((format!("metadata[{key}]"), value.clone()));
@@ -158,7 +170,7 @@ mod tests {
         };
         assert_eq!(
             request.form(),
-            "amount=599&currency=cny&payment_method=pm_card_visa&confirm=true&metadata%5Border_id%5D=ord_1"
+            "amount=599&currency=cny&payment_method=pm_card_visa&confirm=true&automatic_payment_methods%5Benabled%5D=true&automatic_payment_methods%5Ballow_redirects%5D=never&metadata%5Border_id%5D=ord_1"
         );
     }
 

@@ -370,6 +370,22 @@ impl Sandbox {
             .is_some_and(|presented| presented == expected)
     }
 
+    /// The 401 for a request without the configured API key. Every endpoint asks for
+    /// it, the reads and the `/_sandbox` controls too: a staging sandbox lists intents
+    /// and can force one to succeed, which sends a signed `succeeded` webhook.
+    fn unauthorized(&self, headers: &HeaderMap) -> Option<Response> {
+        if self.authorized(headers) {
+            return None;
+        }
+        let (status, body) = error_response(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "bad API key",
+            None,
+        );
+        Some(json_response(status, body))
+    }
+
     /// Starts a keyed request: `Err` with the answer when the key was used before.
     fn enter_key(&self, key: Option<&str>, fingerprint: &str) -> Result<(), (u16, String)> {
         let Some(key) = key else { return Ok(()) };
@@ -482,14 +498,8 @@ impl Sandbox {
     }
 
     async fn create_payment_intent(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        if !self.authorized(headers) {
-            let (status, body) = error_response(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "bad API key",
-                None,
-            );
-            return json_response(status, body);
+        if let Some(refusal) = self.unauthorized(headers) {
+            return refusal;
         }
         let key = headers
             .get("idempotency-key")
@@ -514,6 +524,25 @@ impl Sandbox {
             self.finish_key(key.as_deref(), &fingerprint, &answer);
             return json_response(answer.0, answer.1);
         };
+        // Stripe's rule since API 2023-08-16: a confirmation that could redirect the
+        // shopper needs a `return_url`, unless redirecting methods are excluded or the
+        // shopper is away (`off_session`). Without it no payment is made at all.
+        let confirms = form.get("confirm").is_some_and(|value| value == "true");
+        let redirects_excluded = form
+            .get("automatic_payment_methods[allow_redirects]")
+            .is_some_and(|value| value == "never");
+        let off_session = form.get("off_session").is_some_and(|value| value == "true");
+        if confirms && !redirects_excluded && !off_session && !form.contains_key("return_url") {
+            let answer = error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "a confirmation that may redirect needs return_url, \
+                 or automatic_payment_methods[allow_redirects]=never",
+                None,
+            );
+            self.finish_key(key.as_deref(), &fingerprint, &answer);
+            return json_response(answer.0, answer.1);
+        }
         let payment_method = form.get("payment_method").cloned().unwrap_or_default();
         let Some(chosen) = Fault::from_payment_method(&payment_method) else {
             let answer = coded_error_response(
@@ -616,14 +645,8 @@ impl Sandbox {
     }
 
     async fn refund(&self, headers: &HeaderMap, body: &[u8]) -> Response {
-        if !self.authorized(headers) {
-            let (status, body) = error_response(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "bad API key",
-                None,
-            );
-            return json_response(status, body);
+        if let Some(refusal) = self.unauthorized(headers) {
+            return refusal;
         }
         {
             // An outage answers before the idempotency key is recorded, as a gateway
@@ -723,14 +746,8 @@ impl Sandbox {
     /// a customer action can no longer complete it; a succeeded or cancelled one is
     /// refused with 400 `payment_intent_unexpected_state`.
     fn cancel_payment_intent(&self, headers: &HeaderMap, id: &str) -> Response {
-        if !self.authorized(headers) {
-            let (status, body) = error_response(
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                "bad API key",
-                None,
-            );
-            return json_response(status, body);
+        if let Some(refusal) = self.unauthorized(headers) {
+            return refusal;
         }
         let mut books = lock(&self.books);
         let Some(intent) = books.intents.get_mut(id) else {
@@ -816,7 +833,10 @@ impl Sandbox {
             .route(
                 "/v1/payment_intents/{id}",
                 get(
-                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
+                    |State(sandbox): State<Sandbox>, headers: HeaderMap, Path(id): Path<String>| async move {
+                        if let Some(refusal) = sandbox.unauthorized(&headers) {
+                            return refusal;
+                        }
                         match lock(&sandbox.books).intents.get(&id) {
                             Some(intent) => json_response(
                                 200,
@@ -854,7 +874,10 @@ impl Sandbox {
             .route(
                 "/v1/refunds/{id}",
                 get(
-                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
+                    |State(sandbox): State<Sandbox>, headers: HeaderMap, Path(id): Path<String>| async move {
+                        if let Some(refusal) = sandbox.unauthorized(&headers) {
+                            return refusal;
+                        }
                         match lock(&sandbox.books).refunds.get(&id) {
                             Some(refund) => json_response(
                                 200,
@@ -877,7 +900,11 @@ impl Sandbox {
                 "/_sandbox/stats",
                 get(
                     |State(sandbox): State<Sandbox>,
+                     headers: HeaderMap,
                      Query(filter): Query<HashMap<String, String>>| async move {
+                        if let Some(refusal) = sandbox.unauthorized(&headers) {
+                            return refusal;
+                        }
                         let mut stats = sandbox.stats();
                         if let Some(order) = filter.get("order_id") {
                             stats
@@ -891,16 +918,22 @@ impl Sandbox {
             .route(
                 "/_sandbox/payment_intents/{id}/complete_action",
                 post(
-                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
-                        sandbox.complete_action(&id)
+                    |State(sandbox): State<Sandbox>, headers: HeaderMap, Path(id): Path<String>| async move {
+                        match sandbox.unauthorized(&headers) {
+                            Some(refusal) => refusal,
+                            None => sandbox.complete_action(&id),
+                        }
                     },
                 ),
             )
             .route(
                 "/_sandbox/payment_intents/{id}/force_success",
                 post(
-                    |State(sandbox): State<Sandbox>, Path(id): Path<String>| async move {
-                        sandbox.force_success(&id)
+                    |State(sandbox): State<Sandbox>, headers: HeaderMap, Path(id): Path<String>| async move {
+                        match sandbox.unauthorized(&headers) {
+                            Some(refusal) => refusal,
+                            None => sandbox.force_success(&id),
+                        }
                     },
                 ),
             )

@@ -665,7 +665,7 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
         sandbox_address,
         "GET",
         &format!("/_sandbox/stats?order_id={order}"),
-        &[],
+        &[("authorization", "Bearer sk_test_binary")],
         None,
     )
     .await

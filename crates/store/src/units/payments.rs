@@ -923,12 +923,43 @@ impl<B: Backend> Units<B> {
             // told so (and that is stored under its key), instead of calling the
             // gateway with the other attempt's key and storing its outcome here.
             if started_by_this_request && running_key.as_deref() != Some(claim.key.as_str()) {
-                ended_meanwhile = Some(own_attempt_status(&mut *transaction, order, claim).await?);
+                let (attempt, status, reason) =
+                    own_attempt_status(&mut *transaction, order, claim).await?;
+                ended_meanwhile = Some((
+                    attempt,
+                    status,
+                    reason,
+                    format!("another payment of order '{order}' is in progress"),
+                ));
             } else {
                 let running =
                     BeginPayment::InProgress(attempt_to_call(&mut *transaction, &running).await?);
                 transaction.commit().await?;
                 return Ok(running);
+            }
+        }
+        // The same when another request's payment has settled the order since: a
+        // retry of a declined request must not hear "PAID" (the other card's success)
+        // and believe its own card paid. Its own success is the order's to show.
+        if let Some((
+            status @ (OrderStatus::Paid | OrderStatus::RefundPending | OrderStatus::Refunded),
+            _,
+            _,
+        )) = &locked
+            && started_by_this_request
+        {
+            let (attempt, own_status, reason) =
+                own_attempt_status(&mut *transaction, order, claim).await?;
+            if own_status != AttemptStatus::Succeeded.as_str() {
+                ended_meanwhile = Some((
+                    attempt,
+                    own_status,
+                    reason,
+                    format!(
+                        "order '{order}' is {} through another payment",
+                        status.as_str()
+                    ),
+                ));
             }
         }
         // Answered here: the key is claimed in this transaction, so the answer commits
@@ -946,13 +977,15 @@ impl<B: Backend> Units<B> {
                     ),
                 ))
             }
-            (_, Some((attempt, status, reason))) => renderer.rejected(&Rejection::new(
-                ErrorCode::IllegalTransition,
-                format!(
-                    "this request's payment attempt {attempt} ended {status}{}; another payment of order '{order}' is in progress",
-                    reason.map(|reason| format!(" ({reason})")).unwrap_or_default()
-                ),
-            )),
+            (_, Some((attempt, status, reason, meanwhile))) => {
+                renderer.rejected(&Rejection::new(
+                    ErrorCode::IllegalTransition,
+                    format!(
+                        "this request's payment attempt {attempt} ended {status}{}; {meanwhile}",
+                        reason.map(|reason| format!(" ({reason})")).unwrap_or_default()
+                    ),
+                ))
+            }
             (Some((sku, status)), None) => renderer.rejected(&Rejection::new(
                 ErrorCode::OffShelf,
                 format!(
