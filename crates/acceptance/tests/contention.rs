@@ -23,7 +23,78 @@ mirrored_tests!(
     a_hold_lasts_its_ttl_from_when_its_batch_is_decided_not_from_its_arrival,
     first_receipts_into_a_new_warehouse_at_once_all_count,
     a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
+    a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_is_writable,
 );
+
+/// Found in review: MySQL's "the server is read-only" (error 1290: a demoted primary,
+/// a switchover) answered 500 `internal`, where PostgreSQL's 25006 answers 503 with
+/// `Retry-After`: a client was told to give up while the writer changed. The server
+/// is made read-only for an account of the test's own (the global `read_only` spares
+/// accounts with `READ_ONLY ADMIN`, such as the root every other test uses).
+async fn a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_is_writable(
+    backend: Backend,
+) {
+    if backend != Backend::Mysql {
+        // PostgreSQL's read-only refusal is mapped the same way (25006, in
+        // `postgres.rs`); a read-only role would need the shared test database's
+        // roles changed. SQLite has no read-only server.
+        return;
+    }
+    use sqlx::Connection;
+    let mut database = acceptance::TestDatabase::create(backend).await;
+    let schema = database.schema.clone().expect("a MySQL test database");
+    let account = format!("writer_{}", &schema[schema.len() - 8..]);
+    let mut root = sqlx::MySqlConnection::connect(&acceptance::mysql_url())
+        .await
+        .unwrap();
+    for statement in [
+        format!("CREATE USER '{account}'@'%' IDENTIFIED BY 'writer-password'"),
+        format!("GRANT ALL PRIVILEGES ON {schema}.* TO '{account}'@'%'"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut root)
+            .await
+            .unwrap();
+    }
+    let server = acceptance::mysql_url();
+    let address = server.rsplit('@').next().unwrap().trim_end_matches('/');
+    database.url = format!("mysql://{account}:writer-password@{address}/{schema}");
+    let app = TestApp::on(
+        std::sync::Arc::new(database),
+        engine::ManualClock::new(acceptance::START),
+        test_engine_config(),
+    )
+    .await;
+    app.stocked_sku("DEMOTED", 3).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let set_read_only = |on: bool| {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SET GLOBAL read_only = {}",
+            if on { "ON" } else { "OFF" }
+        )))
+    };
+    set_read_only(true).execute(&mut root).await.unwrap();
+    let refused = app.reserve("while-read-only", &[("DEMOTED", 1)]).await;
+    let unchanged = app.contents_except_idempotency_records().await;
+    set_read_only(false).execute(&mut root).await.unwrap();
+    let retried = app.reserve("while-read-only", &[("DEMOTED", 1)]).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP USER '{account}'@'%'")))
+        .execute(&mut root)
+        .await
+        .unwrap();
+
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("unavailable"));
+    assert!(refused.header("retry-after").is_some(), "{refused:?}");
+    assert_eq!(
+        unchanged, before,
+        "nothing changed while the server was read-only"
+    );
+    assert_eq!(retried.status, 201, "{retried:?}");
+    assert_eq!(app.counters("DEMOTED").await, (2, 1));
+    app.assert_audit_clean().await;
+}
 
 /// The first receipt into a (SKU, warehouse) creates its stock row. Receipts arriving
 /// together each find no row; all but one then meet the row another just inserted.

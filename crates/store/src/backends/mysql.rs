@@ -204,6 +204,15 @@ const ER_CHECKREAD: u16 = 1020;
 const ER_STATEMENT_TIMEOUT: u16 = 1969;
 const ER_QUERY_TIMEOUT: u16 = 3024;
 const ER_TOO_MANY_CONNECTIONS: u16 = 1040;
+/// The server is read-only (`--read-only`, `super_read_only`): a demoted primary, a
+/// switchover under way. As PostgreSQL's 25006, it is the writer changing: 503.
+const ER_OPTION_PREVENTS_STATEMENT: u16 = 1290;
+const ER_READ_ONLY_MODE: u16 = 1836;
+/// The server is shutting down, or ended this session or statement (a proxy or an
+/// operator moving sessions off it).
+const ER_SERVER_SHUTDOWN: u16 = 1053;
+const ER_QUERY_INTERRUPTED: u16 = 1317;
+const ER_CONNECTION_KILLED: u16 = 1927;
 /// A unique key refused a row.
 const ER_DUP_ENTRY: u16 = 1062;
 
@@ -214,9 +223,14 @@ pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> Stor
         ER_LOCK_DEADLOCK => StoreError::Deadlock(message),
         ER_CHECKREAD => StoreError::Retryable(message),
         ER_LOCK_WAIT_TIMEOUT => StoreError::LockTimeout(message),
-        ER_STATEMENT_TIMEOUT | ER_QUERY_TIMEOUT | ER_TOO_MANY_CONNECTIONS => {
-            StoreError::Unavailable(message)
-        }
+        ER_STATEMENT_TIMEOUT
+        | ER_QUERY_TIMEOUT
+        | ER_TOO_MANY_CONNECTIONS
+        | ER_OPTION_PREVENTS_STATEMENT
+        | ER_READ_ONLY_MODE
+        | ER_SERVER_SHUTDOWN
+        | ER_QUERY_INTERRUPTED
+        | ER_CONNECTION_KILLED => StoreError::Unavailable(message),
         number => StoreError::Database(format!("{message} (error {number})")),
     }
 }
@@ -508,12 +522,17 @@ impl Dialect for MySqlConnection {
          WHERE status = 'PENDING' AND next_try_at <= $1 ORDER BY next_try_at, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const VERSION_QUERY: &'static str = "SELECT VERSION()";
     /// InnoDB's transactions of the whole server (it has no per-database view).
+    /// `trx_started` is in the server's system time zone (InnoDB formats it with
+    /// `localtime_r`), while the driver sets this session's zone to UTC: the bound is
+    /// compared in the system zone, or a server east of UTC would never count a long
+    /// transaction and one west of it would count them all.
     const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> =
         Some("SELECT COUNT(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'");
     const LONG_TRANSACTIONS: Option<&'static str> = Some(
         "SELECT COUNT(*) FROM information_schema.innodb_trx \
          WHERE trx_mysql_thread_id <> CONNECTION_ID() \
-         AND trx_started < NOW(6) - INTERVAL ($1 * 1000) MICROSECOND",
+         AND trx_started < CONVERT_TZ(NOW(6), @@session.time_zone, 'SYSTEM') \
+             - INTERVAL ($1 * 1000) MICROSECOND",
     );
     /// Neither MySQL nor MariaDB counts scans per table without extra plugins
     /// (MariaDB's `userstat`); the plan tests stand in (docs/OPERATIONS.md).
@@ -523,8 +542,13 @@ impl Dialect for MySqlConnection {
     /// outlives the commits: instances started together migrate one after the other.
     const MIGRATION_LOCK: Option<&'static str> = None;
     const MIGRATION_SESSION_LOCK: Option<(&'static str, &'static str)> = Some((
-        "SELECT GET_LOCK(CONCAT('stockd_migrate:', DATABASE()), 1)",
-        "SELECT RELEASE_LOCK(CONCAT('stockd_migrate:', DATABASE()))",
+        // MySQL refuses lock names past 64 characters, and a database's name may be
+        // 64 long: a long one is hashed. A shorter one keeps the name earlier versions
+        // lock, so an old and a new instance starting together still take turns.
+        "SELECT GET_LOCK(CONCAT('stockd_migrate:', \
+         IF(CHAR_LENGTH(DATABASE()) <= 49, DATABASE(), SHA1(DATABASE()))), 1)",
+        "SELECT RELEASE_LOCK(CONCAT('stockd_migrate:', \
+         IF(CHAR_LENGTH(DATABASE()) <= 49, DATABASE(), SHA1(DATABASE()))))",
     ));
     const MIGRATIONS: &'static [Migration] = &[
         (
