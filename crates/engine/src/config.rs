@@ -127,6 +127,11 @@ pub struct EngineConfig {
     /// Shortest time between two recounts of the live auditor's running sums from the
     /// whole ledger, done when a round finds a stock row differing from its sums.
     pub live_audit_recount_interval_milliseconds: i64,
+    /// Orders a live-audit round reads in its page of changed orders: the next round
+    /// goes on after the last of a full page, so a first round over a long history (or
+    /// the changes of a long outage) is spread over rounds instead of outgrowing the
+    /// statement bound.
+    pub live_audit_orders_per_round_max: i64,
 }
 
 impl Default for EngineConfig {
@@ -181,6 +186,7 @@ impl Default for EngineConfig {
             live_audit_interval_milliseconds: 30_000,
             live_audit_settle_milliseconds: 60_000,
             live_audit_recount_interval_milliseconds: 600_000,
+            live_audit_orders_per_round_max: 10_000,
         }
     }
 }

@@ -105,9 +105,9 @@ struct Inner {
     display_cache: std::sync::OnceLock<Arc<cache::DisplayCache>>,
     /// The SKUs of duplicate requests, for `stockd_hot_sku_duplicate_requests_total`.
     duplicate_skus: duplicates::DuplicateTally,
-    /// When this process's previous clean live-audit round started: the next round
-    /// checks the orders changed since (the settle age before it).
-    live_audit_started: std::sync::Mutex<Option<Timestamp>>,
+    /// Where this process's live auditor's next page of changed orders starts, and
+    /// the orders it found differing.
+    live_audit_orders: std::sync::Mutex<LiveAuditOrders>,
     /// Differences the admin's last full audit here found (0 before any).
     full_audit_differences: std::sync::Mutex<i64>,
     /// When this process's live auditor last recounted its running sums.
@@ -126,6 +126,19 @@ struct Inner {
     /// The requests of tickets handed out (answered 202), each waiting for its turn:
     /// a shutdown lets them run within its grace ([`Engine::finish_tickets`]).
     ticket_tasks: tokio_util::task::TaskTracker,
+}
+
+/// Differing orders the live auditor checks again by id, at most: past it, the gauge
+/// counts only these in later rounds (each round's own finds are all counted).
+const LIVE_AUDIT_ORDERS_RECHECKED_MAX: usize = 100;
+
+/// The live auditor's place in the orders (see [`Engine::live_audit_step`]).
+#[derive(Debug, Default)]
+struct LiveAuditOrders {
+    /// Where the next page starts, as (`updated_at`, id after which): `None` before
+    /// the first round, whose page starts at the first order ever changed.
+    from: Option<(Timestamp, String)>,
+    differing: Vec<String>,
 }
 
 /// Where an expiry worker's next claim resumes (`store::ExpiryCursor`); each step
@@ -206,7 +219,7 @@ impl Engine {
                 events_numbered: tokio::sync::Notify::new(),
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
-                live_audit_started: std::sync::Mutex::new(None),
+                live_audit_orders: std::sync::Mutex::new(LiveAuditOrders::default()),
                 full_audit_differences: std::sync::Mutex::new(0),
                 live_audit_recounted: std::sync::Mutex::new(None),
                 reservation_expiry_cursor: ExpiryCursorCell::default(),
@@ -883,24 +896,33 @@ impl Engine {
     }
 
     /// One round of the live auditor: every stock row's counters against the ledger
-    /// (read from the checkpoint on) and its open holds, and the orders changed since
-    /// this process's previous round (every order in its first), against their
-    /// reservation and payments. Exports `stockd_audit_differences` and, when the round
+    /// (read from the checkpoint on) and its open holds, and a page of at most
+    /// `live_audit_orders_per_round_max` orders against their reservation and
+    /// payments: those changed since this process's previous round, or after the last
+    /// of its full page (the first round starts at the oldest change: the history is
+    /// walked a page a round), plus the orders earlier rounds found differing. Exports `stockd_audit_differences` and, when the round
     /// ran, `stockd_audit_last_success_timestamp_seconds`.
     pub async fn live_audit_step(&self) -> Result<store::LiveAuditRound, EngineError> {
         let config = &self.inner.config;
         let now = self.now();
         let settle_before = now.plus_milliseconds(-config.live_audit_settle_milliseconds);
-        let previous = *self
-            .inner
-            .live_audit_started
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // An order whose change committed late carries an earlier `updated_at`: the
-        // window reaches back the settle age before the previous round.
-        let orders_since = previous.map_or(Timestamp::from_unix_milliseconds(0), |started| {
-            started.plus_milliseconds(-config.live_audit_settle_milliseconds)
-        });
+        let orders = {
+            let state = self
+                .inner
+                .live_audit_orders
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let (since, after) = state
+                .from
+                .clone()
+                .unwrap_or((Timestamp::from_unix_milliseconds(0), String::new()));
+            store::OrdersWindow {
+                since,
+                after,
+                limit: config.live_audit_orders_per_round_max.max(1),
+                recheck: state.differing.clone(),
+            }
+        };
         let recount = self
             .inner
             .live_audit_recounted
@@ -913,7 +935,7 @@ impl Engine {
         let round = self
             .inner
             .store
-            .live_audit_round(now, settle_before, orders_since, recount)
+            .live_audit_round(now, settle_before, &orders, recount)
             .await
             .map_err(|error| log_store_error("live_audit", error))?;
         if round.recounted {
@@ -933,16 +955,31 @@ impl Engine {
                 "the live audit's running sums differed from the ledger and were recounted"
             );
         }
-        // A round that found differences leaves the orders' window where it was: the
-        // order it found stays in the next round's window, so the difference stays
-        // counted (and the alert firing) until it is gone, not until its order ages
-        // out of the window a minute and a half later.
-        if round.differences_total == 0 {
-            *self
+        {
+            let mut state = self
                 .inner
-                .live_audit_started
+                .live_audit_orders
                 .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(now);
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            // After a full page, the next one follows it. Otherwise the next round
+            // reads the orders changed since this one started, reaching back the
+            // settle age: an order whose change committed late carries an earlier
+            // `updated_at`.
+            state.from = Some(round.orders_page_ended_at.clone().unwrap_or_else(|| {
+                (
+                    now.plus_milliseconds(-config.live_audit_settle_milliseconds),
+                    String::new(),
+                )
+            }));
+            // The orders found differing are checked again by id, so a difference
+            // stays counted (and the alert firing) until it is gone, not until its
+            // order leaves the window.
+            state.differing = round
+                .differing_orders
+                .iter()
+                .take(LIVE_AUDIT_ORDERS_RECHECKED_MAX)
+                .cloned()
+                .collect();
         }
         // The admin's full audit checks more than a round does (returns, campaigns,
         // order lines): what it found stays on the gauge until another full audit.

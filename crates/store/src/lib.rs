@@ -39,7 +39,9 @@ pub use error::StoreError;
 pub use model::*;
 pub use orders::*;
 pub use replicas::{Displayed, ReadHandle, ReplicaConfig, ReplicaHealth};
-pub use units::live_audit::LiveAuditRound;
+/// The live auditor's page of changed orders, for the plan tests.
+pub use units::audit::ORDERS_CHANGED_FROM as LIVE_AUDIT_ORDERS_PAGE;
+pub use units::live_audit::{LiveAuditRound, OrdersWindow};
 pub use units::outbox::{
     EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, SEQUENCER,
 };
@@ -288,7 +290,7 @@ forward! {
     fn audit(&self, now: Timestamp, shop: Option<&ShopCode>) -> Result<AuditReport, StoreError>;
     /// One round of the live auditor: the counters, open holds and recently changed
     /// orders checked from the checkpoint on.
-    fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders_since: Timestamp, recount: bool) -> Result<LiveAuditRound, StoreError>;
+    fn live_audit_round(&self, now: Timestamp, settle_before: Timestamp, orders: &OrdersWindow, recount: bool) -> Result<LiveAuditRound, StoreError>;
     fn contents(&self) -> Result<String, StoreError>;
     fn create_product(&self, claim: &IdempotencyClaim, product: &NewProduct, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

@@ -287,22 +287,57 @@ pub(crate) async fn audit_orphan_ledger_rows<C: Dialect>(
     Ok(())
 }
 
-/// Orders with their reservation's status and what their payment attempts add up to:
-/// succeeded if one did, else running if one runs, else failed if any was made; the
-/// orders chosen by `$filter`.
-macro_rules! orders_with_their_holds {
+/// Every order with its reservation's status and what its payment attempts add up to:
+/// succeeded if one did, else running if one runs, else failed if any was made. For the
+/// full audit, which reads them all: the attempts are grouped once.
+const ALL_ORDERS_WITH_THEIR_HOLDS: &str = "SELECT customer_order.id, customer_order.shop, \
+     customer_order.status, reservation.status, COALESCE(reservation.order_id, ''), \
+     CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END, \
+     customer_order.updated_at \
+     FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
+     LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
+         FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id \
+     ORDER BY customer_order.id";
+
+/// The same for some orders: each order's attempts read through their index, so the
+/// cost is of the orders chosen, not of every attempt ever made (a grouped subquery
+/// joined to them is aggregated whole by PostgreSQL and SQLite).
+macro_rules! some_orders_with_their_holds {
     ($filter:literal) => {
         concat!(
             "SELECT customer_order.id, customer_order.shop, customer_order.status, reservation.status, \
              COALESCE(reservation.order_id, ''), \
-             CASE attempts.outcome WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END \
-             FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id \
-             LEFT JOIN (SELECT order_id, MAX(CASE status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) AS outcome \
-                 FROM payment_attempt GROUP BY order_id) AS attempts ON attempts.order_id = customer_order.id ",
-            $filter,
-            " ORDER BY customer_order.id"
+             CASE (SELECT MAX(CASE attempt.status WHEN 'SUCCEEDED' THEN 3 WHEN 'PROCESSING' THEN 2 ELSE 1 END) \
+                 FROM payment_attempt attempt WHERE attempt.order_id = customer_order.id) \
+             WHEN 3 THEN 'SUCCEEDED' WHEN 2 THEN 'PROCESSING' WHEN 1 THEN 'FAILED' END, \
+             customer_order.updated_at \
+             FROM customer_order JOIN reservation ON reservation.id = customer_order.reservation_id ",
+            $filter
         )
     };
+}
+
+/// The orders changed at or after a position (`updated_at` `$1`, then ids after `$2`
+/// at that instant), in that order, at most `$3`: a page of the live auditor's window.
+pub const ORDERS_CHANGED_FROM: &str = some_orders_with_their_holds!(
+    "WHERE customer_order.updated_at >= $1 \
+     AND (customer_order.updated_at > $1 OR customer_order.id > $2) \
+     ORDER BY customer_order.updated_at, customer_order.id LIMIT $3"
+);
+
+/// One order, by its id.
+const ORDER_BY_ID: &str = some_orders_with_their_holds!("WHERE customer_order.id = $1");
+
+/// What checking a set of orders found besides its findings.
+#[derive(Debug, Default)]
+pub(crate) struct OrdersChecked {
+    pub(crate) checked: i64,
+    /// The orders read, those skipped included.
+    pub(crate) read: i64,
+    /// The last order read, as (`updated_at`, id).
+    pub(crate) last: Option<(Timestamp, String)>,
+    /// The orders that differ, in the order read.
+    pub(crate) differing: Vec<String>,
 }
 
 /// Every order against its reservation and its payments; returns the orders checked.
@@ -310,76 +345,127 @@ pub(crate) async fn audit_orders<C: Dialect>(
     transaction: &mut C,
     findings: &mut Findings,
 ) -> Result<i64, StoreError> {
-    audit_orders_changed_since(transaction, None, findings).await
+    let checked = check_orders(
+        transaction,
+        statement(ALL_ORDERS_WITH_THEIR_HOLDS),
+        &std::collections::HashSet::new(),
+        findings,
+    )
+    .await?;
+    Ok(checked.checked)
 }
 
-/// The orders changed at or after `since` (every order without it) against their
-/// reservation and payments; returns the orders checked.
-pub(crate) async fn audit_orders_changed_since<C: Dialect>(
+/// A page of the orders changed from `(since, after)` on (see [`ORDERS_CHANGED_FROM`]),
+/// at most `limit`, leaving out those in `skip` (checked already).
+pub(crate) async fn audit_orders_changed_from<C: Dialect>(
     transaction: &mut C,
-    since: Option<Timestamp>,
+    (since, after): (Timestamp, &str),
+    limit: i64,
+    skip: &std::collections::HashSet<String>,
     findings: &mut Findings,
-) -> Result<i64, StoreError> {
-    // Every order against its reservation and its payment: the third leg of the
-    // three-way check. A paid order holds sold stock and a succeeded payment; an
-    // order that gave its stock back holds a released reservation; and so on.
-    let mut orders_checked = 0_i64;
-    let query = match since {
-        None => statement(orders_with_their_holds!("")),
-        Some(since) => statement(orders_with_their_holds!(
-            "WHERE customer_order.updated_at >= $1"
-        ))
-        .bind(since.unix_milliseconds()),
-    };
+) -> Result<OrdersChecked, StoreError> {
+    let query = statement(ORDERS_CHANGED_FROM)
+        .bind(since.unix_milliseconds())
+        .bind(after)
+        .bind(limit);
+    check_orders(transaction, query, skip, findings).await
+}
+
+/// These orders, one by one (an order since deleted is skipped).
+pub(crate) async fn audit_orders_by_id<C: Dialect>(
+    transaction: &mut C,
+    ids: &[String],
+    findings: &mut Findings,
+) -> Result<OrdersChecked, StoreError> {
+    let mut all = OrdersChecked::default();
+    for id in ids {
+        let query = statement(ORDER_BY_ID).bind(id.as_str());
+        let one = check_orders(
+            &mut *transaction,
+            query,
+            &std::collections::HashSet::new(),
+            findings,
+        )
+        .await?;
+        all.checked += one.checked;
+        all.read += one.read;
+        all.differing.extend(one.differing);
+    }
+    Ok(all)
+}
+
+/// The three-way check of seed 002 for the orders `query` reads: a paid order holds
+/// sold stock and a succeeded payment; an order that gave its stock back holds a
+/// released reservation; and so on.
+async fn check_orders<C: Dialect>(
+    transaction: &mut C,
+    query: crate::sql::Statement<'_>,
+    skip: &std::collections::HashSet<String>,
+    findings: &mut Findings,
+) -> Result<OrdersChecked, StoreError> {
+    let mut result = OrdersChecked::default();
     let mut orders = query
-        .fetch_as::<(String, String, String, String, String, Option<String>)>(&mut *transaction);
-    while let Some((id, shop, order_status, reservation_status, holder, attempt_status)) =
-        orders.try_next().await?
+        .fetch_as::<(String, String, String, String, String, Option<String>, i64)>(
+            &mut *transaction,
+        );
+    while let Some((
+        id,
+        shop,
+        order_status,
+        reservation_status,
+        holder,
+        attempt_status,
+        updated_at,
+    )) = orders.try_next().await?
     {
-        orders_checked += 1;
-        if holder != id {
-            // Its reservation is held for another order (or for none): two orders on
-            // one hold would each agree with it, and sell its stock twice.
-            findings.note(AuditDifference {
-                check: "order_vs_reservation_and_payment",
-                sku: None,
-                warehouse: None,
-                reference: Some(format!("{id}: its reservation is held by order '{holder}'")),
-                shop: Some(shop),
-                expected: 1,
-                actual: 0,
-            });
+        result.read += 1;
+        if skip.contains(&id) {
+            result.last = Some((Timestamp::from_unix_milliseconds(updated_at), id));
             continue;
         }
-        let agrees = match (
-            OrderStatus::parse(&order_status),
-            ReservationStatus::parse(&reservation_status),
-            attempt_status
-                .as_deref()
-                .map(AttemptStatus::parse)
-                .transpose(),
-        ) {
-            (Ok(order), Ok(reservation), Ok(payment)) => order.agrees_with(reservation, payment),
-            // A status no table knows is a hand edit: a difference.
-            _ => false,
+        result.checked += 1;
+        let difference = if holder != id {
+            // Its reservation is held for another order (or for none): two orders on
+            // one hold would each agree with it, and sell its stock twice.
+            Some(format!("{id}: its reservation is held by order '{holder}'"))
+        } else {
+            let agrees = match (
+                OrderStatus::parse(&order_status),
+                ReservationStatus::parse(&reservation_status),
+                attempt_status
+                    .as_deref()
+                    .map(AttemptStatus::parse)
+                    .transpose(),
+            ) {
+                (Ok(order), Ok(reservation), Ok(payment)) => {
+                    order.agrees_with(reservation, payment)
+                }
+                // A status no table knows is a hand edit: a difference.
+                _ => false,
+            };
+            (!agrees).then(|| {
+                format!(
+                    "{id}: order {order_status}, reservation {reservation_status}, payment {}",
+                    attempt_status.as_deref().unwrap_or("none")
+                )
+            })
         };
-        if !agrees {
+        if let Some(reference) = difference {
             findings.note(AuditDifference {
                 check: "order_vs_reservation_and_payment",
                 sku: None,
                 warehouse: None,
-                reference: Some(format!(
-                    "{id}: order {order_status}, reservation {reservation_status}, payment {}",
-                    attempt_status.as_deref().unwrap_or("none")
-                )),
+                reference: Some(reference),
                 shop: Some(shop),
                 expected: 1,
                 actual: 0,
             });
+            result.differing.push(id.clone());
         }
+        result.last = Some((Timestamp::from_unix_milliseconds(updated_at), id));
     }
     drop(orders);
-    Ok(orders_checked)
+    Ok(result)
 }
 
 /// Every campaign's units against its ledger: what its movements put into its buckets

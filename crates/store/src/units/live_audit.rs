@@ -2,14 +2,15 @@
 //!
 //! Each round compares every stock row's counters with what its ledger rows add up to
 //! and its `reserved` counter with its open reservations, and the orders changed since
-//! the previous round with their reservation and payments — without replaying the
-//! ledger. `audit_running_sum` keeps each stock row's ledger sums through a checkpoint
+//! the previous round with their reservation and payments (a page of them at most:
+//! [`OrdersWindow`]) — without replaying the ledger. `audit_running_sum` keeps each stock row's ledger sums through a checkpoint
 //! (`audit_progress.through_ledger_id`, migration 0016 / 0012 / 0003); a round reads
 //! only the ledger rows after it. Ledger ids are handed out before commit, so a row
 //! can commit after a higher one: the checkpoint advances only over rows older than
 //! the settle age, and the younger rows are summed afresh each round until they are
 //! older. The stock table and the open reservations are read whole each round: both
-//! are as large as the catalog and the live holds, not as the history.
+//! are as large as the catalog and the live holds, not as the history (a closed
+//! campaign's emptied bucket rows stay, though: up to 64 rows a campaign).
 //!
 //! A running sum that missed a row (a transaction that committed later than the settle
 //! age allows: a clock behind, a commit stalled on a synchronous standby) would raise
@@ -27,7 +28,7 @@
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::Units;
-use super::audit::{Findings, audit_orders_changed_since};
+use super::audit::{Findings, audit_orders_by_id, audit_orders_changed_from};
 use crate::backend::{Backend, Finish};
 use crate::error::StoreError;
 use crate::model::AuditDifference;
@@ -78,6 +79,22 @@ type SumsOfRow = (String, String, i64, i64);
 /// them up, and how far the running sums were from that).
 type Recounted = (String, String, i64, i64, i64, i64);
 
+/// Which orders a live round checks: a page of those changed from a position on, and
+/// by id those an earlier round found differing. Every round's cost is bounded by the
+/// page, however long the history, the outage or a difference lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrdersWindow {
+    /// The page starts at the orders changed at `since` with an id after `after`
+    /// (empty: all of them), then those changed later.
+    pub since: Timestamp,
+    pub after: String,
+    /// At most this many orders in the page.
+    pub limit: i64,
+    /// Orders found differing before: checked again, in or out of the page, so a
+    /// difference stays counted until it is gone while the window moves on.
+    pub recheck: Vec<String>,
+}
+
 /// What one round found and how far it got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveAuditRound {
@@ -87,6 +104,11 @@ pub struct LiveAuditRound {
     pub ledger_rows_read: i64,
     pub stock_rows_checked: i64,
     pub orders_checked: i64,
+    /// The last order of a full page, as (`updated_at`, id): more orders follow it, and
+    /// the next round's page starts after it. `None`: the page held all there were.
+    pub orders_page_ended_at: Option<(Timestamp, String)>,
+    /// The orders found differing (the rechecked ones still differing among them).
+    pub differing_orders: Vec<String>,
     /// The first differences (bounded like the full audit's).
     pub differences: Vec<AuditDifference>,
     pub differences_total: i64,
@@ -137,12 +159,12 @@ async fn compare_stock_rows<C: crate::backend::Dialect>(
 
 impl<B: Backend> Units<B> {
     /// One round of the live audit. Ledger rows created before `settle_before` join
-    /// the running sums; the orders updated at or after `orders_since` are checked.
+    /// the running sums; the orders `orders` names are checked.
     pub async fn live_audit_round(
         &self,
         now: Timestamp,
         settle_before: Timestamp,
-        orders_since: Timestamp,
+        orders: &OrdersWindow,
         recount: bool,
     ) -> Result<LiveAuditRound, StoreError> {
         // The comparisons, on one snapshot: counters and ledger rows of the same
@@ -173,9 +195,24 @@ impl<B: Backend> Units<B> {
         )
         .await?;
         let mut order_findings = Findings::default();
-        let orders_checked =
-            audit_orders_changed_since(&mut *transaction, Some(orders_since), &mut order_findings)
-                .await?;
+        let rechecked =
+            audit_orders_by_id(&mut *transaction, &orders.recheck, &mut order_findings).await?;
+        let page = audit_orders_changed_from(
+            &mut *transaction,
+            (orders.since, orders.after.as_str()),
+            orders.limit,
+            &orders.recheck.iter().cloned().collect(),
+            &mut order_findings,
+        )
+        .await?;
+        let orders_checked = rechecked.checked + page.checked;
+        let orders_page_ended_at = if page.read >= orders.limit {
+            page.last
+        } else {
+            None
+        };
+        let mut differing_orders = rechecked.differing;
+        differing_orders.extend(page.differing);
         let settled: Vec<SumsOfRow> = statement(
             "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), CAST(SUM(reserved_delta) AS BIGINT) \
              FROM stock_ledger WHERE id > $1 AND id <= $2 GROUP BY sku, warehouse ORDER BY sku, warehouse",
@@ -256,6 +293,8 @@ impl<B: Backend> Units<B> {
             ledger_rows_read,
             stock_rows_checked,
             orders_checked,
+            orders_page_ended_at,
+            differing_orders,
             differences: findings.differences,
             differences_total: findings.total,
             advanced,
