@@ -18,6 +18,7 @@ mirrored_tests!(
     a_checkout_takes_its_lines_out_of_the_cart_with_its_order,
     a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_changed,
     a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_checkout_refused,
+    lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skipped,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -728,5 +729,95 @@ async fn a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_check
     );
     assert_eq!(north.counters("C-FREE").await, (5, 0));
     assert_eq!(north.counters("C-GIFT").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a line past the shopper's per-user limit (with what the shopper
+/// held already), or priced in another currency than the other lines, showed as
+/// orderable, and the checkout was refused whole (409 `purchase_limit_exceeded` or
+/// `failed_precondition`, stored under its key): the lines that could be ordered were
+/// not. Both are now shown with their problem and left out of the order.
+async fn lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skipped(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let north = shop_with_stock(&app).await;
+    for (sku, body) in [
+        (
+            "C-LIMITED",
+            json!({"title": "Limited", "shop": "north", "price": 100, "currency": "CNY", "per_user_limit": 2}),
+        ),
+        (
+            "C-USD",
+            json!({"title": "Imported", "shop": "north", "price": 100, "currency": "USD"}),
+        ),
+    ] {
+        let created = app
+            .send(
+                Call::put(format!("/v1/skus/{sku}"))
+                    .admin()
+                    .key(sku)
+                    .json(&body),
+            )
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        app.receive(sku, 5).await;
+    }
+    let earlier = north
+        .send(
+            Call::post("/v1/orders")
+                .key("erin-earlier")
+                .json(&json!({"user_id": "erin", "lines": [{"sku": "C-LIMITED", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(earlier.status, 201, "{earlier:?}");
+    for (sku, quantity) in [("C-LIMITED", 2), ("C-PLENTY", 1), ("C-USD", 1)] {
+        assert_eq!(put_item(&north, "erin", sku, quantity).await.status, 200);
+    }
+
+    let cart = north.send(Call::get("/v1/carts/erin")).await.json();
+    let checkout = north
+        .send(Call::post("/v1/carts/erin/checkout").key("erin-checkout"))
+        .await;
+
+    assert_eq!(
+        problems(&cart),
+        vec![
+            (
+                "C-LIMITED".to_owned(),
+                Some("above_purchase_limit".to_owned())
+            ),
+            ("C-PLENTY".to_owned(), None),
+            ("C-USD".to_owned(), Some("other_currency".to_owned())),
+        ]
+    );
+    assert_eq!(cart["orderable_lines"], 1);
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    let body = checkout.json();
+    assert_eq!(
+        body["reservation"]["lines"],
+        json!([{"sku": "C-PLENTY", "warehouse": "default", "quantity": 1}])
+    );
+    let skipped: Vec<String> = body["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| format!("{} {}", line["sku"], line["problem"]))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            r#""C-LIMITED" "above_purchase_limit""#,
+            r#""C-USD" "other_currency""#
+        ]
+    );
+    let left = north.send(Call::get("/v1/carts/erin")).await.json();
+    assert_eq!(left["lines"].as_array().unwrap().len(), 2, "{left}");
+    assert_eq!(
+        north.counters("C-LIMITED").await,
+        (4, 1),
+        "only the earlier order"
+    );
+    assert_eq!(north.counters("C-USD").await, (5, 0));
     app.assert_audit_clean().await;
 }

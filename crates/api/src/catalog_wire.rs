@@ -514,24 +514,22 @@ impl<'a> CartBody<'a> {
         let lines: Vec<CartLineBody<'a>> = cart
             .lines
             .iter()
-            .map(|line| {
-                let problem = line.problem();
-                CartLineBody {
-                    shop: line.shop.as_str(),
-                    sku: line.sku.as_str(),
-                    quantity: line.quantity,
-                    title: line.current.as_ref().map(|current| current.title.as_str()),
-                    price: line
-                        .current
-                        .as_ref()
-                        .and_then(|current| current.price.map(PriceMinor::get)),
-                    currency: line
-                        .current
-                        .as_ref()
-                        .and_then(|current| current.currency.as_ref().map(Currency::as_str)),
-                    orderable: problem.is_none(),
-                    problem: problem.map(|problem| problem.as_str()),
-                }
+            .zip(domain::cart::problems_of(&cart.lines))
+            .map(|(line, problem)| CartLineBody {
+                shop: line.shop.as_str(),
+                sku: line.sku.as_str(),
+                quantity: line.quantity,
+                title: line.current.as_ref().map(|current| current.title.as_str()),
+                price: line
+                    .current
+                    .as_ref()
+                    .and_then(|current| current.price.map(PriceMinor::get)),
+                currency: line
+                    .current
+                    .as_ref()
+                    .and_then(|current| current.currency.as_ref().map(Currency::as_str)),
+                orderable: problem.is_none(),
+                problem: problem.map(|problem| problem.as_str()),
             })
             .collect();
         let orderable_lines = lines.iter().filter(|line| line.orderable).count();

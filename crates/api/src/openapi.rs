@@ -292,7 +292,7 @@ pub mod schemas {
     named_schema!(ReleaseReason => one_of("Why a reservation was released.", vec!["requested", "expired"]));
     named_schema!(Availability => one_of("What a shopper sees for a SKU.", vec!["on_sale", "temporarily_out_of_stock", "off_shelf"]));
     named_schema!(OperatorType => one_of("Who made a shelf change.", vec!["manual", "scheduled", "system"]));
-    named_schema!(CartProblem => one_of("Why a cart line cannot be ordered now.", vec!["not_found", "deleted", "off_shelf", "out_of_stock", "quantity_above_available", "no_price"]));
+    named_schema!(CartProblem => one_of("Why a cart line cannot be ordered now.", vec!["not_found", "deleted", "off_shelf", "out_of_stock", "quantity_above_available", "no_price", "above_purchase_limit", "other_currency", "other_campaign"]));
     named_schema!(LedgerKind => one_of("What a ledger row did.", vec!["receive", "adjust", "reserve", "confirm", "release", "return"]));
     named_schema!(EventType => one_of("An event's type.", domain::EventType::ALL.map(|event| event.as_str()).to_vec()));
     named_schema!(ScheduleStatus => one_of("A scheduled change's status: PENDING (to come), APPLIED, SKIPPED (its SKU was deleted), REFUSED, CANCELLED (withdrawn by staff).", engine::catalog::ScheduleStatus::ALL.map(|status| status.as_str()).to_vec()));

@@ -766,8 +766,12 @@ fn refuse_unmatched_names(
 fn orderable_lines(cart: &Cart) -> Result<(Vec<ReservationLine>, Vec<SkippedLine>), EngineError> {
     let mut lines = Vec::new();
     let mut skipped = Vec::new();
-    for line in &cart.lines {
-        match line.problem() {
+    for (line, problem) in cart
+        .lines
+        .iter()
+        .zip(domain::cart::problems_of(&cart.lines))
+    {
+        match problem {
             Some(problem) => skipped.push(SkippedLine {
                 sku: line.sku.clone(),
                 quantity: line.quantity,

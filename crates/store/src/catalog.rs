@@ -233,6 +233,9 @@ mod tests {
                 currency: Some(domain::Currency::parse("EUR").unwrap()),
                 sale_status: status,
                 available,
+                purchase_limit: None,
+                purchased: 0,
+                campaign: None,
             }),
         }
     }

@@ -93,11 +93,16 @@ pub(crate) async fn load_cart<C: Dialect>(
 ) -> Result<Cart, StoreError> {
     let rows = statement(
         "SELECT cart_item.shop, cart_item.sku, cart_item.quantity, sku.title, sku.price_minor, sku.currency, sku.sale_status, \
-         COALESCE(stock.available, 0) AS available, campaign.code AS campaign_code \
+         COALESCE(stock.available, 0) AS available, campaign.code AS campaign_code, \
+         CASE WHEN campaign.code IS NULL THEN sku.per_user_limit ELSE campaign.per_user_limit END AS purchase_limit, \
+         COALESCE(purchase.quantity, 0) AS purchased \
          FROM cart_item LEFT JOIN sku ON sku.code = cart_item.sku \
          LEFT JOIN stock ON stock.sku = cart_item.sku AND stock.warehouse = 'default' \
          LEFT JOIN campaign ON campaign.open_sku = cart_item.sku AND campaign.warehouse = 'default' \
          AND campaign.starts_at <= $3 AND campaign.ends_at > $3 \
+         LEFT JOIN shopper_purchase purchase ON purchase.shop = cart_item.shop \
+         AND purchase.user_id = cart_item.user_id \
+         AND purchase.sku = COALESCE(campaign.tally_sku, cart_item.sku) \
          WHERE cart_item.user_id = $1 AND ($2 IS NULL OR cart_item.shop = $2) \
          ORDER BY cart_item.shop, cart_item.sku",
     )
@@ -111,7 +116,7 @@ pub(crate) async fn load_cart<C: Dialect>(
         let sku: String = row.try_get("sku")?;
         let status: Option<String> = row.try_get("sale_status")?;
         let campaign: Option<String> = row.try_get("campaign_code")?;
-        let available = match campaign {
+        let available = match &campaign {
             None => row.try_get("available")?,
             Some(code) => {
                 // A checkout's line takes its units from one bucket: what the fullest
@@ -140,6 +145,9 @@ pub(crate) async fn load_cart<C: Dialect>(
                     currency,
                     sale_status: parse_stored("sale status", &status, SaleStatus::parse)?,
                     available,
+                    purchase_limit: row.try_get("purchase_limit")?,
+                    purchased: row.try_get("purchased")?,
+                    campaign,
                 })
             }
         };
