@@ -32,6 +32,7 @@ mirrored_tests!(
     a_clock_that_steps_back_does_not_stretch_the_sold_out_bound,
     the_end_step_counts_a_hold_committed_while_it_waited_for_the_buckets,
     goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered,
+    a_return_into_a_closed_campaigns_bucket_takes_the_source_row_before_the_event_counter,
     the_audit_finds_units_left_in_a_closed_campaigns_bucket,
     a_late_payment_over_the_campaigns_limit_is_refunded,
     a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out,
@@ -1243,6 +1244,67 @@ async fn goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgere
         ),
         (Some(0), Some(0), Some(3))
     );
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a return into a closed campaign's bucket locked the campaign's
+/// source row only after appending its events, which lock the SKU's event counter,
+/// while a receive into the source row takes the row and then the counter: the two
+/// deadlocked. The return now locks the source row with its lines' rows, first.
+async fn a_return_into_a_closed_campaigns_bucket_takes_the_source_row_before_the_event_counter(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer at a time: no row locks to take in an order.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let _gateway = acceptance::payments::TestGateway::start(&app).await;
+    app.stocked_sku("KETTLE", 10).await;
+    running_campaign(&app, "KETTLE", 3, 2, Some(1)).await;
+    let order = app.order_of("ann", &[("KETTLE", 1)]).await;
+    let events = app.webhook_events().await;
+    let paid = app.pay(&order, "pay-kettle", "pm_card_visa").await;
+    assert_eq!(paid.status, 200, "{paid:?}");
+    app.wait_for_webhook_events(events + 1).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    // A receive into the source row, between its row and the SKU's event counter.
+    let mut receive = app.database.raw_connection().await;
+    receive.execute("BEGIN").await.unwrap();
+    receive
+        .execute("SELECT 1 FROM stock WHERE sku = 'KETTLE' AND warehouse = 'default' FOR UPDATE")
+        .await
+        .unwrap();
+
+    let returning = tokio::spawn({
+        let app = app.clone();
+        let order = order.clone();
+        async move {
+            app.send(
+                Call::post(format!("/v1/orders/{order}/return"))
+                    .admin()
+                    .key("return-kettle"),
+            )
+            .await
+        }
+    });
+    app.database.wait_until_blocked_by(&mut receive).await;
+    let counter = app
+        .database
+        .raw_connection()
+        .await
+        .execute("SELECT 1 FROM outbox_sequence WHERE aggregate_id = 'KETTLE' FOR UPDATE NOWAIT")
+        .await;
+    receive.execute("ROLLBACK").await.unwrap();
+    let returned = returning.await.unwrap();
+
+    assert!(
+        counter.is_ok(),
+        "the waiting return holds no lock on the SKU's event counter: {counter:?}"
+    );
+    assert_eq!(returned.status, 200, "{returned:?}");
+    assert_eq!(app.counters("KETTLE").await, (10, 0));
     app.assert_audit_clean().await;
 }
 

@@ -202,9 +202,12 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
-    /// A campaign with its buckets' counters, read on the writer.
+    /// A campaign with its buckets' counters, read on the writer in one snapshot: its
+    /// `sold` is what the row's `returned` and the buckets' counters leave, and read
+    /// at two moments (an end step committing between them) it counted the units
+    /// going back as sold.
     pub async fn campaign(&self, id: &CampaignId) -> Result<Option<Campaign>, StoreError> {
-        let mut transaction = self.begin_writer_read().await?;
+        let mut transaction = self.begin_snapshot().await?;
         let campaign = load_campaign(&mut *transaction, id).await;
         transaction.rollback().await?;
         campaign
@@ -462,6 +465,28 @@ async fn end_campaign<C: Dialect>(
     .await?;
     expect_one_row(updated, "recording a campaign's return")?;
     Ok((closed, returned))
+}
+
+/// The source warehouse of the campaign whose bucket `warehouse` is (`None`: not a
+/// bucket, or of no campaign of this SKU), open or closed: the row a return into the
+/// bucket may pass its units on to.
+pub(crate) async fn source_of_bucket<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    warehouse: &WarehouseCode,
+) -> Result<Option<WarehouseCode>, StoreError> {
+    let Some((code, _)) = bucket_of(warehouse) else {
+        return Ok(None);
+    };
+    let source: Option<String> =
+        statement("SELECT warehouse FROM campaign WHERE code = $1 AND sku = $2")
+            .bind(code.as_str())
+            .bind(sku.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+    source
+        .map(|source| parse_stored("warehouse", &source, WarehouseCode::parse))
+        .transpose()
 }
 
 /// After goods came back into `warehouse` (an after-sale return): when it is a bucket of

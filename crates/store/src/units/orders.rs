@@ -216,6 +216,29 @@ pub(crate) async fn put_goods_back<C: Dialect>(
     lines.sort_by(|(_, left), (_, right)| {
         (&left.sku, &left.warehouse).cmp(&(&right.sku, &right.warehouse))
     });
+    // A line into a campaign's bucket passes its units on to the campaign's source
+    // row once the campaign has closed. That row is locked now, with the lines' rows
+    // in the global order: taken after the events below, it waited while holding the
+    // SKU's event counter, which a receive into the source row takes after the row (a
+    // deadlock).
+    let mut sources = Vec::new();
+    for (_, line) in &lines {
+        if let Some(source) =
+            super::campaigns::source_of_bucket(transaction, &line.sku, &line.warehouse).await?
+        {
+            sources.push((line.sku.clone(), source));
+        }
+    }
+    if !sources.is_empty() {
+        let mut rows: Vec<StockKey> = lines
+            .iter()
+            .map(|(_, line)| (line.sku.clone(), line.warehouse.clone()))
+            .chain(sources)
+            .collect();
+        rows.sort();
+        rows.dedup();
+        transaction.lock_stock_rows(&rows).await?;
+    }
     // Every line's stock row first (in lock order), then the events: appending one
     // locks the SKU's event counter, which a receive takes after its stock row.
     let mut moved = Vec::with_capacity(lines.len());
