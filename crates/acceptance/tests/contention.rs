@@ -26,6 +26,31 @@ mirrored_tests!(
     a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_is_writable,
 );
 
+/// Makes the shared MySQL server writable again when dropped, even by a panic: its
+/// global `read_only` would hold back every account without `READ_ONLY ADMIN`.
+struct WritableAgain;
+
+impl Drop for WritableAgain {
+    fn drop(&mut self) {
+        let _ = std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                use sqlx::Connection;
+                if let Ok(mut root) = sqlx::MySqlConnection::connect(&acceptance::mysql_url()).await
+                {
+                    let _ = sqlx::query("SET GLOBAL read_only = OFF")
+                        .execute(&mut root)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
 /// Found in review: MySQL's "the server is read-only" (error 1290: a demoted primary,
 /// a switchover) answered 500 `internal`, where PostgreSQL's 25006 answers 503 with
 /// `Retry-After`: a client was told to give up while the writer changed. The server
@@ -74,6 +99,7 @@ async fn a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_
             if on { "ON" } else { "OFF" }
         )))
     };
+    let _writable_again = WritableAgain;
     set_read_only(true).execute(&mut root).await.unwrap();
     let refused = app.reserve("while-read-only", &[("DEMOTED", 1)]).await;
     let unchanged = app.contents_except_idempotency_records().await;

@@ -15,7 +15,9 @@ mirrored_tests_alone!(
 
 mirrored_tests!(
     unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
-    a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again,
+    a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
+    an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired,
+    a_success_webhook_past_the_key_lifetime_is_checked_by_the_gateways_search,
     a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
     a_stale_failure_webhook_of_a_payment_charged_meanwhile_pays_the_order,
     a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it,
@@ -2776,13 +2778,14 @@ async fn a_failure_webhook_fails_an_attempt_only_once_the_gateway_confirms_it(ba
     assert_eq!(gateway.charges_for(&order), 0);
 }
 
-/// Found in review: a gateway forgets an idempotency key after a day (Stripe: 24 hours;
-/// the sandbox does the same), and a create sent under a forgotten key runs as a new
-/// payment. Reconciliation (and a second pay) sent the create again under the
-/// attempt's key, however old the attempt: a payment unknown for a day was charged a
-/// second time. Past the key's lifetime neither sends anything, and the attempt is left
-/// to a person.
-async fn a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again(backend: Backend) {
+/// A payment charged while its answer was lost stays unknown for a day (no webhook
+/// arrives): past the key's lifetime the create is not sent again (the gateway would
+/// run it as a new payment), and the gateway's search by the attempt's metadata finds
+/// the payment: the order is paid once. Before, it stayed `PAYMENT_PROCESSING` for
+/// good, its stock held and the card charged, with nothing in stockd to settle it.
+async fn a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata(
+    backend: Backend,
+) {
     let (app, gateway) = shop(backend).await;
     gateway.sandbox.stop_webhooks();
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
@@ -2794,24 +2797,104 @@ async fn a_payment_unknown_past_the_gateways_key_lifetime_is_never_created_again
         .advance_seconds(sandbox::KEY_LIFETIME_SECONDS + 3600);
 
     let resolved = app.engine.reconcile_step().await.expect("reconcile");
-    // The customer presses pay again, a day later.
-    let again = app.pay(&order, &key("pay-again"), "pm_card_visa").await;
 
     assert_eq!(resolved.len(), 1, "{resolved:?}");
-    assert_eq!(resolved[0].1, None, "nothing learnt: {resolved:?}");
-    assert_eq!(again.status, 202, "still unknown: {again:?}");
-    assert_eq!(gateway.charges_for(&order), 1, "the card was charged once");
+    assert_eq!(
+        resolved[0].1,
+        Some(domain::OrderStatus::Paid),
+        "{resolved:?}"
+    );
     assert_eq!(
         gateway.intents_for(&order).len(),
         1,
         "no payment created again"
     );
+    assert_paid_once(&app, &gateway, &order, 1).await;
+    // The customer presses pay again, a day later: the order is paid.
+    let again = app.pay(&order, &key("pay-again"), "pm_card_visa").await;
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["status"], "PAID");
+    assert_eq!(gateway.charges_for(&order), 1);
+}
+
+/// A `succeeded` webhook about an attempt past its key's lifetime, whose payment's id
+/// stockd never heard (its answer was lost, no webhook came for a day), is checked with
+/// the gateway's search instead of ignored: the order is paid once.
+async fn a_success_webhook_past_the_key_lifetime_is_checked_by_the_gateways_search(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let (order, intent) = charged_but_unheard(&app, &gateway).await;
+    app.clock
+        .advance_seconds(sandbox::KEY_LIFETIME_SECONDS + 3600);
+    let (payload, signature) = signed_event(&app, "evt_a_day_late", &intent, 0);
+
+    let delivered = app.send(webhook_call(&payload, Some(&signature))).await;
+
+    assert_eq!(delivered.status, 200, "{delivered:?}");
+    assert_paid_once(&app, &gateway, &order, 1).await;
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        1,
+        "no payment created again"
+    );
+}
+
+/// The attempt is committed, then the process dies before the gateway call, and
+/// nobody asks about it for a day: past the key's lifetime the gateway's search finds
+/// no payment of it, so none was made. The attempt fails (the order can be paid again
+/// while its hold lasts, or expires) instead of staying unknown for good.
+async fn an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let order_id = domain::OrderId::parse(&order).expect("order id");
+    let now = app.clock_now();
+    let claim = store::IdempotencyClaim {
+        key: store::ScopedKey::new(
+            &domain::Principal::Admin,
+            &domain::IdempotencyKey::parse("pay-before-the-crash").expect("key"),
+        ),
+        fingerprint: "pay".to_owned(),
+    };
+    let begun = app
+        .store
+        .begin_payment(
+            &claim,
+            &order_id,
+            &domain::PaymentAttemptId::generate(now, 7),
+            "pm_card_visa",
+            now.plus_milliseconds(10_000),
+            now.plus_seconds(-24 * 3600),
+            now,
+            api::renderer().as_ref(),
+        )
+        .await
+        .expect("begin payment");
+    assert!(
+        matches!(begun, store::BeginPayment::Started(_)),
+        "{begun:?}"
+    );
+    // Just past the time creates are sent again, a payment made by the last of them
+    // may not be in the search's index yet: nothing found says nothing then.
+    app.clock.advance_seconds(23 * 3600 + 1800);
+    let early = app.engine.reconcile_step().await.expect("reconcile");
+    assert_eq!(early, vec![(early[0].0.clone(), None)], "still unknown");
     assert_statuses(
         &app,
         &order,
         ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
     )
     .await;
+    app.clock.advance_seconds(2 * 3600);
+
+    let resolved = app.engine.reconcile_step().await.expect("reconcile");
+
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(gateway.intents_for(&order).len(), 0, "nothing was created");
+    assert_statuses(&app, &order, ("PAYMENT_FAILED", "RESERVED", "FAILED")).await;
+    assert_eq!(gateway.charges_for(&order), 0);
+    app.assert_audit_clean().await;
 }
 
 /// The id of a payment an answer named (here one awaiting the customer's action) is

@@ -128,6 +128,11 @@ struct Inner {
     ticket_tasks: tokio_util::task::TaskTracker,
 }
 
+/// Recent order changes (younger than the settle age) a live-audit round reads, at
+/// most: 1,600 a second for a minute. Past it the rest wait for the page of older
+/// changes, a warning says so.
+const LIVE_AUDIT_RECENT_ORDERS_MAX: i64 = 100_000;
+
 /// Differing orders the live auditor checks again by id, at most: past it, the gauge
 /// counts only these in later rounds (each round's own finds are all counted).
 const LIVE_AUDIT_ORDERS_RECHECKED_MAX: usize = 100;
@@ -898,9 +903,10 @@ impl Engine {
     /// One round of the live auditor: every stock row's counters against the ledger
     /// (read from the checkpoint on) and its open holds, and a page of at most
     /// `live_audit_orders_per_round_max` orders against their reservation and
-    /// payments: those changed since this process's previous round, or after the last
-    /// of its full page (the first round starts at the oldest change: the history is
-    /// walked a page a round), plus the orders earlier rounds found differing. Exports `stockd_audit_differences` and, when the round
+    /// payments (changes older than the settle age, from where the previous round's
+    /// page ended; the first round starts at the oldest change, so the history is
+    /// walked a page a round), every order changed within the settle age (at most
+    /// `LIVE_AUDIT_RECENT_ORDERS_MAX`), and the orders earlier rounds found differing. Exports `stockd_audit_differences` and, when the round
     /// ran, `stockd_audit_last_success_timestamp_seconds`.
     pub async fn live_audit_step(&self) -> Result<store::LiveAuditRound, EngineError> {
         let config = &self.inner.config;
@@ -920,6 +926,8 @@ impl Engine {
                 since,
                 after,
                 limit: config.live_audit_orders_per_round_max.max(1),
+                recent_from: settle_before,
+                recent_limit: LIVE_AUDIT_RECENT_ORDERS_MAX,
                 recheck: state.differing.clone(),
             }
         };
@@ -961,16 +969,17 @@ impl Engine {
                 .live_audit_orders
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            // After a full page, the next one follows it. Otherwise the next round
-            // reads the orders changed since this one started, reaching back the
-            // settle age: an order whose change committed late carries an earlier
-            // `updated_at`.
-            state.from = Some(round.orders_page_ended_at.clone().unwrap_or_else(|| {
-                (
-                    now.plus_milliseconds(-config.live_audit_settle_milliseconds),
-                    String::new(),
-                )
-            }));
+            // After a full page of older changes, the next one follows it. Otherwise
+            // the history is read up to this round's recent changes, and the next
+            // page starts where they did: each order is read in a page once its
+            // change is older than the settle age (any late commit is in by then), and
+            // in every round's recent changes before.
+            state.from = Some(
+                round
+                    .orders_page_ended_at
+                    .clone()
+                    .unwrap_or_else(|| (settle_before, String::new())),
+            );
             // The orders found differing are checked again by id, so a difference
             // stays counted (and the alert firing) until it is gone, not until its
             // order leaves the window.

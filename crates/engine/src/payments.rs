@@ -462,9 +462,7 @@ impl Engine {
                 // as reconciliation asks, by its payment's id when known, and never with a
                 // create the gateway could run as a new payment.
                 BeginPayment::InProgress(attempt) => {
-                    let call = self.ask_about(payments, &attempt).await.unwrap_or_else(|| {
-                        CallOutcome::Unknown("the payment is unknown past the gateway's key lifetime; a person settles it".into())
-                    });
+                    let call = self.ask_about(payments, &attempt).await;
                     (attempt, call)
                 }
                 BeginPayment::Answered(answered) => return Ok(answered),
@@ -583,8 +581,9 @@ impl Engine {
     /// names: the intent's amount and currency must be the attempt's, and its id the
     /// one the gateway gave the attempt — or, when stockd never heard that id (the
     /// answer was lost), the one the gateway answers again for the attempt's own
-    /// idempotency key. Metadata alone proves nothing: anyone who can create intents
-    /// on the same account can write it.
+    /// idempotency key; past the key's lifetime, the one the gateway's search finds by
+    /// the attempt's metadata ([`Engine::find_by_metadata`]). Metadata alone proves
+    /// nothing: anyone who can create intents on the same account can write it.
     async fn verified_outcome(
         &self,
         payments: &Payments,
@@ -613,13 +612,18 @@ impl Engine {
         }
         let ours = match &known.gateway_payment_id {
             Some(recorded) => *recorded == intent.id,
+            // Past the key's lifetime a create could charge again: the gateway's search
+            // by the attempt's metadata tells whether the intent is its payment.
             None if !key_still_kept(&known, self.now()) => {
-                tracing::error!(
-                    attempt = %known.attempt_id,
-                    intent = %intent.id,
-                    "a webhook names an attempt whose payment id stockd never heard, past the gateway's key lifetime: it cannot be checked without sending the create again, which could charge twice; ignored, settle the order by hand"
-                );
-                false
+                match self.find_by_metadata(payments, &known).await {
+                    CallOutcome::Answered(found) => found.id == intent.id,
+                    CallOutcome::Unknown(reason) => {
+                        return Err(EngineError::Unavailable(format!(
+                            "the gateway could not confirm the intent is this attempt's ({reason}); deliver again later"
+                        )));
+                    }
+                    CallOutcome::Declined { .. } | CallOutcome::Refused { .. } => false,
+                }
             }
             None => {
                 let call = payments
@@ -742,12 +746,7 @@ impl Engine {
                 .await;
                 break;
             }
-            let Some(mut call) = self.ask_about(payments, &attempt).await else {
-                metrics::counter!("stockd_reconciliations_total", "result" => "key_expired")
-                    .increment(1);
-                resolved.push((attempt.attempt_id, None));
-                continue;
-            };
+            let mut call = self.ask_about(payments, &attempt).await;
             // A keyed replay answers what the gateway said the first time; a payment
             // that was still incomplete then (a customer action, for one) may have
             // finished since. Its current state decides.
@@ -813,37 +812,97 @@ impl Engine {
     /// What the gateway says of an attempt now: its payment read by id when stockd
     /// knows the id; else the create sent again under the attempt's key (a keyed
     /// replay: the gateway answers what it did the first time, and charges nothing
-    /// again). `None` when neither is safe: the key is older than the gateway keeps
-    /// keys ([`GATEWAY_KEY_LIFETIME_MILLISECONDS`]), and a create under it could run as a
-    /// new payment and charge the card again; a person looks the payment up by its
-    /// metadata (`attempt_id`) and settles the order.
+    /// again); else, once the key is older than the gateway keeps keys
+    /// ([`GATEWAY_KEY_LIFETIME_MILLISECONDS`]: a create under it could run as a new
+    /// payment and charge the card again), the payment found by its metadata.
     async fn ask_about(
         &self,
         payments: &Payments,
         attempt: &AttemptToCall,
-    ) -> Option<CallOutcome<PaymentIntent>> {
+    ) -> CallOutcome<PaymentIntent> {
         if let Some(id) = &attempt.gateway_payment_id {
             // A read of a payment the gateway named refused (a 404 after the account
             // or URL changed, say) says nothing of whether money moved: unknown, not
             // failed.
-            return Some(match payments.gateway.retrieve_payment_intent(id).await {
+            return match payments.gateway.retrieve_payment_intent(id).await {
                 CallOutcome::Refused { reason, .. } | CallOutcome::Declined { reason, .. } => {
                     CallOutcome::Unknown(format!(
                         "the gateway refused to read payment '{id}': {reason}"
                     ))
                 }
                 answered => answered,
-            });
+            };
         }
         if !key_still_kept(attempt, self.now()) {
-            tracing::error!(
+            return self.find_by_metadata(payments, attempt).await;
+        }
+        self.create_and_note(payments, attempt).await
+    }
+
+    /// An attempt past its key's lifetime whose payment's id stockd never heard: the
+    /// gateway's search for the intent whose metadata names the attempt and its order,
+    /// with its amount and currency. Found, it is taken as the attempt's payment (a
+    /// weaker proof than the key's replay: anyone able to create intents on the
+    /// account could write that metadata) and its id is recorded. Not found once the
+    /// last create is older than the search's delay
+    /// ([`GATEWAY_SEARCH_DELAY_MILLISECONDS_MAX`]), no payment was made: the attempt
+    /// fails, and the order may be paid again or expire. A search the gateway refuses
+    /// or does not answer, or one too early, says nothing: unknown.
+    async fn find_by_metadata(
+        &self,
+        payments: &Payments,
+        attempt: &AttemptToCall,
+    ) -> CallOutcome<PaymentIntent> {
+        let found = payments
+            .gateway
+            .search_payment_intents_by_metadata("attempt_id", attempt.attempt_id.as_str())
+            .await;
+        let intents = match found {
+            CallOutcome::Answered(result) => result.data,
+            CallOutcome::Unknown(reason)
+            | CallOutcome::Refused { reason, .. }
+            | CallOutcome::Declined { reason, .. } => {
+                return CallOutcome::Unknown(format!(
+                    "the payment is unknown past the gateway's key lifetime and the gateway's search did not answer: {reason}"
+                ));
+            }
+        };
+        let mut matching = intents.into_iter().filter(|intent| {
+            intent.amount == attempt.amount_minor
+                && intent.currency.eq_ignore_ascii_case(&attempt.currency)
+                && intent.metadata.get("order_id").map(String::as_str)
+                    == Some(attempt.order_id.as_str())
+        });
+        let Some(first) = matching.next() else {
+            let age = self.now().unix_milliseconds() - attempt.created_at.unix_milliseconds();
+            if age < GATEWAY_KEY_LIFETIME_MILLISECONDS + GATEWAY_SEARCH_DELAY_MILLISECONDS_MAX {
+                // A create sent just before the key's lifetime ended may not be in
+                // the search's index yet.
+                return CallOutcome::Unknown(
+                    "the gateway's search does not show this attempt's payment yet".to_owned(),
+                );
+            }
+            tracing::warn!(
                 attempt = %attempt.attempt_id,
                 order = %attempt.order_id,
-                "payment unknown past the gateway's key lifetime: sending its create again could charge twice; look the payment up at the gateway (metadata attempt_id) and settle the order by hand"
+                "no payment of this attempt at the gateway a day after its create: none was made; the attempt fails"
             );
-            return None;
-        }
-        Some(self.create_and_note(payments, attempt).await)
+            return CallOutcome::Refused {
+                status: 404,
+                code: None,
+                reason: "no payment of this attempt exists at the gateway a day after its create"
+                    .to_owned(),
+            };
+        };
+        // One key makes one intent; should there be more, a success is the one that
+        // moved money.
+        let intent = std::iter::once(first)
+            .chain(matching)
+            .max_by_key(|intent| intent.status == PaymentIntentStatus::Succeeded)
+            .expect("at least the first");
+        let call = CallOutcome::Answered(intent);
+        self.note_payment_id(attempt, &call).await;
+        call
     }
 
     /// Sends the attempt's create under its key, and records the payment's id when
@@ -1200,6 +1259,12 @@ impl Engine {
 /// keeps keys (Stripe: at least 24 hours; past it, a create under the key runs as a
 /// new payment).
 pub const GATEWAY_KEY_LIFETIME_MILLISECONDS: i64 = 23 * 3600 * 1000;
+
+/// How long after its last create an attempt's payment may still be missing from the
+/// gateway's search: Stripe indexes within about a minute, later during an incident.
+/// A search finding nothing proves no payment only once the last create (sent at most
+/// [`GATEWAY_KEY_LIFETIME_MILLISECONDS`] after the attempt began) is this old.
+pub const GATEWAY_SEARCH_DELAY_MILLISECONDS_MAX: i64 = 3600 * 1000;
 
 /// Whether the gateway still holds the attempt's key, so a create sent again under it
 /// is answered from the first one.

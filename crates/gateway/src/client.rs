@@ -5,7 +5,10 @@
 use std::sync::Once;
 use std::time::Duration;
 
-use crate::protocol::{CreatePaymentIntent, ErrorBody, PaymentIntent, Refund, form_encode};
+use crate::protocol::{
+    CreatePaymentIntent, ErrorBody, PaymentIntent, Refund, SearchResult, form_encode,
+    metadata_query,
+};
 
 /// Largest gateway answer read. A PaymentIntent or an error is a few kilobytes; a
 /// larger body (a misconfigured URL serving a file, a broken proxy) is not an answer,
@@ -211,6 +214,19 @@ impl GatewayClient {
 
     pub async fn retrieve_payment_intent(&self, id: &str) -> CallOutcome<PaymentIntent> {
         self.retrieve(&format!("/v1/payment_intents/{id}")).await
+    }
+
+    /// The payment intents whose metadata `key` is `value`, by the gateway's search
+    /// (Stripe's index follows a create within about a minute). One page: stockd asks
+    /// about one attempt's intent, of which there is one at most.
+    pub async fn search_payment_intents_by_metadata(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> CallOutcome<SearchResult<PaymentIntent>> {
+        let query = form_encode(&[("query".to_owned(), metadata_query(key, value))]);
+        self.retrieve(&format!("/v1/payment_intents/search?{query}"))
+            .await
     }
 
     /// Reads a refund as it is now: one answered `pending` is asked about this way

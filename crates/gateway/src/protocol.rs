@@ -96,6 +96,20 @@ pub struct EventData {
     pub object: serde_json::Value,
 }
 
+/// A page of `GET /v1/payment_intents/search`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchResult<Object> {
+    pub data: Vec<Object>,
+    #[serde(default)]
+    pub has_more: bool,
+}
+
+/// Stripe's search query for the objects whose metadata `key` is `value` (neither may
+/// hold a quote: stockd's keys and ids do not).
+pub fn metadata_query(key: &str, value: &str) -> String {
+    format!("metadata['{key}']:'{value}'")
+}
+
 /// `POST /v1/payment_intents` with `confirm=true`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreatePaymentIntent {

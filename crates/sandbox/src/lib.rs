@@ -250,6 +250,14 @@ fn broken_response() -> Response {
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// `metadata['key']:'value'` as (key, value).
+fn metadata_query_parts(query: &str) -> Option<(&str, &str)> {
+    let rest = query.trim().strip_prefix("metadata['")?;
+    let (key, rest) = rest.split_once("']:'")?;
+    let value = rest.strip_suffix('\'')?;
+    Some((key, value))
+}
+
 fn parse_form(body: &[u8]) -> BTreeMap<String, String> {
     fn decode(text: &str) -> String {
         let bytes = text.as_bytes();
@@ -778,6 +786,33 @@ impl Sandbox {
         }
     }
 
+    /// `GET /v1/payment_intents/search?query=metadata['key']:'value'`: the one form of
+    /// Stripe's search query stockd sends; any other is refused with 400.
+    fn search_payment_intents(&self, query: Option<&str>) -> Response {
+        let Some((key, value)) = query.and_then(metadata_query_parts) else {
+            let (status, body) = error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "the sandbox searches by one metadata field: query=metadata['key']:'value'",
+                None,
+            );
+            return json_response(status, body);
+        };
+        let data: Vec<PaymentIntent> = lock(&self.books)
+            .intents
+            .values()
+            .filter(|intent| intent.metadata.get(key).map(String::as_str) == Some(value))
+            .cloned()
+            .collect();
+        let body = serde_json::json!({
+            "object": "search_result",
+            "url": "/v1/payment_intents/search",
+            "has_more": false,
+            "data": data,
+        });
+        json_response(200, body.to_string())
+    }
+
     /// `POST /_sandbox/payment_intents/{id}/force_success`: charges an intent whatever
     /// its state and sends the `succeeded` webhook — a gateway completing a payment
     /// after it confirmed the cancellation (a confirmation racing the cancel). Real
@@ -827,6 +862,20 @@ impl Sandbox {
                 post(
                     |State(sandbox): State<Sandbox>, headers: HeaderMap, body: Bytes| async move {
                         sandbox.create_payment_intent(&headers, &body).await
+                    },
+                ),
+            )
+            .route(
+                "/v1/payment_intents/search",
+                get(
+                    |State(sandbox): State<Sandbox>,
+                     headers: HeaderMap,
+                     Query(parameters): Query<HashMap<String, String>>| async move {
+                        match sandbox.unauthorized(&headers) {
+                            Some(refusal) => refusal,
+                            None => sandbox
+                                .search_payment_intents(parameters.get("query").map(String::as_str)),
+                        }
                     },
                 ),
             )
@@ -955,6 +1004,13 @@ impl Sandbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metadata_query_stockd_sends_is_the_one_the_sandbox_reads() {
+        let query = gateway::protocol::metadata_query("attempt_id", "pay_1");
+        assert_eq!(metadata_query_parts(&query), Some(("attempt_id", "pay_1")));
+        assert_eq!(metadata_query_parts("status:'succeeded'"), None);
+    }
 
     #[test]
     fn forms_decode_brackets_pluses_and_percent_escapes() {

@@ -318,10 +318,12 @@ macro_rules! some_orders_with_their_holds {
 }
 
 /// The orders changed at or after a position (`updated_at` `$1`, then ids after `$2`
-/// at that instant), in that order, at most `$3`: a page of the live auditor's window.
+/// at that instant) and before `$4`, in that order, at most `$3`: a page of the live
+/// auditor's window.
 pub const ORDERS_CHANGED_FROM: &str = some_orders_with_their_holds!(
     "WHERE customer_order.updated_at >= $1 \
      AND (customer_order.updated_at > $1 OR customer_order.id > $2) \
+     AND customer_order.updated_at < $4 \
      ORDER BY customer_order.updated_at, customer_order.id LIMIT $3"
 );
 
@@ -355,11 +357,13 @@ pub(crate) async fn audit_orders<C: Dialect>(
     Ok(checked.checked)
 }
 
-/// A page of the orders changed from `(since, after)` on (see [`ORDERS_CHANGED_FROM`]),
-/// at most `limit`, leaving out those in `skip` (checked already).
+/// A page of the orders changed from `(since, after)` on and before `until` (see
+/// [`ORDERS_CHANGED_FROM`]), at most `limit`, leaving out those in `skip` (checked
+/// already).
 pub(crate) async fn audit_orders_changed_from<C: Dialect>(
     transaction: &mut C,
     (since, after): (Timestamp, &str),
+    until: Option<Timestamp>,
     limit: i64,
     skip: &std::collections::HashSet<String>,
     findings: &mut Findings,
@@ -367,7 +371,8 @@ pub(crate) async fn audit_orders_changed_from<C: Dialect>(
     let query = statement(ORDERS_CHANGED_FROM)
         .bind(since.unix_milliseconds())
         .bind(after)
-        .bind(limit);
+        .bind(limit)
+        .bind(until.map_or(i64::MAX, Timestamp::unix_milliseconds));
     check_orders(transaction, query, skip, findings).await
 }
 

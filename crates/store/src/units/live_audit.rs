@@ -79,17 +79,24 @@ type SumsOfRow = (String, String, i64, i64);
 /// them up, and how far the running sums were from that).
 type Recounted = (String, String, i64, i64, i64, i64);
 
-/// Which orders a live round checks: a page of those changed from a position on, and
-/// by id those an earlier round found differing. Every round's cost is bounded by the
-/// page, however long the history, the outage or a difference lasts.
+/// Which orders a live round checks: the recent changes whole (a commit may still come
+/// in under an `updated_at` of the settle age before), a page of the older ones from a
+/// position on, and by id those an earlier round found differing. Every round's cost
+/// is bounded, however long the history, the outage or a difference lasts, and the
+/// recent changes are checked every round even while the history is walked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrdersWindow {
-    /// The page starts at the orders changed at `since` with an id after `after`
-    /// (empty: all of them), then those changed later.
+    /// The page of older changes starts at the orders changed at `since` with an id
+    /// after `after` (empty: all of them), then those changed later, up to
+    /// `recent_from`.
     pub since: Timestamp,
     pub after: String,
     /// At most this many orders in the page.
     pub limit: i64,
+    /// Changes at or after this instant are recent, read whole (up to
+    /// `recent_limit`) every round.
+    pub recent_from: Timestamp,
+    pub recent_limit: i64,
     /// Orders found differing before: checked again, in or out of the page, so a
     /// difference stays counted until it is gone while the window moves on.
     pub recheck: Vec<String>,
@@ -104,8 +111,9 @@ pub struct LiveAuditRound {
     pub ledger_rows_read: i64,
     pub stock_rows_checked: i64,
     pub orders_checked: i64,
-    /// The last order of a full page, as (`updated_at`, id): more orders follow it, and
-    /// the next round's page starts after it. `None`: the page held all there were.
+    /// The last order of a full page of older changes, as (`updated_at`, id): more
+    /// follow it, and the next round's page starts after it. `None`: the page held all
+    /// there were up to the recent ones.
     pub orders_page_ended_at: Option<(Timestamp, String)>,
     /// The orders found differing (the rechecked ones still differing among them).
     pub differing_orders: Vec<String>,
@@ -197,15 +205,32 @@ impl<B: Backend> Units<B> {
         let mut order_findings = Findings::default();
         let rechecked =
             audit_orders_by_id(&mut *transaction, &orders.recheck, &mut order_findings).await?;
+        let skip = orders.recheck.iter().cloned().collect();
         let page = audit_orders_changed_from(
             &mut *transaction,
             (orders.since, orders.after.as_str()),
+            Some(orders.recent_from),
             orders.limit,
-            &orders.recheck.iter().cloned().collect(),
+            &skip,
             &mut order_findings,
         )
         .await?;
-        let orders_checked = rechecked.checked + page.checked;
+        let recent = audit_orders_changed_from(
+            &mut *transaction,
+            (orders.recent_from, ""),
+            None,
+            orders.recent_limit,
+            &skip,
+            &mut order_findings,
+        )
+        .await?;
+        if recent.read >= orders.recent_limit {
+            tracing::warn!(
+                limit = orders.recent_limit,
+                "the live audit read only the first orders of the recent changes; the rest are checked once they are older"
+            );
+        }
+        let orders_checked = rechecked.checked + page.checked + recent.checked;
         let orders_page_ended_at = if page.read >= orders.limit {
             page.last
         } else {
@@ -213,6 +238,7 @@ impl<B: Backend> Units<B> {
         };
         let mut differing_orders = rechecked.differing;
         differing_orders.extend(page.differing);
+        differing_orders.extend(recent.differing);
         let settled: Vec<SumsOfRow> = statement(
             "SELECT sku, warehouse, CAST(SUM(available_delta) AS BIGINT), CAST(SUM(reserved_delta) AS BIGINT) \
              FROM stock_ledger WHERE id > $1 AND id <= $2 GROUP BY sku, warehouse ORDER BY sku, warehouse",
