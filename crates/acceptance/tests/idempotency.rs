@@ -9,6 +9,7 @@ mirrored_tests!(
     the_same_key_with_a_different_body_is_refused_and_changes_nothing,
     the_same_key_on_another_endpoint_is_refused,
     a_reformatted_body_with_the_same_content_is_a_retry,
+    a_body_left_out_and_an_empty_object_are_the_same_request,
     a_key_still_in_flight_answers_request_in_progress_and_changes_nothing,
     a_retry_that_waits_for_its_original_gets_the_original_answer,
     a_second_instance_replays_what_the_first_stored,
@@ -359,4 +360,33 @@ async fn the_purge_reads_a_batch_of_old_records_without_sorting_every_old_one(ba
             assert!(!plan.contains("TEMP B-TREE"), "{plan}");
         }
     }
+}
+
+/// Found in review: an optional body may be left out or sent as `{}` (README), but the
+/// two had different fingerprints, so a retry whose client sent the other form was
+/// refused 422 `idempotency_key_reused` instead of hearing its first answer.
+async fn a_body_left_out_and_an_empty_object_are_the_same_request(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let reserved = app.reserve("hold-tea", &[("TEA", 2)]).await;
+    assert_eq!(reserved.status, 201, "{reserved:?}");
+    let id = reserved.json()["reservation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let first = app.release(&id, "release-tea").await;
+    let retried = app
+        .send(
+            Call::post(format!("/v1/reservations/{id}/release"))
+                .key("release-tea")
+                .json(&serde_json::json!({})),
+        )
+        .await;
+
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(retried.status, 200, "{retried:?}");
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, first.body);
+    assert_eq!(app.counters("TEA").await, (5, 0));
 }

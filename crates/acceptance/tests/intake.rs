@@ -367,6 +367,18 @@ async fn two_shops_commands_with_the_same_key_are_two_requests(backend: Backend)
         "{:?}",
         answers(&nats).await
     );
+    // Found in review: the two answers share the subject and the key; each now says
+    // its shop, so a sender can tell its own from another shop's.
+    let mut shops: Vec<Option<String>> = answers(&nats)
+        .await
+        .iter()
+        .map(|answer| answer.headers.get("Stockd-Shop").cloned())
+        .collect();
+    shops.sort();
+    assert_eq!(
+        shops,
+        [Some("default".to_owned()), Some("north".to_owned())]
+    );
     assert_eq!(app.counters("HOT").await, (9, 1));
     let north = app
         .send(acceptance::Call::get("/v1/skus/NORTH-HOT").admin())

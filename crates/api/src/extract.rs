@@ -155,7 +155,13 @@ async fn parse_json_body<T: DeserializeOwned>(
         })?,
     };
     // serde_json's map is ordered by key, so this is a canonical form of the document.
-    let canonical_text = serde_json::to_string(&canonical).unwrap_or_default();
+    // `{}` is the empty body's fingerprint: an optional body may be left out or sent
+    // as `{}`, and a retry that sends the other must replay, not be refused.
+    let canonical_text = if canonical.as_object().is_some_and(serde_json::Map::is_empty) {
+        String::new()
+    } else {
+        serde_json::to_string(&canonical).unwrap_or_default()
+    };
     Ok((Some(value), fingerprint(&method, &path, &canonical_text)))
 }
 

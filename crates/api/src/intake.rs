@@ -147,7 +147,13 @@ impl ReserveIntake {
 
     async fn handle(&self, state: &AppState, command: &Command) -> Result<Handled, BusError> {
         let key = command.header("Idempotency-Key").map(str::to_owned);
-        let outcome = match parse_command(command.body(), key.as_deref()) {
+        let parsed = parse_command(command.body(), key.as_deref());
+        let shop = parsed
+            .as_ref()
+            .ok()
+            .and_then(|parsed| parsed.principal.shop().cloned());
+        let shop = shop.as_ref().map(ShopCode::as_str);
+        let outcome = match parsed {
             Ok(parsed) => {
                 // Queued commands never take a ticket: they wait their turn.
                 crate::routes::reserve(
@@ -174,8 +180,14 @@ impl ReserveIntake {
                 let poison = error.code == ErrorCode::InvalidArgument;
                 let body = problem_body_with_status(error.code, error.status, &error.detail);
                 if poison {
-                    self.answer(command, key.as_deref(), error.status.as_u16(), body, false)
-                        .await?;
+                    self.answer(
+                        command,
+                        (key.as_deref(), shop),
+                        error.status.as_u16(),
+                        body,
+                        false,
+                    )
+                    .await?;
                     metrics::counter!("stockd_intake_commands_total", "outcome" => "poison")
                         .increment(1);
                     return Ok(Handled::Poison);
@@ -183,7 +195,7 @@ impl ReserveIntake {
                 (error.status.as_u16(), body, false)
             }
         };
-        self.answer(command, key.as_deref(), status, body, replayed)
+        self.answer(command, (key.as_deref(), shop), status, body, replayed)
             .await?;
         let outcome = if replayed { "replayed" } else { "answered" };
         metrics::counter!("stockd_intake_commands_total", "outcome" => outcome).increment(1);
@@ -195,7 +207,7 @@ impl ReserveIntake {
     async fn answer(
         &self,
         command: &Command,
-        key: Option<&str>,
+        (key, shop): (Option<&str>, Option<&str>),
         status: u16,
         body: String,
         replayed: bool,
@@ -203,6 +215,7 @@ impl ReserveIntake {
         self.bus
             .publish_answer(&Answer {
                 idempotency_key: key,
+                shop,
                 status,
                 replayed,
                 command_sequence: command.stream_sequence(),

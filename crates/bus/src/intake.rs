@@ -100,6 +100,9 @@ impl Command {
 #[derive(Debug, Clone)]
 pub struct Answer<'a> {
     pub idempotency_key: Option<&'a str>,
+    /// The shop the command named (`None` for one that could not be read): shops share
+    /// the answers' subject, and two of them may use the same key.
+    pub shop: Option<&'a str>,
     /// The HTTP status the same request would have had.
     pub status: u16,
     pub replayed: bool,
@@ -147,6 +150,9 @@ impl Bus {
         let mut headers = async_nats::HeaderMap::new();
         if let Some(key) = answer.idempotency_key {
             headers.insert("Idempotency-Key", key);
+        }
+        if let Some(shop) = answer.shop {
+            headers.insert("Stockd-Shop", shop);
         }
         headers.insert("Stockd-Status", answer.status.to_string().as_str());
         headers.insert(
