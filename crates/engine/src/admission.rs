@@ -21,7 +21,7 @@ use std::future::Future;
 use domain::{CampaignId, CampaignPhase, ErrorCode, Principal, TicketId, Timestamp, UserId};
 use tokio::sync::oneshot;
 
-use crate::campaigns::{CampaignRoute, Routed};
+use crate::campaigns::{CampaignRoute, Routed, SoldOutVerdict};
 use crate::{Engine, EngineError, Reply};
 
 /// Why a request got no place.
@@ -518,6 +518,10 @@ impl Engine {
         let recheck = self.inner.config.sold_out_recheck_milliseconds;
         if route.known_sold_out(quantity, now, recheck)
             && let Some(verdict) = self.sold_out_verdict(claim, routed).await
+            // The key probe may have waited: a finding that expired or was cleared
+            // meanwhile lets the buckets be walked, which takes a place like any walk.
+            && (verdict == SoldOutVerdict::Replay
+                || route.known_sold_out(quantity, self.now(), recheck))
         {
             // No place for a request the buckets cannot serve: `decide` answers it from
             // memory (or replays the key's first answer) without the database, or,
@@ -632,9 +636,28 @@ impl Engine {
         self.inner.ticket_tasks.spawn(async move {
             let turn = place.turn().await;
             drop(waiting);
-            let answer = engine
-                .decide_at_turn(turn, operation, &claim, &routed, named_campaign, decide)
-                .await;
+            // A ticket is answered exactly once, a panic included: unanswered, it
+            // would say WAITING for ever and never leave the tickets' memory. What the
+            // request committed stays under its key, for a retry to hear.
+            let deciding = engine.decide_at_turn(
+                turn,
+                operation,
+                &claim,
+                &routed,
+                named_campaign,
+                decide,
+            );
+            let answer = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+                deciding,
+            ))
+            .await
+            .unwrap_or_else(|_| {
+                tracing::error!(ticket = %id, "a ticket's request panicked");
+                Err(EngineError::Internal(
+                    "the request failed unexpectedly; a retry with its Idempotency-Key hears what it did"
+                        .to_owned(),
+                ))
+            });
             let config = &engine.inner.config;
             engine.inner.campaigns.tickets.answer(
                 &id,

@@ -917,6 +917,17 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     }
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone());
+    // When the signal came: the grace is counted from it, for the connections, the
+    // tickets' requests and the workers alike.
+    let signalled_at = Arc::new(std::sync::OnceLock::new());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        let signalled_at = Arc::clone(&signalled_at);
+        async move {
+            shutdown.cancelled().await;
+            let _ = signalled_at.set(tokio::time::Instant::now());
+        }
+    });
     // The last line printed at start-up: scripts wait for it.
     println!(
         "stockd: listening on http://{address} ({} database; {payments}); console at \
@@ -968,10 +979,19 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     )
     .await
     .map_err(|error| format!("server failed: {error}"))?;
-    // The tickets' requests and the workers' last steps share one grace, after the
-    // connections' own.
-    let after_connections = tokio::time::Instant::now() + grace;
-    if !engine.finish_tickets(grace).await {
+    // The tickets' requests and the workers' last steps end within the same grace as
+    // the connections, counted from the signal: an orchestrator's kill timeout set to
+    // the grace (plus a margin) is then enough.
+    let deadline = signalled_at
+        .get()
+        .copied()
+        .unwrap_or_else(tokio::time::Instant::now)
+        + grace;
+    let after_connections = deadline;
+    if !engine
+        .finish_tickets(deadline.saturating_duration_since(tokio::time::Instant::now()))
+        .await
+    {
         tracing::warn!("requests of tickets handed out did not run within the grace period");
     }
     workers.close();
