@@ -59,6 +59,7 @@ mirrored_tests!(
     a_key_whose_record_was_purged_is_not_replayed_from_memory,
     a_shutdown_lets_the_requests_of_tickets_handed_out_run_in_their_turn,
     a_tickets_answer_carries_the_position_of_its_write_and_the_202_none,
+    a_tickets_position_counts_only_the_places_still_waiting_ahead,
     the_product_view_shows_what_a_reservation_could_take_around_a_campaign,
 );
 
@@ -837,6 +838,35 @@ async fn beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_cha
         served.status, 201,
         "the same key goes through once there is room: {served:?}"
     );
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a ticket's position was its number less the last served, so the
+/// places given up ahead of it (callers that timed out) still counted until the next
+/// turn was handed over.
+async fn a_tickets_position_counts_only_the_places_still_waiting_ahead(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("QUEUED", 10).await;
+    running_campaign(&app, "QUEUED", 2, 1, None).await;
+    let (room, held) = hold_the_line(&app, "QUEUED").await;
+    let first = room.enter(None).expect("a place");
+    let second = room.enter(None).expect("a place");
+    let ticket = app
+        .send(waiting_reserve_call("t-dora", "QUEUED", "dora"))
+        .await;
+    assert_eq!(ticket.status, 202, "{ticket:?}");
+    assert_eq!(ticket.json()["position"], 2, "{ticket:?}");
+    let poll = ticket.json()["poll"].as_str().unwrap().to_owned();
+
+    drop(first);
+    let after_one_gave_up = app.send(Call::get(&poll)).await.json();
+    drop(second);
+    let after_both_gave_up = app.send(Call::get(&poll)).await.json();
+
+    assert_eq!(after_one_gave_up["position"], 1, "{after_one_gave_up}");
+    assert_eq!(after_both_gave_up["position"], 0, "{after_both_gave_up}");
+    drop(held);
+    assert_eq!(answered_ticket(&app, &poll).await["answer"]["status"], 201);
     app.assert_audit_clean().await;
 }
 

@@ -49,8 +49,6 @@ struct RoomState {
     line: VecDeque<(u64, oneshot::Sender<()>)>,
     /// Numbers handed out so far; a place's number is its position in arrival order.
     issued: u64,
-    /// The number of the last place whose turn came.
-    served: u64,
     /// Shoppers holding a place (waiting or running).
     shoppers: HashSet<UserId>,
 }
@@ -117,7 +115,6 @@ impl WaitingRoom {
             Some((number, receiver)) => (number, Some(receiver)),
             None => {
                 state.issued += 1;
-                state.served = state.issued;
                 (state.issued, None)
             }
         };
@@ -135,12 +132,18 @@ impl WaitingRoom {
         lock(&self.state).line.len()
     }
 
+    /// Places still waiting ahead of place `number` (those given up have left the line).
+    fn places_ahead(&self, number: u64) -> u64 {
+        let state = lock(&self.state);
+        u64::try_from(state.line.partition_point(|(waiting, _)| *waiting < number))
+            .unwrap_or(u64::MAX)
+    }
+
     /// Hands a finished request's slot to the first place still waiting, or frees it.
     fn pass_turn(&self) {
         let mut state = lock(&self.state);
-        while let Some((number, sender)) = state.line.pop_front() {
+        while let Some((_, sender)) = state.line.pop_front() {
             if sender.send(()).is_ok() {
-                state.served = number;
                 return;
             }
         }
@@ -160,8 +163,7 @@ impl Place {
         if self.turn.is_none() {
             return 0;
         }
-        let served = lock(&self.room.state).served;
-        self.number.saturating_sub(served + 1)
+        self.room.places_ahead(self.number)
     }
 
     /// Whether the request may run at once.
@@ -401,12 +403,9 @@ impl Tickets {
             .filter(|entry| entry.owner == *principal)?;
         let ticket_state = match &entry.answer {
             Some((reply, _)) => TicketState::Answered(reply.clone()),
-            None => {
-                let served = lock(&entry.room.state).served;
-                TicketState::Waiting {
-                    position: entry.number.saturating_sub(served + 1),
-                }
-            }
+            None => TicketState::Waiting {
+                position: entry.room.places_ahead(entry.number),
+            },
         };
         Some(TicketView {
             id: id.clone(),
