@@ -189,7 +189,7 @@ impl CampaignRoute {
         self.sold_out_detail
             .get_or_init(|| {
                 format!(
-                    "campaign '{}' is sold out (this instance found every bucket empty within the last {recheck_milliseconds} ms; not recorded under the key)",
+                    "campaign '{}' is sold out for this request: this instance found every bucket short of it within the last {recheck_milliseconds} ms (a request takes its units from one bucket); not recorded under the key",
                     self.id
                 )
             })
