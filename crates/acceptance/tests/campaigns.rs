@@ -1231,11 +1231,13 @@ async fn the_end_step_counts_a_hold_committed_while_it_waited_for_the_buckets(ba
     );
 }
 
-async fn goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered(
+/// One KETTLE sold and paid in a campaign (3 units, 2 buckets) that then ended and
+/// closed: the app, its gateway (kept serving), the campaign's id and the order.
+async fn a_kettle_sold_in_a_closed_campaign(
     backend: Backend,
-) {
+) -> (TestApp, acceptance::payments::TestGateway, String, String) {
     let app = TestApp::spawn(backend).await;
-    let _gateway = acceptance::payments::TestGateway::start(&app).await;
+    let gateway = acceptance::payments::TestGateway::start(&app).await;
     app.stocked_sku("KETTLE", 10).await;
     let id = running_campaign(&app, "KETTLE", 3, 2, Some(1)).await;
     let order = app.order_of("ann", &[("KETTLE", 1)]).await;
@@ -1245,6 +1247,13 @@ async fn goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgere
     app.wait_for_webhook_events(events + 1).await;
     app.clock.advance_seconds(HOUR_SECONDS);
     assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    (app, gateway, id, order)
+}
+
+async fn goods_returned_after_a_campaign_closed_go_back_to_regular_stock_ledgered(
+    backend: Backend,
+) {
+    let (app, _gateway, id, order) = a_kettle_sold_in_a_closed_campaign(backend).await;
     assert_eq!(
         app.counters("KETTLE").await.0,
         9,
@@ -1288,17 +1297,7 @@ async fn a_return_into_a_closed_campaigns_bucket_takes_the_source_row_before_the
         // One writer at a time: no row locks to take in an order.
         return;
     }
-    let app = TestApp::spawn(backend).await;
-    let _gateway = acceptance::payments::TestGateway::start(&app).await;
-    app.stocked_sku("KETTLE", 10).await;
-    running_campaign(&app, "KETTLE", 3, 2, Some(1)).await;
-    let order = app.order_of("ann", &[("KETTLE", 1)]).await;
-    let events = app.webhook_events().await;
-    let paid = app.pay(&order, "pay-kettle", "pm_card_visa").await;
-    assert_eq!(paid.status, 200, "{paid:?}");
-    app.wait_for_webhook_events(events + 1).await;
-    app.clock.advance_seconds(HOUR_SECONDS);
-    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    let (app, _gateway, _, order) = a_kettle_sold_in_a_closed_campaign(backend).await;
     // A receive into the source row, between its row and the SKU's event counter.
     let mut receive = app.database.raw_connection().await;
     receive.execute("BEGIN").await.unwrap();

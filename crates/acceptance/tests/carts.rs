@@ -48,6 +48,20 @@ async fn shop_with_stock(app: &TestApp) -> TestApp {
     app.as_service_of("north").await
 }
 
+/// A SKU created on its own by `PUT /v1/skus` (`body`), with 5 units.
+async fn standalone_sku_with_stock(app: &TestApp, sku: &str, body: &serde_json::Value) {
+    let created = app
+        .send(
+            Call::put(format!("/v1/skus/{sku}"))
+                .admin()
+                .key(sku)
+                .json(body),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    app.receive(sku, 5).await;
+}
+
 /// Takes C-OFF off the shelf: put in a cart while on sale, it stays there with its
 /// problem shown.
 async fn take_c_off_off_the_shelf(app: &TestApp) {
@@ -668,16 +682,7 @@ async fn a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_check
             json!({"title": "Free", "shop": "north", "price": 0, "currency": "CNY"}),
         ),
     ] {
-        let created = app
-            .send(
-                Call::put(format!("/v1/skus/{sku}"))
-                    .admin()
-                    .key(sku)
-                    .json(&body),
-            )
-            .await;
-        assert_eq!(created.status, 201, "{created:?}");
-        app.receive(sku, 5).await;
+        standalone_sku_with_stock(&app, sku, &body).await;
     }
     for sku in ["C-PLENTY", "C-GIFT", "C-FREE"] {
         assert_eq!(put_item(&north, "dora", sku, 1).await.status, 200);
@@ -752,16 +757,7 @@ async fn lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skip
             json!({"title": "Imported", "shop": "north", "price": 100, "currency": "USD"}),
         ),
     ] {
-        let created = app
-            .send(
-                Call::put(format!("/v1/skus/{sku}"))
-                    .admin()
-                    .key(sku)
-                    .json(&body),
-            )
-            .await;
-        assert_eq!(created.status, 201, "{created:?}");
-        app.receive(sku, 5).await;
+        standalone_sku_with_stock(&app, sku, &body).await;
     }
     let earlier = north
         .send(

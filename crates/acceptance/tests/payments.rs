@@ -850,16 +850,11 @@ async fn a_process_killed_while_waiting_for_the_gateway_is_recovered_by_reconcil
     assert_eq!(gateway.charges_for(&order), 1);
 }
 
-async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation_with_its_key(
-    backend: Backend,
-) {
-    let (app, gateway) = shop(backend).await;
-    gateway.sandbox.stop_webhooks();
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    // The attempt is committed, then the process dies before the gateway call.
-    let order_id = domain::OrderId::parse(&order).expect("order id");
+/// A payment attempt of `order` committed (the order `PAYMENT_PROCESSING`), after
+/// which the process died before calling the gateway: nothing was sent.
+async fn attempt_begun_before_a_crash(app: &TestApp, order: &str) {
+    let order_id = domain::OrderId::parse(order).expect("order id");
     let now = app.clock_now();
-    let attempt = domain::PaymentAttemptId::generate(now, 7);
     let claim = store::IdempotencyClaim {
         key: store::ScopedKey::new(
             &domain::Principal::Admin,
@@ -872,7 +867,7 @@ async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation
         .begin_payment(
             &claim,
             &order_id,
-            &attempt,
+            &domain::PaymentAttemptId::generate(now, 7),
             "pm_card_visa",
             now.plus_milliseconds(10_000),
             now.plus_seconds(-24 * 3600),
@@ -885,6 +880,15 @@ async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation
         matches!(begun, store::BeginPayment::Started(_)),
         "{begun:?}"
     );
+}
+
+async fn a_payment_that_never_reached_the_gateway_is_completed_by_reconciliation_with_its_key(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    attempt_begun_before_a_crash(&app, &order).await;
     assert_statuses(
         &app,
         &order,
@@ -2642,8 +2646,10 @@ async fn an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold
     app.assert_audit_clean().await;
 }
 
-async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(backend: Backend) {
-    let (app, gateway) = shop(backend).await;
+/// An order whose first pay, waiting for the shopper's check (its answer a 202, so
+/// nothing stored under its key), then failed (the shopper gave up on the check):
+/// the order, that pay's key and its attempt's id.
+async fn a_first_pay_that_failed_unheard(app: &TestApp) -> (String, String, String) {
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
     let first_key = key("pay");
     let first = app
@@ -2654,7 +2660,6 @@ async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(
         .as_str()
         .unwrap()
         .to_owned();
-    // The first attempt fails (the shopper gave up on the card's check)…
     app.store
         .settle_payment(
             &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
@@ -2667,6 +2672,12 @@ async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(
         )
         .await
         .unwrap();
+    (order, first_key, first_attempt)
+}
+
+async fn a_retried_pay_learns_its_own_attempts_end_not_another_requests_payment(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, first_key, first_attempt) = a_first_pay_that_failed_unheard(&app).await;
     // …and another request pays with another card, which waits for its check.
     let second = app
         .pay(&order, &key("pay"), "pm_sandbox_requires_action")
@@ -2848,33 +2859,7 @@ async fn an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired(ba
     let (app, gateway) = shop(backend).await;
     gateway.sandbox.stop_webhooks();
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    let order_id = domain::OrderId::parse(&order).expect("order id");
-    let now = app.clock_now();
-    let claim = store::IdempotencyClaim {
-        key: store::ScopedKey::new(
-            &domain::Principal::Admin,
-            &domain::IdempotencyKey::parse("pay-before-the-crash").expect("key"),
-        ),
-        fingerprint: "pay".to_owned(),
-    };
-    let begun = app
-        .store
-        .begin_payment(
-            &claim,
-            &order_id,
-            &domain::PaymentAttemptId::generate(now, 7),
-            "pm_card_visa",
-            now.plus_milliseconds(10_000),
-            now.plus_seconds(-24 * 3600),
-            now,
-            api::renderer().as_ref(),
-        )
-        .await
-        .expect("begin payment");
-    assert!(
-        matches!(begun, store::BeginPayment::Started(_)),
-        "{begun:?}"
-    );
+    attempt_begun_before_a_crash(&app, &order).await;
     // Just past the time creates are sent again, a payment made by the last of them
     // may not be in the search's index yet: nothing found says nothing then.
     app.clock.advance_seconds(23 * 3600 + 1800);
@@ -2932,28 +2917,7 @@ async fn a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expi
 /// (and that was stored under its key): its client believed the declined card paid.
 async fn a_retried_pay_whose_card_failed_does_not_hear_paid_from_another_card(backend: Backend) {
     let (app, gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    let first_key = key("pay");
-    let first = app
-        .pay(&order, &first_key, "pm_sandbox_requires_action")
-        .await;
-    assert_eq!(first.status, 202, "{first:?}");
-    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    app.store
-        .settle_payment(
-            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
-            &store::GatewayOutcome::Failed {
-                payment_id: None,
-                reason: "authentication failed".to_owned(),
-            },
-            "webhook",
-            engine::Clock::now(&app.clock),
-        )
-        .await
-        .unwrap();
+    let (order, first_key, first_attempt) = a_first_pay_that_failed_unheard(&app).await;
     let second = app.pay(&order, &key("pay"), "pm_card_visa").await;
     assert_eq!(second.status, 200, "{second:?}");
     assert_eq!(second.json()["status"], "PAID");
