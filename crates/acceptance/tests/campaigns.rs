@@ -1299,12 +1299,7 @@ async fn a_return_into_a_closed_campaigns_bucket_takes_the_source_row_before_the
     }
     let (app, _gateway, _, order) = a_kettle_sold_in_a_closed_campaign(backend).await;
     // A receive into the source row, between its row and the SKU's event counter.
-    let mut receive = app.database.raw_connection().await;
-    receive.execute("BEGIN").await.unwrap();
-    receive
-        .execute("SELECT 1 FROM stock WHERE sku = 'KETTLE' AND warehouse = 'default' FOR UPDATE")
-        .await
-        .unwrap();
+    let mut receive = app.database.hold_stock_row_lock("KETTLE").await;
 
     let returning = tokio::spawn({
         let app = app.clone();

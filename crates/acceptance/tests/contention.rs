@@ -65,22 +65,21 @@ async fn a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_
         // roles changed. SQLite has no read-only server.
         return;
     }
-    use sqlx::Connection;
     let mut database = acceptance::TestDatabase::create(backend).await;
     let schema = database.schema.clone().expect("a MySQL test database");
     let account = format!("writer_{}", &schema[schema.len() - 8..]);
-    let mut root = sqlx::MySqlConnection::connect(&acceptance::mysql_url())
-        .await
-        .unwrap();
-    for statement in [
-        format!("CREATE USER '{account}'@'%' IDENTIFIED BY 'writer-password'"),
-        format!("GRANT ALL PRIVILEGES ON {schema}.* TO '{account}'@'%'"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&mut root)
-            .await
-            .unwrap();
-    }
+    // Root's session, opened before the app's URL names the test's account.
+    let mut root = database.raw_connection().await;
+    root.execute(&format!(
+        "CREATE USER '{account}'@'%' IDENTIFIED BY 'writer-password'"
+    ))
+    .await
+    .unwrap();
+    root.execute(&format!(
+        "GRANT ALL PRIVILEGES ON {schema}.* TO '{account}'@'%'"
+    ))
+    .await
+    .unwrap();
     let server = acceptance::mysql_url();
     let address = server.rsplit('@').next().unwrap().trim_end_matches('/');
     database.url = format!("mysql://{account}:writer-password@{address}/{schema}");
@@ -93,20 +92,13 @@ async fn a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_
     app.stocked_sku("DEMOTED", 3).await;
     let before = app.contents_except_idempotency_records().await;
 
-    let set_read_only = |on: bool| {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SET GLOBAL read_only = {}",
-            if on { "ON" } else { "OFF" }
-        )))
-    };
     let _writable_again = WritableAgain;
-    set_read_only(true).execute(&mut root).await.unwrap();
+    root.execute("SET GLOBAL read_only = ON").await.unwrap();
     let refused = app.reserve("while-read-only", &[("DEMOTED", 1)]).await;
     let unchanged = app.contents_except_idempotency_records().await;
-    set_read_only(false).execute(&mut root).await.unwrap();
+    root.execute("SET GLOBAL read_only = OFF").await.unwrap();
     let retried = app.reserve("while-read-only", &[("DEMOTED", 1)]).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP USER '{account}'@'%'")))
-        .execute(&mut root)
+    root.execute(&format!("DROP USER '{account}'@'%'"))
         .await
         .unwrap();
 

@@ -205,6 +205,12 @@ fn error_response(
     coded_error_response(status, kind, None, message, intent)
 }
 
+/// [`error_response`] without an intent, as the response to send.
+fn error_reply(status: StatusCode, kind: &str, message: &str) -> Response {
+    let (status, body) = error_response(status, kind, message, None);
+    json_response(status, body)
+}
+
 /// [`error_response`] with Stripe's machine-readable `code`.
 fn coded_error_response(
     status: StatusCode,
@@ -385,13 +391,11 @@ impl Sandbox {
         if self.authorized(headers) {
             return None;
         }
-        let (status, body) = error_response(
+        Some(error_reply(
             StatusCode::UNAUTHORIZED,
             "authentication_error",
             "bad API key",
-            None,
-        );
-        Some(json_response(status, body))
+        ))
     }
 
     /// Starts a keyed request: `Err` with the answer when the key was used before.
@@ -664,13 +668,11 @@ impl Sandbox {
                 books.refund_failures_left -= 1;
                 books.refunds_failed += 1;
                 drop(books);
-                let (status, body) = error_response(
+                return error_reply(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "api_error",
                     "the refund service is unavailable",
-                    None,
                 );
-                return json_response(status, body);
             }
         }
         let key = headers
@@ -790,13 +792,11 @@ impl Sandbox {
     /// Stripe's search query stockd sends; any other is refused with 400.
     fn search_payment_intents(&self, query: Option<&str>) -> Response {
         let Some((key, value)) = query.and_then(metadata_query_parts) else {
-            let (status, body) = error_response(
+            return error_reply(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "the sandbox searches by one metadata field: query=metadata['key']:'value'",
-                None,
             );
-            return json_response(status, body);
         };
         let data: Vec<PaymentIntent> = lock(&self.books)
             .intents
@@ -891,15 +891,11 @@ impl Sandbox {
                                 200,
                                 serde_json::to_string(intent).unwrap_or_default(),
                             ),
-                            None => {
-                                let (status, body) = error_response(
-                                    StatusCode::NOT_FOUND,
-                                    "invalid_request_error",
-                                    "no such payment intent",
-                                    None,
-                                );
-                                json_response(status, body)
-                            }
+                            None => error_reply(
+                                StatusCode::NOT_FOUND,
+                                "invalid_request_error",
+                                "no such payment intent",
+                            ),
                         }
                     },
                 ),
@@ -932,15 +928,11 @@ impl Sandbox {
                                 200,
                                 serde_json::to_string(refund).unwrap_or_default(),
                             ),
-                            None => {
-                                let (status, body) = error_response(
-                                    StatusCode::NOT_FOUND,
-                                    "invalid_request_error",
-                                    "no such refund",
-                                    None,
-                                );
-                                json_response(status, body)
-                            }
+                            None => error_reply(
+                                StatusCode::NOT_FOUND,
+                                "invalid_request_error",
+                                "no such refund",
+                            ),
                         }
                     },
                 ),
