@@ -2982,6 +2982,10 @@ async fn the_sandbox_refuses_what_stripe_refuses_and_asks_every_caller_for_its_k
         ("GET", format!("/v1/payment_intents/{intent}")),
         ("GET", "/_sandbox/stats".to_owned()),
         (
+            "GET",
+            "/v1/payment_intents/search?query=metadata%5B%27order_id%27%5D%3A%27x%27".to_owned(),
+        ),
+        (
             "POST",
             format!("/_sandbox/payment_intents/{intent}/force_success"),
         ),
