@@ -5,6 +5,7 @@ use acceptance::{Backend, Call, TestApp, mirrored_tests, mirrored_tests_alone};
 
 mirrored_tests_alone!(
     metrics_report_latency_histograms_and_outcomes_by_code,
+    counters_of_rare_events_an_alert_watches_are_shown_at_zero_before_the_first_event,
     the_stores_database_connections_send_small_packets_at_once,
 );
 
@@ -120,6 +121,25 @@ async fn metrics_report_latency_histograms_and_outcomes_by_code(backend: Backend
                 r#"stockd_combiner_batches_total{{path="one_round_trip"}} {one_round_trips}"#
             )),
             "{text}"
+        );
+    }
+}
+
+async fn counters_of_rare_events_an_alert_watches_are_shown_at_zero_before_the_first_event(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+
+    let metrics = app.send(Call::get("/metrics").admin()).await;
+
+    assert_eq!(metrics.status, 200);
+    // Prometheus sees no increase in a series born at 1: the first event would not
+    // alert. Each test runs in a process of its own, where no such event happened.
+    for name in api::metrics::ALERTED_EVENT_COUNTERS {
+        assert!(
+            metrics.body.lines().any(|line| line == format!("{name} 0")),
+            "{name} is shown at 0:\n{}",
+            metrics.body
         );
     }
 }
