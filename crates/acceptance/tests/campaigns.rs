@@ -61,6 +61,7 @@ mirrored_tests!(
     a_tickets_answer_carries_the_position_of_its_write_and_the_202_none,
     a_tickets_position_counts_only_the_places_still_waiting_ahead,
     the_product_view_shows_what_a_reservation_could_take_around_a_campaign,
+    a_shelf_operation_reports_the_availability_the_product_view_shows_around_a_campaign,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2513,4 +2514,69 @@ async fn the_product_view_shows_what_a_reservation_could_take_around_a_campaign(
         "{refused:?}"
     );
     assert_eq!(during, ("on_sale".to_owned(), 10), "the campaign's units");
+}
+
+/// Found in review: a shelf operation's `availability` summed every stock row of the
+/// SKU, a campaign's buckets included, so putting a SKU whose every unit waits in a
+/// campaign not yet started back on sale said `on_sale` while the product view (and
+/// every reservation) said there was nothing. It now says what the view says.
+async fn a_shelf_operation_reports_the_availability_the_product_view_shows_around_a_campaign(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("default", &["SHELVED"]))
+        .await;
+    app.receive("SHELVED", 10).await;
+    let created = create_campaign(
+        &app,
+        "campaign-SHELVED",
+        json!({
+            "sku": "SHELVED",
+            "quantity": 10,
+            "buckets": 2,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let off_and_on = |app: &TestApp| {
+        let app = app.clone();
+        let product = product.clone();
+        async move {
+            let off = app
+                .shelf(None, json!({"operation": "off", "product_ids": [product]}))
+                .await;
+            assert_eq!(off.status, 200, "{off:?}");
+            let on = app
+                .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+                .await;
+            assert_eq!(on.status, 200, "{on:?}");
+            let reported = on.json()["results"][0]["availability"].clone();
+            let view = app
+                .send(Call::get(format!("/v1/products/{product}")).anonymous())
+                .await;
+            assert_eq!(view.status, 200, "{view:?}");
+            (reported, view.json()["skus"][0]["availability"].clone())
+        }
+    };
+
+    let before = off_and_on(&app).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    let during = off_and_on(&app).await;
+
+    assert_eq!(
+        before,
+        (
+            json!("temporarily_out_of_stock"),
+            json!("temporarily_out_of_stock")
+        ),
+        "every unit waits in the campaign"
+    );
+    assert_eq!(
+        during,
+        (json!("on_sale"), json!("on_sale")),
+        "the campaign's units"
+    );
 }

@@ -124,6 +124,32 @@ impl CampaignPhase {
     }
 }
 
+/// The units of a SKU a shopper's reservation could take now, from its stock rows'
+/// `(warehouse, available)`: while a campaign runs on it (`running`: the campaign's
+/// code and source warehouse), its buckets' (a line in the campaign's warehouse draws
+/// from one of them) and the SKU's other warehouses'; otherwise its regular stock, not
+/// the units carved out into a campaign that has not started or whose rest has not
+/// gone back yet. The product view and a shelf operation's `availability` both say it.
+pub fn shopper_available<'level>(
+    levels: impl IntoIterator<Item = (&'level WarehouseCode, i64)>,
+    running: Option<(&CampaignCode, &WarehouseCode)>,
+) -> i64 {
+    levels
+        .into_iter()
+        .filter(|(warehouse, _)| {
+            let bucket = bucket_of(warehouse);
+            match running {
+                Some((code, source)) => match bucket {
+                    Some((of, _)) => of == *code,
+                    None => *warehouse != source,
+                },
+                None => bucket.is_none(),
+            }
+        })
+        .map(|(_, available)| available)
+        .sum()
+}
+
 /// Checks a campaign's numbers: 1..=`quantity_max` units, 1..=[`CAMPAIGN_BUCKETS_MAX`]
 /// buckets (no more than units), a start before the end.
 pub fn check_campaign(

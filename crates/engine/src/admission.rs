@@ -723,30 +723,21 @@ impl Engine {
         self.inner.campaigns.route_of(sku)
     }
 
-    /// The units of `sku` a shopper's reservation could take now, for the product view:
-    /// while a campaign runs on it, its buckets' (a line in the campaign's warehouse
-    /// draws from one of them) and the SKU's other warehouses'; otherwise its regular
-    /// stock, not the units carved out into a campaign that has not started or whose
-    /// rest has not gone back yet.
+    /// The units of `sku` a shopper's reservation could take now, for the product view
+    /// ([`domain::campaign::shopper_available`], by the campaigns this process routes).
     pub fn shopper_available(&self, sku: &domain::Sku) -> i64 {
         let running = self.campaign_route(&sku.code).filter(|route| {
             domain::campaign::CampaignPhase::at(self.now(), route.starts_at, route.ends_at)
                 == domain::campaign::CampaignPhase::Running
         });
-        sku.stock
-            .iter()
-            .filter(|level| {
-                let bucket = domain::campaign::bucket_of(&level.warehouse);
-                match &running {
-                    Some(route) => match bucket {
-                        Some((code, _)) => code == route.code,
-                        None => level.warehouse != route.warehouse,
-                    },
-                    None => bucket.is_none(),
-                }
-            })
-            .map(|level| level.available)
-            .sum()
+        domain::campaign::shopper_available(
+            sku.stock
+                .iter()
+                .map(|level| (&level.warehouse, level.available)),
+            running
+                .as_ref()
+                .map(|route| (&route.code, &route.warehouse)),
+        )
     }
 
     /// The waiting room of the campaign open on `sku` in this process, if any.

@@ -467,6 +467,53 @@ async fn end_campaign<C: Dialect>(
     Ok((closed, returned))
 }
 
+/// The units of `sku` a shopper's reservation could take at `now`
+/// ([`domain::campaign::shopper_available`]), read inside `transaction`: a shelf
+/// operation's result says what its commit leaves shoppers, with the stock rows locked.
+pub(crate) async fn shopper_available<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    now: Timestamp,
+) -> Result<i64, StoreError> {
+    let levels: Vec<(WarehouseCode, i64)> =
+        statement("SELECT warehouse, available FROM stock WHERE sku = $1")
+            .bind(sku.as_str())
+            .fetch_all_rows(&mut *transaction)
+            .await?
+            .iter()
+            .map(|row| {
+                let warehouse: String = row.try_get("warehouse")?;
+                Ok((
+                    parse_stored("warehouse", &warehouse, WarehouseCode::parse)?,
+                    row.try_get("available")?,
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+    let running = statement(
+        "SELECT id, warehouse FROM campaign \
+         WHERE open_sku = $1 AND starts_at <= $2 AND ends_at > $2",
+    )
+    .bind(sku.as_str())
+    .bind(now.unix_milliseconds())
+    .fetch_optional_row(&mut *transaction)
+    .await?
+    .map(|row| {
+        let id: String = row.try_get("id")?;
+        let warehouse: String = row.try_get("warehouse")?;
+        Ok::<_, StoreError>((
+            CampaignCode::of(&parse_stored("campaign id", &id, CampaignId::parse)?),
+            parse_stored("warehouse", &warehouse, WarehouseCode::parse)?,
+        ))
+    })
+    .transpose()?;
+    Ok(domain::campaign::shopper_available(
+        levels
+            .iter()
+            .map(|(warehouse, available)| (warehouse, *available)),
+        running.as_ref().map(|(code, source)| (code, source)),
+    ))
+}
+
 /// The source warehouse of the campaign whose bucket `warehouse` is (`None`: not a
 /// bucket, or of no campaign of this SKU), open or closed: the row a return into the
 /// bucket may pass its units on to.

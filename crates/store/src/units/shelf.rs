@@ -4,6 +4,7 @@
 //! Written once for every backend: generic over `crate::backend::Backend` (or the
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
+use super::campaigns::shopper_available;
 use super::decode::parse_stored;
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::outbox::{NewEvent, Sequence, append_event};
@@ -364,13 +365,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
             }
         );
         let availability = if on_shelf {
-            // The stock rows are locked: this is what the shelf change commits with.
-            let available: i64 = statement(
-                "SELECT CAST(COALESCE(SUM(available), 0) AS BIGINT) FROM stock WHERE sku = $1",
-            )
-            .bind(target.sku.as_str())
-            .fetch_one_scalar(&mut *transaction)
-            .await?;
+            let available = shopper_available(transaction, &target.sku, now).await?;
             Some(domain::Availability::of(SaleStatus::OnShelf, available))
         } else {
             None
