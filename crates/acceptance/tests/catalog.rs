@@ -29,6 +29,7 @@ mirrored_tests!(
     a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
     batch_operations_by_category_change_every_product_of_the_category_in_the_shop,
     a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_changes_nothing,
+    a_category_operation_leaves_its_deleted_skus_out,
     overlapping_batches_on_one_shop_never_interleave,
     the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
     a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
@@ -718,22 +719,9 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
 ) {
     let app = TestApp::spawn(backend).await;
     let product = on_shelf_product(&app, "north", &["BULK-0"]).await;
-    // One more SKU than an operation may change, written straight into the table
-    // (the API caps a product's SKUs far below the shelf limit).
+    // One more SKU than an operation may change.
     let limit = domain::limits::SHELF_TARGETS_MAX;
-    let mut connection = app.database.raw_connection().await;
-    let numbers = format!(
-        "WITH RECURSIVE number (n) AS \
-         (SELECT 1 UNION ALL SELECT n + 1 FROM number WHERE n < {limit})"
-    );
-    let insert = "INSERT INTO sku (code, title, sale_status, created_at, updated_at, product_id)";
-    let rows = format!("SELECT 'BULK-' || n, 'Bulk', 'ON_SHELF', 0, 0, '{product}' FROM number");
-    // MySQL puts the common table expression after the INSERT, the others before it.
-    let statement = match backend {
-        Backend::Mysql => format!("{insert} {numbers} {rows}"),
-        Backend::Sqlite | Backend::Postgres => format!("{numbers} {insert} {rows}"),
-    };
-    connection.execute(&statement).await.unwrap();
+    insert_skus(&app, backend, &product, "BULK", limit, "ON_SHELF").await;
     let before = app.contents_except_idempotency_records().await;
 
     for selector in [
@@ -763,6 +751,63 @@ async fn a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_change
             "{selector}: the refusal stored under its key, nothing else"
         );
     }
+}
+
+/// Writes SKUs `{prefix}-1` to `{prefix}-{count}` of `product`, with `status`,
+/// straight into the table (the API caps a product's SKUs far below the shelf limit).
+async fn insert_skus(
+    app: &TestApp,
+    backend: Backend,
+    product: &str,
+    prefix: &str,
+    count: usize,
+    status: &str,
+) {
+    let mut connection = app.database.raw_connection().await;
+    let numbers = format!(
+        "WITH RECURSIVE number (n) AS \
+         (SELECT 1 UNION ALL SELECT n + 1 FROM number WHERE n < {count})"
+    );
+    let insert = "INSERT INTO sku (code, title, sale_status, created_at, updated_at, product_id)";
+    let rows =
+        format!("SELECT '{prefix}-' || n, 'Bulk', '{status}', 0, 0, '{product}' FROM number");
+    // MySQL puts the common table expression after the INSERT, the others before it.
+    let statement = match backend {
+        Backend::Mysql => format!("{insert} {numbers} {rows}"),
+        Backend::Sqlite | Backend::Postgres => format!("{numbers} {insert} {rows}"),
+    };
+    connection.execute(&statement).await.unwrap();
+}
+
+/// Found in review: a category's or supplier's deleted SKUs, which stay for good,
+/// counted towards the operation's limit and came back as refusals. A category that
+/// once held more than 1,000 SKUs could never be named again, however few were left.
+async fn a_category_operation_leaves_its_deleted_skus_out(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let live = on_shelf_product(&app, "north", &["KEPT-0"]).await;
+    let gone = on_shelf_product(&app, "north", &["GONE-0"]).await;
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "product_ids": [gone]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    // As many deleted SKUs again as an operation may change.
+    let limit = domain::limits::SHELF_TARGETS_MAX;
+    insert_skus(&app, backend, &gone, "GONE", limit, "DELETED").await;
+
+    let response = app
+        .shelf(None, json!({"operation": "off", "category": "dairy"}))
+        .await;
+
+    assert_eq!(response.status, 200, "{response:?}");
+    let results = response.json()["results"].clone();
+    assert_eq!(
+        results.as_array().map(Vec::len),
+        Some(1),
+        "only the live SKU: {results}"
+    );
+    assert_eq!(results[0]["sku"], "KEPT-0", "{results}");
+    assert_eq!(response.json()["changed"], 1);
+    assert_eq!(app.sale_status(&live, "KEPT-0").await.0, "OFF_SHELF");
 }
 
 async fn overlapping_batches_on_one_shop_never_interleave(backend: Backend) {

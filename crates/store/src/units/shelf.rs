@@ -446,7 +446,11 @@ impl<B: Backend> Units<B> {
                 .await?;
             found.extend(rows);
         }
-        // Products by category or by supplier, the same query on either column.
+        // Products by category or by supplier, the same query on either column. A
+        // deleted SKU is left out: no operation changes it, and a category's deleted
+        // SKUs, which stay for good, would count towards the limit (a category that
+        // ever held more than it could never be named again) and fill the results
+        // with refusals. Named by id, it is still refused as such.
         for (column, value) in [
             (
                 "category",
@@ -459,7 +463,8 @@ impl<B: Backend> Units<B> {
         ] {
             let Some(value) = value else { continue };
             let rows = built_statement(format!(
-                "{select} WHERE product.{column} = $1 AND ($2 IS NULL OR sku.shop = $2) LIMIT $3"
+                "{select} WHERE product.{column} = $1 AND ($2 IS NULL OR sku.shop = $2) \
+                 AND sku.sale_status <> 'DELETED' LIMIT $3"
             ))
             .bind(value)
             .bind(selector.shop.as_ref().map(ShopCode::as_str))
