@@ -24,6 +24,7 @@ mirrored_tests!(
     a_command_for_a_sku_this_instance_found_sold_out_is_answered_by_the_database_and_stored,
     a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice,
     deleted_streams_and_consumer_are_created_again_and_commands_go_on,
+    a_command_failing_transiently_at_its_last_delivery_is_answered_with_that_failure,
 );
 
 fn settings() -> IntakeSettings {
@@ -502,4 +503,46 @@ async fn deleted_streams_and_consumer_are_created_again_and_commands_go_on(backe
     assert_identical_answers(&answers, "after-the-clean-up", 1);
     assert_eq!(answers[0].headers["Stockd-Status"], "201");
     assert_eq!(app.counters("HOT").await, (8, 2));
+}
+
+/// Found in review: a command that failed transiently at every delivery (the database
+/// down longer than the deliveries last) was dropped by JetStream after the last one,
+/// never answered: its sender waited for good. Its last delivery is now answered with
+/// the failure, and acknowledged.
+async fn a_command_failing_transiently_at_its_last_delivery_is_answered_with_that_failure(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let mut settings = settings();
+    settings.consumer.deliveries_max = 2;
+    let intake = intake(&nats, settings).await;
+    let state = state(&app);
+    // Every delivery waits out the lock bound: `lock_timeout`, a transient failure.
+    let holder = app.database.hold_stock_row_lock("HOT").await;
+    nats.publish_command(&command("HOT", 1), Some("order-locked"), "message-locked")
+        .await;
+
+    let mut handled = Vec::new();
+    for _ in 0..200 {
+        handled.extend(intake.step(&state).await.expect("intake step"));
+        if handled.len() >= 2 {
+            break;
+        }
+    }
+    drop(holder);
+    let after = intake.step(&state).await.expect("intake step");
+
+    assert_eq!(
+        handled,
+        [Handled::Retried, Handled::GivenUp { status: 503 }]
+    );
+    assert_eq!(after, [], "acknowledged: never delivered again");
+    let answers = answers(&nats).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].headers["Idempotency-Key"], "order-locked");
+    assert_eq!(answers[0].headers["Stockd-Status"], "503");
+    assert_eq!(answers[0].body["code"], "lock_timeout");
+    assert_eq!(app.counters("HOT").await, (10, 0), "nothing reserved");
 }

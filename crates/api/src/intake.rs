@@ -12,7 +12,9 @@
 //! answered `invalid_argument` and acknowledged, never retried; one that met a
 //! transient failure (`lock_timeout`, `retry_exhausted`, `unavailable`, the original
 //! still running, or a campaign's waiting room with no place for it: `rate_limited`)
-//! is not answered but delivered again after a pause; an `internal` error is answered. At most `in_flight_max` commands
+//! is not answered but delivered again after a pause, except at its last delivery
+//! (`deliveries_max`), when it is answered with that failure; an `internal` error is
+//! answered. At most `in_flight_max` commands
 //! are handed out at once over every instance, and one step takes at most
 //! `batch_size_max` of them.
 
@@ -72,6 +74,10 @@ pub enum Handled {
     Poison,
     /// A transient failure: not answered, delivered again later.
     Retried,
+    /// A transient failure at the last delivery JetStream makes
+    /// (`IntakeConfig::deliveries_max`): answered with it (this status) and
+    /// acknowledged, so the sender hears why rather than nothing for good.
+    GivenUp { status: u16 },
 }
 
 impl ReserveIntake {
@@ -170,11 +176,31 @@ impl ReserveIntake {
         };
         let (status, body, replayed) = match outcome {
             Ok(reply) => (reply.response.status, reply.response.body, reply.replayed),
-            Err(error) if is_transient(&error) => {
+            Err(error)
+                if is_transient(&error)
+                    && command.delivered() < self.config.consumer.deliveries_max =>
+            {
                 metrics::counter!("stockd_intake_commands_total", "outcome" => "retried")
                     .increment(1);
                 command.retry_after(self.config.retry_delay).await?;
                 return Ok(Handled::Retried);
+            }
+            Err(error) if is_transient(&error) => {
+                // JetStream would drop it silently after this delivery.
+                let status = error.status.as_u16();
+                let body = problem_body_with_status(error.code, error.status, &error.detail);
+                self.answer(command, (key.as_deref(), shop), status, body, false)
+                    .await?;
+                metrics::counter!("stockd_intake_commands_total", "outcome" => "given_up")
+                    .increment(1);
+                tracing::warn!(
+                    key = key.as_deref(),
+                    shop,
+                    deliveries = command.delivered(),
+                    code = error.code.as_str(),
+                    "a command failed transiently at its last delivery: answered with that failure"
+                );
+                return Ok(Handled::GivenUp { status });
             }
             Err(error) => {
                 let poison = error.code == ErrorCode::InvalidArgument;

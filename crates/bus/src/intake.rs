@@ -29,8 +29,8 @@ pub struct IntakeConfig {
     /// A command not acknowledged within this is delivered again (a crashed instance).
     pub ack_wait: Duration,
     /// Deliveries of one command at most: a command that keeps failing transiently
-    /// (the database down for longer than `max_deliver` × the retry pause) is dropped
-    /// by JetStream after these.
+    /// (the database down for longer than `max_deliver` × the retry pause) is
+    /// answered with that failure at the last one (JetStream would drop it after it).
     pub deliveries_max: i64,
     /// How long commands and answers are kept in their streams.
     pub retention: Duration,
