@@ -16,6 +16,8 @@ mirrored_tests!(
     records_past_the_retention_are_purged_in_bounded_batches,
     the_purge_reads_a_batch_of_old_records_without_sorting_every_old_one,
     a_reservation_across_two_shops_hears_its_stored_refusal_though_a_sku_was_created_since,
+    a_key_held_by_another_instances_open_transaction_answers_request_in_progress,
+    a_key_another_instance_commits_while_the_batch_waits_is_answered_from_its_record,
 );
 
 async fn a_retry_returns_the_first_response_byte_for_byte(backend: Backend) {
@@ -200,79 +202,83 @@ async fn records_past_the_retention_are_purged_in_bounded_batches(backend: Backe
     app.assert_audit_clean().await;
 }
 
-/// Several processes share one database only on PostgreSQL (SQLite serves one
-/// process), so this cross-instance case has no SQLite twin.
-mod postgres_only {
-    use super::*;
-    use acceptance::RawConnection;
+/// Another instance in the middle of a request with `key`: its open transaction has
+/// inserted the key's idempotency record (for another request) and not committed.
+async fn another_instance_holding_key(app: &TestApp, key: &str) -> acceptance::RawConnection {
+    let key = app.stored_key(key).await;
+    // MySQL reserves the word.
+    let column = match app.backend() {
+        Backend::Mysql => "`key`",
+        Backend::Sqlite | Backend::Postgres => "key",
+    };
+    let mut other_instance = app.database.raw_connection().await;
+    other_instance.execute("BEGIN").await.unwrap();
+    other_instance
+        .execute(&format!(
+            "INSERT INTO idempotency_record ({column}, fingerprint, status_code, body, created_at) \
+             VALUES ('{key}', 'another-request', 201, '{{}}', 0)"
+        ))
+        .await
+        .unwrap();
+    other_instance
+}
 
-    /// Another instance in the middle of a request with `key`: its open transaction
-    /// has inserted the key's idempotency record (for another request) and not
-    /// committed.
-    async fn another_instance_holding_key(app: &TestApp, key: &str) -> RawConnection {
-        let key = app.stored_key(key).await;
-        let mut other_instance = app.database.raw_connection().await;
-        other_instance.execute("BEGIN").await.unwrap();
-        other_instance
-            .execute(&format!(
-                "INSERT INTO idempotency_record (key, fingerprint, status_code, body, created_at) \
-                 VALUES ('{key}', 'another-request', 201, '{{}}', 0)"
-            ))
-            .await
-            .unwrap();
-        other_instance
+/// On MySQL the batch's key insert waiting out the lock bound on another instance's
+/// uncommitted key answered 503 `lock_timeout` (and, in the one-by-one pass, condemned
+/// the request's stock row), where PostgreSQL answered 409 `request_in_progress`.
+async fn a_key_held_by_another_instances_open_transaction_answers_request_in_progress(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One process writes a SQLite database: no other instance holds a key.
+        return;
     }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    let mut other_instance = another_instance_holding_key(&app, "contended").await;
+    let before = app.contents().await;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_key_held_by_another_instances_open_transaction_answers_request_in_progress() {
-        if !Backend::Postgres.available().await {
-            return;
-        }
-        let app = TestApp::spawn(Backend::Postgres).await;
-        app.stocked_sku("KEYED", 5).await;
-        let mut other_instance = another_instance_holding_key(&app, "contended").await;
-        let before = app.contents().await;
+    let response = app.reserve("contended", &[("KEYED", 1)]).await;
 
-        let response = app.reserve("contended", &[("KEYED", 1)]).await;
+    assert_eq!(response.status, 409, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("request_in_progress"));
+    assert_eq!(app.contents().await, before);
+    other_instance.execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.reserve("contended", &[("KEYED", 1)]).await.status, 201);
+}
 
-        assert_eq!(response.status, 409, "{response:?}");
-        assert_eq!(response.code().as_deref(), Some("request_in_progress"));
-        assert_eq!(app.contents().await, before);
-        other_instance.execute("ROLLBACK").await.unwrap();
-        assert_eq!(app.reserve("contended", &[("KEYED", 1)]).await.status, 201);
+/// The batch looks its keys up before it inserts their records. A key another instance
+/// commits in between makes the insert fail (PostgreSQL: a unique violation, migration
+/// 0007; MySQL: no row inserted); the batch is rolled back whole and decided again, and
+/// this request is answered from the record that is now there — not with a 500, and
+/// not by reserving twice.
+async fn a_key_another_instance_commits_while_the_batch_waits_is_answered_from_its_record(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One process writes a SQLite database: no other instance commits a key.
+        return;
     }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KEYED", 5).await;
+    let mut other_instance = another_instance_holding_key(&app, "raced").await;
+    let reserving = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("raced", &[("KEYED", 1)]).await })
+    };
+    // The lookup saw no record; the insert waits for the other instance's row.
+    app.database
+        .wait_until_blocked_by(&mut other_instance)
+        .await;
+    other_instance.execute("COMMIT").await.unwrap();
 
-    /// The batch looks its keys up before it inserts their records. A key another
-    /// instance commits in between makes the insert fail (a unique violation, migration
-    /// 0007); the batch is rolled back whole and decided again, and this request is
-    /// answered from the record that is now there — not with a 500, and not by
-    /// reserving twice.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_key_another_instance_commits_while_the_batch_waits_is_answered_from_its_record() {
-        if !Backend::Postgres.available().await {
-            return;
-        }
-        let app = TestApp::spawn(Backend::Postgres).await;
-        app.stocked_sku("KEYED", 5).await;
-        let mut other_instance = another_instance_holding_key(&app, "raced").await;
-        let reserving = {
-            let app = app.clone();
-            tokio::spawn(async move { app.reserve("raced", &[("KEYED", 1)]).await })
-        };
-        // The lookup saw no record; the insert waits for the other instance's row.
-        app.database
-            .wait_until_blocked_by(&mut other_instance)
-            .await;
-        other_instance.execute("COMMIT").await.unwrap();
+    let response = reserving.await.unwrap();
 
-        let response = reserving.await.unwrap();
-
-        assert_eq!(response.status, 422, "{response:?}");
-        assert_eq!(response.code().as_deref(), Some("idempotency_key_reused"));
-        assert_eq!(app.counters("KEYED").await, (5, 0));
-        assert_eq!(app.ledger_rows("KEYED", "reserve").await, 0);
-        app.assert_audit_clean().await;
-    }
+    assert_eq!(response.status, 422, "{response:?}");
+    assert_eq!(response.code().as_deref(), Some("idempotency_key_reused"));
+    assert_eq!(app.counters("KEYED").await, (5, 0));
+    assert_eq!(app.ledger_rows("KEYED", "reserve").await, 0);
+    app.assert_audit_clean().await;
 }
 
 /// A SKU's shop is checked before the transaction for the SKUs known then. A

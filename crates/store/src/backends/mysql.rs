@@ -954,7 +954,16 @@ impl Dialect for MySqlConnection {
                     .bind(response.body.as_str())
                     .bind(now.unix_milliseconds());
             }
-            written.records_stored += insert.execute(&mut *self).await?;
+            written.records_stored +=
+                insert
+                    .execute(&mut *self)
+                    .await
+                    .map_err(|error| match error {
+                        // Another process holds one of these keys in an open transaction (as
+                        // PostgreSQL's batch says it): not this batch's rows.
+                        StoreError::LockTimeout(_) => StoreError::KeyInFlight,
+                        other => other,
+                    })?;
         }
         Ok(written)
     }
