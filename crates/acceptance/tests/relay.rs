@@ -24,6 +24,7 @@ mirrored_tests!(
     a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can,
     a_relay_that_cannot_read_its_events_gives_its_lease_up,
     a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
+    an_instance_without_nats_shows_what_the_relay_has_not_sent,
 );
 
 // Reads a counter of the process-wide metrics recorder.
@@ -489,8 +490,8 @@ async fn events_pruned_before_any_relay_took_them_are_counted_as_skipped(backend
     let relay = EventRelay::new(nats.bus().await, "relay-a");
     assert_eq!(relay_all(&app, &relay).await.published, 2);
     assert_eq!(
-        skipped_counted(&app).await,
-        None,
+        skipped_counted(&app).await.as_deref(),
+        Some("0"),
         "a first start counts no gap"
     );
 
@@ -505,6 +506,43 @@ async fn events_pruned_before_any_relay_took_them_are_counted_as_skipped(backend
 
     assert_eq!(relay_all(&app, &relay).await.published, 2);
     assert_eq!(skipped_counted(&app).await.as_deref(), Some("3"));
+}
+
+/// Found in review: an instance without NATS counted only the events not numbered
+/// yet, so once every relaying instance was gone the fleet's backlog gauges said 0 and
+/// `StockdOutboxStalled` never fired, until pruning deleted the unsent events three
+/// days on. While the relay is a reader (its lease held within the retention), every
+/// instance counts what it has not sent.
+async fn an_instance_without_nats_shows_what_the_relay_has_not_sent(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "relayed", 2).await;
+    relay_all(&app, &relay).await;
+    // The relaying instance is gone; one without NATS goes on selling.
+    let without_nats = app.another_instance().await;
+    reserve_many(&without_nats, "unsent", 3).await;
+    without_nats.sequence_all_events().await;
+    app.clock.advance_seconds(120);
+
+    let backlog = without_nats.engine.outbox_gauges_step().await.unwrap();
+
+    assert_eq!(backlog.pending, 3, "{backlog:?}");
+    assert!(backlog.oldest_occurred_at.is_some(), "{backlog:?}");
+    // Past the retention the relay is no reader any more: pruning goes on without
+    // it, and the backlog is what the feed has not numbered.
+    app.clock.advance_seconds(4 * 24 * 3600);
+    assert_eq!(
+        without_nats
+            .engine
+            .outbox_gauges_step()
+            .await
+            .unwrap()
+            .pending,
+        0
+    );
 }
 
 /// `stockd_outbox_events_skipped_total`'s value on the metrics page, if present.

@@ -141,12 +141,17 @@ impl Engine {
     }
 
     /// Exports what waits in the outbox: `stockd_outbox_pending` and
-    /// `stockd_outbox_oldest_pending_age_seconds`.
+    /// `stockd_outbox_oldest_pending_age_seconds`, the relay's backlog included when
+    /// it is a reader, here or on any instance within the retention.
     pub async fn outbox_gauges_step(&self) -> Result<OutboxBacklog, EngineError> {
         let backlog = self
             .inner
             .store
-            .outbox_backlog(self.outbox_reader())
+            .outbox_backlog(
+                self.outbox_reader(),
+                self.now()
+                    .plus_seconds(-self.inner.config.outbox_retention_seconds),
+            )
             .await
             .map_err(|error| log_store_error("outbox_backlog", error))?;
         metrics::gauge!("stockd_outbox_pending").set(backlog.pending as f64);

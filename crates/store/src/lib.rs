@@ -350,7 +350,7 @@ forward! {
     /// One sequencer step: numbers committed outbox rows in the order they are found.
     fn sequence_events(&self, limit: i64) -> Result<u64, StoreError>;
     fn events_after(&self, cursor: FeedCursor, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<PublishedEvent>, StoreError>;
-    fn outbox_backlog(&self, relay: Option<&str>) -> Result<OutboxBacklog, StoreError>;
+    fn outbox_backlog(&self, relay: Option<&str>, relay_seen_since: Timestamp) -> Result<OutboxBacklog, StoreError>;
     fn prune_events(&self, before: Timestamp, relay: Option<&str>, limit: i64) -> Result<u64, StoreError>;
     fn claim_relay(&self, relay: &str, holder: &str, now: Timestamp, lease_until: Timestamp) -> Result<Option<i64>, StoreError>;
     fn mark_relayed(&self, relay: &str, holder: &str, position: i64) -> Result<bool, StoreError>;

@@ -446,21 +446,27 @@ impl<B: Backend> Units<B> {
             .await
     }
 
-    /// What a reader still has to take: with the relay named, rows after the position
-    /// it acknowledged (numbered or not); without, the rows not numbered yet.
-    pub async fn outbox_backlog(&self, relay: Option<&str>) -> Result<OutboxBacklog, StoreError> {
+    /// What a reader still has to take: the rows not numbered yet, and those after the
+    /// position the NATS relay acknowledged when this instance relays (`relay`) or any
+    /// instance held the relay's lease since `relay_seen_since` (as pruning counts it
+    /// a reader): an instance without NATS still shows the relay's backlog, so a fleet
+    /// whose relaying instances are all gone says so long before pruning, three days
+    /// on, deletes what the relay never sent.
+    pub async fn outbox_backlog(
+        &self,
+        relay: Option<&str>,
+        relay_seen_since: Timestamp,
+    ) -> Result<OutboxBacklog, StoreError> {
         let mut connection = self.writer_read_connection().await?;
-        let row = match relay {
-            Some(relay) => statement(
-                "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox \
-                 WHERE position IS NULL OR position > \
-                 (SELECT through_position FROM outbox_relay WHERE name = $1)",
-            )
-            .bind(relay),
-            None => statement(
-                "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox WHERE position IS NULL",
-            ),
-        }
+        let row = statement(
+            "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox \
+             WHERE position IS NULL OR position > \
+             (SELECT through_position FROM outbox_relay \
+              WHERE name = $1 AND ($2 = 1 OR lease_until >= $3))",
+        )
+        .bind(relay.unwrap_or(NATS_RELAY))
+        .bind(i64::from(relay.is_some()))
+        .bind(relay_seen_since.unix_milliseconds())
         .fetch_optional_row(&mut *connection)
         .await?;
         let Some(row) = row else {
