@@ -18,7 +18,77 @@ mirrored_tests!(
     a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
     the_order_expiry_claim_reads_the_due_orders_through_their_indexes,
+    a_full_disk_fails_the_expiry_step_instead_of_reporting_holds_broken,
 );
+
+/// Makes every insert into the ledger fail as a full disk does (PostgreSQL's 53100,
+/// MySQL's 1021), until the returned statement drops the trigger again.
+async fn fill_the_disk(app: &TestApp) -> &'static str {
+    let mut connection = app.database.raw_connection().await;
+    let (create, drop): (&[&str], _) = match app.backend() {
+        Backend::Postgres => (
+            &[
+                "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'could not extend file' USING ERRCODE = '53100'; END $$",
+                "CREATE TRIGGER disk_full BEFORE INSERT ON stock_ledger \
+                 FOR EACH ROW EXECUTE FUNCTION disk_full()",
+            ],
+            "DROP TRIGGER disk_full ON stock_ledger",
+        ),
+        Backend::Mysql => (
+            &[
+                "CREATE TRIGGER disk_full BEFORE INSERT ON stock_ledger FOR EACH ROW \
+               SIGNAL SQLSTATE 'HY000' SET MESSAGE_TEXT = 'Disk full', MYSQL_ERRNO = 1021",
+            ],
+            "DROP TRIGGER disk_full",
+        ),
+        Backend::Sqlite => unreachable!("SQLite has no error a trigger can raise as a full disk"),
+    };
+    for statement in create {
+        connection.execute(statement).await.unwrap();
+    }
+    drop
+}
+
+/// Found in review: the expiry worker took every database error it did not know for
+/// a hold's broken data, so a full disk (or memory, or an I/O error) marked each due
+/// hold as stuck, counted it in `stockd_reservations_expiry_failed_total` (a critical
+/// alert blaming the data) and reported the step a success. The server's state is now
+/// `unavailable`: the step fails, nothing is counted stuck, and a client hears 503.
+async fn a_full_disk_fails_the_expiry_step_instead_of_reporting_holds_broken(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // No trigger can make SQLite answer SQLITE_FULL.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FULL", 5).await;
+    let id = reserve_with_ttl(&app, "hold", "FULL", 2, 60).await;
+    let drop_trigger = fill_the_disk(&app).await;
+    app.clock.advance_seconds(61);
+
+    let step = app.engine.expire_step().await;
+    let reserved = app.reserve("while-full", &[("FULL", 1)]).await;
+
+    assert!(
+        matches!(step, Err(engine::EngineError::Unavailable(_))),
+        "{step:?}"
+    );
+    assert_eq!(reserved.status, 503, "{reserved:?}");
+    assert_eq!(reserved.code().as_deref(), Some("unavailable"));
+    assert_eq!(app.counters("FULL").await, (3, 2), "nothing moved");
+    let mut connection = app.database.raw_connection().await;
+    connection.execute(drop_trigger).await.unwrap();
+    let step = app.engine.expire_step().await.unwrap();
+    assert_eq!(
+        step.released
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>(),
+        [id.as_str()],
+        "released once the disk has room"
+    );
+    assert_eq!(app.counters("FULL").await, (5, 0));
+}
 
 async fn reserve_with_ttl(
     app: &TestApp,

@@ -213,6 +213,14 @@ const ER_READ_ONLY_MODE: u16 = 1836;
 const ER_SERVER_SHUTDOWN: u16 = 1053;
 const ER_QUERY_INTERRUPTED: u16 = 1317;
 const ER_CONNECTION_KILLED: u16 = 1927;
+/// The server ran out of something: disk, memory, room in a table or in the lock
+/// table. Its state, not the request's rows (as PostgreSQL's classes 53 and 58).
+const ER_DISK_FULL: u16 = 1021;
+const ER_OUTOFMEMORY: u16 = 1037;
+const ER_OUT_OF_SORTMEMORY: u16 = 1038;
+const ER_OUT_OF_RESOURCES: u16 = 1041;
+const ER_RECORD_FILE_FULL: u16 = 1114;
+const ER_LOCK_TABLE_FULL: u16 = 1206;
 /// A unique key refused a row.
 const ER_DUP_ENTRY: u16 = 1062;
 
@@ -230,7 +238,13 @@ pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> Stor
         | ER_READ_ONLY_MODE
         | ER_SERVER_SHUTDOWN
         | ER_QUERY_INTERRUPTED
-        | ER_CONNECTION_KILLED => StoreError::Unavailable(message),
+        | ER_CONNECTION_KILLED
+        | ER_DISK_FULL
+        | ER_OUTOFMEMORY
+        | ER_OUT_OF_SORTMEMORY
+        | ER_OUT_OF_RESOURCES
+        | ER_RECORD_FILE_FULL
+        | ER_LOCK_TABLE_FULL => StoreError::Unavailable(message),
         number => StoreError::Database(format!("{message} (error {number})")),
     }
 }

@@ -177,6 +177,11 @@ const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 const TOO_MANY_CONNECTIONS: &str = "53300";
 /// Class 08: the connection itself failed.
 const CONNECTION_EXCEPTION_CLASS: &str = "08";
+/// Class 53: the server ran out of something (disk, memory, connections, a limit);
+/// class 58: it failed outside the statement (an I/O error). The server's state, not
+/// the request's rows: 503, and the expiry worker does not take it for a broken hold.
+const INSUFFICIENT_RESOURCES_CLASS: &str = "53";
+const SYSTEM_ERROR_CLASS: &str = "58";
 
 /// PostgreSQL's errors by SQLSTATE. Everything a failover can raise is `Unavailable`
 /// (503 with `Retry-After`): the outcome of that unit of work is unknown or nothing,
@@ -197,7 +202,16 @@ pub(crate) fn classify_database(error: &sqlx::postgres::PgDatabaseError) -> Stor
         | CANNOT_CONNECT_NOW
         | READ_ONLY_SQL_TRANSACTION
         | TOO_MANY_CONNECTIONS => StoreError::Unavailable(message),
-        code if code.starts_with(CONNECTION_EXCEPTION_CLASS) => StoreError::Unavailable(message),
+        code if [
+            CONNECTION_EXCEPTION_CLASS,
+            INSUFFICIENT_RESOURCES_CLASS,
+            SYSTEM_ERROR_CLASS,
+        ]
+        .iter()
+        .any(|class| code.starts_with(class)) =>
+        {
+            StoreError::Unavailable(message)
+        }
         code => StoreError::Database(format!("{message} (code {code})")),
     }
 }
