@@ -30,6 +30,7 @@ mirrored_tests!(
     batch_operations_by_category_change_every_product_of_the_category_in_the_shop,
     a_batch_operation_naming_more_skus_than_the_limit_is_refused_and_changes_nothing,
     a_category_operation_leaves_its_deleted_skus_out,
+    an_admin_names_the_shop_a_category_operation_acts_in,
     overlapping_batches_on_one_shop_never_interleave,
     the_availability_view_separates_on_sale_out_of_stock_and_off_shelf,
     a_reservation_of_an_off_shelf_sku_is_refused_with_off_shelf,
@@ -808,6 +809,40 @@ async fn a_category_operation_leaves_its_deleted_skus_out(backend: Backend) {
     assert_eq!(results[0]["sku"], "KEPT-0", "{results}");
     assert_eq!(response.json()["changed"], 1);
     assert_eq!(app.sale_status(&live, "KEPT-0").await.0, "OFF_SHELF");
+}
+
+/// Found in review: categories are a shop's own, so two shops may both have `dairy`,
+/// and an admin's operation by category acted on every shop's (a `delete` there is
+/// for good) with no way to name one. `shop` now narrows it; an operator naming
+/// another shop than its own is refused.
+async fn an_admin_names_the_shop_a_category_operation_acts_in(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let north = on_shelf_product(&app, "north", &["N-MILK"]).await;
+    let south = on_shelf_product(&app, "south", &["S-MILK"]).await;
+    let token = app.create_operator("carol", "north").await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let elsewhere = app
+        .shelf(
+            Some(&token),
+            json!({"operation": "off", "category": "dairy", "shop": "south"}),
+        )
+        .await;
+    let unchanged = app.contents_except_idempotency_records().await;
+    let narrowed = app
+        .shelf(
+            None,
+            json!({"operation": "off", "category": "dairy", "shop": "north"}),
+        )
+        .await;
+
+    assert_eq!(elsewhere.status, 403, "{elsewhere:?}");
+    assert_eq!(elsewhere.code().as_deref(), Some("forbidden"));
+    assert_eq!(unchanged, before);
+    assert_eq!(narrowed.status, 200, "{narrowed:?}");
+    assert_eq!(narrowed.json()["changed"], 1);
+    assert_eq!(app.sale_status(&north, "N-MILK").await.0, "OFF_SHELF");
+    assert_eq!(app.sale_status(&south, "S-MILK").await.0, "ON_SHELF");
 }
 
 async fn overlapping_batches_on_one_shop_never_interleave(backend: Backend) {

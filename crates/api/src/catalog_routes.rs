@@ -343,7 +343,7 @@ pub async fn shelf(
             skus: request.sku_ids,
             category: request.category,
             supplier: request.supplier,
-            shop: None,
+            shop: request.shop,
         },
         expected_versions: request
             .expected_versions

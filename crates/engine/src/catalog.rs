@@ -314,6 +314,11 @@ impl Engine {
         }
         if let Some(shop) = &actor.shop {
             // An operator's category and supplier operations stay within its shop.
+            if selector.shop.as_ref().is_some_and(|named| named != shop) {
+                return Err(EngineError::Forbidden(format!(
+                    "an operator of shop '{shop}' acts in that shop only"
+                )));
+            }
             selector.shop = Some(shop.clone());
         }
         let targets = self
