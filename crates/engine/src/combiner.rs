@@ -365,7 +365,10 @@ async fn execute(
         // ([`LockedRows`]).
         Err(StoreError::KeyInFlight | StoreError::LockTimeout(_)) if requests.len() > 1 => {
             let mut outcomes = Vec::with_capacity(requests.len());
-            let mut locked = LockedRows::default();
+            let mut locked = LockedRows {
+                whole_database: context.store.locks_whole_database(),
+                ..LockedRows::default()
+            };
             for request in requests {
                 if let Some(line) = locked.condemns(request) {
                     outcomes.push(Err(StoreError::LockTimeout(format!(
@@ -404,9 +407,15 @@ async fn execute(
 /// may have waited on any of them: a row is taken as locked after two such timeouts
 /// naming it, unless a request decided meanwhile took its lock (then it was free). So
 /// an innocent row is not condemned for its neighbour, and a locked one costs the
-/// batch at most two waits.
+/// batch at most two waits. Where a write lock is the whole database's (SQLite: another
+/// process, `stockd migrate` or a shell holding it), one timeout says every row is
+/// locked, so it condemns every request after it: the batch waits once, not once per
+/// request.
 #[derive(Default)]
 struct LockedRows<'a> {
+    whole_database: bool,
+    /// A request timed out on a database locked whole.
+    everything: bool,
     condemned: std::collections::HashSet<(&'a domain::SkuCode, &'a WarehouseCode)>,
     suspected: std::collections::HashMap<(&'a domain::SkuCode, &'a WarehouseCode), u32>,
     taken: std::collections::HashSet<(&'a domain::SkuCode, &'a WarehouseCode)>,
@@ -421,7 +430,7 @@ impl<'a> LockedRows<'a> {
         request
             .lines
             .iter()
-            .find(|line| self.condemned.contains(&(&line.sku, &line.warehouse)))
+            .find(|line| self.everything || self.condemned.contains(&(&line.sku, &line.warehouse)))
     }
 
     fn learn(&mut self, request: &'a ReserveRequest, outcome: &Result<Idempotent, StoreError>) {
@@ -432,6 +441,7 @@ impl<'a> LockedRows<'a> {
         match outcome {
             // Decided under its locks: every row it names was free then.
             Ok(Idempotent::Executed(_)) => self.taken.extend(rows),
+            Err(StoreError::LockTimeout(_)) if self.whole_database => self.everything = true,
             Err(StoreError::LockTimeout(_)) => {
                 let only_stock_rows = request.user.is_none() && request.reference.is_empty();
                 match request.lines.as_slice() {
@@ -509,6 +519,25 @@ mod tests {
 
         assert!(locked.condemns(&same_row).is_some());
         assert!(locked.condemns(&other_warehouse).is_none());
+    }
+
+    #[test]
+    fn on_a_database_locked_whole_one_timeout_condemns_every_later_request() {
+        let first = request(&[("A", "default")], Some("ann"));
+        let other_row = request(&[("B", "north")], None);
+        let mut locked = LockedRows {
+            whole_database: true,
+            ..LockedRows::default()
+        };
+
+        let before = locked.condemns(&other_row).is_some();
+        locked.learn(&first, &timed_out());
+
+        assert!(!before, "nothing is condemned before a timeout");
+        assert!(
+            locked.condemns(&other_row).is_some(),
+            "SQLite's write lock is the database's: every row waits on it"
+        );
     }
 
     #[test]

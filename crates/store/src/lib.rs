@@ -201,6 +201,12 @@ impl Store {
         }
     }
 
+    /// Whether a write lock is the whole database's (SQLite): a lock wait then says
+    /// nothing of which row, every writer waits on it.
+    pub fn locks_whole_database(&self) -> bool {
+        matches!(self, Store::Sqlite(_))
+    }
+
     pub async fn close(&self) {
         dispatch!(self, store => store.close().await)
     }
