@@ -835,6 +835,12 @@ async fn an_admin_names_the_shop_a_category_operation_acts_in(backend: Backend) 
             json!({"operation": "off", "category": "dairy", "shop": "north"}),
         )
         .await;
+    let south_sku_named = app
+        .shelf(
+            None,
+            json!({"operation": "delete", "sku_ids": ["S-MILK"], "shop": "north"}),
+        )
+        .await;
 
     assert_eq!(elsewhere.status, 403, "{elsewhere:?}");
     assert_eq!(elsewhere.code().as_deref(), Some("forbidden"));
@@ -842,6 +848,8 @@ async fn an_admin_names_the_shop_a_category_operation_acts_in(backend: Backend) 
     assert_eq!(narrowed.status, 200, "{narrowed:?}");
     assert_eq!(narrowed.json()["changed"], 1);
     assert_eq!(app.sale_status(&north, "N-MILK").await.0, "OFF_SHELF");
+    assert_eq!(south_sku_named.status, 404, "{south_sku_named:?}");
+    assert_eq!(south_sku_named.code().as_deref(), Some("not_found"));
     assert_eq!(app.sale_status(&south, "S-MILK").await.0, "ON_SHELF");
 }
 

@@ -109,10 +109,10 @@ pub struct ShelfOperationRequest {
     pub category: Option<CategoryCode>,
     #[schema(value_type = Option<crate::openapi::schemas::SupplierCode>)]
     pub supplier: Option<SupplierCode>,
-    /// The shop `category` and `supplier` are looked up in: categories and suppliers
-    /// are a shop's own, so the same code may name another shop's products. An
-    /// operator's are its own shop's whether named or not (another shop: 403); the
-    /// admin's, without it, every shop's.
+    /// The shop the operation acts in: `category` and `supplier` are looked up in it
+    /// (they are a shop's own, so the same code may name another shop's products),
+    /// and a named id of another shop is refused (404). An operator's is its own shop
+    /// whether named or not (another shop: 403); the admin's, without it, every shop.
     #[schema(value_type = Option<crate::openapi::schemas::ShopCode>)]
     pub shop: Option<ShopCode>,
     /// Required by `on_at` and `off_at`; applied at the start of that minute.

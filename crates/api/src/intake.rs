@@ -13,8 +13,8 @@
 //! transient failure (`lock_timeout`, `retry_exhausted`, `unavailable`, the original
 //! still running, or a campaign's waiting room with no place for it: `rate_limited`)
 //! is not answered but delivered again after a pause, except at its last delivery
-//! (`deliveries_max`), when it is answered with that failure; an `internal` error is
-//! answered. At most `in_flight_max` commands
+//! (the consumer's `max_deliver`), when it is answered with that failure unless the
+//! failure says another delivery of it still runs; an `internal` error is answered. At most `in_flight_max` commands
 //! are handed out at once over every instance, and one step takes at most
 //! `batch_size_max` of them.
 
@@ -74,9 +74,11 @@ pub enum Handled {
     Poison,
     /// A transient failure: not answered, delivered again later.
     Retried,
-    /// A transient failure at the last delivery JetStream makes
-    /// (`IntakeConfig::deliveries_max`): answered with it (this status) and
-    /// acknowledged, so the sender hears why rather than nothing for good.
+    /// A transient failure at the last delivery JetStream makes (the consumer's
+    /// `max_deliver`): answered with it (this status) and acknowledged, so the sender
+    /// hears why rather than nothing for good. Not a failure that says another
+    /// delivery of the command still runs (`request_in_progress`, `rate_limited`):
+    /// that one answers.
     GivenUp { status: u16 },
 }
 
@@ -120,6 +122,11 @@ impl ReserveIntake {
         &self.config
     }
 
+    /// Commands handed out and not acknowledged yet, over every instance.
+    pub async fn unacknowledged(&self) -> Result<usize, BusError> {
+        self.consumer().unacknowledged().await
+    }
+
     /// One intake step: fetches up to a batch of commands and handles them together.
     /// Answers what became of each, in delivery order.
     /// A step that fails (the fetch, an answer that could not be published, or a
@@ -144,14 +151,22 @@ impl ReserveIntake {
             // per idle wait tells them apart.
             consumer.check().await?;
         }
+        let deliveries_max = consumer.deliveries_max();
         let handled = futures_util::future::join_all(
-            commands.iter().map(|command| self.handle(state, command)),
+            commands
+                .iter()
+                .map(|command| self.handle(state, command, deliveries_max)),
         )
         .await;
         handled.into_iter().collect()
     }
 
-    async fn handle(&self, state: &AppState, command: &Command) -> Result<Handled, BusError> {
+    async fn handle(
+        &self,
+        state: &AppState,
+        command: &Command,
+        deliveries_max: i64,
+    ) -> Result<Handled, BusError> {
         let key = command.header("Idempotency-Key").map(str::to_owned);
         let parsed = parse_command(command.body(), key.as_deref());
         let shop = parsed
@@ -178,7 +193,7 @@ impl ReserveIntake {
             Ok(reply) => (reply.response.status, reply.response.body, reply.replayed),
             Err(error)
                 if is_transient(&error)
-                    && command.delivered() < self.config.consumer.deliveries_max =>
+                    && (command.delivered() < deliveries_max || is_another_delivery(&error)) =>
             {
                 metrics::counter!("stockd_intake_commands_total", "outcome" => "retried")
                     .increment(1);
@@ -186,7 +201,8 @@ impl ReserveIntake {
                 return Ok(Handled::Retried);
             }
             Err(error) if is_transient(&error) => {
-                // JetStream would drop it silently after this delivery.
+                // JetStream would drop it silently after this delivery. (Not when
+                // another delivery of it still runs: that one answers.)
                 let status = error.status.as_u16();
                 let body = problem_body_with_status(error.code, error.status, &error.detail);
                 self.answer(command, (key.as_deref(), shop), status, body, false)
@@ -309,6 +325,16 @@ fn is_transient(error: &ApiError) -> bool {
             | ErrorCode::Unavailable
             | ErrorCode::RequestInProgress
             | ErrorCode::RateLimited
+    )
+}
+
+/// A transient failure that says another delivery of the same command is still being
+/// handled (its key in flight, the shopper's one place in a campaign's line taken):
+/// that delivery answers, so the last one need not.
+fn is_another_delivery(error: &ApiError) -> bool {
+    matches!(
+        error.code,
+        ErrorCode::RequestInProgress | ErrorCode::RateLimited
     )
 }
 

@@ -25,6 +25,9 @@ const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
+/// How often the recorder's histograms are drained when nobody scrapes them.
+const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Counters of rare events an alert reads with `increase()`, shown at 0 from the
 /// start: Prometheus sees no increase in a series whose first sample is already 1, so
 /// the first event in a process, often the only one, would never alert. (Labelled
@@ -59,6 +62,21 @@ pub fn install_recorder() -> PrometheusHandle {
             }
             for name in ALERTED_EVENT_COUNTERS {
                 ::metrics::counter!(*name).increment(0);
+            }
+            // `build_recorder` starts no upkeep: a histogram's samples pile up until a
+            // scrape drains them, so with nobody scraping (no Prometheus yet, a wrong
+            // metrics token) every request's samples stayed in memory for good.
+            let upkept = handle.clone();
+            let upkeep = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(METRICS_UPKEEP_INTERVAL);
+                        upkept.run_upkeep();
+                    }
+                });
+            if let Err(error) = upkeep {
+                tracing::warn!(%error, "no metrics upkeep thread: histograms drain only when scraped");
             }
             handle
         })

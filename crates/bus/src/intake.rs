@@ -28,9 +28,10 @@ pub struct IntakeConfig {
     pub in_flight_max: i64,
     /// A command not acknowledged within this is delivered again (a crashed instance).
     pub ack_wait: Duration,
-    /// Deliveries of one command at most: a command that keeps failing transiently
-    /// (the database down for longer than `max_deliver` × the retry pause) is
-    /// answered with that failure at the last one (JetStream would drop it after it).
+    /// Deliveries of one command at most, when this instance creates the consumer: a
+    /// command that keeps failing transiently (the database down for longer than
+    /// `max_deliver` × the retry pause) is answered with that failure at the last one
+    /// (JetStream would drop it after it).
     pub deliveries_max: i64,
     /// How long commands and answers are kept in their streams.
     pub retention: Duration,
@@ -207,6 +208,23 @@ impl ReserveConsumer {
             }
         }
         Ok(commands)
+    }
+
+    /// How many times JetStream delivers one command at most, as the consumer on the
+    /// server was created (an existing consumer keeps its own, whatever this
+    /// instance's configuration says).
+    pub fn deliveries_max(&self) -> i64 {
+        self.consumer.cached_info().config.max_deliver
+    }
+
+    /// Commands handed out and not acknowledged yet, over every instance, as the
+    /// server counts them now.
+    pub async fn unacknowledged(&self) -> Result<usize, BusError> {
+        self.consumer
+            .get_info()
+            .await
+            .map(|info| info.num_ack_pending)
+            .map_err(|error| classify(error.to_string()))
     }
 
     /// Whether the consumer still exists on the server: a fetch from one deleted (with

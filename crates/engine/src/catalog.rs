@@ -312,6 +312,7 @@ impl Engine {
                 "at most {SHELF_TARGETS_MAX} targets"
             )));
         }
+        let named_shop = selector.shop.clone();
         if let Some(shop) = &actor.shop {
             // An operator's category and supplier operations stay within its shop.
             if selector.shop.as_ref().is_some_and(|named| named != shop) {
@@ -331,6 +332,18 @@ impl Engine {
         // stored), before a refusal of what was not found, which is stored.
         for target in &targets {
             authorize(principal, action, target.shop.as_ref()).map_err(forbidden)?;
+        }
+        // A named shop narrows the ids too: an admin's `delete` naming one shop never
+        // reaches another's SKU it also named by mistake.
+        if let Some(named) = &named_shop
+            && let Some(target) = targets
+                .iter()
+                .find(|target| target.shop.as_ref() != Some(named))
+        {
+            return Err(EngineError::NotFound(format!(
+                "sku '{}' is not of shop '{named}'",
+                target.sku
+            )));
         }
         if targets.is_empty() {
             return Err(EngineError::NotFound("the operation names no SKU".into()));

@@ -177,11 +177,15 @@ const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 const TOO_MANY_CONNECTIONS: &str = "53300";
 /// Class 08: the connection itself failed.
 const CONNECTION_EXCEPTION_CLASS: &str = "08";
-/// Class 53: the server ran out of something (disk, memory, connections, a limit);
-/// class 58: it failed outside the statement (an I/O error). The server's state, not
-/// the request's rows: 503, and the expiry worker does not take it for a broken hold.
-const INSUFFICIENT_RESOURCES_CLASS: &str = "53";
-const SYSTEM_ERROR_CLASS: &str = "58";
+/// The server ran out of disk or memory, or failed at I/O: its state for a while, not
+/// the request's rows, so 503, and the expiry worker does not take it for a broken
+/// hold. Not the rest of classes 53 and 58: a configured limit the statement exceeds
+/// (53400) or a file missing or doubled (58P01, 58P02) come back at every retry.
+const INSUFFICIENT_RESOURCES: &str = "53000";
+const DISK_FULL: &str = "53100";
+const OUT_OF_MEMORY: &str = "53200";
+const SYSTEM_ERROR: &str = "58000";
+const IO_ERROR: &str = "58030";
 
 /// PostgreSQL's errors by SQLSTATE. Everything a failover can raise is `Unavailable`
 /// (503 with `Retry-After`): the outcome of that unit of work is unknown or nothing,
@@ -202,16 +206,10 @@ pub(crate) fn classify_database(error: &sqlx::postgres::PgDatabaseError) -> Stor
         | CANNOT_CONNECT_NOW
         | READ_ONLY_SQL_TRANSACTION
         | TOO_MANY_CONNECTIONS => StoreError::Unavailable(message),
-        code if [
-            CONNECTION_EXCEPTION_CLASS,
-            INSUFFICIENT_RESOURCES_CLASS,
-            SYSTEM_ERROR_CLASS,
-        ]
-        .iter()
-        .any(|class| code.starts_with(class)) =>
-        {
+        INSUFFICIENT_RESOURCES | DISK_FULL | OUT_OF_MEMORY | SYSTEM_ERROR | IO_ERROR => {
             StoreError::Unavailable(message)
         }
+        code if code.starts_with(CONNECTION_EXCEPTION_CLASS) => StoreError::Unavailable(message),
         code => StoreError::Database(format!("{message} (code {code})")),
     }
 }
