@@ -213,14 +213,13 @@ const ER_READ_ONLY_MODE: u16 = 1836;
 const ER_SERVER_SHUTDOWN: u16 = 1053;
 const ER_QUERY_INTERRUPTED: u16 = 1317;
 const ER_CONNECTION_KILLED: u16 = 1927;
-/// The server ran out of something: disk, memory, room in a table or in the lock
-/// table. Its state, not the request's rows (as PostgreSQL's classes 53 and 58).
+/// The server ran out of disk or memory: its state for a while, not the request's
+/// rows (as PostgreSQL's 53100 and 53200). Not a table at its size limit (1114), a
+/// lock table or sort buffer too small for the statement (1206, 1038): those come
+/// back at every retry.
 const ER_DISK_FULL: u16 = 1021;
 const ER_OUTOFMEMORY: u16 = 1037;
-const ER_OUT_OF_SORTMEMORY: u16 = 1038;
 const ER_OUT_OF_RESOURCES: u16 = 1041;
-const ER_RECORD_FILE_FULL: u16 = 1114;
-const ER_LOCK_TABLE_FULL: u16 = 1206;
 /// A unique key refused a row.
 const ER_DUP_ENTRY: u16 = 1062;
 
@@ -241,10 +240,7 @@ pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> Stor
         | ER_CONNECTION_KILLED
         | ER_DISK_FULL
         | ER_OUTOFMEMORY
-        | ER_OUT_OF_SORTMEMORY
-        | ER_OUT_OF_RESOURCES
-        | ER_RECORD_FILE_FULL
-        | ER_LOCK_TABLE_FULL => StoreError::Unavailable(message),
+        | ER_OUT_OF_RESOURCES => StoreError::Unavailable(message),
         number => StoreError::Database(format!("{message} (error {number})")),
     }
 }
@@ -974,7 +970,10 @@ impl Dialect for MySqlConnection {
                     .await
                     .map_err(|error| match error {
                         // Another process holds one of these keys in an open transaction (as
-                        // PostgreSQL's batch says it): not this batch's rows.
+                        // PostgreSQL's batch says it): not this batch's rows. InnoDB's
+                        // duplicate check may also wait on the gap beside another key
+                        // being written; either way the batch changed nothing and a
+                        // retry under the same key is safe.
                         StoreError::LockTimeout(_) => StoreError::KeyInFlight,
                         other => other,
                     })?;

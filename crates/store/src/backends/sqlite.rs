@@ -293,6 +293,11 @@ const SQLITE_LOCKED: i64 = 6;
 /// A trigger's `RAISE(ABORT, …)`: only the schema's own guards raise (append-only
 /// tables, a batch's counts).
 const SQLITE_CONSTRAINT_TRIGGER: i64 = 1811;
+/// Out of memory, an I/O error, a full disk: the machine's state for a while, not the
+/// request's rows (as PostgreSQL's 53100, 53200 and 58030).
+const SQLITE_NOMEM: i64 = 7;
+const SQLITE_IOERR: i64 = 10;
+const SQLITE_FULL: i64 = 13;
 
 /// SQLite's errors by (extended) result code.
 pub(crate) fn classify_database(error: &sqlx::sqlite::SqliteError) -> StoreError {
@@ -311,6 +316,9 @@ pub(crate) fn classify_database(error: &sqlx::sqlite::SqliteError) -> StoreError
     let primary_code = code & 0xFF;
     if primary_code == SQLITE_BUSY || primary_code == SQLITE_LOCKED {
         return StoreError::Retryable(message);
+    }
+    if [SQLITE_NOMEM, SQLITE_IOERR, SQLITE_FULL].contains(&primary_code) {
+        return StoreError::Unavailable(message);
     }
     StoreError::Database(format!("{message} (code {code})"))
 }
