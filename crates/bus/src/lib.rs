@@ -106,12 +106,17 @@ impl std::fmt::Debug for Bus {
 /// Whether `url` (one server, or several separated by commas) names NATS servers: a
 /// malformed one is refused before the process opens its database.
 pub fn check_url(url: &str) -> Result<(), BusError> {
-    for server in url.split(',') {
+    for (index, server) in url.split(',').enumerate() {
+        // The server is not quoted: a URL that does not parse cannot be redacted
+        // either, and its password may be what broke it.
         server
             .trim()
             .parse::<async_nats::ServerAddr>()
             .map_err(|error| {
-                BusError::Unavailable(format!("'{server}' is not a NATS URL: {error}"))
+                BusError::Unavailable(format!(
+                    "server {} of the list is not a NATS URL: {error}",
+                    index + 1
+                ))
             })?;
     }
     Ok(())

@@ -49,9 +49,14 @@ pub fn is_loopback_host(host: &str) -> bool {
 /// `url` with any password replaced by `<redacted>`, for logs, metrics labels and
 /// evidence: `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`,
 /// and a query parameter that carries a secret (`?password=…`, which libpq and sqlx
-/// accept too, `sslpassword`, a token) keeps its name and loses its value. Text that is
-/// not a URL comes back unchanged.
+/// accept too, `sslpassword`, a token) keeps its name and loses its value. A list of
+/// URLs separated by commas (NATS's servers) is redacted URL by URL, and NATS's token
+/// (`nats://token@host`, a user with no password) is a secret too. Text that is not a
+/// URL comes back unchanged.
 pub fn redact_url(url: &str) -> String {
+    if url.contains(',') {
+        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -60,8 +65,11 @@ pub fn redact_url(url: &str) -> String {
     let authority = match authority.rsplit_once('@') {
         Some((credentials, host)) => {
             let user = credentials.split(':').next().unwrap_or("");
+            let token = NATS_SCHEMES.contains(&scheme.trim().to_ascii_lowercase().as_str());
             if credentials.contains(':') {
                 format!("{user}:<redacted>@{host}")
+            } else if token {
+                format!("<redacted>@{host}")
             } else {
                 format!("{user}@{host}")
             }
@@ -70,6 +78,9 @@ pub fn redact_url(url: &str) -> String {
     };
     format!("{scheme}://{authority}{}", redact_query(tail))
 }
+
+/// Schemes whose lone user part is a token, not a name.
+const NATS_SCHEMES: &[&str] = &["nats", "tls", "ws", "wss"];
 
 /// The path, query and fragment of a URL with secret-bearing parameters' values
 /// replaced.
@@ -147,6 +158,23 @@ mod tests {
         assert_eq!(
             redact_urls_in("cannot reach postgres://a:b@h/d: refused"),
             "cannot reach postgres://a:<redacted>@h/d: refused"
+        );
+    }
+
+    #[test]
+    fn every_server_of_a_nats_list_and_a_nats_token_are_redacted() {
+        assert_eq!(
+            redact_url("nats://u:first@n1:4222,nats://u:SECRET@n2:4222"),
+            "nats://u:<redacted>@n1:4222,nats://u:<redacted>@n2:4222"
+        );
+        assert_eq!(
+            redact_url("nats://TOKEN@n1:4222, tls://OTHER@n2:4222"),
+            "nats://<redacted>@n1:4222, tls://<redacted>@n2:4222"
+        );
+        assert_eq!(
+            redact_url("postgres://stockd@db/shop"),
+            "postgres://stockd@db/shop",
+            "a database's user name is no secret"
         );
     }
 

@@ -744,6 +744,24 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
     }
 }
 
+/// Found in review: a mistyped scheme printed the URL's first 40 characters, cut
+/// before the `@` that marks a password to redact, so part of the password went to
+/// stderr; a NATS URL whose password broke its parsing was quoted whole.
+#[test]
+fn serve_refuses_a_malformed_url_without_printing_its_password() {
+    for (variable, value) in [
+        (
+            "STOCKD_DATABASE_URL",
+            "postgress://stockd:Sup3rSecretPassw0rdOfThirtyTwo@db/shop",
+        ),
+        ("STOCKD_NATS_URL", "nats://stockd:Sup3r/Secret@h:4222"),
+    ] {
+        let (code, message, _) = serve_refusal(&[(variable, value)]);
+        assert_eq!(code, Some(2), "{variable}={value}: {message}");
+        assert!(!message.contains("Sup3r"), "{variable}: {message}");
+    }
+}
+
 #[test]
 fn serve_refuses_a_real_gateway_without_tls_or_with_the_sandbox_key_or_an_empty_secret() {
     let secret = ("STOCKD_WEBHOOK_SECRET", "whsec_a_real_looking_secret");

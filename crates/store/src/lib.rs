@@ -185,9 +185,18 @@ impl Store {
                 SqliteBackend::connect(config).await?,
             )))
         } else {
+            // Only the scheme is quoted: cut short, a URL could keep its password
+            // and lose the `@` that marks it as one to redact.
             Err(StoreError::Unavailable(format!(
                 "database URL must start with sqlite:, postgres:// or mysql:// (got '{}')",
-                config.database_url.chars().take(40).collect::<String>()
+                config
+                    .database_url
+                    .split(':')
+                    .next()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(20)
+                    .collect::<String>()
             )))
         }
     }
