@@ -345,6 +345,26 @@ impl ServeArguments {
         self.campaigns.check()?;
         self.combiner.check()?;
         self.payments.check()?;
+        // A lock wait ends as `lock_timeout`, and a gateway call as `payment_unknown`
+        // (202), only within the request's own bound: past it the request is cut
+        // short with a 503 that says neither.
+        let request = self.limits.request_timeout_milliseconds;
+        for (variable, milliseconds) in [
+            (
+                "STOCKD_LOCK_TIMEOUT_MILLISECONDS",
+                self.database.lock_timeout_milliseconds,
+            ),
+            (
+                "STOCKD_GATEWAY_TIMEOUT_MILLISECONDS",
+                self.payments.gateway_timeout_milliseconds,
+            ),
+        ] {
+            if milliseconds >= request {
+                return Err(format!(
+                    "{variable} ({milliseconds}) must be below STOCKD_REQUEST_TIMEOUT_MILLISECONDS ({request})"
+                ));
+            }
+        }
         if let Some(token) = self
             .admin_token
             .as_deref()
@@ -809,7 +829,18 @@ impl DatabaseArguments {
             self.lock_timeout_milliseconds,
             10,
             600_000,
-        )
+        )?;
+        // A server's statement bound would cancel a longer wait first (503
+        // `unavailable`, never `lock_timeout`); SQLite has none.
+        let statement = store_config(self).statement_timeout_milliseconds;
+        if !self.database_url.starts_with("sqlite:") && self.lock_timeout_milliseconds >= statement
+        {
+            return Err(format!(
+                "STOCKD_LOCK_TIMEOUT_MILLISECONDS ({}) must be below the statement bound ({statement} ms) on PostgreSQL and MySQL",
+                self.lock_timeout_milliseconds
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -200,7 +200,7 @@ async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight
         &directory.0,
         &[
             ("STOCKD_SHUTDOWN_GRACE_SECONDS", "3600"),
-            ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "600000"),
+            ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "599000"),
             ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "600000"),
         ],
     );
@@ -722,6 +722,9 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "-1"),
         ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "60"),
         ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "0"),
+        // Past the request's own bound (30 s by default).
+        ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "30000"),
+        ("STOCKD_GATEWAY_TIMEOUT_MILLISECONDS", "30000"),
         ("STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND", "NaN"),
         ("STOCKD_RATE_LIMIT_REQUESTS_PER_SECOND", "-5"),
         ("STOCKD_LOG", "stockd=[{"),
@@ -760,6 +763,25 @@ fn serve_refuses_a_malformed_url_without_printing_its_password() {
         assert_eq!(code, Some(2), "{variable}={value}: {message}");
         assert!(!message.contains("Sup3r"), "{variable}: {message}");
     }
+}
+
+/// Found in review: a lock bound past a server's 30 s statement bound never answered
+/// `lock_timeout` (the statement was cancelled first: 503 `unavailable`). SQLite has
+/// no statement bound, so there a long lock bound stays allowed.
+#[test]
+fn serve_refuses_a_lock_bound_past_a_servers_statement_bound() {
+    let (code, message, opened) = serve_refusal(&[
+        ("STOCKD_DATABASE_URL", "postgres://stockd@127.0.0.1:1/shop"),
+        ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "30000"),
+        ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "60000"),
+    ]);
+
+    assert_eq!(code, Some(2), "{message}");
+    assert!(
+        message.contains("STOCKD_LOCK_TIMEOUT_MILLISECONDS") && message.contains("statement"),
+        "{message}"
+    );
+    assert!(!opened);
 }
 
 #[test]
