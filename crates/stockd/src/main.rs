@@ -1284,6 +1284,12 @@ async fn audit(arguments: DatabaseArguments) -> Result<bool, String> {
                 domain::redact_urls_in(&error.to_string())
             )
         })?;
+    // Read only: it migrates nothing, but a schema older or newer than this binary's
+    // would make its verdict worthless.
+    store
+        .check_schema()
+        .await
+        .map_err(|error| domain::redact_urls_in(&error.to_string()))?;
     let engine = Engine::new(
         store.clone(),
         Arc::new(SystemClock),

@@ -318,6 +318,43 @@ async fn audit_exits_non_zero_when_a_counter_was_changed_by_hand() {
     assert_eq!(report["differences"][0]["check"], "ledger_vs_available");
 }
 
+/// Found in review: `stockd audit` read whatever schema it found. A database migrated
+/// by a newer stockd (a rolling upgrade) or never migrated got a verdict that meant
+/// nothing, or a bare "no such table".
+#[tokio::test]
+async fn audit_refuses_a_database_not_migrated_or_migrated_by_a_newer_stockd() {
+    let directory = ScratchDirectory::new();
+    let unmigrated = stockd(&directory.0).arg("audit").output().unwrap();
+    let migrate = stockd(&directory.0).arg("migrate").output().unwrap();
+    assert!(migrate.status.success());
+    let mut connection =
+        <sqlx::SqliteConnection as sqlx::Connection>::connect(&database_url(&directory.0))
+            .await
+            .unwrap();
+    sqlx::query(
+        "INSERT INTO schema_migration (version, name, applied_at) VALUES (9999, 'future', 0)",
+    )
+    .execute(&mut connection)
+    .await
+    .unwrap();
+
+    let newer = stockd(&directory.0).arg("audit").output().unwrap();
+
+    assert_eq!(unmigrated.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&unmigrated.stderr).contains("stockd migrate"),
+        "{}",
+        String::from_utf8_lossy(&unmigrated.stderr)
+    );
+    assert_eq!(newer.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&newer.stderr).contains("run a newer stockd"),
+        "{}",
+        String::from_utf8_lossy(&newer.stderr)
+    );
+    assert!(newer.stdout.is_empty(), "no verdict");
+}
+
 #[test]
 fn an_unreachable_database_is_reported_with_exit_code_two() {
     let directory = ScratchDirectory::new();

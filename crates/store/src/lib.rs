@@ -271,6 +271,9 @@ macro_rules! forward {
 forward! {
     /// Applies missing migrations; returns the versions applied now.
     fn migrate(&self) -> Result<Vec<i64>, StoreError>;
+    /// Whether the database holds exactly the migrations this binary knows, for a
+    /// command that reads without migrating (`stockd audit`).
+    fn check_schema(&self) -> Result<(), StoreError>;
     fn database_version(&self) -> Result<String, StoreError>;
     fn ping(&self) -> Result<(), StoreError>;
     /// The writer's view of a SKU (for decisions and tests); pages use `display_sku`.

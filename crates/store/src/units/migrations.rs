@@ -11,6 +11,25 @@ use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::sql::{Connection, statement};
 
+/// The newest migration this binary knows for the backend.
+fn newest_known_migration<B: Backend>() -> i64 {
+    <B::Connection as Dialect>::MIGRATIONS
+        .last()
+        .map(|(version, _, _)| *version)
+        .unwrap_or(0)
+}
+
+/// Refuses a database migrated by a newer stockd: this one would misread it.
+fn refuse_a_newer_schema<B: Backend>(newest_applied: i64) -> Result<(), StoreError> {
+    let newest_known = newest_known_migration::<B>();
+    if newest_applied > newest_known {
+        return Err(invariant(format!(
+            "the database has migration {newest_applied} but this stockd knows only up to {newest_known}; run a newer stockd"
+        )));
+    }
+    Ok(())
+}
+
 /// Longest a start waits for another process's migrations (PostgreSQL's advisory lock
 /// waits as long).
 const MIGRATION_LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -47,20 +66,35 @@ impl<B: Backend> Units<B> {
             }
             None => self.apply_migrations_in_transactions().await?,
         };
-        let newest_known = <B::Connection as Dialect>::MIGRATIONS
-            .last()
-            .map(|(version, _, _)| *version)
-            .unwrap_or(0);
-        let newest_applied: Option<i64> = statement("SELECT MAX(version) FROM schema_migration")
-            .fetch_one_scalar(&mut *self.write_connection().await?)
-            .await?;
-        if newest_applied.unwrap_or(0) > newest_known {
+        let newest_applied = self.newest_applied_migration().await?;
+        refuse_a_newer_schema::<B>(newest_applied)?;
+        Ok(applied_now)
+    }
+
+    /// Whether the database holds exactly the migrations this binary knows: refused
+    /// when it is not migrated, lacks some or has newer ones.
+    pub async fn check_schema(&self) -> Result<(), StoreError> {
+        self.ping().await?;
+        let newest_applied = self.newest_applied_migration().await.map_err(|error| {
+            invariant(format!(
+                "the database is not migrated ({error}); run `stockd migrate` first"
+            ))
+        })?;
+        refuse_a_newer_schema::<B>(newest_applied)?;
+        if newest_applied < newest_known_migration::<B>() {
             return Err(invariant(format!(
-                "the database has migration {} but this stockd knows only up to {newest_known}; run a newer stockd",
-                newest_applied.unwrap_or(0)
+                "the database has migrations up to {newest_applied} of this stockd's {}; run `stockd migrate` first",
+                newest_known_migration::<B>()
             )));
         }
-        Ok(applied_now)
+        Ok(())
+    }
+
+    async fn newest_applied_migration(&self) -> Result<i64, StoreError> {
+        let newest: Option<i64> = statement("SELECT MAX(version) FROM schema_migration")
+            .fetch_one_scalar(&mut *self.writer_read_connection().await?)
+            .await?;
+        Ok(newest.unwrap_or(0))
     }
 
     /// Each migration in a transaction of its own that starts with the backend's
