@@ -877,9 +877,19 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     // Every setting is checked before the database is opened: a binary refusing its
     // configuration must not have migrated the schema first.
     arguments.check()?;
+    // Signals are heard from here on: one during the migrations lets the one under way
+    // finish (on MySQL a migration's DDL commits statement by statement: one cut short
+    // is half applied and unrecorded, and the next start fails on it), then stops.
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
     let mut store_config = store_config(&arguments.database);
     store_config.limits.open_holds_max = arguments.limits.user_open_holds_max;
     let store = connect_and_migrate_with(store_config).await?;
+    if shutdown.is_cancelled() {
+        store.close().await;
+        println!("stockd: stopped by a signal during start-up, after the migrations");
+        return Ok(());
+    }
     let config = arguments.combiner.apply(EngineConfig {
         reservation_ttl_seconds_default: arguments.reservation_ttl_seconds_default,
         expiry_interval_milliseconds: arguments.expiry_interval_milliseconds,
@@ -946,8 +956,6 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     if campaigns > 0 {
         println!("stockd: routing {campaigns} open flash-sale campaign(s)");
     }
-    let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone());
     // When the signal came: the grace is counted from it, for the connections, the
     // tickets' requests and the workers alike.
     let signalled_at = Arc::new(std::sync::OnceLock::new());
@@ -1457,6 +1465,10 @@ fn main() -> ExitCode {
             }
             Command::Migrate(arguments) => {
                 init_logging(&arguments)?;
+                // A signal lets the migration under way finish (on MySQL a migration's
+                // DDL commits statement by statement: one cut short is half applied
+                // and unrecorded); a second one stops at once.
+                cancel_on_signal(CancellationToken::new());
                 let store = connect_and_migrate(&arguments).await?;
                 println!("stockd: database is migrated ({})", store.backend_name());
                 store.close().await;

@@ -554,6 +554,97 @@ async fn mysql_a_killed_server_loses_no_acknowledged_reservation() {
         .unwrap();
 }
 
+/// Found in review: signals were heard only once start-up had finished, so a SIGTERM
+/// while a start waited for (or ran) the migrations killed the process. On MySQL a
+/// migration's DDL commits statement by statement, so one cut short stayed half
+/// applied and unrecorded, and every later start failed on it. Now the migrations
+/// under way finish, and the start stops after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_signal_during_the_start_ups_migrations_lets_them_finish_then_stops() {
+    if !acceptance::Backend::Mysql.available().await {
+        return;
+    }
+    let server = acceptance::mysql_url();
+    let database = format!("stockd_signal_{:016x}", rand::random::<u64>());
+    let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    )))
+    .execute(&mut connection)
+    .await
+    .unwrap();
+    // Another instance migrating: this start waits for its lock.
+    let lock = format!("stockd_migrate:{database}");
+    sqlx::query("SELECT GET_LOCK(?, 10)")
+        .bind(&lock)
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let directory = ScratchDirectory::new();
+    let url = format!("{}/{database}", server.trim_end_matches('/'));
+    let child = stockd(&directory.0)
+        .env("STOCKD_DATABASE_URL", &url)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let probe = std::sync::Arc::new(tokio::sync::Mutex::new(
+        <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
+            .await
+            .unwrap(),
+    ));
+    acceptance::wait_until_async("the start asks for the migration lock", || {
+        let probe = std::sync::Arc::clone(&probe);
+        async move {
+            let (asking,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE 'SELECT GET_LOCK(CONCAT(''stockd_migrate:''%'",
+            )
+            .fetch_one(&mut *probe.lock().await)
+            .await
+            .unwrap();
+            asking > 0
+        }
+    })
+    .await;
+
+    signal(&child, "TERM");
+    sqlx::query("SELECT RELEASE_LOCK(?)")
+        .bind(&lock)
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+
+    assert_eq!(output.status.code(), Some(0), "not killed by the signal");
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("stopped by a signal during start-up"),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let audit = stockd(&directory.0)
+        .env("STOCKD_DATABASE_URL", &url)
+        .arg("audit")
+        .output()
+        .unwrap();
+    assert_eq!(
+        audit.status.code(),
+        Some(0),
+        "every migration applied and recorded: {}",
+        String::from_utf8_lossy(&audit.stderr)
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&mut connection)
+        .await
+        .unwrap();
+}
+
 /// Creates `TEA` (price 350) with `quantity` units and an order for one; returns the
 /// order id.
 async fn order_one_tea(address: SocketAddr, bearer: &str, quantity: i64) -> String {
