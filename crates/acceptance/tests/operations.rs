@@ -17,6 +17,7 @@ mirrored_tests!(
     the_audit_reports_ledger_rows_of_a_stock_row_that_does_not_exist,
     the_ledger_refuses_updates_and_deletes,
     unknown_routes_and_methods_answer_with_problem_documents,
+    the_pages_and_their_assets_carry_the_browser_security_headers,
 );
 
 async fn health_and_readiness_answer_when_the_database_is_reachable(backend: Backend) {
@@ -432,4 +433,33 @@ async fn the_stores_database_connections_send_small_packets_at_once(backend: Bac
             .all(|socket| rustix::net::sockopt::tcp_nodelay(socket).unwrap_or(false))
     })
     .await;
+}
+
+/// The console's pages hold a staff token: they are never framed (the policy's
+/// `frame-ancestors`, and X-Frame-Options for browsers that predate it), load scripts
+/// only from this origin, are never sniffed as another type and send no referrer.
+async fn the_pages_and_their_assets_carry_the_browser_security_headers(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+
+    for path in ["/", "/console", "/assets/console.js", "/docs"] {
+        let page = app.send(Call::get(path).anonymous()).await;
+
+        assert_eq!(page.status, 200, "{path}");
+        let policy = page.header("content-security-policy").unwrap_or_default();
+        assert!(
+            policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"),
+            "{path}: {policy}"
+        );
+        assert_eq!(page.header("x-frame-options"), Some("DENY"), "{path}");
+        assert_eq!(
+            page.header("x-content-type-options"),
+            Some("nosniff"),
+            "{path}"
+        );
+        assert_eq!(
+            page.header("referrer-policy"),
+            Some("no-referrer"),
+            "{path}"
+        );
+    }
 }

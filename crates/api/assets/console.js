@@ -79,12 +79,16 @@
   // (a receipt booked once, not twice). A final answer (2xx or another 4xx) forgets it.
   // Kept in the tab's storage, as the token is: reloading the page is what people do
   // after a failed connection, and the change submitted again must keep its key. For
-  // ten minutes only, and forgotten at log-out: an identical change made later (the
-  // next delivery of the same quantity) is a new one, not a retry. An answer that is a
-  // replay says so (`Idempotent-Replayed`), so nothing passes for booked twice.
+  // ten minutes from its last try only, and forgotten at log-out: an identical change
+  // made later (the next delivery of the same quantity) is a new one, not a retry. A
+  // shelf change sets a state, so one with a known outcome forgets the other shelf
+  // changes still unknown: after "off", the earlier "on" made again is a new change,
+  // not the replay of the first one's answer. An answer that is a replay says so
+  // (`Idempotent-Replayed`), so nothing passes for booked twice.
   const UNKNOWN_OUTCOMES_MAX = 50;
   const UNKNOWN_OUTCOME_LIFETIME_MILLISECONDS = 10 * 60 * 1000;
   const UNKNOWN_OUTCOMES_KEY = "stockd-console-unknown-outcomes";
+  const SHELF_PATH = "/v1/admin/shelf";
   const unknownOutcomes = new Map(storedUnknownOutcomes());
 
   function storedUnknownOutcomes() {
@@ -144,7 +148,7 @@
       const fresh = unknown && Date.now() - unknown.at < UNKNOWN_OUTCOME_LIFETIME_MILLISECONDS;
       const key = fresh ? unknown.key : idempotencyKey();
       unknownOutcomes.delete(request);
-      unknownOutcomes.set(request, { key, at: fresh ? unknown.at : Date.now() });
+      unknownOutcomes.set(request, { key, at: Date.now() });
       if (unknownOutcomes.size > UNKNOWN_OUTCOMES_MAX) unknownOutcomes.delete(unknownOutcomes.keys().next().value);
       storeUnknownOutcomes();
       headers["idempotency-key"] = key;
@@ -155,7 +159,7 @@
       response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     } catch (error) {
       if (method === "GET") throw error;
-      throw new Error("The connection failed, so whether this change was made is not known. Submit it again as it is: it goes with the same Idempotency-Key, so it cannot be made twice.");
+      throw new Error("The connection failed, so whether this change was made is not known. Submit it again as it is, within ten minutes: it goes with the same Idempotency-Key, so it cannot be made twice.");
     }
     if (method !== "GET") noteConsistencyToken(response.headers.get("stockd-consistency-token"));
     const type = response.headers.get("content-type") || "";
@@ -165,6 +169,11 @@
     }
     if (method !== "GET" && outcomeKnown(response.status, data)) {
       unknownOutcomes.delete(request);
+      if (path === SHELF_PATH) {
+        for (const pending of [...unknownOutcomes.keys()]) {
+          if (pending.startsWith(`POST ${SHELF_PATH} `)) unknownOutcomes.delete(pending);
+        }
+      }
       storeUnknownOutcomes();
     }
     if (response.status === 401 && path !== "/v1/me") {
@@ -383,7 +392,9 @@
         results.replaceChildren(element("div", { class: "problem" }, "Select at least one product."));
         return;
       }
-      const body = { operation, product_ids: [...selected], remark: remark.value || undefined };
+      // In one order whatever the order of the clicks: the same change submitted again
+      // is the same request, with the same key.
+      const body = { operation, product_ids: [...selected].sort(), remark: remark.value || undefined };
       if (operation.endsWith("_at")) {
         if (!when.value) {
           results.replaceChildren(element("div", { class: "problem" }, "Choose the minute it should happen."));
@@ -393,16 +404,25 @@
       }
       const words = { on: "Put on the shelf now", off: "Take off the shelf now", on_at: `Put on the shelf at ${when.value}`, off_at: `Take off the shelf at ${when.value}` }[operation];
       if (!(await ask(`${words}?`, element("p", {}, `${selected.size} product(s) selected.`), words))) return;
+      let answer;
       try {
-        const answer = await api("POST", "/v1/admin/shelf", body);
-        await loadProducts(holder, category, supplier, changed);
-        const fresh = holder.querySelector("[data-shelf-results]");
-        showShelfResults(fresh, answer);
-        changed();
+        answer = await api("POST", SHELF_PATH, body);
       } catch (error) {
         results.replaceChildren(problemBox(error));
         if (error.data && error.data.results) showShelfResults(results, error.data, true);
+        return;
       }
+      // The change is made: its result is shown even when the list cannot be read
+      // again (which then shows its own error), so nobody takes it for a failure and
+      // makes it a second time.
+      await loadProducts(holder, category, supplier, changed);
+      let fresh = holder.querySelector("[data-shelf-results]");
+      if (!fresh) {
+        fresh = element("div", { "aria-live": "polite", "data-shelf-results": true });
+        holder.append(fresh);
+      }
+      showShelfResults(fresh, answer);
+      changed();
     };
     holder.replaceChildren(element("section", { class: "card", "aria-labelledby": "products-title" },
       element("h2", { id: "products-title" }, `Products (${products.length}${complete ? "" : "+"})`),

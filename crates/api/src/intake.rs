@@ -13,8 +13,8 @@
 //! transient failure (`lock_timeout`, `retry_exhausted`, `unavailable`, the original
 //! still running, or a campaign's waiting room with no place for it: `rate_limited`)
 //! is not answered but delivered again after a pause, except at its last delivery
-//! (the consumer's `max_deliver`), when it is answered with that failure unless the
-//! failure says another delivery of it still runs; an `internal` error is answered. At most `in_flight_max` commands
+//! (the consumer's `max_deliver`), when it is answered with that failure (not final:
+//! it says to retry under the same key); an `internal` error is answered. At most `in_flight_max` commands
 //! are handed out at once over every instance, and one step takes at most
 //! `batch_size_max` of them.
 
@@ -76,9 +76,9 @@ pub enum Handled {
     Retried,
     /// A transient failure at the last delivery JetStream makes (the consumer's
     /// `max_deliver`): answered with it (this status) and acknowledged, so the sender
-    /// hears why rather than nothing for good. Not a failure that says another
-    /// delivery of the command still runs (`request_in_progress`, `rate_limited`):
-    /// that one answers.
+    /// hears why rather than nothing for good. Each such answer says to retry under
+    /// the same key: `request_in_progress` may be followed by the running delivery's
+    /// own answer.
     GivenUp { status: u16 },
 }
 
@@ -191,18 +191,17 @@ impl ReserveIntake {
         };
         let (status, body, replayed) = match outcome {
             Ok(reply) => (reply.response.status, reply.response.body, reply.replayed),
-            Err(error)
-                if is_transient(&error)
-                    && (command.delivered() < deliveries_max || is_another_delivery(&error)) =>
-            {
+            Err(error) if is_transient(&error) && command.delivered() < deliveries_max => {
                 metrics::counter!("stockd_intake_commands_total", "outcome" => "retried")
                     .increment(1);
                 command.retry_after(self.config.retry_delay).await?;
                 return Ok(Handled::Retried);
             }
             Err(error) if is_transient(&error) => {
-                // JetStream would drop it silently after this delivery. (Not when
-                // another delivery of it still runs: that one answers.)
+                // JetStream would drop it silently after this delivery. Every such
+                // answer says to retry under the same key, so one that another
+                // delivery then answers for good is not contradicted (409
+                // `request_in_progress`, 429 `rate_limited` are not final).
                 let status = error.status.as_u16();
                 let body = problem_body_with_status(error.code, error.status, &error.detail);
                 self.answer(command, (key.as_deref(), shop), status, body, false)
@@ -325,16 +324,6 @@ fn is_transient(error: &ApiError) -> bool {
             | ErrorCode::Unavailable
             | ErrorCode::RequestInProgress
             | ErrorCode::RateLimited
-    )
-}
-
-/// A transient failure that says another delivery of the same command is still being
-/// handled (its key in flight, the shopper's one place in a campaign's line taken):
-/// that delivery answers, so the last one need not.
-fn is_another_delivery(error: &ApiError) -> bool {
-    matches!(
-        error.code,
-        ErrorCode::RequestInProgress | ErrorCode::RateLimited
     )
 }
 

@@ -212,9 +212,14 @@ impl ReserveConsumer {
 
     /// How many times JetStream delivers one command at most, as the consumer on the
     /// server was created (an existing consumer keeps its own, whatever this
-    /// instance's configuration says).
+    /// instance's configuration says): `i64::MAX` for one without a bound (NATS stores
+    /// -1). Read when the consumer was attached; an edit on the server is seen when
+    /// the intake attaches again.
     pub fn deliveries_max(&self) -> i64 {
-        self.consumer.cached_info().config.max_deliver
+        match self.consumer.cached_info().config.max_deliver {
+            bound if bound > 0 => bound,
+            _ => i64::MAX,
+        }
     }
 
     /// Commands handed out and not acknowledged yet, over every instance, as the

@@ -49,23 +49,65 @@ pub fn is_loopback_host(host: &str) -> bool {
 /// `url` with any password replaced by `<redacted>`, for logs, metrics labels and
 /// evidence: `postgres://user:pw@host/db` becomes `postgres://user:<redacted>@host/db`,
 /// and a query parameter that carries a secret (`?password=…`, which libpq and sqlx
-/// accept too, `sslpassword`, a token) keeps its name and loses its value. A list of
-/// URLs separated by commas (NATS's servers) is redacted URL by URL, and NATS's token
-/// (`nats://token@host`, a user with no password) is a secret too. Text that is not a
-/// URL comes back unchanged.
+/// accept too, `sslpassword`, a token) keeps its name and loses its value. A NATS list
+/// of servers separated by commas is redacted server by server (one without a scheme
+/// as NATS reads it, with the first one's), and NATS's token (`nats://token@host`, a
+/// user with no password) is a secret too. Any other URL is one URL, commas and all (a
+/// password may hold one; PostgreSQL names several hosts so). Text that is not a URL
+/// comes back unchanged.
 pub fn redact_url(url: &str) -> String {
-    if url.contains(',') {
-        return url.split(',').map(redact_url).collect::<Vec<_>>().join(",");
-    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
+    if is_nats(scheme) && url.contains(',') {
+        let prefix = format!(
+            "{}://",
+            scheme.trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        );
+        return url
+            .split(',')
+            .enumerate()
+            .map(|(index, server)| {
+                if index == 0 || server.contains("://") {
+                    return redact_one(server);
+                }
+                let trimmed = server.trim_start();
+                let lead = &server[..server.len() - trimmed.len()];
+                let redacted = redact_one(&format!("{prefix}{trimmed}"));
+                format!(
+                    "{lead}{}",
+                    redacted.strip_prefix(&prefix).unwrap_or(&redacted)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    redact_parts(scheme, rest)
+}
+
+/// Whether a scheme is NATS's (quotes or spaces before it allowed).
+fn is_nats(scheme: &str) -> bool {
+    let scheme = scheme
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_ascii_lowercase();
+    NATS_SCHEMES.contains(&scheme.as_str())
+}
+
+/// [`redact_url`] of one URL.
+fn redact_one(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => redact_parts(scheme, rest),
+        None => url.to_owned(),
+    }
+}
+
+fn redact_parts(scheme: &str, rest: &str) -> String {
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
     let authority = match authority.rsplit_once('@') {
         Some((credentials, host)) => {
             let user = credentials.split(':').next().unwrap_or("");
-            let token = NATS_SCHEMES.contains(&scheme.trim().to_ascii_lowercase().as_str());
+            let token = is_nats(scheme);
             if credentials.contains(':') {
                 format!("{user}:<redacted>@{host}")
             } else if token {
@@ -175,6 +217,29 @@ mod tests {
             redact_url("postgres://stockd@db/shop"),
             "postgres://stockd@db/shop",
             "a database's user name is no secret"
+        );
+        assert_eq!(
+            redact_url("nats://a:first@n1:4222, b:second@n2:4222"),
+            "nats://a:<redacted>@n1:4222, b:<redacted>@n2:4222",
+            "a server without a scheme is read as NATS reads it"
+        );
+        assert_eq!(
+            redact_url("'nats://TOKEN@n1:4222'"),
+            "'nats://<redacted>@n1:4222'"
+        );
+    }
+
+    #[test]
+    fn a_database_url_with_commas_is_one_url() {
+        assert_eq!(
+            redact_url("postgres://u:pa,ss@db/shop"),
+            "postgres://u:<redacted>@db/shop",
+            "a password with a comma"
+        );
+        assert_eq!(
+            redact_url("postgres://h1,h2/db?password=s3cret"),
+            "postgres://h1,h2/db?password=<redacted>",
+            "several hosts"
         );
     }
 

@@ -347,7 +347,9 @@ impl ServeArguments {
         self.payments.check()?;
         // A lock wait ends as `lock_timeout`, and a gateway call as `payment_unknown`
         // (202), only within the request's own bound: past it the request is cut
-        // short with a 503 that says neither.
+        // short with a 503 that says neither. Necessary, not sufficient: a reservation
+        // may wait twice (its batch's wait, then its own in the one-by-one pass), so a
+        // bound near the request's still ends some waits as 503 (README).
         let request = self.limits.request_timeout_milliseconds;
         for (variable, milliseconds) in [
             (
@@ -831,10 +833,15 @@ impl DatabaseArguments {
             600_000,
         )?;
         // A server's statement bound would cancel a longer wait first (503
-        // `unavailable`, never `lock_timeout`); SQLite has none.
+        // `unavailable`, never `lock_timeout`); SQLite has none. MySQL counts the
+        // lock bound in whole seconds, rounded up.
         let statement = store_config(self).statement_timeout_milliseconds;
-        if !self.database_url.starts_with("sqlite:") && self.lock_timeout_milliseconds >= statement
-        {
+        let waited = if self.database_url.starts_with("mysql:") {
+            self.lock_timeout_milliseconds.div_ceil(1_000) * 1_000
+        } else {
+            self.lock_timeout_milliseconds
+        };
+        if !self.database_url.starts_with("sqlite:") && waited >= statement {
             return Err(format!(
                 "STOCKD_LOCK_TIMEOUT_MILLISECONDS ({}) must be below the statement bound ({statement} ms) on PostgreSQL and MySQL",
                 self.lock_timeout_milliseconds

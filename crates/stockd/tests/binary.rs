@@ -898,18 +898,24 @@ fn serve_refuses_a_malformed_url_without_printing_its_password() {
 /// no statement bound, so there a long lock bound stays allowed.
 #[test]
 fn serve_refuses_a_lock_bound_past_a_servers_statement_bound() {
-    let (code, message, opened) = serve_refusal(&[
-        ("STOCKD_DATABASE_URL", "postgres://stockd@127.0.0.1:1/shop"),
-        ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "30000"),
-        ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "60000"),
-    ]);
+    for (url, lock) in [
+        ("postgres://stockd@127.0.0.1:1/shop", "30000"),
+        // MySQL counts whole seconds: 29.5 s waits 30.
+        ("mysql://stockd@127.0.0.1:1/shop", "29500"),
+    ] {
+        let (code, message, opened) = serve_refusal(&[
+            ("STOCKD_DATABASE_URL", url),
+            ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", lock),
+            ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "60000"),
+        ]);
 
-    assert_eq!(code, Some(2), "{message}");
-    assert!(
-        message.contains("STOCKD_LOCK_TIMEOUT_MILLISECONDS") && message.contains("statement"),
-        "{message}"
-    );
-    assert!(!opened);
+        assert_eq!(code, Some(2), "{url}: {message}");
+        assert!(
+            message.contains("STOCKD_LOCK_TIMEOUT_MILLISECONDS") && message.contains("statement"),
+            "{url}: {message}"
+        );
+        assert!(!opened);
+    }
 }
 
 #[test]

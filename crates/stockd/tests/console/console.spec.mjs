@@ -223,6 +223,44 @@ try {
   assert.ok(movementToken, "the receipt's answer carries a consistency token");
   assert.equal(skuReadTokens[skuReadTokens.length - 1], movementToken, "the read after it sends it back");
 
+  step("a shelf change whose answer was lost is not replayed after another change");
+  // Off (its answer lost, though the server made it), then on, then off again: the
+  // second off is a new change, not a retry of the first. Replayed, it would answer
+  // "1 changed" and leave the product on the shelf.
+  await page.getByRole("link", { name: "Catalog & shelf" }).click();
+  const shelfKeys = [];
+  let loseTheShelfAnswer = true;
+  await page.route("**/v1/admin/shelf", async (route) => {
+    if (route.request().method() !== "POST") return route.continue();
+    shelfKeys.push(route.request().headers()["idempotency-key"]);
+    if (loseTheShelfAnswer) {
+      loseTheShelfAnswer = false;
+      await route.fetch();
+      await route.abort("connectionreset");
+    } else {
+      await route.continue();
+    }
+  });
+  const shelve = async (button, words) => {
+    await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByRole("checkbox").check();
+    await page.getByRole("button", { name: button }).click();
+    await confirmDialog(words);
+  };
+  await shelve("Off shelf now", "Take off the shelf now");
+  await page.getByRole("alert").getByText(/whether this change was made is not known/).waitFor();
+  await shelve("On shelf now", "Put on the shelf now");
+  await page.getByText(/1 changed/).waitFor();
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByText("ON_SHELF").waitFor();
+  await shelve("Off shelf now", "Take off the shelf now");
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByText("OFF_SHELF").waitFor();
+  const offAgain = (await call("GET", "/v1/admin/products?category=dairy&supplier=oat-co")).products[0];
+  assert.equal(offAgain.skus[0].sale_status, "OFF_SHELF", "the second off was made, not replayed");
+  assert.equal(shelfKeys.length, 3);
+  assert.notEqual(shelfKeys[2], shelfKeys[0], "a new key for the new change");
+  await page.unrouteAll();
+  await shelve("On shelf now", "Put on the shelf now");
+  await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByText("ON_SHELF").waitFor();
+
   step("cancel an order");
   const order = await call("POST", "/v1/orders", { user_id: "ui-shopper", lines: [{ sku: "OAT-1L", quantity: 2 }] });
   await page.getByRole("link", { name: "Orders" }).click();

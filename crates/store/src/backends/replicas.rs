@@ -38,6 +38,9 @@ struct MemberState {
     lag_seconds: Option<f64>,
     lag_bytes: Option<u64>,
     lag_seconds_peak: f64,
+    /// When the writer's position was read for the last sample that found the replica
+    /// caught up: whatever it lacks now was committed after that.
+    caught_up_at: Option<std::time::Instant>,
 }
 
 impl Member {
@@ -205,6 +208,7 @@ impl ReplicaSet {
     /// Samples every replica's lag against the writer's position and moves each into
     /// or out of the rotation. One step of the replica monitor.
     pub async fn sample(&self, writer: &PgPool) -> Vec<ReplicaHealth> {
+        let asked_writer_at = std::time::Instant::now();
         let writer_position: Option<ConsistencyToken> = tokio::time::timeout(
             self.answer_timeout,
             sqlx::query_scalar::<_, String>("SELECT pg_current_wal_lsn()::text").fetch_one(writer),
@@ -221,11 +225,18 @@ impl ReplicaSet {
                 .map(|member| sample_member(member, writer_position, self.answer_timeout)),
         )
         .await;
+        let answered_at = std::time::Instant::now();
         let mut health = Vec::with_capacity(self.members.len());
         for (member, sample) in self.members.iter().zip(samples) {
             let mut was_in = false;
             let after = member.update(|state| {
                 was_in = state.rotation.is_in();
+                let sample = bounded_by_last_caught_up(
+                    sample,
+                    &mut state.caught_up_at,
+                    writer_position.is_some().then_some(asked_writer_at),
+                    answered_at,
+                );
                 state.rotation = state.rotation.after(sample, self.lag_seconds_max);
                 (state.lag_seconds, state.lag_bytes) = match sample {
                     LagSample::Measured { seconds, bytes } => (Some(seconds), Some(bytes)),
@@ -323,9 +334,86 @@ fn lag_of(
     LagSample::Measured { seconds, bytes }
 }
 
+/// A replica behind the writer lacks only what was committed since the last sample
+/// that found it caught up (`caught_up_at`, when that sample read the writer's
+/// position), so its lag is at most the time since then. The age of the last
+/// transaction it replayed alone overstates it after a quiet spell: one commit after
+/// ten idle minutes, sampled before the replica replays it, read as ten minutes behind
+/// and took the replica out of the rotation. A caught-up sample (with the writer's
+/// position known, `writer_asked_at`) sets the mark; an unhealthy one leaves it.
+fn bounded_by_last_caught_up(
+    sample: LagSample,
+    caught_up_at: &mut Option<std::time::Instant>,
+    writer_asked_at: Option<std::time::Instant>,
+    now: std::time::Instant,
+) -> LagSample {
+    match sample {
+        LagSample::Measured { bytes: 0, .. } => {
+            if writer_asked_at.is_some() {
+                *caught_up_at = writer_asked_at;
+            }
+            sample
+        }
+        LagSample::Measured { seconds, bytes } => LagSample::Measured {
+            seconds: caught_up_at.map_or(seconds, |since| {
+                seconds.min(now.saturating_duration_since(since).as_secs_f64())
+            }),
+            bytes,
+        },
+        LagSample::Unhealthy => sample,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_replica_behind_after_a_quiet_spell_lags_no_longer_than_since_it_was_caught_up() {
+        let start = std::time::Instant::now();
+        let half_a_second_later = start + Duration::from_millis(500);
+        let mut caught_up_at = None;
+        let caught_up = LagSample::Measured {
+            seconds: 0.0,
+            bytes: 0,
+        };
+        // The last transaction it replayed is ten minutes old: the writer was idle.
+        let behind = LagSample::Measured {
+            seconds: 600.0,
+            bytes: 120,
+        };
+
+        let never_caught_up =
+            bounded_by_last_caught_up(behind, &mut caught_up_at, Some(start), start);
+        bounded_by_last_caught_up(caught_up, &mut caught_up_at, Some(start), start);
+        let after = bounded_by_last_caught_up(behind, &mut caught_up_at, None, half_a_second_later);
+
+        assert_eq!(never_caught_up, behind, "no mark yet: the replay's age");
+        assert_eq!(
+            after,
+            LagSample::Measured {
+                seconds: 0.5,
+                bytes: 120
+            }
+        );
+        let stuck = bounded_by_last_caught_up(
+            LagSample::Measured {
+                seconds: 2.0,
+                bytes: 120,
+            },
+            &mut caught_up_at,
+            None,
+            start + Duration::from_secs(60),
+        );
+        assert_eq!(
+            stuck,
+            LagSample::Measured {
+                seconds: 2.0,
+                bytes: 120
+            },
+            "a replica replaying recent transactions keeps their age"
+        );
+    }
 
     fn at(position: u64) -> ConsistencyToken {
         ConsistencyToken::from_position(position)

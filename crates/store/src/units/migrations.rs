@@ -72,19 +72,36 @@ impl<B: Backend> Units<B> {
     }
 
     /// Whether the database holds exactly the migrations this binary knows: refused
-    /// when it is not migrated, lacks some or has newer ones.
+    /// when it is not migrated, lacks some or has others (a newer stockd's).
     pub async fn check_schema(&self) -> Result<(), StoreError> {
         self.ping().await?;
-        let newest_applied = self.newest_applied_migration().await.map_err(|error| {
-            invariant(format!(
-                "the database is not migrated ({error}); run `stockd migrate` first"
-            ))
-        })?;
-        refuse_a_newer_schema::<B>(newest_applied)?;
-        if newest_applied < newest_known_migration::<B>() {
+        let applied: Vec<i64> = statement("SELECT version FROM schema_migration ORDER BY version")
+            .fetch_all_scalar(&mut *self.writer_read_connection().await?)
+            .await
+            .map_err(|error| {
+                invariant(format!(
+                    "the database's migrations could not be read ({error}): is it migrated? `stockd migrate` migrates it"
+                ))
+            })?;
+        refuse_a_newer_schema::<B>(applied.last().copied().unwrap_or(0))?;
+        let known: Vec<i64> = <B::Connection as Dialect>::MIGRATIONS
+            .iter()
+            .map(|(version, _, _)| *version)
+            .collect();
+        if let Some(unknown) = applied.iter().find(|version| !known.contains(version)) {
             return Err(invariant(format!(
-                "the database has migrations up to {newest_applied} of this stockd's {}; run `stockd migrate` first",
-                newest_known_migration::<B>()
+                "the database has migration {unknown}, which this stockd does not know"
+            )));
+        }
+        let missing: Vec<String> = known
+            .iter()
+            .filter(|version| !applied.contains(version))
+            .map(i64::to_string)
+            .collect();
+        if !missing.is_empty() {
+            return Err(invariant(format!(
+                "the database lacks migrations {} of this stockd; run `stockd migrate` first",
+                missing.join(", ")
             )));
         }
         Ok(())
