@@ -2469,19 +2469,7 @@ async fn the_product_view_shows_what_a_reservation_could_take_around_a_campaign(
         .shelf(None, json!({"operation": "on", "product_ids": [product]}))
         .await;
     assert_eq!(on.status, 200, "{on:?}");
-    let created = create_campaign(
-        &app,
-        "campaign-VIEWED",
-        json!({
-            "sku": "VIEWED",
-            "quantity": 10,
-            "buckets": 2,
-            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
-            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
-        }),
-    )
-    .await;
-    assert_eq!(created.status, 201, "{created:?}");
+    campaign_of_ten_starting_in_an_hour(&app, "VIEWED").await;
     let shown = |app: &TestApp| {
         let app = app.clone();
         let product = product.clone();
@@ -2516,6 +2504,23 @@ async fn the_product_view_shows_what_a_reservation_could_take_around_a_campaign(
     assert_eq!(during, ("on_sale".to_owned(), 10), "the campaign's units");
 }
 
+/// A campaign of 10 units of `sku` in 2 buckets, from an hour after START for an hour.
+async fn campaign_of_ten_starting_in_an_hour(app: &TestApp, sku: &str) {
+    let created = create_campaign(
+        app,
+        &format!("campaign-{sku}"),
+        json!({
+            "sku": sku,
+            "quantity": 10,
+            "buckets": 2,
+            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+}
+
 /// Found in review: a shelf operation's `availability` summed every stock row of the
 /// SKU, a campaign's buckets included, so putting a SKU whose every unit waits in a
 /// campaign not yet started back on sale said `on_sale` while the product view (and
@@ -2528,19 +2533,7 @@ async fn a_shelf_operation_reports_the_availability_the_product_view_shows_aroun
         .create_product(acceptance::ProductSpec::complete("default", &["SHELVED"]))
         .await;
     app.receive("SHELVED", 10).await;
-    let created = create_campaign(
-        &app,
-        "campaign-SHELVED",
-        json!({
-            "sku": "SHELVED",
-            "quantity": 10,
-            "buckets": 2,
-            "starts_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
-            "ends_at": START.plus_seconds(2 * HOUR_SECONDS).to_rfc3339(),
-        }),
-    )
-    .await;
-    assert_eq!(created.status, 201, "{created:?}");
+    campaign_of_ten_starting_in_an_hour(&app, "SHELVED").await;
     let off_and_on = |app: &TestApp| {
         let app = app.clone();
         let product = product.clone();

@@ -534,24 +534,52 @@ async fn mysql_a_killed_server_loses_no_acknowledged_reservation() {
     if !acceptance::Backend::Mysql.available().await {
         return;
     }
-    let server = acceptance::mysql_url();
-    let database = format!("stockd_kill_{:016x}", rand::random::<u64>());
-    let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    )))
-    .execute(&mut connection)
-    .await
-    .unwrap();
-    let url = format!("{}/{database}", server.trim_end_matches('/'));
-    a_killed_server_loses_no_acknowledged_reservation(&[("STOCKD_DATABASE_URL", url.as_str())])
-        .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+    let scratch = ScratchMysqlDatabase::create("stockd_kill").await;
+    a_killed_server_loses_no_acknowledged_reservation(&[(
+        "STOCKD_DATABASE_URL",
+        scratch.url.as_str(),
+    )])
+    .await;
+    scratch.drop().await;
+}
+
+/// A database of the test's own on the MySQL test server, with a connection to the
+/// server for the test's own statements.
+struct ScratchMysqlDatabase {
+    server: String,
+    name: String,
+    url: String,
+    connection: sqlx::MySqlConnection,
+}
+
+impl ScratchMysqlDatabase {
+    async fn create(prefix: &str) -> ScratchMysqlDatabase {
+        let server = acceptance::mysql_url();
+        let name = format!("{prefix}_{:016x}", rand::random::<u64>());
+        let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
+            .await
+            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+        )))
         .execute(&mut connection)
         .await
         .unwrap();
+        let url = format!("{}/{name}", server.trim_end_matches('/'));
+        ScratchMysqlDatabase {
+            server,
+            name,
+            url,
+            connection,
+        }
+    }
+
+    async fn drop(mut self) {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {}", self.name)))
+            .execute(&mut self.connection)
+            .await
+            .unwrap();
+    }
 }
 
 /// Found in review: signals were heard only once start-up had finished, so a SIGTERM
@@ -564,45 +592,37 @@ async fn mysql_a_signal_during_the_start_ups_migrations_lets_them_finish_then_st
     if !acceptance::Backend::Mysql.available().await {
         return;
     }
-    let server = acceptance::mysql_url();
-    let database = format!("stockd_signal_{:016x}", rand::random::<u64>());
-    let mut connection = <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE DATABASE {database} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    )))
-    .execute(&mut connection)
-    .await
-    .unwrap();
+    let mut scratch = ScratchMysqlDatabase::create("stockd_signal").await;
     // Another instance migrating: this start waits for its lock.
-    let lock = format!("stockd_migrate:{database}");
+    let lock = format!("stockd_migrate:{}", scratch.name);
     sqlx::query("SELECT GET_LOCK(?, 10)")
         .bind(&lock)
-        .execute(&mut connection)
+        .execute(&mut scratch.connection)
         .await
         .unwrap();
     let directory = ScratchDirectory::new();
-    let url = format!("{}/{database}", server.trim_end_matches('/'));
     let child = stockd(&directory.0)
-        .env("STOCKD_DATABASE_URL", &url)
+        .env("STOCKD_DATABASE_URL", &scratch.url)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let probe = std::sync::Arc::new(tokio::sync::Mutex::new(
-        <sqlx::MySqlConnection as sqlx::Connection>::connect(&server)
+        <sqlx::MySqlConnection as sqlx::Connection>::connect(&scratch.server)
             .await
             .unwrap(),
     ));
     acceptance::wait_until_async("the start asks for the migration lock", || {
         let probe = std::sync::Arc::clone(&probe);
+        let database = scratch.name.clone();
         async move {
+            // This start's session only: other tests' starts migrate too.
             let (asking,): (i64,) = sqlx::query_as(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                 WHERE INFO LIKE 'SELECT GET_LOCK(CONCAT(''stockd_migrate:''%'",
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE DB = ? \
+                 AND INFO LIKE 'SELECT GET_LOCK(CONCAT(''stockd_migrate:''%'",
             )
+            .bind(database)
             .fetch_one(&mut *probe.lock().await)
             .await
             .unwrap();
@@ -614,7 +634,7 @@ async fn mysql_a_signal_during_the_start_ups_migrations_lets_them_finish_then_st
     signal(&child, "TERM");
     sqlx::query("SELECT RELEASE_LOCK(?)")
         .bind(&lock)
-        .execute(&mut connection)
+        .execute(&mut scratch.connection)
         .await
         .unwrap();
     let output = tokio::task::spawn_blocking(move || child.wait_with_output())
@@ -629,7 +649,7 @@ async fn mysql_a_signal_during_the_start_ups_migrations_lets_them_finish_then_st
         String::from_utf8_lossy(&output.stdout)
     );
     let audit = stockd(&directory.0)
-        .env("STOCKD_DATABASE_URL", &url)
+        .env("STOCKD_DATABASE_URL", &scratch.url)
         .arg("audit")
         .output()
         .unwrap();
@@ -639,10 +659,7 @@ async fn mysql_a_signal_during_the_start_ups_migrations_lets_them_finish_then_st
         "every migration applied and recorded: {}",
         String::from_utf8_lossy(&audit.stderr)
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
-        .execute(&mut connection)
-        .await
-        .unwrap();
+    scratch.drop().await;
 }
 
 /// Creates `TEA` (price 350) with `quantity` units and an order for one; returns the
