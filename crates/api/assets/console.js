@@ -53,18 +53,24 @@
     setTimeout(() => line.remove(), 4000);
   }
 
+  // What to do after a change whose outcome is not known (a dropped connection, a 5xx,
+  // a 429, a 409 request_in_progress): the same change again goes with the same key.
+  const SUBMIT_AGAIN = "Submit it again as it is, within ten minutes: it goes with the same Idempotency-Key, so it cannot be made twice.";
+
   function problemBox(error) {
     const data = error.data || {};
     return element("div", { class: "problem", role: "alert" },
       element("strong", {}, `${error.status || ""} ${data.code || "error"}`), ": ",
-      data.detail || error.message || String(error));
+      data.detail || error.message || String(error),
+      error.outcomeUnknown ? element("p", {}, `Whether this change was made is not known. ${SUBMIT_AGAIN}`) : null);
   }
 
   class ApiProblem extends Error {
-    constructor(status, data) {
+    constructor(status, data, outcomeUnknown) {
       super((data && data.detail) || `HTTP ${status}`);
       this.status = status;
       this.data = data;
+      this.outcomeUnknown = outcomeUnknown === true;
     }
   }
 
@@ -159,7 +165,7 @@
       response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
     } catch (error) {
       if (method === "GET") throw error;
-      throw new Error("The connection failed, so whether this change was made is not known. Submit it again as it is, within ten minutes: it goes with the same Idempotency-Key, so it cannot be made twice.");
+      throw new Error(`The connection failed, so whether this change was made is not known. ${SUBMIT_AGAIN}`);
     }
     if (method !== "GET") noteConsistencyToken(response.headers.get("stockd-consistency-token"));
     const type = response.headers.get("content-type") || "";
@@ -182,7 +188,7 @@
       location.hash = "#login";
       throw new ApiProblem(401, data);
     }
-    if (!response.ok) throw new ApiProblem(response.status, data);
+    if (!response.ok) throw new ApiProblem(response.status, data, method !== "GET" && !outcomeKnown(response.status, data));
     return data;
   }
 
@@ -249,6 +255,20 @@
     });
     main.replaceChildren(form);
     token.focus();
+  }
+
+  function renderUnreachable(error) {
+    sections.hidden = true;
+    logout.hidden = false;
+    who.textContent = "";
+    const again = element("button", { type: "button" }, "Try again");
+    again.addEventListener("click", route);
+    main.replaceChildren(element("div", { class: "card" },
+      element("h1", {}, "stockd did not answer"),
+      problemBox(error),
+      element("p", { class: "muted" }, "You are still logged in."),
+      again));
+    again.focus();
   }
 
   // ---- stock ----
@@ -494,6 +514,9 @@
         skus: [{ sku: inputs.sku.value, price: Number(inputs.price.value), currency: inputs.currency.value }],
       };
       if (inputs.image_url.value) body.image_url = inputs.image_url.value;
+      const summary = element("p", {}, "Create ", element("strong", {}, body.title), ` in shop ${body.shop} (${body.category}, ${body.supplier}) with SKU `,
+        element("code", {}, body.skus[0].sku), ` at ${body.skus[0].price} ${body.skus[0].currency} minor units? It starts PENDING_REVIEW, off sale.`);
+      if (!(await ask("Create this product?", summary, "Create product"))) return;
       try {
         const product = await api("POST", "/v1/products", body);
         say(`Created ${product.title} (${product.product_id}).`);
@@ -834,8 +857,14 @@
       try {
         me = await api("GET", "/v1/me");
       } catch (error) {
-        sessionStorage.removeItem(TOKEN_KEY);
-        renderLogin(error.status === 401 ? "Your token is no longer valid: log in again." : error.message);
+        if (error.status === 401) {
+          sessionStorage.removeItem(TOKEN_KEY);
+          renderLogin("Your token is no longer valid: log in again.");
+        } else {
+          // The server could not be asked (it restarts, the network failed): the token
+          // is still good, so it stays, with the changes whose outcome is unknown.
+          renderUnreachable(error);
+        }
         return;
       }
     }

@@ -113,10 +113,29 @@ try {
   await page.getByLabel("Shop").fill("demo-market");
   await page.getByLabel("SKU code").fill("OAT-1L");
   await page.getByLabel("Price (minor units)").fill("1299");
+  // The first try is answered 503 before it reaches stockd: the page says the outcome
+  // is not known, and the same change submitted again goes with the same key.
+  const creationKeys = [];
+  await page.route("**/v1/products", async (route) => {
+    if (route.request().method() !== "POST") return route.continue();
+    creationKeys.push(route.request().headers()["idempotency-key"]);
+    if (creationKeys.length === 1) {
+      await route.fulfill({ status: 503, contentType: "application/problem+json", body: JSON.stringify({ code: "unavailable", status: 503, detail: "the database is unavailable" }) });
+    } else {
+      await route.continue();
+    }
+  });
   await page.getByRole("button", { name: "Create product" }).click();
+  await confirmDialog("Create product");
+  await page.getByRole("alert").getByText(/Whether this change was made is not known/).waitFor();
+  await page.getByRole("button", { name: "Create product" }).click();
+  await confirmDialog("Create product");
   const oatRow = page.getByRole("row").filter({ hasText: "Oat milk 1L" });
   await oatRow.waitFor();
   assert.match(await oatRow.textContent(), /PENDING_REVIEW/);
+  await page.unroute("**/v1/products");
+  assert.equal(creationKeys.length, 2);
+  assert.equal(creationKeys[0], creationKeys[1], "submitted again with the same key");
 
   step("put it on the shelf, and see the change in the shelf log");
   await oatRow.getByRole("checkbox").check();
@@ -260,6 +279,21 @@ try {
   await page.unrouteAll();
   await shelve("On shelf now", "Put on the shelf now");
   await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByText("ON_SHELF").waitFor();
+
+  step("a reload while stockd does not answer keeps the login");
+  let meFailures = 0;
+  await page.route("**/v1/me", async (route) => {
+    meFailures += 1;
+    await route.fulfill({ status: 503, contentType: "application/problem+json", body: JSON.stringify({ code: "unavailable", status: 503, detail: "stockd is starting" }) });
+  });
+  await page.reload();
+  await page.getByRole("heading", { name: "stockd did not answer" }).waitFor();
+  await page.getByText("You are still logged in.").waitFor();
+  assert.equal(meFailures, 1);
+  await page.unroute("**/v1/me");
+  await page.getByRole("button", { name: "Try again" }).click();
+  await page.getByRole("link", { name: "Orders" }).waitFor();
+  assert.match(await page.locator("#who").textContent(), /admin/);
 
   step("cancel an order");
   const order = await call("POST", "/v1/orders", { user_id: "ui-shopper", lines: [{ sku: "OAT-1L", quantity: 2 }] });
