@@ -1,7 +1,7 @@
 //! The database metrics of seed 002 §九: time in the database per unit of work, lock
 //! waits, deadlocks, long transactions, stock scans, duplicate requests (and their hot
 //! SKUs), requests in progress, the pools' connections and waiters, and stock rows
-//! below zero — each moved by a test that provokes it. Each test runs in a process of
+//! below zero, the instance's clock against the database server's — each moved by a test that provokes it. Each test runs in a process of
 //! its own (the metrics recorder is process-wide).
 
 use acceptance::{Backend, Call, TestApp, mirrored_tests_alone, test_engine_config};
@@ -18,6 +18,7 @@ mirrored_tests_alone!(
     a_transaction_held_open_past_the_bound_counts_as_long,
     a_sequential_scan_of_the_stock_table_is_counted_or_the_plan_stays_on_the_key,
     duplicates_on_one_sku_are_counted_under_that_sku,
+    an_instance_clock_an_hour_off_the_database_server_shows_in_the_skew_gauge,
 );
 
 async fn metrics(app: &TestApp) -> String {
@@ -424,4 +425,50 @@ async fn duplicates_on_one_sku_are_counted_under_that_sku(backend: Backend) {
         1.0
     );
     assert!(page.contains("# TYPE stockd_hot_sku_duplicate_requests_total counter"));
+}
+
+/// The instance's clock an hour ahead, then an hour behind, the database server's: the
+/// gauge says so with its sign. The test's clock stands still while the server's runs,
+/// so each reading is off by the query's own time, in one known direction; the slack
+/// (a minute) only keeps a stalled machine from failing it.
+async fn an_instance_clock_an_hour_off_the_database_server_shows_in_the_skew_gauge(
+    backend: Backend,
+) {
+    const HOUR_MILLISECONDS: i64 = 3_600_000;
+    const SLACK_MILLISECONDS: i64 = 60_000;
+    let app = TestApp::spawn(backend).await;
+    let real_now = || {
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        i64::try_from(since_epoch.as_millis()).unwrap()
+    };
+    if backend == Backend::Sqlite {
+        // The database is a file of this process, on this machine's clock.
+        let sampled = app.engine.database_activity_step().await.unwrap();
+        assert_eq!(sampled.clock_ahead_of_database_milliseconds, None);
+        assert!(
+            !metrics(&app)
+                .await
+                .contains("stockd_clock_ahead_of_database_seconds")
+        );
+        return;
+    }
+    for offset in [HOUR_MILLISECONDS, -HOUR_MILLISECONDS] {
+        // A millisecond ahead of the real instant, for the truncation of either clock.
+        app.clock.set(domain::Timestamp::from_unix_milliseconds(
+            real_now() + offset + 1,
+        ));
+        let sampled = app.engine.database_activity_step().await.unwrap();
+        let ahead = sampled.clock_ahead_of_database_milliseconds.unwrap();
+        assert!(
+            (offset - SLACK_MILLISECONDS..=offset + 1).contains(&ahead),
+            "{offset} ms off, read {ahead} ms"
+        );
+        let gauge = sample(
+            &metrics(&app).await,
+            "stockd_clock_ahead_of_database_seconds",
+        );
+        assert_eq!(gauge, ahead as f64 / 1000.0);
+    }
 }

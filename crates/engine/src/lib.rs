@@ -98,6 +98,9 @@ struct Inner {
     sku_shops: shops::SkuShops,
     /// Whether this instance relays events to NATS (`Engine::attach_event_relay`).
     event_relay: std::sync::atomic::AtomicBool,
+    /// Whether the last sample found this instance's clock off the database's by more
+    /// than [`CLOCK_SKEW_WARNING_MILLISECONDS`] (one WARN line per crossing).
+    clock_skewed: std::sync::atomic::AtomicBool,
     /// Woken when this process's sequencer numbered events, so the relay publishes
     /// them without waiting out its pause.
     events_numbered: tokio::sync::Notify,
@@ -132,6 +135,12 @@ struct Inner {
 /// most: 1,600 a second for a minute. Past it the rest wait for the page of older
 /// changes, a warning says so.
 const LIVE_AUDIT_RECENT_ORDERS_MAX: i64 = 100_000;
+
+/// How far an instance's clock may be off the database server's before a WARN line
+/// says so (`stockd_clock_ahead_of_database_seconds` shows every sample). A second is
+/// well inside what the clocks decide: the relay's 15 s lease, a schedule's minute, the
+/// live audit's settle age.
+pub const CLOCK_SKEW_WARNING_MILLISECONDS: u64 = 1_000;
 
 /// Differing orders the live auditor checks again by id, at most: past it, the gauge
 /// counts only these in later rounds (each round's own finds are all counted).
@@ -221,6 +230,7 @@ impl Engine {
                 credentials: credentials::Credentials::default(),
                 sku_shops: shops::SkuShops::default(),
                 event_relay: std::sync::atomic::AtomicBool::new(false),
+                clock_skewed: std::sync::atomic::AtomicBool::new(false),
                 events_numbered: tokio::sync::Notify::new(),
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
@@ -1014,15 +1024,42 @@ impl Engine {
     }
 
     /// One sample of the database's sessions: `stockd_db_sessions_waiting_on_locks`,
-    /// `stockd_db_long_transactions` and `stockd_db_stock_sequential_scans_total`, each
-    /// where the backend can tell.
+    /// `stockd_db_long_transactions`, `stockd_db_stock_sequential_scans_total` and
+    /// `stockd_clock_ahead_of_database_seconds`, each where the backend can tell.
     pub async fn database_activity_step(&self) -> Result<store::DatabaseActivity, EngineError> {
+        let clock = &self.inner.clock;
         let activity = self
             .inner
             .store
-            .database_activity(self.inner.config.long_transaction_milliseconds)
+            .database_activity(self.inner.config.long_transaction_milliseconds, &|| {
+                clock.now()
+            })
             .await
             .map_err(|error| log_store_error("database_activity", error))?;
+        if let Some(ahead) = activity.clock_ahead_of_database_milliseconds {
+            metrics::gauge!("stockd_clock_ahead_of_database_seconds").set(ahead as f64 / 1000.0);
+            let skewed = ahead.unsigned_abs() > CLOCK_SKEW_WARNING_MILLISECONDS;
+            if self
+                .inner
+                .clock_skewed
+                .swap(skewed, std::sync::atomic::Ordering::Relaxed)
+                != skewed
+            {
+                if skewed {
+                    tracing::warn!(
+                        ahead_milliseconds = ahead,
+                        "this instance's clock is off the database server's: leases, schedules, \
+                         campaigns and hold ends are decided by each instance's clock, so \
+                         instances whose clocks disagree decide them at different times"
+                    );
+                } else {
+                    tracing::info!(
+                        ahead_milliseconds = ahead,
+                        "this instance's clock agrees with the database server's again"
+                    );
+                }
+            }
+        }
         if let Some(waiting) = activity.sessions_waiting_on_locks {
             metrics::gauge!("stockd_db_sessions_waiting_on_locks").set(waiting as f64);
         }

@@ -142,6 +142,10 @@ pub trait Dialect: Connection {
     /// Sequential scans of the stock table since the statistics were reset
     /// (`stockd_db_stock_sequential_scans_total`).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str>;
+    /// The database server's clock as it runs the statement, in Unix milliseconds
+    /// (`stockd_clock_ahead_of_database_seconds`). `None` where the database is this
+    /// process's own file, on this machine's clock.
+    const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str>;
     /// Run (as a script) at the start of each migration's transaction, when the
     /// database needs a lock to serialize migrations across processes: it takes the
     /// lock, waiting as long as another process's migration may take.
@@ -595,6 +599,9 @@ pub struct DatabaseActivity {
     pub sessions_waiting_on_locks: Option<i64>,
     pub long_transactions: Option<i64>,
     pub stock_sequential_scans: Option<i64>,
+    /// How far this instance's clock is ahead of the database server's (behind when
+    /// negative), read against the middle of the query's round trip.
+    pub clock_ahead_of_database_milliseconds: Option<i64>,
 }
 
 /// What a backend's pools are doing, for the pool gauges.

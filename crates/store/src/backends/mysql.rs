@@ -547,6 +547,10 @@ impl Dialect for MySqlConnection {
     /// Neither MySQL nor MariaDB counts scans per table without extra plugins
     /// (MariaDB's `userstat`); the plan tests stand in (docs/OPERATIONS.md).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
+    /// `SYSDATE(3)`, not `NOW(3)`: the instant the function runs, not the statement's
+    /// start. `UNIX_TIMESTAMP` reads it in the session's zone, whatever that is.
+    const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str> =
+        Some("SELECT CAST(FLOOR(UNIX_TIMESTAMP(SYSDATE(3)) * 1000) AS SIGNED)");
     /// See the module's header: DDL commits by itself, so a lock held by a migration's
     /// transaction would not serialize it. A named lock belongs to the session, and
     /// outlives the commits: instances started together migrate one after the other.

@@ -286,6 +286,10 @@ impl Dialect for PgConnection {
         "SELECT COALESCE(CAST(SUM(seq_scan) AS BIGINT), 0) FROM pg_stat_user_tables \
          WHERE relname = 'stock' AND schemaname = current_schema()",
     );
+    /// `clock_timestamp()`, not `now()`: the statement's own instant, not its
+    /// transaction's start.
+    const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str> =
+        Some("SELECT CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)");
     /// Serializes migrations of one schema across processes; released at commit.
     // A migration is not a request: it may run (an index built on a large table) and
     // be waited for (instances started together) far past the request path's bounds,

@@ -92,10 +92,11 @@ impl<B: Backend> Units<B> {
     }
 
     /// The sampled session gauges, from one connection, each query where the backend
-    /// has one.
+    /// has one; `local_now` is the instance's clock, compared with the server's.
     pub async fn database_activity(
         &self,
         long_transaction_milliseconds: i64,
+        local_now: &(dyn Fn() -> Timestamp + Sync),
     ) -> Result<crate::backend::DatabaseActivity, StoreError> {
         use crate::backend::Dialect;
         use crate::sql::statement;
@@ -116,6 +117,15 @@ impl<B: Backend> Units<B> {
         if let Some(query) = <B::Connection as Dialect>::STOCK_SEQUENTIAL_SCANS {
             activity.stock_sequential_scans =
                 Some(statement(query).fetch_one_scalar(&mut *connection).await?);
+        }
+        if let Some(query) = <B::Connection as Dialect>::DATABASE_CLOCK_UNIX_MILLISECONDS {
+            // Read on a connection already held, so a wait for the pool is not taken
+            // for skew: what is left is half the round trip at most.
+            let before = local_now().unix_milliseconds();
+            let database: i64 = statement(query).fetch_one_scalar(&mut *connection).await?;
+            let after = local_now().unix_milliseconds();
+            let middle = before + (after - before) / 2;
+            activity.clock_ahead_of_database_milliseconds = Some(middle - database);
         }
         Ok(activity)
     }
