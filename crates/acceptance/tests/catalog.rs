@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_shelf_batch_that_commits_after_a_later_one_is_not_skipped_by_a_reader_paging_the_log,
     an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing,
     of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_moves_it_too,
     a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released,
@@ -1704,4 +1705,114 @@ async fn a_product_edit_locks_its_skus_in_byte_order_whatever_the_databases_coll
     shelf_change.execute("ROLLBACK").await.unwrap();
     let edited = edit.await.unwrap();
     assert_eq!(edited.status, 200, "{edited:?}");
+}
+
+/// Found in review: the shelf log is paged by id, and an id is drawn at the insert,
+/// not at the commit. One shop's batch drew its id, another shop's batch drew a later
+/// one and committed first; a reader paging then went past the second's id, and the
+/// first's entry, committed afterwards, was never shown to it. Writers of the log now
+/// take its lock after the shops', so ids are drawn in commit order.
+async fn a_shelf_batch_that_commits_after_a_later_one_is_not_skipped_by_a_reader_paging_the_log(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer at a time: ids are drawn in commit order.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    on_shelf_product(&app, "north", &["SLOW"]).await;
+    on_shelf_product(&app, "south", &["FAST"]).await;
+    let log_after = |after: i64| {
+        let app = app.clone();
+        async move {
+            let page = app
+                .send(Call::get(format!("/v1/admin/shelf-log?limit=500&after={after}")).admin())
+                .await;
+            assert_eq!(page.status, 200, "{page:?}");
+            page.json()
+        }
+    };
+    let start = log_after(0).await["next_after"].as_i64().unwrap();
+    // SLOW's log insert waits at a gate once its id is drawn, until the gate opens.
+    let mut setup = app.database.raw_connection().await;
+    let trigger: &[&str] = match backend {
+        Backend::Postgres => &[
+            "CREATE TABLE shelf_gate (id INT PRIMARY KEY)",
+            "INSERT INTO shelf_gate VALUES (1)",
+            "CREATE FUNCTION shelf_gate_wait() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN IF NEW.sku = 'SLOW' THEN UPDATE shelf_gate SET id = id WHERE id = 1; \
+             END IF; RETURN NEW; END $$",
+            "CREATE TRIGGER shelf_gate_wait AFTER INSERT ON shelf_log \
+             FOR EACH ROW EXECUTE FUNCTION shelf_gate_wait()",
+        ],
+        Backend::Mysql => &[
+            "CREATE TABLE shelf_gate (id INT PRIMARY KEY) ENGINE=InnoDB",
+            "INSERT INTO shelf_gate VALUES (1)",
+            "CREATE TRIGGER shelf_gate_wait AFTER INSERT ON shelf_log FOR EACH ROW \
+             BEGIN IF NEW.sku = 'SLOW' THEN UPDATE shelf_gate SET id = id WHERE id = 1; \
+             END IF; END",
+        ],
+        Backend::Sqlite => unreachable!(),
+    };
+    for statement in trigger {
+        setup.execute(statement).await.unwrap();
+    }
+    let mut gate = app.database.raw_connection().await;
+    gate.execute("BEGIN").await.unwrap();
+    gate.execute("UPDATE shelf_gate SET id = id WHERE id = 1")
+        .await
+        .unwrap();
+
+    let slow = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.shelf(None, json!({"operation": "off", "sku_ids": ["SLOW"]}))
+                .await
+        })
+    };
+    app.database.wait_until_blocked_by(&mut gate).await;
+    let fast = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.shelf(None, json!({"operation": "off", "sku_ids": ["FAST"]}))
+                .await
+        })
+    };
+    // FAST's batch either committed (the log's ids out of commit order) or waits for
+    // SLOW's to commit first, at the log's lock.
+    let waiting_for_the_log = match backend {
+        Backend::Postgres => {
+            "SELECT CAST(COUNT(*) AS TEXT) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%stockd_shelf_log%'"
+        }
+        _ => {
+            "SELECT CAST(COUNT(*) AS CHAR) FROM information_schema.processlist \
+             WHERE info LIKE 'INSERT INTO shelf_batch_lock%VALUES ('''', 1)%'"
+        }
+    };
+    acceptance::wait_until_async("FAST's batch committed or waits", || {
+        let finished = fast.is_finished();
+        let database = &app.database;
+        async move {
+            let mut probe = database.raw_connection().await;
+            let waiting = probe.texts(waiting_for_the_log).await;
+            finished || waiting.first().cloned().flatten().as_deref() != Some("0")
+        }
+    })
+    .await;
+    let first = log_after(start).await;
+    gate.execute("ROLLBACK").await.unwrap();
+    assert_eq!(slow.await.unwrap().status, 200);
+    assert_eq!(fast.await.unwrap().status, 200);
+    let after = first["next_after"].as_i64().unwrap_or(start);
+    let second = log_after(after).await;
+
+    let seen: Vec<&str> = first["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(second["entries"].as_array().unwrap())
+        .map(|entry| entry["sku"].as_str().unwrap())
+        .collect();
+    assert_eq!(seen, ["SLOW", "FAST"], "{first} then {second}");
 }

@@ -792,6 +792,17 @@ impl Dialect for MySqlConnection {
         Ok(())
     }
 
+    /// The shops' lock table's row of the empty code, which no shop has.
+    async fn lock_shelf_log(&mut self) -> Result<(), StoreError> {
+        statement(
+            "INSERT INTO shelf_batch_lock (shop, batches) VALUES ('', 1) \
+             ON DUPLICATE KEY UPDATE batches = batches + 1",
+        )
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
     /// Locks every stock row of these SKUs in primary-key order, which is the global
     /// (sku, warehouse) byte order under `utf8mb4_bin`.
     async fn lock_stock_of_skus(&mut self, skus: &[&SkuCode]) -> Result<(), StoreError> {

@@ -478,6 +478,17 @@ impl Dialect for PgConnection {
         Ok(())
     }
 
+    /// Per schema, as the shops' locks are: tests and tenants in other schemas of the
+    /// database do not wait for each other.
+    async fn lock_shelf_log(&mut self) -> Result<(), StoreError> {
+        sqlx::query(
+            "SELECT pg_advisory_xact_lock(hashtext('stockd_shelf_log:' || current_schema()))",
+        )
+        .execute(&mut *self)
+        .await?;
+        Ok(())
+    }
+
     /// Locks every stock row of these SKUs in the order reservations lock them, so a
     /// sale-status change and a reservation of the same SKU serialize.
     async fn lock_stock_of_skus(&mut self, skus: &[&SkuCode]) -> Result<(), StoreError> {

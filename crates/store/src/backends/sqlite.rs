@@ -646,6 +646,11 @@ impl Dialect for SqliteConnection {
         Ok(())
     }
 
+    /// `BEGIN IMMEDIATE` already holds the write lock: one writer at a time.
+    async fn lock_shelf_log(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// `BEGIN IMMEDIATE` already holds the write lock: nothing more to lock.
     async fn lock_stock_of_skus(&mut self, _skus: &[&SkuCode]) -> Result<(), StoreError> {
         Ok(())

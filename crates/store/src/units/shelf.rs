@@ -310,6 +310,20 @@ pub(crate) async fn lock_shops_of<C: Dialect, T: Borrow<ShelfTarget> + Sync>(
     Ok(())
 }
 
+/// The locks of a transaction that writes the shelf log: the shops' ([`lock_shops_of`]),
+/// then the log's own, so log ids are drawn in commit order. Nothing to write, nothing
+/// to lock: the schedule worker's empty steps take no lock every other writer waits for.
+pub(crate) async fn lock_shops_and_shelf_log<C: Dialect, T: Borrow<ShelfTarget> + Sync>(
+    transaction: &mut C,
+    targets: &[T],
+) -> Result<(), StoreError> {
+    if targets.is_empty() {
+        return Ok(());
+    }
+    lock_shops_of(&mut *transaction, targets).await?;
+    transaction.lock_shelf_log().await
+}
+
 /// Locks the SKUs' own rows, in the order given (callers give code order, the order
 /// every writer of a SKU's row takes them in).
 pub(crate) async fn lock_sku_rows<C: Dialect, S: AsRef<str> + Sync>(
@@ -334,7 +348,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
     change: &ShelfChange,
     now: Timestamp,
 ) -> Result<Vec<ShelfResult>, StoreError> {
-    lock_shops_of(transaction, &change.targets).await?;
+    lock_shops_and_shelf_log(transaction, &change.targets).await?;
     let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
     targets.sort();
     targets.dedup_by(|left, right| left.sku == right.sku);
