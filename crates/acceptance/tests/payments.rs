@@ -14,6 +14,7 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    a_second_card_while_another_requests_payment_runs_is_not_answered_with_that_payment,
     unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
     a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
     an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired,
@@ -931,6 +932,8 @@ async fn fifty_concurrent_pay_calls_on_one_order_charge_once(backend: Backend) {
                 paid += 1;
             }
             (202, Some("payment_unknown")) => {}
+            // Another request's payment was running: this one tried no card.
+            (409, Some("request_in_progress")) => {}
             other => panic!("unexpected answer {other:?}: {response:?}"),
         }
     }
@@ -3019,4 +3022,55 @@ async fn the_sandbox_refuses_what_stripe_refuses_and_asks_every_caller_for_its_k
         "nothing else was created"
     );
     assert_eq!(gateway.charges_for(&order), 1);
+}
+
+/// Found in review: a second request, with another card, while the first request's
+/// payment waited for its check, was answered with the first card's payment: asked
+/// about at the gateway, its decline would have been stored under the second request's
+/// key, which then replayed "declined" for a card never tried. It is now told another
+/// payment is in progress (409 `request_in_progress`, nothing stored); retried once
+/// that payment failed, it pays with its own card.
+async fn a_second_card_while_another_requests_payment_runs_is_not_answered_with_that_payment(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let first = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(first.status, 202, "{first:?}");
+    let second_key = key("pay");
+
+    let told = app.pay(&order, &second_key, "pm_card_visa").await;
+
+    assert_eq!(told.status, 409, "{told:?}");
+    assert_eq!(told.code().as_deref(), Some("request_in_progress"));
+    assert_eq!(
+        gateway.intents_for(&order).len(),
+        1,
+        "the second card was not tried"
+    );
+    assert_eq!(app.order(&order).await["status"], "PAYMENT_PROCESSING");
+    // The first payment fails (the shopper gave up on the check).
+    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.store
+        .settle_payment(
+            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
+            &store::GatewayOutcome::Failed {
+                payment_id: None,
+                reason: "authentication failed".to_owned(),
+            },
+            "webhook",
+            engine::Clock::now(&app.clock),
+        )
+        .await
+        .unwrap();
+    let retried = app.pay(&order, &second_key, "pm_card_visa").await;
+    assert_eq!(retried.status, 200, "{retried:?}");
+    assert_eq!(retried.json()["status"], "PAID");
+    assert_eq!(gateway.charges_for(&order), 1);
+    app.assert_audit_clean().await;
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use domain::{
-    Action, OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, Principal, RefundId,
+    Action, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, PaymentMethod, Principal, RefundId,
     ReservationId, ShopCode, SkuCode, TtlSeconds, UserId, authorize, check_lines,
 };
 use gateway::protocol::Event;
@@ -458,12 +458,21 @@ impl Engine {
                     let call = self.create_and_note(payments, &attempt).await;
                     (attempt, call)
                 }
-                // An attempt already running (a retry, or a second caller): asked about
-                // as reconciliation asks, by its payment's id when known, and never with a
-                // create the gateway could run as a new payment.
+                // This request's attempt, already running (a retry; or an attempt from
+                // before requests' keys were recorded): asked about as reconciliation
+                // asks, by its payment's id when known, and never with a create the
+                // gateway could run as a new payment.
                 BeginPayment::InProgress(attempt) => {
                     let call = self.ask_about(payments, &attempt).await;
                     (attempt, call)
+                }
+                BeginPayment::AnotherRequestRunning => {
+                    return Err(EngineError::Refused {
+                        code: ErrorCode::RequestInProgress,
+                        detail: format!(
+                            "another request's payment of order '{order}' is in progress: this request tried no card and nothing was stored under its key; retry it with the same key once that payment has its outcome"
+                        ),
+                    });
                 }
                 BeginPayment::Answered(answered) => return Ok(answered),
             };

@@ -160,8 +160,12 @@ pub struct AttemptToCall {
 pub enum BeginPayment {
     /// The order went `PAYMENT_PROCESSING` with this new attempt, committed.
     Started(AttemptToCall),
-    /// An attempt was already running: call about it again (same gateway key).
+    /// This request's attempt was already running: call about it again (same gateway
+    /// key).
     InProgress(AttemptToCall),
+    /// Another request's attempt is running: this one tried no card, and nothing was
+    /// changed or stored. Its outcome is that other request's to learn.
+    AnotherRequestRunning,
     /// Nothing to ask the gateway: the answer, stored under the request's key in the
     /// transaction that found it (and made whatever change it reports). The order's
     /// payment already had its outcome (a retry of an interrupted `pay`, or a second

@@ -922,6 +922,13 @@ impl<B: Backend> Units<B> {
             // this key's attempt ended and another request's runs now, the retry is
             // told so (and that is stored under its key), instead of calling the
             // gateway with the other attempt's key and storing its outcome here.
+            // A request that started no attempt of this order, while another request's
+            // runs: asking about that payment for it would store the other card's
+            // outcome under this key (a decline it never met), and it tried no card.
+            if !started_by_this_request && running_key.is_some() {
+                transaction.rollback().await?;
+                return Ok(BeginPayment::AnotherRequestRunning);
+            }
             if started_by_this_request && running_key.as_deref() != Some(claim.key.as_str()) {
                 let (attempt, status, reason) =
                     own_attempt_status(&mut *transaction, order, claim).await?;
