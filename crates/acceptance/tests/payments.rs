@@ -14,6 +14,8 @@ mirrored_tests_alone!(
 );
 
 mirrored_tests!(
+    the_first_reconciliation_look_waits_for_the_requests_own_call_to_give_up,
+    with_a_ten_second_gateway_timeout_one_reconciliation_step_settles_its_whole_batch,
     a_second_card_while_another_requests_payment_runs_is_not_answered_with_that_payment,
     unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
     a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
@@ -3073,4 +3075,91 @@ async fn a_second_card_while_another_requests_payment_runs_is_not_answered_with_
     assert_eq!(retried.json()["status"], "PAID");
     assert_eq!(gateway.charges_for(&order), 1);
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a step started a row only while its worst case (four gateway calls
+/// at the timeout) ended within the 30 s lease. With the timeout at 10 s that was 40 s:
+/// past the lease before any row started, so every step asked about its first row
+/// only and handed the rest back, however fast the gateway answered — after an outage,
+/// the backlog drained one payment per step. The lease is now at least twice a row's
+/// worst case.
+async fn with_a_ten_second_gateway_timeout_one_reconciliation_step_settles_its_whole_batch(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let mut orders = Vec::new();
+    for _ in 0..5 {
+        let order = app.order_of("user-1", &[(SKU, 1)]).await;
+        let response = app
+            .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
+            .await;
+        assert_eq!(response.status, 202, "{response:?}");
+        orders.push(order);
+    }
+    app.clock.advance_seconds(11);
+    let patient = app.another_instance().await;
+    attach_with_a_ten_second_timeout(&patient, &gateway);
+
+    let resolved = patient
+        .engine
+        .reconcile_step()
+        .await
+        .expect("reconcile step");
+
+    assert_eq!(resolved.len(), 5, "{resolved:?}");
+    for order in &orders {
+        assert_statuses(&app, order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
+        assert_eq!(gateway.charges_for(order), 1);
+    }
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: the first look came 10 s after the attempt started, whatever the
+/// gateway timeout: at 10 s or more, reconciliation could send the keyed create while
+/// the request's own was still in flight, hear 409 and put the next look off, doubling.
+/// It now comes no earlier than twice the timeout.
+async fn the_first_reconciliation_look_waits_for_the_requests_own_call_to_give_up(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    // The shop's own instance has its gateway at a one-second timeout already.
+    let patient = app.another_instance().await;
+    attach_with_a_ten_second_timeout(&patient, &gateway);
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let response = patient
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+
+    app.clock.advance_seconds(11);
+    let early = patient
+        .engine
+        .reconcile_step()
+        .await
+        .expect("reconcile step");
+    app.clock.advance_seconds(10);
+    let due = patient
+        .engine
+        .reconcile_step()
+        .await
+        .expect("reconcile step");
+
+    assert!(early.is_empty(), "not asked before 20 s: {early:?}");
+    assert_eq!(due.len(), 1, "{due:?}");
+}
+
+/// Points `app`'s engine at the sandbox with a gateway timeout of ten seconds.
+fn attach_with_a_ten_second_timeout(app: &TestApp, gateway: &TestGateway) {
+    app.engine.attach_payments(engine::payments::Payments {
+        gateway: gateway::GatewayClient::new(gateway::GatewayConfig {
+            base_url: gateway.url.clone(),
+            api_key: acceptance::payments::GATEWAY_API_KEY.to_owned(),
+            timeout_milliseconds: 10_000,
+        })
+        .expect("gateway client"),
+        webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
+        sandbox_methods_allowed: true,
+    });
 }

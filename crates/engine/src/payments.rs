@@ -25,6 +25,9 @@ use crate::{Engine, EngineError, Reply, forbidden, log_store_error};
 /// current state, a cancel, and a read after a refused cancel.
 const RECONCILE_CALLS_PER_ATTEMPT: u64 = 4;
 
+/// Gateway calls one `pay` request makes: the keyed create, or (a retry) one look.
+const PAY_CALLS_PER_REQUEST: u64 = 1;
+
 /// Gateway calls one refund may make: the keyed refund, or a read of a pending one.
 const REFUND_CALLS_PER_REFUND: u64 = 1;
 
@@ -41,6 +44,15 @@ struct WorkerLease {
 }
 
 impl WorkerLease {
+    /// The lease a step claims its rows for: the configured one, or twice one row's
+    /// worst case when that is longer. Shorter, a gateway timeout set long (10 s: four
+    /// calls, 40 s, past the default 30 s lease) left room for the first row only,
+    /// however fast the gateway answered, and a backlog after an outage drained one
+    /// row per step.
+    fn milliseconds(configured: i64, gateway: &GatewayClient, calls_per_row: u64) -> i64 {
+        configured.max(row_milliseconds_max(gateway, calls_per_row).saturating_mul(2))
+    }
+
     fn claimed_at(
         now: domain::Timestamp,
         lease_milliseconds: i64,
@@ -51,13 +63,7 @@ impl WorkerLease {
             ends_at: domain::Timestamp::from_unix_milliseconds(
                 now.unix_milliseconds().saturating_add(lease_milliseconds),
             ),
-            row_milliseconds_max: i64::try_from(
-                gateway
-                    .config()
-                    .timeout_milliseconds
-                    .saturating_mul(calls_per_row),
-            )
-            .unwrap_or(i64::MAX),
+            row_milliseconds_max: row_milliseconds_max(gateway, calls_per_row),
         }
     }
 
@@ -69,6 +75,17 @@ impl WorkerLease {
                 .saturating_add(self.row_milliseconds_max)
                 <= self.ends_at.unix_milliseconds()
     }
+}
+
+/// One row's worst case: each of its gateway calls running into the timeout.
+fn row_milliseconds_max(gateway: &GatewayClient, calls_per_row: u64) -> i64 {
+    i64::try_from(
+        gateway
+            .config()
+            .timeout_milliseconds
+            .saturating_mul(calls_per_row),
+    )
+    .unwrap_or(i64::MAX)
 }
 
 /// The gateway and the secret its webhooks are signed with.
@@ -437,7 +454,13 @@ impl Engine {
             }
             let now = self.now();
             let attempt_id = PaymentAttemptId::generate(now, rand::random());
-            let reconcile_after = now.plus_milliseconds(self.inner.config.reconcile_after_milliseconds);
+            // Not before this request's own call has given up, twice over: asked while
+            // the create is still in flight, the gateway answers 409 and the attempt's
+            // next look is put off, doubling, before anything was learned.
+            let first_look_milliseconds = self.inner.config.reconcile_after_milliseconds.max(
+                row_milliseconds_max(&payments.gateway, PAY_CALLS_PER_REQUEST).saturating_mul(2),
+            );
+            let reconcile_after = now.plus_milliseconds(first_look_milliseconds);
             let renderer = self.inner.renderer.as_ref();
             let begun = self
                 .retried("pay", || {
@@ -722,9 +745,14 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let claimed_at = self.now();
+        let lease_milliseconds = WorkerLease::milliseconds(
+            config.reconcile_lease_milliseconds,
+            &payments.gateway,
+            RECONCILE_CALLS_PER_ATTEMPT,
+        );
         let lease = WorkerLease::claimed_at(
             claimed_at,
-            config.reconcile_lease_milliseconds,
+            lease_milliseconds,
             &payments.gateway,
             RECONCILE_CALLS_PER_ATTEMPT,
         );
@@ -733,7 +761,7 @@ impl Engine {
                 self.inner.store.claim_attempts_to_reconcile(
                     claimed_at,
                     config.reconcile_batch_size,
-                    config.reconcile_lease_milliseconds,
+                    lease_milliseconds,
                 )
             })
             .await?;
@@ -1045,9 +1073,14 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let claimed_at = self.now();
+        let lease_milliseconds = WorkerLease::milliseconds(
+            config.refund_retry_milliseconds,
+            &payments.gateway,
+            REFUND_CALLS_PER_REFUND,
+        );
         let lease = WorkerLease::claimed_at(
             claimed_at,
-            config.refund_retry_milliseconds,
+            lease_milliseconds,
             &payments.gateway,
             REFUND_CALLS_PER_REFUND,
         );
@@ -1056,7 +1089,7 @@ impl Engine {
                 self.inner.store.claim_refunds(
                     claimed_at,
                     config.refund_batch_size,
-                    config.refund_retry_milliseconds,
+                    lease_milliseconds,
                 )
             })
             .await?;
