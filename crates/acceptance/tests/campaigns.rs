@@ -46,6 +46,7 @@ mirrored_tests!(
     a_key_answered_before_a_restart_replays_where_memory_finds_the_campaign_sold_out,
     a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored,
     campaigns_kept_open_by_a_held_unit_do_not_hold_back_the_end_of_later_ones,
+    an_ended_campaign_kept_open_by_a_held_unit_does_not_lock_its_skus_row_again,
     units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open,
     a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it,
     a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
@@ -2572,4 +2573,41 @@ async fn a_shelf_operation_reports_the_availability_the_product_view_shows_aroun
         (json!("on_sale"), json!("on_sale")),
         "the campaign's units"
     );
+}
+
+/// Found in review: a campaign past its end, kept open by a unit an unpaid order holds
+/// (for up to a day), locked its buckets and its SKU's row at every end step (every
+/// second, on every instance), though nothing could move: the SKU's row is where its
+/// sales go once the campaign ended. Such a campaign is now passed over on an unlocked
+/// read: with the SKU's row held by another transaction, the step does not wait for it.
+async fn an_ended_campaign_kept_open_by_a_held_unit_does_not_lock_its_skus_row_again(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("COAT", 20).await;
+    let id = running_campaign(&app, "COAT", 10, 3, None).await;
+    let held = app.reserve("held", &[("COAT", 1)]).await;
+    let held_id = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    app.clock.advance_seconds(HOUR_SECONDS);
+    assert!(app.engine.campaign_step().await.unwrap().is_empty());
+    assert_eq!(campaign(&app, &id).await["held"], 1);
+    let mut lock = app.database.hold_stock_row_lock("COAT").await;
+
+    let step = app.engine.campaign_step().await;
+
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(
+        step.unwrap(),
+        Vec::new(),
+        "nothing to move, nothing waited for"
+    );
+    // The held unit comes back: the next step moves it and closes the campaign.
+    assert_eq!(app.release(&held_id, "release-held").await.status, 200);
+    assert_eq!(app.engine.campaign_step().await.unwrap().len(), 1);
+    let done = campaign(&app, &id).await;
+    assert_eq!(
+        (done["returned"].as_i64(), done["held"].as_i64()),
+        (Some(10), Some(0))
+    );
+    app.assert_audit_clean().await;
 }
