@@ -1872,8 +1872,8 @@ async fn sandbox_payment_methods_are_refused_when_the_gateway_is_real(backend: B
         .pay(&order, &key("pay"), "pm_sandbox_charge_then_timeout")
         .await;
 
-    assert_eq!(refused.status, 400, "{refused:?}");
-    assert_eq!(refused.code().as_deref(), Some("invalid_argument"));
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
     assert_eq!(app.contents().await, before);
     assert!(gateway.intents_for(&order).is_empty());
     let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;

@@ -439,11 +439,17 @@ impl Engine {
         self.authorize_on_order(principal, order, &[Action::PlaceOrder])
             .await?;
         let payments = self.payments()?;
+        // A well-formed method this stockd's configuration cannot take: 409, not 400
+        // (the request itself is valid; against the sandbox it would pay). Not stored:
+        // nothing was tried.
         if method.is_sandbox_only() && !payments.sandbox_methods_allowed {
-            return Err(EngineError::InvalidArgument(format!(
-                "payment_method '{method}' exists only in stockd's gateway sandbox; this stockd takes payments through a real gateway",
-                method = method.as_str()
-            )));
+            return Err(EngineError::Refused {
+                code: ErrorCode::FailedPrecondition,
+                detail: format!(
+                    "payment_method '{method}' exists only in stockd's gateway sandbox; this stockd takes payments through a real gateway",
+                    method = method.as_str()
+                ),
+            });
         }
         // A failed payment, or one asked after its order's hold ended, gives the order's
         // stock back.
