@@ -7,6 +7,8 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_token_no_stored_secret_could_be_is_unknown_without_asking_the_database,
+    looking_up_a_token_does_not_wait_for_the_writer,
     instances_started_together_on_a_new_database_keep_one_generated_admin_token,
     every_route_refuses_a_caller_without_a_known_credential_and_changes_nothing,
     a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothing,
@@ -1281,4 +1283,62 @@ async fn instances_started_together_on_a_new_database_keep_one_generated_admin_t
         None,
         "a later start keeps it"
     );
+}
+
+/// Found in review: any caller may send a bearer token, and every token this process
+/// had not cached was looked up in the database, unbounded. A token of a length no
+/// stored secret has is now unknown without a lookup (the database closed here: the
+/// lookup would fail).
+async fn a_token_no_stored_secret_could_be_is_unknown_without_asking_the_database(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.store.close().await;
+
+    let short = app.engine.authenticate("guess-1234").await;
+    let stored_shape = app.engine.authenticate(&"ab".repeat(32)).await;
+
+    assert_eq!(short.unwrap(), None);
+    assert!(
+        stored_shape.is_err(),
+        "a token shaped like a stored one is looked up"
+    );
+}
+
+/// Found in review: on SQLite the lookup of an unknown token used the writer's own
+/// connection, the one every reservation batch waits for: a flood of made-up tokens
+/// queued in front of the sales, and a sale holding the writer held every new login.
+/// It now reads through the read pool.
+async fn looking_up_a_token_does_not_wait_for_the_writer(backend: Backend) {
+    if backend != Backend::Sqlite {
+        // PostgreSQL and MySQL read and write through one pool: the lookups' own
+        // bound on running at once is what keeps them from taking it all.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TEA", 5).await;
+    let mut lock = app.database.hold_stock_row_lock("TEA").await;
+    // One reservation holds the writer, waiting for the file's lock; a second waits
+    // for the writer.
+    let holding = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("holding", &[("TEA", 1)]).await })
+    };
+    let queued = {
+        let app = app.clone();
+        tokio::spawn(async move { app.reserve("queued", &[("TEA", 1)]).await })
+    };
+    acceptance::wait_until("a reservation waits for the writer", || {
+        app.store.pool_usage().waiting >= 1
+    })
+    .await;
+
+    let looked_up = app.engine.authenticate(&"ab".repeat(32)).await;
+
+    let writer_still_held = !holding.is_finished();
+    lock.execute("ROLLBACK").await.unwrap();
+    assert_eq!(looked_up.unwrap(), None);
+    assert!(writer_still_held, "the lookup did not wait for the writer");
+    holding.await.unwrap();
+    queued.await.unwrap();
 }

@@ -31,6 +31,19 @@ const CREDENTIAL_CACHE_ENTRIES_MAX: usize = 10_000;
 /// The prefix of service key secrets, so a leaked one is recognisable in a scan.
 const SERVICE_SECRET_PREFIX: &str = "stockd_sk_";
 
+/// The lengths of every secret stockd stores (a generated admin token, an operator
+/// token: 32 random bytes in hex; a service key: the prefix and the same). A token of
+/// another length (the configured admin token aside, which is compared in memory) is
+/// unknown without asking the database.
+const STORED_SECRET_LENGTHS: [usize; 2] = [64, SERVICE_SECRET_PREFIX.len() + 64];
+
+/// Database lookups of tokens this process has not cached, running at once at most,
+/// and how long a lookup waits for its turn before the request is shed (429). Anyone
+/// may send a token: without a bound, a flood of made-up ones would take the writer
+/// pool's connections from the sales.
+const CREDENTIAL_LOOKUPS_CONCURRENT_MAX: usize = 4;
+const CREDENTIAL_LOOKUP_WAIT_MILLISECONDS_MAX: u64 = 1_000;
+
 /// SHA-256 of a bearer token: how a credential is looked up, cached and counted.
 pub type TokenDigest = [u8; 32];
 
@@ -95,6 +108,9 @@ pub struct Credentials {
     /// here and finishes after it must not cache what it read.
     generation: std::sync::atomic::AtomicU64,
     admin: Arc<Principal>,
+    /// Turns for the database lookups of cache misses
+    /// ([`CREDENTIAL_LOOKUPS_CONCURRENT_MAX`]).
+    lookups: tokio::sync::Semaphore,
 }
 
 impl Default for Credentials {
@@ -104,6 +120,7 @@ impl Default for Credentials {
             cache: RwLock::default(),
             generation: std::sync::atomic::AtomicU64::new(0),
             admin: Arc::new(Principal::Admin),
+            lookups: tokio::sync::Semaphore::new(CREDENTIAL_LOOKUPS_CONCURRENT_MAX),
         }
     }
 }
@@ -267,6 +284,19 @@ impl Engine {
         if let Some(cached) = self.inner.credentials.cached(&key, now, ttl) {
             return Ok(cached.principal);
         }
+        if !STORED_SECRET_LENGTHS.contains(&token_length) {
+            return Ok(None);
+        }
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(CREDENTIAL_LOOKUP_WAIT_MILLISECONDS_MAX),
+            self.inner.credentials.lookups.acquire(),
+        )
+        .await;
+        let Ok(Ok(_turn)) = waited else {
+            return Err(EngineError::Overloaded(
+                "too many credentials this instance has not seen lately are being looked up; retry shortly".to_owned(),
+            ));
+        };
         // A cache miss: boxed, so every request's future does not carry the lookup's.
         let generation = self.inner.credentials.generation();
         let found = crate::cold(

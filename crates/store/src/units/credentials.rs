@@ -253,7 +253,11 @@ impl<B: Backend> Units<B> {
             "SELECT kind, id, shop FROM credential WHERE secret_hash = $1 AND revoked_at IS NULL",
         )
         .bind(secret_hash)
-        .fetch_optional_as::<(String, String, Option<String>)>(&mut *self.write_connection().await?)
+        // Not the writer's own connection: on SQLite that one is every write's, and
+        // anyone may send a token to look up.
+        .fetch_optional_as::<(String, String, Option<String>)>(
+            &mut *self.writer_read_connection().await?,
+        )
         .await?;
         let Some((kind, id, shop)) = row else {
             return Ok(None);
