@@ -1079,11 +1079,10 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let claimed_at = self.now();
-        let lease_milliseconds = WorkerLease::milliseconds(
-            config.refund_retry_milliseconds,
-            &payments.gateway,
-            REFUND_CALLS_PER_REFUND,
-        );
+        // The configured pause as it is: it is also the pause before a refund the
+        // gateway refused is sent again, which an operator sets short on purpose; one
+        // refund's worst case is a single call.
+        let lease_milliseconds = config.refund_retry_milliseconds;
         let lease = WorkerLease::claimed_at(
             claimed_at,
             lease_milliseconds,
