@@ -47,6 +47,7 @@ mirrored_tests!(
     a_unit_released_elsewhere_into_a_bucket_known_short_is_found_before_a_refusal_is_stored,
     campaigns_kept_open_by_a_held_unit_do_not_hold_back_the_end_of_later_ones,
     an_ended_campaign_kept_open_by_a_held_unit_does_not_lock_its_skus_row_again,
+    a_request_sent_again_while_it_waits_in_the_line_takes_no_second_place,
     units_an_end_step_returns_sell_at_once_though_the_campaign_stays_open,
     a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it,
     a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
@@ -954,7 +955,8 @@ async fn a_request_without_a_ticket_waits_its_turn_with_the_connection_held(back
 
 /// A request waiting in the campaign's line (here with a ticket) may still hold a unit
 /// given back while it waits. A retry of its key while this process knows the campaign
-/// sold out is therefore told the request is waiting, not "sold out" from memory (which
+/// sold out is therefore told the request is in progress (409 `request_in_progress`,
+/// taking no second place), not "sold out" from memory (which
 /// the waiting request could contradict with a 201 stored under the same key). At its
 /// turn, the request itself is answered from memory like any other: a line that found
 /// the campaign sold out costs the database nothing more.
@@ -990,8 +992,12 @@ async fn a_retry_of_a_request_waiting_in_line_is_not_refused_from_memory(backend
 
     let retry = app.send(reserve_call("w-cat", "WAITED", "cat")).await;
 
-    assert_eq!(retry.status, 429, "{retry:?}");
-    assert_eq!(retry.code().as_deref(), Some("rate_limited"), "{retry:?}");
+    assert_eq!(retry.status, 409, "{retry:?}");
+    assert_eq!(
+        retry.code().as_deref(),
+        Some("request_in_progress"),
+        "{retry:?}"
+    );
     drop(between);
     let cat = answered_ticket(&app, cat.json()["poll"].as_str().unwrap()).await;
     assert_eq!(cat["answer"]["body"]["code"], "insufficient_stock", "{cat}");
@@ -2609,5 +2615,44 @@ async fn an_ended_campaign_kept_open_by_a_held_unit_does_not_lock_its_skus_row_a
         (done["returned"].as_i64(), done["held"].as_i64()),
         (Some(10), Some(0))
     );
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a request sent again under its key while it waited in a
+/// campaign's line (its 202 lost, or a client resending) took another place and
+/// another ticket each time: one client resending one request could fill the line
+/// and crowd out every other shopper. It now hears its ticket again (or, without
+/// `Prefer: respond-async`, 409 `request_in_progress`) and takes no place.
+async fn a_request_sent_again_while_it_waits_in_the_line_takes_no_second_place(backend: Backend) {
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("RESENT", 10).await;
+    running_campaign(&app, "RESENT", 4, 1, None).await;
+    let (room, held) = hold_the_line(&app, "RESENT").await;
+    let first = app
+        .send(waiting_reserve_call("resent-ann", "RESENT", "ann"))
+        .await;
+    assert_eq!(first.status, 202, "{first:?}");
+    let poll = first.json()["poll"].as_str().unwrap().to_owned();
+
+    let mut again = Vec::new();
+    for _ in 0..4 {
+        again.push(
+            app.send(waiting_reserve_call("resent-ann", "RESENT", "ann"))
+                .await,
+        );
+    }
+    let in_place = app.send(reserve_call("resent-ann", "RESENT", "ann")).await;
+
+    assert_eq!(room.waiting(), 1, "one place for the one request");
+    for response in &again {
+        assert_eq!(response.status, 202, "{response:?}");
+        assert_eq!(response.json()["poll"], poll.as_str(), "the same ticket");
+    }
+    assert_eq!(in_place.status, 409, "{in_place:?}");
+    assert_eq!(in_place.code().as_deref(), Some("request_in_progress"));
+    drop(held);
+    let answered = answered_ticket(&app, &poll).await;
+    assert_eq!(answered["answer"]["status"], 201, "{answered}");
+    assert_eq!(app.counters("RESENT").await.1, 1, "reserved once");
     app.assert_audit_clean().await;
 }

@@ -230,13 +230,19 @@ impl Drop for Turn {
 }
 
 /// Keys of requests holding a place in a campaign's line, waiting for their turn, each
-/// with how many places it holds. Bounded by the lines' places: an entry lives as long
-/// as its place waits.
+/// with how many places it holds and the ticket it was given, if any. Bounded by the
+/// lines' places: an entry lives as long as its place waits.
 #[derive(Debug, Default)]
 pub struct WaitingKeys {
     /// Places counted here, so the common case (no line) reads no map.
     places: std::sync::atomic::AtomicUsize,
-    keys: Mutex<HashMap<String, usize>>,
+    keys: Mutex<HashMap<String, WaitingEntry>>,
+}
+
+#[derive(Debug, Default)]
+struct WaitingEntry {
+    places: usize,
+    ticket: Option<TicketId>,
 }
 
 impl WaitingKeys {
@@ -245,7 +251,7 @@ impl WaitingKeys {
             .keys
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *held.entry(key.to_owned()).or_default() += 1;
+        held.entry(key.to_owned()).or_default().places += 1;
         keys.places
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         WaitingKey {
@@ -256,12 +262,20 @@ impl WaitingKeys {
 
     /// Whether a request under `key` waits in a line now.
     pub(crate) fn contains(&self, key: &str) -> bool {
-        self.places.load(std::sync::atomic::Ordering::SeqCst) > 0
-            && self
-                .keys
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .contains_key(key)
+        self.waiting(key).is_some()
+    }
+
+    /// A request under `key` waiting in a line now: `Some`, with its ticket if it was
+    /// given one.
+    fn waiting(&self, key: &str) -> Option<Option<TicketId>> {
+        if self.places.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            return None;
+        }
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(key)
+            .map(|entry| entry.ticket.clone())
     }
 }
 
@@ -272,6 +286,22 @@ struct WaitingKey {
     key: String,
 }
 
+impl WaitingKey {
+    /// Records the ticket the waiting request was given: the same request sent again
+    /// while it waits hears this ticket.
+    fn note_ticket(&self, ticket: &TicketId) {
+        if let Some(entry) = self
+            .keys
+            .keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get_mut(&self.key)
+        {
+            entry.ticket = Some(ticket.clone());
+        }
+    }
+}
+
 impl Drop for WaitingKey {
     fn drop(&mut self) {
         let mut held = self
@@ -279,9 +309,9 @@ impl Drop for WaitingKey {
             .keys
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(places) = held.get_mut(&self.key) {
-            *places -= 1;
-            if *places == 0 {
+        if let Some(entry) = held.get_mut(&self.key) {
+            entry.places -= 1;
+            if entry.places == 0 {
                 held.remove(&self.key);
             }
         }
@@ -584,6 +614,28 @@ impl Engine {
                 });
             }
         }
+        // The same request sent again while it waits (its 202 was lost, or it was sent
+        // twice) takes no second place: one client resending could otherwise fill
+        // the line. It hears its ticket again, or that it is still in progress.
+        if let Some(ticket) = self
+            .inner
+            .campaigns
+            .waiting_keys
+            .waiting(claim.key.as_str())
+        {
+            let view = ticket.filter(|_| respond_async).and_then(|id| {
+                self.inner.campaigns.tickets.view(
+                    &id,
+                    principal,
+                    now,
+                    self.inner.config.campaign_ticket_retention_seconds,
+                )
+            });
+            return match view {
+                Some(view) => Ok(Held::Waiting(view)),
+                None => Err(EngineError::RequestInProgress),
+            };
+        }
         let place = route.room.enter(shopper).map_err(|refusal| {
             metrics::counter!("stockd_campaign_admission_refused_total").increment(1);
             let detail = match refusal {
@@ -620,6 +672,9 @@ impl Engine {
         let id = TicketId::generate(now, rand::random());
         let tickets = &self.inner.campaigns.tickets;
         tickets.issue(id.clone(), principal.clone(), route.id.clone(), &place, now);
+        if let Some(waiting) = &waiting {
+            waiting.note_ticket(&id);
+        }
         metrics::counter!("stockd_campaign_tickets_issued_total").increment(1);
         let view = tickets
             .view(
