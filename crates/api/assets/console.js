@@ -548,21 +548,44 @@
     }
   }
 
-  // The log pages oldest first: read up to a few pages, show the newest first.
+  // The log pages oldest first and is kept for good: the newest entries are the last
+  // pages of a recent window. The last day's, read to its end (keeping the newest 200);
+  // when that is more than the pages allowed, the last hour's, then the last five
+  // minutes'. Reading from the start instead showed a busy shop its oldest entries.
+  const SHELF_LOG_SHOWN = 200;
+  const SHELF_LOG_PAGE = 500;
+  const SHELF_LOG_PAGES_MAX = 20;
+  const SHELF_LOG_WINDOWS = [["day", 86400000], ["hour", 3600000], ["five minutes", 300000]];
+
+  async function newestShelfLog(sinceMilliseconds) {
+    const since = new Date(Date.now() - sinceMilliseconds).toISOString().replace(/\.\d{3}Z$/, "Z");
+    let newest = [];
+    let after = null;
+    for (let page = 0; page < SHELF_LOG_PAGES_MAX; page += 1) {
+      const answer = await api("GET", `/v1/admin/shelf-log${query({ limit: SHELF_LOG_PAGE, since, after })}`);
+      newest = newest.concat(answer.entries).slice(-SHELF_LOG_SHOWN);
+      if (answer.entries.length < SHELF_LOG_PAGE || answer.next_after === null) return { newest, complete: true };
+      after = answer.next_after;
+    }
+    return { newest, complete: false };
+  }
+
   async function loadShelfLog(holder) {
     holder.replaceChildren(element("h2", { id: "log-title" }, "Shelf log"));
     try {
-      let entries = [];
-      let after = null;
-      for (let page = 0; page < 10; page += 1) {
-        const answer = await api("GET", `/v1/admin/shelf-log${query({ limit: 500, after })}`);
-        entries = entries.concat(answer.entries);
-        if (answer.entries.length < 500 || answer.next_after === null) break;
-        after = answer.next_after;
+      let read = null;
+      let span = null;
+      for (const [name, milliseconds] of SHELF_LOG_WINDOWS) {
+        span = name;
+        read = await newestShelfLog(milliseconds);
+        if (read.complete) break;
       }
-      entries.reverse();
-      holder.append(entries.length === 0 ? element("p", { class: "muted" }, "No shelf change yet.") :
-        table(["When", "SKU", "Operator", "Change", "Operation", "Remark"], entries.slice(0, 200).map((entry) => element("tr", {},
+      const entries = read.newest.reverse();
+      holder.append(element("p", { class: "muted small" }, read.complete ?
+        `The newest changes of the last ${span}, up to ${SHELF_LOG_SHOWN}.` :
+        `More changes in the last ${span} than this page reads: the newest of its first ${SHELF_LOG_PAGE * SHELF_LOG_PAGES_MAX}.`));
+      holder.append(entries.length === 0 ? element("p", { class: "muted" }, `No shelf change in the last ${span}.`) :
+        table(["When", "SKU", "Operator", "Change", "Operation", "Remark"], entries.map((entry) => element("tr", {},
           element("td", {}, time(entry.created_at)),
           element("td", {}, element("code", {}, entry.sku)),
           element("td", {}, entry.operator_id, element("div", { class: "small muted" }, entry.operator_type)),
