@@ -1778,7 +1778,7 @@ async fn metrics_count_payment_outcomes_and_show_the_unknown_backlog(backend: Ba
     for line in [
         r#"stockd_payments_total{outcome="succeeded",source="pay"} 1"#,
         r#"stockd_payments_total{outcome="failed",source="pay"} 1"#,
-        r#"stockd_payments_total{outcome="unknown"} 1"#,
+        r#"stockd_payments_total{outcome="unknown",source="pay"} 1"#,
         r#"stockd_reconciliations_total{result="still_unknown"} 1"#,
         "stockd_payment_attempts_unresolved 1",
         "stockd_payment_oldest_unresolved_age_seconds 30",

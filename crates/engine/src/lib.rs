@@ -857,9 +857,9 @@ impl Engine {
                 .set(replica.lag_seconds_peak);
             metrics::gauge!("stockd_replica_in_rotation", "replica" => name.clone())
                 .set(if replica.in_rotation { 1.0 } else { 0.0 });
-            if replica.rotation_changed {
+            if replica.rotation_changes > 0 {
                 metrics::counter!("stockd_replica_rotation_changes_total", "replica" => name)
-                    .increment(1);
+                    .increment(replica.rotation_changes);
             }
         }
         health

@@ -506,7 +506,7 @@ impl Engine {
                 BeginPayment::Answered(answered) => return Ok(answered),
             };
             let Some(outcome) = outcome_of(&call) else {
-                metrics::counter!("stockd_payments_total", "outcome" => "unknown").increment(1);
+                metrics::counter!("stockd_payments_total", "outcome" => "unknown", "source" => "pay").increment(1);
                 let detail = match &call {
                     CallOutcome::Unknown(reason) => reason.clone(),
                     _ => "the gateway has not completed the payment yet".to_owned(),

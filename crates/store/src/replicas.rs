@@ -111,8 +111,9 @@ pub struct ReplicaHealth {
     /// The largest lag in seconds sampled since this process started.
     pub lag_seconds_peak: f64,
     pub in_rotation: bool,
-    /// Whether this sample moved it into or out of the rotation.
-    pub rotation_changed: bool,
+    /// Moves into or out of the rotation since the previous sample: this sample's own,
+    /// and a failed read's that took it out in between.
+    pub rotation_changes: u64,
 }
 
 /// The replicas a store reads from, and when one leaves the rotation.

@@ -41,6 +41,9 @@ struct MemberState {
     /// When the writer's position was read for the last sample that found the replica
     /// caught up: whatever it lacks now was committed after that.
     caught_up_at: Option<std::time::Instant>,
+    /// Times a failed read took the replica out of the rotation since the last sample
+    /// (counted with that sample's own moves).
+    left_after_failure: u64,
 }
 
 impl Member {
@@ -199,6 +202,9 @@ impl ReplicaSet {
         member.update(|state| {
             was_in = state.rotation.is_in();
             state.rotation = state.rotation.after_failure();
+            if was_in {
+                state.left_after_failure += 1;
+            }
         });
         if was_in {
             tracing::warn!(replica = %member.name, %error, "replica left the read rotation after a failed read");
@@ -229,7 +235,9 @@ impl ReplicaSet {
         let mut health = Vec::with_capacity(self.members.len());
         for (member, sample) in self.members.iter().zip(samples) {
             let mut was_in = false;
+            let mut left_after_failure = 0;
             let after = member.update(|state| {
+                left_after_failure = std::mem::take(&mut state.left_after_failure);
                 was_in = state.rotation.is_in();
                 let sample = bounded_by_last_caught_up(
                     sample,
@@ -261,7 +269,7 @@ impl ReplicaSet {
                 lag_bytes: after.lag_bytes,
                 lag_seconds_peak: after.lag_seconds_peak,
                 in_rotation: after.rotation.is_in(),
-                rotation_changed,
+                rotation_changes: left_after_failure + u64::from(rotation_changed),
             });
         }
         health
@@ -367,6 +375,39 @@ fn bounded_by_last_caught_up(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found in review: a failed read took a replica out of the rotation (and said so
+    /// at WARN), but `stockd_replica_rotation_changes_total` counted only the monitor's
+    /// own moves, so the next sample found it out already and the leaving went
+    /// uncounted. Nothing listens on port 1: every read and sample fails at once.
+    #[tokio::test]
+    async fn a_replica_a_failed_read_took_out_counts_one_move_at_the_next_sample() {
+        let nowhere = "postgres://stockd@127.0.0.1:1/stockd";
+        let config = crate::replicas::ReplicaConfig {
+            urls: vec![nowhere.to_owned()],
+            acquire_timeout_milliseconds: 500,
+            answer_timeout_milliseconds: 500,
+            ..crate::replicas::ReplicaConfig::default()
+        };
+        let set = ReplicaSet::connect(&config, 1, |url| {
+            url.parse::<PgConnectOptions>()
+                .map_err(|error| StoreError::Database(error.to_string()))
+        })
+        .unwrap();
+        set.members[0].update(|state| state.rotation = Rotation::In);
+        let writer = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy(nowhere)
+            .unwrap();
+
+        set.failed(0, &StoreError::Unavailable("the read failed".to_owned()));
+        let first = set.sample(&writer).await;
+        let second = set.sample(&writer).await;
+
+        assert!(!first[0].in_rotation);
+        assert_eq!(first[0].rotation_changes, 1, "the failed read's move");
+        assert_eq!(second[0].rotation_changes, 0, "counted once");
+    }
 
     #[test]
     fn a_replica_behind_after_a_quiet_spell_lags_no_longer_than_since_it_was_caught_up() {
