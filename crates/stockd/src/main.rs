@@ -1453,7 +1453,17 @@ async fn strategies(arguments: StrategiesArguments) -> Result<bool, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // The parser names the flag a bad value was given to; most settings come
+            // from the environment, so the variable is named too.
+            if let Some(variable) = variable_of_invalid_argument(&error) {
+                eprintln!("stockd: {variable} (or its flag) has a value stockd refuses:");
+            }
+            error.exit()
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -1510,6 +1520,29 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// The environment variable of the flag a parse error is about, if it has one.
+fn variable_of_invalid_argument(error: &clap::Error) -> Option<String> {
+    use clap::CommandFactory;
+    let clap::error::ContextValue::String(argument) =
+        error.get(clap::error::ContextKind::InvalidArg)?
+    else {
+        return None;
+    };
+    let long = argument
+        .strip_prefix("--")?
+        .split([' ', '='])
+        .next()?
+        .to_owned();
+    let command = Cli::command();
+    command
+        .get_subcommands()
+        .chain(std::iter::once(&command))
+        .flat_map(clap::Command::get_arguments)
+        .find(|candidate| candidate.get_long() == Some(long.as_str()))
+        .and_then(|candidate| candidate.get_env())
+        .map(|variable| variable.to_string_lossy().into_owned())
 }
 
 #[cfg(test)]

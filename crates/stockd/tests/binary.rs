@@ -884,6 +884,12 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_ADMIN_TOKEN", " padded"),
         ("STOCKD_REDIS_URL", "not a url"),
         ("STOCKD_NATS_URL", "nats://[bad"),
+        // Ranges the command line's parser checks: its message names the flag, and
+        // the variable is named beside it.
+        ("STOCKD_REFUND_RETRY_MILLISECONDS", "5"),
+        ("STOCKD_LONG_TRANSACTION_SECONDS", "0"),
+        ("STOCKD_REPLICA_LAG_SECONDS_MAX", "-1"),
+        ("STOCKD_EXPIRY_INTERVAL_MILLISECONDS", "soon"),
     ] {
         let (code, message, opened) = serve_refusal(&[(variable, value)]);
         assert_eq!(code, Some(2), "{variable}={value}: {message}");
