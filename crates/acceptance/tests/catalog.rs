@@ -1130,6 +1130,20 @@ async fn the_demo_catalog_loads_once_however_often_it_is_seeded(backend: Backend
         mooncakes["skus"][0]["sale_status"], "PENDING_REVIEW",
         "no image: still pending review"
     );
+    // Found in the docs review: loaded again after its keys were forgotten (a day
+    // on), the demo failed (`serve --demo` exited 2) and would have received its stock
+    // a second time. What is there is now left as it is.
+    app.clock.advance_seconds(3 * 86_400);
+    while app.engine.purge_step().await.unwrap() > 0 {}
+    let settled = app.contents_except_idempotency_records().await;
+    let third = engine::demo::load_demo_catalog(&app.engine).await.unwrap();
+    assert_eq!(third.product_ids, first.product_ids);
+    assert!(third.operator_token.is_none() && third.service_secret.is_none());
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        settled,
+        "a seed after the keys were forgotten changes nothing"
+    );
     app.assert_audit_clean().await;
 }
 

@@ -1,6 +1,9 @@
 //! A small supermarket catalog for trying every endpoint at once (`stockd seed`,
 //! `stockd serve --demo`). Loading it twice changes nothing: every step carries a fixed
-//! idempotency key, so the second time each one replays.
+//! idempotency key, so the second time each one replays; and since keys are forgotten
+//! after their retention (a day), what is there already is looked for first: a product
+//! whose SKU exists is left as it is (its stock is not received again), and so is the
+//! operator and the service key.
 
 use std::collections::HashMap;
 
@@ -128,6 +131,25 @@ async fn receive_demo_stock(
     Ok(())
 }
 
+/// The id of a demo product an earlier load created, found by its first SKU.
+async fn loaded_before(
+    engine: &Engine,
+    product: &DemoProduct,
+) -> Result<Option<String>, EngineError> {
+    let Some((code, ..)) = product.skus.first() else {
+        return Ok(None);
+    };
+    let sku = engine
+        .inner
+        .store
+        .sku(&parsed(SkuCode::parse, code)?)
+        .await
+        .map_err(|error| crate::log_store_error("demo_catalog", error))?;
+    Ok(sku
+        .and_then(|sku| sku.product_id)
+        .map(|id| id.as_str().to_owned()))
+}
+
 /// One demo product: created, its stock received, and put on the shelf when it is
 /// complete. Answers its id.
 async fn load_demo_product(
@@ -137,6 +159,12 @@ async fn load_demo_product(
     summary: &mut DemoSummary,
 ) -> Result<String, EngineError> {
     let admin = Principal::Admin;
+    if let Some(product_id) = loaded_before(engine, product).await? {
+        summary
+            .skus
+            .extend(product.skus.iter().map(|(code, ..)| (*code).to_owned()));
+        return Ok(product_id);
+    }
     let mut skus = Vec::new();
     for (code, price, spec, _) in product.skus {
         skus.push(DraftSku {
@@ -215,6 +243,13 @@ pub async fn load_demo_catalog(engine: &Engine) -> Result<DemoSummary, EngineErr
         let body: serde_json::Value =
             serde_json::from_str(&reply.response.body).unwrap_or_default();
         summary.operator_token = body["token"].as_str().map(str::to_owned);
+    }
+    let existing = engine.service_keys(&admin).await?;
+    if existing
+        .iter()
+        .any(|key| key.shop == shop && key.name == "demo-checkout" && key.revoked_at.is_none())
+    {
+        return Ok(summary);
     }
     let reply = engine
         .create_service_key(
