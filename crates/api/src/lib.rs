@@ -114,7 +114,9 @@ async fn each_request(
     .await
 }
 
-fn panic_response(_panic: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+pub(crate) fn panic_response(
+    _panic: Box<dyn std::any::Any + Send + 'static>,
+) -> axum::response::Response {
     tracing::error!("a request handler panicked");
     axum::response::IntoResponse::into_response(problem::ApiError::new(
         domain::ErrorCode::Internal,
