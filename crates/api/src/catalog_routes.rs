@@ -1,8 +1,6 @@
 //! Handlers of the catalog: products, shelf operations, the shelf log, operators,
 //! carts and checkout.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -371,9 +369,10 @@ pub async fn shelf_log(
     State(state): State<AppState>,
     Caller(caller): Caller,
     DisplayRead(reader): DisplayRead,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let Query(pairs) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let parameters = crate::extract::unique_parameters(pairs)?;
     let mut query = ShelfLogQuery {
         limit: 100,
         ..ShelfLogQuery::default()

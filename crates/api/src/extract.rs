@@ -297,13 +297,31 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryParameters {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let axum::extract::Query(parameters) = axum::extract::Query::<
-            std::collections::HashMap<String, String>,
-        >::from_request_parts(parts, state)
-        .await
-        .map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
-        Ok(QueryParameters(parameters))
+        let axum::extract::Query(pairs) =
+            axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+                .await
+                .map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+        Ok(QueryParameters(unique_parameters(pairs)?))
     }
+}
+
+/// A query's parameters by name, each given once: a parameter given twice is refused
+/// (400), as a body's duplicate key is, rather than the last one taken (a proxy or a
+/// log reading the first would see another request than stockd answered).
+pub fn unique_parameters(
+    pairs: Vec<(String, String)>,
+) -> Result<std::collections::HashMap<String, String>, ApiError> {
+    let mut parameters = std::collections::HashMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        if parameters.contains_key(&name) {
+            return Err(ApiError::invalid(format!(
+                "query parameter '{}' is given more than once",
+                name.chars().take(64).collect::<String>()
+            )));
+        }
+        parameters.insert(name, value);
+    }
+    Ok(parameters)
 }
 
 impl QueryParameters {

@@ -1,7 +1,6 @@
 //! Handlers: parse, call the engine, answer. No business rules live here.
 
 use axum::Json;
-use std::collections::HashMap;
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
@@ -592,9 +591,10 @@ pub async fn method_not_allowed() -> ApiError {
 pub async fn events(
     State(state): State<AppState>,
     Caller(caller): Caller,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(parameters) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let Query(pairs) = query.map_err(|rejection| ApiError::invalid(rejection.body_text()))?;
+    let parameters = crate::extract::unique_parameters(pairs)?;
     let mut cursor = FeedCursor::START;
     let mut limit = EVENTS_PAGE_SIZE_DEFAULT;
     let mut shop = None;
