@@ -1793,20 +1793,33 @@ async fn a_shelf_batch_that_commits_after_a_later_one_is_not_skipped_by_a_reader
         })
     };
     // FAST's batch either committed (the log's ids out of commit order) or waits for
-    // SLOW's to commit first, at the log's lock.
+    // SLOW's to commit first, at the log's lock: blocked by SLOW's session, itself
+    // blocked by the gate (PostgreSQL); on MariaDB, a session of this test's own
+    // database waiting to take the log's lock. Other tests' sessions never count.
     let waiting_for_the_log = match backend {
         Backend::Postgres => {
-            "SELECT CAST(COUNT(*) AS TEXT) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%stockd_shelf_log%'"
+            let gate_session = gate
+                .texts("SELECT CAST(pg_backend_pid() AS TEXT)")
+                .await
+                .first()
+                .cloned()
+                .flatten()
+                .expect("the gate's session");
+            format!(
+                "SELECT CAST(COUNT(*) AS TEXT) FROM pg_stat_activity fast \
+                 WHERE EXISTS (SELECT 1 FROM pg_stat_activity slow \
+                 WHERE slow.pid = ANY(pg_blocking_pids(fast.pid)) \
+                 AND {gate_session} = ANY(pg_blocking_pids(slow.pid)))"
+            )
         }
-        _ => {
-            "SELECT CAST(COUNT(*) AS CHAR) FROM information_schema.processlist \
-             WHERE info LIKE 'INSERT INTO shelf_batch_lock%VALUES ('''', 1)%'"
-        }
+        _ => "SELECT CAST(COUNT(*) AS CHAR) FROM information_schema.processlist \
+              WHERE db = DATABASE() AND info LIKE 'INSERT INTO shelf_batch_lock%VALUES ('''', 1)%'"
+            .to_owned(),
     };
     acceptance::wait_until_async("FAST's batch committed or waits", || {
         let finished = fast.is_finished();
         let database = &app.database;
+        let waiting_for_the_log = &waiting_for_the_log;
         async move {
             let mut probe = database.raw_connection().await;
             let waiting = probe.texts(waiting_for_the_log).await;

@@ -378,8 +378,8 @@ pub trait Dialect: Connection {
     fn lock_shop(&mut self, shop: &ShopCode)
     -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Serializes every writer of the shelf log until its commit, taken after the
-    /// shops' locks and before anything else. The log is paged by id, and an id is
+    /// Serializes the writers of the shelf log from their lines' insert, the last
+    /// thing before the commit, to the commit. The log is paged by id, and an id is
     /// drawn at the insert, not at the commit: without it, a batch of one shop could
     /// draw lower ids than another shop's batch yet commit after it, and a reader
     /// already past the second's ids (`after`) would never see the first's entries.

@@ -478,8 +478,8 @@ impl Dialect for PgConnection {
         Ok(())
     }
 
-    /// Per schema, as the shops' locks are: tests and tenants in other schemas of the
-    /// database do not wait for each other.
+    /// Per schema: stockd databases in other schemas of the same PostgreSQL database
+    /// (tests run so) do not wait for each other's shelf logs.
     async fn lock_shelf_log(&mut self) -> Result<(), StoreError> {
         sqlx::query(
             "SELECT pg_advisory_xact_lock(hashtext('stockd_shelf_log:' || current_schema()))",

@@ -8,8 +8,8 @@ use super::Units;
 use super::decode::{expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer};
 use super::shelf::{
-    LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, lock_shops_and_shelf_log,
-    lock_shops_of, lock_sku_rows, shelf_target,
+    LogLine, apply_shelf_change, insert_shelf_log, load_shelf_state, lock_shops_of, lock_sku_rows,
+    shelf_target,
 };
 use crate::backend::{Backend, Dialect, Finish};
 use crate::catalog::{
@@ -114,7 +114,7 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
         .await?;
     let mut due = due_schedules(transaction, claimed).await?;
     let targets: Vec<&ShelfTarget> = due.iter().map(|schedule| &schedule.target).collect();
-    lock_shops_and_shelf_log(&mut *transaction, &targets).await?;
+    lock_shops_of(&mut *transaction, &targets).await?;
     let mut skus: Vec<SkuCode> = due.iter().map(|schedule| schedule.sku.clone()).collect();
     skus.sort();
     skus.dedup();
@@ -545,7 +545,7 @@ impl<B: Backend> Units<B> {
                     repeated: false,
                     remark: "schedule skipped: the SKU was deleted",
                 };
-                insert_shelf_log(&mut *transaction, line, now).await?;
+                insert_shelf_log(&mut *transaction, vec![line], now).await?;
                 (ScheduleStatus::Skipped, "the SKU was deleted".to_owned())
             } else {
                 let change = ShelfChange {

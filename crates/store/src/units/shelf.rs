@@ -98,7 +98,25 @@ pub(crate) struct LogLine<'a> {
     pub(crate) remark: &'a str,
 }
 
+/// Writes a transaction's shelf-log lines, the last thing it does before its commit:
+/// the log's lock first ([`Dialect::lock_shelf_log`]), so ids are drawn in commit
+/// order, held only from here to the commit, waiting on nothing else meanwhile.
 pub(crate) async fn insert_shelf_log<C: Dialect>(
+    transaction: &mut C,
+    lines: Vec<LogLine<'_>>,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    transaction.lock_shelf_log().await?;
+    for line in lines {
+        insert_shelf_log_line(&mut *transaction, line, now).await?;
+    }
+    Ok(())
+}
+
+async fn insert_shelf_log_line<C: Dialect>(
     transaction: &mut C,
     line: LogLine<'_>,
     now: Timestamp,
@@ -125,15 +143,15 @@ pub(crate) async fn insert_shelf_log<C: Dialect>(
 /// A sale-status change decided for one target.
 #[derive(Clone, Copy)]
 pub(crate) struct ShelfStep<'a> {
-    pub(crate) change: &'a ShelfChange,
     pub(crate) target: &'a ShelfTarget,
     pub(crate) operation: &'a str,
     pub(crate) from: SaleStatus,
     pub(crate) to: SaleStatus,
 }
 
-/// Writes a decided sale-status change: a conditional update on (status, version) and
-/// its shelf-log line. A SKU that changed since it was read is refused.
+/// Writes a decided sale-status change: a conditional update on (status, version) (its
+/// shelf-log line is the caller's to write, last). A SKU that changed since it was
+/// read is refused.
 pub(crate) async fn change_sale_status<C: Dialect>(
     transaction: &mut C,
     step: ShelfStep<'_>,
@@ -158,16 +176,6 @@ pub(crate) async fn change_sale_status<C: Dialect>(
             missing: Vec::new(),
         });
     }
-    let line = LogLine {
-        target: step.target,
-        actor: &step.change.actor,
-        from: step.from,
-        to: step.to,
-        operation: step.operation,
-        repeated: false,
-        remark: &step.change.remark,
-    };
-    insert_shelf_log(transaction, line, now).await?;
     if step.to == SaleStatus::Deleted {
         cancel_schedules_of_deleted_sku(&mut *transaction, &step.target.sku, now).await?;
     }
@@ -252,7 +260,6 @@ pub(crate) async fn shelf_outcome<C: Dialect>(
     let outcome = match decide_shelf_change(state.status, change.operation, state.completeness) {
         ShelfDecision::Change { from, to } => {
             let step = ShelfStep {
-                change,
                 target,
                 operation,
                 from,
@@ -260,19 +267,7 @@ pub(crate) async fn shelf_outcome<C: Dialect>(
             };
             change_sale_status(transaction, step, state.version, now).await?
         }
-        ShelfDecision::Repeat(status) => {
-            let line = LogLine {
-                target,
-                actor: &change.actor,
-                from: status,
-                to: status,
-                operation,
-                repeated: true,
-                remark: &change.remark,
-            };
-            insert_shelf_log(transaction, line, now).await?;
-            ShelfOutcome::Repeated { status }
-        }
+        ShelfDecision::Repeat(status) => ShelfOutcome::Repeated { status },
         illegal @ ShelfDecision::Illegal { .. } => {
             return Ok(refused(
                 ErrorCode::IllegalTransition,
@@ -310,20 +305,6 @@ pub(crate) async fn lock_shops_of<C: Dialect, T: Borrow<ShelfTarget> + Sync>(
     Ok(())
 }
 
-/// The locks of a transaction that writes the shelf log: the shops' ([`lock_shops_of`]),
-/// then the log's own, so log ids are drawn in commit order. Nothing to write, nothing
-/// to lock: the schedule worker's empty steps take no lock every other writer waits for.
-pub(crate) async fn lock_shops_and_shelf_log<C: Dialect, T: Borrow<ShelfTarget> + Sync>(
-    transaction: &mut C,
-    targets: &[T],
-) -> Result<(), StoreError> {
-    if targets.is_empty() {
-        return Ok(());
-    }
-    lock_shops_of(&mut *transaction, targets).await?;
-    transaction.lock_shelf_log().await
-}
-
 /// Locks the SKUs' own rows, in the order given (callers give code order, the order
 /// every writer of a SKU's row takes them in).
 pub(crate) async fn lock_sku_rows<C: Dialect, S: AsRef<str> + Sync>(
@@ -348,7 +329,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
     change: &ShelfChange,
     now: Timestamp,
 ) -> Result<Vec<ShelfResult>, StoreError> {
-    lock_shops_and_shelf_log(transaction, &change.targets).await?;
+    lock_shops_of(transaction, &change.targets).await?;
     let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
     targets.sort();
     targets.dedup_by(|left, right| left.sku == right.sku);
@@ -363,9 +344,26 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
 
     let operation = operation_label(change.operation, change.scheduled);
     let mut results = Vec::with_capacity(targets.len());
+    let mut log = Vec::with_capacity(targets.len());
     let mut touched_products: BTreeSet<&ProductId> = BTreeSet::new();
     for target in targets {
         let outcome = shelf_outcome(transaction, change, target, operation, now).await?;
+        let logged = match outcome {
+            ShelfOutcome::Changed { from, to, .. } => Some((from, to, false)),
+            ShelfOutcome::Repeated { status } => Some((status, status, true)),
+            ShelfOutcome::Refused { .. } | ShelfOutcome::Scheduled { .. } => None,
+        };
+        if let Some((from, to, repeated)) = logged {
+            log.push(LogLine {
+                target,
+                actor: &change.actor,
+                from,
+                to,
+                operation,
+                repeated,
+                remark: &change.remark,
+            });
+        }
         if let (ShelfOutcome::Changed { .. }, Some(product)) = (&outcome, &target.product_id) {
             touched_products.insert(product);
         }
@@ -405,6 +403,7 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
         .execute(&mut *transaction)
         .await?;
     }
+    insert_shelf_log(transaction, log, now).await?;
     Ok(results)
 }
 
