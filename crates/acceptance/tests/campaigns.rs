@@ -2622,7 +2622,8 @@ async fn an_ended_campaign_kept_open_by_a_held_unit_does_not_lock_its_skus_row_a
 /// campaign's line (its 202 lost, or a client resending) took another place and
 /// another ticket each time: one client resending one request could fill the line
 /// and crowd out every other shopper. It now hears its ticket again (or, without
-/// `Prefer: respond-async`, 409 `request_in_progress`) and takes no place.
+/// `Prefer: respond-async`, 409 `request_in_progress`) and takes no place; another
+/// request under the same key hears 422 `idempotency_key_reused`, as anywhere.
 async fn a_request_sent_again_while_it_waits_in_the_line_takes_no_second_place(backend: Backend) {
     let app = TestApp::spawn_with(backend, narrow_line(10)).await;
     app.stocked_sku("RESENT", 10).await;
@@ -2642,8 +2643,19 @@ async fn a_request_sent_again_while_it_waits_in_the_line_takes_no_second_place(b
         );
     }
     let in_place = app.send(reserve_call("resent-ann", "RESENT", "ann")).await;
+    // Another request under the same key is not a resend of the waiting one.
+    let another = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("resent-ann")
+                .header("prefer", "respond-async")
+                .json(&json!({"lines": [{"sku": "RESENT", "quantity": 2}], "user_id": "ann"})),
+        )
+        .await;
 
     assert_eq!(room.waiting(), 1, "one place for the one request");
+    assert_eq!(another.status, 422, "{another:?}");
+    assert_eq!(another.code().as_deref(), Some("idempotency_key_reused"));
     for response in &again {
         assert_eq!(response.status, 202, "{response:?}");
         assert_eq!(response.json()["poll"], poll.as_str(), "the same ticket");

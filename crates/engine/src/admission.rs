@@ -242,16 +242,29 @@ pub struct WaitingKeys {
 #[derive(Debug, Default)]
 struct WaitingEntry {
     places: usize,
+    /// The first waiting request's fingerprint: another request under the same key is
+    /// not that request.
+    fingerprint: String,
+    ticket: Option<TicketId>,
+}
+
+/// A request found waiting under a key.
+struct Waiting {
+    fingerprint: String,
     ticket: Option<TicketId>,
 }
 
 impl WaitingKeys {
-    fn enter(keys: &Arc<WaitingKeys>, key: &str) -> WaitingKey {
+    fn enter(keys: &Arc<WaitingKeys>, key: &str, fingerprint: &str) -> WaitingKey {
         let mut held = keys
             .keys
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        held.entry(key.to_owned()).or_default().places += 1;
+        let entry = held.entry(key.to_owned()).or_insert_with(|| WaitingEntry {
+            fingerprint: fingerprint.to_owned(),
+            ..WaitingEntry::default()
+        });
+        entry.places += 1;
         keys.places
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         WaitingKey {
@@ -265,9 +278,9 @@ impl WaitingKeys {
         self.waiting(key).is_some()
     }
 
-    /// A request under `key` waiting in a line now: `Some`, with its ticket if it was
-    /// given one.
-    fn waiting(&self, key: &str) -> Option<Option<TicketId>> {
+    /// A request under `key` waiting in a line now, with its fingerprint and its
+    /// ticket if it was given one.
+    fn waiting(&self, key: &str) -> Option<Waiting> {
         if self.places.load(std::sync::atomic::Ordering::SeqCst) == 0 {
             return None;
         }
@@ -275,7 +288,10 @@ impl WaitingKeys {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .get(key)
-            .map(|entry| entry.ticket.clone())
+            .map(|entry| Waiting {
+                fingerprint: entry.fingerprint.clone(),
+                ticket: entry.ticket.clone(),
+            })
     }
 }
 
@@ -617,13 +633,17 @@ impl Engine {
         // The same request sent again while it waits (its 202 was lost, or it was sent
         // twice) takes no second place: one client resending could otherwise fill
         // the line. It hears its ticket again, or that it is still in progress.
-        if let Some(ticket) = self
+        if let Some(waiting) = self
             .inner
             .campaigns
             .waiting_keys
             .waiting(claim.key.as_str())
         {
-            let view = ticket.filter(|_| respond_async).and_then(|id| {
+            // Another request under the same key is not the waiting one's resend.
+            if waiting.fingerprint != claim.fingerprint {
+                return Err(EngineError::IdempotencyKeyReused);
+            }
+            let view = waiting.ticket.filter(|_| respond_async).and_then(|id| {
                 self.inner.campaigns.tickets.view(
                     &id,
                     principal,
@@ -659,8 +679,13 @@ impl Engine {
         // memory: the waiting request could still hold a unit given back meanwhile and
         // store a 201 under the key memory said "sold out" to. At its turn the key
         // leaves the waiting set, and memory may answer the request itself as any.
-        let waiting = (!place.is_turn())
-            .then(|| WaitingKeys::enter(&self.inner.campaigns.waiting_keys, claim.key.as_str()));
+        let waiting = (!place.is_turn()).then(|| {
+            WaitingKeys::enter(
+                &self.inner.campaigns.waiting_keys,
+                claim.key.as_str(),
+                &claim.fingerprint,
+            )
+        });
         if place.is_turn() || !respond_async {
             let turn = place.turn().await;
             drop(waiting);
