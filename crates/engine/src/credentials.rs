@@ -37,10 +37,11 @@ const SERVICE_SECRET_PREFIX: &str = "stockd_sk_";
 /// unknown without asking the database.
 const STORED_SECRET_LENGTHS: [usize; 2] = [64, SERVICE_SECRET_PREFIX.len() + 64];
 
-/// Database lookups of tokens this process has not cached, running at once at most,
-/// and how long a lookup waits for its turn before the request is shed (429). Anyone
-/// may send a token: without a bound, a flood of made-up ones would take the writer
-/// pool's connections from the sales.
+/// Database lookups of tokens this process has not found before, running at once at
+/// most, and how long a lookup waits for its turn before the request is shed (429).
+/// Anyone may send a token: without a bound, a flood of made-up ones would take the
+/// writer pool's connections from the sales. A known credential's refresh (its cached
+/// answer expired) is not bounded.
 const CREDENTIAL_LOOKUPS_CONCURRENT_MAX: usize = 4;
 const CREDENTIAL_LOOKUP_WAIT_MILLISECONDS_MAX: u64 = 1_000;
 
@@ -147,6 +148,16 @@ impl Credentials {
                     .contains(&(now.unix_milliseconds() - entry.fetched_at.unix_milliseconds()))
             })
             .cloned()
+    }
+
+    /// Whether `key` was a known credential when last looked up, however long ago:
+    /// its lookup again is a refresh, not a stranger's guess.
+    fn known(&self, key: &TokenDigest) -> bool {
+        self.cache
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(key)
+            .is_some_and(|entry| entry.principal.is_some())
     }
 
     /// The generation a lookup starts in; pass it to [`Credentials::remember`].
@@ -287,15 +298,23 @@ impl Engine {
         if !STORED_SECRET_LENGTHS.contains(&token_length) {
             return Ok(None);
         }
-        let waited = tokio::time::timeout(
-            std::time::Duration::from_millis(CREDENTIAL_LOOKUP_WAIT_MILLISECONDS_MAX),
-            self.inner.credentials.lookups.acquire(),
-        )
-        .await;
-        let Ok(Ok(_turn)) = waited else {
-            return Err(EngineError::Overloaded(
-                "too many credentials this instance has not seen lately are being looked up; retry shortly".to_owned(),
-            ));
+        // A credential known here, whose cached answer expired, is refreshed as it
+        // comes: the bound is for tokens this process has never found, anyone's to
+        // send, and must not shed the shop's own staff and checkouts while it is full.
+        let _turn = if self.inner.credentials.known(&key) {
+            None
+        } else {
+            let waited = tokio::time::timeout(
+                std::time::Duration::from_millis(CREDENTIAL_LOOKUP_WAIT_MILLISECONDS_MAX),
+                self.inner.credentials.lookups.acquire(),
+            )
+            .await;
+            let Ok(Ok(turn)) = waited else {
+                return Err(EngineError::Overloaded(
+                    "too many credentials this instance has not seen lately are being looked up; retry shortly".to_owned(),
+                ));
+            };
+            Some(turn)
         };
         // A cache miss: boxed, so every request's future does not carry the lookup's.
         let generation = self.inner.credentials.generation();
