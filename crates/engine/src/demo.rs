@@ -115,7 +115,13 @@ async fn receive_demo_stock(
     let admin = Principal::Admin;
     for (code, _, _, units) in product.skus {
         summary.skus.push((*code).to_owned());
-        if *units > 0 {
+        // A SKU with a stock row had its opening stock received by an earlier load
+        // (rows are made by a receipt): received again once the key was forgotten,
+        // it would be booked twice.
+        let received = stored_sku(engine, code)
+            .await?
+            .is_some_and(|sku| !sku.stock.is_empty());
+        if *units > 0 && !received {
             let quantity = Quantity::new(*units).map_err(|error| EngineError::Internal(error.0))?;
             engine
                 .record_movement(
@@ -131,23 +137,14 @@ async fn receive_demo_stock(
     Ok(())
 }
 
-/// The id of a demo product an earlier load created, found by its first SKU.
-async fn loaded_before(
-    engine: &Engine,
-    product: &DemoProduct,
-) -> Result<Option<String>, EngineError> {
-    let Some((code, ..)) = product.skus.first() else {
-        return Ok(None);
-    };
-    let sku = engine
+/// A demo SKU as stored, if an earlier load created it.
+async fn stored_sku(engine: &Engine, code: &str) -> Result<Option<domain::Sku>, EngineError> {
+    engine
         .inner
         .store
         .sku(&parsed(SkuCode::parse, code)?)
         .await
-        .map_err(|error| crate::log_store_error("demo_catalog", error))?;
-    Ok(sku
-        .and_then(|sku| sku.product_id)
-        .map(|id| id.as_str().to_owned()))
+        .map_err(|error| crate::log_store_error("demo_catalog", error))
 }
 
 /// One demo product: created, its stock received, and put on the shelf when it is
@@ -159,12 +156,53 @@ async fn load_demo_product(
     summary: &mut DemoSummary,
 ) -> Result<String, EngineError> {
     let admin = Principal::Admin;
-    if let Some(product_id) = loaded_before(engine, product).await? {
-        summary
-            .skus
-            .extend(product.skus.iter().map(|(code, ..)| (*code).to_owned()));
-        return Ok(product_id);
+    // What an earlier load did is looked for first, each step on its own: a load cut
+    // short (a stop, a lock timeout) is finished, not skipped, and nothing is done
+    // twice once the fixed keys are forgotten (after their retention).
+    let first_sku = match product.skus.first() {
+        Some((code, ..)) => stored_sku(engine, code).await?,
+        None => None,
+    };
+    let product_id = match first_sku.as_ref().and_then(|sku| sku.product_id.as_ref()) {
+        Some(id) => id.as_str().to_owned(),
+        None => create_demo_product(engine, shop, product).await?,
+    };
+    receive_demo_stock(engine, product, summary).await?;
+    // Put on the shelf only from review, as the first load would have: a product an
+    // operator took off since stays off.
+    let in_review = stored_sku(engine, product.skus.first().map_or("", |(code, ..)| *code))
+        .await?
+        .is_some_and(|sku| sku.sale_status == domain::SaleStatus::PendingReview);
+    if product.on_shelf && in_review {
+        let request = ShelfRequest {
+            operation: ShelfOperation::On,
+            scheduled_at: None,
+            recurrence: None,
+            selector: TargetSelector {
+                product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
+                ..TargetSelector::default()
+            },
+            expected_versions: HashMap::new(),
+            remark: "demo catalog".into(),
+        };
+        engine
+            .shelf(
+                &admin,
+                &claim(format!("demo-shelf-{}", product.key))?,
+                request,
+            )
+            .await?;
     }
+    Ok(product_id)
+}
+
+/// Creates a demo product; answers its id.
+async fn create_demo_product(
+    engine: &Engine,
+    shop: &ShopCode,
+    product: &DemoProduct,
+) -> Result<String, EngineError> {
+    let admin = Principal::Admin;
     let mut skus = Vec::new();
     for (code, price, spec, _) in product.skus {
         skus.push(DraftSku {
@@ -195,32 +233,10 @@ async fn load_demo_product(
         .await?;
     let body: serde_json::Value = serde_json::from_str(&reply.response.body)
         .map_err(|error| EngineError::Internal(format!("demo catalog: {error}")))?;
-    let product_id = body["product_id"]
+    Ok(body["product_id"]
         .as_str()
         .ok_or_else(|| EngineError::Internal(format!("demo catalog: {}", reply.response.body)))?
-        .to_owned();
-    receive_demo_stock(engine, product, summary).await?;
-    if product.on_shelf {
-        let request = ShelfRequest {
-            operation: ShelfOperation::On,
-            scheduled_at: None,
-            recurrence: None,
-            selector: TargetSelector {
-                product_ids: vec![parsed(domain::ProductId::parse, &product_id)?],
-                ..TargetSelector::default()
-            },
-            expected_versions: HashMap::new(),
-            remark: "demo catalog".into(),
-        };
-        engine
-            .shelf(
-                &admin,
-                &claim(format!("demo-shelf-{}", product.key))?,
-                request,
-            )
-            .await?;
-    }
-    Ok(product_id)
+        .to_owned())
 }
 
 /// Loads the demo catalog: five products in shop `demo-market` (one left pending

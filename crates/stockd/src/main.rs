@@ -1525,6 +1525,13 @@ fn main() -> ExitCode {
 /// The environment variable of the flag a parse error is about, if it has one.
 fn variable_of_invalid_argument(error: &clap::Error) -> Option<String> {
     use clap::CommandFactory;
+    use clap::error::ErrorKind;
+    if !matches!(
+        error.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
     let clap::error::ContextValue::String(argument) =
         error.get(clap::error::ContextKind::InvalidArg)?
     else {

@@ -833,8 +833,10 @@ async fn key_started_another_payment<C: Dialect>(
 impl<B: Backend> Units<B> {
     /// Starts paying an order: `PENDING_PAYMENT → PAYMENT_PROCESSING` with a new
     /// attempt, committed before the gateway is called. An order already processing
-    /// hands back its running attempt, to be asked about again. Anything else is
-    /// answered here, the answer stored under `claim` with what it changed.
+    /// hands back its running attempt, to be asked about again, when this request
+    /// started it; another request's running attempt is answered
+    /// [`BeginPayment::AnotherRequestRunning`]. Anything else is answered here, the
+    /// answer stored under `claim` with what it changed.
     #[allow(clippy::too_many_arguments)]
     pub async fn begin_payment(
         &self,
