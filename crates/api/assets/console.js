@@ -866,7 +866,12 @@
 
   // ---- routing ----
 
+  // Each navigation's number: a slow answer to an earlier one (its /v1/me failing
+  // after a later one succeeded) must not draw over the later one's page.
+  let routeGeneration = 0;
+
   async function route() {
+    const generation = ++routeGeneration;
     toast.replaceChildren();
     if (liveTimer) {
       clearInterval(liveTimer);
@@ -878,8 +883,11 @@
     }
     if (!me) {
       try {
-        me = await api("GET", "/v1/me");
+        const found = await api("GET", "/v1/me");
+        if (generation !== routeGeneration) return;
+        me = found;
       } catch (error) {
+        if (generation !== routeGeneration) return;
         if (error.status === 401) {
           sessionStorage.removeItem(TOKEN_KEY);
           renderLogin("Your token is no longer valid: log in again.");
