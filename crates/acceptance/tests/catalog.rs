@@ -6,6 +6,7 @@ use acceptance::{Backend, Call, ProductSpec, TestApp, mirrored_tests, send_concu
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_first_receipt_waits_for_a_delete_in_flight_and_is_refused,
     a_demo_load_cut_short_after_creating_a_product_is_finished_by_the_next,
     a_shelf_batch_that_commits_after_a_later_one_is_not_skipped_by_a_reader_paging_the_log,
     an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing,
@@ -1885,4 +1886,60 @@ async fn a_demo_load_cut_short_after_creating_a_product_is_finished_by_the_next(
         assert_eq!(stored["sale_status"], "ON_SHELF", "{stored}");
     }
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a receipt locked the SKU's stock rows only, so a SKU with none yet
+/// (its first receipt) shared no lock with a delete in flight: the receipt read the
+/// status before the delete committed and booked 10 units into a SKU deleted for
+/// good. It now locks the SKU's own row too, and waits for the delete.
+async fn a_first_receipt_waits_for_a_delete_in_flight_and_is_refused(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer at a time: the delete commits wholly before or after.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let created = app
+        .send(
+            Call::put("/v1/skus/NEW-1")
+                .admin()
+                .key("new-1")
+                .json(&json!({"title": "New", "price": 100, "currency": "CNY"})),
+        )
+        .await;
+    assert!(
+        created.status == 201 || created.status == 200,
+        "{created:?}"
+    );
+    // A delete in flight: the SKU's row locked and marked, not committed.
+    let mut deleting = app.database.raw_connection().await;
+    deleting.execute("BEGIN").await.unwrap();
+    deleting
+        .execute("SELECT version FROM sku WHERE code = 'NEW-1' FOR UPDATE")
+        .await
+        .unwrap();
+    deleting
+        .execute("UPDATE sku SET sale_status = 'DELETED' WHERE code = 'NEW-1'")
+        .await
+        .unwrap();
+    let receipt = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.send(
+                Call::post("/v1/skus/NEW-1/stock-movements")
+                    .admin()
+                    .key("receive-new-1")
+                    .json(&json!({"kind": "receive", "quantity": 10})),
+            )
+            .await
+        })
+    };
+    app.database.wait_until_blocked_by(&mut deleting).await;
+    deleting.execute("COMMIT").await.unwrap();
+
+    let receipt = receipt.await.unwrap();
+
+    assert_eq!(receipt.status, 409, "{receipt:?}");
+    assert_eq!(receipt.code().as_deref(), Some("illegal_transition"));
+    let sku = app.send(Call::get("/v1/skus/NEW-1").admin()).await.json();
+    assert_eq!(sku["available"], 0, "{sku}");
 }

@@ -182,9 +182,13 @@ pub(crate) async fn apply_movement<C: Dialect>(
     movement: &StockMovement,
     now: Timestamp,
 ) -> Result<Result<MovementRecord, Rejection>, StoreError> {
-    // The SKU's stock rows first, as a shelf change takes them: a delete either
-    // committed before the status is read here or waits for this movement.
+    // The SKU's stock rows first, then its own row, as a shelf change takes them: a
+    // delete either committed before the status is read here or waits for this
+    // movement. The SKU's row too, not only its stock rows: a SKU that has none yet
+    // (its first receipt) shares no stock lock with a delete, which then committed
+    // under a receipt that had read the status before it.
     transaction.lock_stock_of_skus(&[&movement.sku]).await?;
+    super::shelf::lock_sku_rows(&mut *transaction, &[movement.sku.as_str()]).await?;
     let sku_row: Option<(String, String)> =
         statement("SELECT shop, sale_status FROM sku WHERE code = $1")
             .bind(movement.sku.as_str())
