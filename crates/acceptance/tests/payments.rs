@@ -2651,6 +2651,28 @@ async fn an_order_whose_sku_went_off_the_shelf_is_not_charged_and_keeps_its_hold
     app.assert_audit_clean().await;
 }
 
+/// Fails the order's running attempt as a webhook would (the shopper gave up on the
+/// check); answers the attempt's id.
+async fn fail_the_running_attempt(app: &TestApp, order: &str) -> String {
+    let attempt = app.order(order).await["payment"]["attempt_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    app.store
+        .settle_payment(
+            &domain::PaymentAttemptId::parse(&attempt).unwrap(),
+            &store::GatewayOutcome::Failed {
+                payment_id: None,
+                reason: "authentication failed".to_owned(),
+            },
+            "webhook",
+            engine::Clock::now(&app.clock),
+        )
+        .await
+        .unwrap();
+    attempt
+}
+
 /// An order whose first pay, waiting for the shopper's check (its answer a 202, so
 /// nothing stored under its key), then failed (the shopper gave up on the check):
 /// the order, that pay's key and its attempt's id.
@@ -2661,22 +2683,7 @@ async fn a_first_pay_that_failed_unheard(app: &TestApp) -> (String, String, Stri
         .pay(&order, &first_key, "pm_sandbox_requires_action")
         .await;
     assert_eq!(first.status, 202, "{first:?}");
-    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    app.store
-        .settle_payment(
-            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
-            &store::GatewayOutcome::Failed {
-                payment_id: None,
-                reason: "authentication failed".to_owned(),
-            },
-            "webhook",
-            engine::Clock::now(&app.clock),
-        )
-        .await
-        .unwrap();
+    let first_attempt = fail_the_running_attempt(app, &order).await;
     (order, first_key, first_attempt)
 }
 
@@ -3054,22 +3061,7 @@ async fn a_second_card_while_another_requests_payment_runs_is_not_answered_with_
     );
     assert_eq!(app.order(&order).await["status"], "PAYMENT_PROCESSING");
     // The first payment fails (the shopper gave up on the check).
-    let first_attempt = app.order(&order).await["payment"]["attempt_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    app.store
-        .settle_payment(
-            &domain::PaymentAttemptId::parse(&first_attempt).unwrap(),
-            &store::GatewayOutcome::Failed {
-                payment_id: None,
-                reason: "authentication failed".to_owned(),
-            },
-            "webhook",
-            engine::Clock::now(&app.clock),
-        )
-        .await
-        .unwrap();
+    fail_the_running_attempt(&app, &order).await;
     let retried = app.pay(&order, &second_key, "pm_card_visa").await;
     assert_eq!(retried.status, 200, "{retried:?}");
     assert_eq!(retried.json()["status"], "PAID");
