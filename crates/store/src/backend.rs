@@ -119,6 +119,10 @@ pub trait Dialect: Connection {
     /// A SKU's own row, locked: a shelf change (scheduled or not) reads its version and
     /// changes it with nothing (a title edit, say) slipping in between.
     const LOCK_SKU_ROW: &'static str;
+    /// A SKU's own row and its status, share-locked: a stock movement waits for a
+    /// delete in flight (which holds [`Dialect::LOCK_SKU_ROW`]) while other movements of
+    /// the SKU go on beside it.
+    const SHARE_SKU_ROW: &'static str;
     /// Orders past their hold that still hold stock, bound as
     /// [`Dialect::CLAIM_EXPIRED_RESERVATIONS`] is, skipping locked ones.
     const CLAIM_EXPIRED_ORDERS: &'static str;

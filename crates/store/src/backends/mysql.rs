@@ -518,6 +518,9 @@ impl Dialect for MySqlConnection {
     const LOCK_CART_LINES: &'static str =
         "SELECT sku, quantity FROM cart_item WHERE user_id = $1 AND shop = $2 FOR UPDATE";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1 FOR UPDATE";
+    /// `LOCK IN SHARE MODE`: MariaDB has no `FOR SHARE`.
+    const SHARE_SKU_ROW: &'static str =
+        "SELECT shop, sale_status FROM sku WHERE code = $1 LOCK IN SHARE MODE";
     /// Orders past their hold that still hold their stock: unpaid, or declined. MariaDB
     /// has no `FOR UPDATE OF`: the joined reservation rows are locked too.
     const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \

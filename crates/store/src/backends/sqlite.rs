@@ -520,6 +520,7 @@ impl Dialect for SqliteConnection {
     const LOCK_CART_LINES: &'static str =
         "SELECT sku, quantity FROM cart_item WHERE user_id = $1 AND shop = $2";
     const LOCK_SKU_ROW: &'static str = "SELECT version FROM sku WHERE code = $1";
+    const SHARE_SKU_ROW: &'static str = "SELECT shop, sale_status FROM sku WHERE code = $1";
     /// Orders past their hold that still hold their stock: unpaid, or declined. The
     /// statuses are spelled as an `OR`: each arm matches one partial index (unpaid,
     /// declined) and the two are read together; an `IN` list matches neither, and

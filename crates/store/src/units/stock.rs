@@ -186,14 +186,13 @@ pub(crate) async fn apply_movement<C: Dialect>(
     // delete either committed before the status is read here or waits for this
     // movement. The SKU's row too, not only its stock rows: a SKU that has none yet
     // (its first receipt) shares no stock lock with a delete, which then committed
-    // under a receipt that had read the status before it.
+    // under a receipt that had read the status before it. Shared: movements of the SKU
+    // do not wait for each other here.
     transaction.lock_stock_of_skus(&[&movement.sku]).await?;
-    super::shelf::lock_sku_rows(&mut *transaction, &[movement.sku.as_str()]).await?;
-    let sku_row: Option<(String, String)> =
-        statement("SELECT shop, sale_status FROM sku WHERE code = $1")
-            .bind(movement.sku.as_str())
-            .fetch_optional_as(&mut *transaction)
-            .await?;
+    let sku_row: Option<(String, String)> = statement(C::SHARE_SKU_ROW)
+        .bind(movement.sku.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
     let Some((shop, sale_status)) = sku_row else {
         return Ok(Err(Rejection::new(
             ErrorCode::NotFound,
