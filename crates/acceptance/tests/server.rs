@@ -10,6 +10,7 @@ use acceptance::{Backend, TestApp, mirrored_tests, wait_until, wait_until_async}
 use tokio_util::sync::CancellationToken;
 
 mirrored_tests!(
+    a_malformed_chunked_body_is_a_bad_request_not_one_too_large,
     a_shutdown_lets_the_request_in_flight_finish_and_then_stops_serving,
     a_client_that_sends_half_a_header_and_stops_is_disconnected,
     a_client_that_sends_half_a_body_and_stops_gets_408_and_is_disconnected,
@@ -241,4 +242,34 @@ async fn a_request_past_its_duration_bound_is_answered_503_and_its_retry_finds_t
     .await;
     assert_eq!(app.counters("BOUNDED").await, (2, 1), "one effect");
     app.assert_audit_clean().await;
+}
+
+/// Found in review: every error reading a body was answered 413 "larger than 64 KiB"
+/// (and counted so), a malformed chunk included. Only the limit is 413 now; a body the
+/// client sent broken is 400, its connection closed.
+async fn a_malformed_chunked_body_is_a_bad_request_not_one_too_large(backend: Backend) {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CHUNKED", 3).await;
+    let (address, _shutdown) = serve(&app, api::server::ServerConfig::default()).await;
+    let before = app.contents().await;
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let head = format!(
+        "POST /v1/reservations HTTP/1.1\r\nHost: stockd\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: chunked-body\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n",
+        app.service_token
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // A chunk size that is not hexadecimal.
+    stream.write_all(b"zz\r\n{}\r\n0\r\n\r\n").await.unwrap();
+
+    let received = read_until_closed(&mut stream).await;
+
+    assert!(received.starts_with("HTTP/1.1 400"), "{received:?}");
+    assert!(
+        received.contains("\"code\":\"invalid_argument\""),
+        "{received:?}"
+    );
+    assert_eq!(app.contents().await, before, "nothing was stored");
 }

@@ -90,10 +90,16 @@ pub async fn read_body(body: Body, state: &AppState) -> Result<axum::body::Bytes
     let bound = state.http.body_read_timeout;
     match tokio::time::timeout(bound, axum::body::to_bytes(body, REQUEST_BODY_BYTES_MAX)).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(ApiError::invalid(format!(
+        // Only the limit's own error is a body too large: a body the client broke off
+        // or sent malformed (a bad chunk) is a bad request, counted as one.
+        Ok(Err(error)) if is_length_limit(&error) => Err(ApiError::invalid(format!(
             "request body is larger than {REQUEST_BODY_BYTES_MAX} bytes"
         ))
         .with_status(StatusCode::PAYLOAD_TOO_LARGE)),
+        Ok(Err(error)) => Err(ApiError::invalid(format!(
+            "the request body could not be read: {error}"
+        ))
+        .closing_the_connection()),
         Err(_) => Err(ApiError::invalid(format!(
             "the request body did not arrive within {} ms",
             bound.as_millis()
@@ -101,6 +107,18 @@ pub async fn read_body(body: Body, state: &AppState) -> Result<axum::body::Bytes
         .with_status(StatusCode::REQUEST_TIMEOUT)
         .closing_the_connection()),
     }
+}
+
+/// Whether reading a body stopped at its length limit (anywhere in the error's chain).
+fn is_length_limit(error: &axum::Error) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = current {
+        if cause.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        current = cause.source();
+    }
+    false
 }
 
 /// Parses the body; `None` when it is empty. Returns the request's fingerprint too.
