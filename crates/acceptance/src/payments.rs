@@ -98,12 +98,13 @@ impl TestGateway {
 
     /// A client of this sandbox, as stockd's engine has one.
     fn client(&self) -> gateway::GatewayClient {
-        gateway::GatewayClient::new(gateway::GatewayConfig {
-            base_url: self.url.clone(),
-            api_key: GATEWAY_API_KEY.to_owned(),
-            timeout_milliseconds: GATEWAY_TIMEOUT_MILLISECONDS,
-        })
-        .expect("gateway client")
+        gateway_client(&self.url, GATEWAY_TIMEOUT_MILLISECONDS)
+    }
+
+    /// Points `app`'s engine at this sandbox with its own gateway timeout.
+    pub fn attach_with_timeout(&self, app: &TestApp, timeout_milliseconds: u64) {
+        app.engine
+            .attach_payments(payments_at(&self.url, timeout_milliseconds, true));
     }
 
     /// Cancels an intent at the gateway over HTTP, as the shop's own staff might in the
@@ -121,12 +122,11 @@ impl TestGateway {
     }
 
     fn attach_as(&self, app: &TestApp, sandbox_methods_allowed: bool) {
-        let client = self.client();
-        app.engine.attach_payments(engine::payments::Payments {
-            gateway: client,
-            webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
+        app.engine.attach_payments(payments_at(
+            &self.url,
+            GATEWAY_TIMEOUT_MILLISECONDS,
             sandbox_methods_allowed,
-        });
+        ));
     }
 
     /// Charges the sandbox made for `order_id` (a charge is a payment intent that
@@ -282,5 +282,30 @@ impl TestApp {
         contents.split("webhook_event\n").nth(1).map_or(0, |rest| {
             rest.lines().take_while(|line| line.contains('|')).count()
         })
+    }
+}
+
+/// A gateway client of the HTTP server at `base_url` (the sandbox, or a proxy in front
+/// of it), as stockd's engine has one.
+pub fn gateway_client(base_url: &str, timeout_milliseconds: u64) -> gateway::GatewayClient {
+    gateway::GatewayClient::new(gateway::GatewayConfig {
+        base_url: base_url.to_owned(),
+        api_key: GATEWAY_API_KEY.to_owned(),
+        timeout_milliseconds,
+    })
+    .expect("gateway client")
+}
+
+/// The payments an engine takes through the gateway at `base_url`, its webhooks signed
+/// with the tests' secret.
+pub fn payments_at(
+    base_url: &str,
+    timeout_milliseconds: u64,
+    sandbox_methods_allowed: bool,
+) -> engine::payments::Payments {
+    engine::payments::Payments {
+        gateway: gateway_client(base_url, timeout_milliseconds),
+        webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
+        sandbox_methods_allowed,
     }
 }

@@ -556,17 +556,12 @@ impl FlakyGateway {
     }
 
     fn attach(&self, app: &TestApp) {
-        let client = gateway::GatewayClient::new(gateway::GatewayConfig {
-            base_url: self.url.clone(),
-            api_key: acceptance::payments::GATEWAY_API_KEY.to_owned(),
-            timeout_milliseconds: acceptance::payments::GATEWAY_TIMEOUT_MILLISECONDS,
-        })
-        .expect("gateway client");
-        app.engine.attach_payments(engine::payments::Payments {
-            gateway: client,
-            webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
-            sandbox_methods_allowed: true,
-        });
+        app.engine
+            .attach_payments(acceptance::payments::payments_at(
+                &self.url,
+                acceptance::payments::GATEWAY_TIMEOUT_MILLISECONDS,
+                true,
+            ));
     }
 }
 
@@ -3091,7 +3086,7 @@ async fn with_a_ten_second_gateway_timeout_one_reconciliation_step_settles_its_w
     }
     app.clock.advance_seconds(11);
     let patient = app.another_instance().await;
-    attach_with_a_ten_second_timeout(&patient, &gateway);
+    gateway.attach_with_timeout(&patient, 10_000);
 
     let resolved = patient
         .engine
@@ -3118,7 +3113,7 @@ async fn the_first_reconciliation_look_waits_for_the_requests_own_call_to_give_u
     gateway.sandbox.stop_webhooks();
     // The shop's own instance has its gateway at a one-second timeout already.
     let patient = app.another_instance().await;
-    attach_with_a_ten_second_timeout(&patient, &gateway);
+    gateway.attach_with_timeout(&patient, 10_000);
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
     let response = patient
         .pay(&order, &key("pay"), "pm_sandbox_requires_action")
@@ -3140,18 +3135,4 @@ async fn the_first_reconciliation_look_waits_for_the_requests_own_call_to_give_u
 
     assert!(early.is_empty(), "not asked before 20 s: {early:?}");
     assert_eq!(due.len(), 1, "{due:?}");
-}
-
-/// Points `app`'s engine at the sandbox with a gateway timeout of ten seconds.
-fn attach_with_a_ten_second_timeout(app: &TestApp, gateway: &TestGateway) {
-    app.engine.attach_payments(engine::payments::Payments {
-        gateway: gateway::GatewayClient::new(gateway::GatewayConfig {
-            base_url: gateway.url.clone(),
-            api_key: acceptance::payments::GATEWAY_API_KEY.to_owned(),
-            timeout_milliseconds: 10_000,
-        })
-        .expect("gateway client"),
-        webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
-        sandbox_methods_allowed: true,
-    });
 }
