@@ -275,7 +275,12 @@ impl WaitingKeys {
 
     /// Whether a request under `key` waits in a line now.
     pub(crate) fn contains(&self, key: &str) -> bool {
-        self.waiting(key).is_some()
+        self.places.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && self
+                .keys
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .contains_key(key)
     }
 
     /// A request under `key` waiting in a line now, with its fingerprint and its
