@@ -25,6 +25,8 @@ mirrored_tests!(
     a_campaign_command_delivered_twice_at_once_gets_its_one_answer_twice,
     deleted_streams_and_consumer_are_created_again_and_commands_go_on,
     a_command_failing_transiently_at_its_last_delivery_is_answered_with_that_failure,
+    a_command_refused_before_its_campaign_starts_hears_that_refusal_again_after_the_start,
+    a_command_over_a_campaigns_per_user_limit_hears_that_refusal_again_after_the_end,
 );
 
 fn settings() -> IntakeSettings {
@@ -553,4 +555,113 @@ async fn a_command_failing_transiently_at_its_last_delivery_is_answered_with_tha
     assert_eq!(answers[0].headers["Stockd-Status"], "503");
     assert_eq!(answers[0].body["code"], "lock_timeout");
     assert_eq!(app.counters("HOT").await, (10, 0), "nothing reserved");
+}
+
+/// Creates a campaign of `quantity` units of `sku`, from `starts_in_seconds` after the
+/// test clock's start for an hour; returns its id.
+async fn campaign(
+    app: &TestApp,
+    sku: &str,
+    quantity: i64,
+    per_user_limit: i64,
+    starts_in_seconds: i64,
+) -> String {
+    let starts_at = acceptance::START.plus_seconds(starts_in_seconds);
+    let created = app
+        .send(
+            acceptance::Call::post("/v1/admin/campaigns")
+                .admin()
+                .key(format!("campaign-{sku}"))
+                .json(&json!({
+                    "sku": sku,
+                    "quantity": quantity,
+                    "buckets": 1,
+                    "per_user_limit": per_user_limit,
+                    "starts_at": starts_at.to_rfc3339(),
+                    "ends_at": starts_at.plus_seconds(3600).to_rfc3339(),
+                })),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    created.json()["campaign_id"]
+        .as_str()
+        .expect("campaign id")
+        .to_owned()
+}
+
+/// Found in review: a refusal that depends on the moment (a campaign not started yet)
+/// was answered but stored nowhere. Delivered again after the campaign started (its
+/// acknowledgement lost, or its sender publishing it again), the same command took a
+/// hold its sender, told 409, never claims. It is now stored under the command's key,
+/// and every delivery hears it.
+async fn a_command_refused_before_its_campaign_starts_hears_that_refusal_again_after_the_start(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 10).await;
+    let id = campaign(&app, "TV", 4, 1, 3600).await;
+    let intake = intake(&nats, settings()).await;
+    let body = json!({
+        "shop": "default",
+        "lines": [{"sku": "TV", "quantity": 1}],
+        "user_id": "shopper-1",
+        "campaign_id": id,
+    })
+    .to_string()
+    .into_bytes();
+    nats.publish_command(&body, Some("too-early"), "message-0")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    app.clock.advance_seconds(3600);
+    app.engine.campaign_step().await.expect("campaign step");
+    nats.publish_command(&body, Some("too-early"), "message-1")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "too-early", 2);
+    assert_eq!(answers[0].headers["Stockd-Status"], "409");
+    assert_eq!(answers[0].body["code"], "campaign_not_started");
+    assert_eq!(answers[1].headers["Idempotent-Replayed"], "true");
+    assert_eq!(app.ledger_rows("TV", "reserve").await, 0, "no hold taken");
+    app.assert_audit_clean().await;
+}
+
+/// Found in review, the same for a campaign's per-user limit: a command over the limit
+/// was refused from memory and stored nowhere, so delivered again after the campaign
+/// ended it reserved the units from regular stock.
+async fn a_command_over_a_campaigns_per_user_limit_hears_that_refusal_again_after_the_end(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 10).await;
+    campaign(&app, "TV", 4, 1, 0).await;
+    app.engine.campaign_step().await.expect("campaign step");
+    let intake = intake(&nats, settings()).await;
+    let body = json!({
+        "shop": "default",
+        "lines": [{"sku": "TV", "quantity": 2}],
+        "user_id": "shopper-1",
+    })
+    .to_string()
+    .into_bytes();
+    nats.publish_command(&body, Some("too-many"), "message-0")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    app.clock.advance_seconds(3601);
+    app.engine.campaign_step().await.expect("campaign step");
+    nats.publish_command(&body, Some("too-many"), "message-1")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "too-many", 2);
+    assert_eq!(answers[0].headers["Stockd-Status"], "409");
+    assert_eq!(answers[0].body["code"], "purchase_limit_exceeded");
+    assert_eq!(app.ledger_rows("TV", "reserve").await, 0, "no hold taken");
+    app.assert_audit_clean().await;
 }

@@ -607,9 +607,11 @@ impl Engine {
             };
             if let Some(refusal) = refusal {
                 // The key probe first, as memory's other refusals ask it: a flood of
-                // malformed requests costs its batched reads, not a read each.
-                if crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await
-                    == Some(false)
+                // malformed requests costs its batched reads, not a read each. Not
+                // for a queued command: its refusal is stored, for its redelivery.
+                if !claim.key.is_queue_intake()
+                    && crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await
+                        == Some(false)
                 {
                     return Err(refusal);
                 }

@@ -1118,12 +1118,22 @@ impl Engine {
     /// `refusal`, from a check that depends on the moment (which campaigns run, and
     /// their phase), unless the key already holds an answer: a retry of a request
     /// that passed the check when it first ran hears that first answer.
+    ///
+    /// A queued command's refusal is stored under its key like the state's: a command
+    /// delivered again (its acknowledgement lost, its sender publishing it again) must
+    /// hear its first answer (DESIGN.md, "three identical answers"), not a hold taken
+    /// because the campaign started or ended in between.
     pub(crate) async fn first_answer_or(
         &self,
         operation: &'static str,
         claim: &IdempotencyClaim,
         refusal: EngineError,
     ) -> Result<Reply, EngineError> {
+        if claim.key.is_queue_intake()
+            && let Some(rejection) = stored_rejection(&refusal, true)
+        {
+            return self.store_rejection(operation, claim, &rejection).await;
+        }
         match self.first_answer(operation, claim).await? {
             Some(first) => Ok(first),
             None => Err(refusal),
@@ -1145,30 +1155,32 @@ impl Engine {
         claim: &IdempotencyClaim,
         refusal: EngineError,
     ) -> Result<Reply, EngineError> {
-        use domain::ErrorCode;
-        let rejection = match &refusal {
-            EngineError::NotFound(detail) => {
-                domain::Rejection::new(ErrorCode::NotFound, detail.clone())
-            }
-            EngineError::Refused {
-                code:
-                    code @ (ErrorCode::NotFound
-                    | ErrorCode::InsufficientStock
-                    | ErrorCode::OffShelf
-                    | ErrorCode::IllegalTransition
-                    | ErrorCode::VersionConflict
-                    | ErrorCode::PurchaseLimitExceeded
-                    | ErrorCode::FailedPrecondition),
-                detail,
-            } => domain::Rejection::new(*code, detail.clone()),
+        match stored_rejection(&refusal, claim.key.is_queue_intake()) {
+            Some(rejection) => self.store_rejection(operation, claim, &rejection).await,
             // The credential's refusal comes before the key is looked at, as for any
             // other call: it depends on who asks, and is answered whatever the key.
-            EngineError::Forbidden(_) | EngineError::Unauthorized(_) => return Err(refusal),
+            None if matches!(
+                refusal,
+                EngineError::Forbidden(_) | EngineError::Unauthorized(_)
+            ) =>
+            {
+                Err(refusal)
+            }
             // A refusal that is not the state's (waiting room full, a transient
             // failure) is not stored; the answer committed meanwhile still wins.
-            _ => return self.first_answer_or(operation, claim, refusal).await,
-        };
-        let response = self.inner.renderer.rejected(&rejection);
+            None => self.first_answer_or(operation, claim, refusal).await,
+        }
+    }
+
+    /// Stores `rejection` under `claim`'s key (a key that already holds an answer
+    /// keeps it, and that one is the answer).
+    async fn store_rejection(
+        &self,
+        operation: &'static str,
+        claim: &IdempotencyClaim,
+        rejection: &domain::Rejection,
+    ) -> Result<Reply, EngineError> {
+        let response = self.inner.renderer.rejected(rejection);
         self.idempotent(operation, claim, || {
             self.retried(operation, || {
                 self.inner
@@ -1215,6 +1227,36 @@ impl Engine {
 /// nothing when it does not (`the_hot_paths_futures_stay_smaller_than_the_store_calls_they_box`).
 pub(crate) fn cold<F: Future>(future: F) -> std::pin::Pin<Box<F>> {
     Box::pin(future)
+}
+
+/// The rejection a refusal stores under its request's key: a refusal of the stored
+/// state, which a retry hears again whatever changed since. `queued` adds the
+/// refusals that depend on the moment (a campaign not started yet), which a queued
+/// command's redelivery must hear again too. Credentials' refusals and transient
+/// failures are never stored.
+fn stored_rejection(refusal: &EngineError, queued: bool) -> Option<domain::Rejection> {
+    use domain::ErrorCode;
+    match refusal {
+        EngineError::NotFound(detail) => {
+            Some(domain::Rejection::new(ErrorCode::NotFound, detail.clone()))
+        }
+        EngineError::Refused {
+            code:
+                code @ (ErrorCode::NotFound
+                | ErrorCode::InsufficientStock
+                | ErrorCode::OffShelf
+                | ErrorCode::IllegalTransition
+                | ErrorCode::VersionConflict
+                | ErrorCode::PurchaseLimitExceeded
+                | ErrorCode::FailedPrecondition),
+            detail,
+        } => Some(domain::Rejection::new(*code, detail.clone())),
+        EngineError::Refused {
+            code: code @ ErrorCode::CampaignNotStarted,
+            detail,
+        } if queued => Some(domain::Rejection::new(*code, detail.clone())),
+        _ => None,
+    }
 }
 
 /// A refusal of the trust model, as the engine reports it.
