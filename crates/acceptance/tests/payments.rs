@@ -68,6 +68,7 @@ mirrored_tests!(
     the_audit_catches_an_order_that_disagrees_with_its_reservation,
     a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
     sandbox_payment_methods_are_refused_when_the_gateway_is_real,
+    one_key_paying_two_orders_on_two_instances_at_once_charges_one_card,
     a_return_is_refused_for_an_order_whose_stock_was_given_back,
     the_audit_catches_a_return_of_goods_that_were_never_sold,
     the_audit_catches_a_return_row_that_takes_units_away,
@@ -2107,26 +2108,29 @@ async fn an_order_whose_total_does_not_fit_in_64_bits_is_refused_and_changes_not
 
 /// Makes the database refuse to store any answer under a key containing
 /// `crash-answer`: the effect of a use case that stores its answer apart would then
-/// commit without it, as after a crash between the two.
+/// commit without it, as after a crash between the two. A claim without an answer
+/// (`status_code` 0, withdrawn before its transaction commits) is let through.
 async fn refuse_answers_for_crash_keys(app: &TestApp) {
     let mut connection = app.database.raw_connection().await;
     let statements: &[&str] = match app.backend() {
         Backend::Sqlite => &[
             "CREATE TRIGGER refuse_crash_answer BEFORE INSERT ON idempotency_record \
-             WHEN NEW.key LIKE '%crash-answer%' BEGIN SELECT RAISE(ABORT, 'injected crash'); END",
+             WHEN NEW.key LIKE '%crash-answer%' AND NEW.status_code <> 0 \
+             BEGIN SELECT RAISE(ABORT, 'injected crash'); END",
             "CREATE TRIGGER refuse_crash_answer_update BEFORE UPDATE ON idempotency_record \
              WHEN NEW.key LIKE '%crash-answer%' BEGIN SELECT RAISE(ABORT, 'injected crash'); END",
         ],
         Backend::Postgres => &[
             "CREATE FUNCTION refuse_crash_answer() RETURNS trigger LANGUAGE plpgsql AS $$ \
-             BEGIN IF NEW.key LIKE '%crash-answer%' THEN RAISE EXCEPTION 'injected crash'; END IF; \
+             BEGIN IF NEW.key LIKE '%crash-answer%' AND NEW.status_code <> 0 THEN \
+             RAISE EXCEPTION 'injected crash'; END IF; \
              RETURN NEW; END $$",
             "CREATE TRIGGER refuse_crash_answer BEFORE INSERT OR UPDATE ON idempotency_record \
              FOR EACH ROW EXECUTE FUNCTION refuse_crash_answer()",
         ],
         Backend::Mysql => &[
             "CREATE TRIGGER refuse_crash_answer BEFORE INSERT ON idempotency_record FOR EACH ROW \
-             BEGIN IF NEW.key LIKE '%crash-answer%' THEN \
+             BEGIN IF NEW.key LIKE '%crash-answer%' AND NEW.status_code <> 0 THEN \
              SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected crash'; END IF; END",
             "CREATE TRIGGER refuse_crash_answer_update BEFORE UPDATE ON idempotency_record FOR EACH ROW \
              BEGIN IF NEW.key LIKE '%crash-answer%' THEN \
@@ -3135,4 +3139,65 @@ async fn the_first_reconciliation_look_waits_for_the_requests_own_call_to_give_u
 
     assert!(early.is_empty(), "not asked before 20 s: {early:?}");
     assert_eq!(due.len(), 1, "{due:?}");
+}
+
+/// Found in review: two pays under one key for two orders, on two instances at once,
+/// each locked its own order and saw no attempt of the other's, which had not
+/// committed: both charged a card, and one customer heard 422 after their money moved.
+/// The key is now claimed before anything is decided and held to the commit, so the
+/// second waits for the first and finds its attempt.
+async fn one_key_paying_two_orders_on_two_instances_at_once_charges_one_card(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let other = app.another_instance().await;
+    gateway.attach(&other);
+    let first = app.order_of("user-1", &[(SKU, 1)]).await;
+    let second = app.order_of("user-2", &[(SKU, 1)]).await;
+    // Every new attempt is held back until both pays have begun, so that neither has
+    // committed when the other looks for the key's attempts. SQLite has one writer:
+    // there the two begin one after the other, and the second finds the first's.
+    let mut holder = app.database.raw_connection().await;
+    let (hold, release): (&[&str], &str) = match backend {
+        Backend::Sqlite => (&[], ""),
+        Backend::Postgres => (
+            &["BEGIN", "LOCK TABLE payment_attempt IN SHARE MODE"],
+            "COMMIT",
+        ),
+        Backend::Mysql => (&["LOCK TABLES payment_attempt READ"], "UNLOCK TABLES"),
+    };
+    for statement in hold {
+        holder.execute(statement).await.expect(statement);
+    }
+    let pay_key = key("two-orders");
+    let pays = [
+        (app.clone(), first.clone()),
+        (other.clone(), second.clone()),
+    ]
+    .map(|(instance, order)| {
+        let pay_key = pay_key.clone();
+        tokio::spawn(async move { instance.pay(&order, &pay_key, "pm_card_visa").await })
+    });
+    if backend != Backend::Sqlite {
+        app.database.wait_until_blocking(&mut holder, 2).await;
+        holder.execute(release).await.expect(release);
+    }
+    let mut statuses = Vec::new();
+    for pay in pays {
+        let response = pay.await.expect("pay task");
+        statuses.push((response.status, response.code()));
+    }
+    statuses.sort();
+
+    assert_eq!(
+        statuses,
+        [
+            (200, None),
+            (422, Some("idempotency_key_reused".to_owned()))
+        ]
+    );
+    assert_eq!(
+        gateway.charges_for(&first) + gateway.charges_for(&second),
+        1,
+        "one card charged"
+    );
+    app.assert_audit_clean().await;
 }

@@ -117,6 +117,21 @@ pub(crate) async fn complete_claim<C: Dialect>(
     expect_one_row(updated, "completing an idempotency claim")
 }
 
+/// Gives up a key claimed by this transaction without an answer: the unit of work
+/// commits an effect whose answer is stored later (a payment the gateway has yet to
+/// answer). The claim, held until here, kept a concurrent request under the same key
+/// waiting; once this commits, it claims the key and finds the effect.
+pub(crate) async fn withdraw_claim<C: Dialect>(
+    transaction: &mut C,
+    claim: &IdempotencyClaim,
+) -> Result<(), StoreError> {
+    let deleted = statement("DELETE FROM idempotency_record WHERE key = $1 AND status_code = 0")
+        .bind(claim.key.as_str())
+        .execute(&mut *transaction)
+        .await?;
+    expect_one_row(deleted, "withdrawing an idempotency claim")
+}
+
 /// Stores a unit of work's answer under its key and commits it with the unit's effect:
 /// the closing counterpart of [`claim_or_answer`].
 pub(crate) async fn commit_with_answer<T, C>(

@@ -7,7 +7,7 @@
 
 use super::Units;
 use super::decode::{corrupt, derived_random, expect_one_row, invariant, parse_stored};
-use super::idempotency::{claim_or_answer, commit_with_answer, complete_claim};
+use super::idempotency::{claim_or_answer, commit_with_answer, complete_claim, withdraw_claim};
 use super::orders::{
     OrderHold, load_order, lock_order, move_order, order_lines, release_order, reservation_status,
     write_order_hold,
@@ -851,6 +851,16 @@ impl<B: Backend> Units<B> {
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
         let locked = lock_order(&mut *transaction, order).await?;
+        // The key is claimed before anything is decided, and held to the commit: two
+        // requests under one key for two orders (two instances, each locking its own
+        // order) would otherwise both see no attempt of the other's and both charge a
+        // card. The second now waits here for the first's commit, then finds its
+        // attempt below. A payment that goes on to the gateway withdraws the claim
+        // before committing: its answer is stored once the gateway has given it.
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(BeginPayment::Answered(answer));
+        }
         if key_started_another_payment(
             &mut *transaction,
             claim,
@@ -907,6 +917,7 @@ impl<B: Backend> Units<B> {
             };
             start_attempt(&mut *transaction, order, *status, &new, now).await?;
             let started = BeginPayment::Started(attempt_to_call(&mut *transaction, attempt).await?);
+            withdraw_claim(&mut *transaction, claim).await?;
             transaction.commit().await?;
             return Ok(started);
         }
@@ -943,6 +954,7 @@ impl<B: Backend> Units<B> {
             } else {
                 let running =
                     BeginPayment::InProgress(attempt_to_call(&mut *transaction, &running).await?);
+                withdraw_claim(&mut *transaction, claim).await?;
                 transaction.commit().await?;
                 return Ok(running);
             }
@@ -973,10 +985,6 @@ impl<B: Backend> Units<B> {
         }
         // Answered here: the key is claimed in this transaction, so the answer commits
         // with what it reports (an order expired just now) or not at all.
-        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(BeginPayment::Answered(answer));
-        }
         let response = match (not_on_sale, ended_meanwhile) {
             (None, None) if let Some(attempts) = attempts_exhausted => {
                 renderer.rejected(&Rejection::new(
