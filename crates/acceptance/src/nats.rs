@@ -84,6 +84,18 @@ impl TestNats {
 
     /// Publishes a reservation command (JetStream acknowledges it).
     pub async fn publish_command(&self, body: &[u8], key: Option<&str>, message_id: &str) {
+        self.try_publish_command(body, key, message_id)
+            .await
+            .expect("JetStream took the command");
+    }
+
+    /// [`TestNats::publish_command`], answering JetStream's refusal instead of failing.
+    pub async fn try_publish_command(
+        &self,
+        body: &[u8],
+        key: Option<&str>,
+        message_id: &str,
+    ) -> Result<(), String> {
         let client = async_nats::connect(self.url())
             .await
             .expect("connect to publish");
@@ -100,9 +112,26 @@ impl TestNats {
                 body.to_vec().into(),
             )
             .await
-            .expect("publish the command")
+            .map_err(|error| error.to_string())?
             .await
-            .expect("JetStream acknowledged the command");
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    }
+
+    /// Creates the command stream as an operator might, with no limit but NATS's own
+    /// (the intake keeps a stream's existing configuration).
+    pub async fn create_command_stream_without_limits(&self) {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to create the stream");
+        jetstream::new(client)
+            .create_stream(jetstream::stream::Config {
+                name: bus::intake::COMMAND_STREAM.to_owned(),
+                subjects: vec![bus::intake::COMMAND_SUBJECTS.to_owned()],
+                ..jetstream::stream::Config::default()
+            })
+            .await
+            .expect("create the stream");
     }
 
     /// Creates the event stream as an operator might, refusing messages larger than

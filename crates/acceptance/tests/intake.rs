@@ -27,6 +27,9 @@ mirrored_tests!(
     a_command_failing_transiently_at_its_last_delivery_is_answered_with_that_failure,
     a_command_refused_before_its_campaign_starts_hears_that_refusal_again_after_the_start,
     a_command_over_a_campaigns_per_user_limit_hears_that_refusal_again_after_the_end,
+    a_commands_answers_carry_the_writers_position,
+    a_command_larger_than_a_request_body_is_refused,
+    a_full_command_stream_refuses_the_next_command,
 );
 
 fn settings() -> IntakeSettings {
@@ -553,6 +556,7 @@ async fn a_command_failing_transiently_at_its_last_delivery_is_answered_with_tha
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0].headers["Idempotency-Key"], "order-locked");
     assert_eq!(answers[0].headers["Stockd-Status"], "503");
+    assert_eq!(answers[0].headers["Retry-After"], "1");
     assert_eq!(answers[0].body["code"], "lock_timeout");
     assert_eq!(app.counters("HOT").await, (10, 0), "nothing reserved");
 }
@@ -664,4 +668,111 @@ async fn a_command_over_a_campaigns_per_user_limit_hears_that_refusal_again_afte
     assert_eq!(answers[0].body["code"], "purchase_limit_exceeded");
     assert_eq!(app.ledger_rows("TV", "reserve").await, 0, "no hold taken");
     app.assert_audit_clean().await;
+}
+
+/// Found in review: answers on the queue carried no writer position, so a sender could
+/// not read its own reservation back from a replica behind the writer. Every answer a
+/// unit of work gave carries `Stockd-Consistency-Token`, as over HTTP, the replayed one
+/// too.
+async fn a_commands_answers_carry_the_writers_position(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    for delivery in 0..2 {
+        nats.publish_command(
+            &command("HOT", 1),
+            Some("positioned"),
+            &format!("message-{delivery}"),
+        )
+        .await;
+        answer(&intake, &app, 1).await;
+    }
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "positioned", 2);
+    let positions: Vec<domain::ConsistencyToken> = answers
+        .iter()
+        .map(|answer| {
+            let token = answer
+                .headers
+                .get("Stockd-Consistency-Token")
+                .unwrap_or_else(|| panic!("no position on {answer:?}"));
+            domain::ConsistencyToken::parse(token).expect("a consistency token")
+        })
+        .collect();
+    assert!(positions[1] >= positions[0], "{positions:?}");
+    assert_eq!(answers[0].headers.get("Retry-After"), None);
+}
+
+/// Found in review: a command's size was bounded only by NATS's payload limit, and
+/// every one of a batch was parsed whole. The stream stockd creates refuses a command
+/// larger than an HTTP request body, and one taken by a stream an operator created
+/// without that bound is refused with 413 before it is parsed, and acknowledged.
+async fn a_command_larger_than_a_request_body_is_refused(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let padding = "x".repeat(domain::limits::REQUEST_BODY_BYTES_MAX);
+    let large = json!({
+        "shop": "default",
+        "lines": [{"sku": "HOT", "quantity": 1}],
+        "padding": padding,
+    })
+    .to_string()
+    .into_bytes();
+
+    let stockds_stream = intake(&nats, settings()).await;
+    let refused = nats
+        .try_publish_command(&large, Some("large-1"), "message-large-1")
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    drop(stockds_stream);
+    nats.delete_stream(bus::intake::COMMAND_STREAM).await;
+    nats.create_command_stream_without_limits().await;
+    let intake = intake(&nats, settings()).await;
+    nats.publish_command(&large, Some("large-2"), "message-large-2")
+        .await;
+    let handled = answer(&intake, &app, 1).await;
+    let after = intake.step(&state(&app)).await.expect("intake step");
+
+    assert_eq!(handled, [Handled::Poison]);
+    assert_eq!(after, [], "never delivered again");
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "large-2", 1);
+    assert_eq!(answers[0].headers["Stockd-Status"], "413");
+    assert_eq!(answers[0].body["code"], "invalid_argument");
+    assert_eq!(app.counters("HOT").await, (10, 0), "nothing reserved");
+}
+
+/// Found in review: the command stream was bounded by age only, so any publisher could
+/// fill NATS's disk. It holds `stored_commands_max` commands; a publish beyond is
+/// refused, and its sender hears it, rather than an older command being dropped.
+async fn a_full_command_stream_refuses_the_next_command(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let mut settings = settings();
+    settings.consumer.stored_commands_max = 2;
+    let intake = intake(&nats, settings).await;
+    for index in 0..2 {
+        nats.publish_command(
+            &command("HOT", 1),
+            Some(&format!("kept-{index}")),
+            &format!("message-{index}"),
+        )
+        .await;
+    }
+
+    let refused = nats
+        .try_publish_command(&command("HOT", 1), Some("one-too-many"), "message-2")
+        .await;
+
+    assert!(refused.is_err(), "{refused:?}");
+    answer(&intake, &app, 2).await;
+    assert_eq!(
+        app.counters("HOT").await,
+        (8, 2),
+        "the two kept are answered"
+    );
 }

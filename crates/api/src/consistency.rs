@@ -74,7 +74,7 @@ pub fn served_response(mut response: Response, served_by: &'static str) -> Respo
 
 /// Whether an answer to `method` is the result of a unit of work (a change, or a
 /// refusal stored under the key), whose writes a later read may need to see.
-fn reports_a_write(method: &Method, status: StatusCode) -> bool {
+pub(crate) fn reports_a_write(method: &Method, status: StatusCode) -> bool {
     let mutating = matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE

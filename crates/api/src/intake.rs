@@ -189,8 +189,19 @@ impl ReserveIntake {
             }
             Err(refused) => Err(refused),
         };
-        let (status, body, replayed) = match outcome {
-            Ok(reply) => (reply.response.status, reply.response.body, reply.replayed),
+        let (status, body, replayed, token) = match outcome {
+            Ok(reply) => {
+                let token = match reply.consistency_token {
+                    Some(token) => Some(token.to_string()),
+                    None => self.position_after(state, reply.response.status).await,
+                };
+                (
+                    reply.response.status,
+                    reply.response.body,
+                    reply.replayed,
+                    token,
+                )
+            }
             Err(error) if is_transient(&error) && command.delivered() < deliveries_max => {
                 metrics::counter!("stockd_intake_commands_total", "outcome" => "retried")
                     .increment(1);
@@ -204,7 +215,14 @@ impl ReserveIntake {
                 // `request_in_progress`, 429 `rate_limited` are not final).
                 let status = error.status.as_u16();
                 let body = problem_body_with_status(error.code, error.status, &error.detail);
-                self.answer(command, (key.as_deref(), shop), status, body, false)
+                let answered = Answered {
+                    status,
+                    body,
+                    replayed: false,
+                    token: None,
+                    retry_after_seconds: Some(error.retry_after_seconds.unwrap_or(1)),
+                };
+                self.answer(command, (key.as_deref(), shop), answered)
                     .await?;
                 metrics::counter!("stockd_intake_commands_total", "outcome" => "given_up")
                     .increment(1);
@@ -221,26 +239,52 @@ impl ReserveIntake {
                 let poison = error.code == ErrorCode::InvalidArgument;
                 let body = problem_body_with_status(error.code, error.status, &error.detail);
                 if poison {
-                    self.answer(
-                        command,
-                        (key.as_deref(), shop),
-                        error.status.as_u16(),
+                    let answered = Answered {
+                        status: error.status.as_u16(),
                         body,
-                        false,
-                    )
-                    .await?;
+                        replayed: false,
+                        token: None,
+                        retry_after_seconds: None,
+                    };
+                    self.answer(command, (key.as_deref(), shop), answered)
+                        .await?;
                     metrics::counter!("stockd_intake_commands_total", "outcome" => "poison")
                         .increment(1);
                     return Ok(Handled::Poison);
                 }
-                (error.status.as_u16(), body, false)
+                // A refusal a unit of work gave (not one decided before any) carries
+                // the writer's position, as over HTTP.
+                let token = if error.without_a_write {
+                    None
+                } else {
+                    self.position_after(state, error.status.as_u16()).await
+                };
+                (error.status.as_u16(), body, false, token)
             }
         };
-        self.answer(command, (key.as_deref(), shop), status, body, replayed)
+        let answered = Answered {
+            status,
+            body,
+            replayed,
+            token,
+            retry_after_seconds: None,
+        };
+        self.answer(command, (key.as_deref(), shop), answered)
             .await?;
         let outcome = if replayed { "replayed" } else { "answered" };
         metrics::counter!("stockd_intake_commands_total", "outcome" => outcome).increment(1);
         Ok(Handled::Answered { status, replayed })
+    }
+
+    /// The writer's position for an answer of `status` to the command, when a unit of
+    /// work gave it (as `consistency::stamp_writes` decides over HTTP).
+    async fn position_after(&self, state: &AppState, status: u16) -> Option<String> {
+        let status = axum::http::StatusCode::from_u16(status).ok()?;
+        if !crate::consistency::reports_a_write(&axum::http::Method::POST, status) {
+            return None;
+        }
+        let token = state.engine.consistency_token().await?;
+        Some(token.to_string())
     }
 
     /// Publishes the answer, then acknowledges the command: a crash in between
@@ -249,22 +293,33 @@ impl ReserveIntake {
         &self,
         command: &Command,
         (key, shop): (Option<&str>, Option<&str>),
-        status: u16,
-        body: String,
-        replayed: bool,
+        answered: Answered,
     ) -> Result<(), BusError> {
         self.bus
             .publish_answer(&Answer {
                 idempotency_key: key,
                 shop,
-                status,
-                replayed,
+                status: answered.status,
+                replayed: answered.replayed,
                 command_sequence: command.stream_sequence(),
-                body: body.into_bytes().into(),
+                consistency_token: answered.token,
+                retry_after_seconds: answered.retry_after_seconds,
+                body: answered.body.into_bytes().into(),
             })
             .await?;
         command.acknowledge().await
     }
+}
+
+/// What a command is answered, before it is published.
+struct Answered {
+    status: u16,
+    body: String,
+    replayed: bool,
+    /// `Stockd-Consistency-Token`, when a unit of work gave the answer.
+    token: Option<String>,
+    /// `Retry-After`, for an answer that says to send the command again.
+    retry_after_seconds: Option<u64>,
 }
 
 /// A command, parsed as its HTTP request would be.
@@ -275,6 +330,15 @@ struct ParsedCommand {
 }
 
 fn parse_command(body: &[u8], key: Option<&str>) -> Result<ParsedCommand, ApiError> {
+    // The HTTP request's bound, before anything is parsed (a stream created by an
+    // operator may take commands as large as NATS's own payload limit).
+    if body.len() > domain::limits::REQUEST_BODY_BYTES_MAX {
+        return Err(ApiError::invalid(format!(
+            "command body is larger than {} bytes",
+            domain::limits::REQUEST_BODY_BYTES_MAX
+        ))
+        .with_status(axum::http::StatusCode::PAYLOAD_TOO_LARGE));
+    }
     let key = key.ok_or_else(|| ApiError::invalid("a command needs an Idempotency-Key header"))?;
     let key = IdempotencyKey::parse(key).map_err(|error| ApiError::invalid(error.0))?;
     let mut document = crate::extract::json_with_unique_keys(body)

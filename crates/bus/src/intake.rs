@@ -9,7 +9,7 @@ use async_nats::jetstream::{self, AckKind, consumer::pull};
 use bytes::Bytes;
 use futures_util::StreamExt;
 
-use crate::{Bus, BusError, classify};
+use crate::{Bus, BusError, StreamLimits, classify};
 
 pub const COMMAND_STREAM: &str = "STOCKD_COMMANDS";
 pub const COMMAND_SUBJECTS: &str = "stockd.commands.>";
@@ -35,6 +35,18 @@ pub struct IntakeConfig {
     pub deliveries_max: i64,
     /// How long commands and answers are kept in their streams.
     pub retention: Duration,
+    /// Commands the command stream holds at most, when this instance creates it; a
+    /// publish beyond it is refused (its sender hears it) rather than an older command
+    /// dropped unanswered.
+    pub stored_commands_max: i64,
+    /// The command stream's size bound, refused beyond as `stored_commands_max`.
+    pub stored_commands_bytes_max: i64,
+    /// One command's size bound: the HTTP request body's
+    /// (`domain::limits::REQUEST_BODY_BYTES_MAX`).
+    pub command_bytes_max: i32,
+    /// The answer stream's size bound: the oldest answers give way (a sender reads its
+    /// answer soon after it is published, or asks again under its key).
+    pub stored_answers_bytes_max: i64,
 }
 
 impl Default for IntakeConfig {
@@ -44,6 +56,11 @@ impl Default for IntakeConfig {
             ack_wait: Duration::from_secs(30),
             deliveries_max: 1_000,
             retention: Duration::from_secs(24 * 3600),
+            stored_commands_max: 1_000_000,
+            stored_commands_bytes_max: 1 << 30,
+            command_bytes_max: i32::try_from(domain::limits::REQUEST_BODY_BYTES_MAX)
+                .unwrap_or(i32::MAX),
+            stored_answers_bytes_max: 1 << 30,
         }
     }
 }
@@ -109,6 +126,11 @@ pub struct Answer<'a> {
     pub replayed: bool,
     /// The command's stream sequence, so a sender without a key can match it.
     pub command_sequence: u64,
+    /// The writer's position after the command's unit of work, as HTTP's
+    /// `Stockd-Consistency-Token`: a read sent with it sees the command's effect.
+    pub consistency_token: Option<String>,
+    /// Seconds before sending the command again is worth it (a 429 or 503).
+    pub retry_after_seconds: Option<u64>,
     pub body: Bytes,
 }
 
@@ -119,10 +141,30 @@ impl Bus {
         &self,
         config: &IntakeConfig,
     ) -> Result<ReserveConsumer, BusError> {
-        self.ensure_stream(COMMAND_STREAM, COMMAND_SUBJECTS, config.retention)
-            .await?;
-        self.ensure_stream(RESULT_STREAM, RESULT_SUBJECTS, config.retention)
-            .await?;
+        let command_limits = StreamLimits {
+            messages_max: config.stored_commands_max,
+            bytes_max: config.stored_commands_bytes_max,
+            message_bytes_max: config.command_bytes_max,
+            discard: jetstream::stream::DiscardPolicy::New,
+        };
+        self.ensure_stream(
+            COMMAND_STREAM,
+            COMMAND_SUBJECTS,
+            config.retention,
+            command_limits,
+        )
+        .await?;
+        let answer_limits = StreamLimits {
+            bytes_max: config.stored_answers_bytes_max,
+            ..StreamLimits::AGE_ONLY
+        };
+        self.ensure_stream(
+            RESULT_STREAM,
+            RESULT_SUBJECTS,
+            config.retention,
+            answer_limits,
+        )
+        .await?;
         let stream = self
             .jetstream
             .get_stream(COMMAND_STREAM)
@@ -164,6 +206,12 @@ impl Bus {
             "Stockd-Command-Sequence",
             answer.command_sequence.to_string().as_str(),
         );
+        if let Some(token) = &answer.consistency_token {
+            headers.insert("Stockd-Consistency-Token", token.as_str());
+        }
+        if let Some(seconds) = answer.retry_after_seconds {
+            headers.insert("Retry-After", seconds.to_string().as_str());
+        }
         let acknowledgement = self
             .jetstream
             .publish_with_headers(RESERVE_RESULT_SUBJECT, headers, answer.body.clone())

@@ -122,6 +122,29 @@ pub fn check_url(url: &str) -> Result<(), BusError> {
     Ok(())
 }
 
+/// What a stream this bus creates may hold besides its age limit (JetStream's `-1`:
+/// no limit). A stream that exists keeps its own configuration.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamLimits {
+    pub messages_max: i64,
+    pub bytes_max: i64,
+    pub message_bytes_max: i32,
+    /// Which messages give way when the stream is full: `New` refuses the publish
+    /// (its sender hears it), `Old` drops the oldest.
+    pub discard: stream::DiscardPolicy,
+}
+
+impl StreamLimits {
+    /// Bounded by age only: the event stream, whose consumers must not lose an event
+    /// to a burst of others (the relay's backlog waits in the outbox instead).
+    pub(crate) const AGE_ONLY: StreamLimits = StreamLimits {
+        messages_max: -1,
+        bytes_max: -1,
+        message_bytes_max: -1,
+        discard: stream::DiscardPolicy::Old,
+    };
+}
+
 impl Bus {
     /// Connects, or starts connecting: a server that is down at start is retried in
     /// the background (and after any disconnection), and calls fail until it answers.
@@ -151,8 +174,13 @@ impl Bus {
     /// Creates the event stream `STOCKD_EVENTS` (subjects `stockd.events.>`) when it
     /// is missing; an existing one is left as its operator configured it.
     pub async fn ensure_event_stream(&self) -> Result<(), BusError> {
-        self.ensure_stream(EVENT_STREAM, EVENT_SUBJECTS, self.config.event_retention)
-            .await
+        self.ensure_stream(
+            EVENT_STREAM,
+            EVENT_SUBJECTS,
+            self.config.event_retention,
+            StreamLimits::AGE_ONLY,
+        )
+        .await
     }
 
     pub(crate) async fn ensure_stream(
@@ -160,6 +188,7 @@ impl Bus {
         name: &str,
         subjects: &str,
         max_age: Duration,
+        limits: StreamLimits,
     ) -> Result<(), BusError> {
         self.unless_disconnected()?;
         let created = self
@@ -170,6 +199,10 @@ impl Bus {
                 storage: stream::StorageType::File,
                 duplicate_window: self.config.duplicate_window,
                 max_age,
+                max_messages: limits.messages_max,
+                max_bytes: limits.bytes_max,
+                max_message_size: limits.message_bytes_max,
+                discard: limits.discard,
                 ..stream::Config::default()
             })
             .await;
