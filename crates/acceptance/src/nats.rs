@@ -162,6 +162,20 @@ impl TestNats {
             .expect("delete the stream");
     }
 
+    /// Deletes the intake's consumer only, as an operator (`nats consumer rm`) would.
+    pub async fn delete_intake_consumer(&self) {
+        let client = async_nats::connect(self.url())
+            .await
+            .expect("connect to delete the consumer");
+        jetstream::new(client)
+            .get_stream(bus::intake::COMMAND_STREAM)
+            .await
+            .expect("the command stream")
+            .delete_consumer(bus::intake::RESERVE_CONSUMER)
+            .await
+            .expect("delete the consumer");
+    }
+
     /// Every message in stream `stream` with its headers, in stream order.
     pub async fn stream_messages_with_headers(&self, stream: &str) -> Vec<StreamMessage> {
         let client = async_nats::connect(self.url())

@@ -30,6 +30,7 @@ mirrored_tests!(
     a_commands_answers_carry_the_writers_position,
     a_command_larger_than_a_request_body_is_refused,
     a_full_command_stream_refuses_the_next_command,
+    a_consumer_created_again_delivers_no_command_already_answered,
 );
 
 fn settings() -> IntakeSettings {
@@ -775,4 +776,39 @@ async fn a_full_command_stream_refuses_the_next_command(backend: Backend) {
         (8, 2),
         "the two kept are answered"
     );
+}
+
+/// Found in review: the command stream kept answered commands for a day, and a consumer
+/// created again (deleted by hand, or its state lost) started from the oldest: every
+/// command of the day was delivered again, and one whose key had been purged meanwhile
+/// would have reserved a second time. An answered command is now forgotten.
+async fn a_consumer_created_again_delivers_no_command_already_answered(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    nats.publish_command(&command("HOT", 2), Some("answered-once"), "message-1")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    nats.delete_intake_consumer().await;
+    let failed = intake.step(&state(&app)).await;
+    assert!(failed.is_err(), "the consumer is gone: {failed:?}");
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        after.extend(intake.step(&state(&app)).await.expect("intake step"));
+    }
+    nats.publish_command(&command("HOT", 1), Some("after-the-clean-up"), "message-2")
+        .await;
+    let answered = answer(&intake, &app, 1).await;
+
+    assert_eq!(after, [], "nothing delivered again");
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    let keys: Vec<String> = answers(&nats)
+        .await
+        .into_iter()
+        .map(|answer| answer.headers["Idempotency-Key"].clone())
+        .collect();
+    assert_eq!(keys, ["answered-once", "after-the-clean-up"]);
+    assert_eq!(app.counters("HOT").await, (7, 3));
 }

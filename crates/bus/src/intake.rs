@@ -33,7 +33,8 @@ pub struct IntakeConfig {
     /// `max_deliver` × the retry pause) is answered with that failure at the last one
     /// (JetStream would drop it after it).
     pub deliveries_max: i64,
-    /// How long commands and answers are kept in their streams.
+    /// How long commands (unanswered ones: an answered command is forgotten) and
+    /// answers are kept in their streams.
     pub retention: Duration,
     /// Commands the command stream holds at most, when this instance creates it; a
     /// publish beyond it is refused (its sender hears it) rather than an older command
@@ -146,6 +147,10 @@ impl Bus {
             bytes_max: config.stored_commands_bytes_max,
             message_bytes_max: config.command_bytes_max,
             discard: jetstream::stream::DiscardPolicy::New,
+            // An answered command is forgotten: a consumer created again (deleted by
+            // hand, or its state lost) delivers only what is still unanswered, not a
+            // day of commands whose keys may be purged by then and would act again.
+            retention: jetstream::stream::RetentionPolicy::WorkQueue,
         };
         self.ensure_stream(
             COMMAND_STREAM,

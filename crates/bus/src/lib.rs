@@ -132,6 +132,9 @@ pub(crate) struct StreamLimits {
     /// Which messages give way when the stream is full: `New` refuses the publish
     /// (its sender hears it), `Old` drops the oldest.
     pub discard: stream::DiscardPolicy,
+    /// `WorkQueue` forgets a message once it is acknowledged; `Limits` keeps it to
+    /// the limits.
+    pub retention: stream::RetentionPolicy,
 }
 
 impl StreamLimits {
@@ -142,6 +145,7 @@ impl StreamLimits {
         bytes_max: -1,
         message_bytes_max: -1,
         discard: stream::DiscardPolicy::Old,
+        retention: stream::RetentionPolicy::Limits,
     };
 }
 
@@ -203,6 +207,7 @@ impl Bus {
                 max_bytes: limits.bytes_max,
                 max_message_size: limits.message_bytes_max,
                 discard: limits.discard,
+                retention: limits.retention,
                 ..stream::Config::default()
             })
             .await;
