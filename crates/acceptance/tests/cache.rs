@@ -22,6 +22,7 @@ mirrored_tests!(
     nothing_that_decides_a_sale_reads_the_cache,
     a_new_price_or_title_reaches_the_product_view_with_its_event,
     the_cache_serves_reads_only_once_its_invalidator_knows_where_to_start,
+    a_view_a_campaign_start_changes_within_a_copys_lifetime_is_not_cached,
 );
 
 // These read counters of the process-wide metrics recorder.
@@ -479,4 +480,43 @@ async fn the_cache_serves_reads_only_once_its_invalidator_knows_where_to_start(b
     shutdown.cancel();
     workers.close();
     workers.wait().await;
+}
+
+/// Found in review: a campaign's start changes the product view (its units count from
+/// then on) with nothing written at that moment, so no event dropped the copy cached
+/// just before: shoppers read "out of stock" for up to a minute into the sale. A view
+/// that a campaign's start or end changes within a copy's lifetime is not cached.
+async fn a_view_a_campaign_start_changes_within_a_copys_lifetime_is_not_cached(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, product, mut cursor) = shop(backend, &redis, 5).await;
+    let starts_in_seconds = 30;
+    let created = app
+        .send(
+            Call::post("/v1/admin/campaigns")
+                .admin()
+                .key("campaign-milk")
+                .json(&json!({
+                    "sku": "MILK-1L",
+                    "quantity": 5,
+                    "buckets": 1,
+                    "starts_at": acceptance::START.plus_seconds(starts_in_seconds).to_rfc3339(),
+                    "ends_at": acceptance::START.plus_seconds(3600).to_rfc3339(),
+                })),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    app.engine.campaign_step().await.expect("campaign step");
+    propagate(&app, &mut cursor).await;
+
+    let (_, before_the_start) = view(&app, &product).await;
+    let (again_by, _) = view(&app, &product).await;
+    app.clock.advance_seconds(starts_in_seconds);
+    let (at_the_start_by, at_the_start) = view(&app, &product).await;
+    let (later_by, _) = view(&app, &product).await;
+
+    assert_eq!(availability(&before_the_start), "temporarily_out_of_stock");
+    assert_ne!(again_by, "cache", "not cached across the start");
+    assert_ne!(at_the_start_by, "cache");
+    assert_eq!(availability(&at_the_start), "on_sale", "{at_the_start}");
+    assert_eq!(later_by, "cache", "cached again: the end is an hour away");
 }

@@ -212,8 +212,17 @@ pub async fn shopper_product(
         return shopper_product_json(&state, &reader, &id).await;
     };
     let fresh = ReadHandle::display(Some(position));
-    let (displayed, value) = shopper_product_value(&state, &fresh, &id).await?;
+    let horizon = Some(cache.value_ttl());
+    let (displayed, value, changes_soon) =
+        shopper_product_value(&state, &fresh, &id, horizon).await?;
     let body = value.to_string();
+    // A campaign starting or ending changes the view with no event to drop a copy
+    // (nothing is written at that moment): a copy must not outlive it.
+    if changes_soon {
+        metrics::counter!("stockd_cache_fills_total", "stored" => "false").increment(1);
+        let response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+        return Ok(served_response(response, displayed.as_str()));
+    }
     match cache.fill(&ticket, &body).await {
         Ok(stored) => {
             let stored = if stored { "true" } else { "false" };
@@ -233,7 +242,7 @@ async fn shopper_product_json(
     reader: &ReadHandle,
     id: &ProductId,
 ) -> Result<Response, ApiError> {
-    let (served_by, value) = shopper_product_value(state, reader, id).await?;
+    let (served_by, value, _) = shopper_product_value(state, reader, id, None).await?;
     Ok(served_response(
         Json(value).into_response(),
         served_by.as_str(),
@@ -241,11 +250,14 @@ async fn shopper_product_json(
 }
 
 /// The shopper's view as the database shows it, and who served the read.
+/// The shopper's view of product `id`, and whether it changes on its own (a campaign
+/// on one of its SKUs starting or ending) within `horizon`.
 async fn shopper_product_value(
     state: &AppState,
     reader: &ReadHandle,
     id: &ProductId,
-) -> Result<(domain::ServedBy, serde_json::Value), ApiError> {
+    horizon: Option<std::time::Duration>,
+) -> Result<(domain::ServedBy, serde_json::Value, bool), ApiError> {
     let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
     if product.deleted_at.is_some()
@@ -259,12 +271,21 @@ async fn shopper_product_value(
             format!("product '{id}' does not exist"),
         ));
     }
+    let changes_soon = horizon.is_some_and(|horizon| {
+        let horizon_milliseconds = i64::try_from(horizon.as_millis()).unwrap_or(i64::MAX);
+        product.skus.iter().any(|sku| {
+            state
+                .engine
+                .shopper_view_changes_within(&sku.code, horizon_milliseconds)
+        })
+    });
     Ok((
         displayed.served_by,
         displayed_json(
             &displayed,
             ShopperProductBody::new(product, |sku| state.engine.shopper_available(sku)),
         ),
+        changes_soon,
     ))
 }
 

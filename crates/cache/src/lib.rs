@@ -223,6 +223,11 @@ return #KEYS / 2
 pub const KEYS_PER_INVALIDATION_MAX: usize = 500;
 
 impl DisplayCache {
+    /// Longest a value is shown without a refill.
+    pub fn value_ttl(&self) -> Duration {
+        self.config.value_ttl
+    }
+
     /// Checks the URL; connects on first use (Redis may be down at start).
     pub fn new(config: CacheConfig) -> Result<DisplayCache, CacheError> {
         let client = redis::Client::open(config.url.as_str())
