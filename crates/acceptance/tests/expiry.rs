@@ -19,6 +19,7 @@ mirrored_tests!(
     a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
     the_order_expiry_claim_reads_the_due_orders_through_their_indexes,
     a_full_disk_fails_the_expiry_step_instead_of_reporting_holds_broken,
+    an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end,
 );
 
 /// Makes every insert into the ledger fail as a full disk does (PostgreSQL's 53100,
@@ -422,4 +423,37 @@ async fn the_order_expiry_claim_reads_the_due_orders_through_their_indexes(backe
     }
     assert!(plan.contains("customer_order_open"), "{plan}");
     assert!(plan.contains("customer_order_declined"), "{plan}");
+}
+
+/// Found in review: a hold's end is written by the instance that took it and was
+/// judged by the sweeping instance's own clock, so an instance whose clock ran ahead
+/// released every instance's holds early (and their stock was sold again), and refused
+/// their confirms. Hold ends are now judged by the instance's clock held back by how far
+/// it was last seen ahead of the database server's.
+async fn an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.stocked_sku("SKEW", 5).await;
+    let kept = reserve_with_ttl(&app, "hold-skew", "SKEW", 2, 30).await;
+    let confirmed = reserve_with_ttl(&app, "hold-confirmed", "SKEW", 1, 30).await;
+    // This instance's clock jumps 40 s ahead of the database server's (which has
+    // moved on by the test's milliseconds only): by it, both holds ended.
+    app.clock.advance_seconds(40);
+    app.engine
+        .database_activity_step()
+        .await
+        .expect("database activity sample");
+
+    let step = app.engine.expire_step().await.expect("expire step");
+    let confirm = app.confirm(&confirmed, "confirm-skew").await;
+
+    assert_eq!(step.released, [], "no hold ended by the database's clock");
+    assert_eq!(confirm.status, 200, "{confirm:?}");
+    assert_eq!(status_of(&app, &kept).await, "RESERVED");
+    assert_eq!(app.counters("SKEW").await, (2, 2));
+    app.assert_audit_clean().await;
 }

@@ -101,6 +101,9 @@ struct Inner {
     /// Whether the last sample found this instance's clock off the database's by more
     /// than [`CLOCK_SKEW_WARNING_MILLISECONDS`] (one WARN line per crossing).
     clock_skewed: std::sync::atomic::AtomicBool,
+    /// How far this instance's clock was last seen ahead of the database server's
+    /// (0 until sampled, or when behind): [`Engine::hold_clock_now`] holds it back.
+    clock_ahead_milliseconds: std::sync::atomic::AtomicI64,
     /// Woken when this process's sequencer numbered events, so the relay publishes
     /// them without waiting out its pause.
     events_numbered: tokio::sync::Notify,
@@ -231,6 +234,7 @@ impl Engine {
                 sku_shops: shops::SkuShops::default(),
                 event_relay: std::sync::atomic::AtomicBool::new(false),
                 clock_skewed: std::sync::atomic::AtomicBool::new(false),
+                clock_ahead_milliseconds: std::sync::atomic::AtomicI64::new(0),
                 events_numbered: tokio::sync::Notify::new(),
                 display_cache: std::sync::OnceLock::new(),
                 duplicate_skus: duplicates::DuplicateTally::default(),
@@ -267,6 +271,21 @@ impl Engine {
 
     pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
+    }
+
+    /// The time by which this instance judges whether a hold has ended (the expiry
+    /// sweeps, a confirm or a pay past the end): its clock, held back by how far it was
+    /// last seen ahead of the database server's. A hold's end is written by whichever
+    /// instance took it; an instance whose clock runs ahead would otherwise release
+    /// every instance's holds early, and sell their stock again, by its skew. A clock
+    /// behind is not moved: a release a little late is safe (a confirm past the end
+    /// is still refused by the same rule).
+    pub fn hold_clock_now(&self) -> Timestamp {
+        let ahead = self
+            .inner
+            .clock_ahead_milliseconds
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.now().plus_milliseconds(-ahead.max(0))
     }
 
     /// Keys this process is executing right now (exported as a gauge).
@@ -687,9 +706,13 @@ impl Engine {
         let _released = (action == ReservationAction::Release).then(|| self.stock_may_come_back());
         self.idempotent(operation, claim, || {
             self.retried(operation, || {
-                self.inner
-                    .store
-                    .change_reservation(claim, id, action, self.now(), renderer)
+                self.inner.store.change_reservation(
+                    claim,
+                    id,
+                    action,
+                    self.hold_clock_now(),
+                    renderer,
+                )
             })
         })
         .await
@@ -796,7 +819,8 @@ impl Engine {
     }
 
     /// One step of the expiry worker: releases up to one batch of reservations whose
-    /// hold has ended, by the injected clock.
+    /// hold has ended, by the injected clock held back as [`Engine::hold_clock_now`]
+    /// says.
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
         let given_back = self.stock_may_come_back();
@@ -805,7 +829,7 @@ impl Engine {
             .retried("expire", || {
                 self.inner
                     .store
-                    .expire_batch(self.now(), limit, cursor.as_ref())
+                    .expire_batch(self.hold_clock_now(), limit, cursor.as_ref())
             })
             .await?;
         self.inner
@@ -1038,6 +1062,9 @@ impl Engine {
             .map_err(|error| log_store_error("database_activity", error))?;
         if let Some(ahead) = activity.clock_ahead_of_database_milliseconds {
             metrics::gauge!("stockd_clock_ahead_of_database_seconds").set(ahead as f64 / 1000.0);
+            self.inner
+                .clock_ahead_milliseconds
+                .store(ahead, std::sync::atomic::Ordering::Relaxed);
             let skewed = ahead.unsigned_abs() > CLOCK_SKEW_WARNING_MILLISECONDS;
             if self
                 .inner
