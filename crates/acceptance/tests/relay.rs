@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use acceptance::nats::TestNats;
 use acceptance::{Backend, Call, TestApp, mirrored_tests, send_concurrently};
@@ -31,6 +32,11 @@ mirrored_tests!(
 acceptance::mirrored_tests_alone!(events_pruned_before_any_relay_took_them_are_counted_as_skipped);
 
 /// Relay steps until one publishes nothing; answers the steps' total.
+/// A time to send until that no test reaches.
+fn far_off() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(3600)
+}
+
 async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
     app.sequence_all_events().await;
     let mut total = RelayStep::default();
@@ -131,7 +137,12 @@ async fn a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstrea
             ordering_key: format!("{}/{}", event["aggregate"], event["aggregate_id"]),
         })
         .collect();
-    assert_eq!(bus.publish_in_order(&first_ten).await.acknowledged, 10);
+    assert_eq!(
+        bus.publish_in_order(&first_ten, far_off())
+            .await
+            .acknowledged,
+        10
+    );
     // Another relay is dropped in the middle of a step (its task cancelled wherever
     // it happens to be), holding the lease.
     let dropped = Arc::new(EventRelay::new(nats.bus().await, "relay-dropped"));
@@ -412,12 +423,15 @@ async fn a_message_that_fails_keeps_the_later_ones_of_its_aggregate_off_the_stre
     };
 
     let published = bus
-        .publish_in_order(&[
-            message("first", "reservation/A", 10),
-            message("too-large", "reservation/B", 2048),
-            message("after-it-elsewhere", "reservation/C", 10),
-            message("after-it-same", "reservation/B", 10),
-        ])
+        .publish_in_order(
+            &[
+                message("first", "reservation/A", 10),
+                message("too-large", "reservation/B", 2048),
+                message("after-it-elsewhere", "reservation/C", 10),
+                message("after-it-same", "reservation/B", 10),
+            ],
+            far_off(),
+        )
         .await;
 
     assert_eq!(published.acknowledged, 1, "{published:?}");
@@ -552,4 +566,38 @@ async fn skipped_counted(app: &TestApp) -> Option<String> {
         .lines()
         .find_map(|line| line.strip_prefix("stockd_outbox_events_skipped_total "))
         .map(str::to_owned)
+}
+
+/// Found in review: a relay renewed its lease once and then sent its batch for as long
+/// as the acknowledgements took (a slow NATS, a long chain of one aggregate's events),
+/// past its lease: its successor published the same events and newer ones meanwhile,
+/// and the old relay's late sends, past JetStream's duplicate window, were stored again
+/// after them. Nothing is sent once the time to send has run out.
+#[tokio::test]
+async fn nothing_is_sent_once_the_time_to_send_has_run_out() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    bus.ensure_event_stream().await.unwrap();
+    let message = |id: &str| Outgoing {
+        subject: "stockd.events.reservation.created".to_owned(),
+        message_id: id.to_owned(),
+        body: b"{}".to_vec().into(),
+        ordering_key: "reservation/A".to_owned(),
+    };
+
+    let late = bus
+        .publish_in_order(&[message("late")], tokio::time::Instant::now())
+        .await;
+    let in_time = bus.publish_in_order(&[message("in-time")], far_off()).await;
+
+    assert_eq!(late.acknowledged, 0, "{late:?}");
+    assert!(late.failure.is_some(), "{late:?}");
+    assert_eq!(in_time.acknowledged, 1, "{in_time:?}");
+    let stored: Vec<String> = nats
+        .stream_messages("STOCKD_EVENTS")
+        .await
+        .into_iter()
+        .map(|(_, id, _)| id)
+        .collect();
+    assert_eq!(stored, ["in-time"]);
 }

@@ -229,7 +229,16 @@ impl Bus {
     /// one, the acknowledgements up to the first are awaited (in order), and a failure
     /// among them stops the publish. An aggregate's events are stored in their order;
     /// different aggregates' may interleave, as the contract allows.
-    pub async fn publish_in_order(&self, messages: &[Outgoing]) -> Published {
+    ///
+    /// Nothing is sent from `send_until` on (the acknowledgements of what was sent are
+    /// still awaited): the relay's lease may end soon after, and a successor then
+    /// publishes these events and newer ones; one of these sent after those would be
+    /// stored after them (past the duplicate window, a second time).
+    pub async fn publish_in_order(
+        &self,
+        messages: &[Outgoing],
+        send_until: tokio::time::Instant,
+    ) -> Published {
         if let Err(error) = self.unless_disconnected() {
             return Published {
                 failure: Some(error),
@@ -243,6 +252,12 @@ impl Bus {
         let mut failure = None;
         for message in messages {
             let key = message.ordering_key.as_str();
+            if tokio::time::Instant::now() >= send_until {
+                failure = Some(BusError::Unavailable(
+                    "the time to send ran out (the relay's lease ends soon): the rest waits for the next step".to_owned(),
+                ));
+                break;
+            }
             // The acknowledgements up to this key's previous message, not all of them:
             // a backlog of one aggregate's chain costs a round trip per event, the
             // others' stay pipelined.

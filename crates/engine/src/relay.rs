@@ -238,7 +238,14 @@ impl Engine {
                 ordering_key: format!("{}/{}", event.aggregate.as_str(), event.aggregate_id),
             })
             .collect();
-        let published = relay.bus.publish_in_order(&messages).await;
+        // Sent within half the lease from its renewal: waits for acknowledgements
+        // (a slow NATS, a long chain of one aggregate's events) must not carry sends
+        // past the lease, and half leaves room for instances' clocks that disagree.
+        let send_until = tokio::time::Instant::now()
+            + std::time::Duration::from_millis(
+                u64::try_from(config.relay_lease_milliseconds / 2).unwrap_or(0),
+            );
+        let published = relay.bus.publish_in_order(&messages, send_until).await;
         if published.failure.is_some() {
             // The stream may be what failed (deleted, or NATS back with an empty
             // store): the next step makes sure of it again before publishing.
