@@ -453,6 +453,19 @@ async fn an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end(back
 
     assert_eq!(step.released, [], "no hold ended by the database's clock");
     assert_eq!(confirm.status, 200, "{confirm:?}");
+    // Only the judgement of the end is held back: what the confirm wrote carries this
+    // instance's time, as everything else it writes does.
+    let written = app
+        .database
+        .raw_connection()
+        .await
+        .texts(&format!(
+            "SELECT CASE WHEN updated_at = {now} THEN 'now' ELSE 'held back' END \
+             FROM reservation WHERE id = '{confirmed}'",
+            now = app.clock_now().unix_milliseconds()
+        ))
+        .await;
+    assert_eq!(written, [Some("now".to_owned())]);
     assert_eq!(status_of(&app, &kept).await, "RESERVED");
     assert_eq!(app.counters("SKEW").await, (2, 2));
     app.assert_audit_clean().await;

@@ -31,6 +31,7 @@ mirrored_tests!(
     a_command_larger_than_a_request_body_is_refused,
     a_full_command_stream_refuses_the_next_command,
     a_consumer_created_again_delivers_no_command_already_answered,
+    a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_refused_for_good,
 );
 
 fn settings() -> IntakeSettings {
@@ -714,7 +715,8 @@ async fn a_command_larger_than_a_request_body_is_refused(backend: Backend) {
     let nats = TestNats::start().await;
     let app = TestApp::spawn(backend).await;
     app.stocked_sku("HOT", 10).await;
-    let padding = "x".repeat(domain::limits::REQUEST_BODY_BYTES_MAX);
+    // Past the stream's bound too, which leaves room for headers beside the body.
+    let padding = "x".repeat(domain::limits::REQUEST_BODY_BYTES_MAX + 8 * 1024);
     let large = json!({
         "shop": "default",
         "lines": [{"sku": "HOT", "quantity": 1}],
@@ -790,6 +792,11 @@ async fn a_consumer_created_again_delivers_no_command_already_answered(backend: 
     nats.publish_command(&command("HOT", 2), Some("answered-once"), "message-1")
         .await;
     answer(&intake, &app, 1).await;
+    // The acknowledgement is sent without waiting for the server's word.
+    acceptance::wait_until_async("the answered command is acknowledged", || async {
+        intake.unacknowledged().await.expect("consumer info") == 0
+    })
+    .await;
 
     nats.delete_intake_consumer().await;
     let failed = intake.step(&state(&app)).await;
@@ -811,4 +818,42 @@ async fn a_consumer_created_again_delivers_no_command_already_answered(backend: 
         .collect();
     assert_eq!(keys, ["answered-once", "after-the-clean-up"]);
     assert_eq!(app.counters("HOT").await, (7, 3));
+}
+
+/// Found in review of the fix above: a command naming a campaign this instance does not
+/// route yet (created on another instance within the last second) heard `not_found`,
+/// and storing that would have refused it for good. That answer is not stored: once the
+/// instance's list has the campaign, the same command delivered again takes its unit.
+async fn a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_refused_for_good(
+    backend: Backend,
+) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 10).await;
+    let elsewhere = app.another_instance().await;
+    let id = campaign(&elsewhere, "TV", 4, 1, 0).await;
+    let intake = intake(&nats, settings()).await;
+    let body = json!({
+        "shop": "default",
+        "lines": [{"sku": "TV", "quantity": 1}],
+        "user_id": "shopper-1",
+        "campaign_id": id,
+    })
+    .to_string()
+    .into_bytes();
+    nats.publish_command(&body, Some("just-created"), "message-0")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    app.engine.campaign_step().await.expect("campaign step");
+    nats.publish_command(&body, Some("just-created"), "message-1")
+        .await;
+    answer(&intake, &app, 1).await;
+
+    let answers = answers(&nats).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    assert_eq!(answers[0].headers["Stockd-Status"], "404");
+    assert_eq!(answers[1].headers["Stockd-Status"], "201", "{answers:?}");
+    assert_eq!(app.ledger_rows("TV", "reserve").await, 1);
+    app.assert_audit_clean().await;
 }

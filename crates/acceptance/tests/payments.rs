@@ -870,7 +870,7 @@ async fn attempt_begun_before_a_crash(app: &TestApp, order: &str) {
             "pm_card_visa",
             now.plus_milliseconds(10_000),
             now.plus_seconds(-24 * 3600),
-            now,
+            (now, now),
             api::renderer().as_ref(),
         )
         .await

@@ -258,6 +258,9 @@ async fn shopper_product_value(
     id: &ProductId,
     horizon: Option<std::time::Duration>,
 ) -> Result<(domain::ServedBy, serde_json::Value, bool), ApiError> {
+    // Before the read: a campaign's start that lands while the view is being read
+    // still counts as one within the horizon.
+    let read_from = state.engine.now();
     let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
     if product.deleted_at.is_some()
@@ -276,7 +279,7 @@ async fn shopper_product_value(
         product.skus.iter().any(|sku| {
             state
                 .engine
-                .shopper_view_changes_within(&sku.code, horizon_milliseconds)
+                .shopper_view_changes_within(&sku.code, read_from, horizon_milliseconds)
         })
     });
     Ok((

@@ -403,6 +403,16 @@ pub async fn attach_and_run(
     let intake = loop {
         match ReserveIntake::attach(bus.clone(), settings.clone()).await {
             Ok(intake) => break intake,
+            // NATS not up yet is expected at start; a refusal (a stream's configuration
+            // the server will not take, too little storage for its limits) is for a
+            // person to see.
+            Err(error @ BusError::Refused(_)) => {
+                tracing::warn!(%error, "the intake cannot attach: NATS refused its streams or consumer");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(retry) => {}
+                }
+            }
             Err(error) => {
                 tracing::debug!(%error, "intake not attached yet");
                 tokio::select! {

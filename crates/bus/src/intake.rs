@@ -20,6 +20,10 @@ pub const RESERVE_RESULT_SUBJECT: &str = "stockd.results.reserve";
 /// The durable consumer every instance pulls reservation commands from.
 pub const RESERVE_CONSUMER: &str = "stockd-reserve";
 
+/// Room for a command's headers (its `Idempotency-Key`, `Nats-Msg-Id`, a sender's
+/// own) beside the body, in the stream's bound on one message.
+const COMMAND_HEADERS_BYTES_MAX: usize = 4 * 1024;
+
 /// How the intake consumes.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
@@ -43,7 +47,8 @@ pub struct IntakeConfig {
     /// The command stream's size bound, refused beyond as `stored_commands_max`.
     pub stored_commands_bytes_max: i64,
     /// One command's size bound: the HTTP request body's
-    /// (`domain::limits::REQUEST_BODY_BYTES_MAX`).
+    /// (`domain::limits::REQUEST_BODY_BYTES_MAX`) and its headers' (JetStream counts
+    /// both).
     pub command_bytes_max: i32,
     /// The answer stream's size bound: the oldest answers give way (a sender reads its
     /// answer soon after it is published, or asks again under its key).
@@ -58,10 +63,14 @@ impl Default for IntakeConfig {
             deliveries_max: 1_000,
             retention: Duration::from_secs(24 * 3600),
             stored_commands_max: 1_000_000,
-            stored_commands_bytes_max: 1 << 30,
-            command_bytes_max: i32::try_from(domain::limits::REQUEST_BODY_BYTES_MAX)
-                .unwrap_or(i32::MAX),
-            stored_answers_bytes_max: 1 << 30,
+            // JetStream sets a stream's byte limit aside from its storage when the
+            // stream is created: both together stay well inside a small server's.
+            stored_commands_bytes_max: 256 << 20,
+            command_bytes_max: i32::try_from(
+                domain::limits::REQUEST_BODY_BYTES_MAX + COMMAND_HEADERS_BYTES_MAX,
+            )
+            .unwrap_or(i32::MAX),
+            stored_answers_bytes_max: 256 << 20,
         }
     }
 }

@@ -82,8 +82,11 @@ pub struct Published {
     pub acknowledged: usize,
     /// Of those, how many JetStream had already stored under the same id (dropped).
     pub duplicates: usize,
-    /// Why the rest were not acknowledged, when some were not.
+    /// Why the rest were not acknowledged, when some were not and something failed.
     pub failure: Option<BusError>,
+    /// The time to send ran out before the last message: the rest were not sent (not
+    /// a failure; they go out at the next step).
+    pub ran_out_of_time: bool,
 }
 
 /// A connection to NATS and its JetStream context.
@@ -252,12 +255,6 @@ impl Bus {
         let mut failure = None;
         for message in messages {
             let key = message.ordering_key.as_str();
-            if tokio::time::Instant::now() >= send_until {
-                failure = Some(BusError::Unavailable(
-                    "the time to send ran out (the relay's lease ends soon): the rest waits for the next step".to_owned(),
-                ));
-                break;
-            }
             // The acknowledgements up to this key's previous message, not all of them:
             // a backlog of one aggregate's chain costs a round trip per event, the
             // others' stay pipelined.
@@ -269,6 +266,12 @@ impl Bus {
                     .await
             {
                 failure = Some(error);
+                break;
+            }
+            // Checked after the wait above, right before the send: that wait may take
+            // up to the request timeout per acknowledgement.
+            if tokio::time::Instant::now() >= send_until {
+                published.ran_out_of_time = true;
                 break;
             }
             let sent = self
@@ -294,7 +297,9 @@ impl Bus {
         if let Err(error) = self.acknowledged(&mut pending, all, &mut published).await {
             failure.get_or_insert(error);
         }
-        published.failure = if published.acknowledged == messages.len() {
+        published.failure = if published.acknowledged == messages.len()
+            || (published.ran_out_of_time && failure.is_none())
+        {
             None
         } else {
             failure.or_else(|| Some(BusError::Unavailable("not acknowledged".to_owned())))

@@ -828,21 +828,22 @@ impl Engine {
     }
 
     /// Whether a campaign this process routes on `sku` starts or ends within
-    /// `horizon_milliseconds` from now. The product view changes at that moment with
-    /// no event (nothing is written then), so no cached copy may outlive it.
+    /// `horizon_milliseconds` after `from` (a time taken before the view was read). The
+    /// product view changes at that moment with no event (nothing is written then), so
+    /// no cached copy may outlive it.
     pub fn shopper_view_changes_within(
         &self,
         sku: &domain::SkuCode,
+        from: Timestamp,
         horizon_milliseconds: i64,
     ) -> bool {
         let Some(route) = self.campaign_route(sku) else {
             return false;
         };
-        let now = self.now();
-        let until = now.plus_milliseconds(horizon_milliseconds);
+        let until = from.plus_milliseconds(horizon_milliseconds);
         [route.starts_at, route.ends_at]
             .into_iter()
-            .any(|moment| moment > now && moment <= until)
+            .any(|moment| moment > from && moment <= until)
     }
 
     /// The waiting room of the campaign open on `sku` in this process, if any.

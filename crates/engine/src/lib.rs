@@ -710,7 +710,7 @@ impl Engine {
                     claim,
                     id,
                     action,
-                    self.hold_clock_now(),
+                    (self.now(), self.hold_clock_now()),
                     renderer,
                 )
             })
@@ -827,9 +827,12 @@ impl Engine {
         let cursor = self.inner.reservation_expiry_cursor.get();
         let outcome = self
             .retried("expire", || {
-                self.inner
-                    .store
-                    .expire_batch(self.hold_clock_now(), limit, cursor.as_ref())
+                self.inner.store.expire_batch(
+                    self.now(),
+                    self.hold_clock_now(),
+                    limit,
+                    cursor.as_ref(),
+                )
             })
             .await?;
         self.inner
@@ -1156,7 +1159,19 @@ impl Engine {
         claim: &IdempotencyClaim,
         refusal: EngineError,
     ) -> Result<Reply, EngineError> {
+        // Not a `not_found` of this process's list of open campaigns: the list may lag
+        // a campaign created on another instance by a second, and stored, that answer
+        // would stand for good.
+        let of_the_list = matches!(
+            refusal,
+            EngineError::NotFound(_)
+                | EngineError::Refused {
+                    code: domain::ErrorCode::NotFound,
+                    ..
+                }
+        );
         if claim.key.is_queue_intake()
+            && !of_the_list
             && let Some(rejection) = stored_rejection(&refusal, true)
         {
             return self.store_rejection(operation, claim, &rejection).await;

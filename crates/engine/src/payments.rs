@@ -477,7 +477,7 @@ impl Engine {
                         method.as_str(),
                         reconcile_after,
                         now.plus_seconds(-self.inner.config.idempotency_retention_seconds),
-                        self.hold_clock_now(),
+                        (self.now(), self.hold_clock_now()),
                         renderer,
                     )
                 })
@@ -1046,6 +1046,7 @@ impl Engine {
         let expiry = self
             .retried("expire_orders", || {
                 self.inner.store.expire_orders(
+                    self.now(),
                     self.hold_clock_now(),
                     self.inner.config.order_expiry_batch_size,
                     cursor.as_ref(),

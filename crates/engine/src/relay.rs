@@ -254,8 +254,8 @@ impl Engine {
         let mut step = RelayStep {
             published: published.acknowledged,
             duplicates: published.duplicates,
-            more_waiting: i64::try_from(events.len()).unwrap_or(i64::MAX)
-                >= config.relay_batch_size,
+            more_waiting: published.ran_out_of_time
+                || i64::try_from(events.len()).unwrap_or(i64::MAX) >= config.relay_batch_size,
             failure: published.failure.clone(),
             ..RelayStep::default()
         };

@@ -300,8 +300,8 @@ forward! {
     fn upsert_sku(&self, claim: &IdempotencyClaim, code: &SkuCode, changes: &SkuChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn record_movement(&self, claim: &IdempotencyClaim, movement: &StockMovement, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn reserve_batch(&self, requests: &[ReserveRequest], now: Timestamp, renderer: &dyn ResponseRenderer, turn: &mut LockTurn) -> Result<BatchApplied, StoreError>;
-    fn change_reservation(&self, claim: &IdempotencyClaim, id: &ReservationId, action: ReservationAction, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
-    fn expire_batch(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<ExpiryOutcome, StoreError>;
+    fn change_reservation(&self, claim: &IdempotencyClaim, id: &ReservationId, action: ReservationAction, clocks: (Timestamp, Timestamp), renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn expire_batch(&self, now: Timestamp, hold_ends_by: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<ExpiryOutcome, StoreError>;
     fn purge_idempotency_records(&self, created_before: Timestamp, limit: i64) -> Result<u64, StoreError>;
     fn reservation_gauges(&self, now: Timestamp) -> Result<ReservationGauges, StoreError>;
     fn expiry_backlog(&self, now: Timestamp) -> Result<i64, StoreError>;
@@ -348,7 +348,7 @@ forward! {
     fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError>;
     fn order(&self, id: &OrderId) -> Result<Option<Order>, StoreError>;
-    fn begin_payment(&self, claim: &IdempotencyClaim, order: &OrderId, attempt: &PaymentAttemptId, payment_method: &str, reconcile_after: Timestamp, keys_since: Timestamp, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<BeginPayment, StoreError>;
+    fn begin_payment(&self, claim: &IdempotencyClaim, order: &OrderId, attempt: &PaymentAttemptId, payment_method: &str, reconcile_after: Timestamp, keys_since: Timestamp, clocks: (Timestamp, Timestamp), renderer: &dyn ResponseRenderer) -> Result<BeginPayment, StoreError>;
     fn settle_payment_with_answer(&self, claim: &IdempotencyClaim, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn fail_refund(&self, refund: &RefundId, reason: &str, now: Timestamp) -> Result<(), StoreError>;
     fn settle_payment(&self, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, source: &str, now: Timestamp) -> Result<Option<OrderStatus>, StoreError>;
@@ -357,7 +357,7 @@ forward! {
     fn note_gateway_payment_id(&self, attempt: &PaymentAttemptId, payment_id: &str) -> Result<(), StoreError>;
     fn claim_attempts_to_reconcile(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<AttemptToCall>, StoreError>;
     fn give_back_attempts(&self, attempts: &[PaymentAttemptId], now: Timestamp) -> Result<(), StoreError>;
-    fn expire_orders(&self, now: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<OrderExpiry, StoreError>;
+    fn expire_orders(&self, now: Timestamp, hold_ends_by: Timestamp, limit: i64, cursor: Option<&ExpiryCursor>) -> Result<OrderExpiry, StoreError>;
     fn cancel_order(&self, claim: &IdempotencyClaim, order: &OrderId, rights: CancelRights, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn claim_refunds(&self, now: Timestamp, limit: i64, lease_milliseconds: i64) -> Result<Vec<RefundToIssue>, StoreError>;
     fn give_back_refunds(&self, refunds: &[RefundId], now: Timestamp) -> Result<(), StoreError>;

@@ -959,6 +959,7 @@ impl<B: Backend> Units<B> {
     pub async fn expire_orders(
         &self,
         now: Timestamp,
+        hold_ends_by: Timestamp,
         limit: i64,
         cursor: Option<&ExpiryCursor>,
     ) -> Result<OrderExpiry, StoreError> {
@@ -966,7 +967,7 @@ impl<B: Backend> Units<B> {
         let (ids, resume_after) = claim_past_cursor(
             &mut *transaction,
             <B::Connection as Dialect>::CLAIM_EXPIRED_ORDERS,
-            (now, limit),
+            (hold_ends_by, limit),
             cursor,
         )
         .await?;

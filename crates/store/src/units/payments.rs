@@ -682,9 +682,8 @@ async fn first_line_not_on_sale<C: Dialect>(
 pub(crate) async fn answer_without_paying<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
-    locked: Option<(OrderStatus, ReservationId, Timestamp)>,
-    holds_stock: bool,
-    now: Timestamp,
+    (locked, holds_stock): (Option<(OrderStatus, ReservationId, Timestamp)>, bool),
+    (now, hold_ends_by): (Timestamp, Timestamp),
     renderer: &dyn ResponseRenderer,
 ) -> Result<StoredResponse, StoreError> {
     let response = match locked {
@@ -693,7 +692,7 @@ pub(crate) async fn answer_without_paying<C: Dialect>(
             format!("order '{order}' does not exist"),
         )),
         Some((status, reservation, expires_at))
-            if status.accepts_a_payment_attempt() && holds_stock && expires_at <= now =>
+            if status.accepts_a_payment_attempt() && holds_stock && expires_at <= hold_ends_by =>
         {
             release_order(
                 transaction,
@@ -846,7 +845,7 @@ impl<B: Backend> Units<B> {
         payment_method: &str,
         reconcile_after: Timestamp,
         keys_since: Timestamp,
-        now: Timestamp,
+        (now, hold_ends_by): (Timestamp, Timestamp),
         renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
         let mut transaction = self.begin_write().await?;
@@ -884,7 +883,7 @@ impl<B: Backend> Units<B> {
                 if status.accepts_a_payment_attempt()
                     && holds_stock
                     && !started_by_this_request
-                    && *expires_at > now
+                    && *expires_at > hold_ends_by
         );
         // Seed 003 §1.3: "taken off the shelf, yet the customer could still pay" is an
         // accident. An order holding a SKU that went off sale since it was placed is
@@ -1010,7 +1009,13 @@ impl<B: Backend> Units<B> {
                 ),
             )),
             (None, None) => {
-                answer_without_paying(&mut *transaction, order, locked, holds_stock, now, renderer)
+                answer_without_paying(
+                    &mut *transaction,
+                    order,
+                    (locked, holds_stock),
+                    (now, hold_ends_by),
+                    renderer,
+                )
                     .await?
             }
         };

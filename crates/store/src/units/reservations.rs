@@ -145,8 +145,10 @@ pub(crate) fn new_reservation(
 /// only by that order's flow (DESIGN.md, trust model).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Mover<'a> {
-    /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds.
-    Client,
+    /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds,
+    /// judging a hold's end by the time given (`hold_ends_by`: the caller's clock held
+    /// back by how far it runs ahead of the database's, `Engine::hold_clock_now`).
+    Client { hold_ends_by: Timestamp },
     /// The flow of this order: pay, cancel, expiry, refund.
     Order(&'a OrderId),
     /// The flows of the orders holding the reservations, whose rows the caller locked
@@ -222,7 +224,7 @@ pub(crate) fn mover_may_move(
     order_id: Option<&str>,
 ) -> Result<Result<(), Rejection>, StoreError> {
     match (mover, order_id) {
-        (Mover::Client, Some(order)) => Ok(Err(Rejection::new(
+        (Mover::Client { .. }, Some(order)) => Ok(Err(Rejection::new(
             ErrorCode::IllegalTransition,
             format!(
                 "reservation '{id}' is held by order '{order}': only that order's payment, cancel or expiry moves it"
@@ -246,7 +248,6 @@ pub(crate) fn decide_move(
     mover: Mover<'_>,
     status: &str,
     expires_at: i64,
-    now: Timestamp,
 ) -> Result<Result<(ReservationStatus, ReservationStatus), Rejection>, StoreError> {
     let id = step.id;
     let current = ReservationStatus::parse(status).map_err(|error| corrupt("status", error))?;
@@ -264,9 +265,9 @@ pub(crate) fn decide_move(
     // is never sold, even while the sweep has not released it yet. (An order's hold
     // is the order's business: a payment in flight settles it either way.)
     let expires_at = Timestamp::from_unix_milliseconds(expires_at);
-    if matches!(mover, Mover::Client)
+    if let Mover::Client { hold_ends_by } = mover
         && step.action == ReservationAction::Confirm
-        && expires_at <= now
+        && expires_at <= hold_ends_by
     {
         return Ok(Err(Rejection::new(
             ErrorCode::IllegalTransition,
@@ -332,7 +333,7 @@ pub(crate) async fn move_reservation<'a, C: Dialect>(
     if let Err(refused) = mover_may_move(mover, id, order_id.as_deref())? {
         return Ok(Err(refused));
     }
-    let (current, target) = match decide_move(step, mover, &status, expires_at, now)? {
+    let (current, target) = match decide_move(step, mover, &status, expires_at)? {
         Ok(decided) => decided,
         Err(refused) => return Ok(Err(refused)),
     };
@@ -487,7 +488,7 @@ impl<B: Backend> Units<B> {
         claim: &IdempotencyClaim,
         id: &ReservationId,
         action: ReservationAction,
-        now: Timestamp,
+        (now, hold_ends_by): (Timestamp, Timestamp),
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
@@ -510,7 +511,7 @@ impl<B: Backend> Units<B> {
                 reason,
                 key: Some(claim.key.as_str()),
             }],
-            Mover::Client,
+            Mover::Client { hold_ends_by },
             now,
         )
         .await?
@@ -554,6 +555,7 @@ impl<B: Backend> Units<B> {
     pub async fn expire_batch(
         &self,
         now: Timestamp,
+        hold_ends_by: Timestamp,
         limit: i64,
         cursor: Option<&ExpiryCursor>,
     ) -> Result<ExpiryOutcome, StoreError> {
@@ -561,7 +563,7 @@ impl<B: Backend> Units<B> {
         let (claimed, resume_after) = claim_past_cursor(
             &mut *transaction,
             <B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS,
-            (now, limit),
+            (hold_ends_by, limit),
             cursor,
         )
         .await?;
@@ -587,7 +589,8 @@ impl<B: Backend> Units<B> {
         statement("SAVEPOINT expiry_batch")
             .execute(&mut *transaction)
             .await?;
-        let whole = settle_reservations(&mut *transaction, &moves, Mover::Client, now).await;
+        let mover = Mover::Client { hold_ends_by };
+        let whole = settle_reservations(&mut *transaction, &moves, mover, now).await;
         let Some(failure) = failure_on_the_data(whole)? else {
             statement("RELEASE SAVEPOINT expiry_batch")
                 .execute(&mut *transaction)
@@ -609,13 +612,9 @@ impl<B: Backend> Units<B> {
             statement("SAVEPOINT expiry_one")
                 .execute(&mut *transaction)
                 .await?;
-            let moved = settle_reservations(
-                &mut *transaction,
-                std::slice::from_ref(single),
-                Mover::Client,
-                now,
-            )
-            .await;
+            let moved =
+                settle_reservations(&mut *transaction, std::slice::from_ref(single), mover, now)
+                    .await;
             match failure_on_the_data(moved)? {
                 None => {
                     statement("RELEASE SAVEPOINT expiry_one")
