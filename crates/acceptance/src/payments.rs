@@ -52,7 +52,23 @@ impl TestGateway {
         TestGateway::start_as(app, false).await
     }
 
+    /// [`TestGateway::start`], attached as `stockd serve` attaches the sandbox it runs
+    /// itself: one whose books began now (an earlier process's went with it).
+    pub async fn start_as_own_sandbox(app: &TestApp) -> TestGateway {
+        let gateway = TestGateway::start_unattached(app).await;
+        let mut payments = payments_at(&gateway.url, GATEWAY_TIMEOUT_MILLISECONDS, true);
+        payments.own_sandbox_since = Some(app.clock_now());
+        app.engine.attach_payments(payments);
+        gateway
+    }
+
     async fn start_as(app: &TestApp, sandbox_methods_allowed: bool) -> TestGateway {
+        let gateway = TestGateway::start_unattached(app).await;
+        gateway.attach_as(app, sandbox_methods_allowed);
+        gateway
+    }
+
+    async fn start_unattached(app: &TestApp) -> TestGateway {
         let shutdown = CancellationToken::new();
         let clock = app.clock.clone();
         let mut config = SandboxConfig::new(WEBHOOK_SECRET);
@@ -72,7 +88,6 @@ impl TestGateway {
             shutdown,
         };
         gateway.serve_webhooks_to(app).await;
-        gateway.attach_as(app, sandbox_methods_allowed);
         gateway
     }
 
@@ -307,5 +322,6 @@ pub fn payments_at(
         gateway: gateway_client(base_url, timeout_milliseconds),
         webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
         sandbox_methods_allowed,
+        own_sandbox_since: None,
     }
 }

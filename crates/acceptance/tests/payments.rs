@@ -69,6 +69,7 @@ mirrored_tests!(
     a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
     sandbox_payment_methods_are_refused_when_the_gateway_is_real,
     one_key_paying_two_orders_on_two_instances_at_once_charges_one_card,
+    a_payment_the_previous_processs_own_sandbox_held_fails_after_a_restart,
     a_return_is_refused_for_an_order_whose_stock_was_given_back,
     the_audit_catches_a_return_of_goods_that_were_never_sold,
     the_audit_catches_a_return_row_that_takes_units_away,
@@ -3199,5 +3200,46 @@ async fn one_key_paying_two_orders_on_two_instances_at_once_charges_one_card(bac
         1,
         "one card charged"
     );
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: `stockd serve` without a gateway URL runs a sandbox of its own,
+/// which keeps its books in memory. After a restart, a payment the old process's
+/// sandbox held (waiting for its 3-D Secure check, say) was read back as "not found",
+/// taken as "unknown", asked about forever, and its order held its stock for good. A
+/// payment older than this process's own sandbox that it cannot find now fails: no
+/// money moved for it, and its order is paid again or expires.
+async fn a_payment_the_previous_processs_own_sandbox_held_fails_after_a_restart(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app
+        .pay(
+            &order,
+            &key("pay-before-restart"),
+            "pm_sandbox_requires_action",
+        )
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    app.clock.advance_seconds(1);
+    // The process restarts: its own sandbox starts again, with empty books.
+    let restarted = app.another_instance().await;
+    let _fresh = TestGateway::start_as_own_sandbox(&restarted).await;
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+
+    let resolved = restarted
+        .engine
+        .reconcile_step()
+        .await
+        .expect("reconcile step");
+    let expired = restarted
+        .engine
+        .order_expiry_step()
+        .await
+        .expect("order expiry step");
+
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(expired.len(), 1, "{expired:?}");
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0), "the stock came back");
     app.assert_audit_clean().await;
 }

@@ -96,6 +96,10 @@ pub struct Payments {
     /// Whether the gateway is the project's sandbox, whose fault methods
     /// (`pm_sandbox_…`) may then be used; a real gateway refuses them with 400.
     pub sandbox_methods_allowed: bool,
+    /// When the gateway is this process's own sandbox (`stockd serve` without a
+    /// gateway URL), the time its books began: it keeps them in memory, so a payment
+    /// made before went with an earlier process, and no money moved for it.
+    pub own_sandbox_since: Option<domain::Timestamp>,
 }
 
 /// What a webhook delivery did.
@@ -868,6 +872,26 @@ impl Engine {
             // or URL changed, say) says nothing of whether money moved: unknown, not
             // failed.
             return match payments.gateway.retrieve_payment_intent(id).await {
+                // Unless the gateway is this process's own sandbox and the payment
+                // older than its books: that one is gone with an earlier process, no
+                // money moved (the sandbox's is not real), and it fails, so that its
+                // order is paid again or expires instead of holding its stock for good.
+                CallOutcome::Refused {
+                    status: 404,
+                    code,
+                    reason,
+                } if payments
+                    .own_sandbox_since
+                    .is_some_and(|since| attempt.created_at < since) =>
+                {
+                    CallOutcome::Refused {
+                        status: 404,
+                        code,
+                        reason: format!(
+                            "payment '{id}' was made through the gateway sandbox of an earlier stockd process, whose books went with it: {reason}"
+                        ),
+                    }
+                }
                 CallOutcome::Refused { reason, .. } | CallOutcome::Declined { reason, .. } => {
                     CallOutcome::Unknown(format!(
                         "the gateway refused to read payment '{id}': {reason}"

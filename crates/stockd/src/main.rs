@@ -1167,6 +1167,7 @@ async fn attach_payments(
             gateway,
             webhook_secret: domain::Secret::new(secret),
             sandbox_methods_allowed: sandbox,
+            own_sandbox_since: None,
         });
         return Ok(None);
     }
@@ -1192,6 +1193,7 @@ async fn attach_payments(
         gateway,
         webhook_secret: domain::Secret::new(secret),
         sandbox_methods_allowed: true,
+        own_sandbox_since: Some(engine.now()),
     });
     Ok(Some((sandbox, address)))
 }
