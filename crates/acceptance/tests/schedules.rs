@@ -28,6 +28,7 @@ mirrored_tests!(
     two_daily_series_missed_for_a_day_leave_the_sku_as_the_last_missed_slot_would,
     missed_daily_series_split_by_the_batch_limit_still_apply_in_slot_order,
     a_sku_whose_later_due_schedule_another_instance_holds_is_held_back,
+    an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minute,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -1024,4 +1025,43 @@ async fn missed_daily_series(app: &TestApp, product: &str) {
         assert_eq!(scheduled.status, 200, "{scheduled:?}");
     }
     app.clock.advance_seconds(DAY_SECONDS + 11 * 60);
+}
+
+/// Found in review: due schedules were judged by the applying instance's own clock, so
+/// an instance whose clock ran ahead put a product on sale before its launch minute.
+/// They are judged by its clock held back by how far it was last seen ahead of the
+/// database server's.
+async fn an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minute(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    let product = pending_product(&app, &["LAUNCH"]).await;
+    let launch = app.clock_now().plus_seconds(120).to_rfc3339();
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": launch}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    // This instance's clock jumps three minutes ahead of the database server's: by it,
+    // the launch minute has come.
+    app.clock.advance_seconds(180);
+    app.engine
+        .database_activity_step()
+        .await
+        .expect("database activity sample");
+
+    let applied = app.engine.schedule_step().await.expect("schedule step");
+
+    assert_eq!(applied, [], "not due by the database's clock");
+    assert_eq!(
+        app.sale_status(&product, "LAUNCH").await.0,
+        "PENDING_REVIEW"
+    );
 }

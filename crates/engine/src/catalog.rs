@@ -418,13 +418,15 @@ impl Engine {
     }
 
     /// One step of the schedule worker: applies a batch of due schedules (with every
-    /// due schedule of its SKUs).
+    /// due schedule of its SKUs), judged due by [`Engine::held_back_now`]: an
+    /// instance whose clock runs ahead applies none early.
     pub async fn schedule_step(&self) -> Result<Vec<AppliedSchedule>, EngineError> {
         let applied = self
             .retried("apply_schedules", || {
-                self.inner
-                    .store
-                    .apply_due_schedules(self.now(), self.inner.config.schedule_batch_size)
+                self.inner.store.apply_due_schedules(
+                    (self.now(), self.held_back_now()),
+                    self.inner.config.schedule_batch_size,
+                )
             })
             .await?;
         metrics::counter!("stockd_shelf_schedules_applied_total").increment(applied.len() as u64);

@@ -102,7 +102,7 @@ struct Inner {
     /// than [`CLOCK_SKEW_WARNING_MILLISECONDS`] (one WARN line per crossing).
     clock_skewed: std::sync::atomic::AtomicBool,
     /// How far this instance's clock was last seen ahead of the database server's
-    /// (0 until sampled, or when behind): [`Engine::hold_clock_now`] holds it back.
+    /// (0 until sampled, or when behind): [`Engine::held_back_now`] holds it back.
     clock_ahead_milliseconds: std::sync::atomic::AtomicI64,
     /// Woken when this process's sequencer numbered events, so the relay publishes
     /// them without waiting out its pause.
@@ -274,13 +274,15 @@ impl Engine {
     }
 
     /// The time by which this instance judges whether a hold has ended (the expiry
-    /// sweeps, a confirm or a pay past the end): its clock, held back by how far it was
-    /// last seen ahead of the database server's. A hold's end is written by whichever
-    /// instance took it; an instance whose clock runs ahead would otherwise release
-    /// every instance's holds early, and sell their stock again, by its skew. A clock
-    /// behind is not moved: a release a little late is safe (a confirm past the end
-    /// is still refused by the same rule).
-    pub fn hold_clock_now(&self) -> Timestamp {
+    /// sweeps, a confirm or a pay past the end) and whether a shelf schedule is due:
+    /// its clock, held back by how far it was last seen ahead of the database
+    /// server's. A hold's end is written by whichever instance took it; an instance
+    /// whose clock runs ahead would otherwise release every instance's holds early,
+    /// and sell their stock again, by its skew, or put a product on sale before its
+    /// launch. A clock behind is not moved: a release or a schedule a little late is
+    /// safe (a confirm past the end is still refused by the same rule). Only the
+    /// judgement uses it; what a unit of work writes carries [`Engine::now`].
+    pub fn held_back_now(&self) -> Timestamp {
         let ahead = self
             .inner
             .clock_ahead_milliseconds
@@ -710,7 +712,7 @@ impl Engine {
                     claim,
                     id,
                     action,
-                    (self.now(), self.hold_clock_now()),
+                    (self.now(), self.held_back_now()),
                     renderer,
                 )
             })
@@ -819,7 +821,7 @@ impl Engine {
     }
 
     /// One step of the expiry worker: releases up to one batch of reservations whose
-    /// hold has ended, by the injected clock held back as [`Engine::hold_clock_now`]
+    /// hold has ended, by the injected clock held back as [`Engine::held_back_now`]
     /// says.
     pub async fn expire_step(&self) -> Result<ExpiryStep, EngineError> {
         let limit = self.inner.config.expiry_batch_size;
@@ -829,7 +831,7 @@ impl Engine {
             .retried("expire", || {
                 self.inner.store.expire_batch(
                     self.now(),
-                    self.hold_clock_now(),
+                    self.held_back_now(),
                     limit,
                     cursor.as_ref(),
                 )

@@ -481,7 +481,7 @@ impl Engine {
                         method.as_str(),
                         reconcile_after,
                         now.plus_seconds(-self.inner.config.idempotency_retention_seconds),
-                        (self.now(), self.hold_clock_now()),
+                        (self.now(), self.held_back_now()),
                         renderer,
                     )
                 })
@@ -1071,7 +1071,7 @@ impl Engine {
             .retried("expire_orders", || {
                 self.inner.store.expire_orders(
                     self.now(),
-                    self.hold_clock_now(),
+                    self.held_back_now(),
                     self.inner.config.order_expiry_batch_size,
                     cursor.as_ref(),
                 )

@@ -333,7 +333,7 @@ forward! {
     fn change_shelf(&self, claim: &IdempotencyClaim, change: &ShelfChange, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn schedule_shelf(&self, claim: &IdempotencyClaim, scheduling: &ShelfScheduling, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError>;
-    fn apply_due_schedules(&self, now: Timestamp, limit: i64) -> Result<Vec<AppliedSchedule>, StoreError>;
+    fn apply_due_schedules(&self, clocks: (Timestamp, Timestamp), limit: i64) -> Result<Vec<AppliedSchedule>, StoreError>;
     fn create_operator(&self, claim: &IdempotencyClaim, operator: &OperatorId, shop: &ShopCode, token_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn create_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKey, secret_hash: &str, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn revoke_service_key(&self, claim: &IdempotencyClaim, key: &ServiceKeyId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

@@ -147,7 +147,7 @@ pub(crate) fn new_reservation(
 pub(crate) enum Mover<'a> {
     /// The reservation endpoints (`confirm`, `release`) and the sweep of plain holds,
     /// judging a hold's end by the time given (`hold_ends_by`: the caller's clock held
-    /// back by how far it runs ahead of the database's, `Engine::hold_clock_now`).
+    /// back by how far it runs ahead of the database's, `Engine::held_back_now`).
     Client { hold_ends_by: Timestamp },
     /// The flow of this order: pay, cancel, expiry, refund.
     Order(&'a OrderId),

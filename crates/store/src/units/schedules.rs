@@ -291,16 +291,16 @@ pub(crate) async fn cancel_schedules_of_deleted_sku<C: Dialect>(
 
 /// Inserts the occurrence after `settled` (due at `due_at`) of its daily `series`: the
 /// same SKU, operation, operator, shop, remark and series, due at the first slot
-/// after `now`.
+/// after `due_by` (the time due schedules are judged by), written at `now`.
 async fn leave_next_occurrence<C: Dialect>(
     transaction: &mut C,
     settled: &ScheduleId,
     series: &ScheduleId,
     recurrence: Recurrence,
     due_at: Timestamp,
-    now: Timestamp,
+    (now, due_by): (Timestamp, Timestamp),
 ) -> Result<ScheduleId, StoreError> {
-    let next_due = recurrence.next_due(due_at, now);
+    let next_due = recurrence.next_due(due_at, due_by);
     let next = next_occurrence_id(series, next_due);
     let inserted = statement(
         "INSERT INTO shelf_schedule (id, sku, operation, due_at, status, operator_id, shop, remark, created_at, series_id, recurrence) \
@@ -500,13 +500,17 @@ impl<B: Backend> Units<B> {
     /// schedules go past the limit: they apply together), each exactly once even
     /// with several processes (claimed with `SKIP LOCKED` on PostgreSQL). A schedule of
     /// a deleted SKU is skipped and logged.
+    ///
+    /// Due schedules are judged by `due_by` (the caller's clock held back by how far it
+    /// runs ahead of the database's, `Engine::held_back_now`: a clock ahead must not
+    /// put a product on sale before its launch); what is written carries `now`.
     pub async fn apply_due_schedules(
         &self,
-        now: Timestamp,
+        (now, due_by): (Timestamp, Timestamp),
         limit: i64,
     ) -> Result<Vec<AppliedSchedule>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let mut due = claim_due_schedules(&mut *transaction, now, limit).await?;
+        let mut due = claim_due_schedules(&mut *transaction, due_by, limit).await?;
         // A daily occurrence late by more than a day stands for the last slot it
         // missed, and applies at that slot's place among its SKU's other schedules:
         // "off daily at 20:00" from yesterday and "on daily at 06:00" from today,
@@ -514,7 +518,7 @@ impl<B: Backend> Units<B> {
         // times the off applied first and the SKU stayed on sale all night.
         due.sort_by_key(|schedule| {
             let slot = schedule.recurrence.map_or(schedule.due_at, |recurrence| {
-                recurrence.latest_slot(schedule.due_at, now)
+                recurrence.latest_slot(schedule.due_at, due_by)
             });
             (slot, schedule.due_at, schedule.id.clone())
         });
@@ -580,8 +584,15 @@ impl<B: Backend> Units<B> {
             // it; a refused change does not (the product may be complete tomorrow).
             let next = match recurrence {
                 Some(recurrence) if status != ScheduleStatus::Skipped => Some(
-                    leave_next_occurrence(&mut *transaction, &id, &series, recurrence, due_at, now)
-                        .await?,
+                    leave_next_occurrence(
+                        &mut *transaction,
+                        &id,
+                        &series,
+                        recurrence,
+                        due_at,
+                        (now, due_by),
+                    )
+                    .await?,
                 ),
                 _ => None,
             };
