@@ -64,6 +64,7 @@ mirrored_tests!(
     a_tickets_position_counts_only_the_places_still_waiting_ahead,
     the_product_view_shows_what_a_reservation_could_take_around_a_campaign,
     a_shelf_operation_reports_the_availability_the_product_view_shows_around_a_campaign,
+    an_instance_whose_clock_runs_ahead_starts_no_campaign_early,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2666,5 +2667,52 @@ async fn a_request_sent_again_while_it_waits_in_the_line_takes_no_second_place(b
     let answered = answered_ticket(&app, &poll).await;
     assert_eq!(answered["answer"]["status"], 201, "{answered}");
     assert_eq!(app.counters("RESENT").await.1, 1, "reserved once");
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: whether a campaign runs was judged by each instance's own clock, so
+/// an instance whose clock ran ahead sold a flash sale's units before its start. It is
+/// judged by the clock held back by how far it was last seen ahead of the database
+/// server's.
+async fn an_instance_whose_clock_runs_ahead_starts_no_campaign_early(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.stocked_sku("TV", 10).await;
+    let starts_at = app.clock_now().plus_seconds(120);
+    let created = create_campaign(
+        &app,
+        "tv-campaign",
+        json!({
+            "sku": "TV", "quantity": 4,
+            "starts_at": starts_at.to_rfc3339(),
+            "ends_at": starts_at.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let id = created.json()["campaign_id"].as_str().unwrap().to_owned();
+    // This instance's clock jumps three minutes ahead of the database server's: by it,
+    // the campaign runs.
+    app.clock.advance_seconds(180);
+    app.engine
+        .database_activity_step()
+        .await
+        .expect("database activity sample");
+
+    let named = app
+        .send(Call::post("/v1/reservations").key("early").json(&json!({
+            "lines": [{"sku": "TV", "quantity": 1}], "campaign_id": id,
+        })))
+        .await;
+    let regular = app.reserve("regular", &[("TV", 1)]).await;
+
+    assert_eq!(named.status, 409, "{named:?}");
+    assert_eq!(named.code().as_deref(), Some("campaign_not_started"));
+    assert_eq!(regular.status, 201, "{regular:?}");
+    assert_eq!(regular.json()["lines"][0]["warehouse"], "default");
     app.assert_audit_clean().await;
 }

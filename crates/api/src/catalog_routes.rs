@@ -260,7 +260,7 @@ async fn shopper_product_value(
 ) -> Result<(domain::ServedBy, serde_json::Value, bool), ApiError> {
     // Before the read: a campaign's start that lands while the view is being read
     // still counts as one within the horizon.
-    let read_from = state.engine.now();
+    let read_from = state.engine.held_back_now();
     let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
     if product.deleted_at.is_some()

@@ -776,7 +776,7 @@ impl Engine {
         Decided: Future<Output = Result<Reply, EngineError>>,
     {
         let route = &routed.route;
-        if route.phase(self.now()) == CampaignPhase::Running {
+        if route.phase(self.held_back_now()) == CampaignPhase::Running {
             // A finding is dated when its request was sent, not answered: a hold
             // released while the request was in flight is not outlived by more than
             // the bound (as the buckets' findings are dated).
@@ -814,8 +814,11 @@ impl Engine {
     /// ([`domain::campaign::shopper_available`], by the campaigns this process routes).
     pub fn shopper_available(&self, sku: &domain::Sku) -> i64 {
         let running = self.campaign_route(&sku.code).filter(|route| {
-            domain::campaign::CampaignPhase::at(self.now(), route.starts_at, route.ends_at)
-                == domain::campaign::CampaignPhase::Running
+            domain::campaign::CampaignPhase::at(
+                self.held_back_now(),
+                route.starts_at,
+                route.ends_at,
+            ) == domain::campaign::CampaignPhase::Running
         });
         domain::campaign::shopper_available(
             sku.stock

@@ -599,7 +599,7 @@ impl Engine {
             .inner
             .store
             .end_campaigns(
-                self.now(),
+                (self.now(), self.held_back_now()),
                 self.inner.config.campaigns_ended_per_step_max,
                 after.as_ref(),
             )
@@ -636,7 +636,9 @@ impl Engine {
         lines: &[ReservationLine],
         memory_may_refuse: bool,
     ) -> Result<Option<Routed>, EngineError> {
-        let now = self.now();
+        // Whether a campaign runs is judged as a hold's end is: an instance whose clock
+        // runs ahead starts none early.
+        let now = self.held_back_now();
         let mut routed = None;
         for (index, line) in lines.iter().enumerate() {
             if domain::campaign::is_bucket_warehouse(&line.warehouse) {
@@ -688,7 +690,7 @@ impl Engine {
             .ok_or_else(|| {
                 EngineError::NotFound(format!("campaign '{id}' is not open for these SKUs"))
             })?;
-        match route.phase(self.now()) {
+        match route.phase(self.held_back_now()) {
             CampaignPhase::Scheduled => Err(EngineError::Refused {
                 code: ErrorCode::CampaignNotStarted,
                 detail: format!("campaign '{id}' starts at {}", route.starts_at),

@@ -274,12 +274,13 @@ impl Engine {
     }
 
     /// The time by which this instance judges whether a hold has ended (the expiry
-    /// sweeps, a confirm or a pay past the end) and whether a shelf schedule is due:
+    /// sweeps, a confirm or a pay past the end), whether a shelf schedule is due and
+    /// whether a campaign runs:
     /// its clock, held back by how far it was last seen ahead of the database
     /// server's. A hold's end is written by whichever instance took it; an instance
     /// whose clock runs ahead would otherwise release every instance's holds early,
-    /// and sell their stock again, by its skew, or put a product on sale before its
-    /// launch. A clock behind is not moved: a release or a schedule a little late is
+    /// and sell their stock again, by its skew, or put a product on sale (or a flash
+    /// sale's units) before its launch. A clock behind is not moved: a release or a schedule a little late is
     /// safe (a confirm past the end is still refused by the same rule). Only the
     /// judgement uses it; what a unit of work writes carries [`Engine::now`].
     pub fn held_back_now(&self) -> Timestamp {

@@ -318,7 +318,7 @@ forward! {
     /// The campaigns not closed yet, without counters: what the engine routes by.
     fn open_campaigns(&self) -> Result<Vec<Campaign>, StoreError>;
     /// One step of the campaign worker: what is left at the end goes back.
-    fn end_campaigns(&self, now: Timestamp, limit: i64, after: Option<&domain::CampaignId>) -> Result<EndStep, StoreError>;
+    fn end_campaigns(&self, clocks: (Timestamp, Timestamp), limit: i64, after: Option<&domain::CampaignId>) -> Result<EndStep, StoreError>;
     /// The staff's product list: oldest first, filtered, after a product id.
     fn products_page(&self, filter: &ProductFilter, after: Option<&ProductId>, limit: i64) -> Result<Vec<Product>, StoreError>;
     /// Schedules of one status by due time, after a schedule when given.

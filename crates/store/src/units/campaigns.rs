@@ -235,15 +235,17 @@ impl<B: Backend> Units<B> {
     /// a unit still held cannot hold the ones after them back for good.
     pub async fn end_campaigns(
         &self,
-        now: Timestamp,
+        (now, ends_by): (Timestamp, Timestamp),
         limit: i64,
         after: Option<&CampaignId>,
     ) -> Result<EndStep, StoreError> {
+        // Ended by `ends_by` (the caller's clock held back by how far it runs ahead of
+        // the database's): a clock ahead must not end a sale early. Written at `now`.
         let due: Vec<String> = statement(
             "SELECT id FROM campaign WHERE closed_at IS NULL AND ends_at <= $1 \
              AND ($3 IS NULL OR id > $3) ORDER BY id LIMIT $2",
         )
-        .bind(now.unix_milliseconds())
+        .bind(ends_by.unix_milliseconds())
         .bind(limit)
         .bind(after.map(CampaignId::as_str))
         .fetch_all_scalar(&mut *self.writer_read_connection().await?)
