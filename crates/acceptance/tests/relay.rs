@@ -26,6 +26,7 @@ mirrored_tests!(
     a_relay_that_cannot_read_its_events_gives_its_lease_up,
     a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
     an_instance_without_nats_shows_what_the_relay_has_not_sent,
+    an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended,
 );
 
 // Reads a counter of the process-wide metrics recorder.
@@ -606,4 +607,43 @@ async fn nothing_is_sent_once_the_time_to_send_has_run_out() {
         .map(|(_, id, _)| id)
         .collect();
     assert_eq!(stored, ["in-time"]);
+}
+
+/// Found in review: the relay's lease was told by each instance's own clock, so an
+/// instance whose clock ran ahead by more than the lease took it over from a holder
+/// still publishing. It is told by the clock held back by how far the instance was
+/// last seen ahead of the database server's.
+async fn an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.engine.attach_event_relay();
+    app.stocked_sku("TEA", 100).await;
+    app.sequence_all_events().await;
+    let holder = EventRelay::new(nats.bus().await, "relay-holder");
+    assert_eq!(relay_all(&app, &holder).await.published, 1);
+    // Another instance, whose clock runs 20 s ahead of the database server's: by it,
+    // the holder's 15 s lease has ended.
+    let ahead = app.another_instance().await;
+    ahead.engine.attach_event_relay();
+    app.clock.advance_seconds(20);
+    ahead
+        .engine
+        .database_activity_step()
+        .await
+        .expect("database activity sample");
+    reserve_many(&app, "later", 1).await;
+    app.sequence_all_events().await;
+
+    let taker = EventRelay::new(nats.bus().await, "relay-ahead");
+    let step = ahead.engine.relay_step(&taker).await.expect("relay step");
+
+    assert!(step.waiting_for_lease, "{step:?}");
+    assert_eq!(step.published, 0, "{step:?}");
 }

@@ -274,8 +274,8 @@ impl Engine {
     }
 
     /// The time by which this instance judges whether a hold has ended (the expiry
-    /// sweeps, a confirm or a pay past the end), whether a shelf schedule is due and
-    /// whether a campaign runs:
+    /// sweeps, a confirm or a pay past the end), whether a shelf schedule is due,
+    /// whether a campaign runs, and when the event relay's lease ends:
     /// its clock, held back by how far it was last seen ahead of the database
     /// server's. A hold's end is written by whichever instance took it; an instance
     /// whose clock runs ahead would otherwise release every instance's holds early,

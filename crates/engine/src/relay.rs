@@ -142,11 +142,15 @@ impl Engine {
                 ..RelayStep::default()
             }));
         }
-        let lease_until = now.plus_milliseconds(config.relay_lease_milliseconds);
+        // The lease is told by the clock held back by how far this instance runs ahead
+        // of the database's: one ahead would otherwise take it over from a holder
+        // whose lease has not ended.
+        let lease_now = self.held_back_now();
+        let lease_until = lease_now.plus_milliseconds(config.relay_lease_milliseconds);
         let claimed = self
             .inner
             .store
-            .claim_relay(store::NATS_RELAY, &relay.holder, now, lease_until)
+            .claim_relay(store::NATS_RELAY, &relay.holder, lease_now, lease_until)
             .await
             .map_err(|error| log_store_error("claim_relay", error))?;
         let Some(through) = claimed else {
@@ -207,7 +211,7 @@ impl Engine {
         events: &[store::PublishedEvent],
     ) -> Result<RelayStep, EngineError> {
         let config = &self.inner.config;
-        let now = self.now();
+        let now = self.held_back_now();
         let renewed = self
             .inner
             .store
