@@ -29,6 +29,7 @@ mirrored_tests!(
     missed_daily_series_split_by_the_batch_limit_still_apply_in_slot_order,
     a_sku_whose_later_due_schedule_another_instance_holds_is_held_back,
     an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minute,
+    the_schedule_worker_takes_the_shelf_logs_lock_only_after_its_last_schedule,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -1064,4 +1065,75 @@ async fn an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minut
         app.sale_status(&product, "LAUNCH").await.0,
         "PENDING_REVIEW"
     );
+}
+
+/// Found in review: the schedule worker wrote each schedule's log line as it applied
+/// it, so the shelf log's lock (one for every shop) was held from its first schedule
+/// to the end of its batch: every manual shelf change of every shop waited for the
+/// whole batch (the nightly take-down of a catalog). The worker writes its lines after
+/// its last schedule.
+async fn the_schedule_worker_takes_the_shelf_logs_lock_only_after_its_last_schedule(
+    backend: Backend,
+) {
+    if backend != Backend::Postgres {
+        // The lock held is observed through pg_locks; the worker's code is the same on
+        // every backend.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let north = app
+        .create_product(ProductSpec::complete("north", &["LOG-NORTH"]))
+        .await;
+    let south = app
+        .create_product(ProductSpec::complete("south", &["LOG-SOUTH"]))
+        .await;
+    on_sale_now(&app, &north).await;
+    on_sale_now(&app, &south).await;
+    for (sku, minute) in [("LOG-NORTH", 5), ("LOG-SOUTH", 6)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": "off_at", "sku_ids": [sku], "scheduled_at": at_minutes(minute)}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+    app.clock.advance_seconds(400);
+    // An edit of the south product in flight: the worker applies the north schedule,
+    // then waits for the south product's row (the one row it does not lock up front).
+    let mut south_edit = app.database.raw_connection().await;
+    south_edit.execute("BEGIN").await.unwrap();
+    south_edit
+        .execute(&format!(
+            "SELECT version FROM product WHERE id = '{south}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let log_key = south_edit
+        .texts("SELECT CAST(hashtext('stockd_shelf_log:' || current_schema()) AS TEXT)")
+        .await[0]
+        .clone()
+        .expect("the shelf log's lock key");
+    let engine = app.engine.clone();
+    let step = tokio::spawn(async move { engine.schedule_step().await });
+    app.database.wait_until_blocked_by(&mut south_edit).await;
+
+    let log_lock_holders = south_edit
+        .texts(&format!(
+            "SELECT CAST(COUNT(*) AS TEXT) FROM pg_locks WHERE locktype = 'advisory' \
+             AND granted AND objid::bigint = ({log_key}::bigint & 4294967295) \
+             AND pid <> pg_backend_pid()"
+        ))
+        .await;
+
+    assert_eq!(
+        log_lock_holders,
+        [Some("0".to_owned())],
+        "the worker waits for the south product holding the shelf log's lock"
+    );
+    south_edit.execute("ROLLBACK").await.unwrap();
+    let applied = step.await.unwrap().unwrap();
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert_eq!(app.shelf_log(&format!("&product={north}")).await.len(), 2);
+    assert_eq!(app.shelf_log(&format!("&product={south}")).await.len(), 2);
 }

@@ -523,6 +523,10 @@ impl<B: Backend> Units<B> {
             (slot, schedule.due_at, schedule.id.clone())
         });
         let mut applied = Vec::with_capacity(due.len());
+        // Every schedule's log lines, written once after the last one: the log's lock
+        // is held from there to the commit, not across the batch, where every manual
+        // shelf change of every shop would wait for it.
+        let mut log = Vec::new();
         for DueSchedule {
             id,
             sku,
@@ -540,16 +544,15 @@ impl<B: Backend> Units<B> {
                 .as_ref()
                 .is_some_and(|state| state.status == SaleStatus::Deleted)
             {
-                let line = LogLine {
-                    target: &target,
-                    actor: &actor,
+                log.push(LogLine {
+                    target: target.clone(),
+                    actor: actor.clone(),
                     from: SaleStatus::Deleted,
                     to: SaleStatus::Deleted,
                     operation: operation_label(operation, true),
                     repeated: false,
-                    remark: "schedule skipped: the SKU was deleted",
-                };
-                insert_shelf_log(&mut *transaction, vec![line], now).await?;
+                    remark: "schedule skipped: the SKU was deleted".to_owned(),
+                });
                 (ScheduleStatus::Skipped, "the SKU was deleted".to_owned())
             } else {
                 let change = ShelfChange {
@@ -560,7 +563,7 @@ impl<B: Backend> Units<B> {
                     remark,
                     scheduled: true,
                 };
-                let results = apply_shelf_change(&mut *transaction, &change, now).await?;
+                let results = apply_shelf_change(&mut *transaction, &change, now, &mut log).await?;
                 match results.first().map(|result| &result.outcome) {
                     Some(ShelfOutcome::Refused { reason, .. }) => {
                         (ScheduleStatus::Refused, reason.clone())
@@ -604,6 +607,7 @@ impl<B: Backend> Units<B> {
                 next,
             });
         }
+        insert_shelf_log(&mut *transaction, log, now).await?;
         transaction.commit().await?;
         Ok(applied)
     }

@@ -88,14 +88,16 @@ pub(crate) async fn load_shelf_state<C: Dialect>(
     }))
 }
 
-pub(crate) struct LogLine<'a> {
-    pub(crate) target: &'a ShelfTarget,
-    pub(crate) actor: &'a Actor,
+/// A shelf-log line, kept until its transaction writes its lines last
+/// ([`insert_shelf_log`]).
+pub(crate) struct LogLine {
+    pub(crate) target: ShelfTarget,
+    pub(crate) actor: Actor,
     pub(crate) from: SaleStatus,
     pub(crate) to: SaleStatus,
-    pub(crate) operation: &'a str,
+    pub(crate) operation: &'static str,
     pub(crate) repeated: bool,
-    pub(crate) remark: &'a str,
+    pub(crate) remark: String,
 }
 
 /// Writes a transaction's shelf-log lines, the last thing it does before its commit:
@@ -103,7 +105,7 @@ pub(crate) struct LogLine<'a> {
 /// order, held only from here to the commit, waiting on nothing else meanwhile.
 pub(crate) async fn insert_shelf_log<C: Dialect>(
     transaction: &mut C,
-    lines: Vec<LogLine<'_>>,
+    lines: Vec<LogLine>,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     if lines.is_empty() {
@@ -118,7 +120,7 @@ pub(crate) async fn insert_shelf_log<C: Dialect>(
 
 async fn insert_shelf_log_line<C: Dialect>(
     transaction: &mut C,
-    line: LogLine<'_>,
+    line: LogLine,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     statement(
@@ -133,7 +135,7 @@ async fn insert_shelf_log_line<C: Dialect>(
     .bind(line.to.as_str())
     .bind(line.operation)
     .bind(i64::from(line.repeated))
-    .bind(line.remark)
+    .bind(line.remark.as_str())
     .bind(now.unix_milliseconds())
     .execute(&mut *transaction)
     .await?;
@@ -322,12 +324,14 @@ pub(crate) async fn lock_sku_rows<C: Dialect, S: AsRef<str> + Sync>(
 
 /// Applies one shelf operation to its targets inside `transaction`: locks the shops
 /// (so batches of one shop never interleave) and the targets' stock rows, then
-/// decides each target through the transition table and writes the change and its
-/// log line.
+/// decides each target through the transition table and writes the change. Its log
+/// lines go to `log`, which the caller writes last ([`insert_shelf_log`]): the log's
+/// lock is then held only from there to the commit, never across other work.
 pub(crate) async fn apply_shelf_change<C: Dialect>(
     transaction: &mut C,
     change: &ShelfChange,
     now: Timestamp,
+    log: &mut Vec<LogLine>,
 ) -> Result<Vec<ShelfResult>, StoreError> {
     lock_shops_of(transaction, &change.targets).await?;
     let mut targets: Vec<&ShelfTarget> = change.targets.iter().collect();
@@ -344,7 +348,6 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
 
     let operation = operation_label(change.operation, change.scheduled);
     let mut results = Vec::with_capacity(targets.len());
-    let mut log = Vec::with_capacity(targets.len());
     let mut touched_products: BTreeSet<&ProductId> = BTreeSet::new();
     for target in targets {
         let outcome = shelf_outcome(transaction, change, target, operation, now).await?;
@@ -355,13 +358,13 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
         };
         if let Some((from, to, repeated)) = logged {
             log.push(LogLine {
-                target,
-                actor: &change.actor,
+                target: target.clone(),
+                actor: change.actor.clone(),
                 from,
                 to,
                 operation,
                 repeated,
-                remark: &change.remark,
+                remark: change.remark.clone(),
             });
         }
         if let (ShelfOutcome::Changed { .. }, Some(product)) = (&outcome, &target.product_id) {
@@ -403,7 +406,6 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
         .execute(&mut *transaction)
         .await?;
     }
-    insert_shelf_log(transaction, log, now).await?;
     Ok(results)
 }
 
@@ -509,7 +511,9 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let results = apply_shelf_change(&mut *transaction, change, now).await?;
+        let mut log = Vec::new();
+        let results = apply_shelf_change(&mut *transaction, change, now, &mut log).await?;
+        insert_shelf_log(&mut *transaction, log, now).await?;
         let response = renderer.shelf_results(&results);
         commit_with_answer(transaction, claim, response).await
     }
