@@ -57,7 +57,7 @@ impl TestGateway {
     pub async fn start_as_own_sandbox(app: &TestApp) -> TestGateway {
         let gateway = TestGateway::start_unattached(app).await;
         let mut payments = payments_at(&gateway.url, GATEWAY_TIMEOUT_MILLISECONDS, true);
-        payments.own_sandbox_since = Some(app.clock_now());
+        payments.own_sandbox_payments = Some(gateway.sandbox.id_prefix("pi"));
         app.engine.attach_payments(payments);
         gateway
     }
@@ -322,6 +322,6 @@ pub fn payments_at(
         gateway: gateway_client(base_url, timeout_milliseconds),
         webhook_secret: domain::Secret::new(WEBHOOK_SECRET),
         sandbox_methods_allowed,
-        own_sandbox_since: None,
+        own_sandbox_payments: None,
     }
 }

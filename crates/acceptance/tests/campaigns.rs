@@ -65,6 +65,7 @@ mirrored_tests!(
     the_product_view_shows_what_a_reservation_could_take_around_a_campaign,
     a_shelf_operation_reports_the_availability_the_product_view_shows_around_a_campaign,
     an_instance_whose_clock_runs_ahead_starts_no_campaign_early,
+    on_an_instance_whose_clock_runs_ahead_carts_and_shelf_results_see_the_sale_as_reservations_do,
 );
 
 const HOUR_SECONDS: i64 = 3600;
@@ -2715,4 +2716,71 @@ async fn an_instance_whose_clock_runs_ahead_starts_no_campaign_early(backend: Ba
     assert_eq!(regular.status, 201, "{regular:?}");
     assert_eq!(regular.json()["lines"][0]["warehouse"], "default");
     app.assert_audit_clean().await;
+}
+
+/// Found in review of the fix above: the cart (and so the checkout) and a shelf
+/// operation's `availability` still judged whether a campaign runs by the instance's
+/// own clock, so on an instance running ahead they saw a sale the reservations did not.
+/// They judge it as the reservations do.
+async fn on_an_instance_whose_clock_runs_ahead_carts_and_shelf_results_see_the_sale_as_reservations_do(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("default", &["AHEAD"]))
+        .await;
+    app.receive("AHEAD", 10).await;
+    let first_on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(first_on.status, 200, "{first_on:?}");
+    let starts_at = app.clock_now().plus_seconds(120);
+    let created = create_campaign(
+        &app,
+        "campaign-ahead",
+        json!({
+            "sku": "AHEAD", "quantity": 10,
+            "starts_at": starts_at.to_rfc3339(),
+            "ends_at": starts_at.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    app.clock.advance_seconds(180);
+    app.engine
+        .database_activity_step()
+        .await
+        .expect("database activity sample");
+
+    let put = app
+        .send(
+            Call::put("/v1/carts/early-bird/items/AHEAD")
+                .key("cart-early-bird")
+                .json(&json!({"quantity": 1})),
+        )
+        .await;
+    let cart = app.send(Call::get("/v1/carts/early-bird")).await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    let reserved = app.reserve("early-bird", &[("AHEAD", 1)]).await;
+
+    assert_eq!(put.status, 200, "{put:?}");
+    assert_eq!(
+        cart.json()["lines"][0]["problem"],
+        "out_of_stock",
+        "every unit waits in the campaign: {cart:?}"
+    );
+    assert_eq!(
+        on.json()["results"][0]["availability"],
+        "temporarily_out_of_stock",
+        "{on:?}"
+    );
+    assert_eq!(reserved.status, 409, "{reserved:?}");
+    assert_eq!(reserved.code().as_deref(), Some("insufficient_stock"));
 }

@@ -1084,7 +1084,7 @@ async fn a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transactio
             &domain::UserId::parse("alice").expect("user"),
             &sku,
             Some(1),
-            now,
+            (now, now),
             api::renderer().as_ref(),
         )
         .await

@@ -713,9 +713,10 @@ pub async fn get_campaign(
 ) -> Result<Response, ApiError> {
     let id = domain::CampaignId::parse(&id).map_err(|error| ApiError::invalid(error.0))?;
     let campaign = state.engine.campaign(&caller, &id).await?;
+    // The phase as reservations judge it (`Engine::held_back_now`).
     Ok(Json(crate::wire::CampaignBody::new(
         &campaign,
-        state.engine.now(),
+        state.engine.held_back_now(),
     ))
     .into_response())
 }

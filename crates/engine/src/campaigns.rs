@@ -503,7 +503,7 @@ impl Engine {
         if let Some(first) = self.first_answer("create_campaign", claim).await? {
             return Ok(first);
         }
-        if campaign.ends_at <= self.now() {
+        if campaign.ends_at <= self.held_back_now() {
             return Err(EngineError::InvalidArgument(
                 "ends_at must be in the future".into(),
             ));

@@ -223,7 +223,7 @@ impl Engine {
         // The request's own checks before the catalog's: a malformed one stores nothing.
         let due_at = request
             .scheduled_at
-            .map(|scheduled_at| due_minute(request.operation, scheduled_at, self.now()))
+            .map(|scheduled_at| due_minute(request.operation, scheduled_at, self.held_back_now()))
             .transpose()?;
         let actor = Actor::of(principal);
         // Targets that name nothing, too much or what does not exist are a refusal of
@@ -267,9 +267,12 @@ impl Engine {
                 };
                 self.idempotent("shelf", claim, || {
                     self.retried("shelf", || {
-                        self.inner
-                            .store
-                            .change_shelf(claim, &change, self.now(), renderer)
+                        self.inner.store.change_shelf(
+                            claim,
+                            &change,
+                            (self.now(), self.held_back_now()),
+                            renderer,
+                        )
                     })
                 })
                 .await
@@ -575,7 +578,7 @@ impl Engine {
                     user,
                     sku,
                     quantity,
-                    self.now(),
+                    (self.now(), self.held_back_now()),
                     renderer,
                 )
             })
@@ -588,7 +591,7 @@ impl Engine {
         authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         self.inner
             .store
-            .cart(principal.shop(), user, self.now())
+            .cart(principal.shop(), user, self.held_back_now())
             .await
             .map_err(|error| log_store_error("cart", error))
     }
@@ -603,7 +606,7 @@ impl Engine {
         authorize(principal, Action::UseCarts, None).map_err(forbidden)?;
         self.inner
             .store
-            .display_cart(reader, principal.shop(), user, self.now())
+            .display_cart(reader, principal.shop(), user, self.held_back_now())
             .await
             .map(crate::counted_display)
             .map_err(|error| log_store_error("cart", error))

@@ -97,9 +97,10 @@ pub struct Payments {
     /// (`pm_sandbox_…`) may then be used; a real gateway refuses them with 400.
     pub sandbox_methods_allowed: bool,
     /// When the gateway is this process's own sandbox (`stockd serve` without a
-    /// gateway URL), the time its books began: it keeps them in memory, so a payment
-    /// made before went with an earlier process, and no money moved for it.
-    pub own_sandbox_since: Option<domain::Timestamp>,
+    /// gateway URL), how the ids of the payments it mints begin: it keeps its books in
+    /// memory, so a payment whose id does not begin so was made through an earlier
+    /// process's sandbox, went with it, and moved no money.
+    pub own_sandbox_payments: Option<String>,
 }
 
 /// What a webhook delivery did.
@@ -872,8 +873,8 @@ impl Engine {
             // or URL changed, say) says nothing of whether money moved: unknown, not
             // failed.
             return match payments.gateway.retrieve_payment_intent(id).await {
-                // Unless the gateway is this process's own sandbox and the payment
-                // older than its books: that one is gone with an earlier process, no
+                // Unless the gateway is this process's own sandbox and the payment not
+                // one it minted: that one is gone with an earlier process, no
                 // money moved (the sandbox's is not real), and it fails, so that its
                 // order is paid again or expires instead of holding its stock for good.
                 CallOutcome::Refused {
@@ -881,8 +882,9 @@ impl Engine {
                     code,
                     reason,
                 } if payments
-                    .own_sandbox_since
-                    .is_some_and(|since| attempt.created_at < since) =>
+                    .own_sandbox_payments
+                    .as_deref()
+                    .is_some_and(|mine| !id.starts_with(mine)) =>
                 {
                     CallOutcome::Refused {
                         status: 404,

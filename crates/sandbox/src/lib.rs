@@ -175,6 +175,10 @@ pub struct Sandbox {
     config: Arc<Mutex<SandboxConfig>>,
     books: Arc<Mutex<Books>>,
     http: reqwest::Client,
+    /// Drawn when the sandbox starts and written into every id it mints: the books
+    /// live in memory, so an id without it was minted by another sandbox (an earlier
+    /// process's), whose books are gone.
+    books_id: u32,
 }
 
 /// What tests and operators can read back.
@@ -305,7 +309,14 @@ impl Sandbox {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .expect("a plain HTTP client always builds once the crypto provider is installed"),
+            books_id: rand::random(),
         }
+    }
+
+    /// How every id this sandbox mints of `kind` (`pi` for payment intents) begins:
+    /// one that does not begin so was minted by another sandbox.
+    pub fn id_prefix(&self, kind: &str) -> String {
+        format!("{kind}_{:08x}", self.books_id)
     }
 
     /// Points webhooks at stockd once its address is known.
@@ -370,7 +381,12 @@ impl Sandbox {
     fn mint(&self, prefix: &str) -> String {
         let mut books = lock(&self.books);
         books.next += 1;
-        format!("{prefix}_{:08}{:08x}", books.next, rand::random::<u32>())
+        format!(
+            "{}{:08}{:08x}",
+            self.id_prefix(prefix),
+            books.next,
+            rand::random::<u32>()
+        )
     }
 
     fn authorized(&self, headers: &HeaderMap) -> bool {

@@ -956,6 +956,13 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
         }
         None => "payments through the configured gateway".to_owned(),
     };
+    // One sample of this instance's clock against the database server's before
+    // anything is judged by it (`Engine::held_back_now`: hold ends, schedules,
+    // campaigns, the relay's lease): a restart with a clock ahead must not release
+    // holds or start a sale early before the sampling worker's first round.
+    if let Err(error) = engine.database_activity_step().await {
+        tracing::warn!(%error, "no first sample of the clock against the database's: hold ends and schedules are judged by this instance's clock until one succeeds");
+    }
     let campaigns = engine
         .load_open_campaigns()
         .await
@@ -1167,7 +1174,7 @@ async fn attach_payments(
             gateway,
             webhook_secret: domain::Secret::new(secret),
             sandbox_methods_allowed: sandbox,
-            own_sandbox_since: None,
+            own_sandbox_payments: None,
         });
         return Ok(None);
     }
@@ -1193,7 +1200,7 @@ async fn attach_payments(
         gateway,
         webhook_secret: domain::Secret::new(secret),
         sandbox_methods_allowed: true,
-        own_sandbox_since: Some(engine.now()),
+        own_sandbox_payments: Some(sandbox.id_prefix("pi")),
     });
     Ok(Some((sandbox, address)))
 }

@@ -330,7 +330,7 @@ forward! {
     /// Orders newest first, of a shop and a shopper when given, older than `before`.
     fn order_summaries(&self, shop: Option<&ShopCode>, user: Option<&UserId>, before: Option<&OrderId>, limit: i64) -> Result<Vec<OrderSummary>, StoreError>;
     fn resolve_shelf_targets(&self, selector: &TargetSelector) -> Result<Vec<ShelfTarget>, StoreError>;
-    fn change_shelf(&self, claim: &IdempotencyClaim, change: &ShelfChange, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn change_shelf(&self, claim: &IdempotencyClaim, change: &ShelfChange, clocks: (Timestamp, Timestamp), renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn schedule_shelf(&self, claim: &IdempotencyClaim, scheduling: &ShelfScheduling, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn next_schedule_due(&self) -> Result<Option<Timestamp>, StoreError>;
     fn apply_due_schedules(&self, clocks: (Timestamp, Timestamp), limit: i64) -> Result<Vec<AppliedSchedule>, StoreError>;
@@ -343,7 +343,7 @@ forward! {
     fn admin_credential_exists(&self) -> Result<bool, StoreError>;
     fn store_first_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<bool, StoreError>;
     fn replace_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<(), StoreError>;
-    fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, clocks: (Timestamp, Timestamp), renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn cart(&self, shop: Option<&ShopCode>, user: &UserId, now: Timestamp) -> Result<Cart, StoreError>;
     fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn order_shop(&self, id: &OrderId) -> Result<Option<ShopCode>, StoreError>;

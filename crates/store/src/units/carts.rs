@@ -176,7 +176,7 @@ impl<B: Backend> Units<B> {
         user: &UserId,
         sku: &SkuCode,
         quantity: Option<i64>,
-        now: Timestamp,
+        (now, campaigns_by): (Timestamp, Timestamp),
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
@@ -256,7 +256,9 @@ impl<B: Backend> Units<B> {
         };
         let response = match refusal {
             Some(rejection) => renderer.rejected(&rejection),
-            None => renderer.cart(&load_cart(&mut *transaction, Some(shop), user, now).await?),
+            None => {
+                renderer.cart(&load_cart(&mut *transaction, Some(shop), user, campaigns_by).await?)
+            }
         };
         commit_with_answer(transaction, claim, response).await
     }

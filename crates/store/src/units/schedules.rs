@@ -563,7 +563,8 @@ impl<B: Backend> Units<B> {
                     remark,
                     scheduled: true,
                 };
-                let results = apply_shelf_change(&mut *transaction, &change, now, &mut log).await?;
+                let results =
+                    apply_shelf_change(&mut *transaction, &change, (now, due_by), &mut log).await?;
                 match results.first().map(|result| &result.outcome) {
                     Some(ShelfOutcome::Refused { reason, .. }) => {
                         (ScheduleStatus::Refused, reason.clone())

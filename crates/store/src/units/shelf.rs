@@ -330,7 +330,7 @@ pub(crate) async fn lock_sku_rows<C: Dialect, S: AsRef<str> + Sync>(
 pub(crate) async fn apply_shelf_change<C: Dialect>(
     transaction: &mut C,
     change: &ShelfChange,
-    now: Timestamp,
+    (now, campaigns_by): (Timestamp, Timestamp),
     log: &mut Vec<LogLine>,
 ) -> Result<Vec<ShelfResult>, StoreError> {
     lock_shops_of(transaction, &change.targets).await?;
@@ -380,7 +380,8 @@ pub(crate) async fn apply_shelf_change<C: Dialect>(
             }
         );
         let availability = if on_shelf {
-            let available = shopper_available(transaction, &target.sku, now).await?;
+            // Whether a campaign runs, as the product view judges it.
+            let available = shopper_available(transaction, &target.sku, campaigns_by).await?;
             Some(domain::Availability::of(SaleStatus::OnShelf, available))
         } else {
             None
@@ -503,7 +504,7 @@ impl<B: Backend> Units<B> {
         &self,
         claim: &IdempotencyClaim,
         change: &ShelfChange,
-        now: Timestamp,
+        (now, campaigns_by): (Timestamp, Timestamp),
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
         let mut transaction = self.begin_write().await?;
@@ -512,7 +513,8 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let mut log = Vec::new();
-        let results = apply_shelf_change(&mut *transaction, change, now, &mut log).await?;
+        let results =
+            apply_shelf_change(&mut *transaction, change, (now, campaigns_by), &mut log).await?;
         insert_shelf_log(&mut *transaction, log, now).await?;
         let response = renderer.shelf_results(&results);
         commit_with_answer(transaction, claim, response).await
