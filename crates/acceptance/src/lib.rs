@@ -1013,6 +1013,25 @@ impl TestApp {
         engine::Clock::now(&self.clock)
     }
 
+    /// Sets the test clock to this machine's, the database server's: a later
+    /// [`TestApp::clock_runs_ahead_of_the_database`] then puts it ahead of the
+    /// database's. (Tests' clocks start at [`START`], far behind it.)
+    pub fn clock_at_the_databases(&self) {
+        self.clock.set(engine::Clock::now(&engine::SystemClock));
+    }
+
+    /// Moves the test clock (shared by every instance of this app) `seconds` on while
+    /// the database server's moves on by the test's milliseconds only, and has this
+    /// instance sample how far its clock runs ahead, as its database activity worker
+    /// does (`Engine::held_back_now`).
+    pub async fn clock_runs_ahead_of_the_database(&self, seconds: i64) {
+        self.clock.advance_seconds(seconds);
+        self.engine
+            .database_activity_step()
+            .await
+            .expect("database activity sample");
+    }
+
     pub fn backend(&self) -> Backend {
         self.database.backend
     }

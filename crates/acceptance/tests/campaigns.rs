@@ -2681,7 +2681,7 @@ async fn an_instance_whose_clock_runs_ahead_starts_no_campaign_early(backend: Ba
         // One process holds the database: its clock is the only one.
         return;
     }
-    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.clock_at_the_databases();
     app.stocked_sku("TV", 10).await;
     let starts_at = app.clock_now().plus_seconds(120);
     let created = create_campaign(
@@ -2698,11 +2698,7 @@ async fn an_instance_whose_clock_runs_ahead_starts_no_campaign_early(backend: Ba
     let id = created.json()["campaign_id"].as_str().unwrap().to_owned();
     // This instance's clock jumps three minutes ahead of the database server's: by it,
     // the campaign runs.
-    app.clock.advance_seconds(180);
-    app.engine
-        .database_activity_step()
-        .await
-        .expect("database activity sample");
+    app.clock_runs_ahead_of_the_database(180).await;
 
     let named = app
         .send(Call::post("/v1/reservations").key("early").json(&json!({
@@ -2730,7 +2726,7 @@ async fn on_an_instance_whose_clock_runs_ahead_carts_and_shelf_results_see_the_s
         // One process holds the database: its clock is the only one.
         return;
     }
-    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.clock_at_the_databases();
     let product = app
         .create_product(acceptance::ProductSpec::complete("default", &["AHEAD"]))
         .await;
@@ -2751,11 +2747,7 @@ async fn on_an_instance_whose_clock_runs_ahead_carts_and_shelf_results_see_the_s
     )
     .await;
     assert_eq!(created.status, 201, "{created:?}");
-    app.clock.advance_seconds(180);
-    app.engine
-        .database_activity_step()
-        .await
-        .expect("database activity sample");
+    app.clock_runs_ahead_of_the_database(180).await;
 
     let put = app
         .send(

@@ -436,17 +436,13 @@ async fn an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end(back
         // One process holds the database: its clock is the only one.
         return;
     }
-    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.clock_at_the_databases();
     app.stocked_sku("SKEW", 5).await;
     let kept = reserve_with_ttl(&app, "hold-skew", "SKEW", 2, 30).await;
     let confirmed = reserve_with_ttl(&app, "hold-confirmed", "SKEW", 1, 30).await;
     // This instance's clock jumps 40 s ahead of the database server's (which has
     // moved on by the test's milliseconds only): by it, both holds ended.
-    app.clock.advance_seconds(40);
-    app.engine
-        .database_activity_step()
-        .await
-        .expect("database activity sample");
+    app.clock_runs_ahead_of_the_database(40).await;
 
     let step = app.engine.expire_step().await.expect("expire step");
     let confirm = app.confirm(&confirmed, "confirm-skew").await;

@@ -622,7 +622,7 @@ async fn an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_e
     }
     let nats = TestNats::start().await;
     let app = TestApp::spawn(backend).await;
-    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.clock_at_the_databases();
     app.engine.attach_event_relay();
     app.stocked_sku("TEA", 100).await;
     app.sequence_all_events().await;
@@ -632,12 +632,7 @@ async fn an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_e
     // the holder's 15 s lease has ended.
     let ahead = app.another_instance().await;
     ahead.engine.attach_event_relay();
-    app.clock.advance_seconds(20);
-    ahead
-        .engine
-        .database_activity_step()
-        .await
-        .expect("database activity sample");
+    ahead.clock_runs_ahead_of_the_database(20).await;
     reserve_many(&app, "later", 1).await;
     app.sequence_all_events().await;
 

@@ -1040,7 +1040,7 @@ async fn an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minut
         // One process holds the database: its clock is the only one.
         return;
     }
-    app.clock.set(engine::Clock::now(&engine::SystemClock));
+    app.clock_at_the_databases();
     let product = pending_product(&app, &["LAUNCH"]).await;
     let launch = app.clock_now().plus_seconds(120).to_rfc3339();
     let scheduled = app
@@ -1052,11 +1052,7 @@ async fn an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minut
     assert_eq!(scheduled.status, 200, "{scheduled:?}");
     // This instance's clock jumps three minutes ahead of the database server's: by it,
     // the launch minute has come.
-    app.clock.advance_seconds(180);
-    app.engine
-        .database_activity_step()
-        .await
-        .expect("database activity sample");
+    app.clock_runs_ahead_of_the_database(180).await;
 
     let applied = app.engine.schedule_step().await.expect("schedule step");
 
