@@ -595,6 +595,36 @@ async fn campaign(
         .to_owned()
 }
 
+/// A command of shopper-1's for `quantity` TV, naming `campaign` when given.
+fn shoppers_command(quantity: i64, campaign: Option<&str>) -> Vec<u8> {
+    let mut body = json!({
+        "shop": "default",
+        "lines": [{"sku": "TV", "quantity": quantity}],
+        "user_id": "shopper-1",
+    });
+    if let Some(campaign) = campaign {
+        body["campaign_id"] = json!(campaign);
+    }
+    body.to_string().into_bytes()
+}
+
+/// Delivers `body` under `key`, moves the clock `seconds` on and the campaign worker a
+/// step, and delivers it again; answers the answers.
+async fn delivered_twice_around(
+    (nats, intake, app): (&TestNats, &ReserveIntake, &TestApp),
+    body: &[u8],
+    key: &str,
+    seconds: i64,
+) -> Vec<StreamMessage> {
+    nats.publish_command(body, Some(key), "message-0").await;
+    answer(intake, app, 1).await;
+    app.clock.advance_seconds(seconds);
+    app.engine.campaign_step().await.expect("campaign step");
+    nats.publish_command(body, Some(key), "message-1").await;
+    answer(intake, app, 1).await;
+    answers(nats).await
+}
+
 /// Found in review: a refusal that depends on the moment (a campaign not started yet)
 /// was answered but stored nowhere. Delivered again after the campaign started (its
 /// acknowledgement lost, or its sender publishing it again), the same command took a
@@ -608,25 +638,10 @@ async fn a_command_refused_before_its_campaign_starts_hears_that_refusal_again_a
     app.stocked_sku("TV", 10).await;
     let id = campaign(&app, "TV", 4, 1, 3600).await;
     let intake = intake(&nats, settings()).await;
-    let body = json!({
-        "shop": "default",
-        "lines": [{"sku": "TV", "quantity": 1}],
-        "user_id": "shopper-1",
-        "campaign_id": id,
-    })
-    .to_string()
-    .into_bytes();
-    nats.publish_command(&body, Some("too-early"), "message-0")
-        .await;
-    answer(&intake, &app, 1).await;
+    let body = shoppers_command(1, Some(&id));
 
-    app.clock.advance_seconds(3600);
-    app.engine.campaign_step().await.expect("campaign step");
-    nats.publish_command(&body, Some("too-early"), "message-1")
-        .await;
-    answer(&intake, &app, 1).await;
+    let answers = delivered_twice_around((&nats, &intake, &app), &body, "too-early", 3600).await;
 
-    let answers = answers(&nats).await;
     assert_identical_answers(&answers, "too-early", 2);
     assert_eq!(answers[0].headers["Stockd-Status"], "409");
     assert_eq!(answers[0].body["code"], "campaign_not_started");
@@ -647,24 +662,10 @@ async fn a_command_over_a_campaigns_per_user_limit_hears_that_refusal_again_afte
     campaign(&app, "TV", 4, 1, 0).await;
     app.engine.campaign_step().await.expect("campaign step");
     let intake = intake(&nats, settings()).await;
-    let body = json!({
-        "shop": "default",
-        "lines": [{"sku": "TV", "quantity": 2}],
-        "user_id": "shopper-1",
-    })
-    .to_string()
-    .into_bytes();
-    nats.publish_command(&body, Some("too-many"), "message-0")
-        .await;
-    answer(&intake, &app, 1).await;
+    let body = shoppers_command(2, None);
 
-    app.clock.advance_seconds(3601);
-    app.engine.campaign_step().await.expect("campaign step");
-    nats.publish_command(&body, Some("too-many"), "message-1")
-        .await;
-    answer(&intake, &app, 1).await;
+    let answers = delivered_twice_around((&nats, &intake, &app), &body, "too-many", 3601).await;
 
-    let answers = answers(&nats).await;
     assert_identical_answers(&answers, "too-many", 2);
     assert_eq!(answers[0].headers["Stockd-Status"], "409");
     assert_eq!(answers[0].body["code"], "purchase_limit_exceeded");
@@ -833,24 +834,11 @@ async fn a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_ref
     let elsewhere = app.another_instance().await;
     let id = campaign(&elsewhere, "TV", 4, 1, 0).await;
     let intake = intake(&nats, settings()).await;
-    let body = json!({
-        "shop": "default",
-        "lines": [{"sku": "TV", "quantity": 1}],
-        "user_id": "shopper-1",
-        "campaign_id": id,
-    })
-    .to_string()
-    .into_bytes();
-    nats.publish_command(&body, Some("just-created"), "message-0")
-        .await;
-    answer(&intake, &app, 1).await;
+    let body = shoppers_command(1, Some(&id));
 
-    app.engine.campaign_step().await.expect("campaign step");
-    nats.publish_command(&body, Some("just-created"), "message-1")
-        .await;
-    answer(&intake, &app, 1).await;
+    // Between the deliveries, this instance's campaign worker reads the new campaign.
+    let answers = delivered_twice_around((&nats, &intake, &app), &body, "just-created", 0).await;
 
-    let answers = answers(&nats).await;
     assert_eq!(answers.len(), 2, "{answers:?}");
     assert_eq!(answers[0].headers["Stockd-Status"], "404");
     assert_eq!(answers[1].headers["Stockd-Status"], "201", "{answers:?}");
