@@ -352,6 +352,15 @@ pub async fn failover(options: FailoverOptions) -> Result<DrillReport, String> {
     Ok(report)
 }
 
+/// Sets its flag when dropped: the load's clients stop however their drill ends.
+struct StopOnReturn(Arc<AtomicBool>);
+
+impl Drop for StopOnReturn {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 async fn failover_on(
     cluster: &LocalCluster,
     drilled: &Drilled,
@@ -361,6 +370,9 @@ async fn failover_on(
     let old_leader = cluster.leader().await.ok_or("the cluster has no leader")?;
     let run = format!("{:08x}", rand::random::<u32>());
     let stop = Arc::new(AtomicBool::new(false));
+    // The load stops on every way out, a failure's `?` included: its clients would
+    // otherwise go on sending while the gate runs its next items.
+    let _stop_on_return = StopOnReturn(Arc::clone(&stop));
     let sent = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
     let clients = start_load(drilled, options.clients.max(1), &run, &stop, &sent);

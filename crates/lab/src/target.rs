@@ -281,6 +281,28 @@ async fn serve_in_process(
 /// Unix socket: no host), as they reach only a stockd on it: they create schemas there
 /// and send it thousands of writes a second.
 pub fn database_on_this_machine(url: &str) -> Result<(), String> {
+    database_on_this_machine_in(url, &|name| std::env::var(name).ok())
+}
+
+/// [`database_on_this_machine`], `environment` answering the process's variables:
+/// PostgreSQL's client also reads its server from `PGHOSTADDR` (which wins over the
+/// URL's host) and `PGHOST` (for a URL without one), so an operator's shell could
+/// otherwise send the load elsewhere whatever the URL says.
+fn database_on_this_machine_in(
+    url: &str,
+    environment: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), String> {
+    if url.starts_with("postgres") {
+        for name in ["PGHOSTADDR", "PGHOST"] {
+            let Some(value) = environment(name) else {
+                continue;
+            };
+            // PGHOST may list several hosts, and name a socket's directory.
+            for host in value.split(',').filter(|host| !host.starts_with('/')) {
+                loopback_or_socket(host).map_err(|error| format!("{name}: {error}"))?;
+            }
+        }
+    }
     let authority = crate::fault_drills::upstream_text(url)?;
     let host = match authority.strip_prefix('[') {
         Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
@@ -586,7 +608,16 @@ async fn stop_in_process(in_process: InProcess) {
 
 #[cfg(test)]
 mod database_tests {
-    use super::{database_on_this_machine, url_of_database};
+    use super::{database_on_this_machine_in, url_of_database};
+
+    /// A process without PostgreSQL's variables.
+    fn no_variables(_: &str) -> Option<String> {
+        None
+    }
+
+    fn database_on_this_machine(url: &str) -> Result<(), String> {
+        database_on_this_machine_in(url, &no_variables)
+    }
 
     #[test]
     fn a_scratch_database_url_keeps_the_servers_options() {
@@ -634,5 +665,37 @@ mod database_tests {
         ] {
             assert!(database_on_this_machine(url).is_err(), "{url}");
         }
+    }
+
+    /// Found in review: PostgreSQL's client reads `PGHOSTADDR` (which wins over the
+    /// URL's host) and `PGHOST` from the environment, so a shell that exported a
+    /// remote one sent a load run there whatever the URL said.
+    #[test]
+    fn a_remote_server_in_postgresqls_variables_is_no_target() {
+        let url = "postgres://postgres@127.0.0.1:5432/postgres";
+        for (name, value) in [
+            ("PGHOSTADDR", "10.0.0.7"),
+            ("PGHOST", "db.example.com"),
+            ("PGHOST", "/var/run/postgresql,db.example.com"),
+        ] {
+            let environment = |asked: &str| (asked == name).then(|| value.to_owned());
+            assert!(
+                database_on_this_machine_in(url, &environment).is_err(),
+                "{name}={value}"
+            );
+        }
+        for (name, value) in [
+            ("PGHOSTADDR", "127.0.0.1"),
+            ("PGHOST", "/var/run/postgresql"),
+            ("PGHOST", "localhost"),
+        ] {
+            let environment = |asked: &str| (asked == name).then(|| value.to_owned());
+            assert!(
+                database_on_this_machine_in(url, &environment).is_ok(),
+                "{name}={value}"
+            );
+        }
+        let mysql = |asked: &str| (asked == "PGHOST").then(|| "db.example.com".to_owned());
+        assert!(database_on_this_machine_in("mysql://root@127.0.0.1:3306", &mysql).is_ok());
     }
 }

@@ -70,8 +70,8 @@ struct DrillArguments {
     #[arg(long, default_value_t = 8)]
     clients: usize,
     /// failover: seconds of load before the leader is killed, and after the first
-    /// write the new leader acknowledged.
-    #[arg(long, default_value_t = 3)]
+    /// write the new leader acknowledged (1 to 300: a drill stops by itself).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=300))]
     seconds: u64,
     /// duplicate-delivery: a NATS with JetStream to use (default: the drill starts
     /// `nats-server -js` of its own).

@@ -383,6 +383,44 @@ fn a_bench_refuses_a_database_off_this_machine_before_it_connects() {
     assert!(message.contains("not a loopback address"), "{message}");
 }
 
+/// Found in review: PostgreSQL's client also takes its server from `PGHOSTADDR` (over
+/// the URL's host) and `PGHOST`, so a shell that exported a remote one sent the load
+/// there whatever the URL said.
+#[test]
+fn a_bench_refuses_a_remote_server_named_by_postgresqls_variables() {
+    let directory = ScratchDirectory::new();
+    let output = stockd(&directory.0)
+        .args([
+            "bench",
+            "hot",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:5432/postgres",
+        ])
+        .env("PGHOSTADDR", "10.0.0.7")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        message.contains("PGHOSTADDR") && message.contains("not a loopback address"),
+        "{message}"
+    );
+}
+
+/// Found in review: the failover drill's load ran for as many seconds as asked, with
+/// no bound: a drill stops by itself.
+#[test]
+fn a_failover_drill_longer_than_five_minutes_is_refused() {
+    let directory = ScratchDirectory::new();
+    let output = stockd(&directory.0)
+        .args(["drill", "failover", "--seconds", "100000"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("--seconds"), "{message}");
+}
+
 #[test]
 fn a_bench_refuses_a_campaign_waiting_room_setting_out_of_range_before_it_starts() {
     let directory = ScratchDirectory::new();
