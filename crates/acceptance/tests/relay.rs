@@ -27,6 +27,7 @@ mirrored_tests!(
     a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
     an_instance_without_nats_shows_what_the_relay_has_not_sent,
     an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended,
+    each_relayed_event_names_its_shop_in_a_header,
 );
 
 // Reads a counter of the process-wide metrics recorder.
@@ -136,6 +137,7 @@ async fn a_relay_dropped_mid_publish_loses_nothing_and_repeats_only_ids_jetstrea
             message_id: event["id"].as_str().unwrap().to_owned(),
             body: serde_json::to_vec(event).unwrap().into(),
             ordering_key: format!("{}/{}", event["aggregate"], event["aggregate_id"]),
+            shop: None,
         })
         .collect();
     assert_eq!(
@@ -421,6 +423,7 @@ async fn a_message_that_fails_keeps_the_later_ones_of_its_aggregate_off_the_stre
         message_id: id.to_owned(),
         body: vec![b'x'; size].into(),
         ordering_key: aggregate.to_owned(),
+        shop: None,
     };
 
     let published = bus
@@ -586,6 +589,7 @@ async fn nothing_is_sent_once_the_time_to_send_has_run_out() {
         message_id: id.to_owned(),
         body: b"{}".to_vec().into(),
         ordering_key: "reservation/A".to_owned(),
+        shop: None,
     };
 
     let late = bus
@@ -641,4 +645,31 @@ async fn an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_e
 
     assert!(step.waiting_for_lease, "{step:?}");
     assert_eq!(step.published, 0, "{step:?}");
+}
+
+/// Found in review: every shop's events go out on the same subjects with nothing naming
+/// the shop, so a consumer could not keep its own shop's without reading each body's
+/// data. Each carries the shop its feed filters by, as header `Stockd-Shop`.
+async fn each_relayed_event_names_its_shop_in_a_header(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-shops");
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "shop", 2).await;
+
+    relay_all(&app, &relay).await;
+
+    let stream = nats.stream_messages_with_headers("STOCKD_EVENTS").await;
+    let feed = app.all_events().await;
+    assert_eq!(stream.len(), feed.len());
+    for (message, event) in stream.iter().zip(&feed) {
+        let shop = event["data"]["shop"].as_str().unwrap_or_default();
+        assert!(!shop.is_empty(), "{event}");
+        assert_eq!(
+            message.headers.get("Stockd-Shop").map(String::as_str),
+            Some(shop),
+            "{message:?}"
+        );
+    }
 }

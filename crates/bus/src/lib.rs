@@ -72,6 +72,9 @@ pub struct Outgoing {
     /// Messages with the same key (an aggregate's events) must be stored in their
     /// order: one is sent only once the previous one with its key was acknowledged.
     pub ordering_key: String,
+    /// The shop the message is about, sent as header `Stockd-Shop`: every shop's
+    /// events share the subjects, and a consumer keeps its shop's by it.
+    pub shop: Option<String>,
 }
 
 /// What one ordered publish achieved.
@@ -278,9 +281,12 @@ impl Bus {
                 .jetstream
                 .send_publish(
                     message.subject.clone(),
-                    PublishMessage::build()
-                        .payload(message.body.clone())
-                        .message_id(message.message_id.as_str()),
+                    match &message.shop {
+                        Some(shop) => PublishMessage::build().header("Stockd-Shop", shop.as_str()),
+                        None => PublishMessage::build(),
+                    }
+                    .payload(message.body.clone())
+                    .message_id(message.message_id.as_str()),
                 )
                 .await;
             match sent {

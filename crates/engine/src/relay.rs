@@ -240,6 +240,7 @@ impl Engine {
                 message_id: event.id.clone(),
                 body: serde_json::to_vec(&event.body()).unwrap_or_default().into(),
                 ordering_key: format!("{}/{}", event.aggregate.as_str(), event.aggregate_id),
+                shop: Some(event.shop.clone()).filter(|shop| !shop.is_empty()),
             })
             .collect();
         // Sent within half the lease from its renewal: waits for acknowledgements
