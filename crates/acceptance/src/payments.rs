@@ -53,7 +53,8 @@ impl TestGateway {
     }
 
     /// [`TestGateway::start`], attached as `stockd serve` attaches the sandbox it runs
-    /// itself: one whose books began now (an earlier process's went with it).
+    /// itself: a payment it cannot find whose id lacks its mark was an earlier
+    /// process's sandbox's.
     pub async fn start_as_own_sandbox(app: &TestApp) -> TestGateway {
         let gateway = TestGateway::start_unattached(app).await;
         let mut payments = payments_at(&gateway.url, GATEWAY_TIMEOUT_MILLISECONDS, true);

@@ -3207,8 +3207,8 @@ async fn one_key_paying_two_orders_on_two_instances_at_once_charges_one_card(bac
 /// which keeps its books in memory. After a restart, a payment the old process's
 /// sandbox held (waiting for its 3-D Secure check, say) was read back as "not found",
 /// taken as "unknown", asked about forever, and its order held its stock for good. A
-/// payment older than this process's own sandbox that it cannot find now fails: no
-/// money moved for it, and its order is paid again or expires.
+/// payment this process's own sandbox cannot find, whose id carries another sandbox's
+/// mark, now fails: no money moved for it, and its order is paid again or expires.
 async fn a_payment_the_previous_processs_own_sandbox_held_fails_after_a_restart(backend: Backend) {
     let (app, _gateway) = shop(backend).await;
     let order = app.order_of("user-1", &[(SKU, 2)]).await;

@@ -1058,15 +1058,15 @@ impl Engine {
     /// `stockd_clock_ahead_of_database_seconds`, each where the backend can tell.
     pub async fn database_activity_step(&self) -> Result<store::DatabaseActivity, EngineError> {
         let clock = &self.inner.clock;
-        let activity = self
+        // The clock first, on its own: a gauge the database will not show this user
+        // must not leave `held_back_now` unsampled.
+        let ahead = self
             .inner
             .store
-            .database_activity(self.inner.config.long_transaction_milliseconds, &|| {
-                clock.now()
-            })
+            .clock_ahead_of_database(&|| clock.now())
             .await
-            .map_err(|error| log_store_error("database_activity", error))?;
-        if let Some(ahead) = activity.clock_ahead_of_database_milliseconds {
+            .map_err(|error| log_store_error("database_clock", error))?;
+        if let Some(ahead) = ahead {
             metrics::gauge!("stockd_clock_ahead_of_database_seconds").set(ahead as f64 / 1000.0);
             self.inner
                 .clock_ahead_milliseconds
@@ -1081,9 +1081,10 @@ impl Engine {
                 if skewed {
                     tracing::warn!(
                         ahead_milliseconds = ahead,
-                        "this instance's clock is off the database server's: leases, schedules, \
-                         campaigns and hold ends are decided by each instance's clock, so \
-                         instances whose clocks disagree decide them at different times"
+                        "this instance's clock is off the database server's: one ahead holds its \
+                         judgement of hold ends, schedules, campaigns and the relay's lease back \
+                         by the difference; one behind makes them late, and every instance \
+                         writes the times of what it does by its own clock"
                     );
                 } else {
                     tracing::info!(
@@ -1093,6 +1094,13 @@ impl Engine {
                 }
             }
         }
+        let mut activity = self
+            .inner
+            .store
+            .database_activity(self.inner.config.long_transaction_milliseconds)
+            .await
+            .map_err(|error| log_store_error("database_activity", error))?;
+        activity.clock_ahead_of_database_milliseconds = ahead;
         if let Some(waiting) = activity.sessions_waiting_on_locks {
             metrics::gauge!("stockd_db_sessions_waiting_on_locks").set(waiting as f64);
         }

@@ -292,8 +292,27 @@ fn database_on_this_machine_in(
     url: &str,
     environment: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), String> {
+    let authority = crate::fault_drills::upstream_text(url)?;
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority.as_str(), |(host, _)| host),
+    };
     if url.starts_with("postgres") {
-        for name in ["PGHOSTADDR", "PGHOST"] {
+        // `PGHOST` only stands in for a host the URL does not name.
+        let names_a_host = !host.is_empty()
+            || url.split_once('?').is_some_and(|(_, query)| {
+                query
+                    .split('&')
+                    .any(|pair| pair.split('=').next() == Some("host"))
+            });
+        let variables: &[&str] = if names_a_host {
+            &["PGHOSTADDR"]
+        } else {
+            &["PGHOSTADDR", "PGHOST"]
+        };
+        for name in variables {
             let Some(value) = environment(name) else {
                 continue;
             };
@@ -303,13 +322,6 @@ fn database_on_this_machine_in(
             }
         }
     }
-    let authority = crate::fault_drills::upstream_text(url)?;
-    let host = match authority.strip_prefix('[') {
-        Some(bracketed) => bracketed.split(']').next().unwrap_or(""),
-        None => authority
-            .rsplit_once(':')
-            .map_or(authority.as_str(), |(host, _)| host),
-    };
     // No host: a Unix socket.
     loopback_or_socket(host)?;
     // PostgreSQL's URL names its server again in the query (`?host=`, `?hostaddr=`,
@@ -673,10 +685,11 @@ mod database_tests {
     #[test]
     fn a_remote_server_in_postgresqls_variables_is_no_target() {
         let url = "postgres://postgres@127.0.0.1:5432/postgres";
-        for (name, value) in [
-            ("PGHOSTADDR", "10.0.0.7"),
-            ("PGHOST", "db.example.com"),
-            ("PGHOST", "/var/run/postgresql,db.example.com"),
+        let hostless = "postgres:///postgres";
+        for (url, name, value) in [
+            (url, "PGHOSTADDR", "10.0.0.7"),
+            (hostless, "PGHOST", "db.example.com"),
+            (hostless, "PGHOST", "/var/run/postgresql,db.example.com"),
         ] {
             let environment = |asked: &str| (asked == name).then(|| value.to_owned());
             assert!(
@@ -684,10 +697,12 @@ mod database_tests {
                 "{name}={value}"
             );
         }
-        for (name, value) in [
-            ("PGHOSTADDR", "127.0.0.1"),
-            ("PGHOST", "/var/run/postgresql"),
-            ("PGHOST", "localhost"),
+        for (url, name, value) in [
+            (url, "PGHOSTADDR", "127.0.0.1"),
+            (hostless, "PGHOST", "/var/run/postgresql"),
+            (hostless, "PGHOST", "localhost"),
+            // The URL names its host: PGHOST is not read.
+            (url, "PGHOST", "db.example.com"),
         ] {
             let environment = |asked: &str| (asked == name).then(|| value.to_owned());
             assert!(

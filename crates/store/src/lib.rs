@@ -380,7 +380,8 @@ forward! {
     /// written around them would not be).
     fn negative_stock_rows(&self) -> Result<i64, StoreError>;
     /// The sampled session gauges: lock waiters, long transactions, stock scans.
-    fn database_activity(&self, long_transaction_milliseconds: i64, local_now: &(dyn Fn() -> Timestamp + Sync)) -> Result<DatabaseActivity, StoreError>;
+    fn database_activity(&self, long_transaction_milliseconds: i64) -> Result<DatabaseActivity, StoreError>;
+    fn clock_ahead_of_database(&self, local_now: &(dyn Fn() -> Timestamp + Sync)) -> Result<Option<i64>, StoreError>;
 }
 
 #[cfg(test)]

@@ -92,11 +92,10 @@ impl<B: Backend> Units<B> {
     }
 
     /// The sampled session gauges, from one connection, each query where the backend
-    /// has one; `local_now` is the instance's clock, compared with the server's.
+    /// has one (the clock's is [`Units::clock_ahead_of_database`]).
     pub async fn database_activity(
         &self,
         long_transaction_milliseconds: i64,
-        local_now: &(dyn Fn() -> Timestamp + Sync),
     ) -> Result<crate::backend::DatabaseActivity, StoreError> {
         use crate::backend::Dialect;
         use crate::sql::statement;
@@ -118,16 +117,31 @@ impl<B: Backend> Units<B> {
             activity.stock_sequential_scans =
                 Some(statement(query).fetch_one_scalar(&mut *connection).await?);
         }
-        if let Some(query) = <B::Connection as Dialect>::DATABASE_CLOCK_UNIX_MILLISECONDS {
-            // Read on a connection already held, so a wait for the pool is not taken
-            // for skew: what is left is half the round trip at most.
-            let before = local_now().unix_milliseconds();
-            let database: i64 = statement(query).fetch_one_scalar(&mut *connection).await?;
-            let after = local_now().unix_milliseconds();
-            let middle = before + (after - before) / 2;
-            activity.clock_ahead_of_database_milliseconds = Some(middle - database);
-        }
         Ok(activity)
+    }
+
+    /// How far `local_now` (the instance's clock) is ahead of the database server's,
+    /// where the backend can tell. On its own, not among the gauges of
+    /// [`Units::database_activity`]: those read tables a least-privileged user may not
+    /// (MySQL's `innodb_trx` wants `PROCESS`), and the clock must not go unread with
+    /// them.
+    pub async fn clock_ahead_of_database(
+        &self,
+        local_now: &(dyn Fn() -> Timestamp + Sync),
+    ) -> Result<Option<i64>, StoreError> {
+        use crate::backend::Dialect;
+        use crate::sql::statement;
+        let Some(query) = <B::Connection as Dialect>::DATABASE_CLOCK_UNIX_MILLISECONDS else {
+            return Ok(None);
+        };
+        let mut connection = self.writer_read_connection().await?;
+        // Read on a connection already held, so a wait for the pool is not taken for
+        // skew: what is left is half the round trip at most.
+        let before = local_now().unix_milliseconds();
+        let database: i64 = statement(query).fetch_one_scalar(&mut *connection).await?;
+        let after = local_now().unix_milliseconds();
+        let middle = before + (after - before) / 2;
+        Ok(Some(middle - database))
     }
 
     fn limits(&self) -> &crate::StoreLimits {
