@@ -355,31 +355,36 @@ async fn audit_refuses_a_database_not_migrated_or_migrated_by_a_newer_stockd() {
     assert!(newer.stdout.is_empty(), "no verdict");
 }
 
-#[test]
-fn an_unreachable_database_is_reported_with_exit_code_two() {
+/// Runs stockd with `arguments` (and `variables`) in a scratch directory, expects it
+/// to refuse with exit code 2, and answers what it wrote on stderr.
+fn refused(arguments: &[&str], variables: &[(&str, &str)]) -> String {
     let directory = ScratchDirectory::new();
     let output = stockd(&directory.0)
-        .args(["audit", "--database-url", "mysql://nowhere"])
+        .args(arguments)
+        .envs(variables.iter().copied())
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot open the database"));
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn an_unreachable_database_is_reported_with_exit_code_two() {
+    let message = refused(&["audit", "--database-url", "mysql://nowhere"], &[]);
+    assert!(message.contains("cannot open the database"), "{message}");
 }
 
 #[test]
 fn a_bench_refuses_a_database_off_this_machine_before_it_connects() {
-    let directory = ScratchDirectory::new();
-    let output = stockd(&directory.0)
-        .args([
+    let message = refused(
+        &[
             "bench",
             "hot",
             "--database-url",
             "postgres://postgres@db.example.com:5432/shop",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let message = String::from_utf8_lossy(&output.stderr);
+        ],
+        &[],
+    );
     assert!(message.contains("not a loopback address"), "{message}");
 }
 
@@ -388,19 +393,15 @@ fn a_bench_refuses_a_database_off_this_machine_before_it_connects() {
 /// there whatever the URL said.
 #[test]
 fn a_bench_refuses_a_remote_server_named_by_postgresqls_variables() {
-    let directory = ScratchDirectory::new();
-    let output = stockd(&directory.0)
-        .args([
+    let message = refused(
+        &[
             "bench",
             "hot",
             "--database-url",
             "postgres://postgres@127.0.0.1:5432/postgres",
-        ])
-        .env("PGHOSTADDR", "10.0.0.7")
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let message = String::from_utf8_lossy(&output.stderr);
+        ],
+        &[("PGHOSTADDR", "10.0.0.7")],
+    );
     assert!(
         message.contains("PGHOSTADDR") && message.contains("not a loopback address"),
         "{message}"
@@ -411,25 +412,16 @@ fn a_bench_refuses_a_remote_server_named_by_postgresqls_variables() {
 /// no bound: a drill stops by itself.
 #[test]
 fn a_failover_drill_longer_than_five_minutes_is_refused() {
-    let directory = ScratchDirectory::new();
-    let output = stockd(&directory.0)
-        .args(["drill", "failover", "--seconds", "100000"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let message = String::from_utf8_lossy(&output.stderr);
+    let message = refused(&["drill", "failover", "--seconds", "100000"], &[]);
     assert!(message.contains("--seconds"), "{message}");
 }
 
 #[test]
 fn a_bench_refuses_a_campaign_waiting_room_setting_out_of_range_before_it_starts() {
-    let directory = ScratchDirectory::new();
-    let output = stockd(&directory.0)
-        .args(["bench", "flash-sale", "--campaign-in-flight-max", "0"])
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let message = String::from_utf8_lossy(&output.stderr);
+    let message = refused(
+        &["bench", "flash-sale", "--campaign-in-flight-max", "0"],
+        &[],
+    );
     assert!(
         message.contains("STOCKD_CAMPAIGN_IN_FLIGHT_MAX must be between 1 and 100000"),
         "{message}"
