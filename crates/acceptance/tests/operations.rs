@@ -437,7 +437,8 @@ async fn the_stores_database_connections_send_small_packets_at_once(backend: Bac
 
 /// The console's pages hold a staff token: they are never framed (the policy's
 /// `frame-ancestors`, and X-Frame-Options for browsers that predate it), load scripts
-/// only from this origin, are never sniffed as another type and send no referrer.
+/// only from this origin, load images from nowhere else (a remote image is a way out
+/// for a token), are never sniffed as another type and send no referrer.
 async fn the_pages_and_their_assets_carry_the_browser_security_headers(backend: Backend) {
     let app = TestApp::spawn(backend).await;
 
@@ -447,7 +448,9 @@ async fn the_pages_and_their_assets_carry_the_browser_security_headers(backend: 
         assert_eq!(page.status, 200, "{path}");
         let policy = page.header("content-security-policy").unwrap_or_default();
         assert!(
-            policy.contains("frame-ancestors 'none'") && policy.contains("script-src 'self'"),
+            policy.contains("frame-ancestors 'none'")
+                && policy.contains("script-src 'self'")
+                && policy.contains("img-src 'self' data:;"),
             "{path}: {policy}"
         );
         assert_eq!(page.header("x-frame-options"), Some("DENY"), "{path}");

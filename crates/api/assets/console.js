@@ -517,6 +517,8 @@
       const summary = element("p", {}, "Create ", element("strong", {}, body.title), ` in shop ${body.shop} (${body.category}, ${body.supplier}) with SKU `,
         element("code", {}, body.skus[0].sku), ` at ${body.skus[0].price} ${body.skus[0].currency} minor units? It starts PENDING_REVIEW, off sale.`);
       if (!(await ask("Create this product?", summary, "Create product"))) return;
+      // The previous try's alert (its outcome unknown, say) no longer holds.
+      for (const stale of form.querySelectorAll(".problem")) stale.remove();
       try {
         const product = await api("POST", "/v1/products", body);
         say(`Created ${product.title} (${product.product_id}).`);
@@ -537,12 +539,23 @@
       const page = await api("GET", "/v1/admin/schedules?limit=200");
       if (page.schedules.length === 200) holder.append(element("p", { class: "muted" }, "The 200 due soonest; more are pending."));
       holder.append(page.schedules.length === 0 ? element("p", { class: "muted" }, "Nothing scheduled.") :
-        table(["Due", "SKU", "Operation", "By", "Remark"], page.schedules.map((schedule) => element("tr", {},
+        table(["Due", "SKU", "Operation", "By", "Remark", ""], page.schedules.map((schedule) => element("tr", {},
           element("td", {}, time(schedule.due_at)),
           element("td", {}, element("code", {}, schedule.sku)),
           element("td", {}, schedule.operation === "on" ? "on shelf" : "off shelf"),
           element("td", {}, schedule.operator_id),
-          element("td", {}, schedule.remark)))));
+          element("td", {}, schedule.remark),
+          element("td", {}, element("button", { type: "button", class: "secondary", "aria-label": `Cancel the schedule of ${schedule.sku} at ${time(schedule.due_at)}`, onclick: async () => {
+            const what = `${schedule.operation === "on" ? "Putting" : "Taking"} ${schedule.sku} ${schedule.operation === "on" ? "on" : "off"} the shelf at ${time(schedule.due_at)} will not happen. Nothing on the shelf changes now.`;
+            if (!(await ask("Cancel this schedule?", element("p", {}, what), "Cancel schedule", true))) return;
+            try {
+              await api("POST", `/v1/admin/schedules/${encodeURIComponent(schedule.schedule_id)}/cancel`);
+              say(`Schedule ${schedule.schedule_id} cancelled.`);
+              loadSchedules(holder);
+            } catch (error) {
+              holder.append(problemBox(error));
+            }
+          } }, "Cancel…"))))));
     } catch (error) {
       holder.append(problemBox(error));
     }
@@ -663,7 +676,10 @@
         }
       } }, "Cancel order…"));
     }
-    if (order.status === "PAID" && order.reservation.status === "CONFIRMED" && !order.returned) {
+    // Goods can come back from a paid order, also once it was cancelled and its
+    // refund is under way or done: staff often refund first and book the parcel later.
+    const returnable = ["PAID", "REFUND_PENDING", "REFUNDED"].includes(order.status);
+    if (returnable && order.reservation.status === "CONFIRMED" && !order.returned) {
       actions.append(element("button", { type: "button", class: "secondary", onclick: async () => {
         if (!(await ask("Take the goods back?", element("p", {}, "Every line of the order goes back to available stock, once. The sale status is not changed."), "Return goods"))) return;
         try {
@@ -785,7 +801,7 @@
     svg.setAttribute("viewBox", "0 0 100 40");
     svg.setAttribute("preserveAspectRatio", "none");
     svg.setAttribute("aria-hidden", "true");
-    const all = points.concat(secondPoints || []).filter((value) => value !== null);
+    const all = points.concat(secondPoints || []).filter(Number.isFinite);
     const top = Math.max(1e-9, ...all);
     const line = (values, className) => {
       const polyline = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
@@ -804,7 +820,12 @@
     const grid = element("div", { class: "grid" });
     const hot = element("section", { class: "card", "aria-labelledby": "hot-title" }, element("h2", { id: "hot-title" }, "Hot SKUs (duplicate requests)"));
     const stamp = element("p", { class: "small muted", "aria-live": "polite" }, "Reading /metrics…");
-    main.replaceChildren(element("h1", {}, "Live"), stamp, grid, hot);
+    // /metrics describes the whole service: only the hot SKUs are this shop's. An
+    // operator is told so, or another shop's audit difference reads as one of theirs.
+    const scope = me && me.shop
+      ? element("p", { class: "notice", role: "note" }, `These figures are the whole service's, every shop's together; only the hot SKUs are shop ${me.shop}'s. The Audit page checks your shop alone.`)
+      : null;
+    main.replaceChildren(element("h1", {}, "Live"), scope, stamp, grid, hot);
     const history = new Map();
     let previous = null;
     let previousAt = 0;
@@ -820,13 +841,20 @@
       element("div", { class: "value" }, value === null || value === undefined ? "—" : value, unit ? element("span", { class: "small muted" }, ` ${unit}`) : null),
       note ? element("div", { class: "small muted" }, note) : null,
       sparkline(points, secondPoints));
+    // One scrape at a time, and none while the tab is hidden: each scrape runs the
+    // database gauges' queries.
+    let scraping = false;
     const tick = async () => {
+      if (scraping || document.hidden) return;
+      scraping = true;
       let text;
       try {
         text = await api("GET", "/metrics");
       } catch (error) {
         stamp.replaceChildren(problemBox(error));
         return;
+      } finally {
+        scraping = false;
       }
       const now = Date.now();
       const current = parseMetrics(text);
@@ -838,7 +866,14 @@
       const p99 = previous ? quantile(previous, current, "stockd_http_request_duration_seconds", 0.99) : null;
       const batch = previous ? quantile(previous, current, "stockd_combiner_batch_size", 0.5) : null;
       const milliseconds = (value) => (value === null ? null : Number((value * 1000).toFixed(1)));
-      const lag = current.filter((sample) => sample.name === "stockd_replica_lag_seconds");
+      // An unhealthy replica's lag is NaN: it is counted apart, not folded into the
+      // largest lag (Math.max over a NaN is NaN, and so would be the chart).
+      const lags = current.filter((sample) => sample.name === "stockd_replica_lag_seconds");
+      const unreachable = lags.filter((sample) => !Number.isFinite(sample.value)).length;
+      const measured = lags.filter((sample) => Number.isFinite(sample.value)).map((sample) => sample.value);
+      const worstLag = measured.length === 0 ? null : Math.max(...measured);
+      const lagValue = lags.length === 0 ? "no replicas" : worstLag === null ? "unreachable" : worstLag.toFixed(2);
+      const lagNote = unreachable === 0 ? null : `${unreachable} of ${lags.length} replica(s) unreachable`;
       const tiles = [
         tile("Requests", requests === null ? null : requests.toFixed(1), "/s", remember("requests", requests)),
         tile("Reservations made", reservations === null ? null : reservations.toFixed(1), "/s", remember("reservations", reservations)),
@@ -847,7 +882,7 @@
         tile("Unknown payments", total(current, "stockd_payment_attempts_unresolved"), "", remember("unknown", total(current, "stockd_payment_attempts_unresolved"))),
         tile("Refund backlog", total(current, "stockd_refunds_pending"), "", remember("refunds", total(current, "stockd_refunds_pending"))),
         tile("Outbox age", total(current, "stockd_outbox_oldest_pending_age_seconds").toFixed(1), "s", remember("outbox", total(current, "stockd_outbox_oldest_pending_age_seconds")), null, `${total(current, "stockd_outbox_pending")} event(s) pending`),
-        tile("Replica lag", lag.length === 0 ? "no replicas" : Math.max(...lag.map((sample) => sample.value)).toFixed(2), lag.length === 0 ? "" : "s", remember("lag", lag.length === 0 ? 0 : Math.max(...lag.map((sample) => sample.value)))),
+        tile("Replica lag", lagValue, worstLag === null ? "" : "s", remember("lag", worstLag), null, lagNote),
         tile("Open holds", total(current, "stockd_reservations", (labels) => labels.status === "RESERVED"), "", remember("holds", total(current, "stockd_reservations", (labels) => labels.status === "RESERVED"))),
         tile("Audit differences", total(current, "stockd_audit_differences"), "", remember("audit", total(current, "stockd_audit_differences"))),
       ];

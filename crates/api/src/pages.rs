@@ -34,8 +34,9 @@ pub fn asset_names() -> Vec<&'static str> {
     ASSETS.iter().map(|(name, _, _)| *name).collect()
 }
 
-/// A page or asset with the headers every one carries: scripts, styles and calls only
-/// from this origin (product images may come from anywhere over http(s)), never framed,
+/// A page or asset with the headers every one carries: scripts, styles, images and
+/// calls only from this origin (no page shows a product's image: a remote image would
+/// only be a way out for a token an injected script read), never framed,
 /// never sniffed as another type, revalidated on each load (they change with the
 /// binary).
 fn page(content_type: &'static str, body: &'static str) -> Response {
@@ -45,7 +46,7 @@ fn page(content_type: &'static str, body: &'static str) -> Response {
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(
-            "default-src 'self'; img-src 'self' data: https: http:; style-src 'self'; \
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; \
              script-src 'self'; connect-src 'self'; base-uri 'none'; form-action 'self'; \
              frame-ancestors 'none'",
         ),
