@@ -381,14 +381,16 @@ impl QueryParameters {
     }
 }
 
-/// The bearer token of a request, if it carries one.
+/// The bearer token of a request, if it carries one. The scheme's name is matched in
+/// any case (RFC 9110 §11.1): some clients and proxies send `bearer`.
 pub fn bearer_token(parts: &Parts) -> Option<&str> {
     parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .filter(|token| !token.is_empty())
 }
 
@@ -466,6 +468,34 @@ mod tests {
         assert_ne!(base, fingerprint("PUT", "/v1/reservations", "{\"a\":1}"));
         assert_ne!(base, fingerprint("POST", "/v1/reservation", "{\"a\":1}"));
         assert_ne!(base, fingerprint("POST", "/v1/reservations", "{\"a\":2}"));
+    }
+
+    fn authorization(value: &str) -> Parts {
+        axum::http::Request::builder()
+            .header(header::AUTHORIZATION, value)
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_recognised_in_any_case_and_nothing_else_is() {
+        for value in [
+            "Bearer tok-1",
+            "bearer tok-1",
+            "BEARER tok-1",
+            "Bearer  tok-1 ",
+        ] {
+            assert_eq!(
+                bearer_token(&authorization(value)),
+                Some("tok-1"),
+                "{value}"
+            );
+        }
+        for value in ["Basic tok-1", "Bearertok-1", "Bearer ", "Bearer", "tok-1"] {
+            assert_eq!(bearer_token(&authorization(value)), None, "{value}");
+        }
     }
 
     #[test]

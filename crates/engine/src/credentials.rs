@@ -10,7 +10,7 @@
 //!
 //! [`EngineConfig::credential_cache_milliseconds`]: crate::EngineConfig
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use domain::limits::{BEARER_TOKEN_LENGTH_MAX, SERVICE_KEYS_LISTED_MAX};
@@ -105,6 +105,11 @@ pub struct Credentials {
     /// stored in the database (a generated one) is not accepted.
     configured_admin: RwLock<Option<TokenDigest>>,
     cache: RwLock<HashMap<TokenDigest, Cached>>,
+    /// Digests that were found to be a credential here, kept when the cache is
+    /// forgotten: their next lookup is a refresh, exempt from the bound on strangers'
+    /// lookups, even right after a revocation, when every answer was forgotten.
+    /// Never a reason to trust a token: only to let its lookup through.
+    found_before: RwLock<HashSet<TokenDigest>>,
     /// Counts `forget_all`s: a lookup that read the database before a revocation
     /// here and finishes after it must not cache what it read.
     generation: std::sync::atomic::AtomicU64,
@@ -119,6 +124,7 @@ impl Default for Credentials {
         Credentials {
             configured_admin: RwLock::default(),
             cache: RwLock::default(),
+            found_before: RwLock::default(),
             generation: std::sync::atomic::AtomicU64::new(0),
             admin: Arc::new(Principal::Admin),
             lookups: tokio::sync::Semaphore::new(CREDENTIAL_LOOKUPS_CONCURRENT_MAX),
@@ -150,14 +156,30 @@ impl Credentials {
             .cloned()
     }
 
-    /// Whether `key` was a known credential when last looked up, however long ago:
-    /// its lookup again is a refresh, not a stranger's guess.
+    /// Whether `key` was found to be a credential here before, however long ago and
+    /// whatever was forgotten since: its lookup again is a refresh, not a stranger's
+    /// guess.
     fn known(&self, key: &TokenDigest) -> bool {
-        self.cache
+        self.found_before
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(key)
-            .is_some_and(|entry| entry.principal.is_some())
+            .contains(key)
+    }
+
+    /// Notes that `key` was found to be a credential (see [`Credentials::known`]).
+    fn note_found(&self, key: TokenDigest) {
+        if self.known(&key) {
+            return;
+        }
+        let mut found = self
+            .found_before
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Bounded as the cache is: only digests that were real credentials get here.
+        if found.len() >= CREDENTIAL_CACHE_ENTRIES_MAX {
+            found.clear();
+        }
+        found.insert(key);
     }
 
     /// The generation a lookup starts in; pass it to [`Credentials::remember`].
@@ -224,6 +246,20 @@ impl Engine {
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(digest(token.expose()));
         Ok(())
+    }
+
+    /// With a configured admin token: the generated one stored in the database, if
+    /// any, is deleted, so it never works again, also on a later start without
+    /// `STOCKD_ADMIN_TOKEN` (which then generates and prints a new one). Setting the
+    /// variable is how an operator retires a generated token that was seen. Answers
+    /// whether one was stored.
+    pub async fn retire_stored_admin_token(&self) -> Result<bool, EngineError> {
+        let _forget = self.inner.credentials.forget_all_when_done();
+        self.inner
+            .store
+            .retire_admin_secret()
+            .await
+            .map_err(|error| log_store_error("admin_token", error))
     }
 
     /// Without a configured admin token: the admin token stored in the database is the
@@ -329,6 +365,9 @@ impl Engine {
         let principal = found
             .filter(|principal| !(configured_admin.is_some() && *principal == Principal::Admin))
             .map(Arc::new);
+        if principal.is_some() {
+            self.inner.credentials.note_found(key);
+        }
         self.inner.credentials.remember(
             key,
             Cached {
@@ -353,7 +392,11 @@ impl Engine {
             .map_err(|denied| EngineError::Forbidden(denied.0))?;
         // Taken by stockd itself, as an operator's id is taken once created: a well
         // formed request naming a name that is not free (409, like any taken id).
-        if RESERVED_OPERATOR_IDS.contains(&operator.as_str()) {
+        // In any case: `Admin` in the shelf log reads as the admin's change.
+        if RESERVED_OPERATOR_IDS
+            .iter()
+            .any(|reserved| reserved.eq_ignore_ascii_case(operator.as_str()))
+        {
             return Err(EngineError::Refused {
                 code: domain::ErrorCode::AlreadyExists,
                 detail: format!(

@@ -922,6 +922,18 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
             engine
                 .configure_admin_token(&domain::Secret::new(token.clone()))
                 .map_err(|error| format!("STOCKD_ADMIN_TOKEN: {error}"))?;
+            let retired = engine
+                .retire_stored_admin_token()
+                .await
+                .map_err(|error| format!("cannot retire the stored admin token: {error}"))?;
+            println!(
+                "stockd: admin token: STOCKD_ADMIN_TOKEN{}",
+                if retired {
+                    " (the generated one stored before is deleted: it no longer works, also without the variable)"
+                } else {
+                    ""
+                }
+            );
         }
         _ => match engine
             .ensure_admin_token()

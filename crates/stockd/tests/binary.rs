@@ -1062,28 +1062,32 @@ fn serving_a_public_address_with_the_payment_sandbox_exits_two_unless_chosen() {
     assert!(terminate(&mut child).success());
 }
 
+/// The status of an admin's `PUT /v1/skus/KEPT` with `token` (201 the first time, 200
+/// after; 401 for a token that is not the admin's).
+async fn put_as_admin(address: SocketAddr, token: String) -> u16 {
+    request(
+        address,
+        "PUT",
+        "/v1/skus/KEPT",
+        &[
+            ("Authorization", &format!("Bearer {token}")),
+            (
+                "Idempotency-Key",
+                &format!("kept-{}", rand::random::<u32>()),
+            ),
+        ],
+        Some(r#"{"title":"Kept"}"#),
+    )
+    .await
+    .unwrap()
+    .status
+}
+
 #[tokio::test]
 async fn the_generated_admin_token_survives_a_restart_until_it_is_rotated() {
     let directory = ScratchDirectory::new();
     let (mut first, address, token) = start_serving(&directory.0);
-    let sku = |address, token: String| async move {
-        request(
-            address,
-            "PUT",
-            "/v1/skus/KEPT",
-            &[
-                ("Authorization", &format!("Bearer {token}")),
-                (
-                    "Idempotency-Key",
-                    &format!("kept-{}", rand::random::<u32>()),
-                ),
-            ],
-            Some(r#"{"title":"Kept"}"#),
-        )
-        .await
-        .unwrap()
-        .status
-    };
+    let sku = put_as_admin;
     assert_eq!(sku(address, token.clone()).await, 201);
     assert!(terminate(&mut first).success());
 
@@ -1119,6 +1123,40 @@ async fn the_generated_admin_token_survives_a_restart_until_it_is_rotated() {
         "the old token no longer works"
     );
     assert_eq!(sku(address, new_token).await, 200);
+    assert!(terminate(&mut third).success());
+}
+
+/// Found in review: a token set in `STOCKD_ADMIN_TOKEN` only hid the generated one
+/// stored before, which came back on any later start without the variable (a lost
+/// environment, one instance configured differently): the token an operator believed
+/// retired by setting the variable worked again. It is now deleted.
+#[tokio::test]
+async fn setting_the_admin_token_retires_the_generated_one_for_good() {
+    let directory = ScratchDirectory::new();
+    let (mut first, address, generated) = start_serving(&directory.0);
+    assert_eq!(put_as_admin(address, generated.clone()).await, 201);
+    assert!(terminate(&mut first).success());
+
+    let chosen = format!("chosen-{:016x}", rand::random::<u64>());
+    let (mut second, address, _) =
+        start_serving_with(&directory.0, &[("STOCKD_ADMIN_TOKEN", chosen.as_str())]);
+    assert_eq!(put_as_admin(address, chosen.clone()).await, 200);
+    assert_eq!(put_as_admin(address, generated.clone()).await, 401);
+    assert!(terminate(&mut second).success());
+
+    let (mut third, address, regenerated) = start_serving(&directory.0);
+    assert_eq!(
+        put_as_admin(address, generated.clone()).await,
+        401,
+        "the retired token stays retired without the variable"
+    );
+    assert_eq!(
+        regenerated.len(),
+        64,
+        "a new token is generated and printed"
+    );
+    assert_ne!(regenerated, generated);
+    assert_eq!(put_as_admin(address, regenerated).await, 200);
     assert!(terminate(&mut third).success());
 }
 

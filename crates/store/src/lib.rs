@@ -343,6 +343,8 @@ forward! {
     fn admin_credential_exists(&self) -> Result<bool, StoreError>;
     fn store_first_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<bool, StoreError>;
     fn replace_admin_secret(&self, secret_hash: &str, now: Timestamp) -> Result<(), StoreError>;
+    /// Deletes the stored (generated) admin token, if any: answers whether one was.
+    fn retire_admin_secret(&self) -> Result<bool, StoreError>;
     fn set_cart_item(&self, claim: &IdempotencyClaim, shop: &ShopCode, user: &UserId, sku: &SkuCode, quantity: Option<i64>, clocks: (Timestamp, Timestamp), renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn cart(&self, shop: Option<&ShopCode>, user: &UserId, now: Timestamp) -> Result<Cart, StoreError>;
     fn create_order(&self, claim: &IdempotencyClaim, order: &NewOrder, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;

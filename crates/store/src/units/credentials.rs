@@ -305,6 +305,17 @@ impl<B: Backend> Units<B> {
         Ok(stored)
     }
 
+    /// Deletes the stored admin token's hash (a configured one replaces it for good):
+    /// answers whether one was stored.
+    pub async fn retire_admin_secret(&self) -> Result<bool, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let deleted = statement("DELETE FROM credential WHERE kind = 'admin'")
+            .execute(&mut *transaction)
+            .await?;
+        transaction.commit().await?;
+        Ok(deleted > 0)
+    }
+
     /// Stores the admin token's hash, replacing any earlier one (rotation).
     pub async fn replace_admin_secret(
         &self,
