@@ -58,6 +58,8 @@ mirrored_tests!(
     an_unpaid_order_past_its_hold_expires_and_cannot_be_paid,
     cancelling_an_unpaid_order_gives_its_stock_back_once,
     cancelling_a_paid_order_refunds_it_once,
+    a_refunded_orders_units_no_longer_count_against_the_shoppers_limit,
+    a_paid_order_whose_refund_cannot_be_written_is_not_cancelled,
     a_refund_not_confirmed_is_tried_again_less_and_less_often,
     an_order_with_a_payment_in_flight_cannot_be_cancelled,
     a_return_puts_the_goods_back_once_and_keeps_the_sale_status,
@@ -1396,6 +1398,72 @@ async fn cancelling_a_paid_order_refunds_it_once(backend: Backend) {
     // The goods were sold; they come back to stock only through a return.
     assert_eq!(app.counters(SKU).await, (STOCK - 2, 0));
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a shopper's units of a SKU count against its per-user limit while
+/// held or bought. A paid order cancelled by staff (refunded) kept counting them: the
+/// shopper could never buy the SKU again.
+async fn a_refunded_orders_units_no_longer_count_against_the_shoppers_limit(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let limited = app
+        .send(
+            Call::put(format!("/v1/skus/{SKU}"))
+                .admin()
+                .key(key("limit"))
+                .json(&serde_json::json!({"per_user_limit": 2})),
+        )
+        .await;
+    assert_eq!(limited.status, 200, "{limited:?}");
+    let order = paid_order(&app, "user-1", 2).await;
+    let over = app.create_order(&key("over"), "user-1", &[(SKU, 1)]).await;
+    assert_eq!(
+        over.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{over:?}"
+    );
+
+    assert_eq!(cancel_as_staff(&app, &order).await.status, 200);
+
+    let again = app.create_order(&key("again"), "user-1", &[(SKU, 2)]).await;
+    assert_eq!(
+        again.status, 201,
+        "the refunded units count no more: {again:?}"
+    );
+    let beyond = app
+        .create_order(&key("beyond"), "user-1", &[(SKU, 1)])
+        .await;
+    assert_eq!(
+        beyond.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "the new order's units count: {beyond:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: the refund of a cancelled paid order was written with `ON CONFLICT
+/// DO NOTHING` and its row count not read: with a refund of the paying attempt there
+/// already (broken data), the order moved to `REFUND_PENDING` with no refund to issue,
+/// waiting for good. Nothing is written now.
+async fn a_paid_order_whose_refund_cannot_be_written_is_not_cancelled(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = paid_order(&app, "user-1", 1).await;
+    let mut connection = app.database.raw_connection().await;
+    connection
+        .execute(&format!(
+            "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
+             next_try_at, created_at, updated_at) \
+             SELECT 'rfd_0000000000000000000000000001', order_id, id, 'by-hand', 'FAILED', amount_minor, currency, 'by hand', 0, 0, 0 \
+             FROM payment_attempt WHERE order_id = '{order}' AND status = 'SUCCEEDED'"
+        ))
+        .await
+        .unwrap();
+    let before = app.contents_except_idempotency_records().await;
+
+    let cancelled = cancel_as_staff(&app, &order).await;
+
+    assert!(cancelled.status >= 500, "{cancelled:?}");
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    assert_statuses(&app, &order, ("PAID", "CONFIRMED", "SUCCEEDED")).await;
 }
 
 async fn a_refund_not_confirmed_is_tried_again_less_and_less_often(backend: Backend) {

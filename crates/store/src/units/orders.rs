@@ -17,7 +17,7 @@ use super::reservations::{
     settle_order_reservation, settle_reservations,
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
-use super::tallies::{add_to_tallies, read_tallies};
+use super::tallies::{add_to_tallies, give_back_refunded_units, read_tallies};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
 use crate::error::StoreError;
@@ -647,10 +647,12 @@ pub(crate) async fn load_order<C: Dialect>(
 }
 
 /// A paid order cancelled by staff: `REFUND_PENDING`, with a refund of the attempt that
-/// paid it for the refund worker to issue.
+/// paid it for the refund worker to issue, and its units no longer counted against
+/// the shopper's per-user limits.
 pub(crate) async fn cancel_paid_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
+    reservation: &ReservationId,
     now: Timestamp,
 ) -> Result<(), StoreError> {
     move_order(
@@ -667,7 +669,8 @@ pub(crate) async fn cancel_paid_order<C: Dialect>(
             "paid order {order} has no succeeded attempt"
         )));
     };
-    insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await
+    insert_refund(&mut *transaction, &paid_by, now, "cancelled after payment").await?;
+    give_back_refunded_units(&mut *transaction, reservation).await
 }
 
 /// A change's answer about an order: its refusal, or the order as the change left it.
@@ -1098,8 +1101,8 @@ impl<B: Backend> Units<B> {
                 .await?;
                 None
             }
-            Some((OrderStatus::Paid, _, _)) => {
-                cancel_paid_order(&mut *transaction, order, now).await?;
+            Some((OrderStatus::Paid, reservation, _)) => {
+                cancel_paid_order(&mut *transaction, order, &reservation, now).await?;
                 None
             }
             // Not a transition the table allows: the payment's outcome decides first.

@@ -25,7 +25,7 @@ pub(crate) async fn insert_refund<C: Dialect>(
     reason: &str,
 ) -> Result<(), StoreError> {
     let id = RefundId::generate(now, derived_random(attempt.as_str(), "refund"));
-    statement(
+    let inserted = statement(
         "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
          next_try_at, created_at, updated_at) \
          SELECT $1, order_id, id, $2, 'PENDING', amount_minor, currency, $3, $4, $4, $4 FROM payment_attempt WHERE id = $5 \
@@ -38,7 +38,11 @@ pub(crate) async fn insert_refund<C: Dialect>(
     .bind(attempt.as_str())
     .execute(&mut *transaction)
     .await?;
-    Ok(())
+    // Every caller moved the attempt or its order under the order's lock first, so no
+    // refund of it can exist yet: none written (a refund already there, an attempt
+    // missing) is broken data, and an order must not wait as `REFUND_PENDING` for a
+    // refund nobody will issue.
+    expect_one_row(inserted, &format!("a refund of attempt {attempt}"))
 }
 
 /// Moves a refund to `to` through [`domain::REFUND_TRANSITIONS`], from its status as

@@ -5,7 +5,7 @@
 //! `Dialect` of its connection), with no SQL text that differs per database.
 
 use super::decode::expect_one_row;
-use super::reservations::Moved;
+use super::reservations::{Moved, reservation_lines_of};
 use super::stock::STOCK_ON_HAND_MAX;
 use crate::backend::Dialect;
 use crate::error::StoreError;
@@ -112,6 +112,44 @@ pub(crate) async fn add_to_tallies<C: Dialect>(
             "what {} of {expected} shoppers hold of a limited sku changed since it was read",
             expected.saturating_sub(purchases_written)
         )));
+    }
+    Ok(())
+}
+
+/// Gives back the units a confirmed reservation counted against its shopper's per-user
+/// limits: its order was cancelled after payment and is refunded, so the purchase did
+/// not happen and the shopper may buy again. (Its open hold went back at the confirm.)
+/// Lowered at most to zero: a tally that holds less than the order's units was written
+/// by the first-purchase race, and the refund must not fail on it.
+pub(crate) async fn give_back_refunded_units<C: Dialect>(
+    transaction: &mut C,
+    reservation: &domain::ReservationId,
+) -> Result<(), StoreError> {
+    let shopper: Option<(Option<String>, Option<String>)> =
+        statement("SELECT shop, user_id FROM reservation WHERE id = $1")
+            .bind(reservation.as_str())
+            .fetch_optional_as(&mut *transaction)
+            .await?;
+    let Some((Some(shop), Some(user))) = shopper else {
+        return Ok(());
+    };
+    let mut units: std::collections::BTreeMap<SkuCode, i64> = Default::default();
+    for line in reservation_lines_of(&mut *transaction, reservation).await? {
+        *units
+            .entry(domain::campaign::tally_sku(&line.sku, &line.warehouse))
+            .or_insert(0) += line.quantity.get();
+    }
+    for (sku, quantity) in units {
+        statement(
+            "UPDATE shopper_purchase SET quantity = CASE WHEN quantity >= $4 THEN quantity - $4 ELSE 0 END \
+             WHERE shop = $1 AND user_id = $2 AND sku = $3",
+        )
+        .bind(shop.as_str())
+        .bind(user.as_str())
+        .bind(sku.as_str())
+        .bind(quantity)
+        .execute(&mut *transaction)
+        .await?;
     }
     Ok(())
 }
