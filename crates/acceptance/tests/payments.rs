@@ -68,6 +68,7 @@ mirrored_tests!(
     the_refund_worker_issues_no_refund_once_its_lease_could_end_meanwhile,
     malformed_order_and_payment_requests_are_refused_and_change_nothing,
     the_audit_catches_an_order_that_disagrees_with_its_reservation,
+    the_audit_catches_money_owed_and_kept_or_given_back_without_cause,
     a_webhook_about_an_intent_stockd_did_not_create_changes_nothing,
     sandbox_payment_methods_are_refused_when_the_gateway_is_real,
     one_key_paying_two_orders_on_two_instances_at_once_charges_one_card,
@@ -1878,6 +1879,104 @@ async fn the_audit_catches_an_order_that_disagrees_with_its_reservation(backend:
             .expect("reference")
             .starts_with(&order),
         "{audit:#}"
+    );
+}
+
+/// Found in review: the audit checked stock, holds and order statuses, never the money:
+/// a refunded order whose refund did not go back, a refund of another amount than the
+/// charge, a charge of another amount than the order all read as clean. Each hand edit
+/// below is now a difference of its own check, and undone, the audit is clean again.
+async fn the_audit_catches_money_owed_and_kept_or_given_back_without_cause(backend: Backend) {
+    let (app, _gateway) = shop(backend).await;
+    let order = paid_order(&app, "user-1", 1).await;
+    assert_eq!(cancel_as_staff(&app, &order).await.status, 200);
+    assert_eq!(app.engine.refund_step().await.expect("refunds").len(), 1);
+    assert_statuses(&app, &order, ("REFUNDED", "CONFIRMED", "SUCCEEDED")).await;
+    app.assert_audit_clean().await;
+    let mut connection = app.database.raw_connection().await;
+    let checks_after = |edit: &'static str, undo: &'static str| {
+        let app = app.clone();
+        let order = order.clone();
+        async move {
+            let mut connection = app.database.raw_connection().await;
+            let edit = edit.replace("{order}", &order);
+            assert_eq!(connection.execute(&edit).await, Ok(1), "{edit}");
+            let audit = app.audit().await;
+            let undo = undo.replace("{order}", &order);
+            assert_eq!(connection.execute(&undo).await, Ok(1), "{undo}");
+            let mut checks: Vec<String> = audit["differences"]
+                .as_array()
+                .expect("differences")
+                .iter()
+                .map(|difference| difference["check"].as_str().unwrap().to_owned())
+                .collect();
+            checks.sort();
+            checks
+        }
+    };
+
+    assert_eq!(
+        checks_after(
+            "UPDATE refund SET status = 'PENDING' WHERE order_id = '{order}'",
+            "UPDATE refund SET status = 'SUCCEEDED' WHERE order_id = '{order}'",
+        )
+        .await,
+        ["payment_vs_refund"],
+        "a refunded order whose refund never went back"
+    );
+    assert_eq!(
+        checks_after(
+            "UPDATE refund SET amount_minor = amount_minor + 1 WHERE order_id = '{order}'",
+            "UPDATE refund SET amount_minor = amount_minor - 1 WHERE order_id = '{order}'",
+        )
+        .await,
+        ["refund_amount_vs_payment"],
+        "more given back than was charged"
+    );
+    assert_eq!(
+        checks_after(
+            "UPDATE payment_attempt SET amount_minor = amount_minor + 1 WHERE order_id = '{order}'",
+            "UPDATE payment_attempt SET amount_minor = amount_minor - 1 WHERE order_id = '{order}'",
+        )
+        .await,
+        ["payment_amount_vs_order", "refund_amount_vs_payment"],
+        "more charged than the order's amount"
+    );
+    assert_eq!(
+        checks_after(
+            "DELETE FROM refund WHERE order_id = '{order}'",
+            "INSERT INTO refund (id, order_id, attempt_id, gateway_key, status, amount_minor, currency, reason, \
+             next_try_at, created_at, updated_at) \
+             SELECT 'rfd_0000000000000000000000000002', order_id, id, 'by-hand', 'SUCCEEDED', amount_minor, currency, \
+             'by hand', 0, 0, 0 FROM payment_attempt WHERE order_id = '{order}'",
+        )
+        .await,
+        ["payment_vs_refund"],
+        "a refunded order with no refund at all"
+    );
+    connection
+        .execute(&format!(
+            "UPDATE refund SET status = 'PENDING' WHERE order_id = '{order}'"
+        ))
+        .await
+        .unwrap();
+    connection
+        .execute(&format!(
+            "UPDATE customer_order SET status = 'PAID' WHERE id = '{order}'"
+        ))
+        .await
+        .unwrap();
+    let audit = app.audit().await;
+    let checks: Vec<&str> = audit["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .map(|difference| difference["check"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        checks,
+        ["payment_vs_refund"],
+        "a paid order with money owed back: {audit:#}"
     );
 }
 

@@ -281,10 +281,81 @@ impl RefundStatus {
     }
 }
 
+/// Whether a payment attempt's refund (its status, or none) agrees with the attempt
+/// and its order: the attempt that paid is refunded exactly when its order was
+/// cancelled after payment or paid too late (`REFUND_PENDING`: the refund owed or
+/// refused; `REFUNDED`: it went back); a second charge (an attempt recorded `FAILED`
+/// with the money taken, `charged_twice`) is always refunded; an attempt that took no
+/// money never is. Anything else is money kept that is owed, or given back that was
+/// not owed: the audit reports it.
+pub fn refund_agrees(
+    order: OrderStatus,
+    attempt: AttemptStatus,
+    charged_twice: bool,
+    refund: Option<RefundStatus>,
+) -> bool {
+    match (attempt, charged_twice) {
+        (AttemptStatus::Failed, true) => refund.is_some(),
+        (AttemptStatus::Succeeded, _) => match order {
+            OrderStatus::RefundPending => {
+                matches!(refund, Some(RefundStatus::Pending | RefundStatus::Failed))
+            }
+            OrderStatus::Refunded => refund == Some(RefundStatus::Succeeded),
+            _ => refund.is_none(),
+        },
+        _ => refund.is_none(),
+    }
+}
+
+/// How a second charge's attempt is recorded: `FAILED`, its reason beginning so (the
+/// money was taken after another attempt had paid the order; refunded).
+pub const SECOND_CHARGE_REASON_PREFIX: &str = "charged (";
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use OrderStatus::*;
+
+    #[test]
+    fn only_money_taken_and_not_kept_is_refunded() {
+        use RefundStatus::{Failed as Refused, Pending as Owed, Succeeded as Back};
+        let succeeded = AttemptStatus::Succeeded;
+        assert!(refund_agrees(Paid, succeeded, false, None));
+        assert!(!refund_agrees(Paid, succeeded, false, Some(Owed)));
+        assert!(refund_agrees(RefundPending, succeeded, false, Some(Owed)));
+        assert!(refund_agrees(
+            RefundPending,
+            succeeded,
+            false,
+            Some(Refused)
+        ));
+        assert!(!refund_agrees(RefundPending, succeeded, false, None));
+        assert!(!refund_agrees(RefundPending, succeeded, false, Some(Back)));
+        assert!(refund_agrees(Refunded, succeeded, false, Some(Back)));
+        assert!(!refund_agrees(Refunded, succeeded, false, Some(Owed)));
+        assert!(!refund_agrees(Refunded, succeeded, false, None));
+        assert!(refund_agrees(Paid, AttemptStatus::Failed, true, Some(Owed)));
+        assert!(refund_agrees(Paid, AttemptStatus::Failed, true, Some(Back)));
+        assert!(!refund_agrees(Paid, AttemptStatus::Failed, true, None));
+        assert!(refund_agrees(
+            PaymentFailed,
+            AttemptStatus::Failed,
+            false,
+            None
+        ));
+        assert!(!refund_agrees(
+            PaymentFailed,
+            AttemptStatus::Failed,
+            false,
+            Some(Owed)
+        ));
+        assert!(!refund_agrees(
+            PaymentProcessing,
+            AttemptStatus::Processing,
+            false,
+            Some(Owed)
+        ));
+    }
 
     #[test]
     fn a_refund_is_settled_once_from_pending_and_never_changes_after() {

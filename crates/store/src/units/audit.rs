@@ -9,7 +9,7 @@ use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
 use crate::model::{AUDIT_DIFFERENCES_REPORTED_MAX, AuditDifference, AuditReport};
 use crate::sql::{Cell, statement};
-use domain::{AttemptStatus, OrderStatus, ReservationStatus, ShopCode, Timestamp};
+use domain::{AttemptStatus, OrderStatus, RefundStatus, ReservationStatus, ShopCode, Timestamp};
 use futures_util::TryStreamExt;
 
 /// Every stock row with what its ledger rows add up to and what its open reservations
@@ -64,6 +64,15 @@ pub(crate) const AUDIT_ORDER_LINES: &str = "SELECT sides.order_id, sides.sku, si
      ) sides GROUP BY sides.order_id, sides.sku, sides.warehouse \
      HAVING SUM(sides.ordered) <> SUM(sides.held) \
      ORDER BY sides.order_id, sides.sku, sides.warehouse";
+
+/// Every payment attempt with its order and its refund, if any: what the money side of
+/// the audit compares (who was charged, what is owed back, what went back).
+pub(crate) const AUDIT_PAYMENTS_AND_REFUNDS: &str = "SELECT attempt.id, customer_order.id, customer_order.shop, \
+     customer_order.status, customer_order.amount_minor, attempt.status, attempt.amount_minor, \
+     COALESCE(attempt.failure_reason, ''), refund.status, COALESCE(refund.amount_minor, 0) \
+     FROM payment_attempt attempt JOIN customer_order ON customer_order.id = attempt.order_id \
+     LEFT JOIN refund ON refund.attempt_id = attempt.id \
+     ORDER BY attempt.id";
 
 /// An order's amount against its lines' prices times their quantities.
 pub(crate) const AUDIT_ORDER_AMOUNTS: &str = "SELECT customer_order.id, customer_order.shop, customer_order.amount_minor, \
@@ -544,6 +553,103 @@ pub(crate) async fn audit_campaigns<C: Dialect>(
     Ok(())
 }
 
+/// Every payment attempt against its order and its refund: the attempt that paid is
+/// refunded exactly when its order says so, a second charge always, nothing else ever
+/// ([`domain::refund_agrees`]); a charge is for the order's amount, a refund for the
+/// charge's.
+pub(crate) async fn audit_payments_and_refunds<C: Dialect>(
+    transaction: &mut C,
+    findings: &mut Findings,
+) -> Result<(), StoreError> {
+    type Row = (
+        String,
+        String,
+        String,
+        String,
+        i64,
+        String,
+        i64,
+        String,
+        Option<String>,
+        i64,
+    );
+    let mut attempts = statement(AUDIT_PAYMENTS_AND_REFUNDS).fetch_as::<Row>(&mut *transaction);
+    while let Some((
+        attempt,
+        order,
+        shop,
+        order_status,
+        order_amount,
+        attempt_status,
+        attempt_amount,
+        failure_reason,
+        refund_status,
+        refund_amount,
+    )) = attempts.try_next().await?
+    {
+        let mut differ = |check: &'static str, reference: String, expected: i64, actual: i64| {
+            findings.note(AuditDifference {
+                check,
+                sku: None,
+                warehouse: None,
+                reference: Some(reference),
+                shop: Some(shop.clone()),
+                expected,
+                actual,
+            });
+        };
+        let charged_twice = failure_reason.starts_with(domain::SECOND_CHARGE_REASON_PREFIX);
+        let agrees = match (
+            OrderStatus::parse(&order_status),
+            AttemptStatus::parse(&attempt_status),
+            refund_status
+                .as_deref()
+                .map(RefundStatus::parse)
+                .transpose(),
+        ) {
+            (Ok(order), Ok(status), Ok(refund)) => {
+                domain::refund_agrees(order, status, charged_twice, refund)
+            }
+            // A status no table knows is a hand edit: a difference.
+            _ => false,
+        };
+        if !agrees {
+            differ(
+                "payment_vs_refund",
+                format!(
+                    "{order}: order {order_status}, attempt {attempt} {attempt_status}{}, refund {}",
+                    if charged_twice {
+                        " (a second charge)"
+                    } else {
+                        ""
+                    },
+                    refund_status.as_deref().unwrap_or("none")
+                ),
+                1,
+                0,
+            );
+        }
+        if attempt_amount != order_amount {
+            differ(
+                "payment_amount_vs_order",
+                format!("{order}: attempt {attempt}"),
+                order_amount,
+                attempt_amount,
+            );
+        }
+        if refund_status.is_some() && refund_amount != attempt_amount {
+            differ(
+                "refund_amount_vs_payment",
+                format!("{order}: attempt {attempt}"),
+                attempt_amount,
+                refund_amount,
+            );
+        }
+    }
+    drop(attempts);
+    Ok(())
+}
+
 /// Every return against what its order sold.
 pub(crate) async fn audit_returns<C: Dialect>(
     transaction: &mut C,
@@ -757,6 +863,7 @@ impl<B: Backend> Units<B> {
         audit_orphan_ledger_rows(&mut *transaction, &mut findings).await?;
         let orders_checked = audit_orders(&mut *transaction, &mut findings).await?;
         audit_returns(&mut *transaction, &mut findings).await?;
+        audit_payments_and_refunds(&mut *transaction, &mut findings).await?;
         audit_order_lines(&mut *transaction, &mut findings).await?;
         audit_campaigns(&mut *transaction, &mut findings).await?;
         let ledger_rows_checked: i64 = statement("SELECT COUNT(*) FROM stock_ledger")

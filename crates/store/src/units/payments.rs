@@ -400,8 +400,10 @@ pub(crate) async fn refund_second_charge<C: Dialect>(
         now,
         ..
     } = *settling;
-    let reason =
-        format!("charged ({payment_id}) after attempt {paid_by} had paid the order: refunded");
+    let reason = format!(
+        "{}{payment_id}) after attempt {paid_by} had paid the order: refunded",
+        domain::SECOND_CHARGE_REASON_PREFIX
+    );
     tracing::warn!(order = %order, %attempt, %payment_id, "a second payment succeeded for an order paid already; refunding it");
     set_attempt_status(
         transaction,
