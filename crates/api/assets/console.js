@@ -392,17 +392,20 @@
     const rows = products.map((product) => {
       const box = element("input", { type: "checkbox", "aria-label": `Select ${product.title}` });
       box.addEventListener("change", () => (box.checked ? selected.add(product.product_id) : selected.delete(product.product_id)));
-      const remove = isAdmin() ? element("button", { class: "danger", type: "button", "aria-label": `Delete ${product.title}…`, onclick: () => deleteProduct(product, holder, () => {
+      const reload = () => {
         loadProducts(holder, category, supplier, changed);
         changed();
-      }) }, "Delete…") : null;
+      };
+      const edit = element("button", { class: "secondary", type: "button", "aria-label": `Edit ${product.title}…`, onclick: () => editProduct(product, holder, reload) }, "Edit…");
+      const remove = isAdmin() ? element("button", { class: "danger", type: "button", "aria-label": `Delete ${product.title}…`, onclick: () => deleteProduct(product, holder, reload) }, "Delete…") : null;
       return element("tr", {},
         element("td", {}, box),
-        element("td", {}, element("strong", {}, product.title), element("div", { class: "mono small muted" }, product.product_id)),
+        element("td", {}, element("strong", {}, product.title), product.image_url ? null : element("span", { class: "badge warn" }, "no image"),
+          element("div", { class: "mono small muted" }, product.product_id)),
         element("td", {}, product.category),
         element("td", {}, product.supplier),
         element("td", {}, product.skus.map((sku) => element("div", {}, element("code", {}, sku.sku), " ", badge(sku.sale_status), ` ${sku.available} available`))),
-        element("td", {}, remove));
+        element("td", {}, edit, " ", remove));
     });
     const when = element("input", { id: "shelf-when", type: "datetime-local", step: 60 });
     const remark = element("input", { id: "shelf-remark", maxlength: 500 });
@@ -469,6 +472,39 @@
         element("td", {}, result.from || ""),
         element("td", {}, result.to || ""),
         element("td", {}, result.reason || (result.due_at ? time(result.due_at) : ""))))));
+  }
+
+  // A product's own fields (its SKUs' prices are the SKU's): only what was changed is
+  // sent, with the version this page showed, so another editor's change made since is
+  // not overwritten (409 version_conflict, nothing changed: reload and edit again).
+  async function editProduct(product, holder, changed) {
+    const inputs = {
+      title: element("input", { id: "edit-title", required: true, maxlength: 200, value: product.title }),
+      image_url: element("input", { id: "edit-image", type: "url", placeholder: "https://…", value: product.image_url || "" }),
+      category: element("input", { id: "edit-category", required: true, maxlength: 64, value: product.category }),
+      supplier: element("input", { id: "edit-supplier", required: true, maxlength: 64, value: product.supplier }),
+    };
+    const body = element("div", {},
+      element("p", { class: "muted small" }, "A product needs a title, an image and a price before its SKUs can go on the shelf."),
+      field("Title", inputs.title), field("Image URL", inputs.image_url), field("Category", inputs.category), field("Supplier", inputs.supplier));
+    const changes = () => {
+      const edited = {};
+      for (const [name, input] of Object.entries(inputs)) {
+        const value = input.value.trim();
+        if (value && value !== (product[name] || "")) edited[name] = value;
+      }
+      return edited;
+    };
+    if (!(await ask(`Edit ${product.title}`, body, "Save changes", false, () => Object.keys(changes()).length > 0))) return;
+    const edited = changes();
+    if (Object.keys(edited).length === 0) return;
+    try {
+      const saved = await api("PATCH", `/v1/products/${product.product_id}`, { ...edited, expected_version: product.version });
+      say(`Saved ${saved.title}.`);
+      changed();
+    } catch (error) {
+      holder.prepend(problemBox(error));
+    }
   }
 
   async function deleteProduct(product, holder, changed) {

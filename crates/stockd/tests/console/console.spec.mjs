@@ -150,6 +150,31 @@ try {
   assert.match(await logRow.first().textContent(), /PENDING_REVIEW.*ON_SHELF/);
   assert.match(await logRow.first().textContent(), /admin/);
 
+  step("a product without an image cannot go on the shelf until it is edited in");
+  await call("POST", "/v1/products", {
+    title: "Rye bread", category: "bakery", supplier: "rye-co", shop: "demo-market",
+    skus: [{ sku: "RYE-1", price: 450, currency: "CNY" }],
+  });
+  await page.getByRole("button", { name: "Show products" }).click();
+  const ryeRow = page.getByRole("row").filter({ hasText: "Rye bread" });
+  await ryeRow.getByText("no image").waitFor();
+  await ryeRow.getByRole("checkbox").check();
+  await page.getByRole("button", { name: "On shelf now" }).click();
+  await confirmDialog("Put on the shelf now");
+  await page.getByText("Every target was refused.").waitFor();
+  await ryeRow.getByRole("button", { name: "Edit Rye bread…" }).click();
+  const editing = page.getByRole("dialog");
+  assert.equal(await editing.getByRole("button", { name: "Save changes" }).isDisabled(), true, "nothing changed yet");
+  await editing.getByLabel("Image URL").fill("https://images.example/rye.png");
+  await confirmDialog("Save changes");
+  await page.getByText("Saved Rye bread.").waitFor();
+  await page.getByRole("row").filter({ hasText: "Rye bread" }).getByText("no image").waitFor({ state: "detached" });
+  assert.equal((await call("GET", "/v1/admin/products?category=bakery&supplier=rye-co")).products[0].image_url, "https://images.example/rye.png");
+  await page.getByRole("row").filter({ hasText: "Rye bread" }).getByRole("checkbox").check();
+  await page.getByRole("button", { name: "On shelf now" }).click();
+  await confirmDialog("Put on the shelf now");
+  await page.getByRole("row").filter({ hasText: "Rye bread" }).getByText("ON_SHELF").waitFor();
+
   step("schedule it off the shelf at a minute two hours ahead");
   await page.getByRole("row").filter({ hasText: "Oat milk 1L" }).getByRole("checkbox").check();
   const later = new Date(Date.now() + 2 * 3600 * 1000);
