@@ -27,6 +27,7 @@ mirrored_tests!(
     concurrent_on_and_off_with_the_same_version_let_one_win_and_refuse_the_other,
     a_version_check_on_a_sku_the_operation_does_not_change_is_refused_and_changes_nothing,
     a_sku_on_sale_cannot_be_repriced_to_zero,
+    a_standalone_sku_on_sale_cannot_lose_its_title,
     an_operator_touching_another_shop_is_forbidden_and_changes_nothing,
     only_the_admin_may_delete,
     a_deleted_product_stays_readable_to_staff_and_disappears_for_shoppers,
@@ -1106,6 +1107,15 @@ async fn the_shelf_log_pages_forward_and_operators_see_only_their_shop(backend: 
         4,
         "the admin sees every shop"
     );
+    // At the head of the log the page is empty and the cursor stays: a reader tailing
+    // it asks from there again, not from the beginning (found in review).
+    let last = second_page["next_after"].as_i64().unwrap();
+    let head = app
+        .send(Call::get(format!("/v1/admin/shelf-log?limit=2&after={last}")).bearer(&token))
+        .await
+        .json();
+    assert_eq!(head["entries"], json!([]));
+    assert_eq!(head["next_after"].as_i64(), Some(last));
 }
 
 async fn the_demo_catalog_loads_once_however_often_it_is_seeded(backend: Backend) {
@@ -1255,6 +1265,43 @@ async fn a_sku_priced_zero_cannot_go_on_sale(backend: Backend) {
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.json()["results"][0]["missing"], json!(["price"]));
     assert_eq!(app.sale_status(&product, "FREE").await.0, "PENDING_REVIEW");
+}
+
+/// Found in review: a SKU of no product needs a title to go on sale, but an edit could
+/// blank it while on sale: it sold with no name, and once taken off could not go back.
+/// Refused while on sale, as a price of 0 is; a product's SKU, named by its product,
+/// may blank its own title.
+async fn a_standalone_sku_on_sale_cannot_lose_its_title(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("NAMED", 5).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let refused = app
+        .send(
+            Call::put("/v1/skus/NAMED")
+                .admin()
+                .key("blank-title")
+                .json(&json!({"title": "  "})),
+        )
+        .await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let product = on_shelf_product(&app, "north", &["OF-A-PRODUCT"]).await;
+    let blanked = app
+        .send(
+            Call::put("/v1/skus/OF-A-PRODUCT")
+                .admin()
+                .key("blank-product-sku-title")
+                .json(&json!({"title": ""})),
+        )
+        .await;
+    assert!(blanked.status < 300, "{blanked:?}");
+    assert_eq!(
+        app.sale_status(&product, "OF-A-PRODUCT").await.0,
+        "ON_SHELF"
+    );
 }
 
 /// Found in review: a SKU on sale could be repriced to 0 through `PUT /v1/skus`, which

@@ -449,6 +449,19 @@ async fn malformed_sku_updates_are_refused_and_change_nothing(backend: Backend) 
             "title with a control character",
             save_sku("title-control", "GOOD", json!({"title": "a\u{0007}b"})),
         ),
+        // Not control characters, but each breaks a line where a title is printed.
+        invalid(
+            "title with a line separator",
+            save_sku(
+                "title-line",
+                "GOOD",
+                json!({"title": "Milk\u{2028}FAKE LINE"}),
+            ),
+        ),
+        invalid(
+            "title with a paragraph separator",
+            save_sku("title-paragraph", "GOOD", json!({"title": "Milk\u{2029}x"})),
+        ),
         invalid(
             "negative threshold",
             save_sku("threshold", "GOOD", json!({"low_stock_threshold": -1})),
@@ -654,6 +667,13 @@ async fn malformed_catalog_requests_are_refused_and_change_nothing(backend: Back
         invalid(
             "shelf with a bad product id",
             shelf("s3", json!({"operation": "off", "product_ids": ["prd_x"]})),
+        ),
+        invalid(
+            "shelf with a remark holding a line separator",
+            shelf(
+                "s4-line",
+                json!({"operation": "off", "sku_ids": ["GOOD"], "remark": "ok\u{2029}operator=admin"}),
+            ),
         ),
         invalid(
             "shelf with a long remark",

@@ -42,9 +42,9 @@ fn parse_sku(text: &str) -> Result<SkuCode, ApiError> {
 
 fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<String, ApiError> {
     let text = text.unwrap_or_default();
-    if text.chars().count() > length_max || text.chars().any(char::is_control) {
+    if text.chars().count() > length_max || text.chars().any(domain::unfit_for_text) {
         return Err(ApiError::invalid(format!(
-            "{field} must be at most {length_max} characters without control characters"
+            "{field} must be at most {length_max} characters without control characters or line separators"
         )));
     }
     Ok(text)
@@ -433,8 +433,11 @@ pub async fn shelf_log(
             }
         }
     }
+    let after = query.after_id;
     let entries = state.engine.shelf_log(&caller, query, &reader).await?;
-    let next_after = entries.value.last().map(|entry| entry.id);
+    // At the head of the log a page is empty: the cursor stays where it was, so a
+    // reader tailing the log asks from there again rather than from the beginning.
+    let next_after = entries.value.last().map(|entry| entry.id).or(after);
     let page = crate::catalog_wire::ShelfLogPageBody {
         entries: entries.value.iter().map(ShelfLogEntryBody::new).collect(),
         next_after,

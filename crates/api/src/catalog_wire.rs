@@ -442,7 +442,8 @@ pub struct ShelfLogEntryBody<'a> {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ShelfLogPageBody<'a> {
     pub entries: Vec<ShelfLogEntryBody<'a>>,
-    /// The `after` of the next page (`null` when this one is empty).
+    /// The `after` of the next page: this page's last id, or, for an empty page, the
+    /// `after` it was asked with (`null` only when neither exists).
     pub next_after: Option<i64>,
 }
 

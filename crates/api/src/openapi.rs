@@ -41,11 +41,12 @@ pub mod schemas {
     /// Codes (SKUs, warehouses, shops…): ASCII letters, digits, `-`, `_`, `.`,
     /// starting with a letter or digit (`domain::code`).
     pub const CODE_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]*$";
-    /// Text without control characters (Unicode category Cc, as `char::is_control`).
-    pub const TEXT_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$";
+    /// Text without control characters (Unicode category Cc) or line separators
+    /// (U+2028, U+2029), as `domain::unfit_for_text`.
+    pub const TEXT_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]*$";
     /// Text with at least one character that is not white space, and no control
-    /// characters.
-    pub const NON_BLANK_TEXT_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F]*[^\\s\\u0000-\\u001F\\u007F-\\u009F][^\\u0000-\\u001F\\u007F-\\u009F]*$";
+    /// characters or line separators.
+    pub const NON_BLANK_TEXT_PATTERN: &str = "^[^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]*[^\\s\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029][^\\u0000-\\u001F\\u007F-\\u009F\\u2028\\u2029]*$";
     /// An http(s) URL of visible ASCII (`domain::ImageUrl`).
     pub const IMAGE_URL_PATTERN: &str = "^(https://[!-~]+|http://[!-~]{2,})$";
     /// Visible ASCII (`domain::IdempotencyKey`).
@@ -194,12 +195,12 @@ pub mod schemas {
     named_schema!(RequestSource => code("The calling channel (web, app, pos, mq).", REQUEST_SOURCE_LENGTH_MAX, "web"));
     named_schema!(Title => json!({
         "type": "string", "maxLength": TITLE_LENGTH_MAX, "pattern": TEXT_PATTERN,
-        "description": "A name for people: any text without control characters.",
+        "description": "A name for people: any text without control characters or line separators (U+2028, U+2029).",
         "examples": ["Whole milk 1 L"],
     }));
     named_schema!(ProductTitle => json!({
         "type": "string", "minLength": 1, "maxLength": TITLE_LENGTH_MAX, "pattern": NON_BLANK_TEXT_PATTERN,
-        "description": "A product's name for shoppers: text without control characters, not blank.",
+        "description": "A product's name for shoppers: text without control characters or line separators, not blank.",
         "examples": ["Whole milk 1 L"],
     }));
     named_schema!(Spec => json!({
@@ -1366,7 +1367,7 @@ mod tests {
     fn corpus() -> Vec<String> {
         let alphabet = [
             "a", "Z", "0", "9", "-", "_", ".", " ", "/", ":", "[", "!", "~", "f", "F", "h", "t",
-            "p", "s", "\u{7f}", "\u{85}", "\u{a0}", "\t", "\n", "é", "漢",
+            "p", "s", "\u{7f}", "\u{85}", "\u{a0}", "\t", "\n", "é", "漢", "\u{2028}", "\u{2029}",
         ];
         let mut strings = vec![String::new()];
         let mut previous = vec![String::new()];

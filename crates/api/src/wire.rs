@@ -693,16 +693,19 @@ pub struct CreateServiceKeyRequest {
 }
 
 /// A service key's name as stored: at most [`SERVICE_KEY_NAME_LENGTH_MAX`] characters
-/// as sent, no control characters, not only white space; kept without the white space
+/// as sent, no control characters or line separators, not only white space; kept without the white space
 /// around it.
 ///
 /// [`SERVICE_KEY_NAME_LENGTH_MAX`]: domain::limits::SERVICE_KEY_NAME_LENGTH_MAX
 pub fn service_key_name(raw: &str) -> Result<&str, String> {
     let length_max = domain::limits::SERVICE_KEY_NAME_LENGTH_MAX;
     let trimmed = raw.trim();
-    if trimmed.is_empty() || raw.chars().count() > length_max || raw.chars().any(char::is_control) {
+    if trimmed.is_empty()
+        || raw.chars().count() > length_max
+        || raw.chars().any(domain::unfit_for_text)
+    {
         return Err(format!(
-            "name must be 1 to {length_max} characters without control characters, not only white space"
+            "name must be 1 to {length_max} characters without control characters or line separators, not only white space"
         ));
     }
     Ok(trimmed)

@@ -218,8 +218,17 @@ mod tests {
     }
 }
 
+/// Whether free text (a title, a remark, a spec, a name) may not hold `character`: a
+/// control character (Unicode Cc), or the line and paragraph separators U+2028 and
+/// U+2029, which are not control characters but break a line in a log viewer, a
+/// console or JavaScript, so one remark could pass for two log lines.
+pub fn unfit_for_text(character: char) -> bool {
+    character.is_control() || matches!(character, '\u{2028}' | '\u{2029}')
+}
+
 /// A human-readable name (a SKU's title): at most [`TITLE_LENGTH_MAX`] characters, no
-/// control characters, so it prints safely in logs, receipts and consoles.
+/// control characters or line separators ([`unfit_for_text`]), so it prints safely in
+/// logs, receipts and consoles.
 ///
 /// [`TITLE_LENGTH_MAX`]: crate::limits::TITLE_LENGTH_MAX
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,9 +238,9 @@ pub struct Title(String);
 impl Title {
     pub fn parse(text: &str) -> Result<Title, ParseError> {
         let length_max = crate::limits::TITLE_LENGTH_MAX;
-        if text.chars().count() > length_max || text.chars().any(char::is_control) {
+        if text.chars().count() > length_max || text.chars().any(unfit_for_text) {
             return Err(ParseError::new(format!(
-                "title must be at most {length_max} characters without control characters"
+                "title must be at most {length_max} characters without control characters or line separators"
             )));
         }
         Ok(Title(text.to_owned()))

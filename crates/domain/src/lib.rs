@@ -35,7 +35,7 @@ pub use catalog::{
 };
 pub use code::{
     CategoryCode, ImageUrl, OperatorId, OrderRef, ProductTitle, RequestSource, ShopCode, SkuCode,
-    SupplierCode, Title, UserId, WarehouseCode,
+    SupplierCode, Title, UserId, WarehouseCode, unfit_for_text,
 };
 pub use decision::{Rejection, ShopScope};
 pub use error::{ErrorCode, ParseError};

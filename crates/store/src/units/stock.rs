@@ -328,22 +328,39 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     if changes.per_user_limit.is_some() {
         transaction.lock_stock_of_skus(&[code]).await?;
     }
-    // On sale needs a price an order can charge (the shelf's rule, `load_shelf_state`):
-    // an edit must not take it away behind the shelf's back, leaving a SKU that shows
-    // as on sale and takes cart lines while every checkout of it is refused. Read under
-    // the SKU's row lock, which a shelf change takes (after the stock rows, as here)
-    // before it puts the SKU on sale.
-    if changes.price.is_some_and(|price| price.get() == 0) {
+    // On sale needs a price an order can charge, and a SKU of no product a title (the
+    // shelf's rule, `load_shelf_state`): an edit must not take either away behind the
+    // shelf's back, leaving a SKU that shows as on sale and takes cart lines while
+    // every checkout of it is refused, or that sells with no name. Read under the SKU's
+    // row lock, which a shelf change takes (after the stock rows, as here) before it
+    // puts the SKU on sale.
+    let priced_at_zero = changes.price.is_some_and(|price| price.get() == 0);
+    let titled_blank = changes
+        .title
+        .as_deref()
+        .is_some_and(|title| title.trim().is_empty());
+    if priced_at_zero || titled_blank {
         super::shelf::lock_sku_rows(&mut *transaction, &[code.as_str()]).await?;
-        let status: String = statement("SELECT sale_status FROM sku WHERE code = $1")
-            .bind(code.as_str())
-            .fetch_one_scalar(&mut *transaction)
-            .await?;
-        if status == SaleStatus::OnShelf.as_str() {
+        let (status, product): (String, Option<String>) =
+            statement("SELECT sale_status, product_id FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_one_as(&mut *transaction)
+                .await?;
+        let on_sale = status == SaleStatus::OnShelf.as_str();
+        if on_sale && priced_at_zero {
             return Ok(Err(Rejection::new(
                 ErrorCode::FailedPrecondition,
                 format!(
                     "sku '{code}' is on sale, which needs a price above 0: take it off the shelf first"
+                ),
+            )));
+        }
+        // A product's SKU is named by its product's title, not its own.
+        if on_sale && titled_blank && product.is_none() {
+            return Ok(Err(Rejection::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "sku '{code}' is on sale, which needs a title: take it off the shelf first"
                 ),
             )));
         }
