@@ -79,9 +79,9 @@ pub(crate) fn reports_a_write(method: &Method, status: StatusCode) -> bool {
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
     );
-    let from_a_unit_of_work = status.is_success()
-        || status == StatusCode::CONFLICT
-        || status == StatusCode::UNPROCESSABLE_ENTITY;
+    // 422 (`idempotency_key_reused`) never comes from a unit of work: the key holds
+    // another request's answer.
+    let from_a_unit_of_work = status.is_success() || status == StatusCode::CONFLICT;
     mutating && from_a_unit_of_work
 }
 
@@ -132,7 +132,8 @@ mod tests {
         assert!(reports_a_write(&Method::PUT, StatusCode::OK));
         assert!(reports_a_write(&Method::DELETE, StatusCode::OK));
         assert!(reports_a_write(&Method::POST, StatusCode::CONFLICT));
-        assert!(reports_a_write(
+        // A key used for another request: the key's answer is not this request's.
+        assert!(!reports_a_write(
             &Method::PATCH,
             StatusCode::UNPROCESSABLE_ENTITY
         ));

@@ -1056,22 +1056,33 @@ fn finish_operation(
             description: "The body is larger than 64 KiB.",
         });
     }
-    if has_body {
+    // The webhook reads its body raw (its signature covers the bytes), whatever its
+    // content type.
+    if has_body && id != "webhook" {
         unusual.push(Unusual {
             status: 415,
             code: ErrorCode::InvalidArgument,
             description: "The body is not application/json.",
         });
     }
-    if matches!(
-        id.as_str(),
-        "create_reservation" | "create_order" | "checkout"
-    ) {
+    if secured {
+        unusual.push(Unusual {
+            status: 429,
+            code: ErrorCode::Unavailable,
+            description: "Too many credentials this instance has not seen lately are being looked up at once (a flood of unknown tokens); a credential it found before is not held back.",
+        });
+    }
+    if id == "create_reservation" {
         unusual.push(Unusual {
             status: 429,
             code: ErrorCode::Unavailable,
             description: "The reservation queue is full.",
         });
+    }
+    if matches!(
+        id.as_str(),
+        "create_reservation" | "create_order" | "checkout"
+    ) {
         unusual.push(Unusual {
             status: 429,
             code: ErrorCode::RateLimited,
@@ -1130,7 +1141,12 @@ fn finish_operation(
         let listed: Vec<String> = codes.iter().map(|code| format!("`{code}`")).collect();
         let mut description = listed.join(", ");
         for note in notes {
-            description.push_str(". ");
+            // Notes are sentences: each ends with its own full stop.
+            description.push_str(if description.ends_with('.') {
+                " "
+            } else {
+                ". "
+            });
             description.push_str(note);
         }
         problems
@@ -1168,9 +1184,11 @@ fn finish_operation(
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
+        // 422 (`idempotency_key_reused`) answers a key used for another request: it
+        // is never stored, replayed or stamped.
         let stored = !matches!(
             status.as_str(),
-            "401" | "408" | "413" | "415" | "429" | "500" | "503"
+            "401" | "408" | "413" | "415" | "422" | "429" | "500" | "503"
         );
         if keyed && stored {
             headers.insert(
@@ -1180,7 +1198,7 @@ fn finish_operation(
                     "schema": {"type": "string", "enum": ["true"]},
                 }),
             );
-            if success || status == "409" || status == "422" {
+            if success || status == "409" {
                 headers.insert(
                     "Stockd-Consistency-Token".into(),
                     json!({
