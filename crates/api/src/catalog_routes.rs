@@ -11,9 +11,7 @@ use domain::limits::{
     LIST_PAGE_SIZE_DEFAULT, LIST_PAGE_SIZE_MAX, REMARK_LENGTH_MAX, SHELF_LOG_PAGE_SIZE_MAX,
     SPEC_LENGTH_MAX,
 };
-use domain::{
-    ErrorCode, ProductId, ProductTitle, SaleStatus, ShelfOperation, SkuCode, Timestamp, UserId,
-};
+use domain::{ErrorCode, ProductId, ProductTitle, ShelfOperation, SkuCode, Timestamp, UserId};
 use engine::catalog::{DraftSku, ProductDraft, ShelfRequest};
 use store::{ProductChanges, ReadHandle, ShelfLogQuery, TargetSelector};
 
@@ -160,7 +158,7 @@ pub async fn delete_product(
 // read the database.
 /// The shopper's view of a product
 ///
-/// Per SKU: `on_sale`, `temporarily_out_of_stock` or `off_shelf`. Open to anyone. A display: the reservation at checkout decides.
+/// Per SKU: `on_sale`, `temporarily_out_of_stock` or `off_shelf`. Open to anyone. A display: the reservation at checkout decides. A product is shown once one of its SKUs was reviewed (put on or off the shelf): before, and once deleted, it is `not_found`; a SKU still in review is left out.
 #[utoipa::path(
     get,
     path = "/v1/products/{id}",
@@ -263,11 +261,14 @@ async fn shopper_product_value(
     let read_from = state.engine.held_back_now();
     let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
+    // Shoppers see a product once one of its SKUs was approved (put on the shelf): a
+    // product still in review, its title, image and prices not yet checked, is not
+    // theirs to see (seed 003 §1.2), nor one deleted whole.
     if product.deleted_at.is_some()
         || product
             .skus
             .iter()
-            .all(|sku| sku.sale_status == SaleStatus::Deleted)
+            .all(|sku| !crate::catalog_wire::shown_to_shoppers(sku.sale_status))
     {
         return Err(ApiError::new(
             ErrorCode::NotFound,

@@ -270,6 +270,12 @@ pub struct ShopperProductBody<'a> {
     pub skus: Vec<ShopperSkuBody<'a>>,
 }
 
+/// Whether shoppers see a SKU of this status: not while it waits for its first review,
+/// not once deleted; on or off the shelf, yes (off, as not for sale).
+pub fn shown_to_shoppers(status: SaleStatus) -> bool {
+    !matches!(status, SaleStatus::PendingReview | SaleStatus::Deleted)
+}
+
 impl<'a> ShopperProductBody<'a> {
     /// `available` says how many units of a SKU a shopper could reserve now.
     pub fn new(product: &'a Product, available: impl Fn(&Sku) -> i64) -> ShopperProductBody<'a> {
@@ -281,7 +287,7 @@ impl<'a> ShopperProductBody<'a> {
             skus: product
                 .skus
                 .iter()
-                .filter(|sku| sku.sale_status != SaleStatus::Deleted)
+                .filter(|sku| shown_to_shoppers(sku.sale_status))
                 .map(|sku| {
                     let available = available(sku);
                     let availability = Availability::of(sku.sale_status, available);
