@@ -16,6 +16,7 @@ mirrored_tests!(
     orders_and_checkouts_draw_from_the_campaign_too,
     a_cart_sees_and_checks_out_the_units_of_a_running_campaign,
     at_its_end_what_is_left_goes_back_to_regular_stock_ledgered,
+    deleting_a_sku_ends_its_campaign_and_gives_its_units_back,
     a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_only,
     a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh,
     malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_nothing,
@@ -136,6 +137,48 @@ fn statuses(responses: &[TestResponse]) -> (usize, usize) {
         .filter(|response| response.code().as_deref() == Some("insufficient_stock"))
         .count();
     (created, sold_out)
+}
+
+/// Found in review: deleting a SKU left its campaign open until its end, however far
+/// (an end has no bound), its carved units in the buckets where no movement reaches
+/// them. A deleted SKU's campaign is ended by the next step: what is left goes back to
+/// the SKU's regular row, ledgered (where a write-off can reach it), and it closes.
+async fn deleting_a_sku_ends_its_campaign_and_gives_its_units_back(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 10).await;
+    let id = running_campaign(&app, "KETTLE", 5, 2, None).await;
+    let regular = || async {
+        let sku = app.sku("KETTLE").await;
+        sku["warehouses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|level| level["warehouse"] == "default")
+            .and_then(|level| level["available"].as_i64())
+    };
+    assert!(app.engine.campaign_step().await.unwrap().is_empty());
+    assert_eq!(regular().await, Some(5), "five carved out");
+    let deleted = app
+        .shelf(None, json!({"operation": "delete", "sku_ids": ["KETTLE"]}))
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+
+    let closed = app.engine.campaign_step().await.unwrap();
+
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    let done = campaign(&app, &id).await;
+    assert_eq!(done["phase"], "ENDED");
+    assert_eq!(
+        (done["returned"].as_i64(), done["left"].as_i64()),
+        (Some(5), Some(0))
+    );
+    assert!(done["closed_at"].is_string(), "{done}");
+    assert_eq!(
+        regular().await,
+        Some(10),
+        "the five are back in the regular row"
+    );
+    app.assert_audit_clean().await;
 }
 
 async fn a_campaign_carves_its_units_out_of_regular_stock_and_sells_only_those(backend: Backend) {

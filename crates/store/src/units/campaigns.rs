@@ -241,8 +241,13 @@ impl<B: Backend> Units<B> {
     ) -> Result<EndStep, StoreError> {
         // Ended by `ends_by` (the caller's clock held back by how far it runs ahead of
         // the database's): a clock ahead must not end a sale early. Written at `now`.
+        // A campaign whose SKU was deleted ends now, whenever its end was to be: the
+        // SKU is never sold again, and its carved units would wait in the buckets,
+        // where no movement reaches them, until then.
         let due: Vec<String> = statement(
-            "SELECT id FROM campaign WHERE closed_at IS NULL AND ends_at <= $1 \
+            "SELECT id FROM campaign WHERE closed_at IS NULL \
+             AND (ends_at <= $1 OR EXISTS (SELECT 1 FROM sku \
+                 WHERE sku.code = campaign.sku AND sku.sale_status = 'DELETED')) \
              AND ($3 IS NULL OR id > $3) ORDER BY id LIMIT $2",
         )
         .bind(ends_by.unix_milliseconds())
