@@ -54,7 +54,7 @@
   }
 
   // What to do after a change whose outcome is not known (a dropped connection, a 5xx,
-  // a 429, a 409 request_in_progress): the same change again goes with the same key.
+  // a 409 request_in_progress): the same change again goes with the same key.
   const SUBMIT_AGAIN = "Submit it again as it is, within ten minutes: it goes with the same Idempotency-Key, so it cannot be made twice.";
 
   function problemBox(error) {
@@ -62,15 +62,17 @@
     return element("div", { class: "problem", role: "alert" },
       element("strong", {}, `${error.status || ""} ${data.code || "error"}`), ": ",
       data.detail || error.message || String(error),
-      error.outcomeUnknown ? element("p", {}, `Whether this change was made is not known. ${SUBMIT_AGAIN}`) : null);
+      error.outcomeUnknown ? element("p", {}, `Whether this change was made is not known. ${SUBMIT_AGAIN}`) : null,
+      error.status === 429 ? element("p", {}, `Nothing was changed: stockd refused it before doing anything. Try again in ${error.retryAfter || 1} s.`) : null);
   }
 
   class ApiProblem extends Error {
-    constructor(status, data, outcomeUnknown) {
+    constructor(status, data, outcomeUnknown, retryAfter) {
       super((data && data.detail) || `HTTP ${status}`);
       this.status = status;
       this.data = data;
       this.outcomeUnknown = outcomeUnknown === true;
+      this.retryAfter = retryAfter;
     }
   }
 
@@ -79,7 +81,7 @@
     return `console-${Date.now()}-${Math.random().toString(16).slice(2)}`;
   }
 
-  // Changes whose outcome is not known (the connection failed, or a 5xx, 429 or
+  // Changes whose outcome is not known (the connection failed, or a 5xx or
   // "in progress" came back), by request, with the Idempotency-Key they went with: the
   // same change submitted again goes with the same key, so the server answers it once
   // (a receipt booked once, not twice). A final answer (2xx or another 4xx) forgets it.
@@ -123,8 +125,10 @@
     }
   }
 
+  // A 429 (this credential's rate, a full queue or waiting room, the credential
+  // lookups shed) is answered before anything is done: its outcome is known, nothing.
   function outcomeKnown(status, data) {
-    if (status >= 500 || status === 429) return false;
+    if (status >= 500) return false;
     return !(status === 409 && data && data.code === "request_in_progress");
   }
 
@@ -188,7 +192,10 @@
       location.hash = "#login";
       throw new ApiProblem(401, data);
     }
-    if (!response.ok) throw new ApiProblem(response.status, data, method !== "GET" && !outcomeKnown(response.status, data));
+    if (!response.ok) {
+      const retryAfter = Number.parseInt(response.headers.get("retry-after") || "", 10);
+      throw new ApiProblem(response.status, data, method !== "GET" && !outcomeKnown(response.status, data), Number.isFinite(retryAfter) ? retryAfter : undefined);
+    }
     return data;
   }
 

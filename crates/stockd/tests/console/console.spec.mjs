@@ -221,6 +221,23 @@ try {
   await page.getByRole("row", { name: /Total/ }).getByText("25", { exact: true }).first().waitFor();
   await shot("stock");
 
+  step("a change refused 429 says nothing was changed and when to try again");
+  await page.route("**/v1/skus/OAT-1L/stock-movements", (route) => route.fulfill({
+    status: 429,
+    contentType: "application/problem+json",
+    headers: { "retry-after": "7" },
+    body: JSON.stringify({ code: "rate_limited", status: 429, detail: "this credential sent more than its rate" }),
+  }));
+  await page.getByLabel("Quantity").fill("1");
+  await page.getByRole("button", { name: "Record…" }).click();
+  await confirmDialog("Record");
+  const refusal = page.getByRole("alert").filter({ hasText: "rate_limited" });
+  await refusal.getByText(/Nothing was changed.*Try again in 7 s\./).waitFor();
+  assert.equal(await refusal.getByText(/not known/).count(), 0, "a 429 is no unknown outcome");
+  await page.unroute("**/v1/skus/OAT-1L/stock-movements");
+  await page.getByRole("button", { name: "Find" }).click();
+  await page.getByRole("heading", { name: /Oat milk 1L/ }).waitFor();
+
   step("a receipt whose answer was lost, submitted again after a reload, is booked once");
   const movementKeys = [];
   const skuReadTokens = [];
