@@ -261,14 +261,14 @@ async fn shopper_product_value(
     let read_from = state.engine.held_back_now();
     let displayed = state.engine.display_product(reader, id).await?;
     let product = &displayed.value;
-    // Shoppers see a product once one of its SKUs was approved (put on the shelf): a
+    // Shoppers see a product once one of its SKUs was reviewed (put on or off the shelf): a
     // product still in review, its title, image and prices not yet checked, is not
     // theirs to see (seed 003 §1.2), nor one deleted whole.
     if product.deleted_at.is_some()
         || product
             .skus
             .iter()
-            .all(|sku| !crate::catalog_wire::shown_to_shoppers(sku.sale_status))
+            .all(|sku| !sku.sale_status.is_shown_to_shoppers())
     {
         return Err(ApiError::new(
             ErrorCode::NotFound,

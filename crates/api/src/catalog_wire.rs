@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use domain::{
     Availability, CategoryCode, Currency, ImageUrl, OperatorId, PriceMinor, Product, ProductId,
-    ProductTitle, Quantity, SaleStatus, ShelfLogEntry, ShopCode, Sku, SkuCode, SupplierCode,
-    Timestamp, TtlSeconds,
+    ProductTitle, Quantity, ShelfLogEntry, ShopCode, Sku, SkuCode, SupplierCode, Timestamp,
+    TtlSeconds,
 };
 use serde::{Deserialize, Serialize};
 use store::{Cart, ShelfOutcome, ShelfResult, SkippedLine};
@@ -270,12 +270,6 @@ pub struct ShopperProductBody<'a> {
     pub skus: Vec<ShopperSkuBody<'a>>,
 }
 
-/// Whether shoppers see a SKU of this status: not while it waits for its first review,
-/// not once deleted; on or off the shelf, yes (off, as not for sale).
-pub fn shown_to_shoppers(status: SaleStatus) -> bool {
-    !matches!(status, SaleStatus::PendingReview | SaleStatus::Deleted)
-}
-
 impl<'a> ShopperProductBody<'a> {
     /// `available` says how many units of a SKU a shopper could reserve now.
     pub fn new(product: &'a Product, available: impl Fn(&Sku) -> i64) -> ShopperProductBody<'a> {
@@ -287,7 +281,7 @@ impl<'a> ShopperProductBody<'a> {
             skus: product
                 .skus
                 .iter()
-                .filter(|sku| shown_to_shoppers(sku.sale_status))
+                .filter(|sku| sku.sale_status.is_shown_to_shoppers())
                 .map(|sku| {
                     let available = available(sku);
                     let availability = Availability::of(sku.sale_status, available);

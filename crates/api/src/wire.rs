@@ -900,13 +900,7 @@ impl<'a> CampaignBody<'a> {
             shop: campaign.shop.as_str(),
             sku: campaign.sku.as_str(),
             warehouse: campaign.warehouse.as_str(),
-            // Ended early when its SKU was deleted.
-            phase: if campaign.ended_at.is_some() {
-                domain::CampaignPhase::Ended
-            } else {
-                domain::CampaignPhase::at(now, campaign.starts_at, campaign.ends_at)
-            }
-            .as_str(),
+            phase: campaign.phase(now).as_str(),
             quantity: campaign.quantity,
             per_user_limit: campaign.per_user_limit,
             sold: campaign.sold(),

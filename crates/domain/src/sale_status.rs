@@ -44,6 +44,12 @@ impl SaleStatus {
     pub fn is_sellable(self) -> bool {
         self == SaleStatus::OnShelf
     }
+
+    /// Whether shoppers see a SKU of this status: not while it waits for its first
+    /// review, not once deleted; on or off the shelf, yes (off, as not for sale).
+    pub fn is_shown_to_shoppers(self) -> bool {
+        !matches!(self, SaleStatus::PendingReview | SaleStatus::Deleted)
+    }
 }
 
 /// What an operator asks of a SKU's sale status.

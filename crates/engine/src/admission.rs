@@ -813,13 +813,9 @@ impl Engine {
     /// The units of `sku` a shopper's reservation could take now, for the product view
     /// ([`domain::campaign::shopper_available`], by the campaigns this process routes).
     pub fn shopper_available(&self, sku: &domain::Sku) -> i64 {
-        let running = self.campaign_route(&sku.code).filter(|route| {
-            domain::campaign::CampaignPhase::at(
-                self.held_back_now(),
-                route.starts_at,
-                route.ends_at,
-            ) == domain::campaign::CampaignPhase::Running
-        });
+        let running = self
+            .campaign_route(&sku.code)
+            .filter(|route| route.phase(self.held_back_now()) == CampaignPhase::Running);
         domain::campaign::shopper_available(
             sku.stock
                 .iter()

@@ -366,6 +366,16 @@ pub struct Campaign {
 }
 
 impl Campaign {
+    /// Where the campaign stands at `now`: ended once what was left went back, even
+    /// before `ends_at` (its SKU was deleted).
+    pub fn phase(&self, now: Timestamp) -> domain::CampaignPhase {
+        if self.ended_at.is_some() {
+            domain::CampaignPhase::Ended
+        } else {
+            domain::CampaignPhase::at(now, self.starts_at, self.ends_at)
+        }
+    }
+
     /// Units confirmed (sold): what left the buckets other than back to regular stock.
     pub fn sold(&self) -> i64 {
         self.quantity - self.returned - self.left - self.held
