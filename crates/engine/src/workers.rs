@@ -118,10 +118,12 @@ async fn outbox_loop(engine: Engine, shutdown: CancellationToken) {
             };
         }
         if now >= next_gauges {
-            next_gauges = now + gauges_every;
             if let Err(error) = engine.outbox_gauges_step().await {
                 tracing::debug!(%error, "outbox gauges not read");
             }
+            // From when the read ended: a slow read must not make every turn of the
+            // sequencer's loop read the gauges again.
+            next_gauges = tokio::time::Instant::now() + gauges_every;
         }
         if !pause_unless_shut_down(&shutdown, pause).await {
             break;

@@ -339,6 +339,11 @@ pub struct OutboxBacklog {
     pub oldest_occurred_at: Option<Timestamp>,
 }
 
+/// The most rows not numbered yet that the backlog gauge counts: past it the gauge
+/// reads this many plus what the relay has not sent (a count of its own would cost a
+/// read of every row, every second).
+pub const OUTBOX_BACKLOG_COUNTED_MAX: i64 = 100_000;
+
 /// The sequencer's last position: the newest numbered event's.
 const SEQUENCER_POSITION: &str =
     "SELECT through_position FROM outbox_relay WHERE name = 'sequencer'";
@@ -457,24 +462,53 @@ impl<B: Backend> Units<B> {
         relay: Option<&str>,
         relay_seen_since: Timestamp,
     ) -> Result<OutboxBacklog, StoreError> {
+        // Each read is an index lookup or a bounded count: the gauge runs every second
+        // on every instance, in the sequencer's loop, and its backlog is largest (NATS
+        // down for an hour in a sale: millions of events) when it must not slow the
+        // sequencer down. Counting the unsent rows themselves cost a scan of all of
+        // them.
         let mut connection = self.writer_read_connection().await?;
-        let row = statement(
-            "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM outbox \
-             WHERE position IS NULL OR position > \
-             (SELECT through_position FROM outbox_relay \
-              WHERE name = $1 AND ($2 = 1 OR lease_until >= $3))",
+        // The relay's first, then the sequencer's: the relay never passes the
+        // sequencer, so the difference read in this order is never negative.
+        let relay_through: Option<i64> = statement(
+            "SELECT through_position FROM outbox_relay \
+             WHERE name = $1 AND ($2 = 1 OR lease_until >= $3)",
         )
         .bind(relay.unwrap_or(NATS_RELAY))
         .bind(i64::from(relay.is_some()))
         .bind(relay_seen_since.unix_milliseconds())
-        .fetch_optional_row(&mut *connection)
+        .fetch_optional_scalar(&mut *connection)
         .await?;
-        let Some(row) = row else {
-            return Ok(OutboxBacklog::default());
-        };
-        let oldest: Option<i64> = row.try_get("oldest")?;
+        let numbered_through: i64 = statement(SEQUENCER_POSITION)
+            .fetch_one_scalar(&mut *connection)
+            .await?;
+        let waiting = statement(
+            "SELECT COUNT(*) AS pending, MIN(occurred_at) AS oldest FROM \
+             (SELECT occurred_at FROM outbox WHERE position IS NULL ORDER BY id LIMIT $1) AS waiting",
+        )
+        .bind(OUTBOX_BACKLOG_COUNTED_MAX)
+        .fetch_one_row(&mut *connection)
+        .await?;
+        let unnumbered: i64 = waiting.try_get("pending")?;
+        let mut oldest: Option<i64> = waiting.try_get("oldest")?;
+        // Positions run without a gap and pruning keeps what the relay has not sent:
+        // what it has not sent is the difference, and the first of it the oldest (an
+        // event's time is its request's start, so a later one may be older by at most
+        // a request's duration).
+        let unsent = relay_through.map_or(0, |through| (numbered_through - through).max(0));
+        if let Some(through) = relay_through.filter(|_| unsent > 0) {
+            let first: Option<i64> =
+                statement("SELECT occurred_at FROM outbox WHERE position = $1")
+                    .bind(through + 1)
+                    .fetch_optional_scalar(&mut *connection)
+                    .await?;
+            oldest = match (oldest, first) {
+                (Some(waiting), Some(first)) => Some(waiting.min(first)),
+                (waiting, first) => waiting.or(first),
+            };
+        }
         Ok(OutboxBacklog {
-            pending: row.try_get("pending")?,
+            pending: unnumbered + unsent,
             oldest_occurred_at: oldest.map(Timestamp::from_unix_milliseconds),
         })
     }
