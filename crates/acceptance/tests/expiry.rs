@@ -17,6 +17,7 @@ mirrored_tests!(
     the_backlog_counts_the_due_holds_only,
     a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
+    a_stock_row_held_open_does_not_stop_the_other_holds_expiring,
     the_order_expiry_claim_reads_the_due_orders_through_their_indexes,
     a_full_disk_fails_the_expiry_step_instead_of_reporting_holds_broken,
     an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end,
@@ -332,6 +333,45 @@ async fn a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring(back
     let next = app.engine.expire_step().await.unwrap();
     let released: Vec<String> = next.released.iter().map(ToString::to_string).collect();
     assert_eq!(released, [later], "{next:?}");
+}
+
+/// Found in review: a stock row another session held open (an operator's `SELECT …
+/// FOR UPDATE` left in a transaction) made the step wait the lock bound and fail,
+/// every step, on the same claim: while it stayed held no hold of any SKU expired.
+/// The holds on the held row are now left for later and the others released; the
+/// held ones go once the row is free. (SQLite: a held write lock is the whole
+/// database's, so nothing else could be released either.)
+async fn a_stock_row_held_open_does_not_stop_the_other_holds_expiring(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return;
+    }
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 1_000).await;
+    app.stocked_sku("HELD", 5).await;
+    app.stocked_sku("FREE", 5).await;
+    // Due first, so every claim starts with them.
+    let held_first = reserve_with_ttl(&app, "held-first", "HELD", 1, 60).await;
+    let held_second = reserve_with_ttl(&app, "held-second", "HELD", 1, 61).await;
+    let free = reserve_with_ttl(&app, "free-hold", "FREE", 2, 62).await;
+    app.clock.advance_seconds(120);
+    let mut holder = app.database.hold_stock_row_lock("HELD").await;
+
+    let step = app.engine.expire_step().await.expect("the step succeeds");
+
+    let released: Vec<String> = step.released.iter().map(ToString::to_string).collect();
+    assert_eq!(released, std::slice::from_ref(&free), "{step:?}");
+    assert_eq!(status_of(&app, &free).await, "RELEASED");
+    assert_eq!(app.counters("FREE").await, (5, 0));
+    assert_eq!(status_of(&app, &held_first).await, "RESERVED");
+    assert_eq!(status_of(&app, &held_second).await, "RESERVED");
+    holder.execute("ROLLBACK").await.unwrap();
+    let next = app.engine.expire_step().await.expect("the step succeeds");
+    let mut released: Vec<String> = next.released.iter().map(ToString::to_string).collect();
+    released.sort();
+    let mut expected = vec![held_first, held_second];
+    expected.sort();
+    assert_eq!(released, expected, "{next:?}");
+    assert_eq!(app.counters("HELD").await, (5, 0));
+    assert_eq!(app.audit().await["differences_total"], 0);
 }
 
 /// As many broken holds as one step claims, due first: the next step claims the due

@@ -4,7 +4,10 @@
 //! for one order) and the audit; then crashes, concurrency, expiry, cancel and returns.
 
 use acceptance::payments::{TestGateway, WEBHOOK_SECRET};
-use acceptance::{Backend, Call, TestApp, mirrored_tests, mirrored_tests_alone, send_concurrently};
+use acceptance::{
+    Backend, Call, TestApp, mirrored_tests, mirrored_tests_alone, send_concurrently,
+    test_engine_config,
+};
 use serde_json::{Value, json};
 
 // These read counters of the process-wide metrics recorder.
@@ -27,6 +30,7 @@ mirrored_tests!(
     the_audit_finds_an_order_line_or_amount_that_differs_from_its_hold,
     an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expiring,
+    a_stock_row_held_open_does_not_stop_the_other_orders_expiring,
     a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
@@ -1193,6 +1197,49 @@ async fn an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring(ba
     let next = app.engine.order_expiry_step().await.expect("expiry");
     let next: Vec<String> = next.iter().map(ToString::to_string).collect();
     assert_eq!(next, [later]);
+}
+
+/// Found in review: a stock row another session held open made the order expiry wait
+/// the lock bound and fail, every step, on the same claim: no unpaid order of any SKU
+/// gave its stock back while it stayed held. The orders on the held row are now left
+/// for later and the others expire; the held ones expire once the row is free.
+/// (SQLite: a held write lock is the whole database's.)
+async fn a_stock_row_held_open_does_not_stop_the_other_orders_expiring(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return;
+    }
+    let app = TestApp::spawn_with_lock_timeout(backend, test_engine_config(), 1_000).await;
+    let _gateway = TestGateway::start(&app).await;
+    app.stocked_sku(SKU, STOCK).await;
+    app.stocked_sku("HELD", 5).await;
+    // Due first, so every claim starts with it.
+    let held = app.order_of("user-1", &[("HELD", 2)]).await;
+    app.clock.advance_seconds(1);
+    let free = app.order_of("user-2", &[(SKU, 1)]).await;
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    let mut holder = app.database.hold_stock_row_lock("HELD").await;
+
+    let expired = app
+        .engine
+        .order_expiry_step()
+        .await
+        .expect("the step succeeds");
+
+    let expired: Vec<String> = expired.iter().map(ToString::to_string).collect();
+    assert_eq!(expired, std::slice::from_ref(&free));
+    assert_statuses(&app, &free, ("EXPIRED", "RELEASED", "none")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    assert_eq!(app.order(&held).await["status"], "PENDING_PAYMENT");
+    holder.execute("ROLLBACK").await.unwrap();
+    let next = app
+        .engine
+        .order_expiry_step()
+        .await
+        .expect("the step succeeds");
+    let next: Vec<String> = next.iter().map(ToString::to_string).collect();
+    assert_eq!(next, std::slice::from_ref(&held));
+    assert_statuses(&app, &held, ("EXPIRED", "RELEASED", "none")).await;
+    assert_eq!(app.counters("HELD").await, (5, 0));
 }
 
 /// As many broken orders as one step claims, due first: the next step claims the due

@@ -847,10 +847,16 @@ impl Engine {
             tracing::error!(%reservation, %failure, "a due reservation could not be released; the others were");
             metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);
         }
+        if !outcome.deferred.is_empty() {
+            tracing::warn!(
+                holds = outcome.deferred.len(),
+                "due holds wait for stock rows another transaction holds past the lock bound; a later step releases them"
+            );
+        }
         if outcome.released.is_empty() {
             given_back.nothing_given_back();
         }
-        let claimed = outcome.released.len() + outcome.stuck.len();
+        let claimed = outcome.released.len() + outcome.stuck.len() + outcome.deferred.len();
         let more_waiting = i64::try_from(claimed).unwrap_or(i64::MAX) >= limit;
         Ok(ExpiryStep {
             released: outcome.released,

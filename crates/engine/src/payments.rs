@@ -1086,6 +1086,12 @@ impl Engine {
             tracing::error!(%order, %failure, "a due order's stock could not be given back; the others were");
             metrics::counter!("stockd_reservations_expiry_failed_total").increment(1);
         }
+        if !expiry.deferred.is_empty() {
+            tracing::warn!(
+                orders = expiry.deferred.len(),
+                "due orders wait for stock rows another transaction holds past the lock bound; a later step expires them"
+            );
+        }
         let expired = expiry.expired;
         metrics::counter!("stockd_orders_expired_total").increment(expired.len() as u64);
         if expired.is_empty() {

@@ -292,6 +292,9 @@ pub struct ExpiryOutcome {
     /// Claimed, due, and left `RESERVED` because releasing them failed on their data
     /// (with why): a person's to look at; the others were released.
     pub stuck: Vec<(ReservationId, String)>,
+    /// Claimed, due, and left `RESERVED` because another transaction held a stock row
+    /// of theirs past the lock bound: a later step releases them.
+    pub deferred: Vec<ReservationId>,
     /// Where the next step's claim resumes (see [`ExpiryCursor`]).
     pub resume_after: Option<ExpiryCursor>,
 }

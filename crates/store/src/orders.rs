@@ -226,6 +226,9 @@ pub struct OrderExpiry {
     /// Claimed, due, and left as they were because giving their stock back failed on
     /// its data (with why): a person's to look at; the others expired.
     pub stuck: Vec<(OrderId, String)>,
+    /// Claimed, due, and left as they were because another transaction held a stock
+    /// row of theirs past the lock bound: a later step expires them.
+    pub deferred: Vec<OrderId>,
     /// Where the next step's claim resumes (see [`crate::ExpiryCursor`]).
     pub resume_after: Option<crate::ExpiryCursor>,
 }

@@ -13,8 +13,8 @@ use super::outbox::{NewEvent, Sequence, append_event};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
-    Move, Mover, claim_past_cursor, failure_on_the_data, load_reservation,
-    settle_order_reservation, settle_reservations,
+    Move, Mover, OneByOne, WholeBatch, claim_past_cursor, load_reservation,
+    settle_order_reservation, settle_reservations, whole_batch,
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, give_back_refunded_units, read_tallies};
@@ -693,7 +693,7 @@ pub(crate) async fn order_answer<C: Dialect>(
 
 /// Expires `orders` (locked, unpaid, holding stock): their reservations go back, in
 /// the one global lock order, then each order moves to `EXPIRED`. A refused move comes
-/// back as the refusal ([`failure_on_the_data`] reads it).
+/// back as the refusal ([`super::reservations::failure_on_the_data`] reads it).
 async fn expire_these<C: Dialect>(
     transaction: &mut C,
     orders: &[(OrderId, OrderStatus, ReservationId)],
@@ -999,47 +999,57 @@ impl<B: Backend> Units<B> {
             .execute(&mut *transaction)
             .await?;
         let whole = expire_these(&mut *transaction, &expiring, now).await;
-        let Some(failure) = failure_on_the_data(whole)? else {
-            statement("RELEASE SAVEPOINT order_expiry_batch")
-                .execute(&mut *transaction)
-                .await?;
-            transaction.commit().await?;
-            return Ok(OrderExpiry {
-                expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
-                stuck: Vec::new(),
-                resume_after,
-            });
-        };
-        tracing::warn!(%failure, "an order expiry batch could not be applied whole: one by one");
+        match whole_batch(whole)? {
+            WholeBatch::Settled => {
+                statement("RELEASE SAVEPOINT order_expiry_batch")
+                    .execute(&mut *transaction)
+                    .await?;
+                transaction.commit().await?;
+                return Ok(OrderExpiry {
+                    expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
+                    stuck: Vec::new(),
+                    deferred: Vec::new(),
+                    resume_after,
+                });
+            }
+            WholeBatch::FailedOnTheData(failure) => {
+                tracing::warn!(%failure, "an order expiry batch could not be applied whole: one by one");
+            }
+            WholeBatch::RowHeld(failure) => {
+                tracing::warn!(%failure, "an order expiry batch waited past the lock bound for a stock row: one by one");
+            }
+        }
         statement("ROLLBACK TO SAVEPOINT order_expiry_batch")
             .execute(&mut *transaction)
             .await?;
-        let mut expiry = OrderExpiry {
-            resume_after,
-            ..OrderExpiry::default()
-        };
+        let mut one_by_one = OneByOne::start(&mut *transaction, expiring.len()).await?;
         for single in expiring {
-            statement("SAVEPOINT order_expiry_one")
-                .execute(&mut *transaction)
+            let reservation = single.2.clone();
+            let Some(single) = one_by_one
+                .next(&mut *transaction, single, &reservation)
+                .await?
+            else {
+                continue;
+            };
+            let settled = expire_these(&mut *transaction, std::slice::from_ref(&single), now).await;
+            one_by_one
+                .record(&mut *transaction, single, settled)
                 .await?;
-            let moved = expire_these(&mut *transaction, std::slice::from_ref(&single), now).await;
-            match failure_on_the_data(moved)? {
-                None => {
-                    statement("RELEASE SAVEPOINT order_expiry_one")
-                        .execute(&mut *transaction)
-                        .await?;
-                    expiry.expired.push(single.0);
-                }
-                Some(failure) => {
-                    statement("ROLLBACK TO SAVEPOINT order_expiry_one")
-                        .execute(&mut *transaction)
-                        .await?;
-                    expiry.stuck.push((single.0, failure));
-                }
-            }
         }
         transaction.commit().await?;
-        Ok(expiry)
+        let orders_of = |expiring: Vec<(OrderId, OrderStatus, ReservationId)>| {
+            expiring.into_iter().map(|(order, _, _)| order).collect()
+        };
+        Ok(OrderExpiry {
+            expired: orders_of(one_by_one.settled),
+            stuck: one_by_one
+                .stuck
+                .into_iter()
+                .map(|((order, _, _), failure)| (order, failure))
+                .collect(),
+            deferred: orders_of(one_by_one.deferred),
+            resume_after,
+        })
     }
 
     /// `POST /v1/orders/{id}/cancel`: an unpaid order gives its stock back; a paid one

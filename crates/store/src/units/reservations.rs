@@ -438,6 +438,122 @@ pub(crate) fn failure_on_the_data(
     }
 }
 
+/// What a worker's claimed batch met when settled whole.
+pub(crate) enum WholeBatch {
+    /// Every move went through.
+    Settled,
+    /// One failed on its data (a refused move, a broken row): why.
+    FailedOnTheData(String),
+    /// A row it needed was held by another transaction past the lock bound (an
+    /// operator's session left open, a long transaction): which one is not known.
+    RowHeld(String),
+}
+
+/// Sorts a claimed batch's settlement: [`WholeBatch`], or the error that fails the step
+/// (the connection, a deadlock: those retry the whole unit).
+pub(crate) fn whole_batch(
+    settled: Result<Vec<Result<(), Rejection>>, StoreError>,
+) -> Result<WholeBatch, StoreError> {
+    match settled {
+        Err(StoreError::LockTimeout(message)) => Ok(WholeBatch::RowHeld(message)),
+        settled => Ok(match failure_on_the_data(settled)? {
+            None => WholeBatch::Settled,
+            Some(failure) => WholeBatch::FailedOnTheData(failure),
+        }),
+    }
+}
+
+/// How a claimed batch went, settled one item at a time.
+pub(crate) struct OneByOne<T> {
+    pub settled: Vec<T>,
+    /// Failed on their data, with why: left for a person.
+    pub stuck: Vec<(T, String)>,
+    /// Not settled because a stock row of theirs was held by another transaction:
+    /// left as they are for a later step.
+    pub deferred: Vec<T>,
+    /// The stock rows found held.
+    held: std::collections::BTreeSet<(SkuCode, WarehouseCode)>,
+    /// The stock rows of the item being settled.
+    rows_of_next: Vec<(SkuCode, WarehouseCode)>,
+}
+
+/// Settles a claimed batch one item at a time, each under a savepoint, after the whole
+/// batch could not be settled: an item whose data is broken is reported stuck, and one
+/// whose stock row another transaction holds is deferred, as is every later one needing
+/// a row of the same: one row held open (an operator's session left in a transaction)
+/// would otherwise fail every step on the same claim, and no hold of any SKU would
+/// expire while it stays held. The first item on a held row waits the short lock bound
+/// where the database has one, the rest do not wait at all.
+///
+/// For each item: [`OneByOne::next`], and when it answers the item back, settle it
+/// and hand the result to [`OneByOne::record`].
+impl<T> OneByOne<T> {
+    pub(crate) async fn start<C: Dialect>(
+        transaction: &mut C,
+        capacity: usize,
+    ) -> Result<OneByOne<T>, StoreError> {
+        if let Some(short) = C::SHORT_LOCK_WAIT {
+            statement(short).execute(&mut *transaction).await?;
+        }
+        Ok(OneByOne {
+            settled: Vec::with_capacity(capacity),
+            stuck: Vec::new(),
+            deferred: Vec::new(),
+            held: Default::default(),
+            rows_of_next: Vec::new(),
+        })
+    }
+
+    /// `item` back, under a savepoint, when it is to be settled now; `None` when it
+    /// was deferred (a stock row of its hold `reservation` was found held).
+    pub(crate) async fn next<C: Dialect>(
+        &mut self,
+        transaction: &mut C,
+        item: T,
+        reservation: &ReservationId,
+    ) -> Result<Option<T>, StoreError> {
+        self.rows_of_next = reservation_lines_of(&mut *transaction, reservation)
+            .await?
+            .into_iter()
+            .map(|line| (line.sku, line.warehouse))
+            .collect();
+        if self.rows_of_next.iter().any(|row| self.held.contains(row)) {
+            self.deferred.push(item);
+            return Ok(None);
+        }
+        statement("SAVEPOINT settle_one")
+            .execute(&mut *transaction)
+            .await?;
+        Ok(Some(item))
+    }
+
+    /// Keeps or undoes what settling `item` (the last [`OneByOne::next`] answered)
+    /// did, and files it by how it went.
+    pub(crate) async fn record<C: Dialect>(
+        &mut self,
+        transaction: &mut C,
+        item: T,
+        settled: Result<Vec<Result<(), Rejection>>, StoreError>,
+    ) -> Result<(), StoreError> {
+        let settled = whole_batch(settled)?;
+        let end = if matches!(settled, WholeBatch::Settled) {
+            "RELEASE SAVEPOINT settle_one"
+        } else {
+            "ROLLBACK TO SAVEPOINT settle_one"
+        };
+        statement(end).execute(&mut *transaction).await?;
+        match settled {
+            WholeBatch::Settled => self.settled.push(item),
+            WholeBatch::FailedOnTheData(failure) => self.stuck.push((item, failure)),
+            WholeBatch::RowHeld(_) => {
+                self.held.extend(std::mem::take(&mut self.rows_of_next));
+                self.deferred.push(item);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Claims due rows with `query` (one of the expiry claims: `$1` now, `$2` the limit,
 /// `$3` and `$4` the cursor) after `cursor`, or from the beginning: their ids, in the
 /// claim's order, and where the next claim resumes ([`ExpiryCursor`]: after the last
@@ -591,49 +707,53 @@ impl<B: Backend> Units<B> {
             .await?;
         let mover = Mover::Client { hold_ends_by };
         let whole = settle_reservations(&mut *transaction, &moves, mover, now).await;
-        let Some(failure) = failure_on_the_data(whole)? else {
-            statement("RELEASE SAVEPOINT expiry_batch")
-                .execute(&mut *transaction)
-                .await?;
-            transaction.commit().await?;
-            return Ok(ExpiryOutcome {
-                released: ids,
-                stuck: Vec::new(),
-                resume_after,
-            });
-        };
-        tracing::warn!(%failure, "an expiry batch could not be released whole: one by one");
+        match whole_batch(whole)? {
+            WholeBatch::Settled => {
+                statement("RELEASE SAVEPOINT expiry_batch")
+                    .execute(&mut *transaction)
+                    .await?;
+                transaction.commit().await?;
+                return Ok(ExpiryOutcome {
+                    released: ids,
+                    stuck: Vec::new(),
+                    deferred: Vec::new(),
+                    resume_after,
+                });
+            }
+            WholeBatch::FailedOnTheData(failure) => {
+                tracing::warn!(%failure, "an expiry batch could not be released whole: one by one");
+            }
+            WholeBatch::RowHeld(failure) => {
+                tracing::warn!(%failure, "an expiry batch waited past the lock bound for a stock row: one by one");
+            }
+        }
         statement("ROLLBACK TO SAVEPOINT expiry_batch")
             .execute(&mut *transaction)
             .await?;
-        let mut released = Vec::with_capacity(moves.len());
-        let mut stuck = Vec::new();
-        for single in &moves {
-            statement("SAVEPOINT expiry_one")
-                .execute(&mut *transaction)
-                .await?;
-            let moved =
-                settle_reservations(&mut *transaction, std::slice::from_ref(single), mover, now)
+        let mut one_by_one = OneByOne::start(&mut *transaction, moves.len()).await?;
+        for single in moves {
+            let id = single.id;
+            let Some(single) = one_by_one.next(&mut *transaction, single, id).await? else {
+                continue;
+            };
+            let settled =
+                settle_reservations(&mut *transaction, std::slice::from_ref(&single), mover, now)
                     .await;
-            match failure_on_the_data(moved)? {
-                None => {
-                    statement("RELEASE SAVEPOINT expiry_one")
-                        .execute(&mut *transaction)
-                        .await?;
-                    released.push(single.id.clone());
-                }
-                Some(failure) => {
-                    statement("ROLLBACK TO SAVEPOINT expiry_one")
-                        .execute(&mut *transaction)
-                        .await?;
-                    stuck.push((single.id.clone(), failure));
-                }
-            }
+            one_by_one
+                .record(&mut *transaction, single, settled)
+                .await?;
         }
         transaction.commit().await?;
+        let ids_of =
+            |moves: Vec<Move<'_>>| moves.into_iter().map(|single| single.id.clone()).collect();
         Ok(ExpiryOutcome {
-            released,
-            stuck,
+            released: ids_of(one_by_one.settled),
+            stuck: one_by_one
+                .stuck
+                .into_iter()
+                .map(|(single, failure)| (single.id.clone(), failure))
+                .collect(),
+            deferred: ids_of(one_by_one.deferred),
             resume_after,
         })
     }
