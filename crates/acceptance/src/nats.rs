@@ -96,14 +96,41 @@ impl TestNats {
         key: Option<&str>,
         message_id: &str,
     ) -> Result<(), String> {
+        self.try_publish_command_with_key_under(
+            body,
+            key.map(|key| ("Idempotency-Key", key)),
+            message_id,
+        )
+        .await
+    }
+
+    /// [`TestNats::publish_command`] with its key under the header `name` (as a
+    /// client that spells it otherwise sends it).
+    pub async fn publish_command_with_key_under(
+        &self,
+        body: &[u8],
+        (name, key): (&str, &str),
+        message_id: &str,
+    ) {
+        self.try_publish_command_with_key_under(body, Some((name, key)), message_id)
+            .await
+            .expect("JetStream took the command");
+    }
+
+    async fn try_publish_command_with_key_under(
+        &self,
+        body: &[u8],
+        key: Option<(&str, &str)>,
+        message_id: &str,
+    ) -> Result<(), String> {
         let client = async_nats::connect(self.url())
             .await
             .expect("connect to publish");
         let context = jetstream::new(client);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", message_id);
-        if let Some(key) = key {
-            headers.insert("Idempotency-Key", key);
+        if let Some((name, key)) = key {
+            headers.insert(name, key);
         }
         context
             .publish_with_headers(

@@ -32,6 +32,7 @@ mirrored_tests!(
     a_full_command_stream_refuses_the_next_command,
     a_consumer_created_again_delivers_no_command_already_answered,
     a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_refused_for_good,
+    a_command_whose_key_header_is_spelled_in_lower_case_is_taken,
 );
 
 fn settings() -> IntakeSettings {
@@ -94,6 +95,32 @@ fn assert_identical_answers(answers: &[StreamMessage], key: &str, count: usize) 
         );
         assert_eq!(answer.body, answers[0].body, "identical answers");
     }
+}
+
+/// Found in review: the key's header was matched byte for byte, so a client that
+/// sends `idempotency-key` (as nats.py and nats.js pass a name on unchanged) had its
+/// command refused as poison and dropped, while HTTP takes the name in any case.
+async fn a_command_whose_key_header_is_spelled_in_lower_case_is_taken(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("HOT", 10).await;
+    let intake = intake(&nats, settings()).await;
+    let body = command("HOT", 2);
+
+    for delivery in 0..2 {
+        nats.publish_command_with_key_under(
+            &body,
+            ("idempotency-key", "lower-case-key"),
+            &format!("message-{delivery}"),
+        )
+        .await;
+        answer(&intake, &app, 1).await;
+    }
+
+    let answers = answers(&nats).await;
+    assert_identical_answers(&answers, "lower-case-key", 2);
+    assert_eq!(answers[0].headers["Stockd-Status"], "201");
+    assert_eq!(app.counters("HOT").await, (8, 2), "one effect");
 }
 
 async fn a_command_delivered_three_times_has_one_effect_and_three_identical_answers(

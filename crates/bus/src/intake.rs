@@ -85,12 +85,19 @@ impl Command {
         &self.message.payload
     }
 
-    /// A header's value, when present.
+    /// A header's value, when present, its name matched in any case: the HTTP side
+    /// takes `idempotency-key` as `Idempotency-Key`, and NATS clients pass a name on
+    /// as the sender spelled it, while async-nats compares names byte for byte.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(name))
+        let headers = self.message.headers.as_ref()?;
+        headers
+            .get(name)
+            .or_else(|| {
+                headers
+                    .iter()
+                    .find(|(found, _)| AsRef::<str>::as_ref(*found).eq_ignore_ascii_case(name))
+                    .and_then(|(_, values)| values.first())
+            })
             .map(|value| value.as_str())
     }
 
