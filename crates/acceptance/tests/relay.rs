@@ -25,6 +25,7 @@ mirrored_tests!(
     a_relay_that_cannot_reach_nats_gives_its_lease_to_one_that_can,
     a_relay_that_cannot_read_its_events_gives_its_lease_up,
     a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over,
+    a_relay_whose_lease_renewal_waited_half_the_lease_sends_nothing,
     an_instance_without_nats_shows_what_the_relay_has_not_sent,
     an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended,
     each_relayed_event_names_its_shop_in_a_header,
@@ -494,6 +495,55 @@ async fn a_relay_paused_past_its_lease_publishes_nothing_its_successor_took_over
     assert_eq!(resumed.published, 0, "{resumed:?}");
     assert_eq!(resumed.duplicates, 0, "nothing sent again: {resumed:?}");
     assert!(resumed.waiting_for_lease, "{resumed:?}");
+    assert_stream_is_the_feed(&nats, &app).await;
+}
+
+/// Found in review: the relay sends for half its lease, but timed that half from when
+/// the renewal came back: a renewal that waited (for a pooled connection, a
+/// synchronous standby's commit, here the lease's row held by another session) moved
+/// the sends past the lease the database recorded, where a successor may publish too.
+/// The half now runs from before the renewal. (SQLite: no session waits for a row.)
+async fn a_relay_whose_lease_renewal_waited_half_the_lease_sends_nothing(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return;
+    }
+    let lease_milliseconds = 1_000;
+    let config = engine::EngineConfig {
+        relay_lease_milliseconds: lease_milliseconds,
+        ..acceptance::test_engine_config()
+    };
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn_with_lock_timeout(backend, config, 10_000).await;
+    app.engine.attach_event_relay();
+    app.stocked_sku("TEA", 100).await;
+    reserve_many(&app, "waiting", 3).await;
+    app.sequence_all_events().await;
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    let RelayRead::Batch { through, events } = app.engine.relay_read(&relay).await.unwrap() else {
+        panic!("the relay read a batch");
+    };
+    let mut holder = app.database.raw_connection().await;
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("SELECT through_position FROM outbox_relay WHERE name = 'nats' FOR UPDATE")
+        .await
+        .unwrap();
+
+    let (step, ()) = tokio::join!(app.engine.relay_publish(&relay, through, &events), async {
+        app.database
+            .wait_until_blocked_for(
+                &mut holder,
+                Duration::from_millis(lease_milliseconds as u64 / 2 + 100),
+            )
+            .await;
+        holder.execute("ROLLBACK").await.unwrap();
+    });
+
+    let step = step.unwrap();
+    assert_eq!(step.published, 0, "{step:?}");
+    assert!(nats.stream_messages("STOCKD_EVENTS").await.is_empty());
+    // The next step, not kept waiting, sends them.
+    assert_eq!(relay_all(&app, &relay).await.published, 4);
     assert_stream_is_the_feed(&nats, &app).await;
 }
 

@@ -211,6 +211,10 @@ impl Engine {
         events: &[store::PublishedEvent],
     ) -> Result<RelayStep, EngineError> {
         let config = &self.inner.config;
+        // Taken before the renewal, as `now` is: the lease runs from `now`, and a
+        // renewal that waited (for a pooled connection, a synchronous standby's
+        // commit) must not move the end of the sends past it.
+        let renewing_from = tokio::time::Instant::now();
         let now = self.held_back_now();
         let renewed = self
             .inner
@@ -246,7 +250,7 @@ impl Engine {
         // Sent within half the lease from its renewal: waits for acknowledgements
         // (a slow NATS, a long chain of one aggregate's events) must not carry sends
         // past the lease, and half leaves room for instances' clocks that disagree.
-        let send_until = tokio::time::Instant::now()
+        let send_until = renewing_from
             + std::time::Duration::from_millis(
                 u64::try_from(config.relay_lease_milliseconds / 2).unwrap_or(0),
             );
