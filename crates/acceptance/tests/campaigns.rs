@@ -23,6 +23,7 @@ mirrored_tests!(
     a_buckets_warehouse_cannot_be_named_by_a_request,
     the_audit_finds_a_campaign_whose_units_do_not_add_up,
     beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing,
+    a_retry_of_an_answered_request_hears_its_answer_while_the_waiting_room_is_full,
     a_caller_that_prefers_to_wait_gets_a_ticket_served_in_order_and_answered_once,
     a_request_without_a_ticket_waits_its_turn_with_the_connection_held,
     a_retry_of_a_request_waiting_in_line_is_not_refused_from_memory,
@@ -856,6 +857,31 @@ async fn a_ticket_answered(app: &TestApp, sku: &str) -> (TestResponse, String) {
     drop(held);
     answered_ticket(app, &poll).await;
     (ticket, poll)
+}
+
+/// Found in review: a retry whose first answer was lost (a 201: the unit is held for
+/// the shopper) was refused 429 while the line was full, again and again until it
+/// emptied, while the hold's time ran out unconfirmed. It hears its answer.
+async fn a_retry_of_an_answered_request_hears_its_answer_while_the_waiting_room_is_full(
+    backend: Backend,
+) {
+    let app = TestApp::spawn_with(backend, narrow_line(1)).await;
+    app.stocked_sku("CONSOLE", 10).await;
+    running_campaign(&app, "CONSOLE", 5, 2, None).await;
+    let first = app.send(reserve_call("answered", "CONSOLE", "alice")).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    let (room, held) = hold_the_line(&app, "CONSOLE").await;
+    let _waiting = room.enter(None).expect("the one place");
+
+    let retry = app.send(reserve_call("answered", "CONSOLE", "alice")).await;
+    let fresh = app.send(reserve_call("fresh", "CONSOLE", "bob")).await;
+
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(retry.body, first.body);
+    assert_eq!(fresh.status, 429, "{fresh:?}");
+    assert_eq!(fresh.code().as_deref(), Some("rate_limited"));
+    drop(held);
 }
 
 async fn beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing(

@@ -663,7 +663,7 @@ impl Engine {
                 None => Err(EngineError::RequestInProgress),
             };
         }
-        let place = route.room.enter(shopper).map_err(|refusal| {
+        let entered = route.room.enter(shopper).map_err(|refusal| {
             metrics::counter!("stockd_campaign_admission_refused_total").increment(1);
             let detail = match refusal {
                 NoPlace::Full => format!(
@@ -681,7 +681,28 @@ impl Engine {
                 code: ErrorCode::RateLimited,
                 detail,
             }
-        })?;
+        });
+        let place = match entered {
+            Ok(place) => place,
+            // A retry of a request that was answered (its 201 lost on the way) hears
+            // that answer, not that the line is full: refused until the line empties,
+            // its hold's time would run out unconfirmed. The key probe first, as for
+            // memory's refusals: a crowd refused at a full line costs batched reads.
+            Err(refusal)
+                if crate::cold(self.inner.key_probe.holds_answer(claim.key.as_str())).await
+                    == Some(false) =>
+            {
+                return Err(refusal);
+            }
+            // No answer, or none could be read (the probe could not tell either): the
+            // line is full all the same, and nothing was done.
+            Err(refusal) => {
+                return match crate::cold(self.first_answer(operation, claim)).await {
+                    Ok(Some(first)) => Ok(Held::Answered(first)),
+                    Ok(None) | Err(_) => Err(refusal),
+                };
+            }
+        };
         // While the request waits for its turn, a retry of its key is not refused from
         // memory: the waiting request could still hold a unit given back meanwhile and
         // store a 201 under the key memory said "sold out" to. At its turn the key
