@@ -344,6 +344,7 @@ fn the_openapi_document_describes_every_route() {
         "/v1/orders/{id}/pay",
         "/v1/orders/{id}/cancel",
         "/v1/orders/{id}/return",
+        "/v1/orders/{id}/refunds/{refund_id}/resolve",
         "/v1/payments/webhook",
     ] {
         assert!(

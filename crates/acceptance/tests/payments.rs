@@ -31,6 +31,9 @@ mirrored_tests!(
     an_order_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_orders_does_not_stop_the_orders_behind_it_expiring,
     a_stock_row_held_open_does_not_stop_the_other_orders_expiring,
+    a_refund_the_gateway_refused_is_sent_again_when_staff_decide_so,
+    a_refund_settled_outside_stockd_is_recorded_and_its_order_is_refunded,
+    only_a_refused_refund_is_resolved_and_bad_requests_change_nothing,
     a_late_success_leaves_the_rows_a_paid_order_leaves,
     an_order_reserves_its_stock_and_is_priced_from_its_skus,
     an_order_for_more_than_the_stock_is_refused_and_changes_nothing,
@@ -2290,6 +2293,270 @@ async fn a_refund_the_gateway_refuses_is_marked_failed_and_not_tried_again(backe
     assert!(
         metrics.contains("stockd_refunds_total{result=\"refused\"} 1"),
         "{metrics}"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// A cancelled paid order whose refund the gateway refused, and the refund's id.
+async fn refused_refund(app: &TestApp, gateway: &TestGateway) -> (String, String) {
+    let order = paid_order(app, "user-1", 1).await;
+    gateway.sandbox.answer_next_refunds_with("failed", 1);
+    let cancelled = cancel_as_staff(app, &order).await;
+    assert_eq!(cancelled.status, 200, "{cancelled:?}");
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    let view = app.order(&order).await;
+    assert_eq!(view["refund"]["status"], "FAILED", "{view:#}");
+    let refund = view["refund"]["refund_id"].as_str().unwrap().to_owned();
+    (order, refund)
+}
+
+fn resolve_call(order: &str, refund: &str, key: &str, body: Value) -> Call {
+    Call::post(format!("/v1/orders/{order}/refunds/{refund}/resolve"))
+        .key(key)
+        .json(&body)
+}
+
+/// Found in review: a refund the gateway refused was `FAILED` for good, its order
+/// `REFUND_PENDING` and `StockdRefundRefused` firing for ever, and nothing but a hand
+/// edit could move either. Staff now decide: here, once the bank says yes, the refund
+/// is sent again as a new refund (a new gateway key) and settles the order.
+async fn a_refund_the_gateway_refused_is_sent_again_when_staff_decide_so(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (order, refund) = refused_refund(&app, &gateway).await;
+    let body = json!({"resolution": "send_again", "remark": "the bank lifted its block"});
+
+    let resolved = app
+        .send(resolve_call(&order, &refund, "resolve-1", body.clone()).admin())
+        .await;
+
+    assert_eq!(resolved.status, 200, "{resolved:?}");
+    let view = resolved.json();
+    assert_eq!(view["status"], "REFUND_PENDING", "{view:#}");
+    assert_eq!(view["refund"]["status"], "PENDING", "{view:#}");
+    assert_eq!(view["refund"]["resolution"]["resolution"], "send_again");
+    assert_eq!(view["refund"]["resolution"]["by"], "admin");
+    assert_eq!(
+        view["refund"]["resolution"]["remark"],
+        "the bank lifted its block"
+    );
+    let replay = app
+        .send(resolve_call(&order, &refund, "resolve-1", body).admin())
+        .await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, resolved.body);
+    let settled = app.engine.refund_step().await.expect("refund step");
+    assert_eq!(settled.len(), 1, "sent again and settled");
+    let view = app.order(&order).await;
+    assert_eq!(view["status"], "REFUNDED", "{view:#}");
+    assert_eq!(view["refund"]["status"], "SUCCEEDED", "{view:#}");
+    assert_eq!(
+        gateway.sandbox.stats().refunds,
+        2,
+        "the refused refund and the new one"
+    );
+    let metrics = app.send(Call::get("/metrics").admin()).await.body;
+    assert!(metrics.contains("stockd_refunds_failed 0"), "{metrics}");
+    app.assert_audit_clean().await;
+}
+
+/// The other decision: the payment was refunded from the gateway's dashboard (so the
+/// gateway refused stockd's refund), and an operator of the shop records that. The
+/// order is `REFUNDED`, nothing is sent, and who decided is kept.
+async fn a_refund_settled_outside_stockd_is_recorded_and_its_order_is_refunded(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let order = paid_order(&app, "user-1", 1).await;
+    let intent = intent_of(&gateway, &order).id;
+    assert_eq!(gateway.refund_outside_stockd(&intent).await, 200);
+    assert_eq!(cancel_as_staff(&app, &order).await.status, 200);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    let refund = app.order(&order).await["refund"]["refund_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let olga = app.create_operator("olga", "default").await;
+
+    let resolved = app
+        .send(
+            resolve_call(
+                &order,
+                &refund,
+                "resolve-elsewhere",
+                json!({"resolution": "refunded_elsewhere", "remark": "refunded from the dashboard"}),
+            )
+            .bearer(&olga),
+        )
+        .await;
+
+    assert_eq!(resolved.status, 200, "{resolved:?}");
+    let view = resolved.json();
+    assert_eq!(view["status"], "REFUNDED", "{view:#}");
+    assert_eq!(view["refund"]["status"], "SUCCEEDED", "{view:#}");
+    assert_eq!(view["refund"]["resolution"]["by"], "operator:olga");
+    let last = view["history"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["to"], "REFUNDED", "{view:#}");
+    assert!(
+        last["reason"].as_str().unwrap().contains("outside stockd"),
+        "{view:#}"
+    );
+    app.clock.advance_seconds(24 * 3600);
+    assert_eq!(app.engine.refund_step().await.expect("refund step"), []);
+    assert_eq!(
+        gateway.sandbox.stats().refunds,
+        1,
+        "only the dashboard's refund"
+    );
+    app.assert_audit_clean().await;
+}
+
+/// A refund still owed (or settled) is not a person's to resolve: 409, and nothing
+/// changes; nor do an unknown refund, another order's refund or a malformed request.
+async fn only_a_refused_refund_is_resolved_and_bad_requests_change_nothing(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    let (refused_order, refused) = refused_refund(&app, &gateway).await;
+    let owed_order = paid_order(&app, "user-2", 1).await;
+    assert_eq!(cancel_as_staff(&app, &owed_order).await.status, 200);
+    let owed = app.order(&owed_order).await["refund"]["refund_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let good = |resolution: &str| json!({"resolution": resolution, "remark": "checked"});
+    let long_remark = "x".repeat(domain::limits::REMARK_LENGTH_MAX + 1);
+    let cases = vec![
+        (
+            "a refund still owed",
+            resolve_call(&owed_order, &owed, "r-1", good("send_again")),
+            409,
+            "illegal_transition",
+        ),
+        (
+            "a refund still owed, settled elsewhere",
+            resolve_call(&owed_order, &owed, "r-2", good("refunded_elsewhere")),
+            409,
+            "illegal_transition",
+        ),
+        (
+            "another order's refund",
+            resolve_call(&owed_order, &refused, "r-3", good("send_again")),
+            404,
+            "not_found",
+        ),
+        (
+            "an unknown refund",
+            resolve_call(
+                &refused_order,
+                "rfd_0000000000000000000000000000",
+                "r-4",
+                good("send_again"),
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "an unknown order",
+            resolve_call(
+                "ord_0000000000000000000000000000",
+                &refused,
+                "r-5",
+                good("send_again"),
+            ),
+            404,
+            "not_found",
+        ),
+        (
+            "a malformed refund id",
+            resolve_call(&refused_order, "refund-1", "r-6", good("send_again")),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "an unknown resolution",
+            resolve_call(&refused_order, &refused, "r-7", good("forget_it")),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "no remark",
+            resolve_call(
+                &refused_order,
+                &refused,
+                "r-8",
+                json!({"resolution": "send_again"}),
+            ),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "a blank remark",
+            resolve_call(
+                &refused_order,
+                &refused,
+                "r-9",
+                json!({"resolution": "send_again", "remark": "   "}),
+            ),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "a remark with a control character",
+            resolve_call(
+                &refused_order,
+                &refused,
+                "r-10",
+                json!({"resolution": "send_again", "remark": "ok\u{7}"}),
+            ),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "a remark too long",
+            resolve_call(
+                &refused_order,
+                &refused,
+                "r-11",
+                json!({"resolution": "send_again", "remark": long_remark}),
+            ),
+            400,
+            "invalid_argument",
+        ),
+        (
+            "an unknown field",
+            resolve_call(
+                &refused_order,
+                &refused,
+                "r-12",
+                json!({"resolution": "send_again", "remark": "ok", "amount": 1}),
+            ),
+            400,
+            "invalid_argument",
+        ),
+    ];
+    let orders_before = (
+        app.order(&refused_order).await,
+        app.order(&owed_order).await,
+    );
+    for (label, call, status, code) in cases {
+        // A malformed request stores nothing; a refusal of the stored state (404,
+        // 409) is stored under its key, and changes nothing else.
+        let before = app.contents().await;
+        let response = app.send(call.admin()).await;
+        assert_eq!(response.status, status, "{label}: {response:?}");
+        assert_eq!(response.code().as_deref(), Some(code), "{label}");
+        assert_eq!(
+            response.content_type(),
+            "application/problem+json",
+            "{label}"
+        );
+        if status == 400 {
+            assert_eq!(app.contents().await, before, "{label}: nothing changed");
+        }
+    }
+    let orders_after = (
+        app.order(&refused_order).await,
+        app.order(&owed_order).await,
+    );
+    assert_eq!(
+        orders_after, orders_before,
+        "neither order nor refund moved"
     );
     app.assert_audit_clean().await;
 }

@@ -194,6 +194,14 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             Call::post(format!("/v1/orders/{order}/return")).key("t-return"),
         ),
         (
+            "resolve refund",
+            Call::post(format!(
+                "/v1/orders/{order}/refunds/rfd_0000000000000000000000000000/resolve"
+            ))
+            .key("t-resolve")
+            .json(&json!({"resolution": "send_again", "remark": "the bank said yes"})),
+        ),
+        (
             "create product",
             Call::post("/v1/products").key("t-product").json(&json!({
                 "title": "P", "category": "c", "supplier": "s", "shop": "north",
@@ -434,6 +442,7 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "save sku",
         "stock movement",
         "return order",
+        "resolve refund",
         "create product",
         "update product",
         "delete product",

@@ -38,7 +38,11 @@ fn parse_sku(text: &str) -> Result<SkuCode, ApiError> {
     SkuCode::parse(text).map_err(|error| ApiError::invalid(error.0))
 }
 
-fn bounded_text(field: &str, text: Option<String>, length_max: usize) -> Result<String, ApiError> {
+pub(crate) fn bounded_text(
+    field: &str,
+    text: Option<String>,
+    length_max: usize,
+) -> Result<String, ApiError> {
     let text = text.unwrap_or_default();
     if text.chars().count() > length_max || text.chars().any(domain::unfit_for_text) {
         return Err(ApiError::invalid(format!(

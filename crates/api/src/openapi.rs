@@ -526,6 +526,11 @@ pub const OPERATIONS: &[Operation] = &[
         &[Action::ReturnGoods],
         &[NotFound, IllegalTransition],
     ),
+    operation(
+        "resolve_refund",
+        &[Action::ResolveRefund],
+        &[NotFound, IllegalTransition],
+    ),
     operation("webhook", &[], &[InvalidArgument, Unauthorized]),
     operation("create_product", &[Action::EditCatalog], &[AlreadyExists]),
     operation("shopper_product", &[], &[NotFound]),
@@ -816,6 +821,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(order_routes::pay))
         .routes(routes!(order_routes::cancel))
         .routes(routes!(order_routes::return_goods))
+        .routes(routes!(order_routes::resolve_refund))
         .routes(routes!(order_routes::webhook))
         .routes(routes!(catalog_routes::create_product))
         .routes(routes!(

@@ -166,6 +166,53 @@ pub async fn return_goods(
     ))
 }
 
+/// Resolve a refund the gateway refused
+///
+/// A staff decision (admin or operator; a service key is refused 403) on a refund marked `FAILED`: `send_again` makes it owed again, sent by the refund worker as a new refund; `refunded_elsewhere` records the money as gone back outside stockd, and the refund of the payment that paid makes the order `REFUNDED`. Who decided, what and the remark are kept with the refund. A refund that is not `FAILED` is refused (409 `illegal_transition`) and nothing changes.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{id}/refunds/{refund_id}/resolve",
+    tag = "orders",
+    params(("id" = crate::openapi::schemas::OrderId, Path, description = "The order."), ("refund_id" = crate::openapi::schemas::RefundId, Path, description = "One of the order's refunds."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body = crate::order_wire::ResolveRefundRequest,
+    responses((status = 200, description = "Resolved", body = crate::order_wire::OrderBody))
+)]
+pub async fn resolve_refund(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path((id, refund)): Path<(String, String)>,
+    key: RequiredIdempotencyKey,
+    RequiredJsonBody(body): RequiredJsonBody<crate::order_wire::ResolveRefundRequest>,
+) -> Result<Response, ApiError> {
+    let id = parse_order_id(&id)?;
+    let refund = domain::RefundId::parse(&refund).map_err(|error| ApiError::invalid(error.0))?;
+    let claim = body.claim(&caller, key);
+    let request = body.value;
+    let remark = crate::catalog_routes::bounded_text(
+        "remark",
+        Some(request.remark),
+        domain::limits::REMARK_LENGTH_MAX,
+    )?;
+    if remark.trim().is_empty() {
+        return Err(ApiError::invalid(
+            "remark must say why, or what was done instead",
+        ));
+    }
+    Ok(reply_response(
+        state
+            .engine
+            .resolve_refund(
+                &caller,
+                &claim,
+                &id,
+                &refund,
+                request.resolution.into(),
+                &remark,
+            )
+            .await?,
+    ))
+}
+
 // Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the
 // signature (with its timestamp) is the credential.
 /// The payment gateway's signed events

@@ -46,6 +46,40 @@ pub struct PayRequest {
     pub payment_method: PaymentMethod,
 }
 
+/// `POST /v1/orders/{id}/refunds/{refund_id}/resolve`: what becomes of a refund the
+/// gateway refused (`FAILED`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveRefundRequest {
+    pub resolution: RefundResolutionWire,
+    /// Why, or what was done instead (a bank transfer's reference): 1–500 characters.
+    #[schema(value_type = crate::openapi::schemas::Remark, min_length = 1)]
+    pub remark: String,
+}
+
+/// A person's decision on a refund the gateway refused.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundResolutionWire {
+    /// Owed again: the refund worker sends it as a new refund (a new gateway key; the
+    /// refused one's would replay the refusal). The refund is `PENDING`, the order stays
+    /// `REFUND_PENDING`.
+    SendAgain,
+    /// The money went back outside stockd (the gateway's dashboard, a bank transfer):
+    /// the refund is `SUCCEEDED` and nothing is sent; the refund of the payment that
+    /// paid makes its order `REFUNDED`.
+    RefundedElsewhere,
+}
+
+impl From<RefundResolutionWire> for domain::RefundResolution {
+    fn from(wire: RefundResolutionWire) -> domain::RefundResolution {
+        match wire {
+            RefundResolutionWire::SendAgain => domain::RefundResolution::SendAgain,
+            RefundResolutionWire::RefundedElsewhere => domain::RefundResolution::RefundedElsewhere,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OrderLineBody<'a> {
     pub sku: &'a str,
@@ -94,8 +128,29 @@ impl<'a> RefundBody<'a> {
             gateway_refund_id: refund.gateway_refund_id.as_deref(),
             reason: &refund.reason,
             failure_reason: refund.failure_reason.as_deref(),
+            resolution: refund
+                .resolution
+                .as_ref()
+                .map(|resolution| RefundResolutionBody {
+                    resolution: resolution.resolution.as_str(),
+                    by: &resolution.by,
+                    remark: &resolution.remark,
+                    at: resolution.at,
+                }),
         }
     }
+}
+
+/// A person's decision on a refund the gateway had refused.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RefundResolutionBody<'a> {
+    /// `send_again` or `refunded_elsewhere`.
+    pub resolution: &'static str,
+    /// Who decided: `admin` or `operator:<id>`.
+    pub by: &'a str,
+    pub remark: &'a str,
+    #[schema(value_type = crate::openapi::schemas::Timestamp)]
+    pub at: Timestamp,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -109,8 +164,12 @@ pub struct RefundBody<'a> {
     pub currency: &'a str,
     pub gateway_refund_id: Option<&'a str>,
     pub reason: &'a str,
-    /// Why the gateway refused the refund (status `FAILED`).
+    /// Why the gateway refused the refund (status `FAILED`; kept once it was sent
+    /// again: the last refusal).
     pub failure_reason: Option<&'a str>,
+    /// What a person decided after a refusal (`POST
+    /// /v1/orders/{id}/refunds/{refund_id}/resolve`), the last time.
+    pub resolution: Option<RefundResolutionBody<'a>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -49,7 +49,8 @@ pub use ledger::{LedgerMovementId, ReservationMove};
 pub use money::{Currency, PriceMinor};
 pub use order::{
     AttemptStatus, IllegalOrderTransition, ORDER_TRANSITIONS, OrderStatus, PaymentMethod,
-    REFUND_TRANSITIONS, RefundStatus, SECOND_CHARGE_REASON_PREFIX, refund_agrees,
+    REFUND_RESOLUTIONS, REFUND_TRANSITIONS, RefundResolution, RefundStatus,
+    SECOND_CHARGE_REASON_PREFIX, refund_agrees,
 };
 pub use principal::{Action, Denied, Principal, Role, authorize, outside_own_shop};
 pub use quantity::{

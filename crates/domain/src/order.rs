@@ -247,8 +247,64 @@ pub enum RefundStatus {
     Pending,
     /// The gateway says the money went back.
     Succeeded,
-    /// The gateway refused it, or it cannot be read: left to a person, never retried.
+    /// The gateway refused it, or it cannot be read: left to a person, never retried
+    /// by the worker ([`REFUND_RESOLUTIONS`]: a person sends it again or records it
+    /// settled elsewhere).
     Failed,
+}
+
+/// What a person decides for a refund the gateway refused (`FAILED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundResolution {
+    /// Owed again: the refund worker sends it as a new refund, with a new gateway key
+    /// (the refused one's key would replay the refusal).
+    SendAgain,
+    /// The money went back outside stockd (the gateway's dashboard, a bank transfer):
+    /// recorded `SUCCEEDED`, the order `REFUNDED`; nothing is sent.
+    RefundedElsewhere,
+}
+
+/// What a person may decide for a refund, by its status: only a refused one is theirs.
+pub const REFUND_RESOLUTIONS: &[(RefundStatus, RefundResolution, RefundStatus)] = &[
+    (
+        RefundStatus::Failed,
+        RefundResolution::SendAgain,
+        RefundStatus::Pending,
+    ),
+    (
+        RefundStatus::Failed,
+        RefundResolution::RefundedElsewhere,
+        RefundStatus::Succeeded,
+    ),
+];
+
+impl RefundResolution {
+    /// The status a refund at `from` takes by this resolution, when
+    /// [`REFUND_RESOLUTIONS`] allows it.
+    pub fn applied_to(self, from: RefundStatus) -> Option<RefundStatus> {
+        REFUND_RESOLUTIONS
+            .iter()
+            .find(|(status, resolution, _)| *status == from && *resolution == self)
+            .map(|(_, _, to)| *to)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefundResolution::SendAgain => "send_again",
+            RefundResolution::RefundedElsewhere => "refunded_elsewhere",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<RefundResolution, ParseError> {
+        [
+            RefundResolution::SendAgain,
+            RefundResolution::RefundedElsewhere,
+        ]
+        .into_iter()
+        .find(|resolution| resolution.as_str() == text)
+        .ok_or_else(|| ParseError::new(format!("unknown refund resolution '{text}'")))
+    }
 }
 
 /// Every status change of a refund: only a pending one is settled, once.
@@ -315,6 +371,26 @@ pub const SECOND_CHARGE_REASON_PREFIX: &str = "charged (";
 mod tests {
     use super::*;
     use OrderStatus::*;
+
+    #[test]
+    fn only_a_refused_refund_is_resolved_by_a_person() {
+        use RefundResolution::{RefundedElsewhere, SendAgain};
+        assert_eq!(
+            SendAgain.applied_to(RefundStatus::Failed),
+            Some(RefundStatus::Pending)
+        );
+        assert_eq!(
+            RefundedElsewhere.applied_to(RefundStatus::Failed),
+            Some(RefundStatus::Succeeded)
+        );
+        for settled_or_owed in [RefundStatus::Pending, RefundStatus::Succeeded] {
+            assert_eq!(SendAgain.applied_to(settled_or_owed), None);
+            assert_eq!(RefundedElsewhere.applied_to(settled_or_owed), None);
+        }
+        // The worker's own table still never moves a refused refund.
+        assert!(!RefundStatus::Failed.may_become(RefundStatus::Pending));
+        assert!(!RefundStatus::Failed.may_become(RefundStatus::Succeeded));
+    }
 
     #[test]
     fn only_money_taken_and_not_kept_is_refunded() {

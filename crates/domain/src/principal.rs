@@ -48,6 +48,8 @@ pub enum Action {
     ReturnGoods,
     /// Cancel an order that was paid (a refund follows): a staff decision.
     CancelPaidOrder,
+    /// Decide what becomes of a refund the gateway refused: a staff decision.
+    ResolveRefund,
     /// The staff views: a product with versions and stock, the shelf log.
     ViewStaffData,
     /// Run the audit and read the metrics.
@@ -78,6 +80,7 @@ impl Action {
             Action::MoveStock => "move stock",
             Action::ReturnGoods => "take returns",
             Action::CancelPaidOrder => "cancel a paid order",
+            Action::ResolveRefund => "resolve a refused refund",
             Action::ViewStaffData => "read staff views",
             Action::Audit => "run the audit",
             Action::ViewStock => "read stock",
@@ -93,7 +96,7 @@ impl Action {
 
 /// Which roles may take each action. The admin may take every one; the table lists
 /// the others. Anything not listed is refused.
-pub const PERMISSIONS: [(Action, &[Role]); 16] = [
+pub const PERMISSIONS: [(Action, &[Role]); 17] = [
     (Action::ManageCredentials, &[Role::Admin]),
     (Action::DeleteCatalog, &[Role::Admin]),
     (Action::EditCatalog, &[Role::Admin, Role::Operator]),
@@ -101,6 +104,7 @@ pub const PERMISSIONS: [(Action, &[Role]); 16] = [
     (Action::MoveStock, &[Role::Admin, Role::Operator]),
     (Action::ReturnGoods, &[Role::Admin, Role::Operator]),
     (Action::CancelPaidOrder, &[Role::Admin, Role::Operator]),
+    (Action::ResolveRefund, &[Role::Admin, Role::Operator]),
     (Action::ViewStaffData, &[Role::Admin, Role::Operator]),
     (Action::Audit, &[Role::Admin, Role::Operator]),
     (
@@ -278,6 +282,7 @@ mod tests {
             Action::MoveStock,
             Action::ReturnGoods,
             Action::CancelPaidOrder,
+            Action::ResolveRefund,
             Action::Audit,
             Action::ViewOrders,
         ] {
@@ -313,6 +318,7 @@ mod tests {
             Action::MoveStock,
             Action::ReturnGoods,
             Action::CancelPaidOrder,
+            Action::ResolveRefund,
             Action::Audit,
             Action::ManageCredentials,
         ] {

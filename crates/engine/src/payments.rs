@@ -1325,6 +1325,40 @@ impl Engine {
         .await
     }
 
+    /// `POST /v1/orders/{id}/refunds/{refund_id}/resolve`: a staff decision on a refund
+    /// the gateway refused: send it again, or record it refunded elsewhere.
+    pub async fn resolve_refund(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        refund: &RefundId,
+        resolution: domain::RefundResolution,
+        remark: &str,
+    ) -> Result<Reply, EngineError> {
+        self.authorize_on_order(principal, order, &[Action::ResolveRefund])
+            .await?;
+        let decision = store::RefundDecision {
+            resolution,
+            by: principal.scope(),
+            remark: remark.to_owned(),
+        };
+        let renderer = self.inner.renderer.as_ref();
+        self.idempotent("resolve_refund", claim, || {
+            self.retried("resolve_refund", || {
+                self.inner.store.resolve_refund(
+                    claim,
+                    order,
+                    refund,
+                    &decision,
+                    self.now(),
+                    renderer,
+                )
+            })
+        })
+        .await
+    }
+
     /// Unresolved attempts and unconfirmed refunds, for the metrics page.
     pub async fn payment_gauges(&self) -> Result<store::PaymentGauges, EngineError> {
         self.inner

@@ -701,14 +701,16 @@ impl Sandbox {
         }
         let form = parse_form(body);
         let intent_id = form.get("payment_intent").cloned().unwrap_or_default();
+        // A refund that failed or was canceled gave nothing back: the charge may be
+        // refunded again, as at Stripe.
         let (intent, refunded_already) = {
             let books = lock(&self.books);
             (
                 books.intents.get(&intent_id).cloned(),
-                books
-                    .refunds
-                    .values()
-                    .any(|refund| refund.payment_intent == intent_id),
+                books.refunds.values().any(|refund| {
+                    refund.payment_intent == intent_id
+                        && !matches!(refund.status.as_str(), "failed" | "canceled")
+                }),
             )
         };
         let answer = match intent {

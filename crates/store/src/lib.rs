@@ -366,6 +366,7 @@ forward! {
     fn settle_refund(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn note_refund_at_gateway(&self, refund: &RefundId, gateway_refund_id: &str, now: Timestamp) -> Result<(), StoreError>;
     fn return_order(&self, claim: &IdempotencyClaim, order: &OrderId, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn resolve_refund(&self, claim: &IdempotencyClaim, order: &OrderId, refund: &RefundId, decision: &RefundDecision, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn payment_gauges(&self, now: Timestamp) -> Result<PaymentGauges, StoreError>;
     /// One sequencer step: numbers committed outbox rows in the order they are found.
     fn sequence_events(&self, limit: i64) -> Result<u64, StoreError>;

@@ -76,8 +76,30 @@ pub struct RefundRecord {
     pub currency: String,
     pub gateway_refund_id: Option<String>,
     pub reason: String,
-    /// Why the gateway refused it, when it did.
+    /// Why the gateway refused it, when it did (the last refusal, once sent again).
     pub failure_reason: Option<String>,
+    /// What a person decided after a refusal, the last time.
+    pub resolution: Option<RefundResolutionRecord>,
+}
+
+/// A person's decision on a refund the gateway refused, to apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundDecision {
+    pub resolution: domain::RefundResolution,
+    /// Who decided: the principal's scope (`admin`, `operator:<id>`).
+    pub by: String,
+    /// Why, or what was done instead (a bank transfer's reference).
+    pub remark: String,
+}
+
+/// A person's decision on a refused refund, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundResolutionRecord {
+    pub resolution: domain::RefundResolution,
+    /// The operator id, or `admin`.
+    pub by: String,
+    pub remark: String,
+    pub at: Timestamp,
 }
 
 /// An order as a search lists it; `GET /v1/orders/{id}` has the rest.

@@ -603,6 +603,11 @@ impl Dialect for MySqlConnection {
             "schedule_series",
             include_str!("../../migrations/mysql/0007_schedule_series.sql"),
         ),
+        (
+            8,
+            "refund_resolution",
+            include_str!("../../migrations/mysql/0008_refund_resolution.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =

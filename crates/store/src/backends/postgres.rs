@@ -460,6 +460,11 @@ impl Dialect for PgConnection {
             "schedule_sku_pending",
             include_str!("../../migrations/postgres/0025_schedule_sku_pending.sql"),
         ),
+        (
+            26,
+            "refund_resolution",
+            include_str!("../../migrations/postgres/0026_refund_resolution.sql"),
+        ),
     ];
     /// Not oldest first: the records' index is a BRIN index (migration 0003), which
     /// cannot give rows in order, so `ORDER BY created_at` read and sorted every

@@ -632,6 +632,11 @@ impl Dialect for SqliteConnection {
             "schedule_sku_pending",
             include_str!("../../migrations/sqlite/0017_schedule_sku_pending.sql"),
         ),
+        (
+            18,
+            "refund_resolution",
+            include_str!("../../migrations/sqlite/0018_refund_resolution.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

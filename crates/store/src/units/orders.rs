@@ -529,33 +529,48 @@ pub(crate) async fn order_refunds<C: Dialect>(
     id: &OrderId,
 ) -> Result<Vec<RefundRecord>, StoreError> {
     let refund_rows = statement(
-        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason \
+        "SELECT id, attempt_id, status, amount_minor, currency, gateway_refund_id, reason, failure_reason, \
+         resolution, resolved_by, resolution_remark, resolved_at \
          FROM refund WHERE order_id = $1 ORDER BY created_at, id",
     )
     .bind(id.as_str())
-    .fetch_all_as::<(String, String, String, i64, String, Option<String>, String, Option<String>)>(&mut *connection)
+    .fetch_all_rows(&mut *connection)
     .await?;
     let mut refunds = Vec::with_capacity(refund_rows.len());
-    for (
-        refund,
-        attempt,
-        status,
-        amount_minor,
-        currency,
-        gateway_refund_id,
-        reason,
-        failure_reason,
-    ) in refund_rows
-    {
+    for row in &refund_rows {
+        let refund: String = row.try_get("id")?;
+        let attempt: String = row.try_get("attempt_id")?;
+        let resolution: Option<String> = row.try_get("resolution")?;
+        let resolution = match resolution {
+            Some(resolution) => Some(crate::orders::RefundResolutionRecord {
+                resolution: parse_stored(
+                    "refund resolution",
+                    &resolution,
+                    domain::RefundResolution::parse,
+                )?,
+                by: row
+                    .try_get::<Option<String>, _>("resolved_by")?
+                    .unwrap_or_default(),
+                remark: row
+                    .try_get::<Option<String>, _>("resolution_remark")?
+                    .unwrap_or_default(),
+                at: Timestamp::from_unix_milliseconds(
+                    row.try_get::<Option<i64>, _>("resolved_at")?
+                        .unwrap_or_default(),
+                ),
+            }),
+            None => None,
+        };
         refunds.push(RefundRecord {
             id: parse_stored("refund id", &refund, RefundId::parse)?,
             attempt_id: parse_stored("attempt id", &attempt, PaymentAttemptId::parse)?,
-            status,
-            amount_minor,
-            currency,
-            gateway_refund_id,
-            reason,
-            failure_reason,
+            status: row.try_get("status")?,
+            amount_minor: row.try_get("amount_minor")?,
+            currency: row.try_get("currency")?,
+            gateway_refund_id: row.try_get("gateway_refund_id")?,
+            reason: row.try_get("reason")?,
+            failure_reason: row.try_get("failure_reason")?,
+            resolution,
         });
     }
     Ok(refunds)

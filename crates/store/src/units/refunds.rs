@@ -6,14 +6,17 @@
 
 use super::Units;
 use super::decode::{derived_random, expect_one_row, invariant, parse_stored};
-use super::orders::{lock_order, move_order};
+use super::idempotency::{claim_or_answer, commit_with_answer};
+use super::orders::{lock_order, move_order, order_answer};
 use super::payments::retry_delay;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
-use crate::orders::RefundToIssue;
+use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
+use crate::orders::{RefundDecision, RefundToIssue};
 use crate::sql::statement;
 use domain::{
-    AttemptStatus, OrderId, OrderStatus, PaymentAttemptId, RefundId, RefundStatus, Timestamp,
+    AttemptStatus, ErrorCode, OrderId, OrderStatus, PaymentAttemptId, RefundId, RefundStatus,
+    Timestamp,
 };
 
 /// A refund of what `attempt` charged, to be issued by the refund worker with its own
@@ -45,16 +48,35 @@ pub(crate) async fn insert_refund<C: Dialect>(
     expect_one_row(inserted, &format!("a refund of attempt {attempt}"))
 }
 
-/// Moves a refund to `to` through [`domain::REFUND_TRANSITIONS`], from its status as
-/// read under its order's lock (every status change of a refund holds it), with the update
-/// conditional on that status and its row count checked. Answers whether it moved: a
-/// refund already at `to` stays (the same answer, applied twice).
+/// Who moves a refund, and so which table allows the move.
+enum RefundChange<'a> {
+    /// The gateway's answer, as the refund worker read it
+    /// ([`domain::REFUND_TRANSITIONS`]).
+    Answered {
+        to: RefundStatus,
+        gateway_refund_id: Option<&'a str>,
+        failure_reason: Option<&'a str>,
+    },
+    /// A person's decision on a refused refund ([`domain::REFUND_RESOLUTIONS`]),
+    /// recorded with it.
+    Resolved(&'a RefundDecision),
+}
+
+/// Moves a refund as `change` says, from its status as read under its order's lock
+/// (every status change of a refund holds it), through the change's transition table,
+/// with the update conditional on that status and its row count checked. Answers
+/// whether it moved: a refund the gateway's answer leaves where it is stays (the same
+/// answer, applied twice).
+///
+/// A refund sent again gets a key of its own (the refused refund's id and the time of
+/// the decision: the gateway must see a new refund, and a refund is refused again at
+/// the earliest after a round trip, so no two decisions share a millisecond), loses
+/// the refused refund's id (the worker would read that one back instead of sending),
+/// and is due at once, not counted as tried.
 async fn move_refund<C: Dialect>(
     transaction: &mut C,
     refund: &RefundId,
-    to: RefundStatus,
-    gateway_refund_id: Option<&str>,
-    failure_reason: Option<&str>,
+    change: RefundChange<'_>,
     now: Timestamp,
 ) -> Result<bool, StoreError> {
     let status: String = statement("SELECT status FROM refund WHERE id = $1")
@@ -62,19 +84,47 @@ async fn move_refund<C: Dialect>(
         .fetch_one_scalar(&mut *transaction)
         .await?;
     let from = parse_stored("refund status", &status, RefundStatus::parse)?;
-    if from == to {
-        return Ok(false);
-    }
-    if !from.may_become(to) {
-        return Err(invariant(format!(
-            "refund {refund} cannot go from {} to {}",
-            from.as_str(),
-            to.as_str()
-        )));
-    }
+    let (to, gateway_refund_id, failure_reason, decision) = match change {
+        RefundChange::Answered {
+            to,
+            gateway_refund_id,
+            failure_reason,
+        } => {
+            if from == to {
+                return Ok(false);
+            }
+            if !from.may_become(to) {
+                return Err(invariant(format!(
+                    "refund {refund} cannot go from {} to {}",
+                    from.as_str(),
+                    to.as_str()
+                )));
+            }
+            (to, gateway_refund_id, failure_reason, None)
+        }
+        RefundChange::Resolved(decision) => {
+            let Some(to) = decision.resolution.applied_to(from) else {
+                return Err(invariant(format!(
+                    "refund {refund} is {}: {} does not apply",
+                    from.as_str(),
+                    decision.resolution.as_str()
+                )));
+            };
+            (to, None, None, Some(decision))
+        }
+    };
+    let sent_again = decision.is_some() && to == RefundStatus::Pending;
     let updated = statement(
-        "UPDATE refund SET status = $2, gateway_refund_id = COALESCE($3, gateway_refund_id), \
-         failure_reason = COALESCE($4, failure_reason), updated_at = $5 WHERE id = $1 AND status = $6",
+        "UPDATE refund SET status = $2, \
+         gateway_refund_id = CASE WHEN $7 = 1 THEN NULL ELSE COALESCE($3, gateway_refund_id) END, \
+         failure_reason = COALESCE($4, failure_reason), updated_at = $5, \
+         gateway_key = CASE WHEN $7 = 1 THEN $8 ELSE gateway_key END, \
+         tries = CASE WHEN $7 = 1 THEN 0 ELSE tries END, \
+         next_try_at = CASE WHEN $7 = 1 THEN $5 ELSE next_try_at END, \
+         resolution = COALESCE($9, resolution), resolved_by = COALESCE($10, resolved_by), \
+         resolution_remark = COALESCE($11, resolution_remark), \
+         resolved_at = CASE WHEN $12 = 1 THEN $5 ELSE resolved_at END \
+         WHERE id = $1 AND status = $6",
     )
     .bind(refund.as_str())
     .bind(to.as_str())
@@ -82,6 +132,15 @@ async fn move_refund<C: Dialect>(
     .bind(failure_reason.map(|reason| domain::limits::bounded_reason(reason).into_owned()))
     .bind(now.unix_milliseconds())
     .bind(from.as_str())
+    .bind(i64::from(sent_again))
+    .bind(format!(
+        "stockd-refund-{refund}-again-{}",
+        now.unix_milliseconds()
+    ))
+    .bind(decision.map(|decision| decision.resolution.as_str()))
+    .bind(decision.map(|decision| decision.by.as_str()))
+    .bind(decision.map(|decision| domain::limits::bounded_reason(&decision.remark).into_owned()))
+    .bind(i64::from(decision.is_some()))
     .execute(&mut *transaction)
     .await?;
     expect_one_row(updated, "moving a refund under its order's lock")?;
@@ -210,9 +269,11 @@ impl<B: Backend> Units<B> {
         let moved = move_refund(
             &mut *transaction,
             refund,
-            RefundStatus::Succeeded,
-            Some(gateway_refund_id),
-            None,
+            RefundChange::Answered {
+                to: RefundStatus::Succeeded,
+                gateway_refund_id: Some(gateway_refund_id),
+                failure_reason: None,
+            },
             now,
         )
         .await?;
@@ -232,6 +293,93 @@ impl<B: Backend> Units<B> {
         }
         transaction.commit().await?;
         Ok(())
+    }
+
+    /// A person's decision on refund `refund` of `order`, which the gateway refused
+    /// (`FAILED`), through [`domain::REFUND_RESOLUTIONS`]: sent again (`PENDING`, due at
+    /// once, with a new gateway key: the refused one's would replay the refusal, and
+    /// without the refused refund's id, which the worker would read back instead of
+    /// sending), or refunded elsewhere (`SUCCEEDED`; the refund of the attempt that
+    /// paid moves its order from `REFUND_PENDING` to `REFUNDED`). Who decided, what and
+    /// why are kept with the refund. Any other status is refused
+    /// (`illegal_transition`), and nothing changes.
+    pub async fn resolve_refund(
+        &self,
+        claim: &IdempotencyClaim,
+        order: &OrderId,
+        refund: &RefundId,
+        decision: &RefundDecision,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        // The order before the key, as every unit of work on an order takes them, and
+        // the lock every status change of its refunds holds.
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        let found: Option<(String, String)> = statement(
+            "SELECT refund.status, payment_attempt.status FROM refund \
+             JOIN payment_attempt ON payment_attempt.id = refund.attempt_id \
+             WHERE refund.id = $1 AND refund.order_id = $2",
+        )
+        .bind(refund.as_str())
+        .bind(order.as_str())
+        .fetch_optional_as(&mut *transaction)
+        .await?;
+        let refusal = match (locked, found) {
+            (None, _) => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' does not exist"),
+            )),
+            (Some(_), None) => Some(Rejection::new(
+                ErrorCode::NotFound,
+                format!("order '{order}' has no refund '{refund}'"),
+            )),
+            (Some((order_status, _, _)), Some((status, attempt_status))) => {
+                let from = parse_stored("refund status", &status, RefundStatus::parse)?;
+                match decision.resolution.applied_to(from) {
+                    None => Some(Rejection::new(
+                        ErrorCode::IllegalTransition,
+                        format!(
+                            "refund '{refund}' is {}: only a refund the gateway refused (FAILED) is resolved",
+                            from.as_str()
+                        ),
+                    )),
+                    Some(to) => {
+                        move_refund(
+                            &mut *transaction,
+                            refund,
+                            RefundChange::Resolved(decision),
+                            now,
+                        )
+                        .await?;
+                        if to == RefundStatus::Succeeded
+                            && attempt_status == AttemptStatus::Succeeded.as_str()
+                            && order_status == OrderStatus::RefundPending
+                        {
+                            move_order(
+                                &mut *transaction,
+                                order,
+                                OrderStatus::RefundPending,
+                                OrderStatus::Refunded,
+                                &format!(
+                                    "refund {refund} settled outside stockd ({})",
+                                    decision.by
+                                ),
+                                now,
+                            )
+                            .await?;
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        let response = order_answer(&mut *transaction, order, refusal, renderer).await?;
+        commit_with_answer(transaction, claim, response).await
     }
 
     /// Records a refund the gateway refused outright: `FAILED` with its reason, never
@@ -257,9 +405,11 @@ impl<B: Backend> Units<B> {
         move_refund(
             &mut *transaction,
             refund,
-            RefundStatus::Failed,
-            None,
-            Some(reason),
+            RefundChange::Answered {
+                to: RefundStatus::Failed,
+                gateway_refund_id: None,
+                failure_reason: Some(reason),
+            },
             now,
         )
         .await?;
