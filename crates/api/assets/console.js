@@ -754,9 +754,33 @@
           element("td", {}, attempt.payment_method), element("td", {}, attempt.gateway_payment_id || ""), element("td", {}, attempt.failure_reason || "")))),
       element("h3", {}, "Refunds"),
       order.refunds.length === 0 ? element("p", { class: "muted" }, "None.") :
-        table(["Refund", "Status", { title: "Amount", number: true }, "Reason"], order.refunds.map((refund) => element("tr", {},
+        table(["Refund", "Status", { title: "Amount", number: true }, "Reason", "Why it failed", "Decision", ""], order.refunds.map((refund) => element("tr", {},
           element("td", {}, element("code", {}, refund.refund_id)), element("td", {}, badge(refund.status)),
-          element("td", { class: "number" }, `${refund.amount} ${refund.currency}`), element("td", {}, refund.reason))))));
+          element("td", { class: "number" }, `${refund.amount} ${refund.currency}`), element("td", {}, refund.reason),
+          element("td", {}, refund.failure_reason || ""),
+          element("td", {}, refund.resolution ? `${refund.resolution.resolution === "send_again" ? "sent again" : "refunded elsewhere"} by ${refund.resolution.by}: ${refund.resolution.remark}` : ""),
+          element("td", {}, refund.status === "FAILED" && me && me.role !== "service" ?
+            element("button", { type: "button", class: "secondary", onclick: () => resolveRefund(order, refund, holder) }, "Resolve refund…") : null))))));
+  }
+
+  // A refund the gateway refused waits for a person: sent again once its cause is
+  // gone, or recorded as refunded another way (the gateway's dashboard, a transfer).
+  async function resolveRefund(order, refund, holder) {
+    const resolution = element("select", { id: "refund-resolution" },
+      element("option", { value: "send_again" }, "Send it again (the cause is gone)"),
+      element("option", { value: "refunded_elsewhere" }, "Refunded outside stockd (the order becomes REFUNDED)"));
+    const remark = element("input", { id: "refund-remark", required: true, maxlength: 500, placeholder: "why, or what was done instead" });
+    const body = element("div", {},
+      element("p", {}, `The gateway refused refund ${refund.refund_id} of ${refund.amount} ${refund.currency}: ${refund.failure_reason || "no reason given"}.`),
+      field("Decision", resolution), field("Remark", remark));
+    if (!(await ask("Resolve this refund?", body, "Resolve refund", false, () => remark.value.trim().length > 0))) return;
+    try {
+      await api("POST", `/v1/orders/${order.order_id}/refunds/${refund.refund_id}/resolve`, { resolution: resolution.value, remark: remark.value.trim() });
+      say(`Refund ${refund.refund_id} resolved.`);
+      showOrder(order.order_id, holder);
+    } catch (error) {
+      holder.prepend(problemBox(error));
+    }
   }
 
   // ---- audit ----

@@ -27,7 +27,8 @@
 //! `charge_already_refunded`. `GET /v1/refunds/{id}` reads a refund as it is now; the
 //! sandbox can create refunds `pending`, `failed` or `canceled`
 //! (`Sandbox::answer_next_refunds_with`) and later let the pending ones succeed
-//! (`Sandbox::complete_pending_refunds`).
+//! (`Sandbox::complete_pending_refunds`). A payment with `pm_card_refundFail` succeeds,
+//! and every refund of it is created `failed`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -99,6 +100,9 @@ pub enum Fault {
     WebhookThreeTimes,
     WebhooksOutOfOrder,
     RequiresAction,
+    /// Charged; every refund of the charge is created `failed` (the bank sent the
+    /// money back to the merchant), as Stripe's `pm_card_refundFail` ends.
+    RefundFail,
 }
 
 impl Fault {
@@ -115,6 +119,7 @@ impl Fault {
             "pm_sandbox_webhook_3x" => Fault::WebhookThreeTimes,
             "pm_sandbox_webhooks_out_of_order" => Fault::WebhooksOutOfOrder,
             "pm_sandbox_requires_action" => Fault::RequiresAction,
+            "pm_card_refundFail" => Fault::RefundFail,
             _ => return None,
         })
     }
@@ -130,6 +135,7 @@ impl Fault {
             "webhook_3x" => Fault::WebhookThreeTimes,
             "webhooks_out_of_order" => Fault::WebhooksOutOfOrder,
             "requires_action" => Fault::RequiresAction,
+            "refund_fail" => Fault::RefundFail,
             other => return Err(format!("unknown fault '{other}'")),
         })
     }
@@ -164,6 +170,8 @@ struct Books {
     /// The status the next refunds are created with instead of `succeeded`
     /// (`answer_next_refunds_with`), and how many are left.
     refund_status_next: Option<(String, u32)>,
+    /// Intents charged with `pm_card_refundFail`: their refunds are created `failed`.
+    refunds_fail_for: std::collections::HashSet<String>,
     charges: u64,
     events_sent: u64,
     deliveries_acknowledged: u64,
@@ -659,7 +667,13 @@ impl Sandbox {
                 (200, serde_json::to_string(&intent).unwrap_or_default())
             }
         };
-        lock(&self.books).intents.insert(intent.id.clone(), intent);
+        {
+            let mut books = lock(&self.books);
+            if fault == Fault::RefundFail {
+                books.refunds_fail_for.insert(intent.id.clone());
+            }
+            books.intents.insert(intent.id.clone(), intent);
+        }
         self.finish_key(key.as_deref(), &fingerprint, &answer);
         match fault {
             Fault::ChargeThenTimeout => {
@@ -731,11 +745,13 @@ impl Sandbox {
                     .unwrap_or(intent.amount);
                 let status = {
                     let mut books = lock(&self.books);
+                    let fails = books.refunds_fail_for.contains(&intent.id);
                     match &mut books.refund_status_next {
                         Some((status, left)) if *left > 0 => {
                             *left -= 1;
                             status.clone()
                         }
+                        _ if fails => "failed".to_owned(),
                         _ => "succeeded".to_owned(),
                     }
                 };
@@ -1040,6 +1056,11 @@ mod tests {
             Some(Fault::Succeed)
         );
         assert_eq!(Fault::from_payment_method("pm_card_doesNotExist"), None);
+        assert_eq!(
+            Fault::from_payment_method("pm_card_refundFail"),
+            Some(Fault::RefundFail)
+        );
+        assert_eq!(Fault::parse("refund_fail"), Ok(Fault::RefundFail));
         assert_eq!(
             Fault::from_payment_method("pm_card_chargeDeclined"),
             Some(Fault::Decline)
