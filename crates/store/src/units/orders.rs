@@ -758,7 +758,29 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
-        let plan = self.plan_order(&mut *transaction, order).await?;
+        let mut plan = self.plan_order(&mut *transaction, order).await?;
+        // A checkout leaves out the lines that cannot be sold (seed 003 §5.1): one that
+        // went short or off the shelf after the cart was read is found so only here,
+        // under the locks, and is left out with its problem instead of refusing the
+        // lines that can still be ordered.
+        let narrowed = match &plan.decisions[0] {
+            Err(rejection)
+                if order.skipped.is_some()
+                    && order.lines.len() > 1
+                    && matches!(
+                        rejection.code,
+                        ErrorCode::InsufficientStock | ErrorCode::OffShelf
+                    ) =>
+            {
+                self.without_lines_gone_bad(&mut *transaction, order)
+                    .await?
+            }
+            _ => None,
+        };
+        if let Some(narrowed) = &narrowed {
+            plan = self.plan_order(&mut *transaction, narrowed).await?;
+        }
+        let order = narrowed.as_ref().unwrap_or(order);
         if !plan.undecided.is_empty() {
             // A campaign's bucket was short: nothing stored, the key not claimed.
             transaction.rollback().await?;
@@ -826,6 +848,63 @@ impl<B: Backend> Units<B> {
             }
         };
         commit_with_answer(transaction, claim, response).await
+    }
+
+    /// A checkout's order without the lines that cannot be sold now, as each decided
+    /// alone under the order's locks finds (short: `out_of_stock`, or
+    /// `quantity_above_available` while some is left; `off_shelf`), those added to its
+    /// skipped lines; `None` when no line is refused alone or none would be left (the
+    /// whole order's refusal stands).
+    async fn without_lines_gone_bad(
+        &self,
+        transaction: &mut B::Connection,
+        order: &NewOrder,
+    ) -> Result<Option<NewOrder>, StoreError> {
+        let mut kept = Vec::with_capacity(order.lines.len());
+        let mut skipped = order.skipped.clone().unwrap_or_default();
+        let skipped_before = skipped.len();
+        for line in &order.lines {
+            let alone = NewOrder {
+                lines: vec![line.clone()],
+                ..order.clone()
+            };
+            let plan = self.plan_order(&mut *transaction, &alone).await?;
+            let problem = match &plan.decisions[0] {
+                Err(rejection) if rejection.code == ErrorCode::OffShelf => {
+                    Some(domain::cart::CartProblem::OffShelf)
+                }
+                Err(rejection) if rejection.code == ErrorCode::InsufficientStock => {
+                    let available: Option<i64> =
+                        statement("SELECT available FROM stock WHERE sku = $1 AND warehouse = $2")
+                            .bind(line.sku.as_str())
+                            .bind(line.warehouse.as_str())
+                            .fetch_optional_scalar(&mut *transaction)
+                            .await?;
+                    Some(if available.unwrap_or(0) > 0 {
+                        domain::cart::CartProblem::QuantityAboveAvailable
+                    } else {
+                        domain::cart::CartProblem::OutOfStock
+                    })
+                }
+                _ => None,
+            };
+            match problem {
+                Some(problem) => skipped.push(crate::catalog::SkippedLine {
+                    sku: line.sku.clone(),
+                    quantity: line.quantity.get(),
+                    problem,
+                }),
+                None => kept.push(line.clone()),
+            }
+        }
+        if kept.is_empty() || skipped.len() == skipped_before {
+            return Ok(None);
+        }
+        Ok(Some(NewOrder {
+            lines: kept,
+            skipped: Some(skipped),
+            ..order.clone()
+        }))
     }
 
     /// Locks an order's stock rows (in the global order) and its shopper's tallies, and
