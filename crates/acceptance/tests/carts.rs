@@ -19,7 +19,7 @@ mirrored_tests!(
     a_refused_checkout_is_stored_and_its_retry_hears_it_after_the_cart_changed,
     a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_checkout_refused,
     lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skipped,
-    a_line_gone_short_while_the_checkout_waits_is_skipped_not_the_whole_order,
+    lines_gone_short_or_off_the_shelf_while_the_checkout_waits_are_skipped,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -566,22 +566,30 @@ async fn a_checkout_takes_its_lines_out_of_the_cart_with_its_order(backend: Back
     app.assert_audit_clean().await;
 }
 
-/// Found in review: a line that went short after the checkout read the cart refused
-/// the whole checkout (409, stored under its key), though the other line could be
-/// ordered and a checkout skips what cannot be sold (seed 003 §5.1). Such a line (or
-/// one taken off the shelf meanwhile) is now found under the order's locks and
-/// skipped with its problem.
-async fn a_line_gone_short_while_the_checkout_waits_is_skipped_not_the_whole_order(
-    backend: Backend,
-) {
+/// Found in review: a line that went short or off the shelf after the checkout read
+/// the cart refused the whole checkout (409, stored under its key), though the other
+/// line could be ordered and a checkout skips what cannot be sold (seed 003 §5.1).
+/// Such lines are now found under the order's locks and skipped with their problem.
+async fn lines_gone_short_or_off_the_shelf_while_the_checkout_waits_are_skipped(backend: Backend) {
     if backend == Backend::Sqlite {
         // One writer: nothing changes while the checkout waits in its transaction.
         return;
     }
     let app =
         TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 60_000).await;
+    // C-QUIT, of a product of its own, goes off the shelf while the checkout waits.
+    let quit = app
+        .create_product(ProductSpec::complete("north", &["C-QUIT"]))
+        .await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [quit]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    app.receive("C-QUIT", 5).await;
+    let admin = app.clone();
     let app = shop_with_stock(&app).await;
     put_item(&app, "gina", "C-PLENTY", 2).await;
+    put_item(&app, "gina", "C-QUIT", 1).await;
     put_item(&app, "gina", "C-SCARCE", 1).await;
     // C-PLENTY sorts first: the checkout waits on its row before it locks the others.
     let mut holder = app.database.hold_stock_row_lock("C-PLENTY").await;
@@ -595,6 +603,10 @@ async fn a_line_gone_short_while_the_checkout_waits_is_skipped_not_the_whole_ord
     app.database.wait_until_blocked_by(&mut holder).await;
     let last_one = app.reserve("someone-else", &[("C-SCARCE", 1)]).await;
     assert_eq!(last_one.status, 201, "{last_one:?}");
+    let off = admin
+        .shelf(None, json!({"operation": "off", "sku_ids": ["C-QUIT"]}))
+        .await;
+    assert_eq!(off.status, 200, "{off:?}");
     holder.execute("ROLLBACK").await.unwrap();
 
     let ordered = checkout.await.unwrap();
@@ -626,7 +638,10 @@ async fn a_line_gone_short_while_the_checkout_waits_is_skipped_not_the_whole_ord
         .collect();
     assert_eq!(
         skipped,
-        [("C-SCARCE".to_owned(), "out_of_stock".to_owned())],
+        [
+            ("C-QUIT".to_owned(), "off_shelf".to_owned()),
+            ("C-SCARCE".to_owned(), "out_of_stock".to_owned())
+        ],
         "{body:#}"
     );
     assert_eq!(
@@ -640,7 +655,11 @@ async fn a_line_gone_short_while_the_checkout_waits_is_skipped_not_the_whole_ord
     assert_eq!(app.counters("C-PLENTY").await, (8, 2));
     let cart = app.send(Call::get("/v1/carts/gina")).await.json();
     let left: Vec<String> = problems(&cart).into_iter().map(|(sku, _)| sku).collect();
-    assert_eq!(left, ["C-SCARCE"], "the skipped line stays in the cart");
+    assert_eq!(
+        left,
+        ["C-QUIT", "C-SCARCE"],
+        "the skipped lines stay in the cart"
+    );
     app.assert_audit_clean().await;
 }
 
