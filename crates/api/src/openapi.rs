@@ -212,6 +212,11 @@ pub mod schemas {
         "type": "string", "maxLength": REMARK_LENGTH_MAX, "pattern": TEXT_PATTERN,
         "description": "Why, recorded in the shelf log.",
     }));
+    named_schema!(RefundRemark => json!({
+        "type": "string", "minLength": 1, "maxLength": REMARK_LENGTH_MAX, "pattern": NON_BLANK_TEXT_PATTERN,
+        "description": "Why a refused refund was resolved so, or what was done instead: not blank.",
+        "examples": ["refunded by bank transfer 4711"],
+    }));
     named_schema!(ServiceKeyName => json!({
         "type": "string", "minLength": 1, "maxLength": SERVICE_KEY_NAME_LENGTH_MAX,
         "pattern": NON_BLANK_TEXT_PATTERN,
@@ -343,6 +348,7 @@ pub mod schemas {
             ProductTitle,
             Spec,
             Remark,
+            RefundRemark,
             ServiceKeyName,
             ImageUrl,
             Currency,
@@ -1552,6 +1558,9 @@ mod tests {
             }),
             ("ServiceKeyName", |text| {
                 crate::wire::service_key_name(text).is_ok()
+            }),
+            ("RefundRemark", |text| {
+                crate::order_routes::refund_remark(text.to_owned()).is_ok()
             }),
         ];
         let corpus = corpus();

@@ -188,16 +188,7 @@ pub async fn resolve_refund(
     let refund = domain::RefundId::parse(&refund).map_err(|error| ApiError::invalid(error.0))?;
     let claim = body.claim(&caller, key);
     let request = body.value;
-    let remark = crate::catalog_routes::bounded_text(
-        "remark",
-        Some(request.remark),
-        domain::limits::REMARK_LENGTH_MAX,
-    )?;
-    if remark.trim().is_empty() {
-        return Err(ApiError::invalid(
-            "remark must say why, or what was done instead",
-        ));
-    }
+    let remark = refund_remark(request.remark)?;
     Ok(reply_response(
         state
             .engine
@@ -211,6 +202,22 @@ pub async fn resolve_refund(
             )
             .await?,
     ))
+}
+
+/// A resolution's remark (`RefundRemark` in the OpenAPI document): at most 500
+/// characters without control characters or line separators, and not blank.
+pub(crate) fn refund_remark(remark: String) -> Result<String, ApiError> {
+    let remark = crate::catalog_routes::bounded_text(
+        "remark",
+        Some(remark),
+        domain::limits::REMARK_LENGTH_MAX,
+    )?;
+    if remark.trim().is_empty() {
+        return Err(ApiError::invalid(
+            "remark must say why, or what was done instead",
+        ));
+    }
+    Ok(remark)
 }
 
 // Webhooks carry no Idempotency-Key: the gateway's event id is the key, and the

@@ -52,8 +52,9 @@ pub struct PayRequest {
 #[serde(deny_unknown_fields)]
 pub struct ResolveRefundRequest {
     pub resolution: RefundResolutionWire,
-    /// Why, or what was done instead (a bank transfer's reference): 1–500 characters.
-    #[schema(value_type = crate::openapi::schemas::Remark, min_length = 1)]
+    /// Why, or what was done instead (a bank transfer's reference): 1–500 characters,
+    /// not blank.
+    #[schema(value_type = crate::openapi::schemas::RefundRemark)]
     pub remark: String,
 }
 
