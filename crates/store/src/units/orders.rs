@@ -13,8 +13,8 @@ use super::outbox::{NewEvent, Sequence, append_event};
 use super::payments::paying_attempt;
 use super::refunds::insert_refund;
 use super::reservations::{
-    Move, Mover, OneByOne, WholeBatch, claim_past_cursor, load_reservation,
-    settle_order_reservation, settle_reservations, whole_batch,
+    Move, Mover, OneByOne, begin_whole_batch, claim_past_cursor, kept_whole, load_reservation,
+    settle_order_reservation, settle_reservations,
 };
 use super::stock::{LedgerEntry, insert_ledger_row};
 use super::tallies::{add_to_tallies, give_back_refunded_units, read_tallies};
@@ -143,11 +143,14 @@ pub(crate) async fn release_order<C: Dialect>(
     move_order(transaction, order, from, to, why, now).await
 }
 
+/// A locked order: its status, reservation and hold end ([`lock_order`]).
+pub(crate) type LockedOrder = (OrderStatus, ReservationId, Timestamp);
+
 /// The locked order's status, reservation and hold end.
 pub(crate) async fn lock_order<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
-) -> Result<Option<(OrderStatus, ReservationId, Timestamp)>, StoreError> {
+) -> Result<Option<LockedOrder>, StoreError> {
     let row = statement(C::SELECT_ORDER_FOR_UPDATE)
         .bind(order.as_str())
         .fetch_optional_as::<(String, String, i64)>(&mut *transaction)
@@ -160,6 +163,17 @@ pub(crate) async fn lock_order<C: Dialect>(
         ))
     })
     .transpose()
+}
+
+/// A unit of work on one order under an idempotency key, as
+/// [`Units::open_on_order`] opened it.
+pub(crate) enum OnOrder<T> {
+    /// The key had its answer already (a replay, a key in flight or reused): the
+    /// transaction is rolled back, nothing is held.
+    Answered(Idempotent),
+    /// The order's row locked (`None`: no such order) and the key claimed, both held
+    /// to the transaction's end.
+    Open(T, Option<LockedOrder>),
 }
 
 /// The status of a reservation its locked order holds (the order's lock guards it).
@@ -743,6 +757,24 @@ async fn expire_these<C: Dialect>(
 }
 
 impl<B: Backend> Units<B> {
+    /// Begins a unit of work on `order` under `claim`: the order's row lock before
+    /// the key, as every unit of work on an order takes them (two orders' units under
+    /// one key would otherwise lock in opposite orders), then the key claimed.
+    pub(crate) async fn open_on_order(
+        &self,
+        order: &OrderId,
+        claim: &IdempotencyClaim,
+        now: Timestamp,
+    ) -> Result<OnOrder<B::Transaction>, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        let locked = lock_order(&mut *transaction, order).await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(OnOrder::Answered(answer));
+        }
+        Ok(OnOrder::Open(transaction, locked))
+    }
+
     /// An order and its reservation, in one transaction: all lines reserved or none,
     /// the amount from the SKUs' prices, the shopper's open holds and per-user limits
     /// counted. The reservation is held by the order: only its flow moves it.
@@ -1089,33 +1121,17 @@ impl<B: Backend> Units<B> {
         // each under a savepoint. The broken one stays as it is, reported for a
         // person; before, it rolled the whole step back, and, claimed first again by
         // every later step, stopped every unpaid order of every shop expiring.
-        statement("SAVEPOINT order_expiry_batch")
-            .execute(&mut *transaction)
-            .await?;
+        begin_whole_batch(&mut *transaction).await?;
         let whole = expire_these(&mut *transaction, &expiring, now).await;
-        match whole_batch(whole)? {
-            WholeBatch::Settled => {
-                statement("RELEASE SAVEPOINT order_expiry_batch")
-                    .execute(&mut *transaction)
-                    .await?;
-                transaction.commit().await?;
-                return Ok(OrderExpiry {
-                    expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
-                    stuck: Vec::new(),
-                    deferred: Vec::new(),
-                    resume_after,
-                });
-            }
-            WholeBatch::FailedOnTheData(failure) => {
-                tracing::warn!(%failure, "an order expiry batch could not be applied whole: one by one");
-            }
-            WholeBatch::RowHeld(failure) => {
-                tracing::warn!(%failure, "an order expiry batch waited past the lock bound for a stock row: one by one");
-            }
+        if kept_whole(&mut *transaction, "an order expiry batch", whole).await? {
+            transaction.commit().await?;
+            return Ok(OrderExpiry {
+                expired: expiring.into_iter().map(|(order, _, _)| order).collect(),
+                stuck: Vec::new(),
+                deferred: Vec::new(),
+                resume_after,
+            });
         }
-        statement("ROLLBACK TO SAVEPOINT order_expiry_batch")
-            .execute(&mut *transaction)
-            .await?;
         let mut one_by_one = OneByOne::start(&mut *transaction, expiring.len()).await?;
         for single in expiring {
             let reservation = single.2.clone();
@@ -1157,13 +1173,10 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
-        let mut transaction = self.begin_write().await?;
-        // The order before the key, as every unit of work on an order takes them.
-        let locked = lock_order(&mut *transaction, order).await?;
-        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(answer);
-        }
+        let (mut transaction, locked) = match self.open_on_order(order, claim, now).await? {
+            OnOrder::Answered(answer) => return Ok(answer),
+            OnOrder::Open(transaction, locked) => (transaction, locked),
+        };
         let holds_stock = match &locked {
             Some((_, reservation, _)) => {
                 reservation_status(&mut *transaction, reservation).await?
@@ -1234,13 +1247,10 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
-        let mut transaction = self.begin_write().await?;
-        // The order before the key, as every unit of work on an order takes them.
-        let locked = lock_order(&mut *transaction, order).await?;
-        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(answer);
-        }
+        let (mut transaction, locked) = match self.open_on_order(order, claim, now).await? {
+            OnOrder::Answered(answer) => return Ok(answer),
+            OnOrder::Open(transaction, locked) => (transaction, locked),
+        };
         let refusal = match locked {
             None => Some(Rejection::new(
                 ErrorCode::NotFound,

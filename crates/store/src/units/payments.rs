@@ -9,8 +9,8 @@ use super::Units;
 use super::decode::{corrupt, derived_random, expect_one_row, invariant, parse_stored};
 use super::idempotency::{claim_or_answer, commit_with_answer, complete_claim, withdraw_claim};
 use super::orders::{
-    OrderHold, load_order, lock_order, move_order, order_lines, release_order, reservation_status,
-    write_order_hold,
+    OnOrder, OrderHold, load_order, lock_order, move_order, order_lines, release_order,
+    reservation_status, write_order_hold,
 };
 use super::outbox::{NewEvent, Sequence, append_event};
 use super::refunds::insert_refund;
@@ -850,18 +850,16 @@ impl<B: Backend> Units<B> {
         (now, hold_ends_by): (Timestamp, Timestamp),
         renderer: &dyn ResponseRenderer,
     ) -> Result<BeginPayment, StoreError> {
-        let mut transaction = self.begin_write().await?;
-        let locked = lock_order(&mut *transaction, order).await?;
         // The key is claimed before anything is decided, and held to the commit: two
         // requests under one key for two orders (two instances, each locking its own
         // order) would otherwise both see no attempt of the other's and both charge a
         // card. The second now waits here for the first's commit, then finds its
         // attempt below. A payment that goes on to the gateway withdraws the claim
         // before committing: its answer is stored once the gateway has given it.
-        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(BeginPayment::Answered(answer));
-        }
+        let (mut transaction, locked) = match self.open_on_order(order, claim, now).await? {
+            OnOrder::Answered(answer) => return Ok(BeginPayment::Answered(answer)),
+            OnOrder::Open(transaction, locked) => (transaction, locked),
+        };
         if key_started_another_payment(
             &mut *transaction,
             claim,

@@ -6,8 +6,8 @@
 
 use super::Units;
 use super::decode::{derived_random, expect_one_row, invariant, parse_stored};
-use super::idempotency::{claim_or_answer, commit_with_answer};
-use super::orders::{lock_order, move_order, order_answer};
+use super::idempotency::commit_with_answer;
+use super::orders::{OnOrder, lock_order, move_order, order_answer};
 use super::payments::retry_delay;
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
@@ -312,14 +312,11 @@ impl<B: Backend> Units<B> {
         now: Timestamp,
         renderer: &dyn ResponseRenderer,
     ) -> Result<Idempotent, StoreError> {
-        let mut transaction = self.begin_write().await?;
-        // The order before the key, as every unit of work on an order takes them, and
-        // the lock every status change of its refunds holds.
-        let locked = lock_order(&mut *transaction, order).await?;
-        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
-            transaction.rollback().await?;
-            return Ok(answer);
-        }
+        // The order's lock is the one every status change of its refunds holds.
+        let (mut transaction, locked) = match self.open_on_order(order, claim, now).await? {
+            OnOrder::Answered(answer) => return Ok(answer),
+            OnOrder::Open(transaction, locked) => (transaction, locked),
+        };
         let found: Option<(String, String)> = statement(
             "SELECT refund.status, payment_attempt.status FROM refund \
              JOIN payment_attempt ON payment_attempt.id = refund.attempt_id \

@@ -423,21 +423,6 @@ fn is_about_the_data(error: &StoreError) -> bool {
     matches!(error, StoreError::Invariant(_) | StoreError::Database(_))
 }
 
-/// Why settling failed on the data it met (a refused move, a broken row): `None` when
-/// every move went through. Any other error (the connection, a lock wait) is passed on.
-pub(crate) fn failure_on_the_data(
-    settled: Result<Vec<Result<(), Rejection>>, StoreError>,
-) -> Result<Option<String>, StoreError> {
-    match settled {
-        Ok(outcomes) => Ok(outcomes
-            .into_iter()
-            .find_map(Result::err)
-            .map(|refused| refused.detail)),
-        Err(error) if is_about_the_data(&error) => Ok(Some(error.to_string())),
-        Err(error) => Err(error),
-    }
-}
-
 /// What a worker's claimed batch met when settled whole.
 pub(crate) enum WholeBatch {
     /// Every move went through.
@@ -455,12 +440,54 @@ pub(crate) fn whole_batch(
     settled: Result<Vec<Result<(), Rejection>>, StoreError>,
 ) -> Result<WholeBatch, StoreError> {
     match settled {
-        Err(StoreError::LockTimeout(message)) => Ok(WholeBatch::RowHeld(message)),
-        settled => Ok(match failure_on_the_data(settled)? {
+        Ok(outcomes) => Ok(match outcomes.into_iter().find_map(Result::err) {
             None => WholeBatch::Settled,
-            Some(failure) => WholeBatch::FailedOnTheData(failure),
+            Some(refused) => WholeBatch::FailedOnTheData(refused.detail),
         }),
+        Err(StoreError::LockTimeout(message)) => Ok(WholeBatch::RowHeld(message)),
+        Err(error) if is_about_the_data(&error) => {
+            Ok(WholeBatch::FailedOnTheData(error.to_string()))
+        }
+        Err(error) => Err(error),
     }
+}
+
+/// Begins settling a worker's claimed batch whole: the savepoint [`kept_whole`] keeps
+/// or goes back to.
+pub(crate) async fn begin_whole_batch<C: Dialect>(transaction: &mut C) -> Result<(), StoreError> {
+    statement("SAVEPOINT whole_batch")
+        .execute(&mut *transaction)
+        .await?;
+    Ok(())
+}
+
+/// Keeps a claimed batch settled whole since [`begin_whole_batch`] (`true`). When one
+/// of its moves failed on its data or waited past the lock bound for a held row, says
+/// so in the log (naming the batch as `batch` does) and undoes the batch, for the
+/// caller to settle it [`OneByOne`] (`false`). Any other error fails the step.
+pub(crate) async fn kept_whole<C: Dialect>(
+    transaction: &mut C,
+    batch: &str,
+    settled: Result<Vec<Result<(), Rejection>>, StoreError>,
+) -> Result<bool, StoreError> {
+    let kept = match whole_batch(settled)? {
+        WholeBatch::Settled => true,
+        WholeBatch::FailedOnTheData(failure) => {
+            tracing::warn!(%failure, "{batch} could not be settled whole: one by one");
+            false
+        }
+        WholeBatch::RowHeld(failure) => {
+            tracing::warn!(%failure, "{batch} waited past the lock bound for a stock row: one by one");
+            false
+        }
+    };
+    let end = if kept {
+        "RELEASE SAVEPOINT whole_batch"
+    } else {
+        "ROLLBACK TO SAVEPOINT whole_batch"
+    };
+    statement(end).execute(&mut *transaction).await?;
+    Ok(kept)
 }
 
 /// How a claimed batch went, settled one item at a time.
@@ -702,34 +729,18 @@ impl<B: Backend> Units<B> {
         // moved again one reservation at a time, each under a savepoint, and the ones
         // that cannot move are reported and left `RESERVED` for a person, rather than
         // stopping every expiry behind the first of them, for good.
-        statement("SAVEPOINT expiry_batch")
-            .execute(&mut *transaction)
-            .await?;
+        begin_whole_batch(&mut *transaction).await?;
         let mover = Mover::Client { hold_ends_by };
         let whole = settle_reservations(&mut *transaction, &moves, mover, now).await;
-        match whole_batch(whole)? {
-            WholeBatch::Settled => {
-                statement("RELEASE SAVEPOINT expiry_batch")
-                    .execute(&mut *transaction)
-                    .await?;
-                transaction.commit().await?;
-                return Ok(ExpiryOutcome {
-                    released: ids,
-                    stuck: Vec::new(),
-                    deferred: Vec::new(),
-                    resume_after,
-                });
-            }
-            WholeBatch::FailedOnTheData(failure) => {
-                tracing::warn!(%failure, "an expiry batch could not be released whole: one by one");
-            }
-            WholeBatch::RowHeld(failure) => {
-                tracing::warn!(%failure, "an expiry batch waited past the lock bound for a stock row: one by one");
-            }
+        if kept_whole(&mut *transaction, "an expiry batch", whole).await? {
+            transaction.commit().await?;
+            return Ok(ExpiryOutcome {
+                released: ids,
+                stuck: Vec::new(),
+                deferred: Vec::new(),
+                resume_after,
+            });
         }
-        statement("ROLLBACK TO SAVEPOINT expiry_batch")
-            .execute(&mut *transaction)
-            .await?;
         let mut one_by_one = OneByOne::start(&mut *transaction, moves.len()).await?;
         for single in moves {
             let id = single.id;
