@@ -791,6 +791,13 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let mut plan = self.plan_order(&mut *transaction, order).await?;
+        if !plan.undecided.is_empty() {
+            // A campaign's bucket was short: nothing stored, the key not claimed, and
+            // the next bucket tried. Before a checkout leaves a line out below: its
+            // line is short only once the last bucket says so.
+            transaction.rollback().await?;
+            return Ok(Idempotent::Undecided);
+        }
         // A checkout leaves out the lines that cannot be sold (seed 003 §5.1): one that
         // went short or off the shelf after the cart was read is found so only here,
         // under the locks, and is left out with its problem instead of refusing the
@@ -813,11 +820,6 @@ impl<B: Backend> Units<B> {
             plan = self.plan_order(&mut *transaction, narrowed).await?;
         }
         let order = narrowed.as_ref().unwrap_or(order);
-        if !plan.undecided.is_empty() {
-            // A campaign's bucket was short: nothing stored, the key not claimed.
-            transaction.rollback().await?;
-            return Ok(Idempotent::Undecided);
-        }
         let decided = plan.decisions[0].clone();
         let checkout = order.skipped.is_some();
         let priced = match decided {
