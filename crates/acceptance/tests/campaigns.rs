@@ -15,6 +15,7 @@ mirrored_tests!(
     a_shopper_buys_no_more_than_the_campaigns_limit_however_many_requests_race,
     orders_and_checkouts_draw_from_the_campaign_too,
     a_checkout_whose_first_bucket_is_empty_takes_its_campaign_line_from_another,
+    a_campaign_created_without_a_limit_keeps_its_skus_limit,
     a_cart_sees_and_checks_out_the_units_of_a_running_campaign,
     at_its_end_what_is_left_goes_back_to_regular_stock_ledgered,
     deleting_a_sku_ends_its_campaign_and_gives_its_units_back,
@@ -499,6 +500,60 @@ async fn a_checkout_whose_first_bucket_is_empty_takes_its_campaign_line_from_ano
     app.assert_audit_clean().await;
 }
 
+/// Found in review: a campaign created without a per-user limit sold its units with
+/// none, lifting the SKU's own "one per customer" for as long as it ran (a request
+/// without a `user_id` took five). It takes the SKU's limit now, over its own units.
+async fn a_campaign_created_without_a_limit_keeps_its_skus_limit(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TV", 100).await;
+    let limited = app
+        .send(
+            Call::put("/v1/skus/TV")
+                .admin()
+                .key("tv-limit")
+                .json(&json!({"per_user_limit": 1})),
+        )
+        .await;
+    assert_eq!(limited.status, 200, "{limited:?}");
+    let id = running_campaign(&app, "TV", 40, 2, None).await;
+    assert_eq!(campaign(&app, &id).await["per_user_limit"], 1);
+    let before = app.contents_except_idempotency_records().await;
+
+    let anonymous = app.reserve("tv-anonymous", &[("TV", 5)]).await;
+    let five = app
+        .send(
+            Call::post("/v1/reservations")
+                .key("tv-ann-five")
+                .json(&json!({
+                    "lines": [{"sku": "TV", "quantity": 5}],
+                    "user_id": "ann",
+                })),
+        )
+        .await;
+
+    assert_eq!(
+        anonymous.code().as_deref(),
+        Some("failed_precondition"),
+        "{anonymous:?}"
+    );
+    assert_eq!(
+        five.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{five:?}"
+    );
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let one = app.send(reserve_call("tv-ann-one", "TV", "ann")).await;
+    assert_eq!(one.status, 201, "{one:?}");
+    assert_drew_from_a_bucket(&one.json());
+    let second = app.send(reserve_call("tv-ann-two", "TV", "ann")).await;
+    assert_eq!(
+        second.code().as_deref(),
+        Some("purchase_limit_exceeded"),
+        "{second:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
 /// A shop that puts all of a SKU's stock into its flash sale: while the campaign runs,
 /// a cart counts the units of the campaign's fullest bucket (a checkout's line draws
 /// from one bucket), and a checkout orders from them. Before, a cart counted the regular stock only, found
@@ -711,6 +766,11 @@ async fn malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_
         (
             "ended already",
             json!({"sku": "CAMERA", "quantity": 2, "starts_at": START.plus_seconds(-7200).to_rfc3339(), "ends_at": START.plus_seconds(-3600).to_rfc3339()}),
+            400,
+        ),
+        (
+            "ending more than a year ahead (a mistyped year)",
+            json!({"sku": "CAMERA", "quantity": 2, "starts_at": start, "ends_at": START.plus_seconds(367 * 86_400).to_rfc3339()}),
             400,
         ),
         (

@@ -764,10 +764,12 @@ pub struct CreateCampaignRequest {
     pub quantity: Quantity,
     #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub starts_at: Timestamp,
-    /// After `starts_at`, in the future; what is left then goes back to regular stock.
+    /// After `starts_at`, in the future, and at most 366 days ahead; what is left then
+    /// goes back to regular stock.
     #[schema(value_type = crate::openapi::schemas::Timestamp)]
     pub ends_at: Timestamp,
-    /// Most units one shopper may buy in the campaign (requests must then name `user_id`).
+    /// Most units one shopper may buy in the campaign (requests must then name `user_id`);
+    /// when absent, the SKU's own `per_user_limit` at the campaign's creation, if any.
     #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
     pub per_user_limit: Option<PerUserLimit>,
     /// Stock rows the campaign's units are split over (4 by default, or one per unit

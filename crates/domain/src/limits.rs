@@ -49,6 +49,9 @@ pub const SPEC_LENGTH_MAX: usize = 200;
 pub const SHELF_LOG_PAGE_SIZE_MAX: i64 = 500;
 /// How far ahead a shelf change may be scheduled (one year).
 pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
+/// How far ahead a campaign may end (one year): its units leave regular stock at its
+/// creation and come back at its end, so a mistyped year would hold them for ever.
+pub const CAMPAIGN_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
 /// Schedules one shop may have pending at once: each is a row the schedule worker
 /// scans and a change that fires unattended.
 pub const SCHEDULES_PENDING_PER_SHOP_MAX: i64 = 10_000;

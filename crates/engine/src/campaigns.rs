@@ -503,10 +503,17 @@ impl Engine {
         if let Some(first) = self.first_answer("create_campaign", claim).await? {
             return Ok(first);
         }
-        if campaign.ends_at <= self.held_back_now() {
+        let now = self.held_back_now();
+        if campaign.ends_at <= now {
             return Err(EngineError::InvalidArgument(
                 "ends_at must be in the future".into(),
             ));
+        }
+        if campaign.ends_at > now.plus_seconds(domain::limits::CAMPAIGN_HORIZON_SECONDS_MAX) {
+            return Err(EngineError::InvalidArgument(format!(
+                "ends_at must be within {} days: the campaign's units stay out of regular stock until its end",
+                domain::limits::CAMPAIGN_HORIZON_SECONDS_MAX / 86_400
+            )));
         }
         // After the request's own checks, so a malformed one stores nothing. Stored: a
         // retry after the SKU is created hears it again, not a campaign.

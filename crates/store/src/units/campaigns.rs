@@ -374,10 +374,13 @@ async fn carve<C: Dialect>(
         .await?
         .ok_or_else(|| invariant("a new bucket refused its units"))?;
     }
+    // A campaign named no per-user limit: its SKU's, as it stands now, holds for its
+    // units (a shop's "one per customer" is not lifted by a sale that forgot it).
     let inserted = statement(
         "INSERT INTO campaign (id, code, tally_sku, shop, sku, warehouse, quantity, buckets, \
          per_user_limit, starts_at, ends_at, returned, open_sku, created_at) \
-         VALUES ($1, $2, $12, $3, $4, $5, $6, $7, $8, $9, $10, 0, $4, $11)",
+         VALUES ($1, $2, $12, $3, $4, $5, $6, $7, \
+         COALESCE($8, (SELECT per_user_limit FROM sku WHERE code = $4)), $9, $10, 0, $4, $11)",
     )
     .bind(campaign.id.as_str())
     .bind(code.as_str())
