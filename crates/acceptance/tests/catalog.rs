@@ -10,6 +10,7 @@ mirrored_tests!(
     a_demo_load_cut_short_after_creating_a_product_is_finished_by_the_next,
     a_shelf_batch_that_commits_after_a_later_one_is_not_skipped_by_a_reader_paging_the_log,
     an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_nothing,
+    a_sku_edit_naming_a_version_the_sku_moved_past_is_refused_and_changes_nothing,
     of_two_edits_naming_one_version_at_once_one_applies_and_a_shelf_change_moves_it_too,
     a_hold_on_a_sku_no_longer_on_sale_cannot_be_confirmed_and_can_be_released,
     two_renames_of_a_product_at_once_leave_its_skus_showing_its_title,
@@ -1522,6 +1523,97 @@ async fn an_edit_naming_a_version_the_product_moved_past_is_refused_and_changes_
         .await;
     assert_eq!(applied.status, 200, "{applied:?}");
     assert_eq!(app.staff_product(&product).await["version"], current + 1);
+}
+
+/// Found in review: `PUT /v1/skus/{sku}` had no version check, so of two operators
+/// who read a SKU at one version, the second price saved silently overwrote the
+/// first. An edit naming the version it saw is refused (`version_conflict`, stored
+/// under its key, nothing changed) once another edit moved the SKU past it; of two
+/// such edits at once exactly one applies; and it never creates a SKU.
+async fn a_sku_edit_naming_a_version_the_sku_moved_past_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("MILK-1L", 5).await;
+    let put = |key: &str, body: Value| Call::put("/v1/skus/MILK-1L").admin().key(key).json(&body);
+    let version = || async {
+        app.send(Call::get("/v1/skus/MILK-1L").admin()).await.json()["version"]
+            .as_i64()
+            .unwrap()
+    };
+    let seen = version().await;
+    let answers = send_concurrently(
+        &app,
+        vec![
+            put("promotion", json!({"price": 549, "expected_version": seen})),
+            put("reprice", json!({"price": 699, "expected_version": seen})),
+        ],
+    )
+    .await;
+    let mut statuses: Vec<u16> = answers.iter().map(|answer| answer.status).collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, vec![200, 409], "{answers:?}");
+    let refused = answers.iter().find(|answer| answer.status == 409).unwrap();
+    assert_eq!(refused.code().as_deref(), Some("version_conflict"));
+    assert_eq!(version().await, seen + 1);
+    let before = app.contents_except_idempotency_records().await;
+
+    let stale = app
+        .send(put(
+            "late",
+            json!({"title": "Milk", "expected_version": seen}),
+        ))
+        .await;
+    let stale_again = app
+        .send(put(
+            "late",
+            json!({"title": "Milk", "expected_version": seen}),
+        ))
+        .await;
+    let no_field = app
+        .send(put("check-only", json!({"expected_version": seen})))
+        .await;
+    let never_created = app
+        .send(
+            Call::put("/v1/skus/NEW-1")
+                .admin()
+                .key("new-with-version")
+                .json(&json!({"title": "New", "expected_version": 1})),
+        )
+        .await;
+    let malformed = app
+        .send(put(
+            "negative",
+            json!({"title": "Milk", "expected_version": -1}),
+        ))
+        .await;
+
+    assert_eq!(
+        stale.code().as_deref(),
+        Some("version_conflict"),
+        "{stale:?}"
+    );
+    assert_eq!(
+        stale_again.body, stale.body,
+        "a retry hears its first answer"
+    );
+    assert_eq!(
+        no_field.code().as_deref(),
+        Some("version_conflict"),
+        "{no_field:?}"
+    );
+    assert_eq!(never_created.status, 404, "{never_created:?}");
+    assert_eq!(malformed.status, 400, "{malformed:?}");
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    let current = version().await;
+    let applied = app
+        .send(put(
+            "current",
+            json!({"title": "Milk", "expected_version": current}),
+        ))
+        .await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert_eq!(applied.json()["version"], current + 1);
 }
 
 /// Two editors save at once, both naming the version they read: the product's SKU

@@ -441,7 +441,13 @@ pub const OPERATIONS: &[Operation] = &[
     operation(
         "save_sku",
         &[Action::EditCatalog],
-        &[AlreadyExists, IllegalTransition, FailedPrecondition],
+        &[
+            AlreadyExists,
+            IllegalTransition,
+            FailedPrecondition,
+            VersionConflict,
+            NotFound,
+        ],
     ),
     operation("get_sku", &[Action::ViewStock], &[NotFound]),
     operation(

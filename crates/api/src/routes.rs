@@ -90,6 +90,7 @@ pub async fn save_sku(
         per_user_limit: request
             .per_user_limit
             .map(|limit| limit.map(domain::PerUserLimit::get)),
+        expected_version: request.expected_version.map(domain::Version::get),
     };
     Ok(reply_response(
         state

@@ -43,6 +43,12 @@ pub struct SaveSkuRequest {
     #[serde(default, deserialize_with = "present_or_null")]
     #[schema(value_type = Option<crate::openapi::schemas::PerUserLimit>)]
     pub per_user_limit: Option<Option<PerUserLimit>>,
+    /// The SKU's `version` the editor saw: when it moved since (another edit, a shelf
+    /// change), the edit is refused with 409 `version_conflict` and changes nothing,
+    /// instead of overwriting what the other editor saved. It never creates a SKU
+    /// (404 `not_found`). Without it the edit applies to the SKU as it is.
+    #[schema(value_type = Option<i64>, minimum = 0)]
+    pub expected_version: Option<domain::Version>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -423,6 +423,12 @@ impl Engine {
         let mut changes = changes.clone();
         let shop = match self.shop_of(code).await? {
             Some(existing) => existing,
+            // An edit of what was read: nothing to edit, and nothing is created.
+            None if changes.expected_version.is_some() => {
+                return Err(EngineError::NotFound(format!(
+                    "sku '{code}' does not exist: expected_version names an edit of a SKU that was read"
+                )));
+            }
             None => {
                 refuse_stockds_own_sku_code(code)?;
                 changes

@@ -159,6 +159,9 @@ pub struct SkuChanges {
     pub shop: Option<ShopCode>,
     /// `Some(None)` removes the limit, `Some(Some(n))` sets it.
     pub per_user_limit: Option<Option<i64>>,
+    /// The SKU's `version` the editor saw: the edit applies only while the SKU is still
+    /// at it (409 `version_conflict` otherwise), and never creates a SKU.
+    pub expected_version: Option<i64>,
 }
 
 impl SkuChanges {

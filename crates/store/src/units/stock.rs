@@ -302,11 +302,21 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     changes: &SkuChanges,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
-    let (existing_shop, status): (String, String) =
-        statement("SELECT shop, sale_status FROM sku WHERE code = $1")
+    let existing: Option<(String, String, i64)> =
+        statement("SELECT shop, sale_status, version FROM sku WHERE code = $1")
             .bind(code.as_str())
-            .fetch_one_as(&mut *transaction)
+            .fetch_optional_as(&mut *transaction)
             .await?;
+    // Only an edit naming the version it saw gets here without the row (nothing is
+    // created for it): a SKU is never removed, so it never existed.
+    let Some((existing_shop, status, version)) = existing else {
+        return Ok(Err(Rejection::new(
+            ErrorCode::NotFound,
+            format!(
+                "sku '{code}' does not exist: expected_version names an edit of a SKU that was read"
+            ),
+        )));
+    };
     if let Some(wanted) = &changes.shop
         && wanted.as_str() != existing_shop
     {
@@ -319,9 +329,15 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     }
     if changes.field_names().is_empty() {
         // A PUT naming no field changes nothing: no new version, no `sku.changed`
-        // naming nothing. A deleted SKU answers as it does to an edit.
+        // naming nothing. A deleted SKU answers as it does to an edit; one naming a
+        // version checks that the SKU is still at it.
         if status == SaleStatus::Deleted.as_str() {
             return Ok(Err(deleted_sku_is_never_edited(code)));
+        }
+        if let Some(expected) = changes.expected_version
+            && expected != version
+        {
+            return Ok(Err(sku_moved_on(code, version, expected)));
         }
         return Ok(Ok(()));
     }
@@ -370,7 +386,8 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
          currency = COALESCE($4, currency), \
          low_stock_threshold = COALESCE($5, low_stock_threshold), \
          per_user_limit = CASE WHEN $6 = 1 THEN $7 ELSE per_user_limit END, \
-         version = version + 1, updated_at = $8 WHERE code = $1 AND sale_status <> $9",
+         version = version + 1, updated_at = $8 WHERE code = $1 AND sale_status <> $9 \
+         AND ($10 IS NULL OR version = $10)",
     )
     .bind(code.as_str())
     .bind(changes.title.as_deref())
@@ -381,16 +398,39 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     .bind(changes.per_user_limit.flatten())
     .bind(now.unix_milliseconds())
     .bind(SaleStatus::Deleted.as_str())
+    .bind(changes.expected_version)
     .execute(&mut *transaction)
     .await?;
     // The row exists (its shop was read above) and a SKU is never removed: no row
     // updated means it is deleted, which is terminal, so its fields, its version and
-    // its event feed stay as the delete left them.
+    // its event feed stay as the delete left them, or, for an edit naming the version
+    // it saw, that another change moved the SKU past it (the condition is checked on
+    // the row as it stands once its lock is held, so two such edits cannot both pass).
     if updated == 0 {
-        return Ok(Err(deleted_sku_is_never_edited(code)));
+        let (status, version): (String, i64) =
+            statement("SELECT sale_status, version FROM sku WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_one_as(&mut *transaction)
+                .await?;
+        if status == SaleStatus::Deleted.as_str() {
+            return Ok(Err(deleted_sku_is_never_edited(code)));
+        }
+        let expected = changes
+            .expected_version
+            .ok_or_else(|| invariant(format!("sku '{code}' was not updated")))?;
+        return Ok(Err(sku_moved_on(code, version, expected)));
     }
     expect_one_row(updated, "updating a sku")?;
     Ok(Ok(()))
+}
+
+fn sku_moved_on(code: &SkuCode, version: i64, expected: i64) -> Rejection {
+    Rejection::new(
+        ErrorCode::VersionConflict,
+        format!(
+            "sku '{code}' is at version {version}, not {expected}: it changed since it was read"
+        ),
+    )
 }
 
 fn deleted_sku_is_never_edited(code: &SkuCode) -> Rejection {
@@ -537,7 +577,11 @@ impl<B: Backend> Units<B> {
             return Ok(answer);
         }
         let shop = changes.shop.clone().unwrap_or_else(ShopCode::default_shop);
-        let inserted = statement(
+        // An edit naming the version it saw never creates the SKU.
+        let inserted = if changes.expected_version.is_some() {
+            0
+        } else {
+            statement(
             "INSERT INTO sku (code, shop, title, price_minor, currency, low_stock_threshold, \
              per_user_limit, sale_status, version, created_at, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, 'ON_SHELF', 1, $8, $8) ON CONFLICT (code) DO NOTHING",
@@ -551,7 +595,8 @@ impl<B: Backend> Units<B> {
         .bind(changes.per_user_limit.flatten())
         .bind(now.unix_milliseconds())
         .execute(&mut *transaction)
-        .await?;
+        .await?
+        };
         let created = inserted == 1;
         if !created
             && let Err(rejection) =
