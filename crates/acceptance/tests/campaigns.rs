@@ -16,6 +16,10 @@ mirrored_tests!(
     orders_and_checkouts_draw_from_the_campaign_too,
     a_checkout_whose_first_bucket_is_empty_takes_its_campaign_line_from_another,
     a_campaign_created_without_a_limit_keeps_its_skus_limit,
+    a_campaign_ended_early_gives_back_what_is_left_at_once_and_sells_no_more,
+    a_campaign_ended_before_its_start_never_starts,
+    a_campaign_ended_on_another_instance_is_not_routed_here_after_the_next_refresh,
+    ending_a_campaign_that_ended_does_not_exist_or_is_malformed_is_refused_and_changes_nothing,
     a_cart_sees_and_checks_out_the_units_of_a_running_campaign,
     at_its_end_what_is_left_goes_back_to_regular_stock_ledgered,
     deleting_a_sku_ends_its_campaign_and_gives_its_units_back,
@@ -550,6 +554,161 @@ async fn a_campaign_created_without_a_limit_keeps_its_skus_limit(backend: Backen
         second.code().as_deref(),
         Some("purchase_limit_exceeded"),
         "{second:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+fn end_call(id: &str, key: &str) -> Call {
+    Call::post(format!("/v1/admin/campaigns/{id}/end"))
+        .admin()
+        .key(key)
+}
+
+/// Found in review: a campaign could not be stopped before its end, however wrong its
+/// quantity or date: its units stayed out of regular stock until then. An end now
+/// moves its end to now; what is left goes back to regular stock at once (ledgered),
+/// a unit held then stays held and comes back when released, and the SKU sells from
+/// regular stock again.
+async fn a_campaign_ended_early_gives_back_what_is_left_at_once_and_sells_no_more(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("KETTLE", 10).await;
+    let id = running_campaign(&app, "KETTLE", 4, 2, None).await;
+    let held = app.send(reserve_call("kettle-held", "KETTLE", "ann")).await;
+    assert_eq!(held.status, 201, "{held:?}");
+    assert_drew_from_a_bucket(&held.json());
+    app.clock.advance_seconds(60);
+
+    let ended = app.send(end_call(&id, "end-kettle")).await;
+
+    assert_eq!(ended.status, 200, "{ended:?}");
+    assert_eq!(ended.json()["phase"], "ENDED", "{ended:?}");
+    assert_eq!(
+        ended.json()["ends_at"],
+        START.plus_seconds(60).to_rfc3339(),
+        "{ended:?}"
+    );
+    let after = campaign(&app, &id).await;
+    assert_eq!(
+        (&after["left"], &after["held"], &after["returned"]),
+        (&json!(0), &json!(1), &json!(3)),
+        "{after}"
+    );
+    let regular = app
+        .send(reserve_call("kettle-after", "KETTLE", "bob"))
+        .await;
+    assert_eq!(regular.status, 201, "{regular:?}");
+    assert_eq!(regular.json()["lines"][0]["warehouse"], "default");
+    let retried = app.send(end_call(&id, "end-kettle")).await;
+    assert!(retried.replayed(), "{retried:?}");
+    assert_eq!(retried.body, ended.body);
+    // The unit held at the end comes back to regular stock once released.
+    let reservation = held.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.release(&reservation, "kettle-release").await.status,
+        200
+    );
+    app.engine.campaign_step().await.unwrap();
+    let closed = campaign(&app, &id).await;
+    assert_eq!(closed["returned"], 4, "{closed}");
+    assert!(closed["closed_at"].is_string(), "{closed}");
+    assert_eq!(app.counters("KETTLE").await.0, 9, "ten less bob's one");
+    app.assert_audit_clean().await;
+}
+
+/// A campaign ended before its start never runs: its units go back at once, and at
+/// the hour it was to start the SKU sells from regular stock.
+async fn a_campaign_ended_before_its_start_never_starts(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("TOASTER", 10).await;
+    campaign_of_ten_starting_in_an_hour(&app, "TOASTER").await;
+    let id = running_id(&app, "TOASTER");
+
+    let ended = app.send(end_call(&id, "end-toaster")).await;
+
+    assert_eq!(ended.status, 200, "{ended:?}");
+    let after = campaign(&app, &id).await;
+    assert_eq!(after["returned"], 10, "{after}");
+    assert!(after["closed_at"].is_string(), "{after}");
+    app.clock.advance_seconds(HOUR_SECONDS + 60);
+    let sold = app.reserve("toaster-later", &[("TOASTER", 1)]).await;
+    assert_eq!(sold.status, 201, "{sold:?}");
+    assert_eq!(sold.json()["lines"][0]["warehouse"], "default");
+    app.assert_audit_clean().await;
+}
+
+async fn a_campaign_ended_on_another_instance_is_not_routed_here_after_the_next_refresh(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // Two instances on one SQLite file are not a deployment stockd supports.
+        return;
+    }
+    let app = TestApp::spawn(backend).await;
+    let other = app.another_instance().await;
+    app.stocked_sku("HEATER", 10).await;
+    let id = running_campaign(&app, "HEATER", 4, 2, None).await;
+    other.engine.campaign_step().await.unwrap();
+    let before = other.reserve("heater-before", &[("HEATER", 1)]).await;
+    assert_drew_from_a_bucket(&before.json());
+
+    let ended = app.send(end_call(&id, "end-heater")).await;
+    assert_eq!(ended.status, 200, "{ended:?}");
+    other.engine.campaign_step().await.unwrap();
+    let after = other.reserve("heater-after", &[("HEATER", 1)]).await;
+
+    assert_eq!(after.status, 201, "{after:?}");
+    assert_eq!(
+        after.json()["lines"][0]["warehouse"],
+        "default",
+        "{after:?}"
+    );
+    app.assert_audit_clean().await;
+}
+
+async fn ending_a_campaign_that_ended_does_not_exist_or_is_malformed_is_refused_and_changes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("FAN", 10).await;
+    let id = running_campaign(&app, "FAN", 4, 2, None).await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    app.engine.campaign_step().await.unwrap();
+    let before = app.contents().await;
+    let rows_before = app.contents_except_idempotency_records().await;
+
+    for (label, call, status) in [
+        ("malformed id", end_call("cmp_nope", "end-malformed"), 400),
+        (
+            "a body with a field",
+            end_call(&id, "end-with-body").json(&json!({"at": "now"})),
+            400,
+        ),
+        (
+            "no key",
+            Call::post(format!("/v1/admin/campaigns/{id}/end")).admin(),
+            400,
+        ),
+    ] {
+        let answer = app.send(call).await;
+        assert_eq!(answer.status, status, "{label}: {answer:?}");
+        assert_eq!(app.contents().await, before, "{label}: nothing stored");
+    }
+    let unknown = app
+        .send(end_call("cmp_0000000000000000000000000000", "end-unknown"))
+        .await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
+    let ended = app.send(end_call(&id, "end-fan")).await;
+    assert_eq!(
+        ended.code().as_deref(),
+        Some("illegal_transition"),
+        "{ended:?}"
+    );
+    assert_eq!(
+        app.contents_except_idempotency_records().await,
+        rows_before,
+        "refusals change nothing"
     );
     app.assert_audit_clean().await;
 }

@@ -166,6 +166,10 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             "read campaign",
             Call::get(format!("/v1/admin/campaigns/{}", shop.campaign)),
         ),
+        (
+            "end campaign",
+            Call::post(format!("/v1/admin/campaigns/{}/end", shop.campaign)).key("t-end-campaign"),
+        ),
         // Tickets are their holder's alone: anyone else hears 404 (tested in
         // acceptance::campaigns); here only the credential check.
         (
@@ -367,6 +371,7 @@ async fn a_credential_of_another_shop_is_forbidden_everywhere_and_changes_nothin
         "list schedules",
         "cancel schedule",
         "create campaign",
+        "end campaign",
     ];
     let service_routes = [
         "read sku",
@@ -455,6 +460,7 @@ async fn admin_only_routes_refuse_operators_and_staff_routes_refuse_service_keys
         "list schedules",
         "cancel schedule",
         "create campaign",
+        "end campaign",
     ];
     let calls: Vec<_> = every_protected_call(&shop)
         .into_iter()

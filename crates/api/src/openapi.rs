@@ -473,6 +473,11 @@ pub const OPERATIONS: &[Operation] = &[
     ),
     operation("get_campaign", &[Action::ViewStock], &[NotFound]),
     operation(
+        "end_campaign",
+        &[Action::MoveStock],
+        &[NotFound, IllegalTransition],
+    ),
+    operation(
         "get_ticket",
         &[Action::Reserve, Action::PlaceOrder],
         &[NotFound],
@@ -728,6 +733,18 @@ const LINKS: &[Link] = &[
         &[("sku", "$response.body#/sku")],
     ),
     link(
+        "create_campaign",
+        "201",
+        "get_campaign",
+        &[("id", "$response.body#/campaign_id")],
+    ),
+    link(
+        "create_campaign",
+        "201",
+        "end_campaign",
+        &[("id", "$response.body#/campaign_id")],
+    ),
+    link(
         "save_sku",
         "201",
         "record_movement",
@@ -818,6 +835,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(routes::get_stock_movement))
         .routes(routes!(routes::create_campaign))
         .routes(routes!(routes::get_campaign))
+        .routes(routes!(routes::end_campaign))
         .routes(routes!(routes::get_ticket))
         .routes(routes!(routes::create_reservation))
         .routes(routes!(routes::get_reservation))

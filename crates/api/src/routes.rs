@@ -699,6 +699,34 @@ pub async fn create_campaign(
     ))
 }
 
+/// End a campaign now
+///
+/// For a sale that must stop before its time (a mistyped quantity or date, a problem with the goods): its end moves to now (a campaign not started yet never starts), and what is left in its buckets goes back to regular stock (ledgered) at once; units held then stay held, and come back as they are released. This instance stops routing the SKU's sales to it at once, other instances within a second. Refused with `illegal_transition` when it has ended already.
+#[utoipa::path(
+    post,
+    path = "/v1/admin/campaigns/{id}/end",
+    tag = "stock",
+    params(("id" = crate::openapi::schemas::CampaignId, Path, description = "The campaign."), ("Idempotency-Key" = crate::openapi::schemas::IdempotencyKey, Header, description = "Names this request: a retry with the same key gets the first answer again.")),
+    request_body(content = Option<crate::wire::EmptyRequest>, description = "Nothing, or `{}`.", content_type = "application/json"),
+    responses((status = 200, description = "Ended", body = crate::wire::CampaignBody))
+)]
+pub async fn end_campaign(
+    State(state): State<AppState>,
+    Caller(caller): Caller,
+    Path(id): Path<String>,
+    key: RequiredIdempotencyKey,
+    body: JsonBody<EmptyRequest>,
+) -> Result<Response, ApiError> {
+    let id = domain::CampaignId::parse(&id).map_err(|error| ApiError::invalid(error.0))?;
+    let claim = body.claim(&caller, key);
+    Ok(reply_response(
+        state
+            .engine
+            .end_campaign_early(&caller, &claim, &id)
+            .await?,
+    ))
+}
+
 /// A campaign: sold, held, left, returned, per bucket
 #[utoipa::path(
     get,

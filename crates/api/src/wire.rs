@@ -597,6 +597,10 @@ impl ResponseRenderer for HttpRenderer {
         json(201, &CampaignBody::new(campaign, campaign.created_at))
     }
 
+    fn campaign_ended_early(&self, campaign: &store::Campaign) -> StoredResponse {
+        json(200, &CampaignBody::new(campaign, campaign.ends_at))
+    }
+
     fn checked_out(&self, order: &store::Order, skipped: &[SkippedLine]) -> StoredResponse {
         json(
             201,

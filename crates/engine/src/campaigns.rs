@@ -349,9 +349,15 @@ impl CampaignRegistry {
         }
         let mut fresh = HashMap::with_capacity(chosen.len());
         for campaign in chosen.into_values() {
+            // Kept with what it learned while its times stand; a campaign ended early
+            // (on any instance) is routed by its new end from this read on.
             let kept = by_sku
                 .get(&campaign.sku)
-                .filter(|route| route.id == campaign.id)
+                .filter(|route| {
+                    route.id == campaign.id
+                        && route.starts_at == campaign.starts_at
+                        && route.ends_at == campaign.ends_at
+                })
                 .cloned();
             fresh.insert(
                 campaign.sku.clone(),
@@ -547,6 +553,54 @@ impl Engine {
             .await?;
         if let Ok(Some(created)) = self.inner.store.campaign(&campaign.id).await {
             self.inner.campaigns.add(&created);
+        }
+        Ok(reply)
+    }
+
+    /// `POST /v1/admin/campaigns/{id}/end`: ends a campaign now (a sale gone wrong, a
+    /// mistyped quantity or date), then runs a campaign step, so what is left goes
+    /// back to regular stock and this instance stops routing to it at once. Other
+    /// instances stop at their next campaign step ([`REGISTRY_REFRESH_MILLISECONDS`]): until
+    /// then a request there for the SKU may still take a unit left in a bucket, or,
+    /// once the buckets are empty, hear `insufficient_stock`.
+    pub async fn end_campaign_early(
+        &self,
+        principal: &Principal,
+        claim: &IdempotencyClaim,
+        id: &CampaignId,
+    ) -> Result<Reply, EngineError> {
+        authorize(principal, Action::MoveStock, None).map_err(forbidden)?;
+        // Another shop's campaign is refused before its key is claimed: a 403 stores
+        // nothing. A retry after the campaign closed gets its first answer.
+        if let Some(first) = self.first_answer("end_campaign", claim).await? {
+            return Ok(first);
+        }
+        let campaign = self
+            .inner
+            .store
+            .campaign(id)
+            .await
+            .map_err(|error| log_store_error("end_campaign", error))?
+            .ok_or_else(|| EngineError::NotFound(format!("campaign '{id}' does not exist")))?;
+        authorize(principal, Action::MoveStock, Some(&campaign.shop)).map_err(forbidden)?;
+        let renderer = self.inner.renderer.as_ref();
+        let reply = self
+            .idempotent("end_campaign", claim, || {
+                self.retried("end_campaign", || {
+                    self.inner.store.end_campaign_early(
+                        claim,
+                        id,
+                        self.held_back_now(),
+                        self.now(),
+                        renderer,
+                    )
+                })
+            })
+            .await?;
+        // The end is recorded whatever the step finds: a step that fails here (a stock
+        // row held past the lock bound) is the worker's to finish.
+        if let Err(error) = self.campaign_step().await {
+            tracing::warn!(campaign = %id, %error, "a campaign ended early; the worker gives back what is left");
         }
         Ok(reply)
     }

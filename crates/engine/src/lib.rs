@@ -1488,6 +1488,12 @@ mod tests {
                 body: String::new(),
             }
         }
+        fn campaign_ended_early(&self, _: &store::Campaign) -> StoredResponse {
+            StoredResponse {
+                status: 200,
+                body: String::new(),
+            }
+        }
         fn schedule_cancelled(&self, _: &store::ScheduleRecord) -> StoredResponse {
             StoredResponse {
                 status: 200,

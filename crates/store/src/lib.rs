@@ -314,6 +314,7 @@ forward! {
     fn update_product(&self, claim: &IdempotencyClaim, id: &ProductId, changes: &ProductChanges, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn product(&self, id: &ProductId) -> Result<Option<Product>, StoreError>;
     fn create_campaign(&self, claim: &IdempotencyClaim, campaign: &NewCampaign, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
+    fn end_campaign_early(&self, claim: &IdempotencyClaim, id: &domain::CampaignId, ends_at: Timestamp, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn campaign(&self, id: &domain::CampaignId) -> Result<Option<Campaign>, StoreError>;
     /// The campaigns not closed yet, without counters: what the engine routes by.
     fn open_campaigns(&self) -> Result<Vec<Campaign>, StoreError>;

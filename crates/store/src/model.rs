@@ -143,6 +143,8 @@ pub trait ResponseRenderer: Send + Sync {
     fn checked_out(&self, order: &crate::orders::Order, skipped: &[SkippedLine]) -> StoredResponse;
     /// A new campaign (201).
     fn campaign_created(&self, campaign: &crate::catalog::Campaign) -> StoredResponse;
+    /// A campaign a person ended before its time (200).
+    fn campaign_ended_early(&self, campaign: &crate::catalog::Campaign) -> StoredResponse;
     /// A schedule as it stands after a cancel (200).
     fn schedule_cancelled(&self, schedule: &crate::catalog::ScheduleRecord) -> StoredResponse;
 }

@@ -85,7 +85,8 @@ pub(crate) async fn with_unlisted_skus<C: Dialect>(
 const CAMPAIGN_LIMITS_KNOWN_MAX: usize = 4_096;
 
 /// The per-user limits of the campaigns this process has read, by campaign code. A
-/// campaign's terms never change once it exists, so a limit read once stays true, and
+/// campaign's limit never changes once it exists (an early end moves only its times),
+/// so a limit read once stays true, and
 /// a flash sale's batches save the statement (a round trip under the bucket's lock).
 #[derive(Debug, Default)]
 pub(crate) struct CampaignLimits {
@@ -118,7 +119,7 @@ impl CampaignLimits {
 /// under its campaign's tally code: the SKU's sale status and shop, and the campaign's
 /// per-user limit, which a bucket's line counts against instead of the SKU's
 /// ([`domain::plan::limit_of`]). The limit is read once per process (`limits`): a
-/// campaign's terms never change once it exists.
+/// campaign's limit never changes once it exists.
 pub(crate) async fn with_campaign_facts<C: Dialect>(
     transaction: &mut C,
     wanted: &[StockKey],

@@ -202,6 +202,52 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
+    /// A person's end of a campaign before its time: its end moves to `ends_at` (the
+    /// caller's clock held back, as the end step judges an end), and a campaign not
+    /// started yet starts just before it, so it never runs. The end step then gives
+    /// what is left back, as at any end. Refused (and stored) when the campaign has
+    /// ended already (`illegal_transition`) or does not exist (`not_found`).
+    pub async fn end_campaign_early(
+        &self,
+        claim: &IdempotencyClaim,
+        id: &CampaignId,
+        ends_at: Timestamp,
+        now: Timestamp,
+        renderer: &dyn ResponseRenderer,
+    ) -> Result<Idempotent, StoreError> {
+        let mut transaction = self.begin_write().await?;
+        if let Some(answer) = claim_or_answer(&mut *transaction, claim, now).await? {
+            transaction.rollback().await?;
+            return Ok(answer);
+        }
+        // One conditional write: of two ends at once, the second finds it ended.
+        let moved = statement(
+            "UPDATE campaign SET ends_at = $2, \
+             starts_at = CASE WHEN starts_at < $2 THEN starts_at ELSE $2 - 1 END \
+             WHERE id = $1 AND ends_at > $2 AND closed_at IS NULL",
+        )
+        .bind(id.as_str())
+        .bind(ends_at.unix_milliseconds())
+        .execute(&mut *transaction)
+        .await?;
+        let campaign = load_campaign(&mut *transaction, id).await?;
+        let response = match campaign {
+            None => renderer.rejected(&Rejection::new(
+                ErrorCode::NotFound,
+                format!("campaign '{id}' does not exist"),
+            )),
+            Some(campaign) if moved == 0 => renderer.rejected(&Rejection::new(
+                ErrorCode::IllegalTransition,
+                format!("campaign '{id}' ended at {}", campaign.ends_at),
+            )),
+            Some(campaign) => {
+                expect_one_row(moved, "ending a campaign early")?;
+                renderer.campaign_ended_early(&campaign)
+            }
+        };
+        commit_with_answer(transaction, claim, response).await
+    }
+
     /// A campaign with its buckets' counters, read on the writer in one snapshot: its
     /// `sold` is what the row's `returned` and the buckets' counters leave, and read
     /// at two moments (an end step committing between them) it counted the units
