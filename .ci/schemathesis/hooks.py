@@ -85,13 +85,18 @@ def _campaign_rules_hold(body):
     )
     if numbers and buckets > quantity:
         return False
-    # "ends_at: after starts_at, in the future" (a minute of slack for the clock)
+    # "ends_at: after starts_at, in the future, and at most 366 days ahead" (a minute of
+    # slack for the clock at each end)
     try:
         starts_at, ends_at = _moment(body.get("starts_at")), _moment(body.get("ends_at"))
     except (TypeError, ValueError):
         return True  # not date-times at all: the schema's business
     now = datetime.datetime.now(datetime.timezone.utc)
-    return ends_at > starts_at and ends_at > now + datetime.timedelta(minutes=1)
+    return (
+        ends_at > starts_at
+        and ends_at > now + datetime.timedelta(minutes=1)
+        and ends_at < now + datetime.timedelta(days=366) - datetime.timedelta(minutes=1)
+    )
 
 
 def _shelf_rules_hold(body):
