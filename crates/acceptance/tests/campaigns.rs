@@ -43,6 +43,8 @@ mirrored_tests!(
     a_return_into_a_closed_campaigns_bucket_takes_the_source_row_before_the_event_counter,
     the_audit_finds_units_left_in_a_closed_campaigns_bucket,
     a_late_payment_over_the_campaigns_limit_is_refunded,
+    a_late_payment_after_the_campaign_ended_takes_its_unit_from_regular_stock,
+    a_late_payment_whose_bucket_was_emptied_takes_its_unit_from_another,
     a_refusal_for_another_lines_stock_does_not_make_the_campaign_sold_out,
     a_refusal_of_more_units_than_a_bucket_holds_does_not_refuse_fewer,
     another_shops_caller_naming_a_campaign_is_refused_before_hearing_of_it,
@@ -1759,6 +1761,87 @@ async fn a_late_payment_over_the_campaigns_limit_is_refunded(backend: Backend) {
     assert_eq!(app.engine.refund_step().await.unwrap().len(), 1);
     assert_eq!(app.order(&first).await["status"], "REFUNDED");
     assert_eq!(app.order(&second).await["status"], "PAID");
+    app.assert_audit_clean().await;
+}
+
+/// An order of one campaign unit whose payment waits for the shopper past its hold:
+/// the order expires and its unit goes back to its bucket. Answers the order and its
+/// payment intent.
+async fn an_order_expired_while_its_payment_waited(
+    app: &TestApp,
+    gateway: &acceptance::payments::TestGateway,
+    sku: &str,
+) -> (String, String) {
+    let order = app.order_of("ann", &[(sku, 1)]).await;
+    let pending = app
+        .pay(&order, "pay-late", "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(pending.status, 202, "{pending:?}");
+    app.clock.advance_seconds(901);
+    assert_eq!(app.engine.reconcile_step().await.unwrap().len(), 1);
+    app.wait_for_order_status(&order, "EXPIRED").await;
+    let intents = gateway.intents_for(&order);
+    assert_eq!(intents.len(), 1, "{intents:?}");
+    (order, intents[0].id.clone())
+}
+
+/// Found in review: a late payment took its unit again only from the bucket its order
+/// had held, so once the campaign had ended (its units back in regular stock, the
+/// very unit paid for among them) every late payment of it was refunded. It takes the
+/// unit where the campaign's units went, and the order is `PAID`, its line saying so.
+async fn a_late_payment_after_the_campaign_ended_takes_its_unit_from_regular_stock(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = acceptance::payments::TestGateway::start(&app).await;
+    app.stocked_sku("PHONE", 10).await;
+    let id = running_campaign(&app, "PHONE", 5, 2, Some(1)).await;
+    let (order, intent) = an_order_expired_while_its_payment_waited(&app, &gateway, "PHONE").await;
+    app.clock.advance_seconds(HOUR_SECONDS);
+    app.engine.campaign_step().await.unwrap();
+    assert!(campaign(&app, &id).await["closed_at"].is_string());
+
+    assert_eq!(gateway.force_success(&intent).await, 200);
+    app.wait_for_order_status(&order, "PAID").await;
+
+    let paid = app.order(&order).await;
+    assert_eq!(paid["lines"][0]["warehouse"], "default", "{paid}");
+    assert_eq!(paid["reservation"]["status"], "CONFIRMED", "{paid}");
+    assert_eq!(app.counters("PHONE").await, (9, 0));
+    app.assert_audit_clean().await;
+}
+
+/// The same while the campaign runs: the order's bucket was emptied meanwhile, and the
+/// unit is taken from another bucket that holds one, not refunded.
+async fn a_late_payment_whose_bucket_was_emptied_takes_its_unit_from_another(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let gateway = acceptance::payments::TestGateway::start(&app).await;
+    app.stocked_sku("WATCH", 10).await;
+    let id = running_campaign(&app, "WATCH", 2, 2, None).await;
+    let (order, intent) = an_order_expired_while_its_payment_waited(&app, &gateway, "WATCH").await;
+    let held_in = app.order(&order).await["lines"][0]["warehouse"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let bucket: u32 = held_in.rsplit('-').next().unwrap().parse().unwrap();
+    let drain = key_starting_at(&app, "watch-drain", bucket, 2).await;
+    let drained = app.reserve(&drain, &[("WATCH", 1)]).await;
+    assert_eq!(drained.json()["lines"][0]["warehouse"], held_in.as_str());
+
+    assert_eq!(gateway.force_success(&intent).await, 200);
+    app.wait_for_order_status(&order, "PAID").await;
+
+    let paid = app.order(&order).await;
+    let taken_from = paid["lines"][0]["warehouse"].as_str().unwrap();
+    assert_ne!(taken_from, held_in, "{paid}");
+    assert!(taken_from.starts_with("campaign-"), "{paid}");
+    assert_eq!(paid["reservation"]["lines"][0]["warehouse"], taken_from);
+    let after = campaign(&app, &id).await;
+    assert_eq!(
+        (&after["sold"], &after["held"], &after["left"]),
+        (&json!(1), &json!(1), &json!(0)),
+        "{after}"
+    );
     app.assert_audit_clean().await;
 }
 

@@ -22,13 +22,13 @@ use crate::model::{
     IdempotencyClaim, Idempotent, Rejection, ReservationAction, ResponseRenderer, ShopScope,
     StoredResponse,
 };
-use crate::orders::{AttemptToCall, BeginPayment, GatewayOutcome, PaymentGauges};
+use crate::orders::{AttemptToCall, BeginPayment, GatewayOutcome, OrderLine, PaymentGauges};
 use crate::plan::{PlanRequest, PurchaseKey, ShopperKey, StockKey, plan_batch};
 use crate::sql::statement;
 use domain::{
     AttemptStatus, ErrorCode, EventType, OrderId, OrderStatus, PaymentAttemptId, Quantity,
-    ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, Timestamp,
-    UserId as OrderUserId,
+    ReleaseReason, ReservationId, ReservationLine, ReservationStatus, ShopCode, SkuCode, Timestamp,
+    UserId as OrderUserId, WarehouseCode,
 };
 use serde_json::json;
 
@@ -76,13 +76,99 @@ pub(crate) struct LateSale {
     pub(crate) reservation_lines: Vec<ReservationLine>,
     pub(crate) shopper: ShopperKey,
     pub(crate) plan: crate::plan::BatchPlan,
+    /// Campaign lines taken from another row than the order's: (sku, from, to).
+    pub(crate) moved: Vec<(SkuCode, WarehouseCode, WarehouseCode)>,
+}
+
+/// Where a late sale takes each campaign line of an order (`lines`, changed in place)
+/// from, as a new request for the SKU would be served: the bucket the order held,
+/// while it still holds enough; else, while the campaign has not ended (its units are
+/// still in its buckets), its fullest bucket; once it ended and gave its units back,
+/// the campaign's regular row, where they went. Read without locks: the rows chosen
+/// are locked and decided on after, and a row drained meanwhile refunds the order, as
+/// any short row does. Answers the lines moved.
+async fn where_a_late_sale_takes<C: Dialect>(
+    transaction: &mut C,
+    lines: &mut [OrderLine],
+) -> Result<Vec<(SkuCode, WarehouseCode, WarehouseCode)>, StoreError> {
+    let mut moved: Vec<(SkuCode, WarehouseCode, WarehouseCode)> = Vec::new();
+    for index in 0..lines.len() {
+        let (sku, held_in) = (lines[index].sku.clone(), lines[index].warehouse.clone());
+        let Some((code, _)) = domain::campaign::bucket_of(&held_in) else {
+            continue;
+        };
+        if moved
+            .iter()
+            .any(|(of, from, _)| *of == sku && *from == held_in)
+        {
+            continue;
+        }
+        // Every line of the SKU held in that bucket goes to one row.
+        let wanted: i64 = lines
+            .iter()
+            .filter(|line| line.sku == sku && line.warehouse == held_in)
+            .map(|line| line.quantity)
+            .sum();
+        if available_in(transaction, &sku, &held_in).await? >= wanted {
+            continue;
+        }
+        let campaign: Option<(String, i64, Option<i64>)> =
+            statement("SELECT warehouse, buckets, ended_at FROM campaign WHERE code = $1")
+                .bind(code.as_str())
+                .fetch_optional_as(&mut *transaction)
+                .await?;
+        let Some((source, buckets, ended_at)) = campaign else {
+            continue;
+        };
+        let to = if ended_at.is_some() {
+            parse_stored("warehouse", &source, WarehouseCode::parse)?
+        } else {
+            let mut fullest = (held_in.clone(), 0);
+            for bucket in 0..u32::try_from(buckets).unwrap_or(0) {
+                let warehouse = code.bucket_warehouse(bucket);
+                let units = available_in(transaction, &sku, &warehouse).await?;
+                if units > fullest.1 {
+                    fullest = (warehouse, units);
+                }
+            }
+            fullest.0
+        };
+        if to != held_in {
+            moved.push((sku, held_in, to));
+        }
+    }
+    for line in lines.iter_mut() {
+        if let Some((_, _, to)) = moved
+            .iter()
+            .find(|(sku, from, _)| *sku == line.sku && *from == line.warehouse)
+        {
+            line.warehouse = to.clone();
+        }
+    }
+    Ok(moved)
+}
+
+/// A stock row's available units, read without a lock (0 when there is no row).
+async fn available_in<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    warehouse: &WarehouseCode,
+) -> Result<i64, StoreError> {
+    let available: Option<i64> =
+        statement("SELECT available FROM stock WHERE sku = $1 AND warehouse = $2")
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+    Ok(available.unwrap_or(0))
 }
 
 pub(crate) async fn plan_late_sale<C: Dialect>(
     transaction: &mut C,
     order: &OrderId,
 ) -> Result<LateSale, StoreError> {
-    let lines = order_lines(transaction, order).await?;
+    let mut lines = order_lines(transaction, order).await?;
+    let moved = where_a_late_sale_takes(transaction, &mut lines).await?;
     let mut wanted: Vec<StockKey> = lines
         .iter()
         .map(|line| (line.sku.clone(), line.warehouse.clone()))
@@ -155,6 +241,7 @@ pub(crate) async fn plan_late_sale<C: Dialect>(
         reservation_lines,
         shopper,
         plan,
+        moved,
     })
 }
 
@@ -172,7 +259,20 @@ pub(crate) async fn take_stock_again<C: Dialect>(
         reservation_lines,
         shopper,
         plan,
+        moved,
     } = sale;
+    // The order's lines say where its goods are (a return puts them back there; the
+    // audit holds them to the reservation's lines): a campaign line taken elsewhere
+    // says so.
+    for (sku, from, to) in moved {
+        statement("UPDATE order_line SET warehouse = $4 WHERE order_id = $1 AND sku = $2 AND warehouse = $3")
+            .bind(order.as_str())
+            .bind(sku.as_str())
+            .bind(from.as_str())
+            .bind(to.as_str())
+            .execute(&mut *transaction)
+            .await?;
+    }
     // Taken as any sale is: a hold (counted against the shopper until it is confirmed
     // below, so the open-hold tally ends where it started) reserved like a new order's,
     // then confirmed through the reservation's transition table.
