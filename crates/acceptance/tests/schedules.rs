@@ -30,6 +30,7 @@ mirrored_tests!(
     a_sku_whose_later_due_schedule_another_instance_holds_is_held_back,
     an_instance_whose_clock_runs_ahead_applies_no_schedule_before_its_minute,
     the_schedule_worker_takes_the_shelf_logs_lock_only_after_its_last_schedule,
+    a_stock_row_held_open_holds_back_only_its_skus_schedules,
 );
 
 fn at_minutes(minutes: i64) -> String {
@@ -1132,4 +1133,59 @@ async fn the_schedule_worker_takes_the_shelf_logs_lock_only_after_its_last_sched
     assert_eq!(applied.len(), 2, "{applied:?}");
     assert_eq!(app.shelf_log(&format!("&product={north}")).await.len(), 2);
     assert_eq!(app.shelf_log(&format!("&product={south}")).await.len(), 2);
+}
+
+/// Found in review: the worker locks every claimed SKU's rows before changing any, so
+/// a stock row another session held open (an operator's `SELECT … FOR UPDATE` left in
+/// a transaction) made every step wait the lock bound and fail on the same claim:
+/// while it stayed held no schedule of any shop applied. The batch now falls back to
+/// one SKU at a time: the held SKU's schedule waits, the others apply, and the held
+/// one applies once the row is free. (SQLite: a held write lock is the whole
+/// database's, so nothing else could apply either.)
+async fn a_stock_row_held_open_holds_back_only_its_skus_schedules(backend: Backend) {
+    if backend == Backend::Sqlite {
+        return;
+    }
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 1_000).await;
+    let held = pending_product(&app, &["HELD-1"]).await;
+    let free = pending_product(&app, &["FREE-1"]).await;
+    for (sku, key) in [("HELD-1", "held-in"), ("FREE-1", "free-in")] {
+        let received = app
+            .send(
+                Call::post(format!("/v1/skus/{sku}/stock-movements"))
+                    .admin()
+                    .key(key)
+                    .json(&json!({"kind": "receive", "quantity": 5})),
+            )
+            .await;
+        assert_eq!(received.status, 201, "{received:?}");
+    }
+    // The held SKU's schedule is due first, so every claim starts with it.
+    for (product, minutes) in [(&held, 5), (&free, 6)] {
+        let scheduled = app
+            .shelf(
+                None,
+                json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(minutes)}),
+            )
+            .await;
+        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+    }
+    app.clock.advance_seconds(7 * 60);
+    let mut holder = app.database.hold_stock_row_lock("HELD-1").await;
+
+    let applied = app.engine.schedule_step().await.expect("the step succeeds");
+
+    let skus: Vec<&str> = applied
+        .iter()
+        .map(|schedule| schedule.sku.as_str())
+        .collect();
+    assert_eq!(skus, ["FREE-1"], "{applied:?}");
+    assert_eq!(app.sale_status(&free, "FREE-1").await.0, "ON_SHELF");
+    assert_eq!(app.sale_status(&held, "HELD-1").await.0, "PENDING_REVIEW");
+    holder.execute("ROLLBACK").await.unwrap();
+    let next = app.engine.schedule_step().await.expect("the step succeeds");
+    let skus: Vec<&str> = next.iter().map(|schedule| schedule.sku.as_str()).collect();
+    assert_eq!(skus, ["HELD-1"], "{next:?}");
+    assert_eq!(app.sale_status(&held, "HELD-1").await.0, "ON_SHELF");
 }

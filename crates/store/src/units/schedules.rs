@@ -112,6 +112,29 @@ pub(crate) async fn claim_due_schedules<C: Dialect>(
         .bind(limit)
         .fetch_all_as::<ClaimedRow>(&mut *transaction)
         .await?;
+    lock_claimed(transaction, claimed, now).await
+}
+
+/// The due schedules of one SKU, claimed and locked as [`claim_due_schedules`] does.
+async fn claim_due_schedules_of_sku<C: Dialect>(
+    transaction: &mut C,
+    now: Timestamp,
+    sku: &SkuCode,
+) -> Result<Vec<DueSchedule>, StoreError> {
+    let claimed = statement(C::CLAIM_DUE_SCHEDULES_OF_SKU)
+        .bind(now.unix_milliseconds())
+        .bind(sku.as_str())
+        .fetch_all_as::<ClaimedRow>(&mut *transaction)
+        .await?;
+    lock_claimed(transaction, claimed, now).await
+}
+
+/// Locks what the claimed schedules change and adds their SKUs' other due schedules.
+async fn lock_claimed<C: Dialect>(
+    transaction: &mut C,
+    claimed: Vec<ClaimedRow>,
+    now: Timestamp,
+) -> Result<Vec<DueSchedule>, StoreError> {
     let mut due = due_schedules(transaction, claimed).await?;
     let targets: Vec<&ShelfTarget> = due.iter().map(|schedule| &schedule.target).collect();
     lock_shops_of(&mut *transaction, &targets).await?;
@@ -504,114 +527,178 @@ impl<B: Backend> Units<B> {
     /// Due schedules are judged by `due_by` (the caller's clock held back by how far it
     /// runs ahead of the database's, `Engine::held_back_now`: a clock ahead must not
     /// put a product on sale before its launch); what is written carries `now`.
+    ///
+    /// A batch that waits past the lock bound for a row it must change (a stock or
+    /// SKU row another session holds open) is rolled back and the due schedules are
+    /// applied one SKU at a time instead, each in its own transaction waiting only
+    /// briefly: the held SKU's are left pending for a later step, and a held row no
+    /// longer stops every shop's schedules.
     pub async fn apply_due_schedules(
         &self,
-        (now, due_by): (Timestamp, Timestamp),
+        clocks: (Timestamp, Timestamp),
         limit: i64,
     ) -> Result<Vec<AppliedSchedule>, StoreError> {
         let mut transaction = self.begin_write().await?;
-        let mut due = claim_due_schedules(&mut *transaction, due_by, limit).await?;
-        // A daily occurrence late by more than a day stands for the last slot it
-        // missed, and applies at that slot's place among its SKU's other schedules:
-        // "off daily at 20:00" from yesterday and "on daily at 06:00" from today,
-        // both missed, leave the SKU off, as 20:00 today left it. By their stale due
-        // times the off applied first and the SKU stayed on sale all night.
-        due.sort_by_key(|schedule| {
-            let slot = schedule.recurrence.map_or(schedule.due_at, |recurrence| {
-                recurrence.latest_slot(schedule.due_at, due_by)
-            });
-            (slot, schedule.due_at, schedule.id.clone())
-        });
-        let mut applied = Vec::with_capacity(due.len());
-        // Every schedule's log lines, written once after the last one: the log's lock
-        // is held from there to the commit, not across the batch, where every manual
-        // shelf change of every shop would wait for it.
-        let mut log = Vec::new();
-        for DueSchedule {
-            id,
-            sku,
-            operation,
-            remark,
-            due_at,
-            recurrence,
-            series,
-            target,
-        } in due
-        {
-            let actor = Actor::scheduler();
-            let current = load_shelf_state(&mut *transaction, &sku).await?;
-            let (status, outcome) = if current
-                .as_ref()
-                .is_some_and(|state| state.status == SaleStatus::Deleted)
-            {
-                log.push(LogLine {
-                    target: target.clone(),
-                    actor: actor.clone(),
-                    from: SaleStatus::Deleted,
-                    to: SaleStatus::Deleted,
-                    operation: operation_label(operation, true),
-                    repeated: false,
-                    remark: "schedule skipped: the SKU was deleted".to_owned(),
-                });
-                (ScheduleStatus::Skipped, "the SKU was deleted".to_owned())
-            } else {
-                let change = ShelfChange {
-                    operation,
-                    targets: vec![target.clone()],
-                    expected_versions: Default::default(),
-                    actor,
-                    remark,
-                    scheduled: true,
-                };
-                let results =
-                    apply_shelf_change(&mut *transaction, &change, (now, due_by), &mut log).await?;
-                match results.first().map(|result| &result.outcome) {
-                    Some(ShelfOutcome::Refused { reason, .. }) => {
-                        (ScheduleStatus::Refused, reason.clone())
-                    }
-                    Some(ShelfOutcome::Repeated { status }) => (
-                        ScheduleStatus::Applied,
-                        format!("already {}", status.as_str()),
-                    ),
-                    Some(ShelfOutcome::Changed { from, to, .. }) => (
-                        ScheduleStatus::Applied,
-                        format!("{} to {}", from.as_str(), to.as_str()),
-                    ),
-                    _ => (ScheduleStatus::Refused, "nothing to apply".to_owned()),
-                }
-            };
-            // Claimed `PENDING` under its lock: it settles through the table, once.
-            let updated = settle_schedule(&mut *transaction, &id, status, &outcome, now).await?;
-            expect_one_row(updated, "settling a claimed schedule")?;
-            // A daily series goes on in the same transaction, so an occurrence is
-            // never settled without its successor or left twice. A deleted SKU ends
-            // it; a refused change does not (the product may be complete tomorrow).
-            let next = match recurrence {
-                Some(recurrence) if status != ScheduleStatus::Skipped => Some(
-                    leave_next_occurrence(
-                        &mut *transaction,
-                        &id,
-                        &series,
-                        recurrence,
-                        due_at,
-                        (now, due_by),
-                    )
-                    .await?,
-                ),
-                _ => None,
-            };
-            applied.push(AppliedSchedule {
-                id,
-                sku,
-                status: status.as_str(),
-                outcome,
-                next,
-            });
+        let claimed = claim_due_schedules(&mut *transaction, clocks.1, limit).await;
+        match claimed {
+            Ok(due) => {
+                let applied = apply_claimed(&mut *transaction, due, clocks).await?;
+                transaction.commit().await?;
+                Ok(applied)
+            }
+            Err(StoreError::LockTimeout(failure)) => {
+                transaction.rollback().await?;
+                tracing::warn!(%failure, "a schedule batch waited past the lock bound for a row: one SKU at a time");
+                self.apply_due_schedules_one_sku_at_a_time(clocks, limit)
+                    .await
+            }
+            Err(error) => Err(error),
         }
-        insert_shelf_log(&mut *transaction, log, now).await?;
-        transaction.commit().await?;
+    }
+
+    /// [`Units::apply_due_schedules`] one SKU at a time, the SKUs due first first: a
+    /// SKU whose rows are held is left for a later step.
+    async fn apply_due_schedules_one_sku_at_a_time(
+        &self,
+        clocks: (Timestamp, Timestamp),
+        limit: i64,
+    ) -> Result<Vec<AppliedSchedule>, StoreError> {
+        let skus: Vec<String> = statement(
+            "SELECT sku FROM shelf_schedule WHERE status = 'PENDING' AND due_at <= $1 \
+             GROUP BY sku ORDER BY MIN(due_at), sku LIMIT $2",
+        )
+        .bind(clocks.1.unix_milliseconds())
+        .bind(limit)
+        .fetch_all_scalar(&mut *self.writer_read_connection().await?)
+        .await?;
+        let mut applied = Vec::new();
+        for sku in skus {
+            let sku = parse_stored("sku code", &sku, SkuCode::parse)?;
+            let mut transaction = self.begin_write().await?;
+            if let Some(short) = <B::Connection as Dialect>::SHORT_LOCK_WAIT {
+                statement(short).execute(&mut *transaction).await?;
+            }
+            match claim_due_schedules_of_sku(&mut *transaction, clocks.1, &sku).await {
+                Ok(due) => {
+                    applied.extend(apply_claimed(&mut *transaction, due, clocks).await?);
+                    transaction.commit().await?;
+                }
+                Err(StoreError::LockTimeout(failure)) => {
+                    transaction.rollback().await?;
+                    tracing::warn!(%sku, %failure, "a SKU's schedules wait: a row of theirs is held");
+                }
+                Err(error) => return Err(error),
+            }
+        }
         Ok(applied)
     }
+}
+
+/// Applies claimed, locked schedules in their slots' order, and settles each.
+async fn apply_claimed<C: Dialect>(
+    transaction: &mut C,
+    mut due: Vec<DueSchedule>,
+    (now, due_by): (Timestamp, Timestamp),
+) -> Result<Vec<AppliedSchedule>, StoreError> {
+    // A daily occurrence late by more than a day stands for the last slot it
+    // missed, and applies at that slot's place among its SKU's other schedules:
+    // "off daily at 20:00" from yesterday and "on daily at 06:00" from today,
+    // both missed, leave the SKU off, as 20:00 today left it. By their stale due
+    // times the off applied first and the SKU stayed on sale all night.
+    due.sort_by_key(|schedule| {
+        let slot = schedule.recurrence.map_or(schedule.due_at, |recurrence| {
+            recurrence.latest_slot(schedule.due_at, due_by)
+        });
+        (slot, schedule.due_at, schedule.id.clone())
+    });
+    let mut applied = Vec::with_capacity(due.len());
+    // Every schedule's log lines, written once after the last one: the log's lock
+    // is held from there to the commit, not across the batch, where every manual
+    // shelf change of every shop would wait for it.
+    let mut log = Vec::new();
+    for DueSchedule {
+        id,
+        sku,
+        operation,
+        remark,
+        due_at,
+        recurrence,
+        series,
+        target,
+    } in due
+    {
+        let actor = Actor::scheduler();
+        let current = load_shelf_state(&mut *transaction, &sku).await?;
+        let (status, outcome) = if current
+            .as_ref()
+            .is_some_and(|state| state.status == SaleStatus::Deleted)
+        {
+            log.push(LogLine {
+                target: target.clone(),
+                actor: actor.clone(),
+                from: SaleStatus::Deleted,
+                to: SaleStatus::Deleted,
+                operation: operation_label(operation, true),
+                repeated: false,
+                remark: "schedule skipped: the SKU was deleted".to_owned(),
+            });
+            (ScheduleStatus::Skipped, "the SKU was deleted".to_owned())
+        } else {
+            let change = ShelfChange {
+                operation,
+                targets: vec![target.clone()],
+                expected_versions: Default::default(),
+                actor,
+                remark,
+                scheduled: true,
+            };
+            let results =
+                apply_shelf_change(&mut *transaction, &change, (now, due_by), &mut log).await?;
+            match results.first().map(|result| &result.outcome) {
+                Some(ShelfOutcome::Refused { reason, .. }) => {
+                    (ScheduleStatus::Refused, reason.clone())
+                }
+                Some(ShelfOutcome::Repeated { status }) => (
+                    ScheduleStatus::Applied,
+                    format!("already {}", status.as_str()),
+                ),
+                Some(ShelfOutcome::Changed { from, to, .. }) => (
+                    ScheduleStatus::Applied,
+                    format!("{} to {}", from.as_str(), to.as_str()),
+                ),
+                _ => (ScheduleStatus::Refused, "nothing to apply".to_owned()),
+            }
+        };
+        // Claimed `PENDING` under its lock: it settles through the table, once.
+        let updated = settle_schedule(&mut *transaction, &id, status, &outcome, now).await?;
+        expect_one_row(updated, "settling a claimed schedule")?;
+        // A daily series goes on in the same transaction, so an occurrence is
+        // never settled without its successor or left twice. A deleted SKU ends
+        // it; a refused change does not (the product may be complete tomorrow).
+        let next = match recurrence {
+            Some(recurrence) if status != ScheduleStatus::Skipped => Some(
+                leave_next_occurrence(
+                    &mut *transaction,
+                    &id,
+                    &series,
+                    recurrence,
+                    due_at,
+                    (now, due_by),
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+        applied.push(AppliedSchedule {
+            id,
+            sku,
+            status: status.as_str(),
+            outcome,
+            next,
+        });
+    }
+    insert_shelf_log(&mut *transaction, log, now).await?;
+    Ok(applied)
 }
 
 impl<B: Backend> Units<B> {
