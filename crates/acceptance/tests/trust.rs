@@ -7,6 +7,7 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 mirrored_tests!(
+    a_shop_at_its_active_service_key_limit_is_refused_and_its_keys_are_listed_before_revoked_ones,
     a_token_no_stored_secret_could_be_is_unknown_without_asking_the_database,
     a_key_found_before_is_looked_up_again_past_a_flood_of_made_up_tokens_after_a_revocation,
     looking_up_a_token_does_not_wait_for_the_writer,
@@ -1444,4 +1445,82 @@ async fn looking_up_a_token_does_not_wait_for_the_writer(backend: Backend) {
     assert!(writer_still_held, "the lookup did not wait for the writer");
     holding.await.unwrap();
     queued.await.unwrap();
+}
+
+/// Found in review: the service-key listing stopped at 1,000 keys, newest first,
+/// revoked ones included, so after enough rotations a shop's oldest active keys fell
+/// off it and could no longer be seen to be revoked. A shop now has at most 100 active
+/// keys (the next is refused, `failed_precondition`, and nothing is created until one
+/// is revoked), and a listing shows the active keys before the revoked ones.
+async fn a_shop_at_its_active_service_key_limit_is_refused_and_its_keys_are_listed_before_revoked_ones(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let create = |key: String| {
+        Call::post("/v1/admin/service-keys")
+            .admin()
+            .key(key)
+            .json(&json!({"shop": "crowded", "name": "checkout"}))
+    };
+    let oldest = app.send(create("crowded-0".into())).await;
+    assert_eq!(oldest.status, 201, "{oldest:?}");
+    let oldest = oldest.json()["key_id"].as_str().unwrap().to_owned();
+    let limit = domain::limits::SERVICE_KEYS_ACTIVE_PER_SHOP_MAX;
+    let mut newest = String::new();
+    for index in 1..limit {
+        let created = app.send(create(format!("crowded-{index}"))).await;
+        assert_eq!(created.status, 201, "{created:?}");
+        newest = created.json()["key_id"].as_str().unwrap().to_owned();
+    }
+    let before = app.contents_except_idempotency_records().await;
+
+    let refused = app.send(create("crowded-over".into())).await;
+
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+    // Another shop's keys are counted apart.
+    app.create_service_key("other", "checkout").await;
+    let revoked = app
+        .send(
+            Call::new(Method::DELETE, format!("/v1/admin/service-keys/{newest}"))
+                .admin()
+                .key("revoke-newest"),
+        )
+        .await;
+    assert_eq!(revoked.status, 200, "{revoked:?}");
+    let room = app.send(create("crowded-room".into())).await;
+    assert_eq!(room.status, 201, "{room:?}");
+    // A thousand revoked keys newer than every active one: the listing still shows
+    // the oldest active key.
+    let mut connection = app.database.raw_connection().await;
+    let now = app.clock_now().plus_seconds(60).unix_milliseconds();
+    let rows: Vec<String> = (0..1000)
+        .map(|index| {
+            format!("('service', 'key_ffff{index:024x}', 'old', 'crowded', 'hash-{index}', {now}, {now})")
+        })
+        .collect();
+    connection
+        .execute(&format!(
+            "INSERT INTO credential (kind, id, name, shop, secret_hash, created_at, revoked_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .await
+        .unwrap();
+    let listed = app.send(Call::get("/v1/admin/service-keys").admin()).await;
+    let keys = listed.json()["service_keys"].as_array().unwrap().clone();
+    assert!(
+        keys.iter().any(|key| key["key_id"] == oldest.as_str()),
+        "{listed:?}"
+    );
+    let first_revoked = keys
+        .iter()
+        .position(|key| !key["revoked_at"].is_null())
+        .unwrap();
+    assert!(
+        keys[first_revoked..]
+            .iter()
+            .all(|key| !key["revoked_at"].is_null()),
+        "active keys first"
+    );
 }

@@ -588,7 +588,11 @@ pub const OPERATIONS: &[Operation] = &[
         &[AlreadyExists],
     ),
     // Its id is minted by stockd: nothing the caller sends can be taken.
-    operation("create_service_key", &[Action::ManageCredentials], &[]),
+    operation(
+        "create_service_key",
+        &[Action::ManageCredentials],
+        &[FailedPrecondition],
+    ),
     operation("service_keys", &[Action::ManageCredentials], &[]),
     operation("revoke_operator", &[Action::ManageCredentials], &[NotFound]),
     operation(

@@ -78,6 +78,9 @@ pub const PER_USER_LIMIT_MAX: i64 = QUANTITY_MAX;
 pub const SERVICE_KEY_NAME_LENGTH_MAX: usize = 64;
 /// Credentials of any kind that one listing returns at most.
 pub const SERVICE_KEYS_LISTED_MAX: i64 = 1000;
+/// Service keys one shop may have unrevoked at once: a listing shows active keys
+/// first, so every shop's can be seen (and revoked) however many were revoked.
+pub const SERVICE_KEYS_ACTIVE_PER_SHOP_MAX: i64 = 100;
 /// Longest bearer token stockd reads (every token it issues is shorter).
 pub const BEARER_TOKEN_LENGTH_MAX: usize = 128;
 /// Most products, schedules or orders one page of a staff list shows.

@@ -12,6 +12,7 @@ use crate::catalog::{CredentialKind, NewCredential, ServiceKey};
 use crate::error::StoreError;
 use crate::model::{IdempotencyClaim, Idempotent, Rejection, ResponseRenderer};
 use crate::sql::statement;
+use domain::limits::SERVICE_KEYS_ACTIVE_PER_SHOP_MAX;
 use domain::{ErrorCode, OperatorId, Principal, ServiceKeyId, ShopCode, Timestamp};
 
 /// Inserts a credential; `false` when its (kind, id) is taken.
@@ -136,6 +137,25 @@ impl<B: Backend> Units<B> {
             transaction.rollback().await?;
             return Ok(answer);
         }
+        // The shop's lock makes two creations count in turn: they cannot both take
+        // the last place.
+        transaction.lock_shop(&key.shop).await?;
+        let active: i64 = statement(
+            "SELECT COUNT(*) FROM credential WHERE kind = 'service' AND shop = $1 AND revoked_at IS NULL",
+        )
+        .bind(key.shop.as_str())
+        .fetch_one_scalar(&mut *transaction)
+        .await?;
+        if active >= SERVICE_KEYS_ACTIVE_PER_SHOP_MAX {
+            let response = renderer.rejected(&Rejection::new(
+                ErrorCode::FailedPrecondition,
+                format!(
+                    "shop '{}' has {active} active service keys, the most it may have: revoke one it no longer uses first",
+                    key.shop
+                ),
+            ));
+            return commit_with_answer(transaction, claim, response).await;
+        }
         let credential = NewCredential {
             kind: CredentialKind::Service,
             id: key.id.as_str().to_owned(),
@@ -227,7 +247,8 @@ impl<B: Backend> Units<B> {
         commit_with_answer(transaction, claim, response).await
     }
 
-    /// Service keys, newest first (of one shop when given).
+    /// Service keys, the active ones first, each part newest first (of one shop when
+    /// given): a listing cut at `limit` leaves out revoked keys before active ones.
     pub async fn service_keys(
         &self,
         shop: Option<&ShopCode>,
@@ -235,11 +256,14 @@ impl<B: Backend> Units<B> {
     ) -> Result<Vec<ServiceKey>, StoreError> {
         let rows = statement(
             "SELECT id, name, shop, created_at, revoked_at FROM credential \
-             WHERE kind = 'service' AND ($1 IS NULL OR shop = $1) ORDER BY created_at DESC, id LIMIT $2",
+             WHERE kind = 'service' AND ($1 IS NULL OR shop = $1) \
+             ORDER BY CASE WHEN revoked_at IS NULL THEN 0 ELSE 1 END, created_at DESC, id LIMIT $2",
         )
         .bind(shop.map(ShopCode::as_str))
         .bind(limit)
-        .fetch_all_as::<(String, String, Option<String>, i64, Option<i64>)>(&mut *self.writer_read_connection().await?)
+        .fetch_all_as::<(String, String, Option<String>, i64, Option<i64>)>(
+            &mut *self.writer_read_connection().await?,
+        )
         .await?;
         rows.into_iter().map(decode_service_key).collect()
     }
