@@ -368,8 +368,22 @@ pub(crate) async fn settle_attempt<C: Dialect>(
         .fetch_one_scalar(&mut *transaction)
         .await?;
     let status = parse_stored("attempt status", &status, AttemptStatus::parse)?;
+    // A success recorded already as a second charge (its attempt `FAILED` with a
+    // refund: no other failed attempt has one) heard again — a webhook redelivered, the
+    // same payment under another event id, the pay call's answer after the webhook's —
+    // changes nothing: it is being refunded.
+    let refunded_as_second_charge = status == AttemptStatus::Failed
+        && matches!(outcome, GatewayOutcome::Succeeded { .. })
+        && statement("SELECT COUNT(*) FROM refund WHERE attempt_id = $1")
+            .bind(attempt.as_str())
+            .fetch_one_scalar::<i64>(&mut *transaction)
+            .await?
+            > 0;
     match (status, outcome) {
         (AttemptStatus::Succeeded, _) => Ok(Some(order_status)),
+        (AttemptStatus::Failed, GatewayOutcome::Succeeded { .. }) if refunded_as_second_charge => {
+            Ok(Some(order_status))
+        }
         (
             AttemptStatus::Failed,
             GatewayOutcome::Failed { .. } | GatewayOutcome::Abandoned { .. },
@@ -1290,18 +1304,31 @@ impl<B: Backend> Units<B> {
         for id in ids {
             // Leased, and asked about less and less often while the gateway keeps not
             // knowing (5xx, 409, 429, no answer): the lease at first, doubling per look.
-            let tries: i64 = statement("SELECT reconcile_tries FROM payment_attempt WHERE id = $1")
-                .bind(&id)
-                .fetch_one_scalar(&mut *transaction)
-                .await?;
+            let (tries, hold_ends): (i64, i64) = statement(
+                "SELECT payment_attempt.reconcile_tries, customer_order.expires_at FROM payment_attempt \
+                 JOIN customer_order ON customer_order.id = payment_attempt.order_id \
+                 WHERE payment_attempt.id = $1",
+            )
+            .bind(&id)
+            .fetch_one_as(&mut *transaction)
+            .await?;
+            // Never past the order's hold end while that is ahead: the first look
+            // after it cancels a payment left waiting for the shopper (a 3-D Secure
+            // step abandoned) and gives the stock back, which the doubling would
+            // otherwise put off by up to an hour.
+            let backed_off = now
+                .unix_milliseconds()
+                .saturating_add(retry_delay(lease_milliseconds, tries));
+            let next = if hold_ends > now.unix_milliseconds() {
+                backed_off.min(hold_ends)
+            } else {
+                backed_off
+            };
             statement(
                 "UPDATE payment_attempt SET reconcile_after = $2, reconcile_tries = reconcile_tries + 1 WHERE id = $1",
             )
             .bind(&id)
-            .bind(
-                now.unix_milliseconds()
-                    .saturating_add(retry_delay(lease_milliseconds, tries)),
-            )
+            .bind(next)
             .execute(&mut *transaction)
             .await?;
             let id = parse_stored("attempt id", &id, PaymentAttemptId::parse)?;
