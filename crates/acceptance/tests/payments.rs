@@ -46,6 +46,7 @@ mirrored_tests!(
     an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it,
     a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid,
     a_second_charge_heard_again_is_answered_and_refunded_once,
+    an_abandoned_payment_that_can_be_neither_cancelled_nor_read_keeps_its_stock,
     an_abandoned_3ds_payment_gives_its_stock_back_at_the_first_look_after_the_hold,
     an_unknown_outcome_is_asked_about_less_and_less_often,
     a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_decline,
@@ -441,11 +442,53 @@ async fn an_abandoned_payment_keeps_its_stock_while_the_gateway_cannot_cancel_it
     app.assert_audit_clean().await;
 }
 
-/// What [`FlakyGateway`] answers 503 to.
+/// Found in review: when the cancel of an abandoned payment was refused and the read of
+/// its intent that followed was refused too (a 404: the account or address changed),
+/// the payment was taken as failed and its stock given back, with nothing known of the
+/// money (a look that learns nothing keeps the hold everywhere else). It stays held
+/// until the gateway says what became of the payment.
+async fn an_abandoned_payment_that_can_be_neither_cancelled_nor_read_keeps_its_stock(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 2)]).await;
+    let response = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(response.status, 202, "{response:?}");
+    app.clock.advance_seconds(HOLD_SECONDS + 1);
+    let other = app.another_instance().await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::CancelsAndLaterReads).await;
+    proxy.attach(&other);
+
+    let resolved = other.engine.reconcile_step().await.expect("reconcile step");
+
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_eq!(resolved[0].1, None, "still unknown");
+    assert_statuses(
+        &app,
+        &order,
+        ("PAYMENT_PROCESSING", "RESERVED", "PROCESSING"),
+    )
+    .await;
+    assert_eq!(app.counters(SKU).await, (STOCK - 2, 2));
+    // Readable again: cancelled, then released.
+    proxy.stop_refusing();
+    app.clock.advance_seconds(3600);
+    let resolved = other.engine.reconcile_step().await.expect("reconcile step");
+    assert_eq!(resolved.len(), 1, "{resolved:?}");
+    assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
+    assert_eq!(app.counters(SKU).await, (STOCK, 0));
+    app.assert_audit_clean().await;
+}
+
+/// What [`FlakyGateway`] answers 503 to, or, for `CancelsAndLaterReads`, 404: a cancel,
+/// and every read of an intent after the first cancel.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Refuse {
     Cancels,
     Everything,
+    CancelsAndLaterReads,
 }
 
 /// A gateway in front of the sandbox that passes calls through, except those it
@@ -503,19 +546,35 @@ impl FlakyGateway {
         let client = reqwest::Client::new();
         let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
         let refuse = std::sync::Arc::clone(&refusing);
+        let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
             let upstream = upstream.clone();
             let client = client.clone();
             let refuse = refuse.load(std::sync::atomic::Ordering::SeqCst);
             let hold = hold.clone();
+            let cancelled = std::sync::Arc::clone(&cancelled);
             counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
                 use axum::response::IntoResponse;
                 if let Some(hold) = hold {
                     hold.acquire().await.expect("the hold stays open").forget();
                 }
+                if refuse && refused == Refuse::CancelsAndLaterReads {
+                    let cancel = request.uri().path().ends_with("/cancel");
+                    if cancel {
+                        cancelled.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    let read_after_cancel = request.method() == axum::http::Method::GET
+                        && cancelled.load(std::sync::atomic::Ordering::SeqCst);
+                    if cancel || read_after_cancel {
+                        return (axum::http::StatusCode::NOT_FOUND, "no such payment intent")
+                            .into_response();
+                    }
+                }
                 if refuse
-                    && (refused == Refuse::Everything || request.uri().path().ends_with("/cancel"))
+                    && (refused == Refuse::Everything
+                        || (refused == Refuse::Cancels
+                            && request.uri().path().ends_with("/cancel")))
                 {
                     return (
                         axum::http::StatusCode::SERVICE_UNAVAILABLE,

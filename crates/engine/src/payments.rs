@@ -1045,9 +1045,20 @@ impl Engine {
                 ));
             }
             CallOutcome::Answered(other) => CallOutcome::Answered(other),
-            // Not cancellable: it succeeded or failed meanwhile. Its state decides.
+            // Not cancellable: it succeeded or failed meanwhile. Its state decides,
+            // once read: a read refused as well (the intent not found at this key or
+            // address) proves nothing about the money, so the stock stays held, as
+            // after a look that learns nothing (`ask_about` reads it so too).
             CallOutcome::Refused { .. } | CallOutcome::Declined { .. } => {
-                payments.gateway.retrieve_payment_intent(&intent.id).await
+                match payments.gateway.retrieve_payment_intent(&intent.id).await {
+                    CallOutcome::Answered(read) => CallOutcome::Answered(read),
+                    _ => {
+                        metrics::counter!("stockd_payment_cancellations_total", "result" => "unknown")
+                            .increment(1);
+                        tracing::warn!(attempt = %attempt.attempt_id, "an abandoned payment could be neither cancelled nor read at the gateway; the stock stays held, asking again later");
+                        return None;
+                    }
+                }
             }
             CallOutcome::Unknown(reason) => {
                 metrics::counter!("stockd_payment_cancellations_total", "result" => "unknown")
