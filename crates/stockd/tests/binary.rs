@@ -1199,6 +1199,17 @@ async fn serve_routes_the_open_campaigns_before_it_says_it_is_listening() {
     let directory = ScratchDirectory::new();
     let (mut first, address, token) = start_serving(&directory.0);
     let bearer = format!("Bearer {token}");
+    // Running now, by the wall clock the process reads: an end at most 366 days ahead.
+    let now_milliseconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let ends_at =
+        domain::Timestamp::from_unix_milliseconds(i64::try_from(now_milliseconds).unwrap())
+            .plus_seconds(30 * 86_400);
+    let campaign = format!(
+        r#"{{"sku":"SALE","quantity":10,"buckets":2,"starts_at":"2020-01-01T00:00:00Z","ends_at":"{ends_at}"}}"#
+    );
     for (method, path, key, body) in [
         (
             "PUT",
@@ -1212,12 +1223,7 @@ async fn serve_routes_the_open_campaigns_before_it_says_it_is_listening() {
             "receive",
             r#"{"kind":"receive","quantity":10}"#,
         ),
-        (
-            "POST",
-            "/v1/admin/campaigns",
-            "campaign",
-            r#"{"sku":"SALE","quantity":10,"buckets":2,"starts_at":"2020-01-01T00:00:00Z","ends_at":"2100-01-01T00:00:00Z"}"#,
-        ),
+        ("POST", "/v1/admin/campaigns", "campaign", campaign.as_str()),
     ] {
         let answered = request(
             address,
