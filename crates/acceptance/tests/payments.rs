@@ -2738,19 +2738,27 @@ async fn a_late_success_waiting_behind_a_shelf_change_sees_the_sku_go_off_the_sh
     app.assert_audit_clean().await;
 }
 
+/// An order paid by a second card after its first was declined, whose declined intent
+/// the gateway then completes after all, that success's webhook delivered: the order
+/// and the declined (now charged) intent.
+async fn a_second_charge(app: &TestApp, gateway: &TestGateway) -> (String, String) {
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
+    let declined_intent = intent_of(gateway, &order).id;
+    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
+    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
+    wait_for_deliveries(gateway, 2).await;
+    assert_eq!(gateway.force_success(&declined_intent).await, 200);
+    wait_for_deliveries(gateway, 3).await;
+    (order, declined_intent)
+}
+
 /// Found by the state machine test: a gateway that completes a declined intent after
 /// another card paid the order charges it twice. The second charge is recorded, not
 /// applied, and refunded on its own; the order stays paid, with one charge kept.
 async fn a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid(backend: Backend) {
     let (app, gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
-    let declined_intent = intent_of(&gateway, &order).id;
-    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
-    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
-    wait_for_deliveries(&gateway, 2).await;
-    assert_eq!(gateway.force_success(&declined_intent).await, 200);
-    wait_for_deliveries(&gateway, 3).await;
+    let (order, _) = a_second_charge(&app, &gateway).await;
     let view = app.order(&order).await;
     assert_eq!(view["status"], "PAID", "{view:#}");
     assert_eq!(
@@ -2784,14 +2792,7 @@ async fn a_second_charge_for_a_paid_order_is_refunded_and_the_order_stays_paid(b
 /// It is answered now (a redelivery as a duplicate), and refunded once.
 async fn a_second_charge_heard_again_is_answered_and_refunded_once(backend: Backend) {
     let (app, gateway) = shop(backend).await;
-    let order = app.order_of("user-1", &[(SKU, 1)]).await;
-    app.pay(&order, &key("pay"), "pm_card_chargeDeclined").await;
-    let declined_intent = intent_of(&gateway, &order).id;
-    let paid = app.pay(&order, &key("pay"), "pm_card_visa").await;
-    assert_eq!(paid.json()["status"], "PAID", "{paid:?}");
-    wait_for_deliveries(&gateway, 2).await;
-    assert_eq!(gateway.force_success(&declined_intent).await, 200);
-    wait_for_deliveries(&gateway, 3).await;
+    let (order, declined_intent) = a_second_charge(&app, &gateway).await;
     assert_eq!(
         app.order(&order).await["refunds"].as_array().map(Vec::len),
         Some(1)

@@ -37,6 +37,18 @@ fn at_minutes(minutes: i64) -> String {
     START.plus_seconds(minutes * 60).to_rfc3339()
 }
 
+/// Puts `product` on sale at the start of minute `minutes` after START (the admin's
+/// `on_at`), accepted.
+async fn scheduled_on_at(app: &TestApp, product: &str, minutes: i64) {
+    let scheduled = app
+        .shelf(
+            None,
+            json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(minutes)}),
+        )
+        .await;
+    assert_eq!(scheduled.status, 200, "{scheduled:?}");
+}
+
 async fn pending_product(app: &TestApp, skus: &[&str]) -> String {
     app.create_product(ProductSpec::complete("north", skus))
         .await
@@ -881,13 +893,7 @@ async fn an_operators_page_of_schedules_never_goes_on_from_another_shops_schedul
         .create_product(ProductSpec::complete("south", &["SOUTH-MID"]))
         .await;
     for (product, minutes) in [(&north, 10), (&south, 20)] {
-        let scheduled = app
-            .shelf(
-                None,
-                json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(minutes)}),
-            )
-            .await;
-        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+        scheduled_on_at(&app, product, minutes).await;
     }
     let late = app
         .shelf(
@@ -1163,13 +1169,7 @@ async fn a_stock_row_held_open_holds_back_only_its_skus_schedules(backend: Backe
     }
     // The held SKU's schedule is due first, so every claim starts with it.
     for (product, minutes) in [(&held, 5), (&free, 6)] {
-        let scheduled = app
-            .shelf(
-                None,
-                json!({"operation": "on_at", "product_ids": [product], "scheduled_at": at_minutes(minutes)}),
-            )
-            .await;
-        assert_eq!(scheduled.status, 200, "{scheduled:?}");
+        scheduled_on_at(&app, product, minutes).await;
     }
     app.clock.advance_seconds(7 * 60);
     let mut holder = app.database.hold_stock_row_lock("HELD-1").await;

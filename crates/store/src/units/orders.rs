@@ -16,7 +16,7 @@ use super::reservations::{
     Move, Mover, OneByOne, begin_whole_batch, claim_past_cursor, kept_whole, load_reservation,
     settle_order_reservation, settle_reservations,
 };
-use super::stock::{LedgerEntry, insert_ledger_row};
+use super::stock::{LedgerEntry, available_in, insert_ledger_row};
 use super::tallies::{add_to_tallies, give_back_refunded_units, read_tallies};
 use super::{Units, displayed};
 use crate::backend::{Backend, Dialect, Finish, NewReservation};
@@ -908,13 +908,9 @@ impl<B: Backend> Units<B> {
                     Some(domain::cart::CartProblem::OffShelf)
                 }
                 Err(rejection) if rejection.code == ErrorCode::InsufficientStock => {
-                    let available: Option<i64> =
-                        statement("SELECT available FROM stock WHERE sku = $1 AND warehouse = $2")
-                            .bind(line.sku.as_str())
-                            .bind(line.warehouse.as_str())
-                            .fetch_optional_scalar(&mut *transaction)
-                            .await?;
-                    Some(if available.unwrap_or(0) > 0 {
+                    let available =
+                        available_in(&mut *transaction, &line.sku, &line.warehouse).await?;
+                    Some(if available > 0 {
                         domain::cart::CartProblem::QuantityAboveAvailable
                     } else {
                         domain::cart::CartProblem::OutOfStock

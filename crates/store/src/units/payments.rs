@@ -15,6 +15,7 @@ use super::orders::{
 use super::outbox::{NewEvent, Sequence, append_event};
 use super::refunds::insert_refund;
 use super::reservations::settle_order_reservation;
+use super::stock::available_in;
 use super::tallies::{add_to_tallies, read_tallies};
 use crate::backend::{Backend, Dialect, Finish};
 use crate::error::StoreError;
@@ -146,21 +147,6 @@ async fn where_a_late_sale_takes<C: Dialect>(
         }
     }
     Ok(moved)
-}
-
-/// A stock row's available units, read without a lock (0 when there is no row).
-async fn available_in<C: Dialect>(
-    transaction: &mut C,
-    sku: &SkuCode,
-    warehouse: &WarehouseCode,
-) -> Result<i64, StoreError> {
-    let available: Option<i64> =
-        statement("SELECT available FROM stock WHERE sku = $1 AND warehouse = $2")
-            .bind(sku.as_str())
-            .bind(warehouse.as_str())
-            .fetch_optional_scalar(&mut *transaction)
-            .await?;
-    Ok(available.unwrap_or(0))
 }
 
 pub(crate) async fn plan_late_sale<C: Dialect>(

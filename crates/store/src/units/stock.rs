@@ -424,6 +424,21 @@ pub(crate) async fn update_existing_sku<C: Dialect>(
     Ok(Ok(()))
 }
 
+/// A stock row's available units, read without a lock (0 when there is no row).
+pub(crate) async fn available_in<C: Dialect>(
+    transaction: &mut C,
+    sku: &SkuCode,
+    warehouse: &WarehouseCode,
+) -> Result<i64, StoreError> {
+    let available: Option<i64> =
+        statement("SELECT available FROM stock WHERE sku = $1 AND warehouse = $2")
+            .bind(sku.as_str())
+            .bind(warehouse.as_str())
+            .fetch_optional_scalar(&mut *transaction)
+            .await?;
+    Ok(available.unwrap_or(0))
+}
+
 fn sku_moved_on(code: &SkuCode, version: i64, expected: i64) -> Rejection {
     Rejection::new(
         ErrorCode::VersionConflict,
