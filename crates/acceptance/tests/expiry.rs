@@ -72,7 +72,7 @@ async fn a_full_disk_fails_the_expiry_step_instead_of_reporting_holds_broken(bac
     let reserved = app.reserve("while-full", &[("FULL", 1)]).await;
 
     assert!(
-        matches!(step, Err(engine::EngineError::Unavailable(_))),
+        matches!(step, Err(engine::EngineError::DatabaseUnavailable(_))),
         "{step:?}"
     );
     assert_eq!(reserved.status, 503, "{reserved:?}");

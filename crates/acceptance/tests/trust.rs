@@ -27,6 +27,7 @@ mirrored_tests!(
     an_operator_sees_only_its_shops_audit_differences,
     an_operators_audit_finds_its_shops_differences_behind_a_thousand_of_another_shops,
     readiness_never_shows_the_database_error,
+    an_unreachable_database_is_answered_503_without_the_drivers_words,
     the_service_key_secret_is_shown_once_and_listed_never,
     a_sku_of_another_shop_unknown_at_the_check_is_refused_by_the_transaction_and_changes_nothing,
     an_operator_sees_only_its_shops_skus_on_the_metrics_page,
@@ -1034,6 +1035,29 @@ async fn readiness_never_shows_the_database_error(backend: Backend) {
     assert_eq!(ready.status, 503, "{ready:?}");
     assert_eq!(ready.json()["detail"], "the database is unreachable");
     assert!(ready.headers.contains_key("retry-after"));
+}
+
+/// Found in review: a 503 carried the driver's message (`attempted to acquire a
+/// connection on a closed pool`, `Connection refused`, a full disk's path) to any
+/// caller. The message is logged; the caller gets a fixed sentence.
+async fn an_unreachable_database_is_answered_503_without_the_drivers_words(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("CLOSED", 5).await;
+    app.store.close().await;
+
+    let read = app.send(Call::get("/v1/skus/CLOSED").admin()).await;
+    let write = app.reserve("while-closed", &[("CLOSED", 1)]).await;
+
+    for answer in [&read, &write] {
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert_eq!(answer.code().as_deref(), Some("unavailable"), "{answer:?}");
+        assert_eq!(
+            answer.json()["detail"],
+            api::problem::DATABASE_UNAVAILABLE_DETAIL,
+            "{answer:?}"
+        );
+        assert!(answer.headers.contains_key("retry-after"), "{answer:?}");
+    }
 }
 
 async fn the_service_key_secret_is_shown_once_and_listed_never(backend: Backend) {

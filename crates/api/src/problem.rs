@@ -200,6 +200,11 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// What a client is told when the database is out of reach: the driver's own message
+/// stays in the log.
+pub const DATABASE_UNAVAILABLE_DETAIL: &str =
+    "the database is unavailable; retry later (a write with the same Idempotency-Key)";
+
 impl From<EngineError> for ApiError {
     fn from(error: EngineError) -> ApiError {
         let code = error.code();
@@ -226,6 +231,13 @@ impl From<EngineError> for ApiError {
             | EngineError::Unavailable(message)
             | EngineError::Overloaded(message) => message,
             EngineError::Internal(_) => String::from("see the server log"),
+            EngineError::DatabaseUnavailable(message) => {
+                tracing::warn!(
+                    error = %domain::redact_urls_in(&message),
+                    "answered 503: the database is unavailable"
+                );
+                String::from(DATABASE_UNAVAILABLE_DETAIL)
+            }
             EngineError::IdempotencyKeyReused => {
                 String::from("this Idempotency-Key was first used with a different request")
             }

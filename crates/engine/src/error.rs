@@ -30,6 +30,9 @@ pub enum EngineError {
     LockTimeout,
     RetryExhausted,
     Unavailable(String),
+    /// The database could not be reached, or refused for want of resources. The
+    /// driver's words are logged, never shown: they can name hosts, users and paths.
+    DatabaseUnavailable(String),
     /// Too much queued already; shed at once rather than waited out (HTTP 429).
     Overloaded(String),
     /// A bug or a broken invariant; logged in full, shown to clients without detail.
@@ -49,7 +52,9 @@ impl EngineError {
             EngineError::RequestInProgress => ErrorCode::RequestInProgress,
             EngineError::LockTimeout => ErrorCode::LockTimeout,
             EngineError::RetryExhausted => ErrorCode::RetryExhausted,
-            EngineError::Unavailable(_) | EngineError::Overloaded(_) => ErrorCode::Unavailable,
+            EngineError::Unavailable(_)
+            | EngineError::DatabaseUnavailable(_)
+            | EngineError::Overloaded(_) => ErrorCode::Unavailable,
             EngineError::Internal(_) => ErrorCode::Internal,
         }
     }
@@ -67,6 +72,7 @@ impl fmt::Display for EngineError {
                 detail: message, ..
             }
             | EngineError::Unavailable(message)
+            | EngineError::DatabaseUnavailable(message)
             | EngineError::Overloaded(message)
             | EngineError::Internal(message) => write!(formatter, "{}: {message}", self.code()),
             _ => formatter.write_str(self.code().as_str()),
@@ -83,7 +89,7 @@ impl From<StoreError> for EngineError {
             StoreError::Retryable(_) | StoreError::Deadlock(_) => EngineError::RetryExhausted,
             StoreError::LockTimeout(_) => EngineError::LockTimeout,
             StoreError::KeyInFlight => EngineError::RequestInProgress,
-            StoreError::Unavailable(message) => EngineError::Unavailable(message),
+            StoreError::Unavailable(message) => EngineError::DatabaseUnavailable(message),
             StoreError::Invariant(message) | StoreError::Database(message) => {
                 EngineError::Internal(message)
             }

@@ -1723,7 +1723,7 @@ mod tests {
             (StoreError::KeyInFlight, EngineError::RequestInProgress),
             (
                 StoreError::Unavailable("pool timed out".into()),
-                EngineError::Unavailable("pool timed out".into()),
+                EngineError::DatabaseUnavailable("pool timed out".into()),
             ),
         ] {
             let attempts = AtomicU32::new(0);
