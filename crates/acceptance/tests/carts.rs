@@ -20,6 +20,7 @@ mirrored_tests!(
     a_line_no_order_can_charge_for_is_shown_and_skipped_not_the_whole_checkout_refused,
     lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skipped,
     lines_gone_short_or_off_the_shelf_while_the_checkout_waits_are_skipped,
+    a_line_taken_past_its_limit_by_another_order_while_the_checkout_waits_is_skipped,
 );
 
 async fn put_item(app: &TestApp, user: &str, sku: &str, quantity: i64) -> acceptance::TestResponse {
@@ -913,5 +914,79 @@ async fn lines_over_the_purchase_limit_or_in_another_currency_are_shown_and_skip
         "only the earlier order"
     );
     assert_eq!(north.counters("C-USD").await, (5, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a shopper's other order, placed while their checkout waited for a
+/// lock, took a line past its per-user limit; the checkout was then refused whole
+/// (409 `purchase_limit_exceeded`, stored under its key) though its other lines could
+/// be ordered. The line is now shown and skipped, as at the cart's read.
+async fn a_line_taken_past_its_limit_by_another_order_while_the_checkout_waits_is_skipped(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: no other order commits while the checkout waits in its transaction.
+        return;
+    }
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 60_000).await;
+    let north = shop_with_stock(&app).await;
+    // C-SOLO sorts after C-PLENTY: the checkout waits on C-PLENTY's row before it
+    // locks C-SOLO's row or the shopper's tallies.
+    standalone_sku_with_stock(
+        &app,
+        "C-SOLO",
+        &json!({"title": "One each", "shop": "north", "price": 100, "currency": "CNY", "per_user_limit": 1}),
+    )
+    .await;
+    put_item(&north, "hana", "C-PLENTY", 2).await;
+    put_item(&north, "hana", "C-SOLO", 1).await;
+    let mut holder = app.database.hold_stock_row_lock("C-PLENTY").await;
+    let checkout = {
+        let north = north.clone();
+        tokio::spawn(async move {
+            north
+                .send(Call::post("/v1/carts/hana/checkout").key("hana-checkout"))
+                .await
+        })
+    };
+    app.database.wait_until_blocked_by(&mut holder).await;
+    let other_device = north
+        .send(
+            Call::post("/v1/orders")
+                .key("hana-other-device")
+                .json(&json!({"user_id": "hana", "lines": [{"sku": "C-SOLO", "quantity": 1}]})),
+        )
+        .await;
+    assert_eq!(other_device.status, 201, "{other_device:?}");
+    holder.execute("ROLLBACK").await.unwrap();
+
+    let ordered = checkout.await.unwrap();
+
+    assert_eq!(ordered.status, 201, "{ordered:?}");
+    let body = ordered.json();
+    assert_eq!(
+        body["reservation"]["lines"],
+        json!([{"sku": "C-PLENTY", "warehouse": "default", "quantity": 2}]),
+        "{body:#}"
+    );
+    assert_eq!(
+        body["skipped"],
+        json!([{"sku": "C-SOLO", "quantity": 1, "problem": "above_purchase_limit"}]),
+        "{body:#}"
+    );
+    assert_eq!(
+        north.counters("C-SOLO").await,
+        (4, 1),
+        "only the other order's unit"
+    );
+    let left = north.send(Call::get("/v1/carts/hana")).await.json();
+    let left: Vec<&str> = left["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line["sku"].as_str().unwrap())
+        .collect();
+    assert_eq!(left, ["C-SOLO"], "the skipped line stays in the cart");
     app.assert_audit_clean().await;
 }

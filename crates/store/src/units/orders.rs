@@ -799,7 +799,8 @@ impl<B: Backend> Units<B> {
             return Ok(Idempotent::Undecided);
         }
         // A checkout leaves out the lines that cannot be sold (seed 003 §5.1): one that
-        // went short or off the shelf after the cart was read is found so only here,
+        // went short or off the shelf, or past the shopper's limit through another of
+        // their orders, after the cart was read is found so only here,
         // under the locks, and is left out with its problem instead of refusing the
         // lines that can still be ordered.
         let narrowed = match &plan.decisions[0] {
@@ -808,7 +809,9 @@ impl<B: Backend> Units<B> {
                     && order.lines.len() > 1
                     && matches!(
                         rejection.code,
-                        ErrorCode::InsufficientStock | ErrorCode::OffShelf
+                        ErrorCode::InsufficientStock
+                            | ErrorCode::OffShelf
+                            | ErrorCode::PurchaseLimitExceeded
                     ) =>
             {
                 self.without_lines_gone_bad(&mut *transaction, order)
@@ -906,6 +909,11 @@ impl<B: Backend> Units<B> {
             let problem = match &plan.decisions[0] {
                 Err(rejection) if rejection.code == ErrorCode::OffShelf => {
                     Some(domain::cart::CartProblem::OffShelf)
+                }
+                // The line alone is over the limit: the shopper's other orders took it.
+                // (At the bound of open holds every line is, and nothing is kept.)
+                Err(rejection) if rejection.code == ErrorCode::PurchaseLimitExceeded => {
+                    Some(domain::cart::CartProblem::AbovePurchaseLimit)
                 }
                 Err(rejection) if rejection.code == ErrorCode::InsufficientStock => {
                     let available =
