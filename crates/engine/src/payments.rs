@@ -327,8 +327,11 @@ impl Engine {
         routed: Option<crate::campaigns::Routed>,
     ) -> Result<Reply, EngineError> {
         let claim = &claim;
+        // A checkout leaves a short line out and orders the others: only the database,
+        // under the locks, knows which lines those are.
         let memory_may_refuse =
-            crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some());
+            crate::sold_out::memory_may_refuse(claim, order.reference.order_ref.is_some())
+                && order.skipped.is_none();
         let renderer = self.inner.renderer.as_ref();
         let lines = order.lines.clone();
         let skus = crate::retry::skus_of(&lines);
