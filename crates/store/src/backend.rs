@@ -328,7 +328,10 @@ pub trait Dialect: Connection {
         }
     }
 
-    /// Adds `delta` (< 0) to a stock row's `available` unless it would go below zero.
+    /// Adds `delta` to a stock row's `available` unless it would go below zero: a
+    /// movement's write-off (< 0), or a return's units (> 0), which left this row when
+    /// their order was paid. A return is not capped like a receive: the goods are
+    /// back on hand whatever the row holds, and the ledger says so.
     /// Answers the row's (available, reserved) after the change, or `None` when
     /// refused or when the row does not exist.
     fn adjust_stock(
