@@ -33,6 +33,8 @@ mirrored_tests!(
     a_consumer_created_again_delivers_no_command_already_answered,
     a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_refused_for_good,
     a_command_whose_key_header_is_spelled_in_lower_case_is_taken,
+    the_commands_waiting_at_the_consumer_are_read_and_shown,
+    an_intake_that_cannot_attach_counts_each_try_and_takes_commands_once_nats_is_back,
 );
 
 fn settings() -> IntakeSettings {
@@ -871,4 +873,107 @@ async fn a_command_naming_a_campaign_this_instance_does_not_route_yet_is_not_ref
     assert_eq!(answers[1].headers["Stockd-Status"], "201", "{answers:?}");
     assert_eq!(app.ledger_rows("TV", "reserve").await, 1);
     app.assert_audit_clean().await;
+}
+
+/// The value of a line of the metrics page: `series` is the name with its labels.
+async fn metric(app: &TestApp, series: &str) -> Option<f64> {
+    let page = app
+        .send(acceptance::Call::get("/metrics").admin())
+        .await
+        .body;
+    page.lines()
+        .find(|line| line.split(' ').next() == Some(series))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+/// Found in review: nothing showed the commands waiting in `STOCKD_COMMANDS`, so a
+/// queue growing faster than the instances took from it went unseen. The shared
+/// consumer's backlog is read after each empty fetch (and once a second while
+/// commands keep coming) and shown as gauges.
+async fn the_commands_waiting_at_the_consumer_are_read_and_shown(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("QUEUED", 10).await;
+    let intake = intake(&nats, settings()).await;
+    for index in 0..3 {
+        nats.publish_command(
+            &command("QUEUED", 1),
+            Some(&format!("queued-{index}")),
+            &format!("m-{index}"),
+        )
+        .await;
+    }
+
+    let waiting = intake.backlog().await.unwrap();
+    let page_shows = metric(&app, "stockd_intake_commands_waiting").await;
+    answer(&intake, &app, 3).await;
+    // An empty fetch reads the backlog again.
+    assert_eq!(intake.step(&state(&app)).await.unwrap(), []);
+    let done = intake.backlog().await.unwrap();
+
+    assert_eq!(
+        waiting,
+        bus::intake::Backlog {
+            waiting: 3,
+            in_flight: 0
+        }
+    );
+    // The gauge is the process's: under `cargo test` another test may have set it
+    // since, so only its presence is checked here.
+    assert!(page_shows.is_some(), "the waiting commands are on the page");
+    assert!(
+        metric(&app, "stockd_intake_commands_in_flight")
+            .await
+            .is_some()
+    );
+    assert_eq!(done, bus::intake::Backlog::default());
+    assert_eq!(app.counters("QUEUED").await, (7, 3));
+}
+
+/// Found in review: an intake that could not attach (NATS unreachable, JetStream off)
+/// tried again every second, logged at DEBUG and counted nothing. Each failed try now
+/// counts as a failed intake step, `stockd_intake_attached` says whether it is
+/// attached, and once NATS is back the commands that waited are taken.
+async fn an_intake_that_cannot_attach_counts_each_try_and_takes_commands_once_nats_is_back(
+    backend: Backend,
+) {
+    let mut nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.stocked_sku("LATE", 10).await;
+    let bus = nats.bus().await;
+    nats.stop();
+    acceptance::wait_until("the bus saw NATS go", || !bus.is_connected()).await;
+    let errors = "stockd_worker_errors_total{worker=\"intake\"}";
+    let before = metric(&app, errors).await.unwrap_or(0.0);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(api::intake::attach_and_run(
+        state(&app),
+        bus,
+        settings(),
+        shutdown.clone(),
+    ));
+
+    acceptance::wait_until_async("two failed tries are counted", || async {
+        metric(&app, errors).await.unwrap_or(0.0) - before >= 2.0
+    })
+    .await;
+    let detached = metric(&app, "stockd_intake_attached").await;
+    nats.start_again().await;
+    // The streams are the intake's to create: a command is taken once it has attached
+    // (one published twice meanwhile is one message, by its id).
+    acceptance::wait_until_async("the intake created its streams again", || async {
+        nats.try_publish_command(&command("LATE", 2), Some("late-1"), "m-late-1")
+            .await
+            .is_ok()
+    })
+    .await;
+    acceptance::wait_until_async("the command that waited is taken", || async {
+        app.counters("LATE").await == (8, 2)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    // Under `cargo test` another test's intake may share the gauge: only present.
+    assert!(detached.is_some(), "the intake's state is on the page");
 }

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bus::intake::{Answer, Command, IntakeConfig, ReserveConsumer};
+use bus::intake::{Answer, Backlog, Command, IntakeConfig, ReserveConsumer};
 use bus::{Bus, BusError};
 use domain::{ErrorCode, IdempotencyKey, Principal, ServiceKeyId, ShopCode};
 use store::{IdempotencyClaim, ScopedKey};
@@ -39,7 +39,14 @@ pub struct ReserveIntake {
     /// operator's clean-up), which no fetch would ever recover from.
     consumer: std::sync::Mutex<Arc<ReserveConsumer>>,
     config: IntakeSettings,
+    /// When the backlog was last sampled: a busy intake, whose fetches are never
+    /// empty, samples it at most once per [`BACKLOG_SAMPLE_INTERVAL`].
+    backlog_sampled_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How often a busy intake reads the consumer's backlog for its gauges (an idle one
+/// reads it after each empty fetch, which also tells it the consumer still exists).
+pub const BACKLOG_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How one instance takes commands.
 #[derive(Debug, Clone)]
@@ -90,6 +97,7 @@ impl ReserveIntake {
             bus,
             consumer: std::sync::Mutex::new(Arc::new(consumer)),
             config,
+            backlog_sampled_at: std::sync::Mutex::new(None),
         })
     }
 
@@ -111,11 +119,34 @@ impl ReserveIntake {
                     .consumer
                     .lock()
                     .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(consumer);
+                metrics::gauge!("stockd_intake_attached").set(1.0);
             }
             Err(error) => {
+                metrics::gauge!("stockd_intake_attached").set(0.0);
                 tracing::debug!(%error, "the intake's streams and consumer could not be checked yet");
             }
         }
+    }
+
+    /// Reads the shared consumer's backlog and shows it as `stockd_intake_commands_waiting`
+    /// and `stockd_intake_commands_in_flight` (each instance shows the same figures:
+    /// the consumer is every instance's).
+    pub async fn backlog(&self) -> Result<Backlog, BusError> {
+        *self
+            .backlog_sampled_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(tokio::time::Instant::now());
+        let backlog = self.consumer().backlog().await?;
+        metrics::gauge!("stockd_intake_commands_waiting").set(backlog.waiting as f64);
+        metrics::gauge!("stockd_intake_commands_in_flight").set(backlog.in_flight as f64);
+        Ok(backlog)
+    }
+
+    fn backlog_sample_due(&self) -> bool {
+        self.backlog_sampled_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_none_or(|at| at.elapsed() >= BACKLOG_SAMPLE_INTERVAL)
     }
 
     pub fn settings(&self) -> &IntakeSettings {
@@ -135,8 +166,9 @@ impl ReserveIntake {
     /// them as they are then.
     pub async fn step(&self, state: &AppState) -> Result<Vec<Handled>, BusError> {
         let stepped = self.fetch_and_handle(state).await;
-        if stepped.is_err() {
-            self.attach_again().await;
+        match &stepped {
+            Ok(_) => metrics::gauge!("stockd_intake_attached").set(1.0),
+            Err(_) => self.attach_again().await,
         }
         stepped
     }
@@ -148,8 +180,13 @@ impl ReserveIntake {
             .await?;
         if commands.is_empty() {
             // Nothing came: an idle queue, or a consumer that is gone. One request
-            // per idle wait tells them apart.
-            consumer.check().await?;
+            // per idle wait tells them apart, and samples the backlog.
+            self.backlog().await?;
+        } else if self.backlog_sample_due()
+            && let Err(error) = self.backlog().await
+        {
+            // The commands in hand are handled all the same; the gauges wait.
+            tracing::debug!(%error, "the intake's backlog could not be read");
         }
         let deliveries_max = consumer.deliveries_max();
         let handled = futures_util::future::join_all(
@@ -400,8 +437,15 @@ pub async fn attach_and_run(
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let retry = settings.retry_delay;
+    metrics::gauge!("stockd_intake_attached").set(0.0);
     let intake = loop {
-        match ReserveIntake::attach(bus.clone(), settings.clone()).await {
+        let attached = ReserveIntake::attach(bus.clone(), settings.clone()).await;
+        if attached.is_err() {
+            // Counted as a failed step: an intake that never attaches takes no
+            // command, and commands wait in their stream while it tries.
+            metrics::counter!("stockd_worker_errors_total", "worker" => "intake").increment(1);
+        }
+        match attached {
             Ok(intake) => break intake,
             // NATS not up yet is expected at start; a refusal (a stream's configuration
             // the server will not take, too little storage for its limits) is for a
@@ -422,6 +466,7 @@ pub async fn attach_and_run(
             }
         }
     };
+    metrics::gauge!("stockd_intake_attached").set(1.0);
     tracing::info!("taking reservation commands from stockd.commands.reserve");
     run(state, Arc::new(intake), shutdown).await;
 }

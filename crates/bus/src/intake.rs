@@ -301,13 +301,26 @@ impl ReserveConsumer {
             .map_err(|error| classify(error.to_string()))
     }
 
-    /// Whether the consumer still exists on the server: a fetch from one deleted (with
-    /// its stream, say) waits out its time and finds nothing, as an idle one does.
-    pub async fn check(&self) -> Result<(), BusError> {
+    /// What waits at the consumer, over every instance, as the server counts it now.
+    /// An error also says the consumer is gone: a fetch from one deleted (with its
+    /// stream, say) waits out its time and finds nothing, as an idle one does.
+    pub async fn backlog(&self) -> Result<Backlog, BusError> {
         self.consumer
             .get_info()
             .await
-            .map(|_| ())
+            .map(|info| Backlog {
+                waiting: info.num_pending,
+                in_flight: u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
+            })
             .map_err(|error| classify(error.to_string()))
     }
+}
+
+/// The shared consumer's backlog: what every instance's intake has still to do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Backlog {
+    /// Commands in the stream not handed out yet.
+    pub waiting: u64,
+    /// Commands handed out and not acknowledged yet.
+    pub in_flight: u64,
 }
