@@ -29,6 +29,7 @@ mirrored_tests!(
     an_instance_without_nats_shows_what_the_relay_has_not_sent,
     an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended,
     each_relayed_event_names_its_shop_in_a_header,
+    an_event_the_stream_refuses_is_named_and_the_later_ones_wait_behind_it,
 );
 
 // Reads a counter of the process-wide metrics recorder.
@@ -734,4 +735,82 @@ async fn each_relayed_event_names_its_shop_in_a_header(backend: Backend) {
             "{message:?}"
         );
     }
+}
+
+/// Found in review: an event the stream refused (larger than a `max_msg_size` an
+/// operator set on `STOCKD_EVENTS`) was handled as NATS being down: the log said the
+/// relay "could not publish", never which event, and the relay tried it again and again
+/// while every later event waited. The step now names the refused event (logged at
+/// ERROR with its id and position, counted in `stockd_outbox_publish_refused_total`),
+/// and still skips nothing.
+async fn an_event_the_stream_refuses_is_named_and_the_later_ones_wait_behind_it(backend: Backend) {
+    let nats = TestNats::start().await;
+    nats.create_event_stream_with_message_size_max(1024).await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-a");
+    let skus: Vec<String> = (0..25).map(|index| format!("WIDE-{index:02}")).collect();
+    for sku in &skus {
+        app.stocked_sku(sku, 1).await;
+    }
+    let lines: Vec<(&str, i64)> = skus.iter().map(|sku| (sku.as_str(), 1)).collect();
+    assert_eq!(app.reserve("wide", &lines).await.status, 201);
+    app.stocked_sku("AFTER", 1).await;
+    app.sequence_all_events().await;
+    let events = app.all_events().await;
+    let wide = events
+        .iter()
+        .position(|event| event["type"] == "reservation.created")
+        .expect("the wide reservation's event");
+
+    let mut published = 0;
+    let refused = loop {
+        let step = app.engine.relay_step(&relay).await.unwrap();
+        published += step.published;
+        if step.failure.is_some() {
+            break step;
+        }
+        assert!(
+            step.published > 0,
+            "the relay stopped before the wide event: {step:?}"
+        );
+    };
+
+    assert!(
+        matches!(refused.failure, Some(bus::BusError::Refused(_))),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.refused_event.as_deref(),
+        events[wide]["id"].as_str(),
+        "{refused:?}"
+    );
+    assert_eq!(
+        published, wide,
+        "every event before it recorded, none after"
+    );
+    let stored: Vec<String> = nats
+        .stream_messages("STOCKD_EVENTS")
+        .await
+        .into_iter()
+        .map(|(_, id, _)| id)
+        .collect();
+    let before: Vec<String> = events[..wide]
+        .iter()
+        .map(|event| event["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(stored.starts_with(&before), "{stored:?}");
+    assert!(
+        !stored
+            .iter()
+            .any(|id| Some(id.as_str()) == events[wide]["id"].as_str()),
+        "{stored:?}"
+    );
+    // Another aggregate's later event may have been stored meanwhile (pipelined);
+    // the relay's position stays before the refused one, so it is tried again.
+    app.clock
+        .advance_milliseconds(app.engine.config().relay_stand_aside_milliseconds + 1);
+    let again = app.engine.relay_step(&relay).await.unwrap();
+    assert_eq!(again.published, 0, "{again:?}");
+    assert_eq!(again.refused_event, refused.refused_event, "{again:?}");
 }

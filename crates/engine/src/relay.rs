@@ -75,6 +75,10 @@ pub struct RelayStep {
     pub more_waiting: bool,
     /// Why some events were not published (they wait for the next step).
     pub failure: Option<BusError>,
+    /// The event JetStream refused, when the failure was a refusal (the first event
+    /// not acknowledged): the relay never skips one, so every later event waits
+    /// behind it until the stream takes it.
+    pub refused_event: Option<String>,
 }
 
 /// Positions are numbered without holes: a batch recorded past a gap after the
@@ -260,9 +264,24 @@ impl Engine {
             // store): the next step makes sure of it again before publishing.
             relay.stream_ready.store(false, Ordering::Relaxed);
         }
+        let refused_event = match &published.failure {
+            Some(BusError::Refused(reason)) => events.get(published.acknowledged).map(|event| {
+                metrics::counter!("stockd_outbox_publish_refused_total").increment(1);
+                tracing::error!(
+                    event = event.id,
+                    position = event.position,
+                    event_type = event.event_type.as_str(),
+                    %reason,
+                    "JetStream refused an event: it and every later one wait in the outbox until the stream takes it"
+                );
+                event.id.clone()
+            }),
+            _ => None,
+        };
         let mut step = RelayStep {
             published: published.acknowledged,
             duplicates: published.duplicates,
+            refused_event,
             more_waiting: published.ran_out_of_time
                 || i64::try_from(events.len()).unwrap_or(i64::MAX) >= config.relay_batch_size,
             failure: published.failure.clone(),
