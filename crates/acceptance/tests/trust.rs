@@ -286,7 +286,35 @@ fn every_protected_call(shop: &NorthShop) -> Vec<(&'static str, Call)> {
             "checkout",
             Call::post("/v1/carts/alice/checkout").key("t-checkout"),
         ),
+        ("read events", Call::get("/v1/events")),
     ]
+}
+
+/// Operations no credential guards: the shopper's product view, the gateway's
+/// webhook (its signature is its credential), health, the documents and the pages
+/// (the console calls the API with the credential its user pastes).
+const OPEN_OPERATIONS: &[(&str, &str)] = &[
+    ("GET", "/v1/products/{id}"),
+    ("POST", "/v1/payments/webhook"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/openapi.json"),
+    ("GET", "/"),
+    ("GET", "/docs"),
+    ("GET", "/console"),
+    ("GET", "/assets/{file}"),
+];
+
+/// Whether `path` (a call's, its query left off) is an instance of `template`.
+fn path_matches(template: &str, path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    let (template, path): (Vec<&str>, Vec<&str>) =
+        (template.split('/').collect(), path.split('/').collect());
+    template.len() == path.len()
+        && template
+            .iter()
+            .zip(&path)
+            .all(|(part, segment)| part.starts_with('{') || part == segment)
 }
 
 /// Sends each call; each must be refused with `status` and `code`, and nothing in the
@@ -335,16 +363,48 @@ async fn every_route_refuses_a_caller_without_a_known_credential_and_changes_not
 ) {
     let app = TestApp::spawn(backend).await;
     let shop = north_shop(&app).await;
+    // Every documented operation is here, so a new route that forgets its
+    // credential check fails this test.
+    let document = app
+        .send(Call::get("/openapi.json").anonymous())
+        .await
+        .json();
+    let calls = every_protected_call(&shop);
+    let mut missing = Vec::new();
+    for (template, operations) in document["paths"].as_object().unwrap() {
+        for method in operations.as_object().unwrap().keys() {
+            let method = method.to_uppercase();
+            let covered = OPEN_OPERATIONS.contains(&(method.as_str(), template.as_str()))
+                || calls.iter().any(|(_, call)| {
+                    call.method.as_str() == method && path_matches(template, &call.path)
+                });
+            if !covered {
+                missing.push(format!("{method} {template}"));
+            }
+        }
+    }
+    assert_eq!(
+        missing,
+        Vec::<String>::new(),
+        "operations this test does not call"
+    );
     let anonymous: Vec<_> = every_protected_call(&shop)
         .into_iter()
         .map(|(label, call)| (label, call.anonymous()))
         .collect();
     assert_each_refused(&app, anonymous, 401, "unauthorized").await;
-    let unknown: Vec<_> = every_protected_call(&shop)
-        .into_iter()
-        .map(|(label, call)| (label, call.bearer("stockd_sk_not-a-key-anyone-was-given")))
-        .collect();
-    assert_each_refused(&app, unknown, 401, "unauthorized").await;
+    // Tokens of every stored shape, looked up in the database, and one of none.
+    for token in [
+        "stockd_sk_not-a-key-anyone-was-given".to_owned(),
+        format!("stockd_sk_{}", "0".repeat(64)),
+        "ab".repeat(32),
+    ] {
+        let unknown: Vec<_> = every_protected_call(&shop)
+            .into_iter()
+            .map(|(label, call)| (label, call.bearer(&token)))
+            .collect();
+        assert_each_refused(&app, unknown, 401, "unauthorized").await;
+    }
     // The shopper's product view is the one open route.
     let product = app
         .send(Call::get(format!("/v1/products/{}", shop.product)).anonymous())
@@ -923,6 +983,7 @@ async fn a_principal_over_its_request_rate_is_answered_429_with_retry_after(back
     let before = app.contents().await;
     let limited = app.reserve("rated-5", &[("RATED", 1)]).await;
 
+    assert_eq!(limited.status, 429, "{limited:?}");
     assert_eq!(limited.code().as_deref(), Some("rate_limited"));
     let retry_after: u64 = limited.headers["retry-after"]
         .to_str()
