@@ -12,6 +12,7 @@ mirrored_tests!(
     every_write_answer_carries_a_token_that_a_display_read_accepts,
     a_reservation_answer_carries_the_position_its_batch_reached,
     a_malformed_token_is_refused_and_changes_nothing,
+    a_token_past_the_writers_position_is_refused_and_a_real_one_is_served,
 );
 
 fn key(purpose: &str) -> String {
@@ -140,6 +141,52 @@ async fn a_malformed_token_is_refused_and_changes_nothing(backend: Backend) {
             .await;
         assert_eq!(shown.status, 400, "{token:?}: {shown:?}");
         assert_eq!(shown.json()["code"], "invalid_argument", "{token:?}");
+    }
+    assert_eq!(
+        app.contents().await,
+        before,
+        "a refused read changed nothing"
+    );
+}
+
+/// Found in review: a token was checked for its shape only, so any caller, the
+/// anonymous shopper's product view included, could send one far ahead of the writer
+/// and have every read bypass the display cache, find each replica behind and go to
+/// the writer. A token past the writer's position names no write: 400.
+async fn a_token_past_the_writers_position_is_refused_and_a_real_one_is_served(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let product = app
+        .create_product(acceptance::ProductSpec::complete("default", &["TOKEN-4"]))
+        .await;
+    let on = app
+        .shelf(None, json!({"operation": "on", "product_ids": [product]}))
+        .await;
+    assert_eq!(on.status, 200, "{on:?}");
+    let received = app.receive("TOKEN-4", 2).await;
+    let real = token_of(&received);
+    // Past the writer on every backend: on those stockd does not replicate, every
+    // write answers the origin, so any other position is one.
+    let made_up = ConsistencyToken::from_position(real.position() + (1 << 40));
+    let before = app.contents().await;
+
+    let reads = [
+        Call::get("/v1/skus/TOKEN-4").admin(),
+        Call::get(format!("/v1/products/{product}")).anonymous(),
+    ];
+    for read in reads {
+        let refused = app
+            .send(read.clone().consistency_token(made_up.to_string()))
+            .await;
+        assert_eq!(refused.status, 400, "{refused:?}");
+        assert_eq!(refused.json()["code"], "invalid_argument", "{refused:?}");
+        assert!(
+            refused.json()["detail"]
+                .as_str()
+                .is_some_and(|detail| detail.contains("has not reached")),
+            "{refused:?}"
+        );
+        let served = app.send(read.consistency_token(real.to_string())).await;
+        assert_eq!(served.status, 200, "{served:?}");
     }
     assert_eq!(
         app.contents().await,

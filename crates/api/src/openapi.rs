@@ -263,7 +263,7 @@ pub mod schemas {
     }));
     named_schema!(ConsistencyToken => json!({
         "type": "string", "maxLength": 17, "pattern": CONSISTENCY_TOKEN_PATTERN,
-        "description": "A write's answer's Stockd-Consistency-Token: a display read that sends it back sees that write.",
+        "description": "A write's answer's Stockd-Consistency-Token: a display read that sends it back sees that write. A token past the writer's position names no write and is refused (400): on databases stockd does not replicate (SQLite, MySQL) every write answers 0/0, so any other token is.",
         "examples": ["16/B374D848"],
     }));
     named_schema!(FeedCursor => json!({

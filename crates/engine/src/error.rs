@@ -93,6 +93,9 @@ impl From<StoreError> for EngineError {
             StoreError::Invariant(message) | StoreError::Database(message) => {
                 EngineError::Internal(message)
             }
+            StoreError::TokenAhead(token) => EngineError::InvalidArgument(format!(
+                "Stockd-Consistency-Token '{token}' names a log position this database has not reached: send back the token a write's answer carried"
+            )),
         }
     }
 }

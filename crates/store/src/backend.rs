@@ -538,13 +538,19 @@ pub trait Backend: Clone + std::fmt::Debug + Send + Sync + 'static {
 
     /// A transaction for a display read: on a replica in the rotation that can serve
     /// `reader` (replayed past its token), otherwise on the writer — the default, for
-    /// backends stockd does not replicate. The only way to a replica.
+    /// backends stockd does not replicate, whose writes all answer the origin: a
+    /// token past it names no write and is refused. The only way to a replica.
     fn begin_display(
         &self,
         reader: &ReadHandle,
     ) -> impl Future<Output = Result<(Self::Transaction, Served), StoreError>> + Send {
-        let _ = reader;
-        async {
+        let ahead = reader
+            .token()
+            .filter(|token| !token.is_reached_by(domain::ConsistencyToken::ORIGIN));
+        async move {
+            if let Some(token) = ahead {
+                return Err(StoreError::TokenAhead(token));
+            }
             Ok((
                 self.begin_writer_read().await?,
                 Served::primary(Some(domain::Fallback::NoReplicaInRotation)),

@@ -25,6 +25,9 @@ pub enum StoreError {
     Invariant(String),
     /// Any other database error.
     Database(String),
+    /// A display read's consistency token names a log position the writer has not
+    /// reached: no write's answer carried it (made up, or another database's).
+    TokenAhead(domain::ConsistencyToken),
 }
 
 impl fmt::Display for StoreError {
@@ -39,6 +42,10 @@ impl fmt::Display for StoreError {
             }
             StoreError::Invariant(message) => write!(formatter, "invariant violated: {message}"),
             StoreError::Database(message) => write!(formatter, "database error: {message}"),
+            StoreError::TokenAhead(token) => write!(
+                formatter,
+                "consistency token {token} is past the writer's position"
+            ),
         }
     }
 }

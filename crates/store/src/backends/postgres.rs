@@ -123,6 +123,16 @@ impl Backend for PostgresBackend {
                 Err(fallback) => fallback,
             },
         };
+        // A token no write's answer carried (made up far ahead, or another
+        // database's) would send every read that sends it to the writer, past the
+        // replicas and the display cache: one position read, shared by every caller
+        // waiting for one, tells it from a real write's.
+        if let Some(token) = reader.token() {
+            let reached = self.position.after_commit(&self.pool).await?;
+            if !token.is_reached_by(reached) {
+                return Err(StoreError::TokenAhead(token));
+            }
+        }
         Ok((self.pool.begin().await?, Served::primary(Some(fallback))))
     }
 
