@@ -35,6 +35,7 @@ mirrored_tests!(
     a_command_whose_key_header_is_spelled_in_lower_case_is_taken,
     the_commands_waiting_at_the_consumer_are_read_and_shown,
     an_intake_that_cannot_attach_counts_each_try_and_takes_commands_once_nats_is_back,
+    a_command_worked_on_past_the_acknowledgement_wait_is_not_delivered_again,
 );
 
 fn settings() -> IntakeSettings {
@@ -972,4 +973,59 @@ async fn an_intake_that_cannot_attach_counts_each_try_and_takes_commands_once_na
 
     // Under `cargo test` another test's intake may share the gauge: only present.
     assert!(detached.is_some(), "the intake's state is on the page");
+}
+
+/// Found in review: a command was worked on with no word to JetStream, so one that
+/// waited past the consumer's acknowledgement wait (for a lock here; in a campaign's
+/// line, for its turn) was delivered again to the next fetch, using up a delivery and
+/// running twice at once. The intake now says every half wait that it is still on it.
+async fn a_command_worked_on_past_the_acknowledgement_wait_is_not_delivered_again(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // One writer: a reservation never waits for another session's row lock.
+        return;
+    }
+    let nats = TestNats::start().await;
+    let app =
+        TestApp::spawn_with_lock_timeout(backend, acceptance::test_engine_config(), 60_000).await;
+    app.stocked_sku("SLOW", 5).await;
+    let mut short = settings();
+    short.consumer.ack_wait = Duration::from_secs(1);
+    let intake = std::sync::Arc::new(intake(&nats, short).await);
+    nats.publish_command(&command("SLOW", 1), Some("slow"), "m-slow")
+        .await;
+    let mut holder = app.database.hold_stock_row_lock("SLOW").await;
+    let stepping = {
+        let (intake, state) = (std::sync::Arc::clone(&intake), state(&app));
+        tokio::spawn(async move { intake.step(&state).await })
+    };
+    app.database.wait_until_blocked_by(&mut holder).await;
+    let bus = nats.bus().await;
+    let another_instance = bus
+        .reserve_consumer(&intake.settings().consumer)
+        .await
+        .unwrap();
+
+    // Three acknowledgement waits for a delivery that never comes.
+    let delivered_again = another_instance
+        .fetch(1, Duration::from_secs(3))
+        .await
+        .unwrap();
+    holder.execute("ROLLBACK").await.unwrap();
+    let handled = stepping.await.unwrap().unwrap();
+
+    assert_eq!(
+        delivered_again.len(),
+        0,
+        "the command went to another instance while it was worked on"
+    );
+    assert_eq!(
+        handled,
+        vec![Handled::Answered {
+            status: 201,
+            replayed: false
+        }]
+    );
+    assert_eq!(app.counters("SLOW").await, (4, 1));
 }

@@ -16,7 +16,8 @@
 //! (the consumer's `max_deliver`), when it is answered with that failure (not final:
 //! it says to retry under the same key); an `internal` error is answered. At most `in_flight_max` commands
 //! are handed out at once over every instance, and one step takes at most
-//! `batch_size_max` of them.
+//! `batch_size_max` of them. A command being worked on is reported in progress every
+//! half acknowledgement wait, for at most [`COMMAND_DURATION_MAX`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,6 +44,11 @@ pub struct ReserveIntake {
     /// empty, samples it at most once per [`BACKLOG_SAMPLE_INTERVAL`].
     backlog_sampled_at: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// Longest a command is worked on (a campaign's line it waits in, a lock its
+/// reservation waits for): past it, it is handled as a transient failure and
+/// delivered again later, where its key finds what became of it.
+pub const COMMAND_DURATION_MAX: Duration = Duration::from_secs(300);
 
 /// How often a busy intake reads the consumer's backlog for its gauges (an idle one
 /// reads it after each empty fetch, which also tells it the consumer still exists).
@@ -214,15 +220,25 @@ impl ReserveIntake {
         let outcome = match parsed {
             Ok(parsed) => {
                 // Queued commands never take a ticket: they wait their turn.
-                crate::routes::reserve(
-                    state,
-                    &parsed.principal,
-                    &parsed.claim,
-                    parsed.request,
-                    false,
-                )
-                .await
-                .and_then(|held| held.answered().map_err(crate::problem::ApiError::from))
+                let reserving = async {
+                    crate::routes::reserve(
+                        state,
+                        &parsed.principal,
+                        &parsed.claim,
+                        parsed.request,
+                        false,
+                    )
+                    .await
+                    .and_then(|held| held.answered().map_err(crate::problem::ApiError::from))
+                };
+                self.while_saying_it_is_worked_on(command, reserving)
+                    .await
+                    .unwrap_or_else(|| {
+                        Err(ApiError::new(
+                            ErrorCode::Unavailable,
+                            "the command ran past its bound; it is delivered again",
+                        ))
+                    })
             }
             Err(refused) => Err(refused),
         };
@@ -311,6 +327,31 @@ impl ReserveIntake {
         let outcome = if replayed { "replayed" } else { "answered" };
         metrics::counter!("stockd_intake_commands_total", "outcome" => outcome).increment(1);
         Ok(Handled::Answered { status, replayed })
+    }
+
+    /// Runs `work` on `command`, telling JetStream every half acknowledgement wait
+    /// that the command is still being worked on: one waiting in a campaign's line,
+    /// or for a lock, past the wait would otherwise go to another instance as well and
+    /// use up a delivery. `None` when it ran past [`COMMAND_DURATION_MAX`].
+    async fn while_saying_it_is_worked_on<T>(
+        &self,
+        command: &Command,
+        work: impl Future<Output = T>,
+    ) -> Option<T> {
+        let every = (self.config.consumer.ack_wait / 2).max(Duration::from_millis(100));
+        let bounded = tokio::time::timeout(COMMAND_DURATION_MAX, work);
+        tokio::pin!(bounded);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                done = &mut bounded => return done.ok(),
+                _ = ticks.tick() => {
+                    if let Err(error) = command.still_working().await {
+                        tracing::debug!(%error, "could not tell JetStream a command is still worked on");
+                    }
+                }
+            }
+        }
     }
 
     /// The writer's position for an answer of `status` to the command, when a unit of

@@ -122,6 +122,15 @@ impl Command {
             .map_err(|error| BusError::Unavailable(error.to_string()))
     }
 
+    /// Still being worked on: JetStream starts the command's acknowledgement wait
+    /// again instead of delivering it to another instance.
+    pub async fn still_working(&self) -> Result<(), BusError> {
+        self.message
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|error| BusError::Unavailable(error.to_string()))
+    }
+
     /// Not done: deliver it again after `delay`.
     pub async fn retry_after(&self, delay: Duration) -> Result<(), BusError> {
         self.message
