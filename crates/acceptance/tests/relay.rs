@@ -30,6 +30,7 @@ mirrored_tests!(
     an_instance_whose_clock_runs_ahead_does_not_take_a_lease_that_has_not_ended,
     each_relayed_event_names_its_shop_in_a_header,
     an_event_the_stream_refuses_is_named_and_the_later_ones_wait_behind_it,
+    an_idle_relay_writes_nothing_until_half_its_lease_has_passed,
 );
 
 // Reads a counter of the process-wide metrics recorder.
@@ -813,4 +814,53 @@ async fn an_event_the_stream_refuses_is_named_and_the_later_ones_wait_behind_it(
     let again = app.engine.relay_step(&relay).await.unwrap();
     assert_eq!(again.published, 0, "{again:?}");
     assert_eq!(again.refused_event, refused.refused_event, "{again:?}");
+}
+
+/// Found in review: every relay step took or renewed the lease in a write
+/// transaction, ten a second when idle (on SQLite, the hot path's one writer; on
+/// PostgreSQL, a synchronous commit each). A step with nothing to publish now only
+/// reads, until half the lease has passed.
+async fn an_idle_relay_writes_nothing_until_half_its_lease_has_passed(backend: Backend) {
+    let nats = TestNats::start().await;
+    let app = TestApp::spawn(backend).await;
+    app.engine.attach_event_relay();
+    let relay = EventRelay::new(nats.bus().await, "relay-idle");
+    app.stocked_sku("TEA", 5).await;
+    assert!(relay_all(&app, &relay).await.published > 0);
+    let mut connection = app.database.raw_connection().await;
+    let mut lease_until = async || {
+        connection
+            .texts("SELECT CAST(lease_until AS CHAR(20)) FROM outbox_relay WHERE name = 'nats'")
+            .await[0]
+            .as_deref()
+            .and_then(|text| text.trim().parse::<i64>().ok())
+            .expect("the relay's lease")
+    };
+    let taken = lease_until().await;
+    let half = app.engine.config().relay_lease_milliseconds / 2;
+
+    app.clock.advance_milliseconds(half - 1);
+    let idle = app.engine.relay_step(&relay).await.unwrap();
+    let while_fresh = lease_until().await;
+    app.clock.advance_milliseconds(2);
+    app.engine.relay_step(&relay).await.unwrap();
+    let past_half = lease_until().await;
+    app.clock.advance_milliseconds(1_000);
+    app.receive("TEA", 1).await;
+    app.sequence_all_events().await;
+    let publishing = app.engine.relay_step(&relay).await.unwrap();
+    let after_publishing = lease_until().await;
+
+    assert_eq!(idle, RelayStep::default(), "{idle:?}");
+    assert_eq!(
+        while_fresh, taken,
+        "an idle step before half the lease wrote nothing"
+    );
+    assert_eq!(past_half, taken + half + 1, "renewed once half had passed");
+    assert_eq!(publishing.published, 1, "{publishing:?}");
+    assert_eq!(
+        after_publishing,
+        past_half + 1_000,
+        "a step with events renews, half or not"
+    );
 }

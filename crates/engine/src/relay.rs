@@ -150,6 +150,32 @@ impl Engine {
         // of the database's: one ahead would otherwise take it over from a holder
         // whose lease has not ended.
         let lease_now = self.held_back_now();
+        // A read first: a step with nothing to do writes nothing (SQLite's one writer
+        // is the hot path's, and every write on PostgreSQL is a synchronous commit).
+        // The lease is renewed once half of it has passed, or when events wait.
+        let peek = self
+            .inner
+            .store
+            .peek_relay(store::NATS_RELAY)
+            .await
+            .map_err(|error| log_store_error("peek_relay", error))?;
+        let ours = peek.holder.as_deref() == Some(relay.holder.as_str());
+        if peek.lease_until > lease_now {
+            if !ours && peek.holder.is_some() {
+                return Ok(RelayRead::Nothing(RelayStep {
+                    waiting_for_lease: true,
+                    ..RelayStep::default()
+                }));
+            }
+            let left_milliseconds =
+                peek.lease_until.unix_milliseconds() - lease_now.unix_milliseconds();
+            if ours
+                && !peek.events_waiting
+                && left_milliseconds > config.relay_lease_milliseconds / 2
+            {
+                return Ok(RelayRead::Nothing(RelayStep::default()));
+            }
+        }
         let lease_until = lease_now.plus_milliseconds(config.relay_lease_milliseconds);
         let claimed = self
             .inner

@@ -43,7 +43,7 @@ pub use replicas::{Displayed, ReadHandle, ReplicaConfig, ReplicaHealth};
 pub use units::audit::ORDERS_CHANGED_FROM as LIVE_AUDIT_ORDERS_PAGE;
 pub use units::live_audit::{LiveAuditRound, OrdersWindow};
 pub use units::outbox::{
-    EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, SEQUENCER,
+    EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, RelayPeek, SEQUENCER,
 };
 
 /// How to reach the database and how long to wait for it.
@@ -374,6 +374,7 @@ forward! {
     fn events_after(&self, cursor: FeedCursor, shop: Option<&ShopCode>, limit: i64) -> Result<Vec<PublishedEvent>, StoreError>;
     fn outbox_backlog(&self, relay: Option<&str>, relay_seen_since: Timestamp) -> Result<OutboxBacklog, StoreError>;
     fn prune_events(&self, before: Timestamp, relay: Option<&str>, limit: i64) -> Result<u64, StoreError>;
+    fn peek_relay(&self, relay: &str) -> Result<RelayPeek, StoreError>;
     fn claim_relay(&self, relay: &str, holder: &str, now: Timestamp, lease_until: Timestamp) -> Result<Option<i64>, StoreError>;
     fn mark_relayed(&self, relay: &str, holder: &str, position: i64) -> Result<bool, StoreError>;
     fn release_relay(&self, relay: &str, holder: &str, now: Timestamp) -> Result<(), StoreError>;

@@ -344,6 +344,14 @@ pub struct OutboxBacklog {
 /// read of every row, every second).
 pub const OUTBOX_BACKLOG_COUNTED_MAX: i64 = 100_000;
 
+/// A relay's lease as read, with whether numbered events wait past its position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayPeek {
+    pub holder: Option<String>,
+    pub lease_until: Timestamp,
+    pub events_waiting: bool,
+}
+
 /// The sequencer's last position: the newest numbered event's.
 const SEQUENCER_POSITION: &str =
     "SELECT through_position FROM outbox_relay WHERE name = 'sequencer'";
@@ -572,6 +580,29 @@ impl<B: Backend> Units<B> {
             .await?;
         transaction.commit().await?;
         Ok(deleted)
+    }
+
+    /// The relay's lease and whether events wait for it, read without a write: a
+    /// relay whose step has nothing to do need not renew a lease far from its end.
+    pub async fn peek_relay(&self, relay: &str) -> Result<RelayPeek, StoreError> {
+        let mut connection = self.writer_read_connection().await?;
+        // The relay's row first, then the sequencer's: the relay never passes the
+        // sequencer, so a read in this order never finds it ahead.
+        let row = statement(
+            "SELECT holder, lease_until, through_position FROM outbox_relay WHERE name = $1",
+        )
+        .bind(relay)
+        .fetch_one_row(&mut *connection)
+        .await?;
+        let numbered_through: i64 = statement(SEQUENCER_POSITION)
+            .fetch_one_scalar(&mut *connection)
+            .await?;
+        let through: i64 = row.try_get("through_position")?;
+        Ok(RelayPeek {
+            holder: row.try_get("holder")?,
+            lease_until: Timestamp::from_unix_milliseconds(row.try_get("lease_until")?),
+            events_waiting: numbered_through > through,
+        })
     }
 
     /// Takes or renews the relay's lease for `holder` until `lease_until`; answers the
