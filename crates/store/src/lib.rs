@@ -45,6 +45,7 @@ pub use units::live_audit::{LiveAuditRound, OrdersWindow};
 pub use units::outbox::{
     EVENTS_PER_STEP_MAX, NATS_RELAY, OutboxBacklog, PublishedEvent, RelayPeek, SEQUENCER,
 };
+pub use units::shelf::shelf_log_listing;
 
 /// How to reach the database and how long to wait for it.
 #[derive(Clone)]

@@ -608,6 +608,11 @@ impl Dialect for MySqlConnection {
             "refund_resolution",
             include_str!("../../migrations/mysql/0008_refund_resolution.sql"),
         ),
+        (
+            9,
+            "shelf_log_sku",
+            include_str!("../../migrations/mysql/0009_shelf_log_sku.sql"),
+        ),
     ];
     /// MySQL cannot `LIMIT` a subquery of `IN`, but limits a `DELETE` itself.
     const PURGE_IDEMPOTENCY_RECORDS: &'static str =

@@ -475,6 +475,11 @@ impl Dialect for PgConnection {
             "refund_resolution",
             include_str!("../../migrations/postgres/0026_refund_resolution.sql"),
         ),
+        (
+            27,
+            "shelf_log_sku",
+            include_str!("../../migrations/postgres/0027_shelf_log_sku.sql"),
+        ),
     ];
     /// Not oldest first: the records' index is a BRIN index (migration 0003), which
     /// cannot give rows in order, so `ORDER BY created_at` read and sorted every

@@ -637,6 +637,11 @@ impl Dialect for SqliteConnection {
             "refund_resolution",
             include_str!("../../migrations/sqlite/0018_refund_resolution.sql"),
         ),
+        (
+            19,
+            "shelf_log_sku",
+            include_str!("../../migrations/sqlite/0019_shelf_log_sku.sql"),
+        ),
     ];
     /// SQLite's one writer serializes sequencers: no row lock to take.
     const SELECT_SEQUENCER_FOR_UPDATE: &'static str =

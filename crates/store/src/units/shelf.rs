@@ -535,28 +535,69 @@ impl<B: Backend> Units<B> {
     }
 }
 
+/// The statement that lists the shelf log's entries `query` selects: its text, then
+/// the text values and the numbers its placeholders take in order, then the limit.
+/// Only the filters given are in the text: `$n IS NULL OR column = $n` keeps a
+/// planner from the index of the column given (PostgreSQL plans a prepared statement
+/// once for every value), and a shop's log read by SKU scanned the whole log for it.
+pub fn shelf_log_listing(query: &ShelfLogQuery) -> (String, Vec<&str>, Vec<i64>) {
+    let mut conditions: Vec<String> = Vec::new();
+    let mut texts: Vec<&str> = Vec::new();
+    let mut numbers: Vec<i64> = Vec::new();
+    for (column, value) in [
+        (
+            "shelf_log.product_id",
+            query.product_id.as_ref().map(ProductId::as_str),
+        ),
+        ("shelf_log.sku", query.sku.as_ref().map(SkuCode::as_str)),
+        ("sku.shop", query.shop.as_ref().map(ShopCode::as_str)),
+    ] {
+        if let Some(value) = value {
+            texts.push(value);
+            conditions.push(format!("{column} = ${}", texts.len()));
+        }
+    }
+    for (condition, value) in [
+        (
+            "shelf_log.created_at >=",
+            query.since.map(Timestamp::unix_milliseconds),
+        ),
+        ("shelf_log.id >", query.after_id),
+    ] {
+        if let Some(value) = value {
+            numbers.push(value);
+            conditions.push(format!("{condition} ${}", texts.len() + numbers.len()));
+        }
+    }
+    let filter = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {} ", conditions.join(" AND "))
+    };
+    let text = format!(
+        "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
+         to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
+         LEFT JOIN sku ON sku.code = shelf_log.sku \
+         {filter}ORDER BY shelf_log.id LIMIT ${}",
+        texts.len() + numbers.len() + 1
+    );
+    (text, texts, numbers)
+}
+
 /// The shelf log's entries that `query` selects, oldest first.
 async fn load_shelf_log<C: Dialect>(
     connection: &mut C,
     query: &ShelfLogQuery,
 ) -> Result<Vec<ShelfLogEntry>, StoreError> {
-    let rows = statement(
-        "SELECT shelf_log.id, shelf_log.product_id, shelf_log.sku, operator_id, operator_type, from_status, \
-         to_status, operation, repeated, remark, shelf_log.created_at FROM shelf_log \
-         LEFT JOIN sku ON sku.code = shelf_log.sku \
-         WHERE ($1 IS NULL OR shelf_log.product_id = $1) AND ($2 IS NULL OR shelf_log.sku = $2) \
-         AND ($3 IS NULL OR sku.shop = $3) AND ($4 IS NULL OR shelf_log.created_at >= $4) \
-         AND ($5 IS NULL OR shelf_log.id > $5) \
-         ORDER BY shelf_log.id LIMIT $6",
-    )
-    .bind(query.product_id.as_ref().map(ProductId::as_str))
-    .bind(query.sku.as_ref().map(SkuCode::as_str))
-    .bind(query.shop.as_ref().map(ShopCode::as_str))
-    .bind(query.since.map(Timestamp::unix_milliseconds))
-    .bind(query.after_id)
-    .bind(query.limit)
-    .fetch_all_rows(connection)
-    .await?;
+    let (text, texts, numbers) = shelf_log_listing(query);
+    let mut listing = built_statement(text);
+    for value in texts {
+        listing = listing.bind(value);
+    }
+    for value in numbers {
+        listing = listing.bind(value);
+    }
+    let rows = listing.bind(query.limit).fetch_all_rows(connection).await?;
     let mut entries = Vec::with_capacity(rows.len());
     for row in &rows {
         let product_id: Option<String> = row.try_get("product_id")?;
