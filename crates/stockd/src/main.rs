@@ -224,10 +224,12 @@ fn parse_range(text: &str) -> Result<(usize, usize), String> {
 #[derive(Args, Clone)]
 struct DatabaseArguments {
     /// sqlite://path/file.db (created on first start) or postgres://user@host/db.
+    // The URLs may hold passwords: `--help` never prints their values.
     #[arg(
         long,
         env = "STOCKD_DATABASE_URL",
-        default_value = "sqlite://stockd-data/stockd.db"
+        default_value = "sqlite://stockd-data/stockd.db",
+        hide_env_values = true
     )]
     database_url: String,
     /// PostgreSQL schema to use (default: the server's search_path).
@@ -239,7 +241,12 @@ struct DatabaseArguments {
     /// PostgreSQL replicas for display reads only, comma-separated (the product view,
     /// SKU and order views, carts, the shelf log); everything that decides reads the
     /// writer. A cluster's read port (HAProxy) works as one URL.
-    #[arg(long, env = "STOCKD_REPLICA_URLS", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "STOCKD_REPLICA_URLS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     replica_urls: Vec<String>,
     /// A replica further behind than this leaves the read rotation (and returns once
     /// it stays below half of it).
@@ -271,12 +278,12 @@ struct ServeArguments {
     /// event to stream STOCKD_EVENTS, and reservation commands are taken from
     /// stockd.commands.reserve. Without it events are served by GET /v1/events only.
     /// NATS being down delays events, never a sale.
-    #[arg(long, env = "STOCKD_NATS_URL")]
+    #[arg(long, env = "STOCKD_NATS_URL", hide_env_values = true)]
     nats_url: Option<String>,
     /// Redis (`redis://host:port`) for the display cache: the shopper's product view
     /// is served from it, filled on a miss and dropped by the outbox's events; nothing
     /// that decides a sale reads it. Redis down means database reads.
-    #[arg(long, env = "STOCKD_REDIS_URL")]
+    #[arg(long, env = "STOCKD_REDIS_URL", hide_env_values = true)]
     redis_url: Option<String>,
     /// Bearer token for admin calls; generated and printed when unset.
     #[arg(long, env = "STOCKD_ADMIN_TOKEN", hide_env_values = true)]
@@ -835,8 +842,9 @@ impl DatabaseArguments {
         // A server's statement bound would cancel a longer wait first (503
         // `unavailable`, never `lock_timeout`); SQLite has none. MySQL counts the
         // lock bound in whole seconds, rounded up.
-        let statement = store_config(self).statement_timeout_milliseconds;
-        let waited = if self.database_url.starts_with("mysql:") {
+        let config = store_config(self);
+        let statement = config.statement_timeout_milliseconds;
+        let waited = if config.is_mysql() {
             self.lock_timeout_milliseconds.div_ceil(1_000) * 1_000
         } else {
             self.lock_timeout_milliseconds
@@ -846,6 +854,14 @@ impl DatabaseArguments {
                 "STOCKD_LOCK_TIMEOUT_MILLISECONDS ({}) must be below the statement bound ({statement} ms) on PostgreSQL and MySQL",
                 self.lock_timeout_milliseconds
             ));
+        }
+        // A schema is PostgreSQL's: elsewhere it would be dropped without a word, and
+        // the data written into the URL's database instead of the one meant.
+        if self.database_schema.is_some() && !config.is_postgres() {
+            return Err(
+                "STOCKD_DATABASE_SCHEMA is supported with PostgreSQL only (on MySQL, name the database in STOCKD_DATABASE_URL)"
+                    .to_owned(),
+            );
         }
         Ok(())
     }

