@@ -374,6 +374,29 @@ fn an_unreachable_database_is_reported_with_exit_code_two() {
     assert!(message.contains("cannot open the database"), "{message}");
 }
 
+/// Found in review: MySQL's first connection (which asks the server's version) had no
+/// bound, so a server that took the connection and never spoke held the start for
+/// good. A listener that says nothing stands in for it.
+#[test]
+fn a_mysql_server_that_never_answers_is_reported_with_exit_code_two() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("mysql://stockd@{}/shop", silent.local_addr().unwrap());
+    let (done, until_done) = std::sync::mpsc::channel::<()>();
+    let holding = std::thread::spawn(move || {
+        // Takes the connection and keeps it open, saying nothing, until the test ends
+        // (without a bound, stockd would wait for good: nextest reports it hung).
+        let connection = silent.accept().map(|(connection, _)| connection);
+        let _ = until_done.recv();
+        drop(connection);
+    });
+
+    let message = refused(&["audit", "--database-url", &url], &[]);
+
+    assert!(message.contains("cannot open the database"), "{message}");
+    drop(done);
+    holding.join().unwrap();
+}
+
 #[test]
 fn a_bench_refuses_a_database_off_this_machine_before_it_connects() {
     let message = refused(

@@ -116,12 +116,21 @@ impl MysqlBackend {
             .charset("utf8mb4")
             .collation("utf8mb4_bin");
         // One connection first, to learn which server this is (the statement bound
-        // has a different name on MariaDB and on MySQL).
-        let mut probe = sqlx::ConnectOptions::connect(&options).await?;
-        let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&mut probe)
-            .await?;
-        let _ = sqlx::Connection::close(probe).await;
+        // has a different name on MariaDB and on MySQL). Outside the pool, so bounded
+        // here as the pool bounds its own: a server that takes the connection and
+        // never speaks would hold the start for good.
+        let bound = Duration::from_millis(config.acquire_timeout_milliseconds);
+        let probing = async {
+            let mut probe = sqlx::ConnectOptions::connect(&options).await?;
+            let version: String = sqlx::query_scalar("SELECT VERSION()")
+                .fetch_one(&mut probe)
+                .await?;
+            let _ = sqlx::Connection::close(probe).await;
+            Ok::<String, sqlx::Error>(version)
+        };
+        let version = tokio::time::timeout(bound, probing)
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("no answer within {bound:?}")))??;
         let mariadb = version.contains("MariaDB");
         let settings = Arc::new(session_settings(config, mariadb));
         let pool = crate::backend::pool_options()
