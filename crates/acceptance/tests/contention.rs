@@ -24,6 +24,7 @@ mirrored_tests!(
     first_receipts_into_a_new_warehouse_at_once_all_count,
     a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus_stock,
     a_database_turned_read_only_answers_503_and_the_retry_succeeds_once_it_is_writable,
+    an_order_expiry_step_locks_only_the_orders_it_claims,
 );
 
 /// Makes the shared MySQL server writable again when dropped, even by a panic: its
@@ -1292,5 +1293,56 @@ async fn a_reservation_takes_no_exclusive_lock_on_its_skus_row_nor_on_other_skus
     reader.execute("ROLLBACK").await.unwrap();
     neighbour.execute("ROLLBACK").await.unwrap();
     assert_eq!(app.counters("SHARED").await, (4, 1));
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: on MySQL the order-expiry claim read every expired order of both
+/// statuses, sorted them and then cut its batch, and InnoDB keeps the lock of every row
+/// it read: a step of 5 held every expired order (after a flash sale, tens of
+/// thousands), so a late payment's webhook or a cancel on any of them waited for it.
+/// A step now locks only about its own batch.
+async fn an_order_expiry_step_locks_only_the_orders_it_claims(backend: Backend) {
+    if backend == Backend::Sqlite {
+        // One writer and no row locks: nothing to wait for but the writer itself.
+        return;
+    }
+    let mut config = test_engine_config();
+    config.order_expiry_batch_size = 5;
+    let app = TestApp::spawn_with_lock_timeout(backend, config, 60_000).await;
+    app.stocked_sku("DUE", 20).await;
+    let mut orders = Vec::new();
+    for index in 0..12 {
+        let created =
+            app.send(Call::post("/v1/orders").key(format!("due-{index}")).json(
+                &serde_json::json!({
+                    "user_id": format!("shopper-{index}"),
+                    "lines": [{"sku": "DUE", "quantity": 1}],
+                    "ttl_seconds": 60,
+                }),
+            ))
+            .await;
+        assert_eq!(created.status, 201, "{created:?}");
+        orders.push(created.json()["order_id"].as_str().unwrap().to_owned());
+    }
+    orders.sort();
+    app.clock.advance_seconds(61);
+    // The step claims its orders, then waits for the stock row this session holds.
+    let mut holder = app.database.hold_stock_row_lock("DUE").await;
+    let engine = app.engine.clone();
+    let stepping = tokio::spawn(async move { engine.order_expiry_step().await });
+    app.database.wait_until_blocked_by(&mut holder).await;
+
+    let mut another = app.database.raw_connection().await;
+    let last = orders.last().unwrap();
+    let free = another
+        .execute(&format!(
+            "SELECT id FROM customer_order WHERE id = '{last}' FOR UPDATE NOWAIT"
+        ))
+        .await;
+    holder.execute("ROLLBACK").await.unwrap();
+    let expired = stepping.await.unwrap().expect("order expiry step");
+
+    assert!(free.is_ok(), "an order past the batch was locked: {free:?}");
+    assert_eq!(expired.len(), 5, "{expired:?}");
     app.assert_audit_clean().await;
 }

@@ -124,8 +124,10 @@ pub trait Dialect: Connection {
     /// the SKU go on beside it.
     const SHARE_SKU_ROW: &'static str;
     /// Orders past their hold that still hold stock, bound as
-    /// [`Dialect::CLAIM_EXPIRED_RESERVATIONS`] is, skipping locked ones.
-    const CLAIM_EXPIRED_ORDERS: &'static str;
+    /// [`Dialect::CLAIM_EXPIRED_RESERVATIONS`] is, skipping locked ones: one statement,
+    /// or several whose claims are merged in `(expires_at, id)` order and cut to the
+    /// limit (where one statement would lock more than it claims).
+    const CLAIM_EXPIRED_ORDERS: &'static [&'static str];
     /// Payment attempts whose outcome is due to be asked about, skipping locked ones.
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str;
     /// Refunds due to be issued, skipping locked ones.

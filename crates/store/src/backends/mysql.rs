@@ -530,14 +530,28 @@ impl Dialect for MySqlConnection {
     /// `LOCK IN SHARE MODE`: MariaDB has no `FOR SHARE`.
     const SHARE_SKU_ROW: &'static str =
         "SELECT shop, sale_status FROM sku WHERE code = $1 LOCK IN SHARE MODE";
-    /// Orders past their hold that still hold their stock: unpaid, or declined. MariaDB
-    /// has no `FOR UPDATE OF`: the joined reservation rows are locked too.
-    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
+    /// Orders past their hold that still hold their stock: unpaid, or declined, one
+    /// statement each. InnoDB keeps the lock of every row a locking read reads, and
+    /// the two statuses cannot be read in `(expires_at, id)` order from one index: read
+    /// together, sorted and then cut to the batch, every expired order was locked. Each
+    /// status is read in order through `(status, expires_at)` up to the limit, so a
+    /// step locks at most twice its batch. (MariaDB also locks what a derived table
+    /// reads inside a locking read.) MariaDB has no `FOR UPDATE OF`: the joined
+    /// reservation rows are locked too.
+    const CLAIM_EXPIRED_ORDERS: &'static [&'static str] = &[
+        "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
-         WHERE customer_order.status IN ('PENDING_PAYMENT', 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
+         WHERE customer_order.status = 'PENDING_PAYMENT' AND customer_order.expires_at <= $1 \
          AND reservation.status = 'RESERVED' \
          AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
-         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED";
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
+         JOIN reservation ON reservation.id = customer_order.reservation_id \
+         WHERE customer_order.status = 'PAYMENT_FAILED' AND customer_order.expires_at <= $1 \
+         AND reservation.status = 'RESERVED' \
+         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED",
+    ];
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
     const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries, gateway_refund_id FROM refund \

@@ -526,12 +526,14 @@ impl Dialect for SqliteConnection {
     /// declined) and the two are read together; an `IN` list matches neither, and
     /// every step read the whole table, which only grows (140 ms against 1.4 ms at
     /// 1,000,000 paid orders, docs/BENCHMARKS.md).
-    const CLAIM_EXPIRED_ORDERS: &'static str = "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
+    const CLAIM_EXPIRED_ORDERS: &'static [&'static str] = &[
+        "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
          JOIN reservation ON reservation.id = customer_order.reservation_id \
          WHERE (customer_order.status = 'PENDING_PAYMENT' OR customer_order.status = 'PAYMENT_FAILED') AND customer_order.expires_at <= $1 \
          AND reservation.status = 'RESERVED' \
          AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
-         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2";
+         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2",
+    ];
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2";
     const CLAIM_REFUNDS: &'static str = "SELECT id, order_id, attempt_id, gateway_key, amount_minor, currency, tries, gateway_refund_id FROM refund \

@@ -587,7 +587,7 @@ impl<T> OneByOne<T> {
 /// of them when the claim was full, from the beginning when it came back short).
 pub(crate) async fn claim_past_cursor<C: Dialect>(
     transaction: &mut C,
-    query: &'static str,
+    queries: &[&'static str],
     (now, limit): (Timestamp, i64),
     cursor: Option<&ExpiryCursor>,
 ) -> Result<(Vec<String>, Option<ExpiryCursor>), StoreError> {
@@ -595,13 +595,25 @@ pub(crate) async fn claim_past_cursor<C: Dialect>(
     let (after_expiry, after_id) = cursor.map_or((i64::MIN, ""), |cursor| {
         (cursor.expires_at_milliseconds, cursor.id.as_str())
     });
-    let claimed: Vec<(String, i64)> = statement(query)
-        .bind(now.unix_milliseconds())
-        .bind(limit)
-        .bind(after_expiry)
-        .bind(after_id)
-        .fetch_all_as(&mut *transaction)
-        .await?;
+    let mut claimed: Vec<(String, i64)> = Vec::new();
+    for query in queries {
+        let rows: Vec<(String, i64)> = statement(query)
+            .bind(now.unix_milliseconds())
+            .bind(limit)
+            .bind(after_expiry)
+            .bind(after_id)
+            .fetch_all_as(&mut *transaction)
+            .await?;
+        claimed.extend(rows);
+    }
+    // Several statements' claims, in the one order, cut to the limit (the rows past
+    // it stay locked until the commit, and the next step takes them from the cursor).
+    if queries.len() > 1 {
+        claimed.sort_by(|(left_id, left_at), (right_id, right_at)| {
+            (left_at, left_id).cmp(&(right_at, right_id))
+        });
+        claimed.truncate(usize::try_from(limit).unwrap_or(0));
+    }
     let full = i64::try_from(claimed.len()).is_ok_and(|claimed| claimed >= limit);
     let resume_after = claimed
         .last()
@@ -705,7 +717,7 @@ impl<B: Backend> Units<B> {
         let mut transaction = self.begin_write().await?;
         let (claimed, resume_after) = claim_past_cursor(
             &mut *transaction,
-            <B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS,
+            &[<B::Connection as Dialect>::CLAIM_EXPIRED_RESERVATIONS],
             (hold_ends_by, limit),
             cursor,
         )
