@@ -374,13 +374,29 @@ impl ServeArguments {
                 ));
             }
         }
-        if let Some(token) = self
-            .admin_token
-            .as_deref()
-            .filter(|token| !token.is_empty())
+        // Set, even empty (a secret that failed to reach the environment), a token is
+        // checked: an empty one would otherwise be taken as unset, and a token
+        // generated in its place.
+        for (variable, token) in [
+            ("STOCKD_ADMIN_TOKEN", self.admin_token.as_deref()),
+            ("STOCKD_METRICS_TOKEN", self.metrics_token.as_deref()),
+        ] {
+            if let Some(token) = token {
+                engine::credentials::check_admin_token(&domain::Secret::new(token.to_owned()))
+                    .map_err(|error| format!("{variable}: {error}"))?;
+            }
+        }
+        // A name to resolve is resolved at the bind; anything else must be host:port.
+        if self.listen.parse::<std::net::SocketAddr>().is_err()
+            && !self
+                .listen
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
         {
-            engine::credentials::check_admin_token(&domain::Secret::new(token.to_owned()))
-                .map_err(|error| format!("STOCKD_ADMIN_TOKEN: {error}"))?;
+            return Err(format!(
+                "STOCKD_LISTEN must be host:port, such as 127.0.0.1:8080 (got '{}')",
+                self.listen
+            ));
         }
         // An address given as one (not a name to resolve) is known now: the in-process
         // sandbox on a public one is refused before the database is opened.
@@ -924,7 +940,12 @@ async fn serve(arguments: ServeArguments) -> Result<(), String> {
     });
     let listener = tokio::net::TcpListener::bind(&arguments.listen)
         .await
-        .map_err(|error| format!("cannot listen on {}: {error}", arguments.listen))?;
+        .map_err(|error| {
+            format!(
+                "STOCKD_LISTEN: cannot listen on {}: {error}",
+                arguments.listen
+            )
+        })?;
     let address = listener.local_addr().map_err(|error| error.to_string())?;
     let gateway = choose_gateway(&arguments.payments, address)?;
     let engine = Engine::new(

@@ -883,7 +883,11 @@ async fn a_separate_gateway_sandbox_process_charges_and_sends_signed_webhooks() 
 fn serve_refusal(environment: &[(&str, &str)]) -> (Option<i32>, String, bool) {
     let directory = ScratchDirectory::new();
     let mut command = stockd(&directory.0);
-    command.args(["serve", "--listen", "127.0.0.1:0"]);
+    command.arg("serve");
+    // A free port, unless the address is what is tried (the flag would override it).
+    if !environment.iter().any(|(name, _)| *name == "STOCKD_LISTEN") {
+        command.args(["--listen", "127.0.0.1:0"]);
+    }
     for (name, value) in environment {
         command.env(name, value);
     }
@@ -935,6 +939,12 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_RESERVATION_TTL_SECONDS_DEFAULT", "0"),
         ("STOCKD_GATEWAY", "stripe"),
         ("STOCKD_ADMIN_TOKEN", " padded"),
+        // Set but empty: not taken as unset (a token would be generated instead).
+        ("STOCKD_ADMIN_TOKEN", ""),
+        ("STOCKD_METRICS_TOKEN", ""),
+        ("STOCKD_METRICS_TOKEN", "padded "),
+        ("STOCKD_LISTEN", "8080"),
+        ("STOCKD_LISTEN", ":8080"),
         ("STOCKD_REDIS_URL", "not a url"),
         ("STOCKD_NATS_URL", "nats://[bad"),
         // Ranges the command line's parser checks: its message names the flag, and
