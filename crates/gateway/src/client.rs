@@ -35,6 +35,14 @@ impl GatewayConfig {
     /// travel in clear text; with the sandbox's key a real gateway answers 401 to every
     /// call, which stockd must read as "unknown" (the key may be rotated back), so each
     /// shopper's payment would hold its stock until an operator noticed.
+    /// Whether this is a sandbox on this machine (a `stockd gateway-sandbox`): a
+    /// loopback URL with the sandbox's key. It accepts every card.
+    pub fn is_a_sandbox_on_this_machine(&self) -> bool {
+        self.api_key == SANDBOX_API_KEY
+            && reqwest::Url::parse(&self.base_url)
+                .is_ok_and(|url| url.host_str().is_some_and(domain::is_loopback_host))
+    }
+
     pub fn check(&self) -> Result<(), String> {
         let url = reqwest::Url::parse(&self.base_url)
             .map_err(|error| format!("STOCKD_GATEWAY_URL is not a URL: {error}"))?;

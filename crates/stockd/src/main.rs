@@ -1143,6 +1143,23 @@ fn choose_gateway(
     address: std::net::SocketAddr,
 ) -> Result<GatewayChoice, String> {
     match (arguments.gateway_url(), arguments.explicit_sandbox()?) {
+        // A gateway on this machine with the sandbox's key is a `stockd
+        // gateway-sandbox`, which accepts every card, as the in-process one does.
+        (Some(url), false)
+            if !address.ip().is_loopback()
+                && gateway::GatewayConfig {
+                    base_url: url.to_owned(),
+                    api_key: arguments.gateway_api_key.clone(),
+                    timeout_milliseconds: arguments.gateway_timeout_milliseconds,
+                }
+                .is_a_sandbox_on_this_machine() =>
+        {
+            Err(format!(
+                "refusing to serve on {address} with the payment sandbox at {url}, which accepts every card: \
+                 set STOCKD_GATEWAY_API_KEY to the gateway's own key if it is a real one, \
+                 or STOCKD_GATEWAY=sandbox to use the sandbox on purpose"
+            ))
+        }
         (Some(_), sandbox) => Ok(GatewayChoice::Configured { sandbox }),
         (None, true) => Ok(GatewayChoice::InProcessSandbox),
         (None, false) if address.ip().is_loopback() => Ok(GatewayChoice::InProcessSandbox),

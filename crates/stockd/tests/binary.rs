@@ -1143,6 +1143,20 @@ fn serving_a_public_address_with_the_payment_sandbox_exits_two_unless_chosen() {
         "refused before the database was opened"
     );
 
+    // Found in review: a `stockd gateway-sandbox` on this machine, named by its URL
+    // with the sandbox's key, passed for a real gateway on a public address.
+    let (code, message, opened) = serve_refusal(&[
+        ("STOCKD_LISTEN", "0.0.0.0:0"),
+        ("STOCKD_GATEWAY_URL", "http://127.0.0.1:8090"),
+        ("STOCKD_WEBHOOK_SECRET", "whsec_a_real_looking_secret"),
+    ]);
+    assert_eq!(code, Some(2), "{message}");
+    assert!(
+        message.contains("STOCKD_GATEWAY=sandbox") && message.contains("every card"),
+        "{message}"
+    );
+    assert!(!opened, "refused before the database was opened");
+
     let (mut child, address, _) =
         start_serving_on(&directory.0, "0.0.0.0:0", &[("STOCKD_GATEWAY", "sandbox")]);
     assert_ne!(address.port(), 0);
