@@ -484,6 +484,20 @@ impl TestDatabase {
         }
     }
 
+    /// A connection to read plans on: PostgreSQL is told to avoid a sequential scan,
+    /// so a plan shows whether an index can answer at all (a near-empty table is
+    /// otherwise scanned whatever its indexes).
+    pub async fn plan_connection(&self) -> RawConnection {
+        let mut connection = self.raw_connection().await;
+        if self.backend == Backend::Postgres {
+            connection
+                .execute("SET enable_seqscan = off")
+                .await
+                .expect("turn sequential scans off");
+        }
+        connection
+    }
+
     /// Waits until another backend waits for a lock `holder` holds (PostgreSQL). On
     /// SQLite writers queue inside the process, where there is nothing to observe:
     /// returns at once.

@@ -1215,13 +1215,7 @@ async fn the_shelf_log_filters_by_sku_product_and_time_together(backend: Backend
 /// not by scanning the whole log in id order for its entries.
 async fn the_shelf_log_read_by_sku_follows_its_index(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let mut connection = app.database.raw_connection().await;
-    if backend == Backend::Postgres {
-        connection
-            .execute("SET enable_seqscan = off")
-            .await
-            .unwrap();
-    }
+    let mut connection = app.database.plan_connection().await;
     let query = store::ShelfLogQuery {
         product_id: None,
         sku: Some(domain::SkuCode::parse("LOG-A1").unwrap()),

@@ -435,18 +435,12 @@ async fn status_of(app: &TestApp, reservation: &str) -> String {
 /// nothing, the plan must name the index on (status, expires_at) as one it can use.
 async fn the_order_expiry_claim_reads_the_due_orders_through_their_indexes(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let mut connection = app.database.raw_connection().await;
+    let mut connection = app.database.plan_connection().await;
     let claim = match backend {
         Backend::Sqlite => {
             <sqlx::SqliteConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS
         }
-        Backend::Postgres => {
-            connection
-                .execute("SET enable_seqscan = off")
-                .await
-                .unwrap();
-            <sqlx::PgConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS
-        }
+        Backend::Postgres => <sqlx::PgConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS,
         Backend::Mysql => <sqlx::MySqlConnection as store::backend::Dialect>::CLAIM_EXPIRED_ORDERS,
     };
     let mut plan = String::new();

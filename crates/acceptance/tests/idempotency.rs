@@ -331,16 +331,12 @@ async fn a_reservation_across_two_shops_hears_its_stored_refusal_though_a_sku_wa
 /// avoid a sequential scan, so the plan shows whether the index can answer at all.
 async fn the_purge_reads_a_batch_of_old_records_without_sorting_every_old_one(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let mut connection = app.database.raw_connection().await;
+    let mut connection = app.database.plan_connection().await;
     let purge = match backend {
         Backend::Sqlite => {
             <sqlx::SqliteConnection as store::backend::Dialect>::PURGE_IDEMPOTENCY_RECORDS
         }
         Backend::Postgres => {
-            connection
-                .execute("SET enable_seqscan = off")
-                .await
-                .unwrap();
             <sqlx::PgConnection as store::backend::Dialect>::PURGE_IDEMPOTENCY_RECORDS
         }
         Backend::Mysql => {

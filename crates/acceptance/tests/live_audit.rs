@@ -426,13 +426,7 @@ async fn a_round_reads_a_page_of_orders_and_the_next_goes_on_after_it(backend: B
 /// made joined to the page (which PostgreSQL and SQLite aggregated whole).
 async fn a_rounds_page_of_orders_reads_their_attempts_through_the_index(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    let mut connection = app.database.raw_connection().await;
-    if backend == Backend::Postgres {
-        connection
-            .execute("SET enable_seqscan = off")
-            .await
-            .unwrap();
-    }
+    let mut connection = app.database.plan_connection().await;
     let page = store::LIVE_AUDIT_ORDERS_PAGE
         .replace("$1", "0")
         .replace("$2", "''")

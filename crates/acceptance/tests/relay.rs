@@ -57,6 +57,15 @@ async fn relay_all(app: &TestApp, relay: &EventRelay) -> RelayStep {
     panic!("the relay kept publishing");
 }
 
+/// The ids of the events on `STOCKD_EVENTS`, in the stream's order.
+async fn stored_ids(nats: &TestNats) -> Vec<String> {
+    nats.stream_messages("STOCKD_EVENTS")
+        .await
+        .into_iter()
+        .map(|(_, id, _)| id)
+        .collect()
+}
+
 async fn reserve_many(app: &TestApp, prefix: &str, count: usize) {
     let calls: Vec<Call> = (0..count)
         .map(|index| {
@@ -458,12 +467,7 @@ async fn a_message_that_fails_keeps_the_later_ones_of_its_aggregate_off_the_stre
         matches!(published.failure, Some(bus::BusError::Refused(_))),
         "{published:?}"
     );
-    let stored: Vec<String> = nats
-        .stream_messages("STOCKD_EVENTS")
-        .await
-        .into_iter()
-        .map(|(_, id, _)| id)
-        .collect();
+    let stored = stored_ids(&nats).await;
     assert!(
         !stored.iter().any(|id| id == "after-it-same"),
         "the same aggregate's later message waits for the failed one: {stored:?}"
@@ -668,12 +672,7 @@ async fn nothing_is_sent_once_the_time_to_send_has_run_out() {
         "not a failure: the rest goes out next step"
     );
     assert_eq!(in_time.acknowledged, 1, "{in_time:?}");
-    let stored: Vec<String> = nats
-        .stream_messages("STOCKD_EVENTS")
-        .await
-        .into_iter()
-        .map(|(_, id, _)| id)
-        .collect();
+    let stored = stored_ids(&nats).await;
     assert_eq!(stored, ["in-time"]);
 }
 
@@ -790,12 +789,7 @@ async fn an_event_the_stream_refuses_is_named_and_the_later_ones_wait_behind_it(
         published, wide,
         "every event before it recorded, none after"
     );
-    let stored: Vec<String> = nats
-        .stream_messages("STOCKD_EVENTS")
-        .await
-        .into_iter()
-        .map(|(_, id, _)| id)
-        .collect();
+    let stored = stored_ids(&nats).await;
     let before: Vec<String> = events[..wide]
         .iter()
         .map(|event| event["id"].as_str().unwrap().to_owned())
