@@ -232,6 +232,23 @@ const ER_OUT_OF_RESOURCES: u16 = 1041;
 /// A unique key refused a row.
 const ER_DUP_ENTRY: u16 = 1062;
 
+/// The order expiry's claim of the orders in `$status` (see
+/// `Dialect::CLAIM_EXPIRED_ORDERS` for MySQL: one statement a status).
+macro_rules! claim_expired_orders_of {
+    ($status:literal) => {
+        concat!(
+            "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
+             JOIN reservation ON reservation.id = customer_order.reservation_id \
+             WHERE customer_order.status = '",
+            $status,
+            "' AND customer_order.expires_at <= $1 \
+             AND reservation.status = 'RESERVED' \
+             AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
+             ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
+
 /// MySQL's errors by error number.
 pub(crate) fn classify_database(error: &sqlx::mysql::MySqlDatabaseError) -> StoreError {
     let message = error.message().to_owned();
@@ -539,18 +556,8 @@ impl Dialect for MySqlConnection {
     /// reads inside a locking read.) MariaDB has no `FOR UPDATE OF`: the joined
     /// reservation rows are locked too.
     const CLAIM_EXPIRED_ORDERS: &'static [&'static str] = &[
-        "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
-         JOIN reservation ON reservation.id = customer_order.reservation_id \
-         WHERE customer_order.status = 'PENDING_PAYMENT' AND customer_order.expires_at <= $1 \
-         AND reservation.status = 'RESERVED' \
-         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
-         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED",
-        "SELECT customer_order.id, customer_order.expires_at FROM customer_order \
-         JOIN reservation ON reservation.id = customer_order.reservation_id \
-         WHERE customer_order.status = 'PAYMENT_FAILED' AND customer_order.expires_at <= $1 \
-         AND reservation.status = 'RESERVED' \
-         AND customer_order.expires_at >= $3 AND (customer_order.expires_at > $3 OR customer_order.id > $4) \
-         ORDER BY customer_order.expires_at, customer_order.id LIMIT $2 FOR UPDATE SKIP LOCKED",
+        claim_expired_orders_of!("PENDING_PAYMENT"),
+        claim_expired_orders_of!("PAYMENT_FAILED"),
     ];
     const CLAIM_ATTEMPTS_TO_RECONCILE: &'static str = "SELECT id FROM payment_attempt \
          WHERE status = 'PROCESSING' AND reconcile_after <= $1 ORDER BY reconcile_after, id LIMIT $2 FOR UPDATE SKIP LOCKED";
