@@ -613,6 +613,15 @@ impl PaymentArguments {
             .filter(|url| !url.is_empty())
     }
 
+    /// How to reach the gateway at `url` with this key and bound.
+    fn gateway_config(&self, url: impl Into<String>) -> gateway::GatewayConfig {
+        gateway::GatewayConfig {
+            base_url: url.into(),
+            api_key: self.gateway_api_key.clone(),
+            timeout_milliseconds: self.gateway_timeout_milliseconds,
+        }
+    }
+
     /// Whether `STOCKD_GATEWAY=sandbox` says so; any other value is refused.
     fn explicit_sandbox(&self) -> Result<bool, String> {
         match self.gateway.as_deref() {
@@ -644,12 +653,7 @@ impl PaymentArguments {
             if self.gateway.as_deref() == Some("sandbox") {
                 return Ok(());
             }
-            gateway::GatewayConfig {
-                base_url: url.to_owned(),
-                api_key: self.gateway_api_key.clone(),
-                timeout_milliseconds: self.gateway_timeout_milliseconds,
-            }
-            .check()?;
+            self.gateway_config(url).check()?;
         }
         Ok(())
     }
@@ -1147,12 +1151,7 @@ fn choose_gateway(
         // gateway-sandbox`, which accepts every card, as the in-process one does.
         (Some(url), false)
             if !address.ip().is_loopback()
-                && gateway::GatewayConfig {
-                    base_url: url.to_owned(),
-                    api_key: arguments.gateway_api_key.clone(),
-                    timeout_milliseconds: arguments.gateway_timeout_milliseconds,
-                }
-                .is_a_sandbox_on_this_machine() =>
+                && arguments.gateway_config(url).is_a_sandbox_on_this_machine() =>
         {
             Err(format!(
                 "refusing to serve on {address} with the payment sandbox at {url}, which accepts every card: \
@@ -1225,17 +1224,12 @@ async fn attach_payments(
     arguments: &PaymentArguments,
     choice: GatewayChoice,
 ) -> Result<Option<(sandbox::Sandbox, std::net::SocketAddr)>, String> {
-    let timeout_milliseconds = arguments.gateway_timeout_milliseconds;
     if let (GatewayChoice::Configured { sandbox }, Some(url)) = (choice, arguments.gateway_url()) {
         let secret = arguments
             .webhook_secret
             .clone()
             .ok_or("--gateway-url needs --webhook-secret (STOCKD_WEBHOOK_SECRET)")?;
-        let gateway = gateway::GatewayClient::new(gateway::GatewayConfig {
-            base_url: url.to_owned(),
-            api_key: arguments.gateway_api_key.clone(),
-            timeout_milliseconds,
-        })?;
+        let gateway = gateway::GatewayClient::new(arguments.gateway_config(url))?;
         engine.attach_payments(engine::payments::Payments {
             gateway,
             webhook_secret: domain::Secret::new(secret),
@@ -1257,11 +1251,8 @@ async fn attach_payments(
     let address = listener.local_addr().map_err(|error| error.to_string())?;
     let serving = sandbox.clone();
     tokio::spawn(async move { serving.serve(listener, CancellationToken::new()).await });
-    let gateway = gateway::GatewayClient::new(gateway::GatewayConfig {
-        base_url: format!("http://{address}"),
-        api_key: arguments.gateway_api_key.clone(),
-        timeout_milliseconds,
-    })?;
+    let gateway =
+        gateway::GatewayClient::new(arguments.gateway_config(format!("http://{address}")))?;
     engine.attach_payments(engine::payments::Payments {
         gateway,
         webhook_secret: domain::Secret::new(secret),
