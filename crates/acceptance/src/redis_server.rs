@@ -56,6 +56,31 @@ impl TestRedis {
         crate::wait_until_listening("the Redis server accepts connections", self.port).await;
     }
 
+    /// The keys Redis holds and how long each has left (`None`: kept for good).
+    pub async fn keys_with_their_time_left(&self) -> Vec<(String, Option<Duration>)> {
+        let client = redis::Client::open(self.url()).expect("a Redis client");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut connection)
+            .await
+            .expect("KEYS");
+        let mut listed = Vec::with_capacity(keys.len());
+        for key in keys {
+            let milliseconds: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .expect("PTTL");
+            let left = u64::try_from(milliseconds).ok().map(Duration::from_millis);
+            listed.push((key, left));
+        }
+        listed
+    }
+
     /// Sets a key directly (a test tampering with the cache).
     pub async fn set(&self, key: &str, value: &str) {
         let client = redis::Client::open(self.url()).expect("a Redis client");

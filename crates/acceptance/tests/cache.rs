@@ -23,6 +23,7 @@ mirrored_tests!(
     a_new_price_or_title_reaches_the_product_view_with_its_event,
     the_cache_serves_reads_only_once_its_invalidator_knows_where_to_start,
     a_view_a_campaign_start_changes_within_a_copys_lifetime_is_not_cached,
+    made_up_product_ids_leave_nothing_in_redis_that_outlives_a_value,
 );
 
 // These read counters of the process-wide metrics recorder.
@@ -519,4 +520,145 @@ async fn a_view_a_campaign_start_changes_within_a_copys_lifetime_is_not_cached(b
     assert_ne!(at_the_start_by, "cache");
     assert_eq!(availability(&at_the_start), "on_sale", "{at_the_start}");
     assert_eq!(later_by, "cache", "cached again: the end is an hour away");
+}
+
+/// `GET /v1/products/{id}` needs no credential, so anyone may ask for made-up ids. Each
+/// misses, and a miss sets the key's generation: one that lived a day would let a
+/// stranger fill Redis (86 million keys a day at a thousand ids a second). What a miss
+/// sets lives no longer than a value.
+async fn made_up_product_ids_leave_nothing_in_redis_that_outlives_a_value(backend: Backend) {
+    let redis = TestRedis::start().await;
+    let (app, _product, _) = shop(backend, &redis, 5).await;
+    let value_ttl = redis.cache().value_ttl();
+
+    for index in 0..20 {
+        let made_up = format!("prd_{index:028x}");
+        let response = app
+            .send(Call::get(format!("/v1/products/{made_up}")).anonymous())
+            .await;
+        assert_eq!(response.status, 404, "{response:?}");
+    }
+
+    let keys: Vec<_> = redis
+        .keys_with_their_time_left()
+        .await
+        .into_iter()
+        .filter(|(key, _)| key.contains("prd_0000"))
+        .collect();
+    assert_eq!(
+        keys.len(),
+        20,
+        "each made-up id missed and set its generation: {keys:?}"
+    );
+    for (key, left) in &keys {
+        let left = left.unwrap_or_else(|| panic!("{key} is kept for good"));
+        assert!(
+            left <= value_ttl,
+            "{key} lives {left:?}, longer than a value ({value_ttl:?})"
+        );
+    }
+}
+
+/// A byte pipe between the cache and Redis that can go silent: it keeps the connection
+/// open and forwards nothing more, like a partition or a stalled server.
+struct SilencingPipe {
+    address: std::net::SocketAddr,
+    silent: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Bytes the cache sent on its first connection after the pipe went silent.
+    sent_while_silent_on_the_first_connection: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SilencingPipe {
+    async fn to(redis: &TestRedis) -> SilencingPipe {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let silent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let upstream = redis.url().trim_start_matches("redis://").to_owned();
+        let (pipe_silent, pipe_sent) = (silent.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let (silent, sent, counted) = (pipe_silent.clone(), pipe_sent.clone(), first);
+                first = false;
+                tokio::spawn(async move {
+                    let mut buffer = [0_u8; 4096];
+                    while let Ok(read) = from_client.read(&mut buffer).await {
+                        if read == 0 {
+                            break;
+                        }
+                        if silent.load(Ordering::SeqCst) {
+                            if counted {
+                                sent.fetch_add(read, Ordering::SeqCst);
+                            }
+                            continue;
+                        }
+                        if to_server.write_all(&buffer[..read]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+                });
+            }
+        });
+        SilencingPipe {
+            address,
+            silent,
+            sent_while_silent_on_the_first_connection: sent,
+        }
+    }
+
+    fn go_silent(&self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn sent_while_silent(&self) -> usize {
+        self.sent_while_silent_on_the_first_connection
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A Redis that took the connection and then went silent costs the request that finds
+/// out the whole timeout; the requests after it do not send on that connection again
+/// (each would wait the timeout too): they go to the database at once, and a later one
+/// connects afresh.
+#[tokio::test]
+async fn a_redis_gone_silent_after_connecting_costs_one_request_the_timeout_not_every_one() {
+    let redis = TestRedis::start().await;
+    let pipe = SilencingPipe::to(&redis).await;
+    let mut config = cache::CacheConfig::new(format!("redis://{}", pipe.address));
+    config.timeout = std::time::Duration::from_millis(200);
+    let cache = cache::DisplayCache::new(config).unwrap();
+    let key = CacheKey::ProductView("product-1".into());
+    let Lookup::Miss(_) = cache.lookup(&key).await.unwrap() else {
+        panic!("an empty cache misses");
+    };
+
+    pipe.go_silent();
+    let found_out = cache.lookup(&key).await;
+    assert!(
+        found_out
+            .as_ref()
+            .is_err_and(|error| error.0.contains("no answer")),
+        "{found_out:?}"
+    );
+    let sent_by_the_request_that_found_out = pipe.sent_while_silent();
+    assert!(sent_by_the_request_that_found_out > 0);
+
+    for _ in 0..5 {
+        assert!(cache.lookup(&key).await.is_err());
+    }
+    assert_eq!(
+        pipe.sent_while_silent(),
+        sent_by_the_request_that_found_out,
+        "a later request sent on the silent connection (and waited the timeout)"
+    );
 }

@@ -62,6 +62,7 @@ mirrored_tests!(
     a_retry_hears_its_first_answer_though_a_campaign_started_since_would_refuse_it,
     a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_turn,
     a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit,
+    a_request_waiting_when_the_campaign_is_ended_early_takes_no_campaign_unit,
     a_campaign_whose_end_fails_holds_back_neither_the_other_ends_nor_new_routes,
     a_request_memory_cannot_judge_takes_a_place_in_the_line_though_the_campaign_sold_out,
     a_new_campaign_is_routed_though_an_ended_one_of_its_sku_is_still_open,
@@ -2419,10 +2420,37 @@ async fn a_hold_that_waited_in_the_campaigns_line_lasts_its_whole_ttl_from_its_t
     app.assert_audit_clean().await;
 }
 
+/// How a campaign ends while requests wait in its line.
+#[derive(Clone, Copy)]
+enum Ending {
+    /// Its end comes.
+    AtItsEnd,
+    /// An operator ends it before its end (`POST …/end`): the route the waiting
+    /// requests arrived by still carries the old end.
+    Early,
+}
+
 /// A request still waiting in a campaign's line when the campaign ends takes no unit
 /// of it at its turn: it is decided as one arriving then would be, from regular stock,
 /// and one that named the campaign is refused (not stored under its key).
 async fn a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit(backend: Backend) {
+    requests_waiting_when_the_campaign_ends_take_no_campaign_unit(backend, Ending::AtItsEnd).await;
+}
+
+/// Found in review: the requests waiting when an operator ended a campaign early were
+/// decided by the route they arrived by, with its old end: they walked the campaign's
+/// buckets (emptied by the end), and the one that named the campaign heard a stored
+/// "sold out" instead of the refusal README promises.
+async fn a_request_waiting_when_the_campaign_is_ended_early_takes_no_campaign_unit(
+    backend: Backend,
+) {
+    requests_waiting_when_the_campaign_ends_take_no_campaign_unit(backend, Ending::Early).await;
+}
+
+async fn requests_waiting_when_the_campaign_ends_take_no_campaign_unit(
+    backend: Backend,
+    ending: Ending,
+) {
     let app = TestApp::spawn_with(backend, narrow_line(10)).await;
     app.stocked_sku("LATE", 10).await;
     running_campaign(&app, "LATE", 3, 1, None).await;
@@ -2444,7 +2472,13 @@ async fn a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit(bac
         assert_eq!(ticket.status, 202, "{ticket:?}");
     }
 
-    app.clock.advance_seconds(HOUR_SECONDS);
+    match ending {
+        Ending::AtItsEnd => app.clock.advance_seconds(HOUR_SECONDS),
+        Ending::Early => {
+            let ended = app.send(end_call(&id, "end-late")).await;
+            assert_eq!(ended.status, 200, "{ended:?}");
+        }
+    }
     drop(held);
     let unnamed = answered_ticket(&app, unnamed.json()["poll"].as_str().unwrap()).await;
     let named = answered_ticket(&app, named.json()["poll"].as_str().unwrap()).await;
@@ -2461,7 +2495,13 @@ async fn a_request_that_waited_past_the_campaigns_end_takes_no_campaign_unit(bac
     );
     assert_eq!(campaign(&app, &id).await["held"], 0);
     let retried = app.send(named_call()).await;
-    assert_eq!(retried.status, 409, "{retried:?}");
+    // Ended early, the campaign gave back what was left and closed: a request naming
+    // it now names no open campaign.
+    let refused_now = match ending {
+        Ending::AtItsEnd => 409,
+        Ending::Early => 404,
+    };
+    assert_eq!(retried.status, refused_now, "{retried:?}");
     assert!(
         !retried.replayed(),
         "the refusal was not stored: {retried:?}"

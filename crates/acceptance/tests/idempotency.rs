@@ -165,7 +165,7 @@ async fn a_second_instance_replays_what_the_first_stored(backend: Backend) {
 
 async fn records_past_the_retention_are_purged_in_bounded_batches(backend: Backend) {
     let config = engine::EngineConfig {
-        idempotency_retention_seconds: 3600,
+        idempotency_retention_seconds: 86_400,
         idempotency_purge_batch_size: 2,
         ..test_engine_config()
     };
@@ -180,7 +180,7 @@ async fn records_past_the_retention_are_purged_in_bounded_batches(backend: Backe
             201
         );
     }
-    app.clock.advance_seconds(3000);
+    app.clock.advance_seconds(85_800);
     assert_eq!(app.reserve("recent", &[("KEYED", 1)]).await.status, 201);
     app.clock.advance_seconds(601);
 

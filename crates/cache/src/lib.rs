@@ -15,9 +15,11 @@
 //!   persistence, or a generation evicted, forgets them, and a counter would start
 //!   over and hand an old ticket its number again. A missing generation matches no
 //!   ticket; a miss sets one.
-//! - **Bounded**: every value expires after `value_ttl`, every call gives up after
-//!   `timeout`; Redis down means the caller reads the database (and counts an error).
-//!   One request at a time connects, and no other waits for it.
+//! - **Bounded**: every value expires after `value_ttl`, and so does a generation set
+//!   by a miss; every call gives up after `timeout`; Redis down means the caller reads
+//!   the database (and counts an error). One request at a time connects, and no other
+//!   waits for it. A call that gets no answer in time drops the connection, so a Redis
+//!   that connected and then went silent costs one request the timeout, not every one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -50,8 +52,10 @@ pub struct CacheConfig {
     pub value_ttl: Duration,
     /// Longest wait for Redis on any call, connecting included.
     pub timeout: Duration,
-    /// How long a key's generation is remembered after its last change (it must
-    /// outlive any fill in progress).
+    /// How long a key's generation is remembered after its last change (a fill that
+    /// takes longer stores nothing). A generation set by a miss lives only as long as
+    /// a value: a miss on a key that never changes, a made-up product id say, leaves
+    /// nothing behind for longer, whoever sends them.
     pub generation_ttl: Duration,
 }
 
@@ -302,7 +306,7 @@ impl DisplayCache {
                     .key(key.value_key())
                     .key(key.generation_key())
                     .arg(self.generations.next())
-                    .arg(milliseconds(self.config.generation_ttl))
+                    .arg(milliseconds(self.miss_generation_ttl()))
                     .invoke_async(&mut connection),
             )
             .await?;
@@ -359,14 +363,38 @@ impl DisplayCache {
         Ok(())
     }
 
+    /// How long a generation set by a miss lives: no longer than the value it lets a
+    /// reader fill (the generation only has to outlive the fill in progress; one that
+    /// is gone matches no ticket, so the next miss sets a new one).
+    fn miss_generation_ttl(&self) -> Duration {
+        self.config.value_ttl.min(self.config.generation_ttl)
+    }
+
+    /// The call, given up after the timeout. A call given up drops the shared
+    /// connection: a Redis that took the connection and went silent (a partition, a
+    /// stalled server) would otherwise cost every request the whole timeout; now the
+    /// requests within [`CONNECT_RETRY_PAUSE`] go to the database at once, and the next
+    /// one connects afresh.
     async fn bounded<T>(
         &self,
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, CacheError> {
-        tokio::time::timeout(self.config.timeout, call)
-            .await
-            .map_err(|_| CacheError(format!("no answer within {:?}", self.config.timeout)))?
-            .map_err(|error| CacheError(error.to_string()))
+        // The connection's own response bound is the same as this one: whichever
+        // ends the wait first, the call got no answer.
+        let error = match tokio::time::timeout(self.config.timeout, call).await {
+            Ok(Ok(answer)) => return Ok(answer),
+            Ok(Err(error)) if !error.is_timeout() => return Err(CacheError(error.to_string())),
+            Ok(Err(_)) | Err(_) => {
+                CacheError(format!("no answer within {:?}", self.config.timeout))
+            }
+        };
+        let mut link = lock(&self.link);
+        if matches!(*link, Link::Up(_)) {
+            *link = Link::Failed {
+                retry_at: Instant::now() + CONNECT_RETRY_PAUSE,
+            };
+        }
+        Err(error)
     }
 }
 

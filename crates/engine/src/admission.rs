@@ -783,6 +783,11 @@ impl Engine {
     /// or, when it named the campaign, is refused without storing the refusal (a
     /// retry hears the key's first answer, if any). The turn ends with the decision;
     /// what went through the campaign teaches its route about the shopper.
+    ///
+    /// The end is the one this process routes by now, not the one the request's
+    /// route carried when it arrived: an end moved earlier (`POST …/end`, here or on
+    /// another instance) replaces the route, and the requests waiting in the old
+    /// route's line would otherwise still walk the campaign's buckets.
     async fn decide_at_turn<Decide, Decided>(
         &self,
         turn: Turn,
@@ -797,7 +802,16 @@ impl Engine {
         Decided: Future<Output = Result<Reply, EngineError>>,
     {
         let route = &routed.route;
-        if route.phase(self.held_back_now()) == CampaignPhase::Running {
+        let now = self.held_back_now();
+        let current = self
+            .campaign_route(&route.sku)
+            .filter(|current| current.id == route.id);
+        let ends_at = current
+            .as_ref()
+            .map_or(route.ends_at, |current| current.ends_at.min(route.ends_at));
+        let running = route.phase(now) == CampaignPhase::Running
+            && current.is_some_and(|current| current.phase(now) == CampaignPhase::Running);
+        if running {
             // A finding is dated when its request was sent, not answered: a hold
             // released while the request was in flight is not outlived by more than
             // the bound (as the buckets' findings are dated).
@@ -814,7 +828,7 @@ impl Engine {
                 code: ErrorCode::FailedPrecondition,
                 detail: format!(
                     "campaign '{}' ended at {} while the request waited its turn",
-                    route.id, route.ends_at
+                    route.id, ends_at
                 ),
             };
             crate::cold(self.first_answer_or(operation, claim, refusal)).await

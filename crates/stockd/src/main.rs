@@ -421,12 +421,14 @@ impl ServeArguments {
             10,
             3_600_000,
         )?;
-        // A client's retries must find their key: below an hour a retry after an outage
-        // would make a second reservation, at or below zero every key would go at once.
+        // A client's retries must find their key while what they made still holds:
+        // below the longest hold a request may ask for, a retry of a reservation or an
+        // order still open would make a second one (and a retried confirm would run
+        // again); at or below zero every key would go at once.
         bounded(
             "STOCKD_IDEMPOTENCY_RETENTION_SECONDS",
             u64::try_from(self.idempotency_retention_seconds).unwrap_or(0),
-            3_600,
+            domain::limits::RESERVATION_TTL_SECONDS_MAX.unsigned_abs(),
             31_536_000,
         )?;
         bounded(

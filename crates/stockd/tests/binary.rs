@@ -923,6 +923,9 @@ fn serve_refuses_a_setting_out_of_its_range_before_it_opens_the_database() {
         ("STOCKD_WEBHOOK_SECRET", "short"),
         ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "-1"),
         ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "60"),
+        // Shorter than the longest hold (86400 s): a retry of a hold still open would
+        // find no key and make a second one.
+        ("STOCKD_IDEMPOTENCY_RETENTION_SECONDS", "86399"),
         ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "0"),
         // Past the request's own bound (30 s by default).
         ("STOCKD_LOCK_TIMEOUT_MILLISECONDS", "30000"),
