@@ -26,6 +26,7 @@ mirrored_tests!(
     a_sold_out_campaign_is_answered_from_memory_within_the_recheck_bound_only,
     a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh,
     malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_nothing,
+    a_shop_at_its_open_campaign_limit_is_refused_and_nothing_is_carved,
     a_buckets_warehouse_cannot_be_named_by_a_request,
     the_audit_finds_a_campaign_whose_units_do_not_add_up,
     beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing,
@@ -3240,4 +3241,58 @@ async fn on_an_instance_whose_clock_runs_ahead_carts_and_shelf_results_see_the_s
     );
     assert_eq!(reserved.status, 409, "{reserved:?}");
     assert_eq!(reserved.code().as_deref(), Some("insufficient_stock"));
+}
+
+/// Found in review: a shop could open a campaign on every SKU it has, for up to a year
+/// each. Each has a waiting room of its own (10,000 places by default) in every
+/// process, and every process reads them all again each second. A shop now has at
+/// most `campaigns_open_per_shop_max` open at once; one more is refused, nothing
+/// carved; another shop's room is its own, and a closed campaign frees its place.
+async fn a_shop_at_its_open_campaign_limit_is_refused_and_nothing_is_carved(backend: Backend) {
+    let config = engine::EngineConfig {
+        campaigns_open_per_shop_max: 2,
+        ..acceptance::test_engine_config()
+    };
+    let app = TestApp::spawn_with(backend, config).await;
+    for sku in ["OPEN-1", "OPEN-2", "OPEN-3"] {
+        app.stocked_sku(sku, 10).await;
+    }
+    let first = running_campaign(&app, "OPEN-1", 2, 1, None).await;
+    running_campaign(&app, "OPEN-2", 2, 1, None).await;
+    let before = app.contents_except_idempotency_records().await;
+
+    let body = json!({
+        "sku": "OPEN-3", "quantity": 2,
+        "starts_at": START.to_rfc3339(),
+        "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+    });
+    let third = create_campaign(&app, "third-campaign", body.clone()).await;
+
+    assert_eq!(third.status, 409, "{third:?}");
+    assert_eq!(third.code().as_deref(), Some("failed_precondition"));
+    assert_eq!(app.contents_except_idempotency_records().await, before);
+
+    // Another shop's campaigns are counted apart.
+    app.create_product(acceptance::ProductSpec::complete("south", &["SOUTH-1"]))
+        .await;
+    app.receive("SOUTH-1", 10).await;
+    let south = create_campaign(
+        &app,
+        "south-campaign",
+        json!({
+            "sku": "SOUTH-1", "quantity": 2,
+            "starts_at": START.to_rfc3339(),
+            "ends_at": START.plus_seconds(HOUR_SECONDS).to_rfc3339(),
+        }),
+    )
+    .await;
+    assert_eq!(south.status, 201, "{south:?}");
+
+    // Ended with nothing held, the first closes and frees its place.
+    let ended = app.send(end_call(&first, "end-first")).await;
+    assert_eq!(ended.status, 200, "{ended:?}");
+    assert!(!campaign(&app, &first).await["closed_at"].is_null());
+    let now_fits = create_campaign(&app, "third-campaign-again", body).await;
+    assert_eq!(now_fits.status, 201, "{now_fits:?}");
+    app.assert_audit_clean().await;
 }

@@ -659,7 +659,7 @@ const CAMPAIGN_BUCKETS_DEFAULT: u32 = 4;
 
 /// Start a flash-sale campaign
 ///
-/// Carves `quantity` units out of the SKU's available stock (ledgered) into the campaign's own stock, split over `buckets` rows. While it runs, every reservation and order of the SKU draws from it; regular sales cannot take its units, and it cannot take theirs. At `ends_at` what is left goes back to regular stock (ledgered). One campaign per SKU at a time.
+/// Carves `quantity` units out of the SKU's available stock (ledgered) into the campaign's own stock, split over `buckets` rows. While it runs, every reservation and order of the SKU draws from it; regular sales cannot take its units, and it cannot take theirs. At `ends_at` what is left goes back to regular stock (ledgered). One campaign per SKU at a time, and at most 1,000 open (not closed) per shop: one more is refused with `failed_precondition`, nothing carved.
 #[utoipa::path(
     post,
     path = "/v1/admin/campaigns",

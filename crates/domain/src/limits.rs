@@ -52,6 +52,10 @@ pub const SCHEDULE_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
 /// How far ahead a campaign may end (one year): its units leave regular stock at its
 /// creation and come back at its end, so a mistyped year would hold them for ever.
 pub const CAMPAIGN_HORIZON_SECONDS_MAX: i64 = 366 * 86_400;
+/// Campaigns one shop may have open at once (not closed: scheduled, running, or ended
+/// with a unit still held): each has a waiting room of its own in every process, and
+/// every process reads them all again each second.
+pub const CAMPAIGNS_OPEN_PER_SHOP_MAX: i64 = 1_000;
 /// Schedules one shop may have pending at once: each is a row the schedule worker
 /// scans and a change that fires unattended.
 pub const SCHEDULES_PENDING_PER_SHOP_MAX: i64 = 10_000;

@@ -540,6 +540,7 @@ impl Engine {
             per_user_limit: campaign.per_user_limit,
             starts_at: campaign.starts_at,
             ends_at: campaign.ends_at,
+            open_in_shop_max: self.inner.config.campaigns_open_per_shop_max,
         };
         let renderer = self.inner.renderer.as_ref();
         let reply = self

@@ -60,6 +60,9 @@ pub struct EngineConfig {
     pub campaign_ticket_retention_seconds: i64,
     /// Answered tickets kept at most (oldest dropped first, even within retention).
     pub campaign_tickets_answered_max: usize,
+    /// Campaigns one shop may have open at once; one more is refused with
+    /// `failed_precondition`.
+    pub campaigns_open_per_shop_max: i64,
     /// Reservation queues, each drained into batches by its own task; a request goes
     /// to the queue of its first SKU. 0 picks one.
     pub combiner_shards: usize,
@@ -163,6 +166,7 @@ impl Default for EngineConfig {
             campaign_waiting_room_max: 10_000,
             campaign_ticket_retention_seconds: 600,
             campaign_tickets_answered_max: 100_000,
+            campaigns_open_per_shop_max: domain::limits::CAMPAIGNS_OPEN_PER_SHOP_MAX,
             combiner_shards: 0,
             combiner_batch_size_max: 256,
             combiner_queue_depth_max: 4096,

@@ -334,6 +334,9 @@ pub struct NewCampaign {
     pub per_user_limit: Option<i64>,
     pub starts_at: Timestamp,
     pub ends_at: Timestamp,
+    /// The most campaigns the shop may have open, this one included
+    /// ([`domain::limits::CAMPAIGNS_OPEN_PER_SHOP_MAX`] unless configured).
+    pub open_in_shop_max: i64,
 }
 
 /// A campaign with where its units are: in its buckets (left, held), sold, or back in

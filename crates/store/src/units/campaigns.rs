@@ -349,9 +349,12 @@ async fn carve<C: Dialect>(
     campaign: &NewCampaign,
     now: Timestamp,
 ) -> Result<Result<(), Rejection>, StoreError> {
-    // The SKU's stock rows first (as a shelf change or a movement takes them): two
-    // creations for one SKU then look for an open campaign one after the other, and
-    // the second finds the first's instead of breaking `campaign_open_sku` (a 500).
+    // The shop first, then the SKU's stock rows (the order a shelf change takes them
+    // in): two creations in one shop count its open campaigns one after the other, so
+    // both cannot take the last place; two for one SKU look for an open campaign one
+    // after the other, and the second finds the first's instead of breaking
+    // `campaign_open_sku` (a 500).
+    transaction.lock_shop(&campaign.shop).await?;
     transaction.lock_stock_of_skus(&[&campaign.sku]).await?;
     // A deleted SKU is never sold again (seed 003: 已删除状态禁止任何流转): its units
     // would sit in buckets nothing may draw from. Read after its stock rows' locks,
@@ -379,6 +382,20 @@ async fn carve<C: Dialect>(
             format!(
                 "sku '{}' already has campaign '{open}' open; one campaign per SKU at a time",
                 campaign.sku
+            ),
+        )));
+    }
+    let open_in_shop: i64 =
+        statement("SELECT COUNT(*) FROM campaign WHERE shop = $1 AND closed_at IS NULL")
+            .bind(campaign.shop.as_str())
+            .fetch_one_scalar(&mut *transaction)
+            .await?;
+    if open_in_shop >= campaign.open_in_shop_max {
+        return Ok(Err(Rejection::new(
+            ErrorCode::FailedPrecondition,
+            format!(
+                "shop '{}' has {open_in_shop} campaigns open; at most {} may be open at once (end one, or wait for one to close)",
+                campaign.shop, campaign.open_in_shop_max
             ),
         )));
     }
