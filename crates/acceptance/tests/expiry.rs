@@ -15,6 +15,7 @@ mirrored_tests!(
     confirming_or_releasing_an_expired_reservation_is_an_illegal_transition,
     a_reservation_past_its_expiry_is_never_confirmed_even_before_the_sweep_runs,
     the_backlog_counts_the_due_holds_only,
+    on_an_instance_whose_clock_runs_ahead_the_backlog_counts_only_what_its_expiry_releases,
     a_hold_whose_stock_row_is_broken_does_not_stop_the_others_expiring,
     a_whole_batch_of_broken_holds_does_not_stop_the_holds_behind_it_expiring,
     a_stock_row_held_open_does_not_stop_the_other_holds_expiring,
@@ -507,4 +508,30 @@ async fn an_instance_whose_clock_runs_ahead_releases_no_hold_before_its_end(back
     assert_eq!(status_of(&app, &kept).await, "RESERVED");
     assert_eq!(app.counters("SKEW").await, (2, 2));
     app.assert_audit_clean().await;
+}
+
+/// Found in review: the backlog gauge (and the open-holds gauges) judged a hold's end
+/// by the instance's own clock, while the expiry worker judges it by that clock held
+/// back by how far it runs ahead of the database's. On an instance running ahead the
+/// gauge counted holds the worker rightly left alone, and `StockdExpiryBacklog` fired
+/// for nothing. Both now judge alike.
+async fn on_an_instance_whose_clock_runs_ahead_the_backlog_counts_only_what_its_expiry_releases(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    if backend == Backend::Sqlite {
+        // One process holds the database: its clock is the only one.
+        return;
+    }
+    app.clock_at_the_databases();
+    app.stocked_sku("BREAD", 10).await;
+    reserve_with_ttl(&app, "soon", "BREAD", 1, 60).await;
+    // This instance's clock jumps three minutes ahead of the database server's: by it,
+    // the hold has ended; by the database's, it has not.
+    app.clock_runs_ahead_of_the_database(180).await;
+
+    assert!(app.engine.expire_step().await.unwrap().released.is_empty());
+    assert_eq!(app.engine.expiry_backlog().await.unwrap(), 0);
+    assert_eq!(app.engine.gauges().await.unwrap().expired_backlog, 0);
+    assert_eq!(app.engine.gauges().await.unwrap().reserved, 1);
 }

@@ -819,12 +819,26 @@ impl Engine {
         Ok(report)
     }
 
+    /// The open holds and the expiry's backlog, judged as the expiry worker judges an
+    /// end ([`Engine::held_back_now`]): on an instance whose clock runs ahead, a hold
+    /// the worker rightly leaves alone is not counted as overdue.
     pub async fn gauges(&self) -> Result<ReservationGauges, EngineError> {
         self.inner
             .store
-            .reservation_gauges(self.now())
+            .reservation_gauges(self.held_back_now())
             .await
             .map_err(|error| log_store_error("gauges", error))
+    }
+
+    /// Holds past their end and not released yet, by the expiry worker's judgement
+    /// ([`Engine::held_back_now`]): the `stockd_expiry_backlog` gauge, which an alert
+    /// watches.
+    pub async fn expiry_backlog(&self) -> Result<i64, EngineError> {
+        self.inner
+            .store
+            .expiry_backlog(self.held_back_now())
+            .await
+            .map_err(|error| log_store_error("expiry_backlog", error))
     }
 
     /// One step of the expiry worker: releases up to one batch of reservations whose

@@ -259,7 +259,7 @@ async fn expiry_loop(engine: Engine, shutdown: CancellationToken) {
                 interval
             }
         };
-        if let Ok(backlog) = engine.store().expiry_backlog(engine.now()).await {
+        if let Ok(backlog) = engine.expiry_backlog().await {
             metrics::gauge!("stockd_expiry_backlog").set(backlog as f64);
         }
         if !pause_unless_shut_down(&shutdown, pause).await {
