@@ -362,8 +362,16 @@ async fn execute(
         // `request_in_progress` or `lock_timeout`; the others are decided. A request
         // naming a stock row found locked answers `lock_timeout` at once, so the batch
         // waits out the bound about once per locked row, not once per request
-        // ([`LockedRows`]).
-        Err(StoreError::KeyInFlight | StoreError::LockTimeout(_)) if requests.len() > 1 => {
+        // ([`LockedRows`]). So too for an error of one request's rows (a row damaged
+        // by hand, a constraint it breaks): it fails that request alone, not every
+        // request batched with it, batch after batch. A database out of reach fails
+        // them all at once, without a try each.
+        Err(
+            StoreError::KeyInFlight
+            | StoreError::LockTimeout(_)
+            | StoreError::Invariant(_)
+            | StoreError::Database(_),
+        ) if requests.len() > 1 => {
             let mut outcomes = Vec::with_capacity(requests.len());
             let mut locked = LockedRows {
                 whole_database: context.store.locks_whole_database(),
