@@ -34,6 +34,12 @@ async fn campaign_loop(engine: Engine, shutdown: CancellationToken) {
 /// The live auditor: the three-way check from its checkpoint, every interval.
 async fn live_audit_loop(engine: Engine, shutdown: CancellationToken) {
     let interval = Duration::from_millis(engine.config().live_audit_interval_milliseconds);
+    // Until a round succeeds, the auditor's last success counts from its start: a
+    // fleet whose every round fails (a broken migration, a missing privilege, a bound
+    // too short for the ledger) then shows a time going stale, which
+    // `StockdAuditStale` fires on, instead of no series at all, which it cannot.
+    metrics::gauge!("stockd_audit_last_success_timestamp_seconds")
+        .set(engine.now().unix_milliseconds() as f64 / 1_000.0);
     every(interval, &shutdown, "live_audit", || {
         engine.live_audit_step()
     })

@@ -1391,3 +1391,58 @@ async fn serve_routes_the_open_campaigns_before_it_says_it_is_listening() {
         reserved.body
     );
 }
+
+/// Found in review: the live auditor's last success was first shown at its first
+/// successful round. An instance whose rounds all fail showed no such series, and the
+/// `StockdAuditStale` alert (the time since the newest one) had nothing to fire on.
+/// Now the series starts at the auditor's start. Here every round fails: the table of
+/// the ledger's running sums is gone.
+#[tokio::test]
+async fn an_instance_whose_live_audit_always_fails_shows_a_last_success_going_stale() {
+    let directory = ScratchDirectory::new();
+    let migrate = stockd(&directory.0).arg("migrate").output().unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let mut connection =
+        <sqlx::SqliteConnection as sqlx::Connection>::connect(&database_url(&directory.0))
+            .await
+            .unwrap();
+    sqlx::query("DROP TABLE audit_running_sum")
+        .execute(&mut connection)
+        .await
+        .unwrap();
+    drop(connection);
+    let (mut child, address, token) = start_serving(&directory.0);
+    let bearer = format!("Bearer {token}");
+
+    let scrape = || async {
+        request(
+            address,
+            "GET",
+            "/metrics",
+            &[("Authorization", bearer.as_str())],
+            None,
+        )
+        .await
+        .unwrap()
+        .body
+    };
+    acceptance::wait_until_async("a live audit round failed", || async {
+        scrape()
+            .await
+            .contains("stockd_worker_errors_total{worker=\"live_audit\"}")
+    })
+    .await;
+    let page = scrape().await;
+
+    assert!(terminate(&mut child).success());
+    let started = page
+        .lines()
+        .find_map(|line| line.strip_prefix("stockd_audit_last_success_timestamp_seconds "))
+        .unwrap_or_else(|| panic!("no last success shown:\n{page}"));
+    let started: f64 = started.trim().parse().unwrap();
+    assert!(started > 0.0, "{started}");
+}
