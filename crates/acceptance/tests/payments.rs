@@ -22,6 +22,7 @@ mirrored_tests!(
     a_second_card_while_another_requests_payment_runs_is_not_answered_with_that_payment,
     unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
     a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
+    a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_address,
     an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired,
     a_success_webhook_past_the_key_lifetime_is_checked_by_the_gateways_search,
     a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
@@ -3853,4 +3854,55 @@ async fn a_payment_the_previous_processs_own_sandbox_held_fails_after_a_restart(
     assert_statuses(&app, &order, ("EXPIRED", "RELEASED", "FAILED")).await;
     assert_eq!(app.counters(SKU).await, (STOCK, 0), "the stock came back");
     app.assert_audit_clean().await;
+}
+
+/// Found in review: a payment whose outcome is unknown answered 202 with the gateway's
+/// own words in `detail`: a proxy's error page (its first 200 characters), or the
+/// connection error, which names the gateway's URL. They are in the log; the client
+/// hears a fixed sentence.
+async fn a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_address(
+    backend: Backend,
+) {
+    let (app, gateway) = shop(backend).await;
+    // Payments are attached once per process: other instances take the others.
+    let behind_a_proxy = app.another_instance().await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
+    proxy.attach(&behind_a_proxy);
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+
+    let answered_by_a_proxy = behind_a_proxy
+        .pay(&order, &key("pay"), "pm_card_visa")
+        .await;
+
+    assert_eq!(answered_by_a_proxy.status, 202, "{answered_by_a_proxy:?}");
+    assert_eq!(
+        answered_by_a_proxy.code().as_deref(),
+        Some("payment_unknown")
+    );
+    assert!(
+        !answered_by_a_proxy.body.contains("maintenance"),
+        "{answered_by_a_proxy:?}"
+    );
+
+    let closed_port = acceptance::free_port();
+    let cut_off = app.another_instance().await;
+    cut_off
+        .engine
+        .attach_payments(acceptance::payments::payments_at(
+            &format!("http://127.0.0.1:{closed_port}"),
+            acceptance::payments::GATEWAY_TIMEOUT_MILLISECONDS,
+            true,
+        ));
+    let other_order = app.order_of("user-2", &[(SKU, 1)]).await;
+
+    let unreachable = cut_off
+        .pay(&other_order, &key("pay-2"), "pm_card_visa")
+        .await;
+
+    assert_eq!(unreachable.status, 202, "{unreachable:?}");
+    assert!(
+        !unreachable.body.contains(&closed_port.to_string()),
+        "{unreachable:?}"
+    );
+    assert!(!unreachable.body.contains("127.0.0.1"), "{unreachable:?}");
 }

@@ -515,9 +515,14 @@ impl Engine {
             };
             let Some(outcome) = outcome_of(&call) else {
                 metrics::counter!("stockd_payments_total", "outcome" => "unknown", "source" => "pay").increment(1);
+                // The gateway's own words (a proxy's error page, the gateway's URL in a
+                // connection error) are for the log, not the shop's client.
                 let detail = match &call {
-                    CallOutcome::Unknown(reason) => reason.clone(),
-                    _ => "the gateway has not completed the payment yet".to_owned(),
+                    CallOutcome::Unknown(reason) => {
+                        tracing::warn!(%order, attempt = %attempt.attempt_id, %reason, "a payment's outcome is unknown");
+                        "the gateway gave no answer stockd could act on (none in time, unreachable, or an error of its own)"
+                    }
+                    _ => "the gateway has not completed the payment yet",
                 };
                 return Err(EngineError::PaymentUnknown(format!(
                     "{detail}; the order stays PAYMENT_PROCESSING until the gateway says what happened"

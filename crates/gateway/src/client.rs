@@ -339,9 +339,15 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
                 ));
             }
             let code = error.as_ref().and_then(|error| error.error.code.clone());
+            // A body that is not the gateway's error document (a proxy's page) is for
+            // the log: the reason is stored with the attempt and shown to the shop.
             let message = error
                 .and_then(|error| error.error.message)
-                .unwrap_or_else(|| body.chars().take(200).collect());
+                .unwrap_or_else(|| {
+                    let page: String = body.chars().take(200).collect();
+                    tracing::warn!(status, %page, "the gateway refused with an answer that is not its error document");
+                    "no reason given".to_owned()
+                });
             CallOutcome::Refused {
                 status,
                 reason: match &code {
@@ -377,6 +383,21 @@ mod tests {
         assert!(!printed.contains("sk_live_very_secret"), "{printed}");
         let client = GatewayClient::new(config).unwrap();
         assert!(!format!("{client:?}").contains("sk_live_very_secret"));
+    }
+
+    /// Found in review: a refusal whose body was not the gateway's error document (a
+    /// proxy's page) kept its first 200 characters as the reason, which is stored with
+    /// the attempt and shown to the shop (the order, its events).
+    #[test]
+    fn a_refusal_that_is_not_the_gateways_error_document_keeps_none_of_its_words() {
+        let page = "<html>internal-lb-7 trace 9f2c: upstream refused</html>";
+        let CallOutcome::Refused { status, reason, .. } = interpret::<PaymentIntent>(400, page)
+        else {
+            panic!()
+        };
+        assert_eq!(status, 400);
+        assert!(!reason.contains("internal-lb-7"), "{reason}");
+        assert_eq!(reason, "gateway refused (400): no reason given");
     }
 
     #[test]
