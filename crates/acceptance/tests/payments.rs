@@ -23,6 +23,7 @@ mirrored_tests!(
     unpaid_orders_falling_due_together_expire_in_one_go_not_a_batch_per_interval,
     a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
     a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_address,
+    a_webhook_delivered_again_is_answered_without_asking_the_gateway,
     an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired,
     a_success_webhook_past_the_key_lifetime_is_checked_by_the_gateways_search,
     a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
@@ -3905,4 +3906,54 @@ async fn a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_a
         "{unreachable:?}"
     );
     assert!(!unreachable.body.contains("127.0.0.1"), "{unreachable:?}");
+}
+
+/// Found in review: every delivery of a webhook asked the gateway about its intent (a
+/// failure is checked against the intent's own state) before finding the event was
+/// delivered before. Each redelivery cost gateway calls, and while the gateway was
+/// unreachable a plain redelivery was answered 503. It is now answered from the
+/// record of the event.
+async fn a_webhook_delivered_again_is_answered_without_asking_the_gateway(backend: Backend) {
+    let (app, gateway) = shop(backend).await;
+    gateway.sandbox.stop_webhooks();
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let paying = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(paying.status, 202, "{paying:?}");
+    let mut claimed_failed = intent_of(&gateway, &order);
+    claimed_failed.status = gateway::PaymentIntentStatus::RequiresPaymentMethod;
+    let (payload, signature) = signed_event_of_kind(
+        &app,
+        "evt_failure",
+        "payment_intent.payment_failed",
+        &claimed_failed,
+        0,
+    );
+    let receiver = app.another_instance().await;
+    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
+    proxy.stop_refusing();
+    proxy.attach(&receiver);
+    let first = receiver
+        .send(webhook_call(&payload, Some(&signature)))
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.json()["duplicate"], false, "{first:?}");
+    let asked_for_the_first = proxy.calls();
+    assert!(
+        asked_for_the_first > 0,
+        "a failure is checked at the gateway"
+    );
+
+    let again = receiver
+        .send(webhook_call(&payload, Some(&signature)))
+        .await;
+
+    assert_eq!(again.status, 200, "{again:?}");
+    assert_eq!(again.json()["duplicate"], true, "{again:?}");
+    assert_eq!(
+        proxy.calls(),
+        asked_for_the_first,
+        "the gateway was asked again"
+    );
 }

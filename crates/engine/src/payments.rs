@@ -579,6 +579,23 @@ impl Engine {
         let event: Event = serde_json::from_slice(payload).map_err(|error| {
             EngineError::InvalidArgument(format!("not a webhook event: {error}"))
         })?;
+        // A redelivery (gateways deliver at least once, and retry) is answered before
+        // the gateway is asked about its intent: it costs no gateway call, and is
+        // answered even while the gateway is unreachable. One racing the first
+        // delivery is still told apart when its event is recorded.
+        if self
+            .inner
+            .store
+            .webhook_event_seen(&event.id)
+            .await
+            .map_err(|error| log_store_error("webhook", error))?
+        {
+            metrics::counter!("stockd_webhooks_total", "duplicate" => "true").increment(1);
+            return Ok(WebhookReceipt {
+                duplicate: true,
+                outcome: "delivered before".into(),
+            });
+        }
         let intent: Option<PaymentIntent> = serde_json::from_value(event.data.object.clone()).ok();
         let payment_id = intent
             .as_ref()

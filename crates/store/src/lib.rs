@@ -356,6 +356,8 @@ forward! {
     fn settle_payment_with_answer(&self, claim: &IdempotencyClaim, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, now: Timestamp, renderer: &dyn ResponseRenderer) -> Result<Idempotent, StoreError>;
     fn fail_refund(&self, refund: &RefundId, reason: &str, now: Timestamp) -> Result<(), StoreError>;
     fn settle_payment(&self, attempt: &PaymentAttemptId, outcome: &GatewayOutcome, source: &str, now: Timestamp) -> Result<Option<OrderStatus>, StoreError>;
+    /// Whether a webhook event with this id was applied (or ignored) before.
+    fn webhook_event_seen(&self, event_id: &str) -> Result<bool, StoreError>;
     fn apply_payment_event(&self, event_id: &str, event_type: &str, payment_id: &str, attempt: Option<&PaymentAttemptId>, outcome: Option<&GatewayOutcome>, now: Timestamp) -> Result<Option<String>, StoreError>;
     fn payment_attempt(&self, attempt: Option<&PaymentAttemptId>, payment_id: &str) -> Result<Option<AttemptToCall>, StoreError>;
     fn note_gateway_payment_id(&self, attempt: &PaymentAttemptId, payment_id: &str) -> Result<(), StoreError>;

@@ -1228,6 +1228,16 @@ impl<B: Backend> Units<B> {
         Ok(Some(outcome_text))
     }
 
+    /// Whether a webhook event with this id was recorded (applied or ignored) before:
+    /// read on the writer, where [`Units::apply_payment_event`] records it.
+    pub async fn webhook_event_seen(&self, event_id: &str) -> Result<bool, StoreError> {
+        let seen: Option<i64> = statement("SELECT 1 FROM webhook_event WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_optional_scalar(&mut *self.write_connection().await?)
+            .await?;
+        Ok(seen.is_some())
+    }
+
     /// The attempt `attempt` names, or else the one the gateway's `payment_id` belongs to.
     pub async fn payment_attempt(
         &self,
