@@ -66,6 +66,6 @@ pub use sale_status::{
     Availability, Completeness, SALE_STATUS_TRANSITIONS, SaleStatus, ShelfDecision, ShelfOperation,
     decide_shelf_change,
 };
-pub use secret::{Secret, is_loopback_host, redact_url, redact_urls_in};
+pub use secret::{Secret, constant_time_equal, is_loopback_host, redact_url, redact_urls_in};
 pub use sku::{Sku, StockLevel};
 pub use time::Timestamp;

@@ -34,6 +34,19 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Compares two secrets (or their digests) without an early exit, so the time taken
+/// does not reveal how much of a guess was right. Empty never matches: an unset
+/// secret is no secret.
+pub fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
+    if left.len() != right.len() || right.is_empty() {
+        return false;
+    }
+    left.iter()
+        .zip(right)
+        .fold(0_u8, |difference, (a, b)| difference | (a ^ b))
+        == 0
+}
+
 /// Whether a URL's host names this machine: `localhost` or a loopback address (IPv6
 /// with or without its brackets). Where stockd insists on reaching only itself (a
 /// gateway reached without TLS, a load test's database).
@@ -174,6 +187,14 @@ pub fn redact_urls_in(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_compare_equal_only_when_exactly_equal_and_not_empty() {
+        assert!(constant_time_equal(b"secret", b"secret"));
+        assert!(!constant_time_equal(b"secreT", b"secret"));
+        assert!(!constant_time_equal(b"secret-longer", b"secret"));
+        assert!(!constant_time_equal(b"", b""));
+    }
 
     #[test]
     fn a_secret_never_prints_its_value() {

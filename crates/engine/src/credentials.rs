@@ -77,16 +77,6 @@ pub fn check_admin_token(token: &Secret) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Compares without an early exit.
-fn constant_time_equal(left: &[u8], right: &[u8]) -> bool {
-    left.len() == right.len()
-        && left
-            .iter()
-            .zip(right)
-            .fold(0_u8, |difference, (a, b)| difference | (a ^ b))
-            == 0
-}
-
 /// A fresh random secret: 32 bytes, hex.
 fn random_secret() -> String {
     domain::lower_hex(&rand::random::<[u8; 32]>())
@@ -322,7 +312,7 @@ impl Engine {
         let key = *key;
         let configured_admin = self.inner.credentials.configured_admin();
         if let Some(admin) = configured_admin
-            && constant_time_equal(&admin, &key)
+            && domain::constant_time_equal(&admin, &key)
         {
             return Ok(Some(Arc::clone(&self.inner.credentials.admin)));
         }
@@ -619,7 +609,7 @@ mod tests {
 
     #[test]
     fn digests_compare_only_when_equal() {
-        assert!(constant_time_equal(&digest("a"), &digest("a")));
-        assert!(!constant_time_equal(&digest("a"), &digest("b")));
+        assert!(domain::constant_time_equal(&digest("a"), &digest("a")));
+        assert!(!domain::constant_time_equal(&digest("a"), &digest("b")));
     }
 }

@@ -87,14 +87,9 @@ pub fn verify(
         return Err(SignatureError::Stale { age_seconds });
     }
     let expected = domain::lower_hex(&digest(secret, timestamp, payload));
-    let matches = signatures.iter().any(|candidate| {
-        candidate.len() == expected.len()
-            && candidate
-                .bytes()
-                .zip(expected.bytes())
-                .fold(0_u8, |difference, (a, b)| difference | (a ^ b))
-                == 0
-    });
+    let matches = signatures
+        .iter()
+        .any(|candidate| domain::constant_time_equal(candidate.as_bytes(), expected.as_bytes()));
     if matches {
         Ok(())
     } else {
@@ -137,6 +132,23 @@ mod tests {
         assert_eq!(
             verify("whsec_test", Some("v1=abc"), b"", 1_000),
             Err(SignatureError::Malformed)
+        );
+    }
+
+    /// While a secret is rolled the gateway signs with both, and sends a `v1` for each:
+    /// any one of them matching the secret this stockd has is enough.
+    #[test]
+    fn any_of_several_signatures_may_match_while_a_secret_is_rolled() {
+        let payload = b"{\"amount\":1}";
+        let old = sign("whsec_old", 1_000, payload);
+        let new = sign("whsec_new", 1_000, payload);
+        let old_value = old.split_once(",v1=").unwrap().1;
+        let both = format!("{new},v1={old_value}");
+        assert_eq!(verify("whsec_old", Some(&both), payload, 1_000), Ok(()));
+        assert_eq!(verify("whsec_new", Some(&both), payload, 1_000), Ok(()));
+        assert_eq!(
+            verify("whsec_other", Some(&both), payload, 1_000),
+            Err(SignatureError::Mismatch)
         );
     }
 

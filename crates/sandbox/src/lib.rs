@@ -405,7 +405,9 @@ impl Sandbox {
             .get(header::AUTHORIZATION)
             .and_then(|value| value.to_str().ok())
             .and_then(|value| value.strip_prefix("Bearer "))
-            .is_some_and(|presented| presented == expected)
+            .is_some_and(|presented| {
+                domain::constant_time_equal(presented.as_bytes(), expected.as_bytes())
+            })
     }
 
     /// The 401 for a request without the configured API key. Every endpoint asks for
