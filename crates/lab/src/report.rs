@@ -378,6 +378,18 @@ pub fn missing_answers(planned: Option<u64>, recorded: usize) -> Option<String> 
         .then(|| format!("{planned} requests in the plan, {recorded} answers recorded"))
 }
 
+/// The deadlocks that reached callers: requests answered `retry_exhausted` (their
+/// unit of work was rolled back by deadlocks past its retries). A scenario that
+/// promises none ([`crate::scenario::Scenario::promises_no_deadlock`]) fails on any.
+pub fn surfaced_deadlocks(records: &[Record]) -> Option<String> {
+    let count = records
+        .iter()
+        .filter(|record| record.expected.is_none() && record.class() == Class::RetryExhausted)
+        .count();
+    (count > 0)
+        .then(|| format!("a deadlock reached callers: {count} requests answered retry_exhausted"))
+}
+
 /// Everything that makes a run fail, in words an operator can act on.
 pub fn violations(
     records: &[Record],
@@ -768,6 +780,20 @@ mod tests {
         );
         assert_eq!(classify(500, Some("internal"), false), Class::Other);
         assert_eq!(classify(0, None, false), Class::Other);
+    }
+
+    /// Found in review: the release gate's `multi-sku` item promises that no deadlock
+    /// reaches a caller, but a `retry_exhausted` answer was a refusal like any other,
+    /// and the run held.
+    #[test]
+    fn a_retry_exhausted_answer_is_a_surfaced_deadlock() {
+        let refused = record(0, 409, Some("insufficient_stock"), false, 1);
+        let deadlocked = record(1, 503, Some("retry_exhausted"), false, 2);
+        assert_eq!(surfaced_deadlocks(std::slice::from_ref(&refused)), None);
+        let found = surfaced_deadlocks(&[refused, deadlocked]).expect("one surfaced");
+        assert!(found.contains("1 requests"), "{found}");
+        assert!(crate::scenario::Scenario::MultiSku.promises_no_deadlock());
+        assert!(!crate::scenario::Scenario::Hot.promises_no_deadlock());
     }
 
     #[test]

@@ -13,8 +13,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::client::{HttpConnection, WireReply, WireRequest};
 use crate::report::{
     AuditSummary, BatchSizes, CampaignSummary, Class, Latency, Record, Report, SkuCounters,
-    campaign_violations, class_counts, missing_answers, taken_by_successes, units_by_user,
-    violations,
+    campaign_violations, class_counts, missing_answers, surfaced_deadlocks, taken_by_successes,
+    units_by_user, violations,
 };
 use crate::scenario::{Plan, RECEIVE_QUANTITY_MAX, RequestSpec, Stop};
 use crate::target::{RawDatabase, Target};
@@ -563,6 +563,9 @@ pub async fn run(plan: Plan, target: &Target) -> Result<Report, String> {
         .and_then(|reply| BatchSizes::parse(&String::from_utf8_lossy(&reply.body)));
     let mut found = violations(&records, &counters, &audit, plan.expected_successes);
     found.extend(missing_answers(plan.request_count(), records.len()));
+    if plan.scenario.promises_no_deadlock() {
+        found.extend(surfaced_deadlocks(&records));
+    }
     if let Some(campaign) = &campaign {
         found.extend(campaign_violations(campaign));
     }

@@ -57,6 +57,13 @@ impl Scenario {
         }
     }
 
+    /// Whether the scenario exists to show that deadlocks never reach a caller: then a
+    /// `retry_exhausted` answer (a deadlock retried past its bound) fails the run,
+    /// where elsewhere it is a refusal like any other.
+    pub fn promises_no_deadlock(self) -> bool {
+        self == Scenario::MultiSku
+    }
+
     pub fn parse(text: &str) -> Result<Scenario, String> {
         Scenario::ALL
             .into_iter()
