@@ -362,6 +362,10 @@ async fn a_sequential_scan_of_the_stock_table_is_counted_or_the_plan_stays_on_th
             let before = sampled
                 .stock_sequential_scans
                 .expect("PostgreSQL counts scans");
+            // One row: one page, where a scan is the planner's cheapest plan (the
+            // alert on scans waits for a table larger than that).
+            assert_eq!(sampled.stock_pages, Some(1));
+            assert_eq!(sample(&metrics(&app).await, "stockd_db_stock_pages"), 1.0);
             let mut raw = app.database.raw_connection().await;
             // A filter no index can answer; the session's end flushes its statistics.
             raw.execute("SELECT * FROM stock WHERE available + 0 = 5")
@@ -386,6 +390,7 @@ async fn a_sequential_scan_of_the_stock_table_is_counted_or_the_plan_stays_on_th
         Backend::Sqlite | Backend::Mysql => {
             // No per-table scan count here: the deduction's plan is checked instead.
             assert_eq!(sampled.stock_sequential_scans, None);
+            assert_eq!(sampled.stock_pages, None);
             let plan = app.database.raw_connection().await.plan_of(deduction).await;
             if backend == Backend::Sqlite {
                 assert!(plan.contains("SEARCH stock USING"), "{plan}");

@@ -1137,6 +1137,9 @@ impl Engine {
             metrics::counter!("stockd_db_stock_sequential_scans_total")
                 .absolute(u64::try_from(scans).unwrap_or(0));
         }
+        if let Some(pages) = activity.stock_pages {
+            metrics::gauge!("stockd_db_stock_pages").set(pages as f64);
+        }
         Ok(activity)
     }
 

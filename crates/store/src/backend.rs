@@ -148,6 +148,10 @@ pub trait Dialect: Connection {
     /// Sequential scans of the stock table since the statistics were reset
     /// (`stockd_db_stock_sequential_scans_total`).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str>;
+    /// The stock table's size in 8 KiB pages (`stockd_db_stock_pages`), where scans
+    /// are counted: on a table of a few pages a scan is the planner's cheapest plan,
+    /// not a missing index.
+    const STOCK_PAGES: Option<&'static str>;
     /// The database server's clock as it runs the statement, in Unix milliseconds
     /// (`stockd_clock_ahead_of_database_seconds`). `None` where the database is this
     /// process's own file, on this machine's clock.
@@ -621,6 +625,7 @@ pub struct DatabaseActivity {
     pub sessions_waiting_on_locks: Option<i64>,
     pub long_transactions: Option<i64>,
     pub stock_sequential_scans: Option<i64>,
+    pub stock_pages: Option<i64>,
     /// How far this instance's clock is ahead of the database server's (behind when
     /// negative), read against the middle of the query's round trip.
     pub clock_ahead_of_database_milliseconds: Option<i64>,

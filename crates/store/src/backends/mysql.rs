@@ -580,6 +580,7 @@ impl Dialect for MySqlConnection {
     /// Neither MySQL nor MariaDB counts scans per table without extra plugins
     /// (MariaDB's `userstat`); the plan tests stand in (docs/OPERATIONS.md).
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
+    const STOCK_PAGES: Option<&'static str> = None;
     /// `SYSDATE(3)`, not `NOW(3)`: the instant the function runs, not the statement's
     /// start. `UNIX_TIMESTAMP` reads it in the session's zone, whatever that is.
     const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str> =

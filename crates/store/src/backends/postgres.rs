@@ -296,6 +296,12 @@ impl Dialect for PgConnection {
         "SELECT COALESCE(CAST(SUM(seq_scan) AS BIGINT), 0) FROM pg_stat_user_tables \
          WHERE relname = 'stock' AND schemaname = current_schema()",
     );
+    /// The table's main fork as it is now (not `relpages`, which waits for a VACUUM or
+    /// an ANALYZE).
+    const STOCK_PAGES: Option<&'static str> = Some(
+        "SELECT CAST(pg_relation_size(format('%I.stock', current_schema())::regclass) / 8192 \
+         AS BIGINT)",
+    );
     /// `clock_timestamp()`, not `now()`: the statement's own instant, not its
     /// transaction's start.
     const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str> =

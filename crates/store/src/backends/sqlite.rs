@@ -544,6 +544,7 @@ impl Dialect for SqliteConnection {
     const SESSIONS_WAITING_ON_LOCKS: Option<&'static str> = None;
     const LONG_TRANSACTIONS: Option<&'static str> = None;
     const STOCK_SEQUENTIAL_SCANS: Option<&'static str> = None;
+    const STOCK_PAGES: Option<&'static str> = None;
     /// The database is a file of this process, on this machine's clock.
     const DATABASE_CLOCK_UNIX_MILLISECONDS: Option<&'static str> = None;
     /// The write lock taken by `BEGIN IMMEDIATE` serializes migrations too.

@@ -117,6 +117,9 @@ impl<B: Backend> Units<B> {
             activity.stock_sequential_scans =
                 Some(statement(query).fetch_one_scalar(&mut *connection).await?);
         }
+        if let Some(query) = <B::Connection as Dialect>::STOCK_PAGES {
+            activity.stock_pages = Some(statement(query).fetch_one_scalar(&mut *connection).await?);
+        }
         Ok(activity)
     }
 
