@@ -27,6 +27,7 @@ mirrored_tests!(
     a_campaign_created_elsewhere_is_routed_here_after_the_next_refresh,
     malformed_unauthorized_and_impossible_campaigns_are_refused_and_change_nothing,
     a_shop_at_its_open_campaign_limit_is_refused_and_nothing_is_carved,
+    a_checkout_that_left_its_campaign_line_out_does_not_mark_the_shopper_at_the_limit,
     a_buckets_warehouse_cannot_be_named_by_a_request,
     the_audit_finds_a_campaign_whose_units_do_not_add_up,
     beyond_its_waiting_room_a_campaign_answers_429_with_retry_after_and_changes_nothing,
@@ -3294,5 +3295,72 @@ async fn a_shop_at_its_open_campaign_limit_is_refused_and_nothing_is_carved(back
     assert!(!campaign(&app, &first).await["closed_at"].is_null());
     let now_fits = create_campaign(&app, "third-campaign-again", body).await;
     assert_eq!(now_fits.status, 201, "{now_fits:?}");
+    app.assert_audit_clean().await;
+}
+
+/// Found in review: a checkout's success taught this instance that its shopper held
+/// the campaign's whole limit, though the checkout may have left the campaign line out
+/// (its bucket found empty in the order's transaction, the other lines ordered). For
+/// the re-check bound the shopper's next request for the SKU was refused from memory
+/// as `purchase_limit_exceeded`, with nothing held. Only a success that holds every
+/// line teaches that now.
+async fn a_checkout_that_left_its_campaign_line_out_does_not_mark_the_shopper_at_the_limit(
+    backend: Backend,
+) {
+    if backend == Backend::Sqlite {
+        // Two instances on one database: SQLite's file is one process's.
+        return;
+    }
+    let app = TestApp::spawn_with(backend, narrow_line(10)).await;
+    app.stocked_sku("LAMP", 1).await;
+    app.stocked_sku("SOCK", 5).await;
+    running_campaign(&app, "LAMP", 1, 1, Some(1)).await;
+    for sku in ["LAMP", "SOCK"] {
+        let put = app
+            .send(
+                Call::put(format!("/v1/carts/ann/items/{sku}"))
+                    .key(format!("ann-{sku}"))
+                    .json(&json!({"quantity": 1})),
+            )
+            .await;
+        assert_eq!(put.status, 200, "{put:?}");
+    }
+    let (room, held) = hold_the_line(&app, "LAMP").await;
+    let checkout = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.send(Call::post("/v1/carts/ann/checkout").key("ann-checkout"))
+                .await
+        })
+    };
+    acceptance::wait_until("the checkout waits in the campaign's line", || {
+        room.waiting() == 1
+    })
+    .await;
+    // Another instance sells the campaign's one unit meanwhile.
+    let elsewhere = app.another_instance().await;
+    elsewhere.engine.campaign_step().await.unwrap();
+    let bobs = elsewhere
+        .send(reserve_call("bob-lamp", "LAMP", "bob"))
+        .await;
+    assert_eq!(bobs.status, 201, "{bobs:?}");
+    drop(held);
+    let checkout = checkout.await.unwrap();
+    assert_eq!(checkout.status, 201, "{checkout:?}");
+    let body = checkout.json();
+    let ordered: Vec<&str> = body["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line["sku"].as_str().unwrap())
+        .collect();
+    assert_eq!(ordered, ["SOCK"], "{checkout:?}");
+    // Bob's unit comes back to the campaign here.
+    let bobs_id = bobs.json()["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(app.release(&bobs_id, "bob-release").await.status, 200);
+
+    let anns = app.send(reserve_call("ann-lamp", "LAMP", "ann")).await;
+
+    assert_eq!(anns.status, 201, "ann holds no lamp: {anns:?}");
     app.assert_audit_clean().await;
 }

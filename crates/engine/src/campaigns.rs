@@ -114,7 +114,8 @@ impl CampaignRoute {
     }
 
     /// Learns from a request's answer how many more units its shopper cannot take: none
-    /// after a hold of the whole limit taken now; as many as it asked for after the
+    /// after a hold of the whole limit taken now (by a request that holds every line
+    /// or none: a checkout may succeed without its campaign line); as many as it asked for after the
     /// database's `purchase_limit_exceeded` to a request with no other line (with
     /// other lines the refusal may be theirs). An answer from memory or a replay
     /// teaches nothing new (it would only stretch an old finding). The finding is
@@ -133,7 +134,9 @@ impl CampaignRoute {
             return;
         }
         let response = &reply.response;
-        let fewest = if response.status == 201 && routed.units >= limit {
+        // A checkout's success says nothing of its campaign line, which it may have
+        // left out (the bucket found short in its transaction).
+        let fewest = if response.status == 201 && routed.all_or_nothing && routed.units >= limit {
             1
         } else if response.status == 409
             && routed.alone
@@ -439,6 +442,9 @@ pub(crate) struct Routed {
     /// Whether that line is the request's only one: then a refusal for stock can
     /// only be the bucket's.
     pub alone: bool,
+    /// Whether a success holds every line (a reservation, an order): a checkout's
+    /// success may have left this line out, found short in its transaction.
+    pub all_or_nothing: bool,
     /// Whether memory may refuse the request (`sold_out::memory_may_refuse`).
     pub memory_may_refuse: bool,
     /// What memory made of the request before the campaign's line, when this process
@@ -726,6 +732,7 @@ impl Engine {
                 line: index,
                 units: line.quantity.get(),
                 alone: lines.len() == 1,
+                all_or_nothing: true,
                 memory_may_refuse,
                 verdict: None,
             });

@@ -284,12 +284,13 @@ impl Engine {
                     .map(crate::Held::Answered);
             }
         };
-        let Some(routed) = routed else {
+        let Some(mut routed) = routed else {
             return self
                 .decide_order(operation, claim.clone(), order, None)
                 .await
                 .map(crate::Held::Answered);
         };
+        routed.all_or_nothing = order.skipped.is_none();
         let shopper = order.user.clone();
         let engine = self.clone();
         let owned_claim = claim.clone();
