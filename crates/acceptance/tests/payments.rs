@@ -624,6 +624,16 @@ impl FlakyGateway {
                 true,
             ));
     }
+
+    /// Another instance of `app`'s, whose payments go through a proxy refusing
+    /// everything (payments are attached once per process: the other instance takes
+    /// the proxy's).
+    async fn refusing_in_front_of(app: &TestApp, gateway: &TestGateway) -> (TestApp, FlakyGateway) {
+        let other = app.another_instance().await;
+        let proxy = FlakyGateway::start(gateway, Refuse::Everything).await;
+        proxy.attach(&other);
+        (other, proxy)
+    }
 }
 
 async fn a_slow_gateway_answer_is_waited_for_and_applied(backend: Backend) {
@@ -2865,9 +2875,7 @@ async fn an_abandoned_3ds_payment_gives_its_stock_back_at_the_first_look_after_t
 /// again after the lease, then twice as long after every look that learns nothing.
 async fn an_unknown_outcome_is_asked_about_less_and_less_often(backend: Backend) {
     let (app, gateway) = shop(backend).await;
-    let other = app.another_instance().await;
-    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
-    proxy.attach(&other);
+    let (other, proxy) = FlakyGateway::refusing_in_front_of(&app, &gateway).await;
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
     let unknown = other.pay(&order, &key("pay"), "pm_card_visa").await;
     assert_eq!(unknown.status, 202, "{unknown:?}");
@@ -2905,9 +2913,7 @@ async fn a_retry_of_a_pay_whose_attempt_was_declined_meanwhile_learns_the_declin
     backend: Backend,
 ) {
     let (app, gateway) = shop(backend).await;
-    let other = app.another_instance().await;
-    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
-    proxy.attach(&other);
+    let (other, proxy) = FlakyGateway::refusing_in_front_of(&app, &gateway).await;
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
     let pay_key = key("pay");
     let unknown = other.pay(&order, &pay_key, "pm_card_chargeDeclined").await;
@@ -3865,10 +3871,7 @@ async fn a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_a
     backend: Backend,
 ) {
     let (app, gateway) = shop(backend).await;
-    // Payments are attached once per process: other instances take the others.
-    let behind_a_proxy = app.another_instance().await;
-    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
-    proxy.attach(&behind_a_proxy);
+    let (behind_a_proxy, _proxy) = FlakyGateway::refusing_in_front_of(&app, &gateway).await;
     let order = app.order_of("user-1", &[(SKU, 1)]).await;
 
     let answered_by_a_proxy = behind_a_proxy
@@ -3930,10 +3933,8 @@ async fn a_webhook_delivered_again_is_answered_without_asking_the_gateway(backen
         &claimed_failed,
         0,
     );
-    let receiver = app.another_instance().await;
-    let proxy = FlakyGateway::start(&gateway, Refuse::Everything).await;
+    let (receiver, proxy) = FlakyGateway::refusing_in_front_of(&app, &gateway).await;
     proxy.stop_refusing();
-    proxy.attach(&receiver);
     let first = receiver
         .send(webhook_call(&payload, Some(&signature)))
         .await;

@@ -92,6 +92,24 @@ fn database_url(directory: &Path) -> String {
     )
 }
 
+/// Runs `stockd migrate` in `directory` (its default SQLite database), which must
+/// succeed.
+fn migrate(directory: &Path) {
+    let migrate = stockd(directory).arg("migrate").output().unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+}
+
+/// A connection of the test's own to the SQLite database `serve` uses in `directory`.
+async fn connect_to_the_database(directory: &Path) -> sqlx::SqliteConnection {
+    <sqlx::SqliteConnection as sqlx::Connection>::connect(&database_url(directory))
+        .await
+        .unwrap()
+}
+
 /// Creates `sku` (titled with its code) and receives `quantity` units of it.
 async fn stock_sku(address: SocketAddr, bearer: &str, sku: &str, quantity: i64) {
     let calls = [
@@ -208,10 +226,7 @@ async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight
     stock_sku(address, &bearer, "SALT", 4).await;
     // Another process holds the database's write lock: the reservation waits on it
     // for as long as the grace period would let it.
-    let database = database_url(&directory.0);
-    let mut holder = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
-        .await
-        .unwrap();
+    let mut holder = connect_to_the_database(&directory.0).await;
     sqlx::raw_sql("BEGIN IMMEDIATE")
         .execute(&mut holder)
         .await
@@ -291,20 +306,12 @@ async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight
 #[tokio::test]
 async fn audit_exits_non_zero_when_a_counter_was_changed_by_hand() {
     let directory = ScratchDirectory::new();
-    let migrate = stockd(&directory.0).arg("migrate").output().unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    migrate(&directory.0);
     let (mut child, address, token) = start_serving(&directory.0);
     let bearer = format!("Bearer {token}");
     stock_sku(address, &bearer, "SALT", 4).await;
     assert!(terminate(&mut child).success());
-    let database = database_url(&directory.0);
-    let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&database)
-        .await
-        .unwrap();
+    let mut connection = connect_to_the_database(&directory.0).await;
     sqlx::query("UPDATE stock SET available = 40 WHERE sku = 'SALT'")
         .execute(&mut connection)
         .await
@@ -325,12 +332,8 @@ async fn audit_exits_non_zero_when_a_counter_was_changed_by_hand() {
 async fn audit_refuses_a_database_not_migrated_or_migrated_by_a_newer_stockd() {
     let directory = ScratchDirectory::new();
     let unmigrated = stockd(&directory.0).arg("audit").output().unwrap();
-    let migrate = stockd(&directory.0).arg("migrate").output().unwrap();
-    assert!(migrate.status.success());
-    let mut connection =
-        <sqlx::SqliteConnection as sqlx::Connection>::connect(&database_url(&directory.0))
-            .await
-            .unwrap();
+    migrate(&directory.0);
+    let mut connection = connect_to_the_database(&directory.0).await;
     sqlx::query(
         "INSERT INTO schema_migration (version, name, applied_at) VALUES (9999, 'future', 0)",
     )
@@ -1400,16 +1403,8 @@ async fn serve_routes_the_open_campaigns_before_it_says_it_is_listening() {
 #[tokio::test]
 async fn an_instance_whose_live_audit_always_fails_shows_a_last_success_going_stale() {
     let directory = ScratchDirectory::new();
-    let migrate = stockd(&directory.0).arg("migrate").output().unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
-    let mut connection =
-        <sqlx::SqliteConnection as sqlx::Connection>::connect(&database_url(&directory.0))
-            .await
-            .unwrap();
+    migrate(&directory.0);
+    let mut connection = connect_to_the_database(&directory.0).await;
     sqlx::query("DROP TABLE audit_running_sum")
         .execute(&mut connection)
         .await
