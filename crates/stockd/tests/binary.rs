@@ -110,6 +110,20 @@ async fn connect_to_the_database(directory: &Path) -> sqlx::SqliteConnection {
         .unwrap()
 }
 
+/// The `/metrics` page of the server at `address`, read with `bearer`.
+async fn metrics_page(address: SocketAddr, bearer: &str) -> String {
+    request(
+        address,
+        "GET",
+        "/metrics",
+        &[("Authorization", bearer)],
+        None,
+    )
+    .await
+    .unwrap()
+    .body
+}
+
 /// Creates `sku` (titled with its code) and receives `quantity` units of it.
 async fn stock_sku(address: SocketAddr, bearer: &str, sku: &str, quantity: i64) {
     let calls = [
@@ -248,16 +262,9 @@ async fn a_second_signal_stops_at_once_without_waiting_for_the_request_in_flight
         }
     });
     acceptance::wait_until_async("the reservation is in flight", || async {
-        let metrics = request(
-            address,
-            "GET",
-            "/metrics",
-            &[("Authorization", bearer.as_str())],
-            None,
-        )
-        .await
-        .unwrap();
-        metrics.body.contains("stockd_requests_in_flight 1")
+        metrics_page(address, &bearer)
+            .await
+            .contains("stockd_requests_in_flight 1")
     })
     .await;
 
@@ -1413,25 +1420,13 @@ async fn an_instance_whose_live_audit_always_fails_shows_a_last_success_going_st
     let (mut child, address, token) = start_serving(&directory.0);
     let bearer = format!("Bearer {token}");
 
-    let scrape = || async {
-        request(
-            address,
-            "GET",
-            "/metrics",
-            &[("Authorization", bearer.as_str())],
-            None,
-        )
-        .await
-        .unwrap()
-        .body
-    };
     acceptance::wait_until_async("a live audit round failed", || async {
-        scrape()
+        metrics_page(address, &bearer)
             .await
             .contains("stockd_worker_errors_total{worker=\"live_audit\"}")
     })
     .await;
-    let page = scrape().await;
+    let page = metrics_page(address, &bearer).await;
 
     assert!(terminate(&mut child).success());
     let started = page
