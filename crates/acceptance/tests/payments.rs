@@ -24,6 +24,7 @@ mirrored_tests!(
     a_payment_unknown_past_the_gateways_key_lifetime_is_found_by_its_metadata,
     a_payment_unknown_tells_the_client_none_of_the_gateways_words_nor_its_address,
     a_webhook_delivered_again_is_answered_without_asking_the_gateway,
+    an_attempt_claimed_just_before_its_hold_ends_stays_leased_for_the_whole_lease,
     an_attempt_that_never_reached_the_gateway_fails_once_its_key_expired,
     a_success_webhook_past_the_key_lifetime_is_checked_by_the_gateways_search,
     a_payment_whose_id_an_answer_named_is_read_by_its_id_after_its_key_expired,
@@ -3957,4 +3958,46 @@ async fn a_webhook_delivered_again_is_answered_without_asking_the_gateway(backen
         asked_for_the_first,
         "the gateway was asked again"
     );
+}
+
+/// Found in review: an attempt claimed for reconciliation was leased until its order's
+/// hold end when that came sooner (so the first look after it abandons the payment
+/// promptly). Claimed a second before the hold ended, it was free for another
+/// process a second later, while the first still asked the gateway about it: two
+/// processes asked about the same attempt at once. The lease now holds whole.
+async fn an_attempt_claimed_just_before_its_hold_ends_stays_leased_for_the_whole_lease(
+    backend: Backend,
+) {
+    let (app, _gateway) = shop(backend).await;
+    let order = app.order_of("user-1", &[(SKU, 1)]).await;
+    let paying = app
+        .pay(&order, &key("pay"), "pm_sandbox_requires_action")
+        .await;
+    assert_eq!(paying.status, 202, "{paying:?}");
+    app.clock.advance_seconds(HOLD_SECONDS - 1);
+    let lease_milliseconds = 30_000;
+    let claimed = app
+        .store
+        .claim_attempts_to_reconcile(app.clock_now(), 10, lease_milliseconds)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "{claimed:?}");
+
+    // Past the hold's end, within the lease: another process finds nothing to claim.
+    app.clock.advance_seconds(2);
+    let claimed_again = app
+        .store
+        .claim_attempts_to_reconcile(app.clock_now(), 10, lease_milliseconds)
+        .await
+        .unwrap();
+    assert!(claimed_again.is_empty(), "{claimed_again:?}");
+
+    // Once the lease has ended, the first look after the hold's end is due.
+    app.clock.advance_seconds(30);
+    let due = app
+        .store
+        .claim_attempts_to_reconcile(app.clock_now(), 10, lease_milliseconds)
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
 }

@@ -1311,12 +1311,15 @@ impl<B: Backend> Units<B> {
             // Never past the order's hold end while that is ahead: the first look
             // after it cancels a payment left waiting for the shopper (a 3-D Secure
             // step abandoned) and gives the stock back, which the doubling would
-            // otherwise put off by up to an hour.
+            // otherwise put off by up to an hour. Never before the lease ends either:
+            // a hold ending a second from now would free the row for another process
+            // while this one still asks the gateway about it.
             let backed_off = now
                 .unix_milliseconds()
                 .saturating_add(retry_delay(lease_milliseconds, tries));
+            let leased_until = now.unix_milliseconds().saturating_add(lease_milliseconds);
             let next = if hold_ends > now.unix_milliseconds() {
-                backed_off.min(hold_ends)
+                backed_off.min(hold_ends.max(leased_until))
             } else {
                 backed_off
             };
