@@ -321,9 +321,11 @@ fn interpret<T: serde::de::DeserializeOwned>(status: u16, body: &str) -> CallOut
             }
         }
         // 409: the same key is still being processed; 429: slow down; 401/403: stockd's
-        // own credentials were refused (a rotated or wrong API key). None says anything
-        // about the payment itself: asked again later, once an operator fixed the key.
-        400..=499 if !matches!(status, 401 | 403 | 409 | 429) => {
+        // own credentials were refused (a rotated or wrong API key); 408: the request
+        // timed out on the way; 424: a dependency of the gateway failed (it may have
+        // acted before). None says anything about the payment itself: asked again
+        // later, once an operator fixed the key.
+        400..=499 if !matches!(status, 401 | 403 | 408 | 409 | 424 | 429) => {
             let error = serde_json::from_str::<ErrorBody>(body).ok();
             // The key is taken by a request with other parameters (a later stockd that
             // builds the request differently, replaying a call whose answer was lost).
@@ -398,6 +400,20 @@ mod tests {
         assert_eq!(status, 400);
         assert!(!reason.contains("internal-lb-7"), "{reason}");
         assert_eq!(reason, "gateway refused (400): no reason given");
+    }
+
+    /// Found in review: a 408 (the request timed out on the way) or a 424 (a dependency
+    /// of the gateway failed) was a final refusal: the attempt failed, and the success
+    /// webhook of a payment the gateway made all the same was ignored for good.
+    #[test]
+    fn a_timeout_or_a_failed_dependency_says_nothing_of_the_payment() {
+        for status in [408, 424] {
+            let outcome = interpret::<PaymentIntent>(status, r#"{"error":{"type":"api_error"}}"#);
+            assert!(
+                matches!(outcome, CallOutcome::Unknown(_)),
+                "{status}: {outcome:?}"
+            );
+        }
     }
 
     #[test]
