@@ -957,12 +957,12 @@ impl TestApp {
 
     /// Another stockd instance on the same database and clock.
     pub async fn another_instance(&self) -> TestApp {
-        self.another_instance_with(test_engine_config()).await
-    }
-
-    /// Like [`TestApp::another_instance`], configured with `config`.
-    pub async fn another_instance_with(&self, config: engine::EngineConfig) -> TestApp {
-        TestApp::on(Arc::clone(&self.database), self.clock.clone(), config).await
+        TestApp::on(
+            Arc::clone(&self.database),
+            self.clock.clone(),
+            test_engine_config(),
+        )
+        .await
     }
 
     /// This instance, with calls made by default as a new service key of `shop` (the

@@ -1149,15 +1149,10 @@ impl Engine {
         let payments = self.payments()?;
         let config = &self.inner.config;
         let claimed_at = self.now();
-        // The configured pause: it is also the pause before a refund the gateway
-        // refused is sent again, which an operator sets short on purpose. Never
-        // shorter than one refund's worst case (a single call at the gateway's
-        // timeout): shorter, another process could claim a refund whose call is still
-        // in flight here and send it a second time at once.
-        let lease_milliseconds = config.refund_retry_milliseconds.max(row_milliseconds_max(
-            &payments.gateway,
-            REFUND_CALLS_PER_REFUND,
-        ));
+        // The configured pause as it is: it is also the pause before a refund the
+        // gateway refused is sent again, which an operator sets short on purpose; one
+        // refund's worst case is a single call.
+        let lease_milliseconds = config.refund_retry_milliseconds;
         let lease = WorkerLease::claimed_at(
             claimed_at,
             lease_milliseconds,
